@@ -1,0 +1,383 @@
+//! The one event every provider is normalized into, and the small types that
+//! name its parts.
+//!
+//! A [`PosEvent`] is what downstream consumers read from every topic, whoever
+//! sent it and however it arrived (webhook or reconciler). Its Avro form lives
+//! in `schemas/pos_event.avsc`; `encode` turns one into the other.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+/// The point-of-sale providers posbridge speaks to. One spelling per provider,
+/// used in URLs, config keys, record keys and metric labels alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// ReceiptRoller: sales and orders, hex HMAC signatures, four attempts.
+    ReceiptRoller,
+    /// Mekari POS: orders, returns, refunds, exchanges, products, collections.
+    Mekari,
+}
+
+impl ProviderKind {
+    /// Every provider, for building routes and iterating configuration.
+    pub const ALL: [ProviderKind; 2] = [ProviderKind::ReceiptRoller, ProviderKind::Mekari];
+
+    /// The one spelling used in URLs, keys, config and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::ReceiptRoller => "receiptroller",
+            ProviderKind::Mekari => "mekari",
+        }
+    }
+
+    /// Parses the URL / config spelling; `None` for anything else.
+    pub fn parse(name: &str) -> Option<ProviderKind> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+}
+
+impl fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The kinds of business entity posbridge keeps one compacted topic for each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EntityType {
+    /// A completed sale (ReceiptRoller transaction).
+    Sale,
+    /// An order (both providers).
+    Order,
+    /// A refund (Mekari).
+    Refund,
+    /// A return (Mekari).
+    Return,
+    /// An exchange (Mekari).
+    Exchange,
+    /// A catalogue product (Mekari).
+    Product,
+    /// A product collection (Mekari).
+    Collection,
+}
+
+impl EntityType {
+    /// Every entity type, so topic creation and schema registration cover all.
+    pub const ALL: [EntityType; 7] = [
+        EntityType::Sale,
+        EntityType::Order,
+        EntityType::Refund,
+        EntityType::Return,
+        EntityType::Exchange,
+        EntityType::Product,
+        EntityType::Collection,
+    ];
+
+    /// Singular name: the Avro enum symbol (upper-cased) and metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EntityType::Sale => "sale",
+            EntityType::Order => "order",
+            EntityType::Refund => "refund",
+            EntityType::Return => "return",
+            EntityType::Exchange => "exchange",
+            EntityType::Product => "product",
+            EntityType::Collection => "collection",
+        }
+    }
+
+    /// Plural name: the default topic suffix and the `kafka.topics` config key.
+    pub fn plural(self) -> &'static str {
+        match self {
+            EntityType::Sale => "sales",
+            EntityType::Order => "orders",
+            EntityType::Refund => "refunds",
+            EntityType::Return => "returns",
+            EntityType::Exchange => "exchanges",
+            EntityType::Product => "products",
+            EntityType::Collection => "collections",
+        }
+    }
+
+    /// Parses the singular name back (from the Avro enum symbol).
+    pub fn parse(name: &str) -> Option<EntityType> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.as_str().eq_ignore_ascii_case(name))
+    }
+}
+
+/// How an event reached posbridge. Consumers use it to tell a pushed change
+/// from a state read back during catch-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Pushed by the provider's webhook.
+    Webhook,
+    /// Read from the provider's API by the reconciler.
+    Reconciler,
+}
+
+impl Origin {
+    /// Lower-case name, used in headers and as the Avro symbol (upper-cased).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Webhook => "webhook",
+            Origin::Reconciler => "reconciler",
+        }
+    }
+}
+
+/// Orders the states of one entity. An event with a smaller version must never
+/// overwrite a larger one in the compacted topic.
+///
+/// `at` is the provider's own time for the state (ReceiptRoller `timestamp`,
+/// Mekari `occurred_at`, the fetch time for reconciled records); `rank` breaks
+/// ties where the provider says to (Mekari's `kitchen_status` progression).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version {
+    /// Microseconds since the Unix epoch, UTC.
+    pub at_micros: i64,
+    /// Tie-breaker within one instant; 0 where the provider has none.
+    pub rank: u32,
+}
+
+impl Version {
+    /// A version at a provider time, with a tie-breaking rank.
+    pub fn new(at: OffsetDateTime, rank: u32) -> Version {
+        Version {
+            at_micros: i64::try_from(at.unix_timestamp_nanos() / 1000).unwrap_or(i64::MAX),
+            rank,
+        }
+    }
+}
+
+/// The record key: `{provider}:{entity_id}`, or `{provider}:{account}:{entity_id}`
+/// when a deployment serves several merchant accounts of one provider.
+/// Compaction keeps the latest record per key, so this is an entity's identity.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EntityKey(String);
+
+impl EntityKey {
+    /// Builds the key; the entity type is not part of it because each entity
+    /// type has its own topic.
+    pub fn new(provider: ProviderKind, account: Option<&str>, entity_id: &str) -> EntityKey {
+        match account {
+            Some(account) => EntityKey(format!("{provider}:{account}:{entity_id}")),
+            None => EntityKey(format!("{provider}:{entity_id}")),
+        }
+    }
+
+    /// The UTF-8 key as written to Kafka.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for EntityKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A provider's delivery id (`X-RR-Delivery`, `X-Mekari-Event-ID`), scoped by
+/// provider: ids are unique per provider, and ReceiptRoller repeats one id
+/// across all webhooks subscribed to an event, so sources are not part of it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DeliveryKey(String);
+
+impl DeliveryKey {
+    /// Scopes a provider's delivery id to that provider.
+    pub fn new(provider: ProviderKind, delivery_id: &str) -> DeliveryKey {
+        DeliveryKey(format!("{provider}:{delivery_id}"))
+    }
+
+    /// The ledger's storage form.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for DeliveryKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An exact money or quantity amount. Avro `decimal` with [`Money::SCALE`]
+/// places: floats would lose cents (and IDR amounts carry fractions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Money {
+    /// The amount times 10^SCALE.
+    pub unscaled: i128,
+}
+
+impl Money {
+    /// Decimal places kept; matches `scale` in the Avro schema.
+    pub const SCALE: u32 = 4;
+
+    /// Parses a decimal literal such as `51000.5`, `-3` or `1e3`, exactly.
+    /// Returns `None` when it has more than [`Money::SCALE`] places or overflows.
+    pub fn parse(text: &str) -> Option<Money> {
+        let (mantissa, exponent) = match text.find(['e', 'E']) {
+            Some(i) => (&text[..i], text[i + 1..].parse::<i32>().ok()?),
+            None => (text, 0),
+        };
+        let (negative, digits) = match mantissa.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, mantissa.strip_prefix('+').unwrap_or(mantissa)),
+        };
+        let (int_part, frac_part) = digits.split_once('.').unwrap_or((digits, ""));
+        if int_part.is_empty() && frac_part.is_empty() {
+            return None;
+        }
+        let all_digits = format!("{int_part}{frac_part}");
+        if !all_digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let frac_places = i32::try_from(frac_part.len()).ok()? - exponent;
+        let shift = i32::try_from(Self::SCALE).ok()? - frac_places;
+        let mut value: i128 = all_digits.parse().ok()?;
+        if shift >= 0 {
+            value = value.checked_mul(10i128.checked_pow(shift.unsigned_abs())?)?;
+        } else {
+            let divisor = 10i128.checked_pow(shift.unsigned_abs())?;
+            if value % divisor != 0 {
+                return None;
+            }
+            value /= divisor;
+        }
+        Some(Money {
+            unscaled: if negative { -value } else { value },
+        })
+    }
+}
+
+impl fmt::Display for Money {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scale = 10i128.pow(Self::SCALE);
+        let sign = if self.unscaled < 0 { "-" } else { "" };
+        let abs = self.unscaled.unsigned_abs();
+        let (int, frac) = (abs / scale.unsigned_abs(), abs % scale.unsigned_abs());
+        write!(f, "{sign}{int}.{frac:0width$}", width = Self::SCALE as usize)
+    }
+}
+
+/// One line of a sale or order, where the provider sends lines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineItem {
+    /// The provider's product code, when sent.
+    pub sku: Option<String>,
+    /// The product's display name, when sent.
+    pub name: Option<String>,
+    /// Units sold; a decimal because weighed goods sell fractions.
+    pub quantity: Option<Money>,
+    /// Price of one unit, when sent.
+    pub unit_price: Option<Money>,
+}
+
+/// One normalized event: the value of every record on every entity topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PosEvent {
+    /// The provider's delivery id for webhooks; a derived id for reconciled records.
+    pub event_id: String,
+    /// Who sent it.
+    pub provider: ProviderKind,
+    /// The configured webhook (or reconciler source) it came through.
+    pub source: String,
+    /// The merchant account the source serves, when a deployment has several.
+    pub account: Option<String>,
+    /// Which compacted topic it belongs to.
+    pub entity_type: EntityType,
+    /// The provider's business id of the entity.
+    pub entity_id: String,
+    /// The event name exactly as the provider sent it (`sale.created`, …).
+    pub event_type: String,
+    /// When the provider says the change happened; the Kafka record timestamp.
+    pub occurred_at: OffsetDateTime,
+    /// The ordering version the stale-event guard compared.
+    pub version: Version,
+    /// When posbridge received it.
+    pub received_at: OffsetDateTime,
+    /// Webhook or reconciler.
+    pub origin: Origin,
+    /// Mekari outlet, when known.
+    pub outlet_id: Option<String>,
+    /// ReceiptRoller store, when known.
+    pub store_id: Option<String>,
+    /// ReceiptRoller terminal, when known.
+    pub terminal_id: Option<String>,
+    /// ISO 4217 code of every amount in the event.
+    pub currency: Option<String>,
+    /// Amount before tax.
+    pub subtotal: Option<Money>,
+    /// Tax amount.
+    pub tax: Option<Money>,
+    /// Amount the customer paid (grand total).
+    pub total: Option<Money>,
+    /// The entity's status as the provider names it (`paid`, `cancelled`, …).
+    pub status: Option<String>,
+    /// Mekari kitchen progress, for orders.
+    pub kitchen_status: Option<String>,
+    /// Lines, where the provider sends them.
+    pub items: Vec<LineItem>,
+    /// True for delete events; such events are written as tombstones.
+    pub deleted: bool,
+    /// The provider's JSON for this entity, untouched, for fields the schema lacks.
+    pub raw: String,
+}
+
+impl PosEvent {
+    /// The record key on the entity topic.
+    pub fn key(&self) -> EntityKey {
+        EntityKey::new(self.provider, self.account.as_deref(), &self.entity_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn money_parses_exactly() {
+        assert_eq!(Money::parse("51000.5").unwrap().unscaled, 510_005_000);
+        assert_eq!(Money::parse("-3").unwrap().unscaled, -30_000);
+        assert_eq!(Money::parse("1e3").unwrap().unscaled, 10_000_000);
+        assert_eq!(Money::parse("0.0001").unwrap().unscaled, 1);
+        assert_eq!(Money::parse("1.50000").unwrap().unscaled, 15_000);
+        assert_eq!(Money::parse("0.00001"), None);
+        assert_eq!(Money::parse("abc"), None);
+        assert_eq!(Money::parse(""), None);
+        assert_eq!(Money::parse("51000.5").unwrap().to_string(), "51000.5000");
+        assert_eq!(Money::parse("-0.25").unwrap().to_string(), "-0.2500");
+    }
+
+    #[test]
+    fn keys_carry_the_account_when_one_is_named() {
+        let plain = EntityKey::new(ProviderKind::Mekari, None, "ORD-1");
+        let scoped = EntityKey::new(ProviderKind::Mekari, Some("acme"), "ORD-1");
+        assert_eq!(plain.as_str(), "mekari:ORD-1");
+        assert_eq!(scoped.as_str(), "mekari:acme:ORD-1");
+    }
+
+    #[test]
+    fn versions_order_by_time_then_rank() {
+        let early = Version {
+            at_micros: 1,
+            rank: 9,
+        };
+        let late = Version {
+            at_micros: 2,
+            rank: 0,
+        };
+        assert!(early < late);
+        assert!(
+            Version {
+                at_micros: 2,
+                rank: 1
+            } > late
+        );
+    }
+}

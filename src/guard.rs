@@ -1,0 +1,97 @@
+//! The stale-event guard: an older state never overwrites a newer one.
+//!
+//! Compaction keeps the last *written* record per key, and providers deliver
+//! out of order, so the only way the compacted view holds the newest state is
+//! to not write older ones. The pipeline calls [`decide`] while holding the
+//! entity's lock, with the ledger's record of what was last written.
+
+use sha2::{Digest, Sha256};
+
+use crate::event::{Money, PosEvent};
+use crate::ledger::EntityState;
+
+/// What to do with an incoming state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Newer (or first, or same version with new content): write it.
+    Publish,
+    /// Older than what is written: keep it out of the topic.
+    Stale,
+    /// Same version and same content as written: nothing to do.
+    Unchanged,
+}
+
+/// Compares an incoming state with the written one.
+pub fn decide(written: Option<&EntityState>, incoming: &EntityState) -> Decision {
+    match written {
+        None => Decision::Publish,
+        Some(w) if incoming.version < w.version => Decision::Stale,
+        Some(w) if incoming.version == w.version && incoming.state_hash == w.state_hash => {
+            Decision::Unchanged
+        }
+        Some(_) => Decision::Publish,
+    }
+}
+
+/// A hash of an event's business content: not its ids, times or raw text, so
+/// the same state reached by two different deliveries hashes equal.
+pub fn state_hash(event: &PosEvent) -> [u8; 16] {
+    let mut h = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(bytes);
+    };
+    let text = |s: &Option<String>| s.as_deref().unwrap_or("\u{0}").as_bytes().to_vec();
+    let money = |m: Option<Money>| m.map_or_else(|| b"\0".to_vec(), |m| m.unscaled.to_be_bytes().to_vec());
+    field(event.entity_type.as_str().as_bytes());
+    field(event.entity_id.as_bytes());
+    field(&text(&event.account));
+    field(&text(&event.outlet_id));
+    field(&text(&event.store_id));
+    field(&text(&event.terminal_id));
+    field(&text(&event.currency));
+    field(&money(event.subtotal));
+    field(&money(event.tax));
+    field(&money(event.total));
+    field(&text(&event.status));
+    field(&text(&event.kitchen_status));
+    field(&[u8::from(event.deleted)]);
+    for item in &event.items {
+        field(&text(&item.sku));
+        field(&text(&item.name));
+        field(&money(item.quantity));
+        field(&money(item.unit_price));
+    }
+    let digest = h.finalize();
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&digest[..16]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Version;
+
+    fn state(at: i64, rank: u32, hash: u8) -> EntityState {
+        EntityState {
+            version: Version {
+                at_micros: at,
+                rank,
+            },
+            state_hash: [hash; 16],
+        }
+    }
+
+    #[test]
+    fn older_is_stale_newer_publishes_equal_is_unchanged() {
+        let written = state(100, 1, 1);
+        assert_eq!(decide(None, &written), Decision::Publish);
+        assert_eq!(decide(Some(&written), &state(99, 9, 1)), Decision::Stale);
+        assert_eq!(decide(Some(&written), &state(100, 0, 2)), Decision::Stale);
+        assert_eq!(decide(Some(&written), &state(100, 1, 1)), Decision::Unchanged);
+        assert_eq!(decide(Some(&written), &state(100, 1, 2)), Decision::Publish);
+        assert_eq!(decide(Some(&written), &state(100, 2, 1)), Decision::Publish);
+        assert_eq!(decide(Some(&written), &state(101, 0, 1)), Decision::Publish);
+    }
+}

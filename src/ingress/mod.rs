@@ -1,0 +1,74 @@
+//! The HTTP side: routes, shared state, and serving with graceful shutdown.
+//!
+//! No route redirects (Mekari treats any 3xx as a permanent failure), and
+//! anything unrouted gets a JSON 404.
+
+mod ops;
+mod response;
+mod webhook;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::{get, post};
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::event::ProviderKind;
+use crate::pipeline::{Pipeline, SourceInfo};
+use crate::verify::Verifier;
+
+pub use response::WebhookError;
+
+/// One configured webhook, ready to verify.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// Name and account, shared with every delivery through it.
+    pub info: Arc<SourceInfo>,
+    /// Its signature check.
+    pub verifier: Verifier,
+}
+
+/// What every handler needs; cheap handles only, read-only after start-up.
+#[derive(Clone)]
+pub struct AppState {
+    /// Configured webhooks by provider and name.
+    pub sources: Arc<HashMap<(ProviderKind, String), Source>>,
+    /// The data line.
+    pub pipeline: Pipeline,
+    /// Largest body read.
+    pub body_limit: usize,
+    /// `Retry-After` on 503.
+    pub retry_after_secs: u64,
+    /// Renders `/metrics`.
+    pub metrics: PrometheusHandle,
+}
+
+/// The router; `main` and the handler tests share it.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/webhooks/{provider}/{source}", post(webhook::receive))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .fallback(|| async {
+            WebhookError::NoRoute.into_response_with(0)
+        })
+        .with_state(state)
+}
+
+/// Serves until `shutdown` resolves, then stops accepting and lets in-flight
+/// requests finish (each is bounded by the delivery deadline).
+///
+/// # Errors
+/// When the listener fails.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,385 @@
+//! The embedded ledger: one redb file, for a single posbridge process.
+//!
+//! Reads go straight to redb. Writes go through one writer thread that
+//! commits whatever has queued up in a single durable transaction (group
+//! commit), so concurrent deliveries share one fsync instead of queueing for
+//! one each. Leases and entity locks live in memory: they only need to
+//! outlive a request, and a crash must not leave a delivery blocked.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
+use crate::event::{DeliveryKey, Version};
+
+/// Done delivery ids → unix second they may be forgotten.
+const DONE: TableDefinition<&str, u64> = TableDefinition::new("done_deliveries");
+/// (expiry second, delivery id): lets the purge delete expired ids by range.
+const DONE_BY_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("done_by_expiry");
+/// Entity slot → version and state hash (see `encode_state`).
+const ENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entities");
+
+/// Number of entity lock stripes: enough that unrelated keys rarely share one.
+const LOCK_STRIPES: usize = 1024;
+/// How often the writer deletes expired delivery ids.
+const PURGE_EVERY: Duration = Duration::from_secs(60);
+
+type Reply = oneshot::Sender<Result<(), LedgerError>>;
+
+/// The embedded, persistent ledger. Cheap to clone.
+#[derive(Clone)]
+pub struct EmbeddedLedger {
+    /// The database, shared with the writer thread.
+    db: Arc<Database>,
+    /// Delivery ids being processed now, with the instant their lease lapses.
+    leases: Arc<Mutex<HashMap<String, Instant>>>,
+    /// How long a lease holds if its holder never ends it.
+    lease: Duration,
+    /// Striped per-entity locks.
+    locks: Arc<Vec<Arc<tokio::sync::Mutex<()>>>>,
+    /// Queue to the group-commit writer thread.
+    writer: mpsc::UnboundedSender<(Commit, Reply)>,
+    /// How long done ids are kept.
+    dedup_ttl: Duration,
+}
+
+impl EmbeddedLedger {
+    /// Opens (or creates) the ledger file and starts its writer thread.
+    ///
+    /// # Errors
+    /// [`LedgerError::Open`] when the file cannot be opened, e.g. because
+    /// another posbridge process holds it.
+    pub fn open(path: &Path, dedup_ttl: Duration, lease: Duration) -> Result<Self, LedgerError> {
+        let open_error = |e: Box<dyn std::error::Error + Send + Sync>| LedgerError::Open {
+            path: path.display().to_string(),
+            source: e,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| open_error(e.into()))?;
+        }
+        let db = Database::create(path).map_err(|e| open_error(e.into()))?;
+        let txn = db.begin_write().map_err(|e| open_error(e.into()))?;
+        txn.open_table(DONE).map_err(|e| open_error(e.into()))?;
+        txn.open_table(DONE_BY_EXPIRY)
+            .map_err(|e| open_error(e.into()))?;
+        txn.open_table(ENTITIES).map_err(|e| open_error(e.into()))?;
+        txn.commit().map_err(|e| open_error(e.into()))?;
+        let db = Arc::new(db);
+
+        let (writer, queue) = mpsc::unbounded_channel();
+        let writer_db = db.clone();
+        std::thread::Builder::new()
+            .name("ledger-writer".into())
+            .spawn(move || write_loop(&writer_db, queue, dedup_ttl))
+            .map_err(|e| open_error(e.into()))?;
+
+        Ok(EmbeddedLedger {
+            db,
+            leases: Arc::default(),
+            lease,
+            locks: Arc::new(
+                (0..LOCK_STRIPES)
+                    .map(|_| Arc::new(tokio::sync::Mutex::new(())))
+                    .collect(),
+            ),
+            writer,
+            dedup_ttl,
+        })
+    }
+
+    fn is_done(&self, delivery: &DeliveryKey) -> Result<bool, LedgerError> {
+        let txn = self.db.begin_read().map_err(storage)?;
+        let table = txn.open_table(DONE).map_err(storage)?;
+        Ok(table
+            .get(delivery.as_str())
+            .map_err(storage)?
+            .is_some_and(|expires| expires.value() > unix_now()))
+    }
+
+    fn end_lease(&self, delivery: &DeliveryKey) {
+        self.leases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(delivery.as_str());
+    }
+}
+
+fn storage(error: impl std::fmt::Display) -> LedgerError {
+    LedgerError::Storage(error.to_string())
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn encode_state(state: &EntityState) -> [u8; 28] {
+    let mut bytes = [0u8; 28];
+    bytes[..8].copy_from_slice(&state.version.at_micros.to_be_bytes());
+    bytes[8..12].copy_from_slice(&state.version.rank.to_be_bytes());
+    bytes[12..].copy_from_slice(&state.state_hash);
+    bytes
+}
+
+fn decode_state(bytes: &[u8]) -> Option<EntityState> {
+    Some(EntityState {
+        version: Version {
+            at_micros: i64::from_be_bytes(bytes.get(..8)?.try_into().ok()?),
+            rank: u32::from_be_bytes(bytes.get(8..12)?.try_into().ok()?),
+        },
+        state_hash: bytes.get(12..28)?.try_into().ok()?,
+    })
+}
+
+/// The writer thread: take everything queued, write it in one transaction,
+/// answer every waiter with the transaction's result.
+fn write_loop(
+    db: &Database,
+    mut queue: mpsc::UnboundedReceiver<(Commit, Reply)>,
+    dedup_ttl: Duration,
+) {
+    let mut last_purge = Instant::now() - PURGE_EVERY;
+    while let Some(first) = queue.blocking_recv() {
+        let mut batch = vec![first];
+        while let Ok(next) = queue.try_recv() {
+            batch.push(next);
+        }
+        let purge = last_purge.elapsed() >= PURGE_EVERY;
+        let result = write_batch(db, &batch, dedup_ttl, purge).map_err(storage);
+        if purge && result.is_ok() {
+            last_purge = Instant::now();
+        }
+        for (_, reply) in batch {
+            // The waiter may have given up (request cancelled); nothing to tell it.
+            let _ = reply.send(result.as_ref().map(|_| ()).map_err(|e| storage(e)));
+        }
+    }
+}
+
+fn write_batch(
+    db: &Database,
+    batch: &[(Commit, Reply)],
+    dedup_ttl: Duration,
+    purge: bool,
+) -> Result<(), redb::Error> {
+    let now = unix_now();
+    let expires = now + dedup_ttl.as_secs();
+    let txn = db.begin_write()?;
+    {
+        let mut done = txn.open_table(DONE)?;
+        let mut by_expiry = txn.open_table(DONE_BY_EXPIRY)?;
+        let mut entities = txn.open_table(ENTITIES)?;
+        for (commit, _) in batch {
+            if let Some(delivery) = &commit.delivery {
+                done.insert(delivery.as_str(), expires)?;
+                by_expiry.insert((expires, delivery.as_str()), ())?;
+            }
+            if let Some((slot, state)) = &commit.entity {
+                entities.insert(slot.as_str(), encode_state(state).as_slice())?;
+            }
+        }
+        if purge {
+            let expired: Vec<(u64, String)> = by_expiry
+                .range(..(now, ""))?
+                .map(|entry| entry.map(|(k, _)| (k.value().0, k.value().1.to_owned())))
+                .collect::<Result<_, _>>()?;
+            for (at, id) in expired {
+                by_expiry.remove((at, id.as_str()))?;
+                // A newer done mark (re-delivered after expiry) has a later expiry: keep it.
+                let current = done.get(id.as_str())?.map(|v| v.value());
+                if current.is_some_and(|c| c <= now) {
+                    done.remove(id.as_str())?;
+                }
+            }
+        }
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+#[async_trait]
+impl Ledger for EmbeddedLedger {
+    async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
+        let mut leases = self
+            .leases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = Instant::now();
+        if leases
+            .get(delivery.as_str())
+            .is_some_and(|lapses| *lapses > now)
+        {
+            return Ok(Begin::InFlight);
+        }
+        // Checked under the lease map's lock, so two attempts cannot both see New.
+        if self.is_done(delivery)? {
+            return Ok(Begin::Done);
+        }
+        leases.insert(delivery.as_str().to_owned(), now + self.lease);
+        Ok(Begin::New)
+    }
+
+    async fn release(&self, delivery: &DeliveryKey) {
+        self.end_lease(delivery);
+    }
+
+    async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
+        use std::hash::{BuildHasher, RandomState};
+        static HASHER: std::sync::LazyLock<RandomState> = std::sync::LazyLock::new(RandomState::new);
+        let stripe = usize::try_from(HASHER.hash_one(slot.as_str())).unwrap_or(0) % LOCK_STRIPES;
+        Ok(Box::new(self.locks[stripe].clone().lock_owned().await))
+    }
+
+    async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
+        let txn = self.db.begin_read().map_err(storage)?;
+        let table = txn.open_table(ENTITIES).map_err(storage)?;
+        let value = table.get(slot.as_str()).map_err(storage)?;
+        value
+            .map(|v| {
+                decode_state(v.value())
+                    .ok_or_else(|| LedgerError::Storage(format!("corrupt entity state for {}", slot.as_str())))
+            })
+            .transpose()
+    }
+
+    async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
+        let delivery = commit.delivery.clone();
+        let (reply, answer) = oneshot::channel();
+        let result = match self.writer.send((commit, reply)) {
+            Ok(()) => answer.await.unwrap_or(Err(LedgerError::Closed)),
+            Err(_) => Err(LedgerError::Closed),
+        };
+        if let Some(delivery) = delivery {
+            self.end_lease(&delivery);
+        }
+        result
+    }
+
+    async fn check(&self) -> Result<(), LedgerError> {
+        if self.writer.is_closed() {
+            return Err(LedgerError::Closed);
+        }
+        let txn = self.db.begin_read().map_err(storage)?;
+        txn.open_table(DONE).map_err(storage)?;
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for EmbeddedLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedLedger")
+            .field("dedup_ttl", &self.dedup_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{EntityKey, EntityType, ProviderKind};
+
+    fn open(dir: &tempfile::TempDir) -> EmbeddedLedger {
+        EmbeddedLedger::open(
+            &dir.path().join("ledger.redb"),
+            Duration::from_secs(3600),
+            Duration::from_secs(10),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_delivery_is_new_then_in_flight_then_done() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = open(&dir);
+        let id = DeliveryKey::new(ProviderKind::Mekari, "e1");
+        assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
+        assert_eq!(ledger.begin(&id).await.unwrap(), Begin::InFlight);
+        ledger
+            .commit(Commit {
+                delivery: Some(id.clone()),
+                entity: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
+    }
+
+    #[tokio::test]
+    async fn a_released_delivery_can_be_taken_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = open(&dir);
+        let id = DeliveryKey::new(ProviderKind::ReceiptRoller, "d1");
+        assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
+        ledger.release(&id).await;
+        assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
+    }
+
+    #[tokio::test]
+    async fn done_ids_and_entity_versions_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = DeliveryKey::new(ProviderKind::Mekari, "e1");
+        let slot = EntitySlot::new(
+            EntityType::Order,
+            &EntityKey::new(ProviderKind::Mekari, None, "O-1"),
+        );
+        let state = EntityState {
+            version: Version {
+                at_micros: 42,
+                rank: 7,
+            },
+            state_hash: [9; 16],
+        };
+        {
+            let ledger = open(&dir);
+            ledger.begin(&id).await.unwrap();
+            ledger
+                .commit(Commit {
+                    delivery: Some(id.clone()),
+                    entity: Some((slot.clone(), state)),
+                })
+                .await
+                .unwrap();
+        }
+        // The writer thread holds the database until its queue closes.
+        let reopened = loop {
+            match EmbeddedLedger::open(
+                &dir.path().join("ledger.redb"),
+                Duration::from_secs(3600),
+                Duration::from_secs(10),
+            ) {
+                Ok(ledger) => break ledger,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        assert_eq!(reopened.begin(&id).await.unwrap(), Begin::Done);
+        assert_eq!(reopened.entity(&slot).await.unwrap(), Some(state));
+    }
+
+    #[tokio::test]
+    async fn expired_ids_are_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = EmbeddedLedger::open(
+            &dir.path().join("l.redb"),
+            Duration::ZERO,
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        let id = DeliveryKey::new(ProviderKind::Mekari, "e1");
+        ledger.begin(&id).await.unwrap();
+        ledger
+            .commit(Commit {
+                delivery: Some(id.clone()),
+                entity: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
+    }
+}

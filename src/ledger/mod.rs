@@ -1,0 +1,132 @@
+//! The ledger: what posbridge must remember between deliveries.
+//!
+//! Three things, behind one trait so an embedded store (one process) and a
+//! shared store (several replicas) are interchangeable by config:
+//!
+//! * delivery ids: *in flight* (a lease, so a concurrent duplicate never
+//!   produces twice) and *done* (kept for `dedup_ttl`, so a late retry is
+//!   answered 2xx without producing);
+//! * each entity's latest written version and state hash, for the stale-event guard;
+//! * a per-entity lock, so two events for one key are never guarded and
+//!   published concurrently.
+//!
+//! A delivery becomes done in the same write as its entity version
+//! ([`Commit`]), so a crash cannot leave one recorded without the other.
+
+mod embedded;
+
+use async_trait::async_trait;
+
+use crate::event::{DeliveryKey, EntityKey, EntityType, Version};
+
+pub use embedded::EmbeddedLedger;
+
+/// Why the ledger could not answer. Always retryable from the provider's
+/// point of view: the delivery is answered 503 and stays retryable.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// The store could not be opened (path, permissions, another process).
+    #[error("cannot open ledger at {path}: {source}")]
+    Open {
+        /// The file.
+        path: String,
+        /// The store's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A read or write failed.
+    #[error("ledger storage: {0}")]
+    Storage(String),
+    /// The ledger is shut down.
+    #[error("ledger is closed")]
+    Closed,
+}
+
+/// What `begin` found for a delivery id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Begin {
+    /// Never seen (or forgotten after the TTL): the caller now holds a lease
+    /// and must end it with [`Ledger::commit`] or [`Ledger::release`].
+    New,
+    /// Another attempt holds the lease right now.
+    InFlight,
+    /// Already handled: answer 2xx and do nothing.
+    Done,
+}
+
+/// Where an entity's version is kept: its topic's entity type and its record key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EntitySlot(String);
+
+impl EntitySlot {
+    /// Entity types have separate id spaces (an order and a product may share
+    /// an id), so the slot names both.
+    pub fn new(entity_type: EntityType, key: &EntityKey) -> EntitySlot {
+        EntitySlot(format!("{}/{}", entity_type.plural(), key))
+    }
+
+    /// Storage form.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The latest state written for an entity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntityState {
+    /// Its version; anything older is stale.
+    pub version: Version,
+    /// A hash of its content, so an equal version with equal content is a
+    /// no-op and a reconciled copy of the same state publishes nothing.
+    pub state_hash: [u8; 16],
+}
+
+/// One durable outcome: a delivery marked done and/or an entity's new state.
+#[derive(Debug, Clone, Default)]
+pub struct Commit {
+    /// The delivery that is now done (none for reconciled records).
+    pub delivery: Option<DeliveryKey>,
+    /// The entity state that is now in the topic (none for dead letters and stale events).
+    pub entity: Option<(EntitySlot, EntityState)>,
+}
+
+/// Held while an entity is guarded and published; dropping it unlocks.
+pub type EntityLock = Box<dyn Send + Sync>;
+
+/// The ledger backends' common face.
+#[async_trait]
+pub trait Ledger: Send + Sync + 'static {
+    /// Looks up a delivery id and, when it is new, takes a lease on it.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the store cannot be read.
+    async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError>;
+
+    /// Gives a lease back without marking the delivery done, so the
+    /// provider's retry is processed.
+    async fn release(&self, delivery: &DeliveryKey);
+
+    /// Takes the entity's lock, waiting for another holder.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when a shared lock cannot be reached.
+    async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError>;
+
+    /// The latest state written for an entity, if any.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the store cannot be read.
+    async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError>;
+
+    /// Makes an outcome durable, then ends the delivery's lease.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the write fails; the lease is then released.
+    async fn commit(&self, commit: Commit) -> Result<(), LedgerError>;
+
+    /// Whether the store is open and answering, for `/readyz`.
+    ///
+    /// # Errors
+    /// [`LedgerError`] saying why not.
+    async fn check(&self) -> Result<(), LedgerError>;
+}

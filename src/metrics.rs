@@ -1,0 +1,104 @@
+//! Every metric name and label posbridge emits, in one place.
+//!
+//! Names follow Prometheus conventions: `posbridge_` prefix, base units,
+//! counters ending in `_total`. Label values are bounded: provider, configured
+//! source names, outcomes and reason codes; never a delivery or entity id.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Webhook requests by provider, source and outcome.
+pub const WEBHOOK_REQUESTS: &str = "posbridge_webhook_requests_total";
+/// Webhook answer time by provider and outcome.
+pub const WEBHOOK_DURATION: &str = "posbridge_webhook_request_duration_seconds";
+/// Signatures refused, by provider and source: a wrong secret shows here first.
+pub const SIGNATURE_FAILURES: &str = "posbridge_signature_failures_total";
+/// Time from produce to broker acknowledgement, by provider and topic.
+pub const PUBLISH_DURATION: &str = "posbridge_publish_duration_seconds";
+/// Produce attempts that failed, by provider and kind (retryable/permanent).
+pub const PUBLISH_FAILURES: &str = "posbridge_publish_failures_total";
+/// Deliveries being processed now, by provider.
+pub const IN_FLIGHT: &str = "posbridge_deliveries_in_flight";
+/// Duplicate deliveries answered without producing, by provider.
+pub const DUPLICATES: &str = "posbridge_duplicates_total";
+/// Events older than the entity's written state, held back, by provider and entity type.
+pub const STALE_EVENTS: &str = "posbridge_stale_events_total";
+/// Events written to the dead-letter topic, by provider and reason code.
+pub const DEAD_LETTERS: &str = "posbridge_dead_letters_total";
+
+/// Label keys.
+pub const PROVIDER: &str = "provider";
+/// Label key: configured source name.
+pub const SOURCE: &str = "source";
+/// Label key: see [`Outcome`].
+pub const OUTCOME: &str = "outcome";
+/// Label key: topic name.
+pub const TOPIC: &str = "topic";
+/// Label key: entity type.
+pub const ENTITY_TYPE: &str = "entity_type";
+/// Label key: a bounded reason code.
+pub const REASON: &str = "reason";
+/// Label key: retryable or permanent.
+pub const KIND: &str = "kind";
+
+/// Buckets fitting a delivery deadline of a few seconds.
+const SECONDS_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+
+/// How a webhook request ended; the `outcome` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Produced and acknowledged (including tombstones).
+    Published,
+    /// Already handled, nothing produced.
+    Duplicate,
+    /// Older than the entity's written state, not produced.
+    Stale,
+    /// Same version and content as written, not produced.
+    Unchanged,
+    /// Written to the dead-letter topic.
+    DeadLettered,
+    /// Signature refused.
+    Unauthorized,
+    /// Malformed request (4xx other than 401).
+    Rejected,
+    /// Could not be handled now; 503, retryable.
+    Unavailable,
+}
+
+impl Outcome {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Published => "published",
+            Outcome::Duplicate => "duplicate",
+            Outcome::Stale => "stale",
+            Outcome::Unchanged => "unchanged",
+            Outcome::DeadLettered => "dead_lettered",
+            Outcome::Unauthorized => "unauthorized",
+            Outcome::Rejected => "rejected",
+            Outcome::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// Installs the process-wide Prometheus recorder once and returns its handle.
+/// Several apps in one process (tests) share it.
+pub fn install() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
+                .expect("bucket list is non-empty");
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            // Another recorder already installed (an embedding program): ours
+            // still renders what it records through `handle`.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}

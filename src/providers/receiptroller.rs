@@ -1,0 +1,163 @@
+//! ReceiptRoller: sales and orders.
+//!
+//! Delivery rules (receiptroller-delivery.md): four attempts over ~71 min,
+//! every non-2xx is a failure and four failures switch the whole webhook off;
+//! `X-RR-Delivery` equals the body's `id` and repeats across webhooks; the
+//! body's `timestamp` is the send time, unchanged on retries, and is the
+//! version that keeps newer state from being overwritten.
+
+use serde_json::Value;
+
+use super::{
+    Context, NormalizeError, Provider, items, optional_money, optional_text, required_str,
+    required_time,
+};
+use crate::event::{EntityType, Origin, PosEvent, ProviderKind, Version};
+use crate::verify::SchemeName;
+
+/// Delivery id header (documented).
+pub const DELIVERY_HEADER: &str = "x-rr-delivery";
+/// Signature header (assumed in payloads.md; configurable per source).
+pub const SIGNATURE_HEADER: &str = "x-rr-signature";
+
+/// ReceiptRoller's wire format.
+#[derive(Debug, Clone, Copy)]
+pub struct ReceiptRoller;
+
+impl Provider for ReceiptRoller {
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::ReceiptRoller
+    }
+
+    fn delivery_id_header(&self) -> &'static str {
+        DELIVERY_HEADER
+    }
+
+    fn default_scheme(&self) -> SchemeName {
+        SchemeName::Hex
+    }
+
+    fn default_signature_header(&self) -> &'static str {
+        SIGNATURE_HEADER
+    }
+
+    fn normalize(&self, body: &Value, ctx: &Context<'_>) -> Result<PosEvent, NormalizeError> {
+        let event_type = required_str(body, "type")?;
+        let sent_at = required_time(body, "timestamp")?;
+        let data = body.get("data").ok_or(NormalizeError::MissingField("data"))?;
+        let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
+        let (entity_type, entity_id, status) = match family {
+            // Sales are keyed `{terminal_id}|{yyyy-MM}|{transaction_id}` in data.id.
+            "sale" => (
+                EntityType::Sale,
+                required_str(data, "data.id")?,
+                optional_text(data, "status").unwrap_or_else(|| verb.to_owned()),
+            ),
+            "order" => (
+                EntityType::Order,
+                required_str(data, "data.order_id")?,
+                optional_text(data, "status").unwrap_or_else(|| verb.to_owned()),
+            ),
+            _ => return Err(NormalizeError::UnknownEventType(event_type.to_owned())),
+        };
+        Ok(PosEvent {
+            event_id: ctx.delivery_id.to_owned(),
+            provider: ProviderKind::ReceiptRoller,
+            source: ctx.source.to_owned(),
+            account: ctx.account.map(str::to_owned),
+            entity_type,
+            entity_id: entity_id.to_owned(),
+            event_type: event_type.to_owned(),
+            occurred_at: sent_at,
+            version: Version::new(sent_at, 0),
+            received_at: ctx.received_at,
+            origin: Origin::Webhook,
+            outlet_id: None,
+            store_id: optional_text(data, "store_id"),
+            terminal_id: optional_text(data, "terminal_id"),
+            currency: optional_text(data, "currency"),
+            subtotal: optional_money(data, "data.sub_total")?,
+            tax: optional_money(data, "data.tax_total")?,
+            total: optional_money(data, "data.grand_total")?,
+            status: Some(status).filter(|s| !s.is_empty()),
+            kitchen_status: None,
+            items: items(data)?,
+            deleted: false,
+            raw: ctx.raw.to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use time::macros::datetime;
+
+    fn ctx(raw: &str) -> Context<'_> {
+        Context {
+            delivery_id: "rr_dlv_1",
+            source: "main",
+            account: None,
+            received_at: datetime!(2026-11-29 10:15:31 UTC),
+            raw,
+        }
+    }
+
+    fn sale() -> Value {
+        json!({
+          "id": "rr_dlv_1", "type": "sale.created", "timestamp": "2026-11-29T10:15:30.123Z",
+          "webhook_id": "wh_123",
+          "data": {"id": "T001|2026-11|000123", "terminal_id": "T001", "store_id": "S01",
+                   "transaction_id": "000123", "transaction_type": 1,
+                   "transaction_at": "2026-11-29T10:15:29Z", "currency": "JPY",
+                   "sub_total": 1000, "tax_total": 100, "grand_total": 1100,
+                   "items": [{"sku": "A-1", "name": "Coffee", "quantity": 2, "unit_price": 500}]}
+        })
+    }
+
+    #[test]
+    fn the_documented_sale_normalizes() {
+        let body = sale();
+        let event = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap();
+        assert_eq!(event.entity_type, EntityType::Sale);
+        assert_eq!(event.key().as_str(), "receiptroller:T001|2026-11|000123");
+        assert_eq!(event.total.unwrap().to_string(), "1100.0000");
+        assert_eq!(event.items[0].quantity.unwrap().to_string(), "2.0000");
+        assert_eq!(event.status.as_deref(), Some("created"));
+        assert_eq!(event.occurred_at, datetime!(2026-11-29 10:15:30.123 UTC));
+        assert_eq!(event.version.at_micros, 1_795_947_330_123_000);
+    }
+
+    #[test]
+    fn orders_are_keyed_by_order_id() {
+        let body = json!({"id": "d2", "type": "order.updated", "timestamp": "2026-11-29T10:15:30Z",
+                          "data": {"order_id": "O-9", "status": "paid"}});
+        let event = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap();
+        assert_eq!(event.entity_type, EntityType::Order);
+        assert_eq!(event.entity_id, "O-9");
+        assert_eq!(event.status.as_deref(), Some("paid"));
+    }
+
+    #[test]
+    fn unknown_types_and_missing_fields_are_refused() {
+        let mut body = sale();
+        body["type"] = json!("customer.created");
+        assert_eq!(
+            ReceiptRoller.normalize(&body, &ctx("{}")).unwrap_err(),
+            NormalizeError::UnknownEventType("customer.created".into())
+        );
+        let mut body = sale();
+        body["data"].as_object_mut().unwrap().remove("id");
+        assert_eq!(
+            ReceiptRoller.normalize(&body, &ctx("{}")).unwrap_err(),
+            NormalizeError::MissingField("data.id")
+        );
+        let mut body = sale();
+        body["timestamp"] = json!("yesterday");
+        assert_eq!(
+            ReceiptRoller.normalize(&body, &ctx("{}")).unwrap_err().code(),
+            "invalid_field"
+        );
+    }
+}

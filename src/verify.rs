@@ -1,0 +1,437 @@
+//! Signature verification over the raw body bytes, before anything parses them.
+//!
+//! Each configured source has a [`Verifier`]: a scheme, the header it reads
+//! and every secret that may sign (several during a rotation). Comparisons are
+//! constant-time (`Mac::verify_slice`). Only a verified body becomes a
+//! [`VerifiedBody`], so no later stage can be reached without passing here.
+
+use axum::http::HeaderMap;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::Bytes;
+use hmac::{Hmac, KeyInit, Mac};
+use serde::Deserialize;
+use sha2::Sha256;
+
+use crate::config::Secret;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Header of the Stripe-style scheme.
+pub const STRIPE_SIGNATURE_HEADER: &str = "stripe-signature";
+/// Standard Webhooks: the message id header.
+pub const STANDARD_ID_HEADER: &str = "webhook-id";
+/// Standard Webhooks: the signed unix time header.
+pub const STANDARD_TIMESTAMP_HEADER: &str = "webhook-timestamp";
+/// Standard Webhooks: the signature list header.
+pub const STANDARD_SIGNATURE_HEADER: &str = "webhook-signature";
+/// Standard Webhooks secrets carry this prefix before their base64 key.
+const STANDARD_SECRET_PREFIX: &str = "whsec_";
+
+/// The signature schemes a source can be configured with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SchemeName {
+    /// Hex HMAC-SHA256 of the body, optionally prefixed `sha256=` (GitHub-style;
+    /// ReceiptRoller's default).
+    Hex,
+    /// Base64 HMAC-SHA256 of the body (Shopify-style; Mekari's default).
+    Base64,
+    /// `t=<unix>,v1=<hex>` over `{t}.{body}`, with a time tolerance.
+    Stripe,
+    /// Standard Webhooks: `v1,<base64>` over `{id}.{timestamp}.{body}`, `whsec_` secrets.
+    StandardWebhooks,
+}
+
+impl SchemeName {
+    /// The header this scheme reads when the source names none and the
+    /// provider's default does not apply (timestamped schemes fix their own).
+    pub fn fixed_header(self) -> Option<&'static str> {
+        match self {
+            SchemeName::Hex | SchemeName::Base64 => None,
+            SchemeName::Stripe => Some(STRIPE_SIGNATURE_HEADER),
+            SchemeName::StandardWebhooks => Some(STANDARD_SIGNATURE_HEADER),
+        }
+    }
+
+    /// Checks that a secret has the form this scheme needs.
+    ///
+    /// # Errors
+    /// A sentence saying what is wrong, for `check-config`.
+    pub fn check_secret(self, secret: &str) -> Result<(), String> {
+        match self {
+            SchemeName::StandardWebhooks => standard_key(secret).map(|_| ()),
+            _ if secret.len() < 8 => Err("secret is shorter than 8 characters".into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn standard_key(secret: &str) -> Result<Vec<u8>, String> {
+    let encoded = secret.strip_prefix(STANDARD_SECRET_PREFIX).ok_or_else(|| {
+        format!("standard-webhooks secrets start with `{STANDARD_SECRET_PREFIX}`")
+    })?;
+    BASE64
+        .decode(encoded)
+        .map_err(|e| format!("standard-webhooks secret is not base64 after `whsec_`: {e}"))
+}
+
+/// Why a signature was refused. Every variant means 401 and nothing stored.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum VerifyError {
+    /// The signature header (or a header the scheme signs) is absent.
+    #[error("missing header {0}")]
+    MissingHeader(String),
+    /// A header is present but not in the scheme's format.
+    #[error("malformed signature header: {0}")]
+    Malformed(&'static str),
+    /// The signed timestamp is outside the configured tolerance (replay guard).
+    #[error("signature timestamp outside tolerance")]
+    Expired,
+    /// No configured secret produced any of the given signatures.
+    #[error("signature does not match any configured secret")]
+    Mismatch,
+}
+
+/// Verifies one source's deliveries. Built once at start-up from its config.
+#[derive(Clone)]
+pub struct Verifier {
+    /// The scheme.
+    scheme: SchemeName,
+    /// Lower-cased signature header name (hex/base64/stripe).
+    header: String,
+    /// HMAC keys, one per configured secret, already decoded.
+    keys: Vec<Vec<u8>>,
+    /// Allowed distance between a signed timestamp and now, in seconds.
+    tolerance_secs: i64,
+}
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier")
+            .field("scheme", &self.scheme)
+            .field("header", &self.header)
+            .field("keys", &format_args!("[{} redacted]", self.keys.len()))
+            .finish()
+    }
+}
+
+/// A body whose signature was checked. Only [`Verifier::verify`] makes one.
+#[derive(Debug, Clone)]
+pub struct VerifiedBody(Bytes);
+
+impl VerifiedBody {
+    /// The raw bytes exactly as signed.
+    pub fn bytes(&self) -> &Bytes {
+        &self.0
+    }
+}
+
+impl Verifier {
+    /// Builds a verifier. `header` is the source's header or the provider's default.
+    ///
+    /// # Errors
+    /// When a secret does not fit the scheme (see [`SchemeName::check_secret`]).
+    pub fn new(
+        scheme: SchemeName,
+        header: &str,
+        secrets: &[Secret],
+        tolerance_secs: u64,
+    ) -> Result<Verifier, String> {
+        let keys = secrets
+            .iter()
+            .map(|s| match scheme {
+                SchemeName::StandardWebhooks => standard_key(s.expose()),
+                _ => Ok(s.expose().as_bytes().to_vec()),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Verifier {
+            scheme,
+            header: header.to_ascii_lowercase(),
+            keys,
+            tolerance_secs: i64::try_from(tolerance_secs).unwrap_or(i64::MAX),
+        })
+    }
+
+    /// Checks the signature of `body` against every configured secret.
+    /// `now_unix` is passed in so tolerance is testable.
+    ///
+    /// # Errors
+    /// A [`VerifyError`] saying why the delivery is refused.
+    pub fn verify(
+        &self,
+        headers: &HeaderMap,
+        body: Bytes,
+        now_unix: i64,
+    ) -> Result<VerifiedBody, VerifyError> {
+        match self.scheme {
+            SchemeName::Hex => {
+                let value = header(headers, &self.header)?;
+                let hex_sig = value.strip_prefix("sha256=").unwrap_or(value);
+                let sig = hex::decode(hex_sig.trim()).map_err(|_| VerifyError::Malformed("not hex"))?;
+                self.check(&[&body], &[sig])?;
+            }
+            SchemeName::Base64 => {
+                let value = header(headers, &self.header)?;
+                let sig = BASE64
+                    .decode(value.trim())
+                    .map_err(|_| VerifyError::Malformed("not base64"))?;
+                self.check(&[&body], &[sig])?;
+            }
+            SchemeName::Stripe => {
+                let value = header(headers, &self.header)?;
+                let mut timestamp = None;
+                let mut sigs = Vec::new();
+                for part in value.split(',') {
+                    match part.trim().split_once('=') {
+                        Some(("t", t)) => timestamp = Some(t),
+                        Some(("v1", sig)) => sigs.push(
+                            hex::decode(sig).map_err(|_| VerifyError::Malformed("v1 not hex"))?,
+                        ),
+                        _ => {}
+                    }
+                }
+                let timestamp = timestamp.ok_or(VerifyError::Malformed("no t="))?;
+                self.check_time(timestamp, now_unix)?;
+                self.check(&[timestamp.as_bytes(), b".", &body], &sigs)?;
+            }
+            SchemeName::StandardWebhooks => {
+                let id = header(headers, STANDARD_ID_HEADER)?;
+                let timestamp = header(headers, STANDARD_TIMESTAMP_HEADER)?;
+                self.check_time(timestamp, now_unix)?;
+                let sigs = header(headers, STANDARD_SIGNATURE_HEADER)?
+                    .split_whitespace()
+                    .filter_map(|s| s.strip_prefix("v1,"))
+                    .map(|s| BASE64.decode(s))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|_| VerifyError::Malformed("v1 not base64"))?;
+                self.check(
+                    &[id.as_bytes(), b".", timestamp.as_bytes(), b".", &body],
+                    &sigs,
+                )?;
+            }
+        }
+        Ok(VerifiedBody(body))
+    }
+
+    fn check_time(&self, timestamp: &str, now_unix: i64) -> Result<(), VerifyError> {
+        let signed: i64 = timestamp
+            .trim()
+            .parse()
+            .map_err(|_| VerifyError::Malformed("timestamp not an integer"))?;
+        if (now_unix - signed).abs() > self.tolerance_secs {
+            return Err(VerifyError::Expired);
+        }
+        Ok(())
+    }
+
+    /// Accepts when any key's MAC over `parts` equals any candidate signature.
+    fn check(&self, parts: &[&[u8]], candidates: &[Vec<u8>]) -> Result<(), VerifyError> {
+        for key in &self.keys {
+            let mut mac = mac(key);
+            for part in parts {
+                mac.update(part);
+            }
+            if candidates
+                .iter()
+                .any(|sig| mac.clone().verify_slice(sig).is_ok())
+            {
+                return Ok(());
+            }
+        }
+        Err(VerifyError::Mismatch)
+    }
+}
+
+fn mac(key: &[u8]) -> HmacSha256 {
+    // HMAC takes a key of any length; new_from_slice cannot fail for it.
+    HmacSha256::new_from_slice(key).expect("HMAC accepts any key length")
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<&'a str, VerifyError> {
+    headers
+        .get(name)
+        .ok_or_else(|| VerifyError::MissingHeader(name.to_owned()))?
+        .to_str()
+        .map_err(|_| VerifyError::Malformed("header is not ASCII"))
+}
+
+/// Signs a body the way a provider would: the headers to send with it. Used
+/// by tests and the provider simulator, so both sign exactly as verified here.
+pub fn sign(
+    scheme: SchemeName,
+    header: &str,
+    secret: &str,
+    message_id: &str,
+    now_unix: i64,
+    body: &[u8],
+) -> Vec<(String, String)> {
+    let hmac = |key: &[u8], parts: &[&[u8]]| {
+        let mut mac = mac(key);
+        for part in parts {
+            mac.update(part);
+        }
+        mac.finalize().into_bytes().to_vec()
+    };
+    let t = now_unix.to_string();
+    match scheme {
+        SchemeName::Hex => vec![(
+            header.into(),
+            format!("sha256={}", hex::encode(hmac(secret.as_bytes(), &[body]))),
+        )],
+        SchemeName::Base64 => vec![(
+            header.into(),
+            BASE64.encode(hmac(secret.as_bytes(), &[body])),
+        )],
+        SchemeName::Stripe => vec![(
+            header.into(),
+            format!(
+                "t={t},v1={}",
+                hex::encode(hmac(secret.as_bytes(), &[t.as_bytes(), b".", body]))
+            ),
+        )],
+        SchemeName::StandardWebhooks => {
+            let key = standard_key(secret).unwrap_or_default();
+            let sig = hmac(&key, &[message_id.as_bytes(), b".", t.as_bytes(), b".", body]);
+            vec![
+                (STANDARD_ID_HEADER.into(), message_id.into()),
+                (STANDARD_TIMESTAMP_HEADER.into(), t),
+                (
+                    STANDARD_SIGNATURE_HEADER.into(),
+                    format!("v1,{}", BASE64.encode(sig)),
+                ),
+            ]
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::{HeaderName, HeaderValue};
+
+    const NOW: i64 = 1_700_000_000;
+
+    fn secret(s: &str) -> Secret {
+        serde_json::from_value(serde_json::Value::String(s.into())).unwrap()
+    }
+
+    fn headers(pairs: &[(String, String)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.insert(
+                HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        map
+    }
+
+    fn verifier(scheme: SchemeName, secrets: &[&str]) -> Verifier {
+        let secrets: Vec<Secret> = secrets.iter().map(|s| secret(s)).collect();
+        Verifier::new(scheme, scheme.fixed_header().unwrap_or("X-Sig"), &secrets, 300).unwrap()
+    }
+
+    #[test]
+    fn standard_webhooks_test_vector_verifies() {
+        let v = verifier(
+            SchemeName::StandardWebhooks,
+            &["whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"],
+        );
+        let body = Bytes::from_static(br#"{"email":"test@example.com","username":"test_user"}"#);
+        let h = headers(&[
+            ("webhook-id".into(), "msg_27UH4WbU6Z5A5EzD8u03UvzRbpk".into()),
+            ("webhook-timestamp".into(), "1649367553".into()),
+            (
+                "webhook-signature".into(),
+                "v1,tZ1I4/hDygAJgO5TYxiSd6Sd0kDW6hPenDe+bTa3Kkw=".into(),
+            ),
+        ]);
+        assert!(v.verify(&h, body.clone(), 1_649_367_553).is_ok());
+        assert_eq!(
+            v.verify(&h, body, 1_649_367_553 + 301).unwrap_err(),
+            VerifyError::Expired
+        );
+        let signed = sign(
+            SchemeName::StandardWebhooks,
+            "",
+            "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD",
+            "msg_27UH4WbU6Z5A5EzD8u03UvzRbpk",
+            1_649_367_553,
+            br#"{"email":"test@example.com","username":"test_user"}"#,
+        );
+        assert_eq!(
+            signed[2].1,
+            "v1,tZ1I4/hDygAJgO5TYxiSd6Sd0kDW6hPenDe+bTa3Kkw="
+        );
+    }
+
+    #[test]
+    fn every_scheme_accepts_its_own_signature_and_refuses_a_changed_body() {
+        for scheme in [
+            SchemeName::Hex,
+            SchemeName::Base64,
+            SchemeName::Stripe,
+            SchemeName::StandardWebhooks,
+        ] {
+            let key = "whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQ=";
+            let v = verifier(scheme, &[key]);
+            let header_name = scheme.fixed_header().unwrap_or("X-Sig");
+            let h = headers(&sign(scheme, header_name, key, "id1", NOW, b"body"));
+            assert!(v.verify(&h, Bytes::from_static(b"body"), NOW).is_ok(), "{scheme:?}");
+            assert_eq!(
+                v.verify(&h, Bytes::from_static(b"bodY"), NOW).unwrap_err(),
+                VerifyError::Mismatch,
+                "{scheme:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn any_of_several_secrets_may_sign() {
+        let v = verifier(SchemeName::Hex, &["old-secret-1", "new-secret-2"]);
+        let h = headers(&sign(SchemeName::Hex, "X-Sig", "new-secret-2", "", NOW, b"b"));
+        assert!(v.verify(&h, Bytes::from_static(b"b"), NOW).is_ok());
+        let h = headers(&sign(SchemeName::Hex, "X-Sig", "other-secret", "", NOW, b"b"));
+        assert_eq!(
+            v.verify(&h, Bytes::from_static(b"b"), NOW).unwrap_err(),
+            VerifyError::Mismatch
+        );
+    }
+
+    #[test]
+    fn hex_accepts_a_bare_digest_and_refuses_garbage() {
+        let v = verifier(SchemeName::Hex, &["secret-abc"]);
+        let signed = sign(SchemeName::Hex, "X-Sig", "secret-abc", "", NOW, b"b");
+        let bare = signed[0].1.trim_start_matches("sha256=").to_owned();
+        let h = headers(&[("X-Sig".into(), bare)]);
+        assert!(v.verify(&h, Bytes::from_static(b"b"), NOW).is_ok());
+        let h = headers(&[("X-Sig".into(), "sha256=zz".into())]);
+        assert_eq!(
+            v.verify(&h, Bytes::from_static(b"b"), NOW).unwrap_err(),
+            VerifyError::Malformed("not hex")
+        );
+        assert_eq!(
+            v.verify(&HeaderMap::new(), Bytes::from_static(b"b"), NOW)
+                .unwrap_err(),
+            VerifyError::MissingHeader("x-sig".into())
+        );
+    }
+
+    #[test]
+    fn stripe_refuses_an_old_timestamp_and_accepts_one_of_several_v1() {
+        let v = verifier(SchemeName::Stripe, &["stripe-secret"]);
+        let signed = sign(SchemeName::Stripe, "stripe-signature", "stripe-secret", "", NOW, b"b");
+        let h = headers(&signed);
+        assert_eq!(
+            v.verify(&h, Bytes::from_static(b"b"), NOW + 1000).unwrap_err(),
+            VerifyError::Expired
+        );
+        let (t, v1) = signed[0].1.split_once(',').unwrap();
+        let h = headers(&[(
+            "stripe-signature".into(),
+            format!("{t},v1={},{v1}", "00".repeat(32)),
+        )]);
+        assert!(v.verify(&h, Bytes::from_static(b"b"), NOW).is_ok());
+    }
+}
