@@ -1,0 +1,12 @@
+//! Integration tests against a real Kafka-protocol broker (tansu), real HTTP
+//! over loopback and the real embedded ledger. Run them with `scripts/test`,
+//! which starts the broker and sets `POSBRIDGE_TEST_BROKERS`.
+
+mod support;
+
+mod broker_outage;
+mod dedup;
+mod ordering;
+mod registry;
+mod rejects;
+mod round_trip;

@@ -1,0 +1,72 @@
+//! Out-of-order deliveries never roll an entity back in the compacted view.
+
+use posbridge::encode::decode;
+
+use crate::support::{TestApp, brokers, latest_per_key, mekari_order, metric, read_topic};
+
+#[tokio::test]
+async fn out_of_order_pair_leaves_the_newer_state_in_the_compacted_view() {
+    let app = TestApp::start().await;
+    let newer = serde_json::json!({"id": "o-2", "type": "order.updated",
+        "timestamp": "2026-11-29T10:20:00Z", "data": {"order_id": "O-77", "status": "paid"}});
+    let older = serde_json::json!({"id": "o-1", "type": "order.created",
+        "timestamp": "2026-11-29T10:10:00Z", "data": {"order_id": "O-77", "status": "open"}});
+    assert_eq!(app.send("receiptroller", "main", &newer).await.status(), 200);
+    let late = app.send("receiptroller", "main", &older).await;
+    assert_eq!(late.status(), 200, "a stale event is answered 2xx: it was handled");
+    assert_eq!(late.json::<serde_json::Value>().await.unwrap()["status"], "stale");
+
+    let records = read_topic(&brokers(), &app.topic("orders"));
+    let view = latest_per_key(&records);
+    let latest = decode(view["receiptroller:O-77"].payload.as_deref().unwrap()).unwrap();
+    assert_eq!(latest.status.as_deref(), Some("paid"));
+    assert_eq!(records.len(), 1, "the older state was never written");
+
+    let metrics = app.metrics().await;
+    assert!(metric(&metrics, "posbridge_stale_events_total", &[("provider", "receiptroller"), ("entity_type", "order")]) >= 1.0);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn kitchen_status_breaks_a_tie_at_the_same_occurred_at() {
+    let app = TestApp::start().await;
+    let at = "2026-11-29T17:15:30+07:00";
+    let ready = mekari_order("k-2", "order.kitchen_status_changed", at, "ORD-1", "ready");
+    let preparing = mekari_order("k-1", "order.kitchen_status_changed", at, "ORD-1", "preparing");
+    assert_eq!(app.send("mekari", "main", &ready).await.status(), 200);
+    let late = app.send("mekari", "main", &preparing).await;
+    assert_eq!(late.json::<serde_json::Value>().await.unwrap()["status"], "stale");
+    let view = latest_per_key(&read_topic(&brokers(), &app.topic("orders")));
+    let latest = decode(view["mekari:ORD-1"].payload.as_deref().unwrap()).unwrap();
+    assert_eq!(latest.kitchen_status.as_deref(), Some("ready"));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_events_for_one_key_end_with_the_newest() {
+    let app = TestApp::start().await;
+    let bodies: Vec<_> = (0..10)
+        .map(|i| {
+            mekari_order(
+                &format!("c-{i}"),
+                "order.updated",
+                &format!("2026-11-29T17:15:{:02}+07:00", i),
+                "ORD-C",
+                "preparing",
+            )
+        })
+        .collect();
+    let sends = bodies.iter().rev().map(|b| app.send("mekari", "main", b));
+    for response in futures::future::join_all(sends).await {
+        assert_eq!(response.status(), 200);
+    }
+    let records = read_topic(&brokers(), &app.topic("orders"));
+    let versions: Vec<_> = records
+        .iter()
+        .map(|r| decode(r.payload.as_deref().unwrap()).unwrap().version)
+        .collect();
+    assert!(versions.windows(2).all(|w| w[0] < w[1]), "written in increasing version order");
+    let latest = decode(latest_per_key(&records)["mekari:ORD-C"].payload.as_deref().unwrap()).unwrap();
+    assert_eq!(latest.event_id, "c-9");
+    app.stop().await;
+}

@@ -1,0 +1,77 @@
+//! A signed delivery ends as a keyed record that decodes to the same event.
+
+use posbridge::encode::decode;
+use posbridge::event::{EntityType, Origin, ProviderKind};
+
+use crate::support::{TestApp, brokers, mekari_order, read_topic, rr_sale};
+
+#[tokio::test]
+async fn receiptroller_sale_lands_keyed_with_headers_and_decodes() {
+    let app = TestApp::start().await;
+    let body = rr_sale("rr_dlv_1", "sale.created", "2026-11-29T10:15:30.123Z", "T001|2026-11|000123", 1100);
+    let response = app.send("receiptroller", "main", &body).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.json::<serde_json::Value>().await.unwrap()["status"],
+        "published"
+    );
+
+    let records = read_topic(&brokers(), &app.topic("sales"));
+    assert_eq!(records.len(), 1);
+    let record = &records[0];
+    assert_eq!(record.key, "receiptroller:T001|2026-11|000123");
+    assert_eq!(record.headers["posbridge-delivery-id"], "rr_dlv_1");
+    assert_eq!(record.headers["posbridge-provider"], "receiptroller");
+    assert_eq!(record.headers["posbridge-event-type"], "sale.created");
+    assert_eq!(record.timestamp_ms, Some(1_795_947_330_123));
+
+    let event = decode(record.payload.as_deref().unwrap()).unwrap();
+    assert_eq!(event.provider, ProviderKind::ReceiptRoller);
+    assert_eq!(event.entity_type, EntityType::Sale);
+    assert_eq!(event.entity_id, "T001|2026-11|000123");
+    assert_eq!(event.source, "main");
+    assert_eq!(event.origin, Origin::Webhook);
+    assert_eq!(event.total.unwrap().to_string(), "1100.0000");
+    assert_eq!(event.terminal_id.as_deref(), Some("T001"));
+    assert_eq!(event.items.len(), 1);
+    let raw: serde_json::Value = serde_json::from_str(&event.raw).unwrap();
+    assert_eq!(raw, body);
+    assert!(read_topic(&brokers(), &app.topic("orders")).is_empty());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn mekari_order_lands_keyed_by_account_and_keeps_fractional_money() {
+    let app = TestApp::start().await;
+    let body = mekari_order("01JD8Y6Q-1", "order.updated", "2026-11-29T17:15:30.120+07:00", "ORD-5512", "preparing");
+    assert_eq!(app.send("mekari", "acme", &body).await.status(), 200);
+
+    let records = read_topic(&brokers(), &app.topic("orders"));
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].key, "mekari:acme:ORD-5512");
+    assert_eq!(records[0].headers["posbridge-delivery-id"], "01JD8Y6Q-1");
+    assert_eq!(records[0].timestamp_ms, Some(1_795_947_330_120));
+    let event = decode(records[0].payload.as_deref().unwrap()).unwrap();
+    assert_eq!(event.total.unwrap().to_string(), "51000.5000");
+    assert_eq!(event.kitchen_status.as_deref(), Some("preparing"));
+    assert_eq!(event.outlet_id.as_deref(), Some("OUT-9"));
+    assert_eq!(event.account.as_deref(), Some("acme"));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn mekari_product_deleted_writes_a_tombstone() {
+    let app = TestApp::start().await;
+    let created = serde_json::json!({"id": "p-1", "event": "product.created",
+        "occurred_at": "2026-11-29T17:00:00+07:00", "data": {"id": "P-1", "name": "Tea"}});
+    let deleted = serde_json::json!({"id": "p-2", "event": "product.deleted",
+        "occurred_at": "2026-11-29T17:05:00+07:00", "data": {"id": "P-1"}});
+    assert_eq!(app.send("mekari", "main", &created).await.status(), 200);
+    assert_eq!(app.send("mekari", "main", &deleted).await.status(), 200);
+    let records = read_topic(&brokers(), &app.topic("products"));
+    assert_eq!(records.len(), 2);
+    assert_eq!(records[1].key, "mekari:P-1");
+    assert!(records[1].payload.is_none(), "delete is a tombstone");
+    assert_eq!(records[1].headers["posbridge-event-type"], "product.deleted");
+    app.stop().await;
+}

@@ -1,0 +1,383 @@
+//! Shared test plumbing: start the real app on port 0, sign like the
+//! providers, read topics back with a real Kafka consumer.
+
+pub mod registry_fake;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use posbridge::app::App;
+use posbridge::config::Config;
+use posbridge::verify::{SchemeName, sign};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// ReceiptRoller secret of the `main` and `backup` test sources.
+pub const RR_SECRET: &str = "rr-test-secret-1";
+/// Mekari secret of the `main` test source.
+pub const MEKARI_SECRET: &str = "mekari-test-secret-1";
+
+/// The broker `scripts/test` started.
+pub fn brokers() -> String {
+    std::env::var("POSBRIDGE_TEST_BROKERS").unwrap_or_else(|_| "127.0.0.1:19092".into())
+}
+
+/// A name no other test uses, for topic prefixes.
+pub fn unique(tag: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "t{}-{}-{}-{}",
+        std::process::id(),
+        nanos % 1_000_000_000,
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        tag
+    )
+}
+
+/// A config with fresh topics (`{prefix}.sales`, …) and a ledger in `dir`.
+pub fn config(brokers: &str, prefix: &str, dir: &Path) -> Config {
+    let text = format!(
+        r#"
+        [server]
+        listen = "127.0.0.1:0"
+        inflight_wait_ms = 2000
+        retry_after_secs = 7
+        [kafka]
+        brokers = "{brokers}"
+        topic_prefix = "{prefix}."
+        partitions = 1
+        delivery_timeout_ms = 3000
+        [ledger]
+        path = "{ledger}"
+        [receiptroller.sources.main]
+        secrets = ["old-secret-0", "{RR_SECRET}"]
+        [receiptroller.sources.backup]
+        secrets = ["{RR_SECRET}"]
+        [mekari.sources.main]
+        secrets = ["{MEKARI_SECRET}"]
+        [mekari.sources.acme]
+        secrets = ["{MEKARI_SECRET}"]
+        account = "acme"
+        "#,
+        ledger = dir.join("ledger.redb").display()
+    );
+    let config: Config = config::Config::builder()
+        .add_source(config::File::from_str(&text, config::FileFormat::Toml))
+        .build()
+        .unwrap()
+        .try_deserialize()
+        .unwrap();
+    assert_eq!(config.problems(), vec![]);
+    config
+}
+
+/// A running posbridge on a loopback port.
+pub struct TestApp {
+    pub base: String,
+    pub config: Config,
+    pub prefix: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+    pub http: reqwest::Client,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestApp {
+    /// Starts the app with fresh topics and a fresh ledger.
+    pub async fn start() -> TestApp {
+        let dir = tempfile::tempdir().unwrap();
+        let prefix = unique("app");
+        let config = config(&brokers(), &prefix, dir.path());
+        let mut app = TestApp::start_with(config).await;
+        app.prefix = prefix;
+        app._dir = Some(dir);
+        app
+    }
+
+    /// Starts the app with a given config. Retries while a previous app in
+    /// this process still holds the same ledger file.
+    pub async fn start_with(config: Config) -> TestApp {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let app = loop {
+            match App::build(&config).await {
+                Ok(app) => break app,
+                Err(e) if Instant::now() < deadline && e.to_string().contains("ledger") => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => panic!("app did not start: {e}"),
+            }
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr: SocketAddr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(app.serve(listener, async {
+            let _ = stopped.await;
+        }));
+        let prefix = config.kafka.topic_prefix.trim_end_matches('.').to_owned();
+        TestApp {
+            base: format!("http://{addr}"),
+            config,
+            prefix,
+            stop: Some(stop),
+            task: Some(task),
+            http: reqwest::Client::new(),
+            _dir: None,
+        }
+    }
+
+    /// Graceful shutdown, waiting for it to finish.
+    pub async fn stop(mut self) -> Option<tempfile::TempDir> {
+        self.stop.take().unwrap().send(()).unwrap();
+        self.task.take().unwrap().await.unwrap().unwrap();
+        self._dir.take()
+    }
+
+    /// Topic of an entity type's plural name.
+    pub fn topic(&self, plural: &str) -> String {
+        format!("{}.{plural}", self.prefix)
+    }
+
+    /// Sends a body signed as the provider would, to `/webhooks/{provider}/{source}`.
+    pub async fn send(&self, provider: &str, source: &str, body: &Value) -> reqwest::Response {
+        let bytes = serde_json::to_vec(body).unwrap();
+        let id = body["id"].as_str().unwrap_or_default().to_owned();
+        self.send_raw(provider, source, &id, bytes, None).await
+    }
+
+    /// Sends exact bytes with a delivery id, signed with `secret` (or the
+    /// source's real one).
+    pub async fn send_raw(
+        &self,
+        provider: &str,
+        source: &str,
+        delivery_id: &str,
+        bytes: Vec<u8>,
+        secret: Option<&str>,
+    ) -> reqwest::Response {
+        let (scheme, header, id_header, default_secret) = match provider {
+            "receiptroller" => (SchemeName::Hex, "X-RR-Signature", "X-RR-Delivery", RR_SECRET),
+            _ => (
+                SchemeName::Base64,
+                "X-Mekari-Signature",
+                "X-Mekari-Event-ID",
+                MEKARI_SECRET,
+            ),
+        };
+        let mut request = self
+            .http
+            .post(format!("{}/webhooks/{provider}/{source}", self.base))
+            .header("content-type", "application/json")
+            .header(id_header, delivery_id);
+        for (name, value) in sign(
+            scheme,
+            header,
+            secret.unwrap_or(default_secret),
+            delivery_id,
+            0,
+            &bytes,
+        ) {
+            request = request.header(name, value);
+        }
+        request.body(bytes).send().await.unwrap()
+    }
+
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+/// The value of one metric line with all the given label pairs, or 0.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A ReceiptRoller sale body as in payloads.md.
+pub fn rr_sale(delivery_id: &str, event: &str, timestamp: &str, sale_id: &str, total: u64) -> Value {
+    json!({
+        "id": delivery_id, "type": event, "timestamp": timestamp, "webhook_id": "wh_123",
+        "data": {"id": sale_id, "terminal_id": "T001", "store_id": "S01",
+                 "transaction_id": "000123", "transaction_type": 1,
+                 "transaction_at": "2026-11-29T10:15:29Z", "currency": "JPY",
+                 "sub_total": total - total / 11, "tax_total": total / 11, "grand_total": total,
+                 "items": [{"sku": "A-1", "name": "Coffee", "quantity": 2, "unit_price": 500}]}
+    })
+}
+
+/// A Mekari order event body as in payloads.md.
+pub fn mekari_order(event_id: &str, event: &str, occurred_at: &str, order_id: &str, kitchen: &str) -> Value {
+    json!({
+        "id": event_id, "event": event, "occurred_at": occurred_at, "outlet_id": "OUT-9",
+        "data": {"id": order_id, "outlet_id": "OUT-9", "status": "paid",
+                 "kitchen_status": kitchen, "total": 51000.5, "currency": "IDR",
+                 "sold_at": "2026-11-29T17:14:02+07:00", "items": []}
+    })
+}
+
+/// One record read back from a topic.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub key: String,
+    pub payload: Option<Vec<u8>>,
+    pub headers: HashMap<String, String>,
+    pub timestamp_ms: Option<i64>,
+}
+
+/// Every record of a single-partition topic up to its high watermark,
+/// de-duplicated by offset (tansu may repeat records after compaction).
+pub fn read_topic(brokers: &str, topic: &str) -> Vec<Record> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let (_, high) = consumer
+        .fetch_watermarks(topic, 0, Duration::from_secs(10))
+        .unwrap();
+    let mut records: std::collections::BTreeMap<i64, Record> = Default::default();
+    if high == 0 {
+        return Vec::new();
+    }
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(topic, 0, Offset::Beginning)
+        .unwrap();
+    consumer.assign(&assignment).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last_offset = -1;
+    while last_offset < high - 1 && Instant::now() < deadline {
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let message = message.unwrap();
+        last_offset = last_offset.max(message.offset());
+        let headers = message
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| {
+                        (
+                            h.key.to_owned(),
+                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        records.insert(
+            message.offset(),
+            Record {
+                key: String::from_utf8(message.key().unwrap().to_vec()).unwrap(),
+                payload: message.payload().map(<[u8]>::to_vec),
+                headers,
+                timestamp_ms: message.timestamp().to_millis(),
+            },
+        );
+    }
+    assert!(last_offset >= high - 1, "read {topic} up to {last_offset}, high watermark {high}");
+    records.into_values().collect()
+}
+
+/// The compacted view: the last record per key.
+pub fn latest_per_key(records: &[Record]) -> HashMap<String, Record> {
+    records
+        .iter()
+        .map(|r| (r.key.clone(), r.clone()))
+        .collect()
+}
+
+/// Path of the tansu binary `scripts/test` found.
+pub fn tansu_binary() -> PathBuf {
+    std::env::var_os("POSBRIDGE_TEST_TANSU")
+        .map(PathBuf::from)
+        .expect("POSBRIDGE_TEST_TANSU is set by scripts/test")
+}
+
+/// A private tansu broker a test may stop and restart; killed on drop.
+pub struct OwnBroker {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<std::process::Child>,
+}
+
+impl OwnBroker {
+    /// Starts a broker on a free loopback port with its own SQLite file.
+    pub fn start() -> OwnBroker {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut broker = OwnBroker {
+            port,
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+        };
+        broker.restart();
+        broker
+    }
+
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// (Re)starts the process on the same port and storage.
+    pub fn restart(&mut self) {
+        let url = format!("tcp://127.0.0.1:{}", self.port);
+        let child = std::process::Command::new(tansu_binary())
+            .current_dir(self.dir.path())
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--storage-engine", "sqlite://tansu.db?maintenance_interval=5s"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "tansu did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills the process (SIGKILL), as a crash or a network cut would look.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,109 @@
+//! A Schema Registry FAKE: only the endpoints posbridge's client
+//! (schema_registry_converter) and Confluent's Python deserializer call.
+//! No Confluent-compatible registry can be installed on these machines; the
+//! bytes this fake helps produce are cross-checked by Confluent's own Python
+//! client in `registry.rs`.
+//!
+//! * `POST /subjects/{subject}/versions` registers (same schema → same id),
+//!   or answers 409 for subjects configured as incompatible.
+//! * `GET /schemas/ids/{id}` returns a registered schema.
+//! * `GET /subjects` lists subjects (readiness probe).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+#[derive(Default)]
+struct Registry {
+    schemas: Vec<String>,
+    subjects: HashMap<String, Vec<u32>>,
+    incompatible: HashSet<String>,
+}
+
+/// A running fake; its URL goes into `schema_registry.url`.
+pub struct RegistryFake {
+    pub url: String,
+    state: Arc<Mutex<Registry>>,
+}
+
+impl RegistryFake {
+    /// Starts the fake on a loopback port. Subjects in `incompatible` refuse
+    /// registration the way a real registry refuses an incompatible schema.
+    pub async fn start(incompatible: &[&str]) -> RegistryFake {
+        let state = Arc::new(Mutex::new(Registry {
+            incompatible: incompatible.iter().map(|s| (*s).to_owned()).collect(),
+            ..Registry::default()
+        }));
+        let app = Router::new()
+            .route("/subjects/{subject}/versions", post(register))
+            .route("/schemas/ids/{id}", get(schema_by_id))
+            .route("/subjects", get(subjects))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        RegistryFake { url, state }
+    }
+
+    /// The id registered under a subject, if any.
+    pub fn id_of(&self, subject: &str) -> Option<u32> {
+        self.state
+            .lock()
+            .unwrap()
+            .subjects
+            .get(subject)
+            .and_then(|ids| ids.last().copied())
+    }
+}
+
+type Shared = Arc<Mutex<Registry>>;
+
+async fn register(
+    State(state): State<Shared>,
+    Path(subject): Path<String>,
+    Json(body): Json<Value>,
+) -> Response {
+    let mut registry = state.lock().unwrap();
+    if registry.incompatible.contains(&subject) {
+        return (
+            StatusCode::CONFLICT,
+            Json(json!({"error_code": 409, "message": "Schema being registered is incompatible with an earlier schema for subject"})),
+        )
+            .into_response();
+    }
+    let Some(schema) = body["schema"].as_str() else {
+        return (StatusCode::UNPROCESSABLE_ENTITY, Json(json!({"error_code": 42201, "message": "Invalid schema"}))).into_response();
+    };
+    let id = match registry.schemas.iter().position(|s| s == schema) {
+        Some(i) => i + 1,
+        None => {
+            registry.schemas.push(schema.to_owned());
+            registry.schemas.len()
+        }
+    };
+    let id = u32::try_from(id).unwrap();
+    let versions = registry.subjects.entry(subject).or_default();
+    if !versions.contains(&id) {
+        versions.push(id);
+    }
+    Json(json!({ "id": id })).into_response()
+}
+
+async fn schema_by_id(State(state): State<Shared>, Path(id): Path<u32>) -> Response {
+    let registry = state.lock().unwrap();
+    match registry.schemas.get(id as usize - 1) {
+        Some(schema) => Json(json!({"schema": schema, "schemaType": "AVRO"})).into_response(),
+        None => (StatusCode::NOT_FOUND, Json(json!({"error_code": 40403, "message": "Schema not found"}))).into_response(),
+    }
+}
+
+async fn subjects(State(state): State<Shared>) -> Json<Vec<String>> {
+    Json(state.lock().unwrap().subjects.keys().cloned().collect())
+}
