@@ -64,7 +64,8 @@ impl App {
             LedgerBackend::Embedded => Arc::new(EmbeddedLedger::open(
                 &config.ledger.path,
                 Duration::from_secs(config.ledger.dedup_ttl_secs),
-                kafka.delivery_timeout() * 2 + Duration::from_millis(config.server.inflight_wait_ms),
+                kafka.delivery_timeout() * 2
+                    + Duration::from_millis(config.server.inflight_wait_ms),
             )?),
         };
 
@@ -77,8 +78,11 @@ impl App {
         };
         let publisher = Publisher::new(kafka)?;
         if kafka.create_topics {
-            let mut wanted: BTreeMap<String, bool> =
-                topics.entities.values().map(|t| (t.clone(), true)).collect();
+            let mut wanted: BTreeMap<String, bool> = topics
+                .entities
+                .values()
+                .map(|t| (t.clone(), true))
+                .collect();
             wanted.insert(topics.dead_letter.clone(), false);
             publisher
                 .ensure_topics(&wanted, kafka.partitions, kafka.replication_factor)
@@ -99,11 +103,12 @@ impl App {
                     .as_deref()
                     .or(scheme.fixed_header())
                     .unwrap_or(defaults.default_signature_header());
-                let verifier = Verifier::new(scheme, header, &source.secrets.0, source.tolerance_secs)
-                    .map_err(|message| BuildError::Source {
-                        key: format!("{provider}.sources.{name}"),
-                        message,
-                    })?;
+                let verifier =
+                    Verifier::new(scheme, header, &source.secrets.0, source.tolerance_secs)
+                        .map_err(|message| BuildError::Source {
+                            key: format!("{provider}.sources.{name}"),
+                            message,
+                        })?;
                 sources.insert(
                     (provider, name.clone()),
                     Source {

@@ -435,7 +435,10 @@ impl Config {
         if self.server.listen.parse::<std::net::SocketAddr>().is_err() {
             problem(
                 "server.listen",
-                format!("`{}` is not an address like 127.0.0.1:8080", self.server.listen),
+                format!(
+                    "`{}` is not an address like 127.0.0.1:8080",
+                    self.server.listen
+                ),
             );
         }
         if self.server.body_limit_bytes == 0 {

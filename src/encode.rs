@@ -12,8 +12,8 @@
 
 use std::sync::LazyLock;
 
-use apache_avro::types::Value;
 use apache_avro::reader::datum::GenericDatumReader;
+use apache_avro::types::Value;
 use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::{Decimal, Schema};
 use schema_registry_converter::async_impl::easy_avro::EasyAvroEncoder;
@@ -25,9 +25,7 @@ use schema_registry_converter::schema_registry_common::{
 use time::OffsetDateTime;
 
 use crate::config::RegistryConfig;
-use crate::event::{
-    EntityType, LineItem, Money, Origin, PosEvent, ProviderKind, Version,
-};
+use crate::event::{EntityType, LineItem, Money, Origin, PosEvent, ProviderKind, Version};
 
 /// The event schema, the contract with consumers.
 pub const SCHEMA_JSON: &str = include_str!("../schemas/pos_event.avsc");
@@ -139,10 +137,7 @@ impl Encoder {
             .no_proxy()
             .set_timeout(std::time::Duration::from_secs(5));
         if let Some(user) = &config.username {
-            builder.set_basic_authorization(
-                user,
-                config.password.as_ref().map(|p| p.expose()),
-            );
+            builder.set_basic_authorization(user, config.password.as_ref().map(|p| p.expose()));
         }
         let settings = builder.build()?;
         let encoder = EasyAvroEncoder::new(settings.clone());
@@ -296,14 +291,26 @@ pub fn to_avro(event: &PosEvent) -> Value {
             "received_at".into(),
             Value::TimestampMicros(micros(event.received_at)),
         ),
-        ("origin".into(), symbol(&ORIGINS, event.origin, Origin::as_str)),
-        ("outlet_id".into(), optional_string(event.outlet_id.as_deref())),
-        ("store_id".into(), optional_string(event.store_id.as_deref())),
+        (
+            "origin".into(),
+            symbol(&ORIGINS, event.origin, Origin::as_str),
+        ),
+        (
+            "outlet_id".into(),
+            optional_string(event.outlet_id.as_deref()),
+        ),
+        (
+            "store_id".into(),
+            optional_string(event.store_id.as_deref()),
+        ),
         (
             "terminal_id".into(),
             optional_string(event.terminal_id.as_deref()),
         ),
-        ("currency".into(), optional_string(event.currency.as_deref())),
+        (
+            "currency".into(),
+            optional_string(event.currency.as_deref()),
+        ),
         ("subtotal".into(), optional_money(event.subtotal)),
         ("tax".into(), optional_money(event.tax)),
         ("total".into(), optional_money(event.total)),
@@ -451,9 +458,7 @@ pub fn from_avro(value: Value) -> Result<PosEvent, DecodeError> {
         occurred_at: f.time("occurred_at")?,
         version: Version::new(version_at, rank),
         received_at: f.time("received_at")?,
-        origin: f.symbol("origin", |s| {
-            ORIGINS.into_iter().find(|o| o.as_str() == s)
-        })?,
+        origin: f.symbol("origin", |s| ORIGINS.into_iter().find(|o| o.as_str() == s))?,
         outlet_id: f.optional_string("outlet_id")?,
         store_id: f.optional_string("store_id")?,
         terminal_id: f.optional_string("terminal_id")?,
@@ -517,7 +522,10 @@ mod tests {
             .schema(SCHEMA.clone())
             .build()
             .unwrap();
-        assert!(reader.read_value(&mut &bytes[..]).is_ok(), "header matches the spec's fingerprint");
+        assert!(
+            reader.read_value(&mut &bytes[..]).is_ok(),
+            "header matches the spec's fingerprint"
+        );
     }
 
     #[test]

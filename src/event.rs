@@ -261,7 +261,11 @@ impl fmt::Display for Money {
         let sign = if self.unscaled < 0 { "-" } else { "" };
         let abs = self.unscaled.unsigned_abs();
         let (int, frac) = (abs / scale.unsigned_abs(), abs % scale.unsigned_abs());
-        write!(f, "{sign}{int}.{frac:0width$}", width = Self::SCALE as usize)
+        write!(
+            f,
+            "{sign}{int}.{frac:0width$}",
+            width = Self::SCALE as usize
+        )
     }
 }
 

@@ -42,7 +42,8 @@ pub fn state_hash(event: &PosEvent) -> [u8; 16] {
         h.update(bytes);
     };
     let text = |s: &Option<String>| s.as_deref().unwrap_or("\u{0}").as_bytes().to_vec();
-    let money = |m: Option<Money>| m.map_or_else(|| b"\0".to_vec(), |m| m.unscaled.to_be_bytes().to_vec());
+    let money =
+        |m: Option<Money>| m.map_or_else(|| b"\0".to_vec(), |m| m.unscaled.to_be_bytes().to_vec());
     field(event.entity_type.as_str().as_bytes());
     field(event.entity_id.as_bytes());
     field(&text(&event.account));
@@ -89,7 +90,10 @@ mod tests {
         assert_eq!(decide(None, &written), Decision::Publish);
         assert_eq!(decide(Some(&written), &state(99, 9, 1)), Decision::Stale);
         assert_eq!(decide(Some(&written), &state(100, 0, 2)), Decision::Stale);
-        assert_eq!(decide(Some(&written), &state(100, 1, 1)), Decision::Unchanged);
+        assert_eq!(
+            decide(Some(&written), &state(100, 1, 1)),
+            Decision::Unchanged
+        );
         assert_eq!(decide(Some(&written), &state(100, 1, 2)), Decision::Publish);
         assert_eq!(decide(Some(&written), &state(100, 2, 1)), Decision::Publish);
         assert_eq!(decide(Some(&written), &state(101, 0, 1)), Decision::Publish);

@@ -58,8 +58,8 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(path: PathBuf) -> anyhow::Result<()> {
-    let config = Config::load(Some(&path))
-        .with_context(|| format!("loading {}", path.display()))?;
+    let config =
+        Config::load(Some(&path)).with_context(|| format!("loading {}", path.display()))?;
     let app = App::build(&config).await.context("starting posbridge")?;
     let listener = tokio::net::TcpListener::bind(&config.server.listen)
         .await
@@ -73,7 +73,8 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
 }
 
 fn check_config(path: PathBuf) -> anyhow::Result<()> {
-    let config = Config::read(Some(&path)).with_context(|| format!("reading {}", path.display()))?;
+    let config =
+        Config::read(Some(&path)).with_context(|| format!("reading {}", path.display()))?;
     let problems = config.problems();
     if problems.is_empty() {
         println!("{}: configuration is valid.", path.display());

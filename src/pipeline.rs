@@ -175,7 +175,8 @@ impl Pipeline {
             debug!("Duplicate delivery answered without producing.");
             return Ok(Outcome::Duplicate);
         }
-        let in_flight = ::metrics::gauge!(metrics::IN_FLIGHT, metrics::PROVIDER => delivery.provider.as_str());
+        let in_flight =
+            ::metrics::gauge!(metrics::IN_FLIGHT, metrics::PROVIDER => delivery.provider.as_str());
         in_flight.increment(1.0);
         let result = self.process(delivery, body, key.clone()).await;
         in_flight.decrement(1.0);

@@ -6,8 +6,17 @@
 //! per partition; with `partitioner=murmur2_random` a key maps to the same
 //! partition a Java client would choose. `message.timeout.ms` is the delivery
 //! deadline: past it the record fails, and the delivery is answered 503.
+//!
+//! An idempotent producer whose record timed out must bump its epoch before
+//! it produces again; librdkafka does that locally, which Kafka accepts but
+//! tansu 0.6 does not (its storage panics on the unknown epoch). A fresh
+//! producer with a new producer id is the recovery every broker accepts, so
+//! after a timeout, a fatal error or a producer-state refusal the producer is
+//! replaced; the failed delivery is answered 503 and its retry goes through
+//! the new one.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
@@ -94,12 +103,20 @@ pub struct Acked {
     pub offset: i64,
 }
 
+/// The producer in use and its generation, so concurrent failures replace it once.
+struct Current {
+    /// The idempotent producer.
+    producer: FutureProducer,
+    /// Bumped each time the producer is replaced.
+    generation: u64,
+}
+
 /// The producer handle. Cheap to clone.
 #[derive(Clone)]
 pub struct Publisher {
-    /// The idempotent producer.
-    producer: FutureProducer,
-    /// The same settings, for admin clients.
+    /// The producer, replaceable when it gets stuck.
+    current: Arc<RwLock<Current>>,
+    /// Producer settings, for replacements and admin clients.
     client_config: ClientConfig,
     /// Per-record deadline.
     delivery_timeout: Duration,
@@ -135,7 +152,10 @@ impl Publisher {
             .create()
             .map_err(|e| PublishError::Config(e.to_string()))?;
         Ok(Publisher {
-            producer,
+            current: Arc::new(RwLock::new(Current {
+                producer,
+                generation: 0,
+            })),
             client_config,
             delivery_timeout: config.delivery_timeout(),
         })
@@ -154,7 +174,12 @@ impl Publisher {
         replication: i32,
     ) -> Result<(), PublishError> {
         let mut admin_config = self.client_config.clone();
-        for producer_only in ["enable.idempotence", "acks", "partitioner", "message.timeout.ms"] {
+        for producer_only in [
+            "enable.idempotence",
+            "acks",
+            "partitioner",
+            "message.timeout.ms",
+        ] {
             admin_config.remove(producer_only);
         }
         let admin: AdminClient<DefaultClientContext> = admin_config
@@ -197,6 +222,7 @@ impl Publisher {
     /// [`PublishError::Unavailable`] (retryable) or [`PublishError::Refused`] (permanent).
     pub async fn send(&self, record: OutgoingRecord) -> Result<Acked, PublishError> {
         let started = Instant::now();
+        let (producer, generation) = self.producer();
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
         for (key, value) in &record.headers {
             headers = headers.insert(Header {
@@ -214,18 +240,28 @@ impl Publisher {
         // The whole wait is bounded even if librdkafka's own timer slips.
         let result = tokio::time::timeout(
             self.delivery_timeout + Duration::from_millis(500),
-            self.producer
-                .send(future_record, Timeout::After(self.delivery_timeout)),
+            producer.send(future_record, Timeout::After(self.delivery_timeout)),
         )
         .await;
         let result = match result {
-            Err(_) => Err(PublishError::Unavailable("delivery deadline passed".into())),
+            Err(_) => Err((
+                PublishError::Unavailable("delivery deadline passed".into()),
+                true,
+            )),
             Ok(Ok(delivery)) => Ok(Acked {
                 partition: delivery.partition,
                 offset: delivery.offset,
             }),
-            Ok(Err((error, _))) => Err(classify(&error)),
+            Ok(Err((error, _))) => Err((classify(&error), must_replace(&error, &producer))),
         };
+        let result = result.map_err(|(error, replace)| {
+            if replace {
+                self.replace(generation);
+            }
+            error
+        });
+        // Destroying a producer waits for librdkafka; keep that off the async workers.
+        tokio::task::spawn_blocking(move || drop(producer));
         match &result {
             Ok(_) => ::metrics::histogram!(
                 metrics::PUBLISH_DURATION,
@@ -243,9 +279,35 @@ impl Publisher {
         result
     }
 
+    fn producer(&self) -> (FutureProducer, u64) {
+        let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
+        (current.producer.clone(), current.generation)
+    }
+
+    /// Replaces the producer, unless another failure already did since
+    /// `generation` was read.
+    fn replace(&self, generation: u64) {
+        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        if current.generation != generation {
+            return;
+        }
+        match self.client_config.create::<FutureProducer>() {
+            Ok(producer) => {
+                let old = std::mem::replace(&mut current.producer, producer);
+                current.generation += 1;
+                tokio::task::spawn_blocking(move || drop(old));
+                tracing::warn!(
+                    generation = current.generation,
+                    "Replaced the producer after a failed send; the next one gets a fresh producer id."
+                );
+            }
+            Err(error) => tracing::error!(%error, "Could not replace a stuck producer."),
+        }
+    }
+
     /// Whether the broker answers a metadata request within `timeout`.
     pub async fn broker_reachable(&self, timeout: Duration) -> bool {
-        let producer = self.producer.clone();
+        let (producer, _) = self.producer();
         tokio::task::spawn_blocking(move || {
             producer
                 .client()
@@ -258,13 +320,29 @@ impl Publisher {
 
     /// Waits for queued records to be delivered, at most `timeout`.
     pub async fn flush(&self, timeout: Duration) {
-        let producer = self.producer.clone();
-        let flushed = tokio::task::spawn_blocking(move || producer.flush(Timeout::After(timeout)))
-            .await;
+        let (producer, _) = self.producer();
+        let flushed =
+            tokio::task::spawn_blocking(move || producer.flush(Timeout::After(timeout))).await;
         if let Ok(Err(error)) = flushed {
             tracing::warn!(%error, "Producer flush did not finish.");
         }
     }
+}
+
+/// Whether a failed send leaves this producer needing a new producer id.
+fn must_replace(error: &KafkaError, producer: &FutureProducer) -> bool {
+    producer.client().fatal_error().is_some()
+        || matches!(
+            error.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::Unknown
+                    | RDKafkaErrorCode::OutOfOrderSequenceNumber
+                    | RDKafkaErrorCode::UnknownProducerId
+                    | RDKafkaErrorCode::InvalidProducerEpoch
+                    | RDKafkaErrorCode::Fatal
+                    | RDKafkaErrorCode::MessageTimedOut
+            )
+        )
 }
 
 /// Sorts a produce error: what a later attempt may fix is retryable.

@@ -168,7 +168,8 @@ impl Verifier {
             SchemeName::Hex => {
                 let value = header(headers, &self.header)?;
                 let hex_sig = value.strip_prefix("sha256=").unwrap_or(value);
-                let sig = hex::decode(hex_sig.trim()).map_err(|_| VerifyError::Malformed("not hex"))?;
+                let sig =
+                    hex::decode(hex_sig.trim()).map_err(|_| VerifyError::Malformed("not hex"))?;
                 self.check(&[&body], &[sig])?;
             }
             SchemeName::Base64 => {
@@ -292,7 +293,10 @@ pub fn sign(
         )],
         SchemeName::StandardWebhooks => {
             let key = standard_key(secret).unwrap_or_default();
-            let sig = hmac(&key, &[message_id.as_bytes(), b".", t.as_bytes(), b".", body]);
+            let sig = hmac(
+                &key,
+                &[message_id.as_bytes(), b".", t.as_bytes(), b".", body],
+            );
             vec![
                 (STANDARD_ID_HEADER.into(), message_id.into()),
                 (STANDARD_TIMESTAMP_HEADER.into(), t),
@@ -329,7 +333,13 @@ mod tests {
 
     fn verifier(scheme: SchemeName, secrets: &[&str]) -> Verifier {
         let secrets: Vec<Secret> = secrets.iter().map(|s| secret(s)).collect();
-        Verifier::new(scheme, scheme.fixed_header().unwrap_or("X-Sig"), &secrets, 300).unwrap()
+        Verifier::new(
+            scheme,
+            scheme.fixed_header().unwrap_or("X-Sig"),
+            &secrets,
+            300,
+        )
+        .unwrap()
     }
 
     #[test]
@@ -340,7 +350,10 @@ mod tests {
         );
         let body = Bytes::from_static(br#"{"email":"test@example.com","username":"test_user"}"#);
         let h = headers(&[
-            ("webhook-id".into(), "msg_27UH4WbU6Z5A5EzD8u03UvzRbpk".into()),
+            (
+                "webhook-id".into(),
+                "msg_27UH4WbU6Z5A5EzD8u03UvzRbpk".into(),
+            ),
             ("webhook-timestamp".into(), "1649367553".into()),
             (
                 "webhook-signature".into(),
@@ -378,7 +391,10 @@ mod tests {
             let v = verifier(scheme, &[key]);
             let header_name = scheme.fixed_header().unwrap_or("X-Sig");
             let h = headers(&sign(scheme, header_name, key, "id1", NOW, b"body"));
-            assert!(v.verify(&h, Bytes::from_static(b"body"), NOW).is_ok(), "{scheme:?}");
+            assert!(
+                v.verify(&h, Bytes::from_static(b"body"), NOW).is_ok(),
+                "{scheme:?}"
+            );
             assert_eq!(
                 v.verify(&h, Bytes::from_static(b"bodY"), NOW).unwrap_err(),
                 VerifyError::Mismatch,
@@ -390,9 +406,23 @@ mod tests {
     #[test]
     fn any_of_several_secrets_may_sign() {
         let v = verifier(SchemeName::Hex, &["old-secret-1", "new-secret-2"]);
-        let h = headers(&sign(SchemeName::Hex, "X-Sig", "new-secret-2", "", NOW, b"b"));
+        let h = headers(&sign(
+            SchemeName::Hex,
+            "X-Sig",
+            "new-secret-2",
+            "",
+            NOW,
+            b"b",
+        ));
         assert!(v.verify(&h, Bytes::from_static(b"b"), NOW).is_ok());
-        let h = headers(&sign(SchemeName::Hex, "X-Sig", "other-secret", "", NOW, b"b"));
+        let h = headers(&sign(
+            SchemeName::Hex,
+            "X-Sig",
+            "other-secret",
+            "",
+            NOW,
+            b"b",
+        ));
         assert_eq!(
             v.verify(&h, Bytes::from_static(b"b"), NOW).unwrap_err(),
             VerifyError::Mismatch
@@ -421,10 +451,18 @@ mod tests {
     #[test]
     fn stripe_refuses_an_old_timestamp_and_accepts_one_of_several_v1() {
         let v = verifier(SchemeName::Stripe, &["stripe-secret"]);
-        let signed = sign(SchemeName::Stripe, "stripe-signature", "stripe-secret", "", NOW, b"b");
+        let signed = sign(
+            SchemeName::Stripe,
+            "stripe-signature",
+            "stripe-secret",
+            "",
+            NOW,
+            b"b",
+        );
         let h = headers(&signed);
         assert_eq!(
-            v.verify(&h, Bytes::from_static(b"b"), NOW + 1000).unwrap_err(),
+            v.verify(&h, Bytes::from_static(b"b"), NOW + 1000)
+                .unwrap_err(),
             VerifyError::Expired
         );
         let (t, v1) = signed[0].1.split_once(',').unwrap();

@@ -52,9 +52,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
-        .fallback(|| async {
-            WebhookError::NoRoute.into_response_with(0)
-        })
+        .fallback(|| async { WebhookError::NoRoute.into_response_with(0) })
         .with_state(state)
 }
 

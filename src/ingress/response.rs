@@ -62,9 +62,7 @@ impl WebhookError {
         match self {
             WebhookError::NoRoute
             | WebhookError::UnknownProvider(_)
-            | WebhookError::UnknownSource(_) => {
-                StatusCode::NOT_FOUND
-            }
+            | WebhookError::UnknownSource(_) => StatusCode::NOT_FOUND,
             WebhookError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             WebhookError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             WebhookError::BodyRead(_)
@@ -89,10 +87,9 @@ impl WebhookError {
         };
         let mut response = (status, Json(json!({ "error": message }))).into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE {
-            response.headers_mut().insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(retry_after_secs),
-            );
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
         }
         response
     }

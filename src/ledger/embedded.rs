@@ -158,7 +158,7 @@ fn write_loop(
         }
         for (_, reply) in batch {
             // The waiter may have given up (request cancelled); nothing to tell it.
-            let _ = reply.send(result.as_ref().map(|_| ()).map_err(|e| storage(e)));
+            let _ = reply.send(result.as_ref().map(|_| ()).map_err(storage));
         }
     }
 }
@@ -232,7 +232,8 @@ impl Ledger for EmbeddedLedger {
 
     async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
         use std::hash::{BuildHasher, RandomState};
-        static HASHER: std::sync::LazyLock<RandomState> = std::sync::LazyLock::new(RandomState::new);
+        static HASHER: std::sync::LazyLock<RandomState> =
+            std::sync::LazyLock::new(RandomState::new);
         let stripe = usize::try_from(HASHER.hash_one(slot.as_str())).unwrap_or(0) % LOCK_STRIPES;
         Ok(Box::new(self.locks[stripe].clone().lock_owned().await))
     }
@@ -243,8 +244,9 @@ impl Ledger for EmbeddedLedger {
         let value = table.get(slot.as_str()).map_err(storage)?;
         value
             .map(|v| {
-                decode_state(v.value())
-                    .ok_or_else(|| LedgerError::Storage(format!("corrupt entity state for {}", slot.as_str())))
+                decode_state(v.value()).ok_or_else(|| {
+                    LedgerError::Storage(format!("corrupt entity state for {}", slot.as_str()))
+                })
             })
             .transpose()
     }

@@ -58,7 +58,9 @@ impl Provider for Mekari {
     fn normalize(&self, body: &Value, ctx: &Context<'_>) -> Result<PosEvent, NormalizeError> {
         let event_type = required_str(body, "event")?;
         let occurred_at = required_time(body, "occurred_at")?;
-        let data = body.get("data").ok_or(NormalizeError::MissingField("data"))?;
+        let data = body
+            .get("data")
+            .ok_or(NormalizeError::MissingField("data"))?;
         let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
         let entity_type = match family {
             "order" => EntityType::Order,
@@ -82,7 +84,8 @@ impl Provider for Mekari {
             version: Version::new(occurred_at, kitchen_rank(kitchen_status.as_deref())),
             received_at: ctx.received_at,
             origin: Origin::Webhook,
-            outlet_id: optional_text(data, "outlet_id").or_else(|| optional_text(body, "outlet_id")),
+            outlet_id: optional_text(data, "outlet_id")
+                .or_else(|| optional_text(body, "outlet_id")),
             store_id: None,
             terminal_id: None,
             currency: optional_text(data, "currency"),

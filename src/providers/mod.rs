@@ -198,15 +198,27 @@ mod tests {
     fn money_fields_parse_numbers_and_strings_exactly() {
         let data = json!({"a": 51000.5, "b": "12.34", "c": true, "d": 0.00001});
         assert_eq!(
-            optional_money(&data, "data.a").unwrap().unwrap().to_string(),
+            optional_money(&data, "data.a")
+                .unwrap()
+                .unwrap()
+                .to_string(),
             "51000.5000"
         );
         assert_eq!(
-            optional_money(&data, "data.b").unwrap().unwrap().to_string(),
+            optional_money(&data, "data.b")
+                .unwrap()
+                .unwrap()
+                .to_string(),
             "12.3400"
         );
         assert_eq!(optional_money(&data, "data.x").unwrap(), None);
-        assert_eq!(optional_money(&data, "data.c").unwrap_err().code(), "invalid_field");
-        assert_eq!(optional_money(&data, "data.d").unwrap_err().code(), "invalid_field");
+        assert_eq!(
+            optional_money(&data, "data.c").unwrap_err().code(),
+            "invalid_field"
+        );
+        assert_eq!(
+            optional_money(&data, "data.d").unwrap_err().code(),
+            "invalid_field"
+        );
     }
 }

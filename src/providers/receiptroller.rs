@@ -44,7 +44,9 @@ impl Provider for ReceiptRoller {
     fn normalize(&self, body: &Value, ctx: &Context<'_>) -> Result<PosEvent, NormalizeError> {
         let event_type = required_str(body, "type")?;
         let sent_at = required_time(body, "timestamp")?;
-        let data = body.get("data").ok_or(NormalizeError::MissingField("data"))?;
+        let data = body
+            .get("data")
+            .ok_or(NormalizeError::MissingField("data"))?;
         let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
         let (entity_type, entity_id, status) = match family {
             // Sales are keyed `{terminal_id}|{yyyy-MM}|{transaction_id}` in data.id.
@@ -156,7 +158,10 @@ mod tests {
         let mut body = sale();
         body["timestamp"] = json!("yesterday");
         assert_eq!(
-            ReceiptRoller.normalize(&body, &ctx("{}")).unwrap_err().code(),
+            ReceiptRoller
+                .normalize(&body, &ctx("{}"))
+                .unwrap_err()
+                .code(),
             "invalid_field"
         );
     }

@@ -1,4 +1,4 @@
-//! The broker goes away: deliveries are answered 503 + Retry-After and stay
+//! The broker becomes unreachable (connections cut, new ones refused): deliveries are answered 503 + Retry-After and stay
 //! retryable; after it returns, the provider's retry publishes exactly once.
 
 use std::time::{Duration, Instant};
@@ -7,22 +7,40 @@ use crate::support::{OwnBroker, TestApp, config, read_topic, rr_sale, unique};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn broker_stopped_gives_503_with_retry_after_then_the_retry_publishes_once() {
-    let mut broker = OwnBroker::start();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info,librdkafka=debug,rdkafka=debug")
+        .try_init();
+    let broker = OwnBroker::start().await;
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("outage");
     let app = TestApp::start_with(config(&broker.address(), &prefix, dir.path())).await;
-    let warm = rr_sale("out-0", "sale.created", "2026-11-29T10:00:00Z", "T1|2026-11|100", 100);
+    let warm = rr_sale(
+        "out-0",
+        "sale.created",
+        "2026-11-29T10:00:00Z",
+        "T1|2026-11|100",
+        100,
+    );
     assert_eq!(app.send("receiptroller", "main", &warm).await.status(), 200);
 
-    broker.kill();
-    let body = rr_sale("out-1", "sale.created", "2026-11-29T10:15:30Z", "T1|2026-11|101", 500);
+    broker.cut();
+    let body = rr_sale(
+        "out-1",
+        "sale.created",
+        "2026-11-29T10:15:30Z",
+        "T1|2026-11|101",
+        500,
+    );
     let started = Instant::now();
     let refused = app.send("receiptroller", "main", &body).await;
     assert_eq!(refused.status(), 503);
     assert_eq!(refused.headers()["retry-after"], "7");
-    assert!(started.elapsed() < Duration::from_secs(9), "answered inside the providers' 10 s");
+    assert!(
+        started.elapsed() < Duration::from_secs(9),
+        "answered inside the providers' 10 s"
+    );
 
-    broker.restart();
+    broker.heal();
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
         let retry = app.send("receiptroller", "main", &body).await;
@@ -35,10 +53,16 @@ async fn broker_stopped_gives_503_with_retry_after_then_the_retry_publishes_once
     };
     assert_eq!(status, "published");
     let again = app.send("receiptroller", "main", &body).await;
-    assert_eq!(again.json::<serde_json::Value>().await.unwrap()["status"], "duplicate");
+    assert_eq!(
+        again.json::<serde_json::Value>().await.unwrap()["status"],
+        "duplicate"
+    );
 
     let records = read_topic(&broker.address(), &app.topic("sales"));
-    let for_key = records.iter().filter(|r| r.key == "receiptroller:T1|2026-11|101").count();
+    let for_key = records
+        .iter()
+        .filter(|r| r.key == "receiptroller:T1|2026-11|101")
+        .count();
     assert_eq!(for_key, 1, "exactly one record for the retried delivery");
     assert_eq!(records.len(), 2);
     app.stop().await;

@@ -8,7 +8,13 @@ use crate::support::{TestApp, brokers, metric, read_topic, rr_sale};
 #[tokio::test]
 async fn duplicate_delivery_produces_one_record() {
     let app = TestApp::start().await;
-    let body = rr_sale("dup-1", "sale.created", "2026-11-29T10:15:30Z", "T1|2026-11|1", 500);
+    let body = rr_sale(
+        "dup-1",
+        "sale.created",
+        "2026-11-29T10:15:30Z",
+        "T1|2026-11|1",
+        500,
+    );
     let first = app.send("receiptroller", "main", &body).await;
     assert_eq!(first.status(), 200);
     let again = app.send("receiptroller", "main", &body).await;
@@ -22,14 +28,26 @@ async fn duplicate_delivery_produces_one_record() {
     assert_eq!(other_source.status(), 200);
     assert_eq!(read_topic(&brokers(), &app.topic("sales")).len(), 1);
     let metrics = app.metrics().await;
-    assert!(metric(&metrics, "posbridge_webhook_requests_total", &[("source", "backup"), ("outcome", "duplicate")]) >= 1.0);
+    assert!(
+        metric(
+            &metrics,
+            "posbridge_webhook_requests_total",
+            &[("source", "backup"), ("outcome", "duplicate")]
+        ) >= 1.0
+    );
     app.stop().await;
 }
 
 #[tokio::test]
 async fn concurrent_duplicates_in_flight_produce_one_record() {
     let app = TestApp::start().await;
-    let body = rr_sale("dup-2", "sale.created", "2026-11-29T10:15:30Z", "T1|2026-11|2", 500);
+    let body = rr_sale(
+        "dup-2",
+        "sale.created",
+        "2026-11-29T10:15:30Z",
+        "T1|2026-11|2",
+        500,
+    );
     let sends = (0..8).map(|i| {
         let source = if i % 2 == 0 { "main" } else { "backup" };
         app.send("receiptroller", source, &body)
@@ -40,7 +58,11 @@ async fn concurrent_duplicates_in_flight_produce_one_record() {
         assert_eq!(response.status(), 200);
         statuses.push(response.json::<serde_json::Value>().await.unwrap()["status"].clone());
     }
-    assert_eq!(statuses.iter().filter(|s| *s == "published").count(), 1, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|s| *s == "published").count(),
+        1,
+        "{statuses:?}"
+    );
     assert_eq!(read_topic(&brokers(), &app.topic("sales")).len(), 1);
     app.stop().await;
 }
@@ -49,7 +71,13 @@ async fn concurrent_duplicates_in_flight_produce_one_record() {
 async fn restart_keeps_dedup() {
     let app = TestApp::start().await;
     let config = app.config.clone();
-    let body = rr_sale("dup-3", "sale.created", "2026-11-29T10:15:30Z", "T1|2026-11|3", 500);
+    let body = rr_sale(
+        "dup-3",
+        "sale.created",
+        "2026-11-29T10:15:30Z",
+        "T1|2026-11|3",
+        500,
+    );
     assert_eq!(app.send("receiptroller", "main", &body).await.status(), 200);
     let topic = app.topic("sales");
     let dir = app.stop().await;

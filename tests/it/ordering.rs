@@ -11,10 +11,20 @@ async fn out_of_order_pair_leaves_the_newer_state_in_the_compacted_view() {
         "timestamp": "2026-11-29T10:20:00Z", "data": {"order_id": "O-77", "status": "paid"}});
     let older = serde_json::json!({"id": "o-1", "type": "order.created",
         "timestamp": "2026-11-29T10:10:00Z", "data": {"order_id": "O-77", "status": "open"}});
-    assert_eq!(app.send("receiptroller", "main", &newer).await.status(), 200);
+    assert_eq!(
+        app.send("receiptroller", "main", &newer).await.status(),
+        200
+    );
     let late = app.send("receiptroller", "main", &older).await;
-    assert_eq!(late.status(), 200, "a stale event is answered 2xx: it was handled");
-    assert_eq!(late.json::<serde_json::Value>().await.unwrap()["status"], "stale");
+    assert_eq!(
+        late.status(),
+        200,
+        "a stale event is answered 2xx: it was handled"
+    );
+    assert_eq!(
+        late.json::<serde_json::Value>().await.unwrap()["status"],
+        "stale"
+    );
 
     let records = read_topic(&brokers(), &app.topic("orders"));
     let view = latest_per_key(&records);
@@ -23,7 +33,13 @@ async fn out_of_order_pair_leaves_the_newer_state_in_the_compacted_view() {
     assert_eq!(records.len(), 1, "the older state was never written");
 
     let metrics = app.metrics().await;
-    assert!(metric(&metrics, "posbridge_stale_events_total", &[("provider", "receiptroller"), ("entity_type", "order")]) >= 1.0);
+    assert!(
+        metric(
+            &metrics,
+            "posbridge_stale_events_total",
+            &[("provider", "receiptroller"), ("entity_type", "order")]
+        ) >= 1.0
+    );
     app.stop().await;
 }
 
@@ -32,10 +48,19 @@ async fn kitchen_status_breaks_a_tie_at_the_same_occurred_at() {
     let app = TestApp::start().await;
     let at = "2026-11-29T17:15:30+07:00";
     let ready = mekari_order("k-2", "order.kitchen_status_changed", at, "ORD-1", "ready");
-    let preparing = mekari_order("k-1", "order.kitchen_status_changed", at, "ORD-1", "preparing");
+    let preparing = mekari_order(
+        "k-1",
+        "order.kitchen_status_changed",
+        at,
+        "ORD-1",
+        "preparing",
+    );
     assert_eq!(app.send("mekari", "main", &ready).await.status(), 200);
     let late = app.send("mekari", "main", &preparing).await;
-    assert_eq!(late.json::<serde_json::Value>().await.unwrap()["status"], "stale");
+    assert_eq!(
+        late.json::<serde_json::Value>().await.unwrap()["status"],
+        "stale"
+    );
     let view = latest_per_key(&read_topic(&brokers(), &app.topic("orders")));
     let latest = decode(view["mekari:ORD-1"].payload.as_deref().unwrap()).unwrap();
     assert_eq!(latest.kitchen_status.as_deref(), Some("ready"));
@@ -65,8 +90,17 @@ async fn concurrent_events_for_one_key_end_with_the_newest() {
         .iter()
         .map(|r| decode(r.payload.as_deref().unwrap()).unwrap().version)
         .collect();
-    assert!(versions.windows(2).all(|w| w[0] < w[1]), "written in increasing version order");
-    let latest = decode(latest_per_key(&records)["mekari:ORD-C"].payload.as_deref().unwrap()).unwrap();
+    assert!(
+        versions.windows(2).all(|w| w[0] < w[1]),
+        "written in increasing version order"
+    );
+    let latest = decode(
+        latest_per_key(&records)["mekari:ORD-C"]
+            .payload
+            .as_deref()
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(latest.event_id, "c-9");
     app.stop().await;
 }

@@ -16,27 +16,46 @@ async fn registry_mode_writes_confluent_wire_format_that_confluents_client_decod
     config.schema_registry.url = Some(registry.url.clone());
     let app = TestApp::start_with(config).await;
     let topic = app.topic("sales");
-    let subject_id = registry.id_of(&format!("{topic}-value")).expect("registered at start-up");
+    let subject_id = registry
+        .id_of(&format!("{topic}-value"))
+        .expect("registered at start-up");
 
-    let body = rr_sale("reg-1", "sale.created", "2026-11-29T10:15:30.123Z", "T001|2026-11|000777", 1100);
+    let body = rr_sale(
+        "reg-1",
+        "sale.created",
+        "2026-11-29T10:15:30.123Z",
+        "T001|2026-11|000777",
+        1100,
+    );
     assert_eq!(app.send("receiptroller", "main", &body).await.status(), 200);
     let records = read_topic(&brokers(), &topic);
     assert_eq!(records.len(), 1);
     let payload = records[0].payload.as_deref().unwrap();
     assert_eq!(payload[0], 0, "Confluent magic byte");
-    assert_eq!(u32::from_be_bytes(payload[1..5].try_into().unwrap()), subject_id);
+    assert_eq!(
+        u32::from_be_bytes(payload[1..5].try_into().unwrap()),
+        subject_id
+    );
     assert_eq!(decode(payload).unwrap().entity_id, "T001|2026-11|000777");
 
     let python = std::env::var("POSBRIDGE_TEST_PYTHON")
         .expect("POSBRIDGE_TEST_PYTHON (Confluent's client) is set by scripts/test");
     let output = tokio::process::Command::new(python)
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/decode_confluent.py"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/python/decode_confluent.py"
+        ))
         .args([&brokers(), &topic, &registry.url])
         .output()
         .await
         .unwrap();
-    assert!(output.status.success(), "python: {}", String::from_utf8_lossy(&output.stderr));
-    let line: serde_json::Value = serde_json::from_slice(output.stdout.split(|b| *b == b'\n').next().unwrap()).unwrap();
+    assert!(
+        output.status.success(),
+        "python: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let line: serde_json::Value =
+        serde_json::from_slice(output.stdout.split(|b| *b == b'\n').next().unwrap()).unwrap();
     assert_eq!(line["key"], "receiptroller:T001|2026-11|000777");
     assert_eq!(line["schema_id"], subject_id);
     let value = &line["value"];
@@ -45,7 +64,12 @@ async fn registry_mode_writes_confluent_wire_format_that_confluents_client_decod
     assert_eq!(value["entity_type"], "SALE");
     assert_eq!(value["total"], "1100.0000");
     assert_eq!(value["items"][0]["quantity"], "2.0000");
-    assert!(value["occurred_at"].as_str().unwrap().starts_with("2026-11-29 10:15:30.123"));
+    assert!(
+        value["occurred_at"]
+            .as_str()
+            .unwrap()
+            .starts_with("2026-11-29 10:15:30.123")
+    );
     app.stop().await;
 }
 

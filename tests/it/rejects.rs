@@ -6,10 +6,22 @@ use crate::support::{TestApp, brokers, metric, read_topic, rr_sale};
 #[tokio::test]
 async fn bad_signature_is_401_and_produces_nothing() {
     let app = TestApp::start().await;
-    let body = rr_sale("bad-1", "sale.created", "2026-11-29T10:15:30Z", "T1|2026-11|9", 500);
+    let body = rr_sale(
+        "bad-1",
+        "sale.created",
+        "2026-11-29T10:15:30Z",
+        "T1|2026-11|9",
+        500,
+    );
     let bytes = serde_json::to_vec(&body).unwrap();
     let response = app
-        .send_raw("receiptroller", "main", "bad-1", bytes.clone(), Some("wrong-secret"))
+        .send_raw(
+            "receiptroller",
+            "main",
+            "bad-1",
+            bytes.clone(),
+            Some("wrong-secret"),
+        )
         .await;
     assert_eq!(response.status(), 401);
     let message = response.json::<serde_json::Value>().await.unwrap();
@@ -25,21 +37,41 @@ async fn bad_signature_is_401_and_produces_nothing() {
     assert_eq!(unsigned.status(), 401);
     assert!(read_topic(&brokers(), &app.topic("sales")).is_empty());
     let metrics = app.metrics().await;
-    assert!(metric(&metrics, "posbridge_signature_failures_total", &[("provider", "receiptroller"), ("source", "main")]) >= 2.0);
+    assert!(
+        metric(
+            &metrics,
+            "posbridge_signature_failures_total",
+            &[("provider", "receiptroller"), ("source", "main")]
+        ) >= 2.0
+    );
     // The refused attempts did not mark the delivery: the correctly signed one publishes.
     let good = app.send("receiptroller", "main", &body).await;
-    assert_eq!(good.json::<serde_json::Value>().await.unwrap()["status"], "published");
+    assert_eq!(
+        good.json::<serde_json::Value>().await.unwrap()["status"],
+        "published"
+    );
     app.stop().await;
 }
 
 #[tokio::test]
 async fn oversized_body_is_413() {
     let app = TestApp::start().await;
-    let mut body = rr_sale("big-1", "sale.created", "2026-11-29T10:15:30Z", "T1|2026-11|8", 500);
+    let mut body = rr_sale(
+        "big-1",
+        "sale.created",
+        "2026-11-29T10:15:30Z",
+        "T1|2026-11|8",
+        500,
+    );
     body["data"]["note"] = serde_json::Value::String("x".repeat(1024 * 1024 + 1));
     let response = app.send("receiptroller", "main", &body).await;
     assert_eq!(response.status(), 413);
-    assert!(response.json::<serde_json::Value>().await.unwrap()["error"].as_str().unwrap().contains("larger"));
+    assert!(
+        response.json::<serde_json::Value>().await.unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .contains("larger")
+    );
     assert!(read_topic(&brokers(), &app.topic("sales")).is_empty());
     app.stop().await;
 }
@@ -47,16 +79,35 @@ async fn oversized_body_is_413() {
 #[tokio::test]
 async fn unknown_source_is_a_json_404_and_nothing_redirects() {
     let app = TestApp::start().await;
-    let body = rr_sale("u-1", "sale.created", "2026-11-29T10:15:30Z", "T1|2026-11|7", 500);
+    let body = rr_sale(
+        "u-1",
+        "sale.created",
+        "2026-11-29T10:15:30Z",
+        "T1|2026-11|7",
+        500,
+    );
     let response = app.send("receiptroller", "nope", &body).await;
     assert_eq!(response.status(), 404);
-    assert!(response.json::<serde_json::Value>().await.unwrap()["error"].as_str().unwrap().contains("nope"));
+    assert!(
+        response.json::<serde_json::Value>().await.unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .contains("nope")
+    );
     let no_redirect = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap();
-    for path in ["/webhooks/receiptroller/main/", "/webhooks/unknown/main", "/"] {
-        let r = no_redirect.post(format!("{}{path}", app.base)).send().await.unwrap();
+    for path in [
+        "/webhooks/receiptroller/main/",
+        "/webhooks/unknown/main",
+        "/",
+    ] {
+        let r = no_redirect
+            .post(format!("{}{path}", app.base))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 404, "{path}");
     }
     app.stop().await;
@@ -65,13 +116,26 @@ async fn unknown_source_is_a_json_404_and_nothing_redirects() {
 #[tokio::test]
 async fn delivery_id_must_equal_the_body_id() {
     let app = TestApp::start().await;
-    let body = rr_sale("real-id", "sale.created", "2026-11-29T10:15:30Z", "T1|2026-11|6", 500);
+    let body = rr_sale(
+        "real-id",
+        "sale.created",
+        "2026-11-29T10:15:30Z",
+        "T1|2026-11|6",
+        500,
+    );
     let bytes = serde_json::to_vec(&body).unwrap();
-    let response = app.send_raw("receiptroller", "main", "other-id", bytes.clone(), None).await;
+    let response = app
+        .send_raw("receiptroller", "main", "other-id", bytes.clone(), None)
+        .await;
     assert_eq!(response.status(), 400);
     let missing = app.send_raw("receiptroller", "main", "", bytes, None).await;
     assert_eq!(missing.status(), 400);
-    assert!(missing.json::<serde_json::Value>().await.unwrap()["error"].as_str().unwrap().contains("x-rr-delivery"));
+    assert!(
+        missing.json::<serde_json::Value>().await.unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .contains("x-rr-delivery")
+    );
     assert!(read_topic(&brokers(), &app.topic("sales")).is_empty());
     app.stop().await;
 }
@@ -83,20 +147,42 @@ async fn unknown_event_goes_to_dead_letter_with_raw_body_and_is_200() {
         "occurred_at": "2026-11-29T17:15:30+07:00", "data": {"id": "S-1"}});
     let response = app.send("mekari", "main", &body).await;
     assert_eq!(response.status(), 200);
-    assert_eq!(response.json::<serde_json::Value>().await.unwrap()["status"], "dead_lettered");
+    assert_eq!(
+        response.json::<serde_json::Value>().await.unwrap()["status"],
+        "dead_lettered"
+    );
     let not_json = b"{not json".to_vec();
-    let response = app.send_raw("mekari", "main", "dl-2", not_json.clone(), None).await;
+    let response = app
+        .send_raw("mekari", "main", "dl-2", not_json.clone(), None)
+        .await;
     assert_eq!(response.status(), 200);
 
     let letters = read_topic(&brokers(), &app.topic("dead-letter"));
     assert_eq!(letters.len(), 2);
     assert_eq!(letters[0].key, "mekari:dl-1");
-    assert_eq!(serde_json::from_slice::<serde_json::Value>(letters[0].payload.as_deref().unwrap()).unwrap(), body);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(letters[0].payload.as_deref().unwrap())
+            .unwrap(),
+        body
+    );
     assert!(letters[0].headers["posbridge-reason"].contains("shift.closed"));
     assert_eq!(letters[1].payload.as_deref().unwrap(), not_json.as_slice());
     // A retry of a dead-lettered delivery is a duplicate, not a second letter.
-    assert_eq!(app.send("mekari", "main", &body).await.json::<serde_json::Value>().await.unwrap()["status"], "duplicate");
+    assert_eq!(
+        app.send("mekari", "main", &body)
+            .await
+            .json::<serde_json::Value>()
+            .await
+            .unwrap()["status"],
+        "duplicate"
+    );
     let metrics = app.metrics().await;
-    assert!(metric(&metrics, "posbridge_dead_letters_total", &[("provider", "mekari"), ("reason", "unknown_event_type")]) >= 1.0);
+    assert!(
+        metric(
+            &metrics,
+            "posbridge_dead_letters_total",
+            &[("provider", "mekari"), ("reason", "unknown_event_type")]
+        ) >= 1.0
+    );
     app.stop().await;
 }

@@ -8,7 +8,13 @@ use crate::support::{TestApp, brokers, mekari_order, read_topic, rr_sale};
 #[tokio::test]
 async fn receiptroller_sale_lands_keyed_with_headers_and_decodes() {
     let app = TestApp::start().await;
-    let body = rr_sale("rr_dlv_1", "sale.created", "2026-11-29T10:15:30.123Z", "T001|2026-11|000123", 1100);
+    let body = rr_sale(
+        "rr_dlv_1",
+        "sale.created",
+        "2026-11-29T10:15:30.123Z",
+        "T001|2026-11|000123",
+        1100,
+    );
     let response = app.send("receiptroller", "main", &body).await;
     assert_eq!(response.status(), 200);
     assert_eq!(
@@ -43,7 +49,13 @@ async fn receiptroller_sale_lands_keyed_with_headers_and_decodes() {
 #[tokio::test]
 async fn mekari_order_lands_keyed_by_account_and_keeps_fractional_money() {
     let app = TestApp::start().await;
-    let body = mekari_order("01JD8Y6Q-1", "order.updated", "2026-11-29T17:15:30.120+07:00", "ORD-5512", "preparing");
+    let body = mekari_order(
+        "01JD8Y6Q-1",
+        "order.updated",
+        "2026-11-29T17:15:30.120+07:00",
+        "ORD-5512",
+        "preparing",
+    );
     assert_eq!(app.send("mekari", "acme", &body).await.status(), 200);
 
     let records = read_topic(&brokers(), &app.topic("orders"));
@@ -72,6 +84,9 @@ async fn mekari_product_deleted_writes_a_tombstone() {
     assert_eq!(records.len(), 2);
     assert_eq!(records[1].key, "mekari:P-1");
     assert!(records[1].payload.is_none(), "delete is a tombstone");
-    assert_eq!(records[1].headers["posbridge-event-type"], "product.deleted");
+    assert_eq!(
+        records[1].headers["posbridge-event-type"],
+        "product.deleted"
+    );
     app.stop().await;
 }

@@ -15,7 +15,10 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 /// ReceiptRoller secret of the `main` and `backup` test sources.
@@ -166,7 +169,12 @@ impl TestApp {
         secret: Option<&str>,
     ) -> reqwest::Response {
         let (scheme, header, id_header, default_secret) = match provider {
-            "receiptroller" => (SchemeName::Hex, "X-RR-Signature", "X-RR-Delivery", RR_SECRET),
+            "receiptroller" => (
+                SchemeName::Hex,
+                "X-RR-Signature",
+                "X-RR-Delivery",
+                RR_SECRET,
+            ),
             _ => (
                 SchemeName::Base64,
                 "X-Mekari-Signature",
@@ -219,7 +227,13 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 }
 
 /// A ReceiptRoller sale body as in payloads.md.
-pub fn rr_sale(delivery_id: &str, event: &str, timestamp: &str, sale_id: &str, total: u64) -> Value {
+pub fn rr_sale(
+    delivery_id: &str,
+    event: &str,
+    timestamp: &str,
+    sale_id: &str,
+    total: u64,
+) -> Value {
     json!({
         "id": delivery_id, "type": event, "timestamp": timestamp, "webhook_id": "wh_123",
         "data": {"id": sale_id, "terminal_id": "T001", "store_id": "S01",
@@ -231,7 +245,13 @@ pub fn rr_sale(delivery_id: &str, event: &str, timestamp: &str, sale_id: &str, t
 }
 
 /// A Mekari order event body as in payloads.md.
-pub fn mekari_order(event_id: &str, event: &str, occurred_at: &str, order_id: &str, kitchen: &str) -> Value {
+pub fn mekari_order(
+    event_id: &str,
+    event: &str,
+    occurred_at: &str,
+    order_id: &str,
+    kitchen: &str,
+) -> Value {
     json!({
         "id": event_id, "event": event, "occurred_at": occurred_at, "outlet_id": "OUT-9",
         "data": {"id": order_id, "outlet_id": "OUT-9", "status": "paid",
@@ -301,16 +321,16 @@ pub fn read_topic(brokers: &str, topic: &str) -> Vec<Record> {
             },
         );
     }
-    assert!(last_offset >= high - 1, "read {topic} up to {last_offset}, high watermark {high}");
+    assert!(
+        last_offset >= high - 1,
+        "read {topic} up to {last_offset}, high watermark {high}"
+    );
     records.into_values().collect()
 }
 
 /// The compacted view: the last record per key.
 pub fn latest_per_key(records: &[Record]) -> HashMap<String, Record> {
-    records
-        .iter()
-        .map(|r| (r.key.clone(), r.clone()))
-        .collect()
+    records.iter().map(|r| (r.key.clone(), r.clone())).collect()
 }
 
 /// Path of the tansu binary `scripts/test` found.
@@ -320,64 +340,115 @@ pub fn tansu_binary() -> PathBuf {
         .expect("POSBRIDGE_TEST_TANSU is set by scripts/test")
 }
 
-/// A private tansu broker a test may stop and restart; killed on drop.
+/// A private tansu broker behind a TCP proxy the test can cut, as a
+/// crashed broker or a network partition looks to posbridge: connections
+/// drop and new ones are refused until `heal`. (tansu 0.6.0 itself cannot be
+/// restarted on its own data: its SQLite engine panics on the first
+/// idempotent produce afterwards.) Killed on drop.
 pub struct OwnBroker {
-    pub port: u16,
-    dir: tempfile::TempDir,
-    child: Option<std::process::Child>,
+    proxy_port: u16,
+    open: Arc<AtomicBool>,
+    cut: watch::Sender<u64>,
+    _dir: tempfile::TempDir,
+    child: std::process::Child,
 }
 
 impl OwnBroker {
-    /// Starts a broker on a free loopback port with its own SQLite file.
-    pub fn start() -> OwnBroker {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut broker = OwnBroker {
-            port,
-            dir: tempfile::tempdir().unwrap(),
-            child: None,
+    /// Starts tansu on a free port, advertising the proxy's port.
+    pub async fn start() -> OwnBroker {
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
         };
-        broker.restart();
-        broker
-    }
-
-    pub fn address(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    /// (Re)starts the process on the same port and storage.
-    pub fn restart(&mut self) {
-        let url = format!("tcp://127.0.0.1:{}", self.port);
+        let broker_port = free_port();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy_port = listener.local_addr().unwrap().port();
+        let dir = tempfile::tempdir().unwrap();
+        let listen = format!("tcp://127.0.0.1:{broker_port}");
+        let advertise = format!("tcp://127.0.0.1:{proxy_port}");
         let child = std::process::Command::new(tansu_binary())
-            .current_dir(self.dir.path())
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
-            .args(["--storage-engine", "sqlite://tansu.db?maintenance_interval=5s"])
+            .current_dir(dir.path())
+            .args([
+                "broker",
+                "--listener-url",
+                &listen,
+                "--advertised-listener-url",
+                &advertise,
+            ])
+            .args([
+                "--storage-engine",
+                "sqlite://tansu.db?maintenance_interval=5s",
+            ])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        while std::net::TcpStream::connect(("127.0.0.1", broker_port)).is_err() {
             assert!(Instant::now() < deadline, "tansu did not start");
-            std::thread::sleep(Duration::from_millis(50));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let open = Arc::new(AtomicBool::new(true));
+        let (cut, cuts) = watch::channel(0u64);
+        tokio::spawn(proxy(listener, broker_port, open.clone(), cuts));
+        OwnBroker {
+            proxy_port,
+            open,
+            cut,
+            _dir: dir,
+            child,
         }
     }
 
-    /// Kills the process (SIGKILL), as a crash or a network cut would look.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().unwrap();
-            child.wait().unwrap();
-        }
+    /// What posbridge connects to.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.proxy_port)
+    }
+
+    /// Drops every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.open.store(false, Ordering::SeqCst);
+        self.cut.send_modify(|n| *n += 1);
+    }
+
+    /// Accepts connections again.
+    pub fn heal(&self) {
+        self.open.store(true, Ordering::SeqCst);
     }
 }
 
 impl Drop for OwnBroker {
     fn drop(&mut self) {
-        self.kill();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn proxy(
+    listener: tokio::net::TcpListener,
+    broker_port: u16,
+    open: Arc<AtomicBool>,
+    cuts: watch::Receiver<u64>,
+) {
+    while let Ok((mut client, _)) = listener.accept().await {
+        if !open.load(Ordering::SeqCst) {
+            drop(client);
+            continue;
+        }
+        let mut cuts = cuts.clone();
+        cuts.mark_unchanged();
+        tokio::spawn(async move {
+            let Ok(mut upstream) = tokio::net::TcpStream::connect(("127.0.0.1", broker_port)).await
+            else {
+                return;
+            };
+            tokio::select! {
+                _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                _ = cuts.changed() => {}
+            }
+        });
     }
 }

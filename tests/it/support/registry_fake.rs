@@ -79,7 +79,11 @@ async fn register(
             .into_response();
     }
     let Some(schema) = body["schema"].as_str() else {
-        return (StatusCode::UNPROCESSABLE_ENTITY, Json(json!({"error_code": 42201, "message": "Invalid schema"}))).into_response();
+        return (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({"error_code": 42201, "message": "Invalid schema"})),
+        )
+            .into_response();
     };
     let id = match registry.schemas.iter().position(|s| s == schema) {
         Some(i) => i + 1,
@@ -100,7 +104,11 @@ async fn schema_by_id(State(state): State<Shared>, Path(id): Path<u32>) -> Respo
     let registry = state.lock().unwrap();
     match registry.schemas.get(id as usize - 1) {
         Some(schema) => Json(json!({"schema": schema, "schemaType": "AVRO"})).into_response(),
-        None => (StatusCode::NOT_FOUND, Json(json!({"error_code": 40403, "message": "Schema not found"}))).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error_code": 40403, "message": "Schema not found"})),
+        )
+            .into_response(),
     }
 }
 
