@@ -285,7 +285,18 @@ impl Pipeline {
         let payload = if event.deleted {
             None
         } else {
-            Some(self.inner.encoder.encode(&topic, &event).await?)
+            match self.inner.encoder.encode(&topic, &event).await {
+                Ok(bytes) => Some(bytes),
+                // Retrying cannot make an event fit the schema: keep it raw.
+                Err(EncodeError::Avro(error)) => {
+                    error!(entity = %key, %error, "Event does not fit the schema; dead-lettering it.");
+                    self.dead_letter_event(&event, "encode_failed", &error.to_string())
+                        .await?;
+                    self.commit(delivery, None).await?;
+                    return Ok(Outcome::DeadLettered);
+                }
+                Err(error) => return Err(error.into()),
+            }
         };
         let record = OutgoingRecord {
             topic,

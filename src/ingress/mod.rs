@@ -1,7 +1,7 @@
 //! The HTTP side: routes, shared state, and serving with graceful shutdown.
 //!
 //! No route redirects (Mekari treats any 3xx as a permanent failure), and
-//! anything unrouted gets a JSON 404.
+//! anything unrouted gets a JSON 404 (a wrong method a JSON 405).
 
 mod ops;
 mod response;
@@ -53,6 +53,9 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .fallback(|| async { WebhookError::NoRoute.into_response_with(0) })
+        .method_not_allowed_fallback(|| async {
+            WebhookError::MethodNotAllowed.into_response_with(0)
+        })
         .with_state(state)
 }
 

@@ -22,9 +22,12 @@ use crate::verify::VerifyError;
 /// Why a webhook request was not accepted.
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookError {
-    /// Nothing is routed at this path (or method).
+    /// Nothing is routed at this path.
     #[error("no such route")]
     NoRoute,
+    /// The path exists but not for this method (webhooks are POST only).
+    #[error("method not allowed")]
+    MethodNotAllowed,
     /// The path names a provider posbridge does not serve.
     #[error("unknown provider `{0}`")]
     UnknownProvider(String),
@@ -63,6 +66,7 @@ impl WebhookError {
             WebhookError::NoRoute
             | WebhookError::UnknownProvider(_)
             | WebhookError::UnknownSource(_) => StatusCode::NOT_FOUND,
+            WebhookError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             WebhookError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             WebhookError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             WebhookError::BodyRead(_)

@@ -5,7 +5,7 @@ use posbridge::app::App;
 use posbridge::encode::decode;
 
 use crate::support::registry_fake::RegistryFake;
-use crate::support::{TestApp, brokers, config, read_topic, rr_sale, unique};
+use crate::support::{TestApp, brokers, config, decode_with_python, read_topic, rr_sale, unique};
 
 #[tokio::test]
 async fn registry_mode_writes_confluent_wire_format_that_confluents_client_decodes() {
@@ -38,25 +38,9 @@ async fn registry_mode_writes_confluent_wire_format_that_confluents_client_decod
     );
     assert_eq!(decode(payload).unwrap().entity_id, "T001|2026-11|000777");
 
-    let python = std::env::var("POSBRIDGE_TEST_PYTHON")
-        .expect("POSBRIDGE_TEST_PYTHON (Confluent's client) is set by scripts/test");
-    let output = tokio::process::Command::new(python)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/python/decode_confluent.py"
-        ))
-        .args([&brokers(), &topic, &registry.url])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "python: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let line: serde_json::Value =
-        serde_json::from_slice(output.stdout.split(|b| *b == b'\n').next().unwrap()).unwrap();
+    let line = decode_with_python(&topic, Some(&registry.url)).await;
     assert_eq!(line["key"], "receiptroller:T001|2026-11|000777");
+    assert_eq!(line["framing"], "confluent");
     assert_eq!(line["schema_id"], subject_id);
     let value = &line["value"];
     assert_eq!(value["event_id"], "reg-1");

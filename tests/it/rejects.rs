@@ -110,6 +110,16 @@ async fn unknown_source_is_a_json_404_and_nothing_redirects() {
             .unwrap();
         assert_eq!(r.status(), 404, "{path}");
     }
+    let get = no_redirect
+        .get(format!("{}/webhooks/receiptroller/main", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), 405);
+    assert_eq!(
+        get.json::<serde_json::Value>().await.unwrap()["error"],
+        "method not allowed"
+    );
     app.stop().await;
 }
 

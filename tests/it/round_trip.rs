@@ -3,7 +3,7 @@
 use posbridge::encode::decode;
 use posbridge::event::{EntityType, Origin, ProviderKind};
 
-use crate::support::{TestApp, brokers, mekari_order, read_topic, rr_sale};
+use crate::support::{TestApp, brokers, decode_with_python, mekari_order, read_topic, rr_sale};
 
 #[tokio::test]
 async fn receiptroller_sale_lands_keyed_with_headers_and_decodes() {
@@ -43,6 +43,12 @@ async fn receiptroller_sale_lands_keyed_with_headers_and_decodes() {
     let raw: serde_json::Value = serde_json::from_str(&event.raw).unwrap();
     assert_eq!(raw, body);
     assert!(read_topic(&brokers(), &app.topic("orders")).is_empty());
+
+    // Code that is not ours reads the registry-less bytes the same way.
+    let line = decode_with_python(&app.topic("sales"), None).await;
+    assert_eq!(line["framing"], "single-object");
+    assert_eq!(line["value"]["entity_id"], "T001|2026-11|000123");
+    assert_eq!(line["value"]["total"], "1100.0000");
     app.stop().await;
 }
 

@@ -260,6 +260,30 @@ pub fn mekari_order(
     })
 }
 
+/// The first record of `topic` as decoded by Confluent's Python client and
+/// fastavro (`tests/python/decode.py`), which also checks the framing.
+pub async fn decode_with_python(topic: &str, registry: Option<&str>) -> Value {
+    let python = std::env::var("POSBRIDGE_TEST_PYTHON")
+        .expect("POSBRIDGE_TEST_PYTHON (Confluent's client) is set by scripts/test");
+    let output = tokio::process::Command::new(python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/python/decode.py"
+        ))
+        .args([brokers().as_str(), topic])
+        .args(registry)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "python: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let first = output.stdout.split(|b| *b == b'\n').next().unwrap();
+    serde_json::from_slice(first).unwrap()
+}
+
 /// One record read back from a topic.
 #[derive(Debug, Clone)]
 pub struct Record {
