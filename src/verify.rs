@@ -244,6 +244,16 @@ impl Verifier {
     }
 }
 
+/// HMAC-SHA256 of the concatenated `parts`: the primitive every scheme here
+/// and the providers' API authentication share.
+pub fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+    let mut mac = mac(key);
+    for part in parts {
+        mac.update(part);
+    }
+    mac.finalize().into_bytes().to_vec()
+}
+
 fn mac(key: &[u8]) -> HmacSha256 {
     // HMAC takes a key of any length; new_from_slice cannot fail for it.
     HmacSha256::new_from_slice(key).expect("HMAC accepts any key length")
@@ -267,13 +277,7 @@ pub fn sign(
     now_unix: i64,
     body: &[u8],
 ) -> Vec<(String, String)> {
-    let hmac = |key: &[u8], parts: &[&[u8]]| {
-        let mut mac = mac(key);
-        for part in parts {
-            mac.update(part);
-        }
-        mac.finalize().into_bytes().to_vec()
-    };
+    let hmac = hmac_sha256;
     let t = now_unix.to_string();
     match scheme {
         SchemeName::Hex => vec![(

@@ -20,6 +20,33 @@ pub const DELIVERY_HEADER: &str = "x-mekari-event-id";
 /// Signature header (assumed in payloads.md; configurable per source).
 pub const SIGNATURE_HEADER: &str = "x-mekari-signature";
 
+/// Mekari's API gateway refuses a request whose `Date` is further than this
+/// from its clock.
+pub const API_CLOCK_SKEW_SECS: i64 = 300;
+
+/// The `Authorization` value for one Mekari API request (HMAC API
+/// authentication, payloads.md): HMAC-SHA256 with the client secret over
+/// `date: {date}\n{METHOD} {path with query} HTTP/1.1`, base64. `date` is the
+/// request's `Date` header (RFC 7231, GMT). The simulator checks requests
+/// with the same function, so both sides sign one way.
+pub fn api_authorization(
+    client_id: &str,
+    client_secret: &str,
+    date: &str,
+    method: &str,
+    path_and_query: &str,
+) -> String {
+    use base64::Engine;
+    let signing = format!("date: {date}\n{method} {path_and_query} HTTP/1.1");
+    let signature = base64::engine::general_purpose::STANDARD.encode(crate::verify::hmac_sha256(
+        client_secret.as_bytes(),
+        &[signing.as_bytes()],
+    ));
+    format!(
+        "hmac username=\"{client_id}\", algorithm=\"hmac-sha256\", headers=\"date request-line\", signature=\"{signature}\""
+    )
+}
+
 /// Kitchen progress in order. At one `occurred_at`, a later stage wins; an
 /// unknown status ranks lowest so it never hides a known later stage.
 const KITCHEN_PROGRESS: [&str; 9] = [
@@ -163,6 +190,27 @@ mod tests {
         let event = Mekari.normalize(&body, &ctx()).unwrap();
         assert_eq!(event.entity_type, EntityType::Product);
         assert!(event.deleted);
+    }
+
+    #[test]
+    fn api_requests_are_signed_as_the_gateway_documents() {
+        let header = api_authorization(
+            "client-1",
+            "secret-1",
+            "Mon, 30 Nov 2026 02:34:32 GMT",
+            "GET",
+            "/orders?outlet_id=OUT-9&page=1",
+        );
+        // Expected value computed independently with:
+        // printf 'date: Mon, 30 Nov 2026 02:34:32 GMT\nGET /orders?outlet_id=OUT-9&page=1 HTTP/1.1' \
+        //   | openssl dgst -sha256 -hmac secret-1 -binary | base64
+        assert_eq!(
+            header,
+            format!(
+                "hmac username=\"client-1\", algorithm=\"hmac-sha256\", headers=\"date request-line\", signature=\"{}\"",
+                "uJOU5JBGnvBHSkSu5rPPXU6EO98Efs8e3ooYN88D/5g="
+            )
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use time::format_description::well_known::Rfc3339;
 use crate::event::{LineItem, Money, PosEvent, ProviderKind};
 use crate::verify::SchemeName;
 
-pub use mekari::Mekari;
+pub use mekari::{API_CLOCK_SKEW_SECS, Mekari, api_authorization};
 pub use receiptroller::ReceiptRoller;
 
 /// Why an event cannot be normalized. Such an event goes to the dead-letter
