@@ -88,6 +88,141 @@ pub struct Config {
     /// Mekari POS webhooks.
     #[serde(default)]
     pub mekari: ProviderConfig,
+    /// Catching up from the providers' APIs.
+    #[serde(default)]
+    pub reconcile: ReconcileConfig,
+    /// Watching that the providers still send to us.
+    #[serde(default)]
+    pub watchdog: WatchdogConfig,
+}
+
+/// The reconciler: reads what webhooks may have missed from the providers'
+/// list APIs and publishes it through the same pipeline.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileConfig {
+    /// Run on a schedule inside `serve`.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Time between scheduled runs.
+    #[serde(default = "default_reconcile_interval_secs")]
+    pub interval_secs: u64,
+    /// Each run starts this long before its checkpoint: ReceiptRoller's
+    /// retries take ~71 min and Mekari's offline sales carry earlier times.
+    #[serde(default = "default_lookback_secs")]
+    pub lookback_secs: u64,
+    /// How far back the first run of a source reaches, with no checkpoint yet.
+    #[serde(default = "default_initial_window_secs")]
+    pub initial_window_secs: u64,
+    /// A run's window is read in steps of this length; the checkpoint moves
+    /// after each complete step, so a crash resumes from the last one.
+    #[serde(default = "default_step_secs")]
+    pub step_secs: u64,
+    /// Attempts per API page before the run fails (429, 5xx, connection errors).
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// Timeout of one API request.
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+impl Default for ReconcileConfig {
+    fn default() -> Self {
+        ReconcileConfig {
+            enabled: false,
+            interval_secs: default_reconcile_interval_secs(),
+            lookback_secs: default_lookback_secs(),
+            initial_window_secs: default_initial_window_secs(),
+            step_secs: default_step_secs(),
+            max_attempts: default_max_attempts(),
+            request_timeout_ms: default_request_timeout_ms(),
+        }
+    }
+}
+
+const fn default_reconcile_interval_secs() -> u64 {
+    900
+}
+// ReceiptRoller's last retry comes ~71 min after the first attempt; 90 min covers it.
+const fn default_lookback_secs() -> u64 {
+    90 * 60
+}
+const fn default_initial_window_secs() -> u64 {
+    24 * 3600
+}
+const fn default_step_secs() -> u64 {
+    3600
+}
+const fn default_max_attempts() -> u32 {
+    5
+}
+const fn default_request_timeout_ms() -> u64 {
+    10_000
+}
+
+/// The webhook-health watchdog.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchdogConfig {
+    /// Run inside `serve`.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Time between checks of every webhook's state.
+    #[serde(default = "default_watchdog_interval_secs")]
+    pub interval_secs: u64,
+}
+
+impl Default for WatchdogConfig {
+    fn default() -> Self {
+        WatchdogConfig {
+            enabled: false,
+            interval_secs: default_watchdog_interval_secs(),
+        }
+    }
+}
+
+const fn default_watchdog_interval_secs() -> u64 {
+    60
+}
+
+/// How to read one source's data and webhook state from its provider's API.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiConfig {
+    /// API base URL; paths are appended to it.
+    pub base_url: String,
+    /// ReceiptRoller: bearer token.
+    #[serde(default)]
+    pub token: Option<Secret>,
+    /// Mekari: HMAC client id.
+    #[serde(default)]
+    pub client_id: Option<String>,
+    /// Mekari: HMAC client secret.
+    #[serde(default)]
+    pub client_secret: Option<Secret>,
+    /// Mekari: outlets whose orders, returns, refunds and exchanges are read.
+    #[serde(default)]
+    pub outlets: Vec<String>,
+    /// Records per page requested.
+    #[serde(default = "default_per_page")]
+    pub per_page: u32,
+    /// Path overrides by name (see each provider's defaults).
+    #[serde(default)]
+    pub paths: BTreeMap<String, String>,
+    /// ReceiptRoller: this source's webhook id, for the watchdog.
+    #[serde(default)]
+    pub webhook_id: Option<String>,
+    /// Mekari: this source's endpoint key, for the watchdog.
+    #[serde(default)]
+    pub endpoint_key: Option<String>,
+    /// Switch the webhook back on when the watchdog finds it off (Mekari:
+    /// `test`, then the same `PUT`; ReceiptRoller: `PATCH active=true`).
+    #[serde(default)]
+    pub resume_when_off: bool,
+}
+
+const fn default_per_page() -> u32 {
+    100
 }
 
 /// HTTP listener and answer policy.
@@ -322,6 +457,9 @@ pub struct SourceConfig {
     /// Merchant account this webhook serves; becomes part of record keys.
     #[serde(default)]
     pub account: Option<String>,
+    /// The provider's API for this source's account: reconciler and watchdog.
+    #[serde(default)]
+    pub api: Option<ApiConfig>,
 }
 
 const fn default_tolerance_secs() -> u64 {
@@ -563,6 +701,11 @@ impl Config {
                         problem(&format!("{key}.secrets[{i}]"), error);
                     }
                 }
+                if let Some(api) = &source.api {
+                    for (field, message) in crate::reconcile::api_problems(provider, api) {
+                        problem(&format!("{key}.api.{field}"), message);
+                    }
+                }
                 if let Some(account) = &source.account
                     && (account.is_empty() || account.contains(':'))
                 {
@@ -572,6 +715,18 @@ impl Config {
                     );
                 }
             }
+        }
+        for (key, value) in [
+            ("reconcile.interval_secs", self.reconcile.interval_secs),
+            ("reconcile.step_secs", self.reconcile.step_secs),
+            ("watchdog.interval_secs", self.watchdog.interval_secs),
+        ] {
+            if value == 0 {
+                problem(key, "must be above 0".into());
+            }
+        }
+        if self.reconcile.max_attempts == 0 {
+            problem("reconcile.max_attempts", "must be at least 1".into());
         }
         if !any_source {
             problem(

@@ -7,7 +7,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::event::{Money, PosEvent};
+use crate::event::{Money, Origin, PosEvent};
 use crate::ledger::EntityState;
 
 /// What to do with an incoming state.
@@ -22,9 +22,17 @@ pub enum Decision {
 }
 
 /// Compares an incoming state with the written one.
-pub fn decide(written: Option<&EntityState>, incoming: &EntityState) -> Decision {
+///
+/// A reconciled record is the provider's current state at fetch time, its
+/// version the fetch time: it is published only when its content differs
+/// from what the topic holds, so re-running a window publishes nothing, and
+/// its later version keeps older webhook retries from rolling it back.
+pub fn decide(written: Option<&EntityState>, incoming: &EntityState, origin: Origin) -> Decision {
     match written {
         None => Decision::Publish,
+        Some(w) if origin == Origin::Reconciler && incoming.state_hash == w.state_hash => {
+            Decision::Unchanged
+        }
         Some(w) if incoming.version < w.version => Decision::Stale,
         Some(w) if incoming.version == w.version && incoming.state_hash == w.state_hash => {
             Decision::Unchanged
@@ -87,6 +95,7 @@ mod tests {
     #[test]
     fn older_is_stale_newer_publishes_equal_is_unchanged() {
         let written = state(100, 1, 1);
+        let decide = |w: Option<&EntityState>, i: &EntityState| decide(w, i, Origin::Webhook);
         assert_eq!(decide(None, &written), Decision::Publish);
         assert_eq!(decide(Some(&written), &state(99, 9, 1)), Decision::Stale);
         assert_eq!(decide(Some(&written), &state(100, 0, 2)), Decision::Stale);
@@ -97,5 +106,29 @@ mod tests {
         assert_eq!(decide(Some(&written), &state(100, 1, 2)), Decision::Publish);
         assert_eq!(decide(Some(&written), &state(100, 2, 1)), Decision::Publish);
         assert_eq!(decide(Some(&written), &state(101, 0, 1)), Decision::Publish);
+    }
+
+    #[test]
+    fn a_reconciled_copy_of_the_written_state_is_unchanged_whatever_its_version() {
+        let written = state(100, 0, 1);
+        let same = state(500, 0, 1);
+        let changed = state(500, 0, 2);
+        let older_changed = state(50, 0, 2);
+        assert_eq!(
+            decide(Some(&written), &same, Origin::Reconciler),
+            Decision::Unchanged
+        );
+        assert_eq!(
+            decide(Some(&written), &changed, Origin::Reconciler),
+            Decision::Publish
+        );
+        assert_eq!(
+            decide(Some(&written), &older_changed, Origin::Reconciler),
+            Decision::Stale
+        );
+        assert_eq!(
+            decide(Some(&written), &same, Origin::Webhook),
+            Decision::Publish
+        );
     }
 }

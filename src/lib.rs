@@ -26,6 +26,8 @@
 //! * [`guard`]: an older state never overwrites a newer one.
 //! * [`encode`]: Avro, Confluent wire format or single-object encoding.
 //! * [`publish`]: the idempotent producer and topic creation.
+//! * [`reconcile`]: reads what webhooks missed from the providers' APIs.
+//! * [`watchdog`]: notices switched-off webhooks, resumes them, catches up.
 //! * [`metrics`]: every metric name in one place.
 
 pub mod app;
@@ -39,4 +41,6 @@ pub mod metrics;
 pub mod pipeline;
 pub mod providers;
 pub mod publish;
+pub mod reconcile;
 pub mod verify;
+pub mod watchdog;

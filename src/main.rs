@@ -1,12 +1,24 @@
-//! The `posbridge` command: `serve` runs the bridge, `check-config` explains
-//! every mistake in a configuration file. `anyhow` lives here only.
+//! The `posbridge` command: `serve` runs the bridge (and, where enabled, the
+//! scheduled reconciler and the webhook watchdog), `reconcile` reads one
+//! window from a provider's API, `reconciler` runs the catch-up side alone,
+//! `check-config` explains every mistake in a configuration file. `anyhow`
+//! lives here only.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use std::time::Duration;
+
 use posbridge::app::App;
 use posbridge::config::Config;
+use posbridge::event::ProviderKind;
+use posbridge::reconcile::Reconciler;
+use posbridge::watchdog::Watchdog;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::info;
 use tracing_subscriber::EnvFilter;
 
@@ -27,6 +39,30 @@ enum Command {
     /// Receive webhooks and publish them to Kafka.
     Serve {
         /// TOML configuration file; `POSBRIDGE__SECTION__KEY` variables override it.
+        #[arg(long, short, env = "POSBRIDGE_CONFIG")]
+        config: PathBuf,
+    },
+    /// Read one window from a provider's API and publish what the topics lack, then exit.
+    Reconcile {
+        /// TOML configuration file.
+        #[arg(long, short, env = "POSBRIDGE_CONFIG")]
+        config: PathBuf,
+        /// Provider to read: receiptroller or mekari.
+        #[arg(long, value_parser = parse_provider)]
+        provider: ProviderKind,
+        /// Only this source (default: every source of the provider with an `api` section).
+        #[arg(long)]
+        source: Option<String>,
+        /// Window start, RFC 3339 (e.g. 2026-11-29T00:00:00Z).
+        #[arg(long, value_parser = parse_time)]
+        from: OffsetDateTime,
+        /// Window end, RFC 3339, or `now`.
+        #[arg(long, value_parser = parse_time, default_value = "now")]
+        to: OffsetDateTime,
+    },
+    /// Run the scheduled reconciler and the webhook watchdog without the HTTP ingress.
+    Reconciler {
+        /// TOML configuration file.
         #[arg(long, short, env = "POSBRIDGE_CONFIG")]
         config: PathBuf,
     },
@@ -53,23 +89,130 @@ async fn main() -> anyhow::Result<()> {
     }
     match cli.command {
         Command::Serve { config } => serve(config).await,
+        Command::Reconcile {
+            config,
+            provider,
+            source,
+            from,
+            to,
+        } => reconcile(config, provider, source, from, to).await,
+        Command::Reconciler { config } => reconciler(config).await,
         Command::CheckConfig { config } => check_config(config),
     }
 }
 
 async fn serve(path: PathBuf) -> anyhow::Result<()> {
-    let config =
-        Config::load(Some(&path)).with_context(|| format!("loading {}", path.display()))?;
-    let app = App::build(&config).await.context("starting posbridge")?;
+    let config = load(&path)?;
+    let app = App::build(&config).await.context(LEDGER_HINT)?;
     let listener = tokio::net::TcpListener::bind(&config.server.listen)
         .await
         .with_context(|| format!("binding {}", config.server.listen))?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let background = spawn_background(&config, &app, &shutdown, false)?;
     info!(listen = %config.server.listen, "posbridge is accepting webhooks.");
-    app.serve(listener, shutdown_signal())
+    app.serve(listener, shutdown.clone().cancelled_owned())
         .await
         .context("serving HTTP")?;
+    shutdown.cancel();
+    background.wait().await;
     info!("posbridge stopped.");
     Ok(())
+}
+
+async fn reconcile(
+    path: PathBuf,
+    provider: ProviderKind,
+    source: Option<String>,
+    from: OffsetDateTime,
+    to: OffsetDateTime,
+) -> anyhow::Result<()> {
+    let config = load(&path)?;
+    let app = App::build(&config).await.context(LEDGER_HINT)?;
+    let reconciler = Reconciler::new(&config, app.pipeline().clone())?;
+    let summary = reconciler
+        .run_window(provider, source.as_deref(), from, to)
+        .await
+        .context("reconcile failed; nothing past the failing page was published")?;
+    println!(
+        "{}",
+        serde_json::json!({
+            "pages": summary.pages, "records": summary.records, "published": summary.published,
+            "unchanged": summary.unchanged, "stale": summary.stale, "dead_lettered": summary.dead_lettered,
+        })
+    );
+    app.pipeline()
+        .publisher()
+        .flush(Duration::from_secs(10))
+        .await;
+    Ok(())
+}
+
+async fn reconciler(path: PathBuf) -> anyhow::Result<()> {
+    let config = load(&path)?;
+    let app = App::build(&config).await.context(LEDGER_HINT)?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let background = spawn_background(&config, &app, &shutdown, true)?;
+    background.wait().await;
+    app.pipeline()
+        .publisher()
+        .flush(Duration::from_secs(10))
+        .await;
+    Ok(())
+}
+
+/// With the embedded ledger one process owns the ledger file.
+const LEDGER_HINT: &str = "starting posbridge (the embedded ledger allows one posbridge process per ledger file: run the reconciler inside `serve` with reconcile.enabled, or stop `serve` first)";
+
+fn load(path: &std::path::Path) -> anyhow::Result<Config> {
+    Config::load(Some(path)).with_context(|| format!("loading {}", path.display()))
+}
+
+/// Starts the scheduled reconciler and the watchdog where enabled (or
+/// always, for the `reconciler` command).
+fn spawn_background(
+    config: &Config,
+    app: &App,
+    shutdown: &CancellationToken,
+    always: bool,
+) -> anyhow::Result<TaskTracker> {
+    let tracker = TaskTracker::new();
+    let reconciler = Reconciler::new(config, app.pipeline().clone())?;
+    if !reconciler.has_sources() && always {
+        anyhow::bail!("no source has an `api` section: nothing to reconcile or watch");
+    }
+    if reconciler.has_sources() && (always || config.reconcile.enabled) {
+        info!(
+            interval_secs = config.reconcile.interval_secs,
+            "Scheduled reconciler running."
+        );
+        tracker.spawn(reconciler.clone().run_scheduled(shutdown.clone()));
+    }
+    if reconciler.has_sources() && (always || config.watchdog.enabled) {
+        info!(
+            interval_secs = config.watchdog.interval_secs,
+            "Webhook watchdog running."
+        );
+        tracker.spawn(Watchdog::new(reconciler).run(
+            Duration::from_secs(config.watchdog.interval_secs),
+            shutdown.clone(),
+        ));
+    }
+    tracker.close();
+    Ok(tracker)
+}
+
+fn parse_provider(name: &str) -> Result<ProviderKind, String> {
+    ProviderKind::parse(name).ok_or_else(|| format!("`{name}` is not receiptroller or mekari"))
+}
+
+fn parse_time(text: &str) -> Result<OffsetDateTime, String> {
+    if text == "now" {
+        return Ok(OffsetDateTime::now_utc());
+    }
+    OffsetDateTime::parse(text, &Rfc3339)
+        .map_err(|e| format!("`{text}` is not an RFC 3339 time: {e}"))
 }
 
 fn check_config(path: PathBuf) -> anyhow::Result<()> {
@@ -86,8 +229,8 @@ fn check_config(path: PathBuf) -> anyhow::Result<()> {
     anyhow::bail!("{} problem(s) in {}", problems.len(), path.display())
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
+/// Cancels `token` on Ctrl-C or SIGTERM.
+async fn cancel_on_signal(token: CancellationToken) {
     let ctrl_c = async {
         if let Err(error) = tokio::signal::ctrl_c().await {
             tracing::error!(%error, "Cannot listen for Ctrl-C.");
@@ -110,4 +253,5 @@ async fn shutdown_signal() {
         () = terminate => {},
     }
     info!("Shutdown requested; finishing in-flight deliveries.");
+    token.cancel();
 }

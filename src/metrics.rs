@@ -27,6 +27,15 @@ pub const STALE_EVENTS: &str = "posbridge_stale_events_total";
 /// Events written to the dead-letter topic, by provider and reason code.
 pub const DEAD_LETTERS: &str = "posbridge_dead_letters_total";
 
+/// Reconcile runs by provider and outcome (ok/failed).
+pub const RECONCILE_RUNS: &str = "posbridge_reconcile_runs_total";
+/// Records read by the reconciler, by provider and outcome.
+pub const RECONCILE_RECORDS: &str = "posbridge_reconcile_records_total";
+/// 1 while a watched webhook is delivering, 0 while it is off, by provider and source.
+pub const WEBHOOK_ACTIVE: &str = "posbridge_webhook_active";
+/// Webhooks the watchdog switched back on, by provider and source.
+pub const WEBHOOK_RESUMES: &str = "posbridge_webhook_resumes_total";
+
 /// Label keys.
 pub const PROVIDER: &str = "provider";
 /// Label key: configured source name.

@@ -20,7 +20,7 @@ use time::OffsetDateTime;
 use tracing::{debug, error, info, warn};
 
 use crate::encode::{EncodeError, Encoder};
-use crate::event::{DeliveryKey, EntityType, PosEvent, ProviderKind};
+use crate::event::{DeliveryKey, EntityType, Origin, PosEvent, ProviderKind};
 use crate::guard::{self, Decision};
 use crate::ledger::{Begin, Commit, EntitySlot, EntityState, Ledger, LedgerError};
 use crate::metrics::{self, Outcome};
@@ -213,11 +213,12 @@ impl Pipeline {
     ) -> Result<Outcome, PipelineError> {
         let raw = String::from_utf8_lossy(delivery.body.bytes());
         let ctx = Context {
-            delivery_id: &delivery.delivery_id,
+            event_id: &delivery.delivery_id,
             source: &delivery.source.name,
             account: delivery.source.account.as_deref(),
             received_at: delivery.received_at,
             raw: &raw,
+            origin: Origin::Webhook,
         };
         let normalized = body
             .map_err(|e| NormalizeError::InvalidJson(e.to_string()))
@@ -231,7 +232,7 @@ impl Pipeline {
                     .ledger
                     .commit(Commit {
                         delivery: Some(key),
-                        entity: None,
+                        ..Commit::default()
                     })
                     .await?;
                 Ok(Outcome::DeadLettered)
@@ -259,7 +260,7 @@ impl Pipeline {
             version: event.version,
             state_hash: guard::state_hash(&event),
         };
-        let outcome = match guard::decide(written.as_ref(), &incoming) {
+        let outcome = match guard::decide(written.as_ref(), &incoming, event.origin) {
             Decision::Stale => {
                 ::metrics::counter!(
                     metrics::STALE_EVENTS,
@@ -340,7 +341,14 @@ impl Pipeline {
         if delivery.is_none() && entity.is_none() {
             return Ok(());
         }
-        self.inner.ledger.commit(Commit { delivery, entity }).await
+        self.inner
+            .ledger
+            .commit(Commit {
+                delivery,
+                entity,
+                checkpoint: None,
+            })
+            .await
     }
 
     async fn dead_letter(
@@ -349,12 +357,41 @@ impl Pipeline {
         code: &'static str,
         reason: &str,
     ) -> Result<(), PipelineError> {
+        self.dead_letter_raw(
+            delivery.provider,
+            &delivery.source.name,
+            &delivery.delivery_id,
+            delivery.received_at,
+            delivery.body.bytes().to_vec(),
+            code,
+            reason,
+        )
+        .await
+    }
+
+    /// Writes raw bytes that could not become an event to the dead-letter
+    /// topic, with the reason in a header; the reconciler's entry point for
+    /// records it cannot normalize.
+    ///
+    /// # Errors
+    /// [`PipelineError::Unavailable`] when the broker did not acknowledge it.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn dead_letter_raw(
+        &self,
+        provider: ProviderKind,
+        source: &str,
+        id: &str,
+        received_at: OffsetDateTime,
+        body: Vec<u8>,
+        code: &'static str,
+        reason: &str,
+    ) -> Result<(), PipelineError> {
         self.send_dead_letter(DeadLetter {
-            provider: delivery.provider,
-            delivery_id: &delivery.delivery_id,
-            source: &delivery.source.name,
-            received_at: delivery.received_at,
-            body: delivery.body.bytes().to_vec(),
+            provider,
+            delivery_id: id,
+            source,
+            received_at,
+            body,
             code,
             reason,
         })
@@ -367,15 +404,15 @@ impl Pipeline {
         code: &'static str,
         reason: &str,
     ) -> Result<(), PipelineError> {
-        self.send_dead_letter(DeadLetter {
-            provider: event.provider,
-            delivery_id: &event.event_id,
-            source: &event.source,
-            received_at: event.received_at,
-            body: event.raw.clone().into_bytes(),
+        self.dead_letter_raw(
+            event.provider,
+            &event.source,
+            &event.event_id,
+            event.received_at,
+            event.raw.clone().into_bytes(),
             code,
             reason,
-        })
+        )
         .await
     }
 

@@ -24,6 +24,8 @@ const DONE: TableDefinition<&str, u64> = TableDefinition::new("done_deliveries")
 const DONE_BY_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("done_by_expiry");
 /// Entity slot → version and state hash (see `encode_state`).
 const ENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entities");
+/// Reconciler checkpoint name → unix second its window is complete up to.
+const CHECKPOINTS: TableDefinition<&str, i64> = TableDefinition::new("checkpoints");
 
 /// Number of entity lock stripes: enough that unrelated keys rarely share one.
 const LOCK_STRIPES: usize = 1024;
@@ -69,6 +71,8 @@ impl EmbeddedLedger {
         txn.open_table(DONE_BY_EXPIRY)
             .map_err(|e| open_error(e.into()))?;
         txn.open_table(ENTITIES).map_err(|e| open_error(e.into()))?;
+        txn.open_table(CHECKPOINTS)
+            .map_err(|e| open_error(e.into()))?;
         txn.commit().map_err(|e| open_error(e.into()))?;
         let db = Arc::new(db);
 
@@ -176,6 +180,7 @@ fn write_batch(
         let mut done = txn.open_table(DONE)?;
         let mut by_expiry = txn.open_table(DONE_BY_EXPIRY)?;
         let mut entities = txn.open_table(ENTITIES)?;
+        let mut checkpoints = txn.open_table(CHECKPOINTS)?;
         for (commit, _) in batch {
             if let Some(delivery) = &commit.delivery {
                 done.insert(delivery.as_str(), expires)?;
@@ -183,6 +188,9 @@ fn write_batch(
             }
             if let Some((slot, state)) = &commit.entity {
                 entities.insert(slot.as_str(), encode_state(state).as_slice())?;
+            }
+            if let Some((name, at)) = &commit.checkpoint {
+                checkpoints.insert(name.as_str(), *at)?;
             }
         }
         if purge {
@@ -251,6 +259,12 @@ impl Ledger for EmbeddedLedger {
             .transpose()
     }
 
+    async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
+        let txn = self.db.begin_read().map_err(storage)?;
+        let table = txn.open_table(CHECKPOINTS).map_err(storage)?;
+        Ok(table.get(name).map_err(storage)?.map(|v| v.value()))
+    }
+
     async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
         let delivery = commit.delivery.clone();
         let (reply, answer) = oneshot::channel();
@@ -306,7 +320,7 @@ mod tests {
         ledger
             .commit(Commit {
                 delivery: Some(id.clone()),
-                entity: None,
+                ..Commit::default()
             })
             .await
             .unwrap();
@@ -345,6 +359,7 @@ mod tests {
                 .commit(Commit {
                     delivery: Some(id.clone()),
                     entity: Some((slot.clone(), state)),
+                    checkpoint: Some(("mekari/main/orders".into(), 1234)),
                 })
                 .await
                 .unwrap();
@@ -362,6 +377,10 @@ mod tests {
         };
         assert_eq!(reopened.begin(&id).await.unwrap(), Begin::Done);
         assert_eq!(reopened.entity(&slot).await.unwrap(), Some(state));
+        assert_eq!(
+            reopened.checkpoint("mekari/main/orders").await.unwrap(),
+            Some(1234)
+        );
     }
 
     #[tokio::test]
@@ -378,7 +397,7 @@ mod tests {
         ledger
             .commit(Commit {
                 delivery: Some(id.clone()),
-                entity: None,
+                ..Commit::default()
             })
             .await
             .unwrap();

@@ -8,7 +8,8 @@
 //!   answered 2xx without producing);
 //! * each entity's latest written version and state hash, for the stale-event guard;
 //! * a per-entity lock, so two events for one key are never guarded and
-//!   published concurrently.
+//!   published concurrently;
+//! * the reconciler's checkpoints, so a restarted run resumes where the last stopped.
 //!
 //! A delivery becomes done in the same write as its entity version
 //! ([`Commit`]), so a crash cannot leave one recorded without the other.
@@ -88,6 +89,9 @@ pub struct Commit {
     pub delivery: Option<DeliveryKey>,
     /// The entity state that is now in the topic (none for dead letters and stale events).
     pub entity: Option<(EntitySlot, EntityState)>,
+    /// A reconciler checkpoint that moved: its name and the unix second up
+    /// to which its window is complete.
+    pub checkpoint: Option<(String, i64)>,
 }
 
 /// Held while an entity is guarded and published; dropping it unlocks.
@@ -117,6 +121,13 @@ pub trait Ledger: Send + Sync + 'static {
     /// # Errors
     /// [`LedgerError`] when the store cannot be read.
     async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError>;
+
+    /// A reconciler checkpoint: the unix second up to which a window was
+    /// completely read, if any run finished a step yet.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the store cannot be read.
+    async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError>;
 
     /// Makes an outcome durable, then ends the delivery's lease.
     ///

@@ -8,11 +8,13 @@
 
 use serde_json::Value;
 
+use time::OffsetDateTime;
+
 use super::{
-    Context, NormalizeError, Provider, first_money, items, optional_text, required_str,
-    required_time,
+    Context, NormalizeError, Provider, RECONCILED_VERB, first_money, items, optional_text,
+    required_str, required_time,
 };
-use crate::event::{EntityType, Origin, PosEvent, ProviderKind, Version};
+use crate::event::{EntityType, PosEvent, ProviderKind, Version};
 use crate::verify::SchemeName;
 
 /// Delivery id header (documented).
@@ -88,44 +90,68 @@ impl Provider for Mekari {
         let data = body
             .get("data")
             .ok_or(NormalizeError::MissingField("data"))?;
-        let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
-        let entity_type = match family {
-            "order" => EntityType::Order,
-            "return" => EntityType::Return,
-            "refund" => EntityType::Refund,
-            "exchange" => EntityType::Exchange,
-            "product" => EntityType::Product,
-            "collection" => EntityType::Collection,
-            _ => return Err(NormalizeError::UnknownEventType(event_type.to_owned())),
-        };
-        let kitchen_status = optional_text(data, "kitchen_status");
-        Ok(PosEvent {
-            event_id: ctx.delivery_id.to_owned(),
-            provider: ProviderKind::Mekari,
-            source: ctx.source.to_owned(),
-            account: ctx.account.map(str::to_owned),
-            entity_type,
-            entity_id: required_str(data, "data.id")?.to_owned(),
-            event_type: event_type.to_owned(),
-            occurred_at,
-            version: Version::new(occurred_at, kitchen_rank(kitchen_status.as_deref())),
-            received_at: ctx.received_at,
-            origin: Origin::Webhook,
-            outlet_id: optional_text(data, "outlet_id")
-                .or_else(|| optional_text(body, "outlet_id")),
-            store_id: None,
-            terminal_id: None,
-            currency: optional_text(data, "currency"),
-            subtotal: first_money(data, &["data.subtotal", "data.sub_total"])?,
-            tax: first_money(data, &["data.tax", "data.tax_total"])?,
-            total: first_money(data, &["data.total", "data.amount"])?,
-            status: optional_text(data, "status"),
-            kitchen_status,
-            items: items(data)?,
-            deleted: verb == "deleted",
-            raw: ctx.raw.to_owned(),
-        })
+        let mut event = event(event_type, occurred_at, data, ctx)?;
+        if event.outlet_id.is_none() {
+            event.outlet_id = optional_text(body, "outlet_id");
+        }
+        Ok(event)
     }
+
+    fn normalize_record(
+        &self,
+        entity_type: EntityType,
+        data: &Value,
+        ctx: &Context<'_>,
+    ) -> Result<PosEvent, NormalizeError> {
+        let event_type = format!("{}.{RECONCILED_VERB}", entity_type.as_str());
+        event(&event_type, ctx.received_at, data, ctx)
+    }
+}
+
+/// Builds the event from the entity's data; `at` is the version time
+/// (`occurred_at` for webhooks, the fetch time for reconciled records).
+fn event(
+    event_type: &str,
+    at: OffsetDateTime,
+    data: &Value,
+    ctx: &Context<'_>,
+) -> Result<PosEvent, NormalizeError> {
+    let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
+    let entity_type = match family {
+        "order" => EntityType::Order,
+        "return" => EntityType::Return,
+        "refund" => EntityType::Refund,
+        "exchange" => EntityType::Exchange,
+        "product" => EntityType::Product,
+        "collection" => EntityType::Collection,
+        _ => return Err(NormalizeError::UnknownEventType(event_type.to_owned())),
+    };
+    let kitchen_status = optional_text(data, "kitchen_status");
+    Ok(PosEvent {
+        event_id: ctx.event_id.to_owned(),
+        provider: ProviderKind::Mekari,
+        source: ctx.source.to_owned(),
+        account: ctx.account.map(str::to_owned),
+        entity_type,
+        entity_id: required_str(data, "data.id")?.to_owned(),
+        event_type: event_type.to_owned(),
+        occurred_at: at,
+        version: Version::new(at, kitchen_rank(kitchen_status.as_deref())),
+        received_at: ctx.received_at,
+        origin: ctx.origin,
+        outlet_id: optional_text(data, "outlet_id"),
+        store_id: None,
+        terminal_id: None,
+        currency: optional_text(data, "currency"),
+        subtotal: first_money(data, &["data.subtotal", "data.sub_total"])?,
+        tax: first_money(data, &["data.tax", "data.tax_total"])?,
+        total: first_money(data, &["data.total", "data.amount"])?,
+        status: optional_text(data, "status"),
+        kitchen_status,
+        items: items(data)?,
+        deleted: verb == "deleted",
+        raw: ctx.raw.to_owned(),
+    })
 }
 
 fn kitchen_rank(status: Option<&str>) -> u32 {
@@ -141,16 +167,18 @@ fn kitchen_rank(status: Option<&str>) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::Origin;
     use serde_json::json;
     use time::macros::datetime;
 
     fn ctx() -> Context<'static> {
         Context {
-            delivery_id: "01JD8Y6Q",
+            event_id: "01JD8Y6Q",
             source: "main",
             account: Some("acme"),
             received_at: datetime!(2026-11-29 10:15:31 UTC),
             raw: "{}",
+            origin: Origin::Webhook,
         }
     }
 

@@ -12,7 +12,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::event::{LineItem, Money, PosEvent, ProviderKind};
+use crate::event::{EntityType, LineItem, Money, Origin, PosEvent, ProviderKind};
 use crate::verify::SchemeName;
 
 pub use mekari::{API_CLOCK_SKEW_SECS, Mekari, api_authorization};
@@ -53,11 +53,16 @@ impl NormalizeError {
     }
 }
 
-/// What a normalizer knows about a delivery besides its body.
+/// The event type verb of a record read from an API rather than pushed
+/// (`order.reconciled`): an API record has no event name of its own.
+pub const RECONCILED_VERB: &str = "reconciled";
+
+/// What a normalizer knows about an event besides the provider's JSON.
 #[derive(Debug, Clone)]
 pub struct Context<'a> {
-    /// The delivery id (already checked to equal the body's `id`).
-    pub delivery_id: &'a str,
+    /// The delivery id (already checked to equal the body's `id`), or a
+    /// derived id for reconciled records.
+    pub event_id: &'a str,
     /// Configured source name.
     pub source: &'a str,
     /// Merchant account of the source, if any.
@@ -66,6 +71,8 @@ pub struct Context<'a> {
     pub received_at: OffsetDateTime,
     /// The raw body as text, kept in the event.
     pub raw: &'a str,
+    /// Webhook or reconciler; reconciled records are versioned by `received_at`.
+    pub origin: Origin,
 }
 
 /// One provider's wire format.
@@ -84,6 +91,18 @@ pub trait Provider: Send + Sync + 'static {
     /// [`NormalizeError`] when the event cannot be represented; the caller
     /// dead-letters it.
     fn normalize(&self, body: &Value, ctx: &Context<'_>) -> Result<PosEvent, NormalizeError>;
+    /// Turns one record read from the provider's API (the entity's data, as
+    /// in a webhook's `data`) into the same schema; `ctx.received_at` is the
+    /// fetch time and becomes the version.
+    ///
+    /// # Errors
+    /// [`NormalizeError`] when the record cannot be represented.
+    fn normalize_record(
+        &self,
+        entity_type: EntityType,
+        data: &Value,
+        ctx: &Context<'_>,
+    ) -> Result<PosEvent, NormalizeError>;
 }
 
 /// The provider implementation for a kind.

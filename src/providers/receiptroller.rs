@@ -8,11 +8,13 @@
 
 use serde_json::Value;
 
+use time::OffsetDateTime;
+
 use super::{
-    Context, NormalizeError, Provider, items, optional_money, optional_text, required_str,
-    required_time,
+    Context, NormalizeError, Provider, RECONCILED_VERB, items, optional_money, optional_text,
+    required_str, required_time,
 };
-use crate::event::{EntityType, Origin, PosEvent, ProviderKind, Version};
+use crate::event::{EntityType, PosEvent, ProviderKind, Version};
 use crate::verify::SchemeName;
 
 /// Delivery id header (documented).
@@ -47,62 +49,80 @@ impl Provider for ReceiptRoller {
         let data = body
             .get("data")
             .ok_or(NormalizeError::MissingField("data"))?;
-        let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
-        let (entity_type, entity_id, status) = match family {
-            // Sales are keyed `{terminal_id}|{yyyy-MM}|{transaction_id}` in data.id.
-            "sale" => (
-                EntityType::Sale,
-                required_str(data, "data.id")?,
-                optional_text(data, "status").unwrap_or_else(|| verb.to_owned()),
-            ),
-            "order" => (
-                EntityType::Order,
-                required_str(data, "data.order_id")?,
-                optional_text(data, "status").unwrap_or_else(|| verb.to_owned()),
-            ),
-            _ => return Err(NormalizeError::UnknownEventType(event_type.to_owned())),
-        };
-        Ok(PosEvent {
-            event_id: ctx.delivery_id.to_owned(),
-            provider: ProviderKind::ReceiptRoller,
-            source: ctx.source.to_owned(),
-            account: ctx.account.map(str::to_owned),
-            entity_type,
-            entity_id: entity_id.to_owned(),
-            event_type: event_type.to_owned(),
-            occurred_at: sent_at,
-            version: Version::new(sent_at, 0),
-            received_at: ctx.received_at,
-            origin: Origin::Webhook,
-            outlet_id: None,
-            store_id: optional_text(data, "store_id"),
-            terminal_id: optional_text(data, "terminal_id"),
-            currency: optional_text(data, "currency"),
-            subtotal: optional_money(data, "data.sub_total")?,
-            tax: optional_money(data, "data.tax_total")?,
-            total: optional_money(data, "data.grand_total")?,
-            status: Some(status).filter(|s| !s.is_empty()),
-            kitchen_status: None,
-            items: items(data)?,
-            deleted: false,
-            raw: ctx.raw.to_owned(),
-        })
+        event(event_type, sent_at, data, ctx)
     }
+
+    fn normalize_record(
+        &self,
+        entity_type: EntityType,
+        data: &Value,
+        ctx: &Context<'_>,
+    ) -> Result<PosEvent, NormalizeError> {
+        let event_type = format!("{}.{RECONCILED_VERB}", entity_type.as_str());
+        event(&event_type, ctx.received_at, data, ctx)
+    }
+}
+
+/// Builds the event from the entity's data; `at` is the version time (the
+/// body's `timestamp` for webhooks, the fetch time for reconciled records).
+fn event(
+    event_type: &str,
+    at: OffsetDateTime,
+    data: &Value,
+    ctx: &Context<'_>,
+) -> Result<PosEvent, NormalizeError> {
+    let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
+    // Without a status field, a sale's state is its event's verb (created, cancelled, …).
+    let verb = if verb == RECONCILED_VERB { "" } else { verb };
+    let (entity_type, entity_id) = match family {
+        // Sales are keyed `{terminal_id}|{yyyy-MM}|{transaction_id}` in data.id.
+        "sale" => (EntityType::Sale, required_str(data, "data.id")?),
+        "order" => (EntityType::Order, required_str(data, "data.order_id")?),
+        _ => return Err(NormalizeError::UnknownEventType(event_type.to_owned())),
+    };
+    let status = optional_text(data, "status").unwrap_or_else(|| verb.to_owned());
+    Ok(PosEvent {
+        event_id: ctx.event_id.to_owned(),
+        provider: ProviderKind::ReceiptRoller,
+        source: ctx.source.to_owned(),
+        account: ctx.account.map(str::to_owned),
+        entity_type,
+        entity_id: entity_id.to_owned(),
+        event_type: event_type.to_owned(),
+        occurred_at: at,
+        version: Version::new(at, 0),
+        received_at: ctx.received_at,
+        origin: ctx.origin,
+        outlet_id: None,
+        store_id: optional_text(data, "store_id"),
+        terminal_id: optional_text(data, "terminal_id"),
+        currency: optional_text(data, "currency"),
+        subtotal: optional_money(data, "data.sub_total")?,
+        tax: optional_money(data, "data.tax_total")?,
+        total: optional_money(data, "data.grand_total")?,
+        status: Some(status).filter(|s| !s.is_empty()),
+        kitchen_status: None,
+        items: items(data)?,
+        deleted: false,
+        raw: ctx.raw.to_owned(),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::Origin;
     use serde_json::json;
     use time::macros::datetime;
 
     fn ctx(raw: &str) -> Context<'_> {
         Context {
-            delivery_id: "rr_dlv_1",
+            event_id: "rr_dlv_1",
             source: "main",
             account: None,
             received_at: datetime!(2026-11-29 10:15:31 UTC),
             raw,
+            origin: Origin::Webhook,
         }
     }
 
@@ -129,6 +149,22 @@ mod tests {
         assert_eq!(event.status.as_deref(), Some("created"));
         assert_eq!(event.occurred_at, datetime!(2026-11-29 10:15:30.123 UTC));
         assert_eq!(event.version.at_micros, 1_795_947_330_123_000);
+    }
+
+    #[test]
+    fn a_fetched_sale_normalizes_like_its_webhook_with_the_fetch_time_as_version() {
+        let body = sale();
+        let webhook = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap();
+        let mut fetched = ctx("{}");
+        fetched.origin = Origin::Reconciler;
+        let record = ReceiptRoller
+            .normalize_record(EntityType::Sale, &body["data"], &fetched)
+            .unwrap();
+        assert_eq!(record.key(), webhook.key());
+        assert_eq!(record.event_type, "sale.reconciled");
+        assert_eq!(record.origin, Origin::Reconciler);
+        assert_eq!(record.version, Version::new(fetched.received_at, 0));
+        assert_eq!(record.total, webhook.total);
     }
 
     #[test]

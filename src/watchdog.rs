@@ -1,0 +1,131 @@
+//! The webhook-health watchdog: notices a switched-off ReceiptRoller webhook
+//! or a paused Mekari endpoint, says so loudly, resumes it where configured,
+//! and catches up on what was missed while it was off.
+//!
+//! Neither provider keeps events that happen while a webhook is off, so the
+//! catch-up reads the API from the last time the webhook was seen delivering
+//! (minus the reconciler's lookback). While a webhook stays off, every check
+//! catches up again, so data keeps flowing through the API meanwhile.
+
+use std::time::Duration;
+
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::event::ProviderKind;
+use crate::metrics;
+use crate::reconcile::{LastSeenActive, Reconciler, WebhookState};
+
+/// What one check found for a source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// Provider.
+    pub provider: ProviderKind,
+    /// Source name.
+    pub source: String,
+    /// The state the provider reported.
+    pub state: WebhookState,
+    /// Whether the watchdog switched it back on.
+    pub resumed: bool,
+}
+
+/// The watchdog's memory between checks.
+pub struct Watchdog {
+    reconciler: Reconciler,
+    last_active: LastSeenActive,
+    started: OffsetDateTime,
+}
+
+impl Watchdog {
+    /// A watchdog over the reconciler's sources.
+    pub fn new(reconciler: Reconciler) -> Watchdog {
+        Watchdog {
+            reconciler,
+            last_active: LastSeenActive::new(),
+            started: OffsetDateTime::now_utc(),
+        }
+    }
+
+    /// Checks every watched webhook once.
+    pub async fn check(&mut self) -> Vec<Finding> {
+        let mut findings = Vec::new();
+        let now = OffsetDateTime::now_utc();
+        for (provider, source, fetcher) in self.reconciler.watched() {
+            let labels = [
+                (metrics::PROVIDER, provider.as_str().to_owned()),
+                (metrics::SOURCE, source.to_owned()),
+            ];
+            let state = match fetcher.webhook_state().await {
+                Ok(state) => state,
+                Err(error) => {
+                    warn!(%provider, source, %error, "Cannot read the webhook's state.");
+                    continue;
+                }
+            };
+            let mut resumed = false;
+            match &state {
+                WebhookState::NotWatched => continue,
+                WebhookState::Active => {
+                    ::metrics::gauge!(metrics::WEBHOOK_ACTIVE, &labels).set(1.0);
+                    self.last_active.insert((provider, source.to_owned()), now);
+                }
+                WebhookState::Off(detail) => {
+                    ::metrics::gauge!(metrics::WEBHOOK_ACTIVE, &labels).set(0.0);
+                    error!(%provider, source, detail, "Webhook is switched off: the provider sends nothing and keeps nothing until it is back on.");
+                    match fetcher.resume().await {
+                        Ok(true) => {
+                            resumed = true;
+                            ::metrics::counter!(metrics::WEBHOOK_RESUMES, &labels).increment(1);
+                            info!(%provider, source, "Webhook switched back on.");
+                        }
+                        Ok(false) => {}
+                        Err(error) => {
+                            error!(%provider, source, %error, "Could not switch the webhook back on.")
+                        }
+                    }
+                    let since = self
+                        .last_active
+                        .get(&(provider, source.to_owned()))
+                        .copied()
+                        .unwrap_or(self.started)
+                        - self.reconciler.lookback();
+                    match self.reconciler.catch_up(provider, source, since).await {
+                        Ok(summary) => {
+                            info!(%provider, source, published = summary.published, "Caught up on the time the webhook was off.")
+                        }
+                        Err(error) => {
+                            error!(%provider, source, %error, "Catch-up after the webhook was off failed.")
+                        }
+                    }
+                    if resumed {
+                        self.last_active.insert((provider, source.to_owned()), now);
+                    }
+                }
+            }
+            findings.push(Finding {
+                provider,
+                source: source.to_owned(),
+                state,
+                resumed,
+            });
+        }
+        findings
+    }
+
+    /// Checks every `interval` until `shutdown`.
+    pub async fn run(mut self, interval: Duration, shutdown: CancellationToken) {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = self.check() => {}
+            }
+        }
+    }
+}
