@@ -28,6 +28,7 @@
 //! * [`publish`]: the idempotent producer and topic creation.
 //! * [`reconcile`]: reads what webhooks missed from the providers' APIs.
 //! * [`watchdog`]: notices switched-off webhooks, resumes them, catches up.
+//! * [`shutdown`]: background loops that stop with the service.
 //! * [`metrics`]: every metric name in one place.
 
 pub mod app;
@@ -42,5 +43,6 @@ pub mod pipeline;
 pub mod providers;
 pub mod publish;
 pub mod reconcile;
+pub mod shutdown;
 pub mod verify;
 pub mod watchdog;

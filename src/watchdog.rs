@@ -16,6 +16,7 @@ use tracing::{error, info, warn};
 use crate::event::ProviderKind;
 use crate::metrics;
 use crate::reconcile::{LastSeenActive, Reconciler, WebhookState};
+use crate::shutdown::Every;
 
 /// What one check found for a source.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,16 +116,10 @@ impl Watchdog {
 
     /// Checks every `interval` until `shutdown`.
     pub async fn run(mut self, interval: Duration, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = ticker.tick() => {}
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = self.check() => {}
+        let mut every = Every::new(interval, shutdown);
+        while every.tick().await {
+            if every.or_shutdown(self.check()).await.is_none() {
+                return;
             }
         }
     }

@@ -11,8 +11,8 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use super::{
-    Context, NormalizeError, Provider, RECONCILED_VERB, first_money, items, optional_text,
-    required_str, required_time,
+    Context, NormalizeError, Provider, first_money, items, optional_text, required_str,
+    required_time,
 };
 use crate::event::{EntityType, PosEvent, ProviderKind, Version};
 use crate::verify::SchemeName;
@@ -97,14 +97,14 @@ impl Provider for Mekari {
         Ok(event)
     }
 
-    fn normalize_record(
+    fn entity_event(
         &self,
-        entity_type: EntityType,
+        event_type: &str,
+        at: OffsetDateTime,
         data: &Value,
         ctx: &Context<'_>,
     ) -> Result<PosEvent, NormalizeError> {
-        let event_type = format!("{}.{RECONCILED_VERB}", entity_type.as_str());
-        event(&event_type, ctx.received_at, data, ctx)
+        event(event_type, at, data, ctx)
     }
 }
 

@@ -91,6 +91,18 @@ pub trait Provider: Send + Sync + 'static {
     /// [`NormalizeError`] when the event cannot be represented; the caller
     /// dead-letters it.
     fn normalize(&self, body: &Value, ctx: &Context<'_>) -> Result<PosEvent, NormalizeError>;
+    /// Builds the event from an entity's data, the part both webhooks and
+    /// API records share; `at` is the version time.
+    ///
+    /// # Errors
+    /// [`NormalizeError`] when the data cannot be represented.
+    fn entity_event(
+        &self,
+        event_type: &str,
+        at: OffsetDateTime,
+        data: &Value,
+        ctx: &Context<'_>,
+    ) -> Result<PosEvent, NormalizeError>;
     /// Turns one record read from the provider's API (the entity's data, as
     /// in a webhook's `data`) into the same schema; `ctx.received_at` is the
     /// fetch time and becomes the version.
@@ -102,7 +114,10 @@ pub trait Provider: Send + Sync + 'static {
         entity_type: EntityType,
         data: &Value,
         ctx: &Context<'_>,
-    ) -> Result<PosEvent, NormalizeError>;
+    ) -> Result<PosEvent, NormalizeError> {
+        let event_type = format!("{}.{RECONCILED_VERB}", entity_type.as_str());
+        self.entity_event(&event_type, ctx.received_at, data, ctx)
+    }
 }
 
 /// The provider implementation for a kind.

@@ -52,14 +52,14 @@ impl Provider for ReceiptRoller {
         event(event_type, sent_at, data, ctx)
     }
 
-    fn normalize_record(
+    fn entity_event(
         &self,
-        entity_type: EntityType,
+        event_type: &str,
+        at: OffsetDateTime,
         data: &Value,
         ctx: &Context<'_>,
     ) -> Result<PosEvent, NormalizeError> {
-        let event_type = format!("{}.{RECONCILED_VERB}", entity_type.as_str());
-        event(&event_type, ctx.received_at, data, ctx)
+        event(event_type, at, data, ctx)
     }
 }
 

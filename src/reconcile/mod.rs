@@ -36,6 +36,7 @@ use crate::ledger::{Commit, LedgerError};
 use crate::metrics::{self, Outcome};
 use crate::pipeline::{Pipeline, PipelineError};
 use crate::providers::{self, Context};
+use crate::shutdown::Every;
 
 pub use client::{ApiClient, Auth, FetchError};
 
@@ -371,16 +372,10 @@ impl Reconciler {
 
     /// Runs [`Reconciler::run_due`] every `interval_secs` until `shutdown`.
     pub async fn run_scheduled(self, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval(Duration::from_secs(self.config.interval_secs));
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = ticker.tick() => {}
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = self.run_due() => {}
+        let mut every = Every::new(Duration::from_secs(self.config.interval_secs), shutdown);
+        while every.tick().await {
+            if every.or_shutdown(self.run_due()).await.is_none() {
+                return;
             }
         }
     }
