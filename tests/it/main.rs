@@ -5,6 +5,7 @@
 mod support;
 
 mod broker_outage;
+mod catch_up;
 mod dedup;
 mod ordering;
 mod registry;

@@ -88,6 +88,8 @@ pub fn config(brokers: &str, prefix: &str, dir: &Path) -> Config {
 /// A running posbridge on a loopback port.
 pub struct TestApp {
     pub base: String,
+    /// The running app's pipeline, for a reconciler in the test.
+    pub pipeline: posbridge::pipeline::Pipeline,
     pub config: Config,
     pub prefix: String,
     stop: Option<oneshot::Sender<()>>,
@@ -121,6 +123,7 @@ impl TestApp {
                 Err(e) => panic!("app did not start: {e}"),
             }
         };
+        let pipeline = app.pipeline().clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -130,6 +133,7 @@ impl TestApp {
         let prefix = config.kafka.topic_prefix.trim_end_matches('.').to_owned();
         TestApp {
             base: format!("http://{addr}"),
+            pipeline,
             config,
             prefix,
             stop: Some(stop),

@@ -1,0 +1,373 @@
+//! Catching up through the providers' APIs, against the provider simulator
+//! (`posbridge-sim`): it sends signed webhooks by each provider's delivery
+//! rules and serves the list and webhook-state APIs from the same truth.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use posbridge::config::{ApiConfig, Config};
+use posbridge::encode::decode;
+use posbridge::event::{EntityType, ProviderKind};
+use posbridge::reconcile::{ReconcileError, Reconciler, Summary};
+use posbridge::watchdog::Watchdog;
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::support::{
+    MEKARI_SECRET, OwnBroker, RR_SECRET, Record, TestApp, config, latest_per_key, read_topic,
+    unique,
+};
+
+const RR_TOKEN: &str = "rr-api-token";
+const MEKARI_CLIENT: &str = "sim-client";
+const MEKARI_CLIENT_SECRET: &str = "sim-client-secret";
+
+/// A running simulator; killed on drop.
+struct Sim {
+    api: String,
+    http: reqwest::Client,
+    _child: tokio::process::Child,
+}
+
+impl Sim {
+    async fn start(target: &str, extra: &[&str]) -> Sim {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_posbridge-sim"))
+            .args(["--target", target, "--hold"])
+            .args(["--rr-secret", RR_SECRET, "--mekari-secret", MEKARI_SECRET])
+            .args(["--rr-token", RR_TOKEN])
+            .args([
+                "--mekari-client-id",
+                MEKARI_CLIENT,
+                "--mekari-client-secret",
+                MEKARI_CLIENT_SECRET,
+            ])
+            .args(["--outlets", "OUT-1,OUT-2"])
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let first = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("the sim prints its API address");
+        let api = serde_json::from_str::<Value>(&first).unwrap()["api"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Sim {
+            api,
+            http: reqwest::Client::new(),
+            _child: child,
+        }
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        self.http
+            .get(format!("{}{path}", self.api))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// Waits until every event was sent and every retry finished or was abandoned.
+    async fn wait_done(&self) -> Value {
+        let deadline = std::time::Instant::now() + Duration::from_secs(180);
+        loop {
+            let status = self.get("/sim/status").await;
+            if status["sending_done"] == true {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sim never finished: {status}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// A config whose `main` sources read this simulator's APIs.
+    fn configure(&self, config: &Config, mekari_secret: &str) -> Config {
+        let mut config = config.clone();
+        let api = |text: String| -> ApiConfig {
+            config::Config::builder()
+                .add_source(config::File::from_str(&text, config::FileFormat::Toml))
+                .build()
+                .unwrap()
+                .try_deserialize()
+                .unwrap()
+        };
+        config.receiptroller.sources.get_mut("main").unwrap().api = Some(api(format!(
+            "base_url = \"{}/receiptroller\"\ntoken = \"{RR_TOKEN}\"\nwebhook_id = \"wh_sim\"\nresume_when_off = true\nper_page = 7",
+            self.api
+        )));
+        config.mekari.sources.get_mut("main").unwrap().api = Some(api(format!(
+            "base_url = \"{}/mekari\"\nclient_id = \"{MEKARI_CLIENT}\"\nclient_secret = \"{mekari_secret}\"\noutlets = [\"OUT-1\", \"OUT-2\"]\nendpoint_key = \"ep_sim\"\nresume_when_off = true\nper_page = 5",
+            self.api
+        )));
+        config.reconcile.max_attempts = 3;
+        config
+    }
+}
+
+async fn reconcile_both(reconciler: &Reconciler, from: OffsetDateTime) -> Summary {
+    let to = OffsetDateTime::now_utc() + time::Duration::minutes(1);
+    let mut total = Summary::default();
+    for provider in ProviderKind::ALL {
+        let s = reconciler
+            .run_window(provider, Some("main"), from, to)
+            .await
+            .unwrap();
+        total.published += s.published;
+        total.records += s.records;
+        total.pages += s.pages;
+    }
+    total
+}
+
+/// Compares the compacted view of every entity topic with the simulator's
+/// truth; returns how many entities were compared.
+async fn assert_view_equals_truth(app: &TestApp, brokers: &str, sim: &Sim) -> usize {
+    let truth = sim.get("/sim/truth").await;
+    let mut views: HashMap<String, HashMap<String, Record>> = HashMap::new();
+    for entity in EntityType::ALL {
+        let topic = app.topic(entity.plural());
+        views.insert(
+            entity.as_str().to_owned(),
+            latest_per_key(&read_topic(brokers, &topic)),
+        );
+    }
+    let mut compared = 0;
+    for entity in truth["entities"].as_array().unwrap() {
+        let key = entity["key"].as_str().unwrap();
+        let view = &views[entity["entity_type"].as_str().unwrap()];
+        if entity["deleted"] == true {
+            // A dropped delete cannot be read back from a list that omits
+            // deleted entities; a delivered one left a tombstone.
+            continue;
+        }
+        let record = view
+            .get(key)
+            .unwrap_or_else(|| panic!("{key} missing from the view"));
+        let event = decode(
+            record
+                .payload
+                .as_deref()
+                .unwrap_or_else(|| panic!("{key} is a tombstone")),
+        )
+        .unwrap();
+        assert_eq!(
+            event.status.as_deref(),
+            entity["status"].as_str(),
+            "{key} status"
+        );
+        assert_eq!(
+            event.kitchen_status.as_deref(),
+            entity["kitchen_status"].as_str(),
+            "{key} kitchen"
+        );
+        assert_eq!(
+            event.total.map(|t| t.to_string()).as_deref(),
+            entity["total"].as_str(),
+            "{key} total"
+        );
+        compared += 1;
+    }
+    compared
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_reconcile_fills_what_webhooks_dropped_and_a_second_publishes_nothing() {
+    let app = TestApp::start().await;
+    let from = OffsetDateTime::now_utc() - time::Duration::hours(1);
+    let sim = Sim::start(
+        &app.base,
+        &[
+            "--events",
+            "80",
+            "--seed",
+            "11",
+            "--duplicates",
+            "0.1",
+            "--reorder",
+            "0.1",
+            "--drop",
+            "0.1",
+            "--time-scale",
+            "3600",
+        ],
+    )
+    .await;
+    let status = sim.wait_done().await;
+    assert!(
+        status["deliveries"]["dropped"].as_u64().unwrap() > 0,
+        "{status}"
+    );
+
+    let reconciler = Reconciler::new(
+        &sim.configure(&app.config, MEKARI_CLIENT_SECRET),
+        app.pipeline.clone(),
+    )
+    .unwrap();
+    let first = reconcile_both(&reconciler, from).await;
+    assert!(
+        first.published > 0,
+        "dropped events were published: {first:?}"
+    );
+    assert!(first.pages > 2, "paged through the lists: {first:?}");
+    let compared = assert_view_equals_truth(&app, &crate::support::brokers(), &sim).await;
+    assert!(compared > 20, "compared {compared} entities");
+
+    let second = reconcile_both(&reconciler, from).await;
+    assert_eq!(
+        second.published, 0,
+        "re-running the window publishes nothing: {second:?}"
+    );
+    assert_eq!(second.records, first.records);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broker_outage_shorter_than_the_retry_windows_loses_nothing() {
+    let broker = OwnBroker::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let app =
+        TestApp::start_with(config(&broker.address(), &unique("sim-outage"), dir.path())).await;
+    let from = OffsetDateTime::now_utc() - time::Duration::hours(1);
+    let sim = Sim::start(
+        &app.base,
+        &[
+            "--events",
+            "40",
+            "--seed",
+            "5",
+            "--drop",
+            "0",
+            "--duplicates",
+            "0",
+            "--reorder",
+            "0",
+            "--time-scale",
+            "600",
+        ],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    broker.cut();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    broker.heal();
+    let status = sim.wait_done().await;
+    assert_eq!(status["receiptroller_active"], true, "{status}");
+    assert_eq!(status["mekari_status"], "active", "{status}");
+    assert!(
+        status["deliveries"]["failed"].as_u64().unwrap() > 0,
+        "the outage made attempts fail: {status}"
+    );
+    assert_eq!(
+        status["deliveries"]["succeeded"], status["events"],
+        "every event arrived through retries: {status}"
+    );
+
+    let reconciler = Reconciler::new(
+        &sim.configure(&app.config, MEKARI_CLIENT_SECRET),
+        app.pipeline.clone(),
+    )
+    .unwrap();
+    reconcile_both(&reconciler, from).await;
+    assert_view_equals_truth(&app, &broker.address(), &sim).await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wrong_mekari_secret_is_a_clear_reconciler_error() {
+    let app = TestApp::start().await;
+    let sim = Sim::start(&app.base, &["--events", "5", "--seed", "3"]).await;
+    let reconciler = Reconciler::new(
+        &sim.configure(&app.config, "not-the-secret"),
+        app.pipeline.clone(),
+    )
+    .unwrap();
+    let now = OffsetDateTime::now_utc();
+    let error = reconciler
+        .run_window(
+            ProviderKind::Mekari,
+            Some("main"),
+            now - time::Duration::hours(1),
+            now,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ReconcileError::Fetch { .. }), "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains("401") && message.contains("signature"),
+        "{message}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_watchdog_resumes_a_switched_off_webhook_and_catches_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&crate::support::brokers(), &unique("watchdog"), dir.path());
+    // A wrong secret: every ReceiptRoller delivery is refused, four failures switch it off.
+    cfg.receiptroller.sources.get_mut("main").unwrap().secrets =
+        serde_json::from_value(serde_json::json!(["a-wrong-secret"])).unwrap();
+    let app = TestApp::start_with(cfg).await;
+    let sim = Sim::start(
+        &app.base,
+        &[
+            "--events",
+            "20",
+            "--seed",
+            "9",
+            "--drop",
+            "0",
+            "--time-scale",
+            "3600",
+        ],
+    )
+    .await;
+    let status = sim.wait_done().await;
+    assert_eq!(
+        status["receiptroller_active"], false,
+        "four failures switched it off: {status}"
+    );
+
+    let reconciler = Reconciler::new(
+        &sim.configure(&app.config, MEKARI_CLIENT_SECRET),
+        app.pipeline.clone(),
+    )
+    .unwrap();
+    let findings = Watchdog::new(reconciler).check().await;
+    let rr = findings
+        .iter()
+        .find(|f| f.provider == ProviderKind::ReceiptRoller)
+        .expect("the ReceiptRoller webhook is watched");
+    assert!(rr.resumed, "{findings:?}");
+    assert_eq!(sim.get("/sim/status").await["receiptroller_active"], true);
+    let sales = latest_per_key(&read_topic(&crate::support::brokers(), &app.topic("sales")));
+    let truth = sim.get("/sim/truth").await;
+    let expected = truth["entities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["entity_type"] == "sale")
+        .count();
+    assert!(expected > 0);
+    assert_eq!(
+        sales.len(),
+        expected,
+        "the catch-up published every sale the webhook never delivered"
+    );
+    app.stop().await;
+}
