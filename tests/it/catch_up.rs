@@ -262,8 +262,10 @@ async fn a_broker_outage_shorter_than_the_retry_windows_loses_nothing() {
     )
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // Longer than the 3 s delivery deadline, so attempts fail; shorter than
+    // both providers' retry windows (7 s / 65 s at this time scale).
     broker.cut();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
     broker.heal();
     let status = sim.wait_done().await;
     assert_eq!(status["receiptroller_active"], true, "{status}");
@@ -288,30 +290,87 @@ async fn a_broker_outage_shorter_than_the_retry_windows_loses_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_wrong_mekari_secret_is_a_clear_reconciler_error() {
+async fn a_wrong_mekari_secret_or_a_skewed_clock_is_a_clear_reconciler_error() {
     let app = TestApp::start().await;
-    let sim = Sim::start(&app.base, &["--events", "5", "--seed", "3"]).await;
+    let now = OffsetDateTime::now_utc();
+    let window = (now - time::Duration::hours(1), now);
+    for (secret, offset, expected) in [
+        ("not-the-secret", "0", "signature mismatch"),
+        (MEKARI_CLIENT_SECRET, "900", "clock skew"),
+    ] {
+        let sim = Sim::start(
+            &app.base,
+            &[
+                "--events",
+                "3",
+                "--seed",
+                "3",
+                "--api-clock-offset-secs",
+                offset,
+            ],
+        )
+        .await;
+        let reconciler =
+            Reconciler::new(&sim.configure(&app.config, secret), app.pipeline.clone()).unwrap();
+        let error = reconciler
+            .run_window(ProviderKind::Mekari, Some("main"), window.0, window.1)
+            .await
+            .unwrap_err();
+        assert!(matches!(error, ReconcileError::Fetch { .. }), "{error}");
+        let message = error.to_string();
+        assert!(
+            message.contains("401") && message.contains(expected),
+            "{message}"
+        );
+    }
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_pages_are_retried_and_a_failing_run_leaves_its_checkpoint() {
+    let app = TestApp::start().await;
+    let checkpoint = "mekari/main/OUT-1/orders";
+    let failing = Sim::start(
+        &app.base,
+        &["--events", "10", "--seed", "4", "--api-fail-rate", "1.0"],
+    )
+    .await;
+    failing.wait_done().await;
     let reconciler = Reconciler::new(
-        &sim.configure(&app.config, "not-the-secret"),
+        &failing.configure(&app.config, MEKARI_CLIENT_SECRET),
         app.pipeline.clone(),
     )
     .unwrap();
-    let now = OffsetDateTime::now_utc();
-    let error = reconciler
-        .run_window(
-            ProviderKind::Mekari,
-            Some("main"),
-            now - time::Duration::hours(1),
-            now,
-        )
-        .await
-        .unwrap_err();
-    assert!(matches!(error, ReconcileError::Fetch { .. }), "{error}");
-    let message = error.to_string();
+    let error = reconciler.run_due().await.unwrap_err();
     assert!(
-        message.contains("401") && message.contains("signature"),
-        "{message}"
+        error.to_string().contains("failed after 3 attempts"),
+        "{error}"
     );
+    assert_eq!(
+        app.pipeline.ledger().checkpoint(checkpoint).await.unwrap(),
+        None
+    );
+
+    let flaky = Sim::start(
+        &app.base,
+        &["--events", "30", "--seed", "4", "--api-fail-rate", "0.3"],
+    )
+    .await;
+    flaky.wait_done().await;
+    let mut config = flaky.configure(&app.config, MEKARI_CLIENT_SECRET);
+    config.reconcile.max_attempts = 8;
+    let reconciler = Reconciler::new(&config, app.pipeline.clone()).unwrap();
+    let before = OffsetDateTime::now_utc().unix_timestamp();
+    reconciler.run_due().await.unwrap();
+    let moved = app
+        .pipeline
+        .ledger()
+        .checkpoint(checkpoint)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(moved >= before, "checkpoint moved to the end of the window");
+    assert_view_equals_truth(&app, &crate::support::brokers(), &flaky).await;
     app.stop().await;
 }
 

@@ -119,6 +119,9 @@ struct Cli {
     /// Fraction of API list requests answered 503 with Retry-After: 1.
     #[arg(long, default_value_t = 0.0, value_parser = probability)]
     api_fail_rate: f64,
+    /// Seconds the Mekari API's clock is ahead of the real one (negative: behind).
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    api_clock_offset_secs: i64,
     /// Goes into every business id so runs never collide (default: from the clock).
     #[arg(long)]
     run_id: Option<String>,
@@ -239,6 +242,7 @@ async fn main() -> anyhow::Result<()> {
         mekari_client_id: cli.mekari_client_id,
         mekari_client_secret: cli.mekari_client_secret,
         api_fail_rate: cli.api_fail_rate,
+        api_clock_offset_secs: cli.api_clock_offset_secs,
         scale: TimeScale::new(cli.time_scale),
         seed,
         run_id,

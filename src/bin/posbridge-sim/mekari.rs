@@ -266,6 +266,16 @@ pub fn check_auth(
     Ok(())
 }
 
+/// The gateway's clock: the real one moved by the configured offset.
+fn sim_clock(offset_secs: i64) -> SystemTime {
+    let offset = std::time::Duration::from_secs(offset_secs.unsigned_abs());
+    if offset_secs >= 0 {
+        SystemTime::now() + offset
+    } else {
+        SystemTime::now() - offset
+    }
+}
+
 async fn hmac_auth(
     State(sim): State<Sim>,
     request: Request,
@@ -292,7 +302,7 @@ async fn hmac_auth(
         &path_and_query,
         date.as_deref(),
         authorization.as_deref(),
-        SystemTime::now(),
+        sim_clock(sim.settings.api_clock_offset_secs),
     );
     match checked {
         Ok(()) => Ok(next.run(request).await),

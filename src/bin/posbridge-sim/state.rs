@@ -41,6 +41,9 @@ pub struct Settings {
     pub mekari_client_secret: String,
     /// Fraction of list requests answered 503 + `Retry-After: 1`.
     pub api_fail_rate: f64,
+    /// Seconds the Mekari gateway's clock is ahead of the real one (negative:
+    /// behind), to show how a skewed clock surfaces in the reconciler.
+    pub api_clock_offset_secs: i64,
     /// Documented provider delays divided by this give real waits.
     pub scale: TimeScale,
     /// The seed the plan was drawn from.
