@@ -90,13 +90,15 @@ impl Provider for Mekari {
         let data = body
             .get("data")
             .ok_or(NormalizeError::MissingField("data"))?;
-        let mut event = event(event_type, occurred_at, data, ctx)?;
+        let mut event = self.entity_event(event_type, occurred_at, data, ctx)?;
         if event.outlet_id.is_none() {
             event.outlet_id = optional_text(body, "outlet_id");
         }
         Ok(event)
     }
 
+    /// Builds the event from the entity's data; `at` is the version time
+    /// (`occurred_at` for webhooks, the fetch time for reconciled records).
     fn entity_event(
         &self,
         event_type: &str,
@@ -104,54 +106,43 @@ impl Provider for Mekari {
         data: &Value,
         ctx: &Context<'_>,
     ) -> Result<PosEvent, NormalizeError> {
-        event(event_type, at, data, ctx)
+        let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
+        let entity_type = match family {
+            "order" => EntityType::Order,
+            "return" => EntityType::Return,
+            "refund" => EntityType::Refund,
+            "exchange" => EntityType::Exchange,
+            "product" => EntityType::Product,
+            "collection" => EntityType::Collection,
+            _ => return Err(NormalizeError::UnknownEventType(event_type.to_owned())),
+        };
+        let kitchen_status = optional_text(data, "kitchen_status");
+        Ok(PosEvent {
+            event_id: ctx.event_id.to_owned(),
+            provider: ProviderKind::Mekari,
+            source: ctx.source.to_owned(),
+            account: ctx.account.map(str::to_owned),
+            entity_type,
+            entity_id: required_str(data, "data.id")?.to_owned(),
+            event_type: event_type.to_owned(),
+            occurred_at: at,
+            version: Version::new(at, kitchen_rank(kitchen_status.as_deref())),
+            received_at: ctx.received_at,
+            origin: ctx.origin,
+            outlet_id: optional_text(data, "outlet_id"),
+            store_id: None,
+            terminal_id: None,
+            currency: optional_text(data, "currency"),
+            subtotal: first_money(data, &["data.subtotal", "data.sub_total"])?,
+            tax: first_money(data, &["data.tax", "data.tax_total"])?,
+            total: first_money(data, &["data.total", "data.amount"])?,
+            status: optional_text(data, "status"),
+            kitchen_status,
+            items: items(data)?,
+            deleted: verb == "deleted",
+            raw: ctx.raw.to_owned(),
+        })
     }
-}
-
-/// Builds the event from the entity's data; `at` is the version time
-/// (`occurred_at` for webhooks, the fetch time for reconciled records).
-fn event(
-    event_type: &str,
-    at: OffsetDateTime,
-    data: &Value,
-    ctx: &Context<'_>,
-) -> Result<PosEvent, NormalizeError> {
-    let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
-    let entity_type = match family {
-        "order" => EntityType::Order,
-        "return" => EntityType::Return,
-        "refund" => EntityType::Refund,
-        "exchange" => EntityType::Exchange,
-        "product" => EntityType::Product,
-        "collection" => EntityType::Collection,
-        _ => return Err(NormalizeError::UnknownEventType(event_type.to_owned())),
-    };
-    let kitchen_status = optional_text(data, "kitchen_status");
-    Ok(PosEvent {
-        event_id: ctx.event_id.to_owned(),
-        provider: ProviderKind::Mekari,
-        source: ctx.source.to_owned(),
-        account: ctx.account.map(str::to_owned),
-        entity_type,
-        entity_id: required_str(data, "data.id")?.to_owned(),
-        event_type: event_type.to_owned(),
-        occurred_at: at,
-        version: Version::new(at, kitchen_rank(kitchen_status.as_deref())),
-        received_at: ctx.received_at,
-        origin: ctx.origin,
-        outlet_id: optional_text(data, "outlet_id"),
-        store_id: None,
-        terminal_id: None,
-        currency: optional_text(data, "currency"),
-        subtotal: first_money(data, &["data.subtotal", "data.sub_total"])?,
-        tax: first_money(data, &["data.tax", "data.tax_total"])?,
-        total: first_money(data, &["data.total", "data.amount"])?,
-        status: optional_text(data, "status"),
-        kitchen_status,
-        items: items(data)?,
-        deleted: verb == "deleted",
-        raw: ctx.raw.to_owned(),
-    })
 }
 
 fn kitchen_rank(status: Option<&str>) -> u32 {

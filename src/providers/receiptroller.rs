@@ -49,9 +49,11 @@ impl Provider for ReceiptRoller {
         let data = body
             .get("data")
             .ok_or(NormalizeError::MissingField("data"))?;
-        event(event_type, sent_at, data, ctx)
+        self.entity_event(event_type, sent_at, data, ctx)
     }
 
+    /// Builds the event from the entity's data; `at` is the version time (the
+    /// body's `timestamp` for webhooks, the fetch time for reconciled records).
     fn entity_event(
         &self,
         event_type: &str,
@@ -59,53 +61,42 @@ impl Provider for ReceiptRoller {
         data: &Value,
         ctx: &Context<'_>,
     ) -> Result<PosEvent, NormalizeError> {
-        event(event_type, at, data, ctx)
+        let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
+        // Without a status field, a sale's state is its event's verb (created, cancelled, …).
+        let verb = if verb == RECONCILED_VERB { "" } else { verb };
+        let (entity_type, entity_id) = match family {
+            // Sales are keyed `{terminal_id}|{yyyy-MM}|{transaction_id}` in data.id.
+            "sale" => (EntityType::Sale, required_str(data, "data.id")?),
+            "order" => (EntityType::Order, required_str(data, "data.order_id")?),
+            _ => return Err(NormalizeError::UnknownEventType(event_type.to_owned())),
+        };
+        let status = optional_text(data, "status").unwrap_or_else(|| verb.to_owned());
+        Ok(PosEvent {
+            event_id: ctx.event_id.to_owned(),
+            provider: ProviderKind::ReceiptRoller,
+            source: ctx.source.to_owned(),
+            account: ctx.account.map(str::to_owned),
+            entity_type,
+            entity_id: entity_id.to_owned(),
+            event_type: event_type.to_owned(),
+            occurred_at: at,
+            version: Version::new(at, 0),
+            received_at: ctx.received_at,
+            origin: ctx.origin,
+            outlet_id: None,
+            store_id: optional_text(data, "store_id"),
+            terminal_id: optional_text(data, "terminal_id"),
+            currency: optional_text(data, "currency"),
+            subtotal: optional_money(data, "data.sub_total")?,
+            tax: optional_money(data, "data.tax_total")?,
+            total: optional_money(data, "data.grand_total")?,
+            status: Some(status).filter(|s| !s.is_empty()),
+            kitchen_status: None,
+            items: items(data)?,
+            deleted: false,
+            raw: ctx.raw.to_owned(),
+        })
     }
-}
-
-/// Builds the event from the entity's data; `at` is the version time (the
-/// body's `timestamp` for webhooks, the fetch time for reconciled records).
-fn event(
-    event_type: &str,
-    at: OffsetDateTime,
-    data: &Value,
-    ctx: &Context<'_>,
-) -> Result<PosEvent, NormalizeError> {
-    let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
-    // Without a status field, a sale's state is its event's verb (created, cancelled, …).
-    let verb = if verb == RECONCILED_VERB { "" } else { verb };
-    let (entity_type, entity_id) = match family {
-        // Sales are keyed `{terminal_id}|{yyyy-MM}|{transaction_id}` in data.id.
-        "sale" => (EntityType::Sale, required_str(data, "data.id")?),
-        "order" => (EntityType::Order, required_str(data, "data.order_id")?),
-        _ => return Err(NormalizeError::UnknownEventType(event_type.to_owned())),
-    };
-    let status = optional_text(data, "status").unwrap_or_else(|| verb.to_owned());
-    Ok(PosEvent {
-        event_id: ctx.event_id.to_owned(),
-        provider: ProviderKind::ReceiptRoller,
-        source: ctx.source.to_owned(),
-        account: ctx.account.map(str::to_owned),
-        entity_type,
-        entity_id: entity_id.to_owned(),
-        event_type: event_type.to_owned(),
-        occurred_at: at,
-        version: Version::new(at, 0),
-        received_at: ctx.received_at,
-        origin: ctx.origin,
-        outlet_id: None,
-        store_id: optional_text(data, "store_id"),
-        terminal_id: optional_text(data, "terminal_id"),
-        currency: optional_text(data, "currency"),
-        subtotal: optional_money(data, "data.sub_total")?,
-        tax: optional_money(data, "data.tax_total")?,
-        total: optional_money(data, "data.grand_total")?,
-        status: Some(status).filter(|s| !s.is_empty()),
-        kitchen_status: None,
-        items: items(data)?,
-        deleted: false,
-        raw: ctx.raw.to_owned(),
-    })
 }
 
 #[cfg(test)]
