@@ -7,9 +7,6 @@ use crate::support::{OwnBroker, TestApp, config, read_topic, rr_sale, unique};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn broker_stopped_gives_503_with_retry_after_then_the_retry_publishes_once() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("info,librdkafka=debug,rdkafka=debug")
-        .try_init();
     let broker = OwnBroker::start().await;
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("outage");
