@@ -784,6 +784,12 @@ mod tests {
             dedup_ttl_secs = 3600
             [mekari.sources.main]
             secrets = []
+            [mekari.sources.main.api]
+            base_url = "not a url"
+            client_id = "c"
+            client_secret = "s"
+            [mekari.sources.main.api.paths]
+            order = "/orders"
             "#,
         );
         let keys: Vec<String> = config.problems().into_iter().map(|p| p.key).collect();
@@ -793,6 +799,9 @@ mod tests {
             "kafka.librdkafka.\"acks\"",
             "ledger.dedup_ttl_secs",
             "mekari.sources.main.secrets",
+            "mekari.sources.main.api.outlets",
+            "mekari.sources.main.api.base_url",
+            "mekari.sources.main.api.paths",
         ] {
             assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
         }

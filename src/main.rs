@@ -85,7 +85,11 @@ async fn main() -> anyhow::Result<()> {
             .with_env_filter(filter)
             .init();
     } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
+        use std::io::IsTerminal;
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(std::io::stdout().is_terminal())
+            .init();
     }
     match cli.command {
         Command::Serve { config } => serve(config).await,

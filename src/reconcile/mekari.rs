@@ -14,7 +14,7 @@ use crate::config::ApiConfig;
 use crate::event::EntityType;
 
 /// Default paths; each can be overridden under `api.paths`.
-const DEFAULT_PATHS: [(&str, &str); 8] = [
+pub const DEFAULT_PATHS: [(&str, &str); 8] = [
     ("orders", "/orders"),
     ("returns", "/returns"),
     ("refunds", "/refunds"),

@@ -215,10 +215,23 @@ pub struct Reconciler {
 
 /// The configuration problems of one source's `api` section, as (field, problem).
 pub fn api_problems(provider: ProviderKind, api: &ApiConfig) -> Vec<(&'static str, String)> {
-    let mut problems = match provider {
-        ProviderKind::ReceiptRoller => receiptroller::problems(api),
-        ProviderKind::Mekari => mekari::problems(api),
+    let (mut problems, paths): (_, &[(&str, &str)]) = match provider {
+        ProviderKind::ReceiptRoller => {
+            (receiptroller::problems(api), &receiptroller::DEFAULT_PATHS)
+        }
+        ProviderKind::Mekari => (mekari::problems(api), &mekari::DEFAULT_PATHS),
     };
+    for name in api.paths.keys() {
+        if !paths.iter().any(|(known, _)| known == name) {
+            problems.push((
+                "paths",
+                format!(
+                    "unknown path name `{name}`; use one of {}",
+                    paths.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+    }
     if reqwest::Url::parse(&api.base_url).is_err() {
         problems.push(("base_url", format!("`{}` is not a URL", api.base_url)));
     }

@@ -12,7 +12,7 @@ use crate::config::ApiConfig;
 use crate::event::EntityType;
 
 /// Default paths; each can be overridden under `api.paths`.
-const DEFAULT_PATHS: [(&str, &str); 2] = [
+pub const DEFAULT_PATHS: [(&str, &str); 2] = [
     ("transactions", "/transactions"),
     ("webhook", "/webhooks/{webhook_id}"),
 ];
