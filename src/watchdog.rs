@@ -4,7 +4,7 @@
 //!
 //! Neither provider keeps events that happen while a webhook is off, so the
 //! catch-up reads the API from the last time the webhook was seen delivering
-//! (minus the reconciler's lookback). While a webhook stays off, every check
+//! (kept in the ledger, so it survives a restart), minus the reconciler's lookback. While a webhook stays off, every check
 //! catches up again, so data keeps flowing through the API meanwhile.
 
 use std::time::Duration;
@@ -15,7 +15,7 @@ use tracing::{error, info, warn};
 
 use crate::event::ProviderKind;
 use crate::metrics;
-use crate::reconcile::{LastSeenActive, Reconciler, WebhookState};
+use crate::reconcile::{Reconciler, WebhookState};
 use crate::shutdown::Every;
 
 /// What one check found for a source.
@@ -31,10 +31,10 @@ pub struct Finding {
     pub resumed: bool,
 }
 
-/// The watchdog's memory between checks.
+/// Checks the webhooks of the reconciler's sources.
 pub struct Watchdog {
     reconciler: Reconciler,
-    last_active: LastSeenActive,
+    /// Catch-ups of a webhook never seen on start this long before now.
     started: OffsetDateTime,
 }
 
@@ -43,13 +43,12 @@ impl Watchdog {
     pub fn new(reconciler: Reconciler) -> Watchdog {
         Watchdog {
             reconciler,
-            last_active: LastSeenActive::new(),
             started: OffsetDateTime::now_utc(),
         }
     }
 
     /// Checks every watched webhook once.
-    pub async fn check(&mut self) -> Vec<Finding> {
+    pub async fn check(&self) -> Vec<Finding> {
         let mut findings = Vec::new();
         let now = OffsetDateTime::now_utc();
         for (provider, source, fetcher) in self.reconciler.watched() {
@@ -69,7 +68,9 @@ impl Watchdog {
                 WebhookState::NotWatched => continue,
                 WebhookState::Active => {
                     ::metrics::gauge!(metrics::WEBHOOK_ACTIVE, &labels).set(1.0);
-                    self.last_active.insert((provider, source.to_owned()), now);
+                    if let Err(error) = self.reconciler.mark_active(provider, source, now).await {
+                        warn!(%provider, source, %error, "Cannot record that the webhook is on.");
+                    }
                 }
                 WebhookState::Off(detail) => {
                     ::metrics::gauge!(metrics::WEBHOOK_ACTIVE, &labels).set(0.0);
@@ -85,12 +86,13 @@ impl Watchdog {
                             error!(%provider, source, %error, "Could not switch the webhook back on.")
                         }
                     }
-                    let since = self
-                        .last_active
-                        .get(&(provider, source.to_owned()))
-                        .copied()
-                        .unwrap_or(self.started)
-                        - self.reconciler.lookback();
+                    let last_active = self
+                        .reconciler
+                        .last_seen_active(provider, source)
+                        .await
+                        .ok()
+                        .flatten();
+                    let since = last_active.unwrap_or(self.started) - self.reconciler.lookback();
                     match self.reconciler.catch_up(provider, source, since).await {
                         Ok(summary) => {
                             info!(%provider, source, published = summary.published, "Caught up on the time the webhook was off.")
@@ -99,8 +101,10 @@ impl Watchdog {
                             error!(%provider, source, %error, "Catch-up after the webhook was off failed.")
                         }
                     }
-                    if resumed {
-                        self.last_active.insert((provider, source.to_owned()), now);
+                    if resumed
+                        && let Err(error) = self.reconciler.mark_active(provider, source, now).await
+                    {
+                        warn!(%provider, source, %error, "Cannot record that the webhook is on.");
                     }
                 }
             }
@@ -115,7 +119,7 @@ impl Watchdog {
     }
 
     /// Checks every `interval` until `shutdown`.
-    pub async fn run(mut self, interval: Duration, shutdown: CancellationToken) {
+    pub async fn run(self, interval: Duration, shutdown: CancellationToken) {
         let mut every = Every::new(interval, shutdown);
         while every.tick().await {
             if every.or_shutdown(self.check()).await.is_none() {

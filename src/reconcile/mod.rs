@@ -17,7 +17,6 @@ mod client;
 mod mekari;
 mod receiptroller;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -324,7 +323,7 @@ impl Reconciler {
     /// Checkpoints are left alone: an explicit window is an operator's choice.
     ///
     /// # Errors
-    /// [`ReconcileError`] on the first page or publish that fails.
+    /// The first source's [`ReconcileError`]; the other sources still ran.
     pub async fn run_window(
         &self,
         provider: ProviderKind,
@@ -344,10 +343,17 @@ impl Reconciler {
             }));
         }
         let mut total = Summary::default();
+        let mut first_error = None;
         for source in matching {
-            total.add(self.run_source(source, Some((from, to))).await?);
+            match self.run_source(source, Some((from, to))).await {
+                Ok(summary) => total.add(summary),
+                Err(error) => {
+                    error!(%error, "Reconcile run failed.");
+                    first_error.get_or_insert(error);
+                }
+            }
         }
-        Ok(total)
+        first_error.map_or(Ok(total), Err)
     }
 
     /// Reads, for one source, everything since `since` (the watchdog's catch-up).
@@ -400,6 +406,43 @@ impl Reconciler {
             .map(|s| (s.provider, s.name.as_str(), s.fetcher.as_ref()))
     }
 
+    /// When the watchdog last saw this source's webhook delivering, kept in
+    /// the ledger so a catch-up after a restart still covers the whole gap.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the ledger cannot be read.
+    pub async fn last_seen_active(
+        &self,
+        provider: ProviderKind,
+        source: &str,
+    ) -> Result<Option<OffsetDateTime>, LedgerError> {
+        let at = self
+            .pipeline
+            .ledger()
+            .checkpoint(&format!("watchdog/{provider}/{source}"))
+            .await?;
+        Ok(at.and_then(|at| OffsetDateTime::from_unix_timestamp(at).ok()))
+    }
+
+    /// Records that the watchdog saw this source's webhook delivering at `at`.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the ledger cannot be written.
+    pub async fn mark_active(
+        &self,
+        provider: ProviderKind,
+        source: &str,
+        at: OffsetDateTime,
+    ) -> Result<(), LedgerError> {
+        self.pipeline
+            .ledger()
+            .commit(Commit {
+                checkpoint: Some((format!("watchdog/{provider}/{source}"), at.unix_timestamp())),
+                ..Commit::default()
+            })
+            .await
+    }
+
     /// How far before a checkpoint (or a last-seen-active time) a run starts.
     pub fn lookback(&self) -> time::Duration {
         time::Duration::seconds(i64::try_from(self.config.lookback_secs).unwrap_or(i64::MAX))
@@ -421,7 +464,7 @@ impl Reconciler {
         }
         .await;
         let outcome = if result.is_ok() { "ok" } else { "failed" };
-        ::metrics::counter!(metrics::RECONCILE_RUNS, metrics::PROVIDER => source.provider.as_str(), metrics::OUTCOME => outcome)
+        ::metrics::counter!(metrics::RECONCILE_RUNS, metrics::PROVIDER => source.provider.as_str(), metrics::SOURCE => source.name.clone(), metrics::OUTCOME => outcome)
             .increment(1);
         progress.finish(&total);
         info!(
@@ -551,7 +594,7 @@ impl Reconciler {
                     Outcome::DeadLettered => summary.dead_lettered += 1,
                     _ => summary.unchanged += 1,
                 }
-                ::metrics::counter!(metrics::RECONCILE_RECORDS, metrics::PROVIDER => source.provider.as_str(), metrics::OUTCOME => outcome.as_str())
+                ::metrics::counter!(metrics::RECONCILE_RECORDS, metrics::PROVIDER => source.provider.as_str(), metrics::SOURCE => source.name.clone(), metrics::OUTCOME => outcome.as_str())
                     .increment(1);
             }
             progress.update(&summary);
@@ -667,7 +710,3 @@ impl Progress {
         }
     }
 }
-
-/// When each watched source was last seen delivering, so a catch-up covers
-/// the time it was off.
-pub type LastSeenActive = HashMap<(ProviderKind, String), OffsetDateTime>;
