@@ -260,8 +260,11 @@ impl Publisher {
             }
             error
         });
-        // Destroying a producer waits for librdkafka; keep that off the async workers.
-        tokio::task::spawn_blocking(move || drop(producer));
+        // Destroying a replaced producer (when this was its last handle) waits
+        // for librdkafka; keep that off the async workers.
+        if self.producer().1 != generation {
+            tokio::task::spawn_blocking(move || drop(producer));
+        }
         match &result {
             Ok(_) => ::metrics::histogram!(
                 metrics::PUBLISH_DURATION,
