@@ -64,3 +64,66 @@ async fn broker_stopped_gives_503_with_retry_after_then_the_retry_publishes_once
     assert_eq!(records.len(), 2);
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readiness_follows_the_broker_and_shutdown_finishes_in_flight_deliveries() {
+    let broker = OwnBroker::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let app = TestApp::start_with(config(&broker.address(), &unique("shutdown"), dir.path())).await;
+    let get = |path: &'static str| {
+        let url = format!("{}{path}", app.base);
+        let http = app.http.clone();
+        async move { http.get(url).send().await.unwrap() }
+    };
+    assert_eq!(get("/readyz").await.status(), 200);
+
+    broker.cut();
+    let not_ready = get("/readyz").await;
+    assert_eq!(not_ready.status(), 503);
+    assert_eq!(
+        not_ready.json::<serde_json::Value>().await.unwrap()["broker"],
+        "unavailable"
+    );
+    assert_eq!(
+        get("/healthz").await.status(),
+        200,
+        "the process itself is up"
+    );
+
+    // A delivery waiting for the (unreachable) broker when shutdown starts
+    // still gets its answer: shutdown stops accepting, then finishes it.
+    let body = rr_sale(
+        "sd-1",
+        "sale.created",
+        "2026-11-29T10:15:30Z",
+        "T1|2026-11|301",
+        500,
+    );
+    let bytes = serde_json::to_vec(&body).unwrap();
+    let base = app.base.clone();
+    let in_flight = tokio::spawn(async move {
+        let mut request = reqwest::Client::new()
+            .post(format!("{base}/webhooks/receiptroller/main"))
+            .header("X-RR-Delivery", "sd-1");
+        for (k, v) in posbridge::verify::sign(
+            posbridge::verify::SchemeName::Hex,
+            "X-RR-Signature",
+            crate::support::RR_SECRET,
+            "",
+            0,
+            &bytes,
+        ) {
+            request = request.header(k, v);
+        }
+        request.body(bytes).send().await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    app.stop().await;
+    let answer = in_flight
+        .await
+        .unwrap()
+        .expect("the in-flight request was answered, not cut");
+    assert_eq!(answer.status(), 503);
+    assert!(started.elapsed() < Duration::from_secs(9));
+}
