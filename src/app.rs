@@ -15,7 +15,7 @@ use crate::config::{Config, LedgerBackend};
 use crate::encode::{EncodeError, Encoder};
 use crate::event::{EntityType, ProviderKind};
 use crate::ingress::{self, AppState, Source};
-use crate::ledger::{EmbeddedLedger, Ledger, LedgerError};
+use crate::ledger::{EmbeddedLedger, Ledger, LedgerError, RedisLedger};
 use crate::pipeline::{Pipeline, SourceInfo, Topics};
 use crate::providers;
 use crate::publish::{PublishError, Publisher};
@@ -60,13 +60,23 @@ impl App {
     /// A [`BuildError`] naming what failed.
     pub async fn build(config: &Config) -> Result<App, BuildError> {
         let kafka = &config.kafka;
+        // A lease outlives the longest a delivery can legitimately take.
+        let lease =
+            kafka.delivery_timeout() * 2 + Duration::from_millis(config.server.inflight_wait_ms);
+        let dedup_ttl = Duration::from_secs(config.ledger.dedup_ttl_secs);
         let ledger: Arc<dyn Ledger> = match config.ledger.backend {
-            LedgerBackend::Embedded => Arc::new(EmbeddedLedger::open(
-                &config.ledger.path,
-                Duration::from_secs(config.ledger.dedup_ttl_secs),
-                kafka.delivery_timeout() * 2
-                    + Duration::from_millis(config.server.inflight_wait_ms),
-            )?),
+            LedgerBackend::Embedded => {
+                Arc::new(EmbeddedLedger::open(&config.ledger.path, dedup_ttl, lease)?)
+            }
+            LedgerBackend::Redis => Arc::new(
+                RedisLedger::connect(
+                    &config.ledger.redis_url,
+                    &config.ledger.redis_prefix,
+                    dedup_ttl,
+                    lease,
+                )
+                .await?,
+            ),
         };
 
         let topics = Topics {

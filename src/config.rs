@@ -391,6 +391,9 @@ pub enum LedgerBackend {
     /// A redb file on local disk: one process, survives restarts.
     #[default]
     Embedded,
+    /// A Redis server shared by several processes (replicas, `posbridge
+    /// reconciler` beside `serve`). Give it persistence (AOF) in production.
+    Redis,
 }
 
 /// Ledger settings.
@@ -408,6 +411,19 @@ pub struct LedgerConfig {
     /// is processed twice.
     #[serde(default = "default_dedup_ttl_secs")]
     pub dedup_ttl_secs: u64,
+    /// Redis backend: server URL.
+    #[serde(default = "default_redis_url")]
+    pub redis_url: String,
+    /// Redis backend: prefix of every key, so deployments can share a server.
+    #[serde(default = "default_redis_prefix")]
+    pub redis_prefix: String,
+}
+
+fn default_redis_url() -> String {
+    "redis://127.0.0.1:6379".into()
+}
+fn default_redis_prefix() -> String {
+    "posbridge:".into()
 }
 
 impl Default for LedgerConfig {
@@ -416,6 +432,8 @@ impl Default for LedgerConfig {
             backend: LedgerBackend::Embedded,
             path: default_ledger_path(),
             dedup_ttl_secs: default_dedup_ttl_secs(),
+            redis_url: default_redis_url(),
+            redis_prefix: default_redis_prefix(),
         }
     }
 }
@@ -660,6 +678,18 @@ impl Config {
             problem(
                 "schema_registry.url",
                 format!("`{url}` must start with http:// or https://"),
+            );
+        }
+        if self.ledger.backend == LedgerBackend::Redis
+            && !(self.ledger.redis_url.starts_with("redis://")
+                || self.ledger.redis_url.starts_with("rediss://"))
+        {
+            problem(
+                "ledger.redis_url",
+                format!(
+                    "`{}` must start with redis:// or rediss://",
+                    self.ledger.redis_url
+                ),
             );
         }
         if Duration::from_secs(self.ledger.dedup_ttl_secs) <= LONGEST_RETRY_WINDOW {

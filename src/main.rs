@@ -167,7 +167,7 @@ async fn reconciler(path: PathBuf) -> anyhow::Result<()> {
 }
 
 /// With the embedded ledger one process owns the ledger file.
-const LEDGER_HINT: &str = "starting posbridge (the embedded ledger allows one posbridge process per ledger file: run the reconciler inside `serve` with reconcile.enabled, or stop `serve` first)";
+const LEDGER_HINT: &str = "starting posbridge (the embedded ledger allows one posbridge process per ledger file: run the reconciler inside `serve` with reconcile.enabled, or share a Redis ledger with ledger.backend = \"redis\")";
 
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     Config::load(Some(path)).with_context(|| format!("loading {}", path.display()))

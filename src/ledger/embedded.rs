@@ -16,13 +16,13 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
-use crate::event::{DeliveryKey, Version};
+use crate::event::DeliveryKey;
 
 /// Done delivery ids → unix second they may be forgotten.
 const DONE: TableDefinition<&str, u64> = TableDefinition::new("done_deliveries");
 /// (expiry second, delivery id): lets the purge delete expired ids by range.
 const DONE_BY_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("done_by_expiry");
-/// Entity slot → version and state hash (see `encode_state`).
+/// Entity slot → version and state hash (`EntityState::to_bytes`).
 const ENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entities");
 /// Reconciler checkpoint name → unix second its window is complete up to.
 const CHECKPOINTS: TableDefinition<&str, i64> = TableDefinition::new("checkpoints");
@@ -124,24 +124,6 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn encode_state(state: &EntityState) -> [u8; 28] {
-    let mut bytes = [0u8; 28];
-    bytes[..8].copy_from_slice(&state.version.at_micros.to_be_bytes());
-    bytes[8..12].copy_from_slice(&state.version.rank.to_be_bytes());
-    bytes[12..].copy_from_slice(&state.state_hash);
-    bytes
-}
-
-fn decode_state(bytes: &[u8]) -> Option<EntityState> {
-    Some(EntityState {
-        version: Version {
-            at_micros: i64::from_be_bytes(bytes.get(..8)?.try_into().ok()?),
-            rank: u32::from_be_bytes(bytes.get(8..12)?.try_into().ok()?),
-        },
-        state_hash: bytes.get(12..28)?.try_into().ok()?,
-    })
-}
-
 /// The writer thread: take everything queued, write it in one transaction,
 /// answer every waiter with the transaction's result.
 fn write_loop(
@@ -187,7 +169,7 @@ fn write_batch(
                 by_expiry.insert((expires, delivery.as_str()), ())?;
             }
             if let Some((slot, state)) = &commit.entity {
-                entities.insert(slot.as_str(), encode_state(state).as_slice())?;
+                entities.insert(slot.as_str(), state.to_bytes().as_slice())?;
             }
             if let Some((name, at)) = &commit.checkpoint {
                 checkpoints.insert(name.as_str(), *at)?;
@@ -252,7 +234,7 @@ impl Ledger for EmbeddedLedger {
         let value = table.get(slot.as_str()).map_err(storage)?;
         value
             .map(|v| {
-                decode_state(v.value()).ok_or_else(|| {
+                EntityState::from_bytes(v.value()).ok_or_else(|| {
                     LedgerError::Storage(format!("corrupt entity state for {}", slot.as_str()))
                 })
             })
@@ -299,7 +281,7 @@ impl std::fmt::Debug for EmbeddedLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{EntityKey, EntityType, ProviderKind};
+    use crate::event::{EntityKey, EntityType, ProviderKind, Version};
 
     fn open(dir: &tempfile::TempDir) -> EmbeddedLedger {
         EmbeddedLedger::open(

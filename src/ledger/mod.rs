@@ -15,12 +15,14 @@
 //! ([`Commit`]), so a crash cannot leave one recorded without the other.
 
 mod embedded;
+mod redis;
 
 use async_trait::async_trait;
 
 use crate::event::{DeliveryKey, EntityKey, EntityType, Version};
 
 pub use embedded::EmbeddedLedger;
+pub use redis::RedisLedger;
 
 /// Why the ledger could not answer. Always retryable from the provider's
 /// point of view: the delivery is answered 503 and stays retryable.
@@ -80,6 +82,29 @@ pub struct EntityState {
     /// A hash of its content, so an equal version with equal content is a
     /// no-op and a reconciled copy of the same state publishes nothing.
     pub state_hash: [u8; 16],
+}
+
+impl EntityState {
+    /// Storage form: version time and rank big-endian (so byte order is
+    /// version order), then the hash.
+    pub fn to_bytes(&self) -> [u8; 28] {
+        let mut bytes = [0u8; 28];
+        bytes[..8].copy_from_slice(&self.version.at_micros.to_be_bytes());
+        bytes[8..12].copy_from_slice(&self.version.rank.to_be_bytes());
+        bytes[12..].copy_from_slice(&self.state_hash);
+        bytes
+    }
+
+    /// Reads the storage form back; `None` when it is not one.
+    pub fn from_bytes(bytes: &[u8]) -> Option<EntityState> {
+        Some(EntityState {
+            version: Version {
+                at_micros: i64::from_be_bytes(bytes.get(..8)?.try_into().ok()?),
+                rank: u32::from_be_bytes(bytes.get(8..12)?.try_into().ok()?),
+            },
+            state_hash: bytes.get(12..28)?.try_into().ok()?,
+        })
+    }
 }
 
 /// One durable outcome: a delivery marked done and/or an entity's new state.

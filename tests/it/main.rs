@@ -11,3 +11,4 @@ mod ordering;
 mod registry;
 mod rejects;
 mod round_trip;
+mod shared_ledger;

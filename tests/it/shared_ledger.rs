@@ -1,0 +1,162 @@
+//! The Redis ledger: the same delivery protocol shared by several posbridge
+//! processes, against a real Redis (`POSBRIDGE_TEST_REDIS`, set by
+//! `scripts/test`).
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use posbridge::config::LedgerBackend;
+use posbridge::encode::decode;
+use posbridge::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
+use posbridge::ledger::{Begin, Commit, EntitySlot, EntityState, Ledger, RedisLedger};
+
+use crate::support::{
+    TestApp, brokers, config, latest_per_key, mekari_order, read_topic, rr_sale, unique,
+};
+
+fn redis_url() -> String {
+    std::env::var("POSBRIDGE_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+async fn ledger(prefix: &str) -> RedisLedger {
+    RedisLedger::connect(
+        &redis_url(),
+        prefix,
+        Duration::from_secs(3600),
+        Duration::from_secs(10),
+    )
+    .await
+    .expect("a Redis server at POSBRIDGE_TEST_REDIS")
+}
+
+fn state(at_micros: i64, hash: u8) -> EntityState {
+    EntityState {
+        version: Version { at_micros, rank: 0 },
+        state_hash: [hash; 16],
+    }
+}
+
+#[tokio::test]
+async fn the_redis_ledger_keeps_the_delivery_protocol() {
+    let ledger = ledger(&format!("{}:", unique("ledger"))).await;
+    let id = DeliveryKey::new(ProviderKind::Mekari, "e1");
+    assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
+    assert_eq!(ledger.begin(&id).await.unwrap(), Begin::InFlight);
+    ledger.release(&id).await;
+    assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
+
+    let slot = EntitySlot::new(
+        EntityType::Order,
+        &EntityKey::new(ProviderKind::Mekari, None, "O-1"),
+    );
+    ledger
+        .commit(Commit {
+            delivery: Some(id.clone()),
+            entity: Some((slot.clone(), state(200, 1))),
+            checkpoint: Some(("mekari/main/OUT-1/orders".into(), 77)),
+        })
+        .await
+        .unwrap();
+    assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
+    assert_eq!(ledger.entity(&slot).await.unwrap(), Some(state(200, 1)));
+    assert_eq!(
+        ledger.checkpoint("mekari/main/OUT-1/orders").await.unwrap(),
+        Some(77)
+    );
+
+    // Even a writer whose lock lapsed cannot roll the version back.
+    ledger
+        .commit(Commit {
+            entity: Some((slot.clone(), state(100, 2))),
+            ..Commit::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(ledger.entity(&slot).await.unwrap(), Some(state(200, 1)));
+    ledger.check().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_entity_lock_excludes_a_second_holder_until_released() {
+    let prefix = format!("{}:", unique("lock"));
+    let (a, b) = (ledger(&prefix).await, ledger(&prefix).await);
+    let slot = EntitySlot::new(
+        EntityType::Product,
+        &EntityKey::new(ProviderKind::Mekari, None, "P-1"),
+    );
+    let held = a.lock_entity(&slot).await.unwrap();
+    let waiting = tokio::time::timeout(Duration::from_millis(300), b.lock_entity(&slot)).await;
+    assert!(
+        waiting.is_err(),
+        "the second process waits while the first holds the lock"
+    );
+    drop(held);
+    tokio::time::timeout(Duration::from_secs(2), b.lock_entity(&slot))
+        .await
+        .expect("released locks can be taken")
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_replicas_sharing_redis_publish_each_delivery_once_and_never_roll_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("replicas");
+    let mut shared = config(&brokers(), &prefix, dir.path());
+    shared.ledger.backend = LedgerBackend::Redis;
+    shared.ledger.redis_url = redis_url();
+    shared.ledger.redis_prefix = format!("{prefix}:");
+    // Two processes on one configuration: impossible with the embedded ledger.
+    let first = TestApp::start_with(shared.clone()).await;
+    let second = TestApp::start_with(shared).await;
+
+    let sale = rr_sale(
+        "rep-1",
+        "sale.created",
+        "2026-11-29T10:15:30Z",
+        "T1|2026-11|501",
+        500,
+    );
+    let sends = (0..10).map(|i| {
+        let replica = if i % 2 == 0 { &first } else { &second };
+        replica.send(
+            "receiptroller",
+            if i % 3 == 0 { "backup" } else { "main" },
+            &sale,
+        )
+    });
+    let mut published = 0;
+    for response in join_all(sends).await {
+        assert_eq!(response.status(), 200);
+        if response.json::<serde_json::Value>().await.unwrap()["status"] == "published" {
+            published += 1;
+        }
+    }
+    assert_eq!(published, 1);
+    assert_eq!(read_topic(&brokers(), &first.topic("sales")).len(), 1);
+
+    let newer = mekari_order(
+        "rep-o2",
+        "order.updated",
+        "2026-11-29T17:20:00+07:00",
+        "ORD-R",
+        "ready",
+    );
+    let older = mekari_order(
+        "rep-o1",
+        "order.updated",
+        "2026-11-29T17:10:00+07:00",
+        "ORD-R",
+        "preparing",
+    );
+    assert_eq!(first.send("mekari", "main", &newer).await.status(), 200);
+    let late = second.send("mekari", "main", &older).await;
+    assert_eq!(
+        late.json::<serde_json::Value>().await.unwrap()["status"],
+        "stale"
+    );
+    let view = latest_per_key(&read_topic(&brokers(), &first.topic("orders")));
+    let latest = decode(view["mekari:ORD-R"].payload.as_deref().unwrap()).unwrap();
+    assert_eq!(latest.kitchen_status.as_deref(), Some("ready"));
+    first.stop().await;
+    second.stop().await;
+}
