@@ -175,11 +175,8 @@ impl Pipeline {
             debug!("Duplicate delivery answered without producing.");
             return Ok(Outcome::Duplicate);
         }
-        let in_flight =
-            ::metrics::gauge!(metrics::IN_FLIGHT, metrics::PROVIDER => delivery.provider.as_str());
-        in_flight.increment(1.0);
+        let _in_flight = InFlight::count(delivery.provider);
         let result = self.process(delivery, body, key.clone()).await;
-        in_flight.decrement(1.0);
         if result.is_err() {
             self.inner.ledger.release(&key).await;
         }
@@ -449,6 +446,24 @@ impl Pipeline {
         )
         .increment(1);
         Ok(())
+    }
+}
+
+/// Counts a delivery in `posbridge_deliveries_in_flight` while it lives, so
+/// the gauge stays right when a client hangs up and its request is dropped.
+struct InFlight(::metrics::Gauge);
+
+impl InFlight {
+    fn count(provider: ProviderKind) -> InFlight {
+        let gauge = ::metrics::gauge!(metrics::IN_FLIGHT, metrics::PROVIDER => provider.as_str());
+        gauge.increment(1.0);
+        InFlight(gauge)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
     }
 }
 
