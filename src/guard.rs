@@ -44,30 +44,38 @@ pub fn decide(written: Option<&EntityState>, incoming: &EntityState, origin: Ori
 /// A hash of an event's business content: not its ids, times or raw text, so
 /// the same state reached by two different deliveries hashes equal.
 pub fn state_hash(event: &PosEvent) -> [u8; 16] {
+    fn text(s: &Option<String>) -> &[u8] {
+        s.as_deref().unwrap_or("\u{0}").as_bytes()
+    }
+    fn money(m: Option<Money>) -> [u8; 17] {
+        let mut out = [0u8; 17];
+        if let Some(m) = m {
+            out[0] = 1;
+            out[1..].copy_from_slice(&m.unscaled.to_be_bytes());
+        }
+        out
+    }
     let mut h = Sha256::new();
     let mut field = |bytes: &[u8]| {
         h.update((bytes.len() as u64).to_be_bytes());
         h.update(bytes);
     };
-    let text = |s: &Option<String>| s.as_deref().unwrap_or("\u{0}").as_bytes().to_vec();
-    let money =
-        |m: Option<Money>| m.map_or_else(|| b"\0".to_vec(), |m| m.unscaled.to_be_bytes().to_vec());
     field(event.entity_type.as_str().as_bytes());
     field(event.entity_id.as_bytes());
-    field(&text(&event.account));
-    field(&text(&event.outlet_id));
-    field(&text(&event.store_id));
-    field(&text(&event.terminal_id));
-    field(&text(&event.currency));
+    field(text(&event.account));
+    field(text(&event.outlet_id));
+    field(text(&event.store_id));
+    field(text(&event.terminal_id));
+    field(text(&event.currency));
     field(&money(event.subtotal));
     field(&money(event.tax));
     field(&money(event.total));
-    field(&text(&event.status));
-    field(&text(&event.kitchen_status));
+    field(text(&event.status));
+    field(text(&event.kitchen_status));
     field(&[u8::from(event.deleted)]);
     for item in &event.items {
-        field(&text(&item.sku));
-        field(&text(&item.name));
+        field(text(&item.sku));
+        field(text(&item.name));
         field(&money(item.quantity));
         field(&money(item.unit_price));
     }
@@ -106,6 +114,50 @@ mod tests {
         assert_eq!(decide(Some(&written), &state(100, 1, 2)), Decision::Publish);
         assert_eq!(decide(Some(&written), &state(100, 2, 1)), Decision::Publish);
         assert_eq!(decide(Some(&written), &state(101, 0, 1)), Decision::Publish);
+    }
+
+    #[test]
+    fn the_state_hash_follows_content_not_ids_or_times() {
+        use crate::event::{EntityType, Origin, ProviderKind};
+        use time::macros::datetime;
+        let event = PosEvent {
+            event_id: "d1".into(),
+            provider: ProviderKind::Mekari,
+            source: "main".into(),
+            account: None,
+            entity_type: EntityType::Order,
+            entity_id: "O-1".into(),
+            event_type: "order.updated".into(),
+            occurred_at: datetime!(2026-11-29 10:00 UTC),
+            version: Version::new(datetime!(2026-11-29 10:00 UTC), 0),
+            received_at: datetime!(2026-11-29 10:00:01 UTC),
+            origin: Origin::Webhook,
+            outlet_id: Some("OUT-9".into()),
+            store_id: None,
+            terminal_id: None,
+            currency: Some("IDR".into()),
+            subtotal: None,
+            tax: None,
+            total: Money::parse("51000.5"),
+            status: Some("paid".into()),
+            kitchen_status: Some("ready".into()),
+            items: Vec::new(),
+            deleted: false,
+            raw: "{}".into(),
+        };
+        let mut reconciled = event.clone();
+        reconciled.event_id = "reconcile:1".into();
+        reconciled.event_type = "order.reconciled".into();
+        reconciled.origin = Origin::Reconciler;
+        reconciled.received_at = datetime!(2026-11-29 11:00 UTC);
+        reconciled.raw = "{\"id\":\"O-1\"}".into();
+        assert_eq!(state_hash(&event), state_hash(&reconciled));
+        let mut changed = event.clone();
+        changed.total = Money::parse("51000.6");
+        assert_ne!(state_hash(&event), state_hash(&changed));
+        let mut no_total = event.clone();
+        no_total.total = None;
+        assert_ne!(state_hash(&event), state_hash(&no_total));
     }
 
     #[test]

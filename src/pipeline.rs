@@ -300,8 +300,7 @@ impl Pipeline {
             topic,
             key: key.as_str().to_owned(),
             payload,
-            timestamp_ms: i64::try_from(event.occurred_at.unix_timestamp_nanos() / 1_000_000)
-                .unwrap_or(i64::MAX),
+            timestamp_ms: millis(event.occurred_at),
             headers: vec![
                 (HEADER_DELIVERY_ID, event.event_id.clone()),
                 (HEADER_PROVIDER, event.provider.as_str().to_owned()),
@@ -428,8 +427,7 @@ impl Pipeline {
                     .as_str()
                     .to_owned(),
                 payload: Some(letter.body),
-                timestamp_ms: i64::try_from(letter.received_at.unix_timestamp_nanos() / 1_000_000)
-                    .unwrap_or(i64::MAX),
+                timestamp_ms: millis(letter.received_at),
                 headers: vec![
                     (HEADER_DELIVERY_ID, letter.delivery_id.to_owned()),
                     (HEADER_PROVIDER, letter.provider.as_str().to_owned()),
@@ -447,6 +445,11 @@ impl Pipeline {
         .increment(1);
         Ok(())
     }
+}
+
+/// A record timestamp: milliseconds since the epoch.
+fn millis(at: OffsetDateTime) -> i64 {
+    i64::try_from(at.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
 }
 
 /// Counts a delivery in `posbridge_deliveries_in_flight` while it lives, so

@@ -14,8 +14,8 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use time::OffsetDateTime;
 use tracing::{Instrument, error, info_span};
 
-use super::AppState;
 use super::response::{WebhookError, accepted};
+use super::{AppState, Source};
 use crate::event::ProviderKind;
 use crate::metrics::{self, Outcome};
 use crate::pipeline::Delivery;
@@ -36,16 +36,18 @@ pub async fn receive(
         return WebhookError::UnknownProvider(provider_name)
             .into_response_with(state.retry_after_secs);
     };
-    let known = state.sources.contains_key(&(provider, source_name.clone()));
-    let source_label = if known {
-        source_name.clone()
-    } else {
-        UNKNOWN_SOURCE_LABEL.to_owned()
-    };
+    let key = (provider, source_name);
+    let source = state.sources.get(&key);
+    let source_label = source.map_or(UNKNOWN_SOURCE_LABEL, |s| s.info.name.as_str());
     let span = info_span!("delivery", provider = %provider, source = %source_label, delivery_id = tracing::field::Empty);
-    let result = handle(&state, provider, source_name, headers, body)
-        .instrument(span)
-        .await;
+    let result = match source {
+        Some(source) => {
+            handle(&state, provider, source, headers, body)
+                .instrument(span)
+                .await
+        }
+        None => Err(WebhookError::UnknownSource(key.1)),
+    };
     let outcome = match &result {
         Ok(outcome) => *outcome,
         Err(error) => error.outcome(),
@@ -53,7 +55,7 @@ pub async fn receive(
     ::metrics::counter!(
         metrics::WEBHOOK_REQUESTS,
         metrics::PROVIDER => provider.as_str(),
-        metrics::SOURCE => source_label,
+        metrics::SOURCE => source_label.to_owned(),
         metrics::OUTCOME => outcome.as_str()
     )
     .increment(1);
@@ -72,14 +74,10 @@ pub async fn receive(
 async fn handle(
     state: &AppState,
     provider: ProviderKind,
-    source_name: String,
+    source: &Source,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Outcome, WebhookError> {
-    let source = state
-        .sources
-        .get(&(provider, source_name.clone()))
-        .ok_or(WebhookError::UnknownSource(source_name))?;
     let declared = headers
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

@@ -45,10 +45,8 @@ pub struct EmbeddedLedger {
     lease: Duration,
     /// Striped per-entity locks.
     locks: Arc<Vec<Arc<tokio::sync::Mutex<()>>>>,
-    /// Queue to the group-commit writer thread.
+    /// Queue to the group-commit writer thread (which knows the dedup TTL).
     writer: mpsc::UnboundedSender<(Commit, Reply)>,
-    /// How long done ids are kept.
-    dedup_ttl: Duration,
 }
 
 impl EmbeddedLedger {
@@ -93,7 +91,6 @@ impl EmbeddedLedger {
                     .collect(),
             ),
             writer,
-            dedup_ttl,
         })
     }
 
@@ -273,7 +270,7 @@ impl Ledger for EmbeddedLedger {
 impl std::fmt::Debug for EmbeddedLedger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EmbeddedLedger")
-            .field("dedup_ttl", &self.dedup_ttl)
+            .field("lease", &self.lease)
             .finish_non_exhaustive()
     }
 }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::{OwnBroker, TestApp, config, read_topic, rr_sale, unique};
+use crate::support::{OwnBroker, TestApp, config, read_topic, rr_sale, signed_request, unique};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn broker_stopped_gives_503_with_retry_after_then_the_retry_publishes_once() {
@@ -100,23 +100,16 @@ async fn readiness_follows_the_broker_and_shutdown_finishes_in_flight_deliveries
         500,
     );
     let bytes = serde_json::to_vec(&body).unwrap();
-    let base = app.base.clone();
-    let in_flight = tokio::spawn(async move {
-        let mut request = reqwest::Client::new()
-            .post(format!("{base}/webhooks/receiptroller/main"))
-            .header("X-RR-Delivery", "sd-1");
-        for (k, v) in posbridge::verify::sign(
-            posbridge::verify::SchemeName::Hex,
-            "X-RR-Signature",
-            crate::support::RR_SECRET,
-            "",
-            0,
-            &bytes,
-        ) {
-            request = request.header(k, v);
-        }
-        request.body(bytes).send().await
-    });
+    let request = signed_request(
+        &app.http,
+        &app.base,
+        "receiptroller",
+        "main",
+        "sd-1",
+        bytes,
+        None,
+    );
+    let in_flight = tokio::spawn(request.send());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     app.stop().await;

@@ -36,10 +36,6 @@ use crate::send::{self, Answer, Outgoing};
 use crate::state::{Fate, Sim, lock};
 use crate::truth::Entity;
 
-/// Delivery id header (documented).
-pub const DELIVERY_HEADER: &str = "X-Mekari-Event-ID";
-/// Signature header (assumed in payloads.md).
-pub const SIGNATURE_HEADER: &str = "X-Mekari-Signature";
 /// Attempts per delivery.
 pub const ATTEMPTS: usize = 8;
 /// Wait after each failed attempt, before the next (documented time).

@@ -32,10 +32,6 @@ use crate::send::{self, Outgoing};
 use crate::state::{Fate, Sim, lock};
 use crate::truth::RECEIPTROLLER_WEBHOOK_ID;
 
-/// Delivery id header (documented).
-pub const DELIVERY_HEADER: &str = "X-RR-Delivery";
-/// Signature header (assumed in payloads.md).
-pub const SIGNATURE_HEADER: &str = "X-RR-Signature";
 /// Attempts per event.
 pub const ATTEMPTS: usize = 4;
 /// Wait after each failed attempt, before the next (documented time).

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use posbridge::event::ProviderKind;
-use posbridge::verify::{SchemeName, sign};
+use posbridge::providers;
+use posbridge::verify::sign;
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use tokio::time::{Instant, sleep, sleep_until};
 use tracing::{debug, info};
@@ -75,29 +76,21 @@ impl Answer {
 
 /// Signs a happened event the way its provider does.
 fn outgoing(sim: &Sim, index: usize, happened: &Happened) -> Outgoing {
-    let now = happened.at.unix_timestamp();
-    let mut headers = match happened.provider {
-        ProviderKind::ReceiptRoller => sign(
-            SchemeName::Hex,
-            receiptroller::SIGNATURE_HEADER,
-            &sim.settings.receiptroller_secret,
-            &happened.delivery_id,
-            now,
-            &happened.body,
-        ),
-        ProviderKind::Mekari => sign(
-            SchemeName::Base64,
-            mekari::SIGNATURE_HEADER,
-            &sim.settings.mekari_secret,
-            &happened.delivery_id,
-            now,
-            &happened.body,
-        ),
+    // Signed exactly as posbridge's defaults for the provider expect.
+    let provider = providers::for_kind(happened.provider);
+    let secret = match happened.provider {
+        ProviderKind::ReceiptRoller => &sim.settings.receiptroller_secret,
+        ProviderKind::Mekari => &sim.settings.mekari_secret,
     };
-    let id_header = match happened.provider {
-        ProviderKind::ReceiptRoller => receiptroller::DELIVERY_HEADER,
-        ProviderKind::Mekari => mekari::DELIVERY_HEADER,
-    };
+    let mut headers = sign(
+        provider.default_scheme(),
+        provider.default_signature_header(),
+        secret,
+        &happened.delivery_id,
+        happened.at.unix_timestamp(),
+        &happened.body,
+    );
+    let id_header = provider.delivery_id_header();
     headers.push((id_header.to_owned(), happened.delivery_id.clone()));
     Outgoing {
         index,
