@@ -182,6 +182,25 @@ impl fmt::Display for EntityKey {
     }
 }
 
+/// A configured source: one webhook of a provider (and the API of the same
+/// merchant account). Webhook deliveries and reconciled records both name the
+/// source they came through; the account becomes part of record keys.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Source {
+    /// Its provider.
+    pub provider: ProviderKind,
+    /// Configured name, the `{source}` in the URL.
+    pub name: String,
+    /// Merchant account, part of record keys when set.
+    pub account: Option<String>,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.provider, self.name)
+    }
+}
+
 /// A provider's delivery id (`X-RR-Delivery`, `X-Mekari-Event-ID`), scoped by
 /// provider: ids are unique per provider, and ReceiptRoller repeats one id
 /// across all webhooks subscribed to an event, so sources are not part of it.
@@ -206,21 +225,22 @@ impl fmt::Display for DeliveryKey {
     }
 }
 
-/// An exact money or quantity amount. Avro `decimal` with [`Money::SCALE`]
-/// places: floats would lose cents (and IDR amounts carry fractions).
+/// An exact decimal: money amounts, and quantities (weighed goods sell
+/// fractions). Avro `decimal` with [`Decimal::SCALE`] places: floats would
+/// lose cents (and IDR amounts carry fractions).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Money {
+pub struct Decimal {
     /// The amount times 10^SCALE.
     pub unscaled: i128,
 }
 
-impl Money {
+impl Decimal {
     /// Decimal places kept; matches `scale` in the Avro schema.
     pub const SCALE: u32 = 4;
 
     /// Parses a decimal literal such as `51000.5`, `-3` or `1e3`, exactly.
-    /// Returns `None` when it has more than [`Money::SCALE`] places or overflows.
-    pub fn parse(text: &str) -> Option<Money> {
+    /// Returns `None` when it has more than [`Decimal::SCALE`] places or overflows.
+    pub fn parse(text: &str) -> Option<Decimal> {
         let (mantissa, exponent) = match text.find(['e', 'E']) {
             Some(i) => (&text[..i], text[i + 1..].parse::<i32>().ok()?),
             None => (text, 0),
@@ -249,13 +269,13 @@ impl Money {
             }
             value /= divisor;
         }
-        Some(Money {
+        Some(Decimal {
             unscaled: if negative { -value } else { value },
         })
     }
 }
 
-impl fmt::Display for Money {
+impl fmt::Display for Decimal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let scale = 10i128.pow(Self::SCALE);
         let sign = if self.unscaled < 0 { "-" } else { "" };
@@ -277,9 +297,9 @@ pub struct LineItem {
     /// The product's display name, when sent.
     pub name: Option<String>,
     /// Units sold; a decimal because weighed goods sell fractions.
-    pub quantity: Option<Money>,
+    pub quantity: Option<Decimal>,
     /// Price of one unit, when sent.
-    pub unit_price: Option<Money>,
+    pub unit_price: Option<Decimal>,
 }
 
 /// One normalized event: the value of every record on every entity topic.
@@ -316,11 +336,11 @@ pub struct PosEvent {
     /// ISO 4217 code of every amount in the event.
     pub currency: Option<String>,
     /// Amount before tax.
-    pub subtotal: Option<Money>,
+    pub subtotal: Option<Decimal>,
     /// Tax amount.
-    pub tax: Option<Money>,
+    pub tax: Option<Decimal>,
     /// Amount the customer paid (grand total).
-    pub total: Option<Money>,
+    pub total: Option<Decimal>,
     /// The entity's status as the provider names it (`paid`, `cancelled`, …).
     pub status: Option<String>,
     /// Mekari kitchen progress, for orders.
@@ -346,16 +366,16 @@ mod tests {
 
     #[test]
     fn money_parses_exactly() {
-        assert_eq!(Money::parse("51000.5").unwrap().unscaled, 510_005_000);
-        assert_eq!(Money::parse("-3").unwrap().unscaled, -30_000);
-        assert_eq!(Money::parse("1e3").unwrap().unscaled, 10_000_000);
-        assert_eq!(Money::parse("0.0001").unwrap().unscaled, 1);
-        assert_eq!(Money::parse("1.50000").unwrap().unscaled, 15_000);
-        assert_eq!(Money::parse("0.00001"), None);
-        assert_eq!(Money::parse("abc"), None);
-        assert_eq!(Money::parse(""), None);
-        assert_eq!(Money::parse("51000.5").unwrap().to_string(), "51000.5000");
-        assert_eq!(Money::parse("-0.25").unwrap().to_string(), "-0.2500");
+        assert_eq!(Decimal::parse("51000.5").unwrap().unscaled, 510_005_000);
+        assert_eq!(Decimal::parse("-3").unwrap().unscaled, -30_000);
+        assert_eq!(Decimal::parse("1e3").unwrap().unscaled, 10_000_000);
+        assert_eq!(Decimal::parse("0.0001").unwrap().unscaled, 1);
+        assert_eq!(Decimal::parse("1.50000").unwrap().unscaled, 15_000);
+        assert_eq!(Decimal::parse("0.00001"), None);
+        assert_eq!(Decimal::parse("abc"), None);
+        assert_eq!(Decimal::parse(""), None);
+        assert_eq!(Decimal::parse("51000.5").unwrap().to_string(), "51000.5000");
+        assert_eq!(Decimal::parse("-0.25").unwrap().to_string(), "-0.2500");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::event::{Money, Origin, PosEvent};
+use crate::event::{Decimal, LineItem, Origin, PosEvent};
 use crate::ledger::EntityState;
 
 /// What to do with an incoming state.
@@ -42,12 +42,14 @@ pub fn decide(written: Option<&EntityState>, incoming: &EntityState, origin: Ori
 }
 
 /// A hash of an event's business content: not its ids, times or raw text, so
-/// the same state reached by two different deliveries hashes equal.
+/// the same state reached by two different deliveries hashes equal. Every
+/// field of [`PosEvent`] is named here (no `..`): a new field must be placed
+/// in the hash or explicitly left out, or this does not compile.
 pub fn state_hash(event: &PosEvent) -> [u8; 16] {
     fn text(s: &Option<String>) -> &[u8] {
         s.as_deref().unwrap_or("\u{0}").as_bytes()
     }
-    fn money(m: Option<Money>) -> [u8; 17] {
+    fn decimal(m: Option<Decimal>) -> [u8; 17] {
         let mut out = [0u8; 17];
         if let Some(m) = m {
             out[0] = 1;
@@ -55,29 +57,61 @@ pub fn state_hash(event: &PosEvent) -> [u8; 16] {
         }
         out
     }
+    let PosEvent {
+        // Which delivery, when and how it arrived: not the entity's state.
+        event_id: _,
+        provider: _,
+        source: _,
+        event_type: _,
+        occurred_at: _,
+        version: _,
+        received_at: _,
+        origin: _,
+        raw: _,
+        entity_type,
+        entity_id,
+        account,
+        outlet_id,
+        store_id,
+        terminal_id,
+        currency,
+        subtotal,
+        tax,
+        total,
+        status,
+        kitchen_status,
+        items,
+        deleted,
+    } = event;
     let mut h = Sha256::new();
     let mut field = |bytes: &[u8]| {
         h.update((bytes.len() as u64).to_be_bytes());
         h.update(bytes);
     };
-    field(event.entity_type.as_str().as_bytes());
-    field(event.entity_id.as_bytes());
-    field(text(&event.account));
-    field(text(&event.outlet_id));
-    field(text(&event.store_id));
-    field(text(&event.terminal_id));
-    field(text(&event.currency));
-    field(&money(event.subtotal));
-    field(&money(event.tax));
-    field(&money(event.total));
-    field(text(&event.status));
-    field(text(&event.kitchen_status));
-    field(&[u8::from(event.deleted)]);
-    for item in &event.items {
-        field(text(&item.sku));
-        field(text(&item.name));
-        field(&money(item.quantity));
-        field(&money(item.unit_price));
+    field(entity_type.as_str().as_bytes());
+    field(entity_id.as_bytes());
+    field(text(account));
+    field(text(outlet_id));
+    field(text(store_id));
+    field(text(terminal_id));
+    field(text(currency));
+    field(&decimal(*subtotal));
+    field(&decimal(*tax));
+    field(&decimal(*total));
+    field(text(status));
+    field(text(kitchen_status));
+    field(&[u8::from(*deleted)]);
+    for LineItem {
+        sku,
+        name,
+        quantity,
+        unit_price,
+    } in items
+    {
+        field(text(sku));
+        field(text(name));
+        field(&decimal(*quantity));
+        field(&decimal(*unit_price));
     }
     let digest = h.finalize();
     let mut out = [0u8; 16];
@@ -138,7 +172,7 @@ mod tests {
             currency: Some("IDR".into()),
             subtotal: None,
             tax: None,
-            total: Money::parse("51000.5"),
+            total: Decimal::parse("51000.5"),
             status: Some("paid".into()),
             kitchen_status: Some("ready".into()),
             items: Vec::new(),
@@ -153,11 +187,73 @@ mod tests {
         reconciled.raw = "{\"id\":\"O-1\"}".into();
         assert_eq!(state_hash(&event), state_hash(&reconciled));
         let mut changed = event.clone();
-        changed.total = Money::parse("51000.6");
+        changed.total = Decimal::parse("51000.6");
         assert_ne!(state_hash(&event), state_hash(&changed));
         let mut no_total = event.clone();
         no_total.total = None;
         assert_ne!(state_hash(&event), state_hash(&no_total));
+    }
+
+    #[test]
+    fn every_business_field_changes_the_hash() {
+        use crate::event::{EntityType, ProviderKind};
+        use time::macros::datetime;
+        let base = PosEvent {
+            event_id: "d1".into(),
+            provider: ProviderKind::ReceiptRoller,
+            source: "main".into(),
+            account: None,
+            entity_type: EntityType::Sale,
+            entity_id: "S-1".into(),
+            event_type: "sale.created".into(),
+            occurred_at: datetime!(2026-11-29 10:00 UTC),
+            version: Version::new(datetime!(2026-11-29 10:00 UTC), 0),
+            received_at: datetime!(2026-11-29 10:00:01 UTC),
+            origin: Origin::Webhook,
+            outlet_id: None,
+            store_id: None,
+            terminal_id: None,
+            currency: None,
+            subtotal: None,
+            tax: None,
+            total: None,
+            status: None,
+            kitchen_status: None,
+            items: vec![LineItem {
+                sku: None,
+                name: None,
+                quantity: None,
+                unit_price: None,
+            }],
+            deleted: false,
+            raw: "{}".into(),
+        };
+        let changes: [(&str, fn(&mut PosEvent)); 17] = [
+            ("entity_type", |e| e.entity_type = EntityType::Order),
+            ("entity_id", |e| e.entity_id = "S-2".into()),
+            ("account", |e| e.account = Some("x".into())),
+            ("outlet_id", |e| e.outlet_id = Some("x".into())),
+            ("store_id", |e| e.store_id = Some("x".into())),
+            ("terminal_id", |e| e.terminal_id = Some("x".into())),
+            ("currency", |e| e.currency = Some("x".into())),
+            ("subtotal", |e| e.subtotal = Decimal::parse("1")),
+            ("tax", |e| e.tax = Decimal::parse("1")),
+            ("total", |e| e.total = Decimal::parse("1")),
+            ("status", |e| e.status = Some("x".into())),
+            ("kitchen_status", |e| e.kitchen_status = Some("x".into())),
+            ("deleted", |e| e.deleted = true),
+            ("items[].sku", |e| e.items[0].sku = Some("x".into())),
+            ("items[].name", |e| e.items[0].name = Some("x".into())),
+            ("items[].quantity", |e| e.items[0].quantity = Decimal::parse("1")),
+            ("items[].unit_price", |e| {
+                e.items[0].unit_price = Decimal::parse("1")
+            }),
+        ];
+        for (name, change) in changes {
+            let mut changed = base.clone();
+            change(&mut changed);
+            assert_ne!(state_hash(&base), state_hash(&changed), "{name}");
+        }
     }
 
     #[test]

@@ -15,21 +15,23 @@
 //!
 //! # Layout
 //!
-//! * [`config`]: the configuration file and its validation.
-//! * [`app`]: start-up; turns config into running pieces.
-//! * [`ingress`]: routes, the webhook handler, status codes, ops endpoints.
-//! * [`verify`]: signature schemes, constant-time, several secrets.
-//! * [`providers`]: all that differs between ReceiptRoller and Mekari.
+//! From the bottom up; a module uses only those above it in this list.
+//!
 //! * [`event`]: the normalized event and its identifiers.
-//! * [`pipeline`]: the data line both the ingress and the reconciler call.
-//! * [`ledger`]: delivery ids, entity versions and per-entity locks.
+//! * [`config`]: the configuration file as plain data, and the checks the data alone allows.
+//! * [`telemetry`]: every metric name and label key; the Prometheus recorder.
+//! * [`ticker`]: the tick of background loops that stop with the service.
+//! * [`verify`]: signature schemes, constant-time, several secrets.
+//! * [`ledger`]: delivery ids, entity versions, per-entity locks, checkpoints.
 //! * [`guard`]: an older state never overwrites a newer one.
 //! * [`encode`]: Avro, Confluent wire format or single-object encoding.
-//! * [`publish`]: the idempotent producer and topic creation.
+//! * [`publish`]: the idempotent producer, topic routing and creation.
+//! * [`providers`]: all that differs between ReceiptRoller and Mekari, one folder each.
+//! * [`pipeline`]: the data line both the ingress and the reconciler call.
 //! * [`reconcile`]: reads what webhooks missed from the providers' APIs.
 //! * [`watchdog`]: notices switched-off webhooks, resumes them, catches up.
-//! * [`shutdown`]: background loops that stop with the service.
-//! * [`metrics`]: every metric name in one place.
+//! * [`ingress`]: routes, the webhook handler, the status mapping, ops endpoints.
+//! * [`app`]: start-up; checks the config against the providers and builds the pieces.
 
 pub mod app;
 pub mod config;
@@ -38,11 +40,11 @@ pub mod event;
 pub mod guard;
 pub mod ingress;
 pub mod ledger;
-pub mod metrics;
 pub mod pipeline;
 pub mod providers;
 pub mod publish;
 pub mod reconcile;
-pub mod shutdown;
+pub mod telemetry;
+pub mod ticker;
 pub mod verify;
 pub mod watchdog;

@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::time::Duration;
 
-use posbridge::app::App;
+use posbridge::app::{self, App};
 use posbridge::config::Config;
 use posbridge::event::ProviderKind;
 use posbridge::reconcile::Reconciler;
@@ -133,7 +133,7 @@ async fn reconcile(
 ) -> anyhow::Result<()> {
     let config = load(&path)?;
     let app = App::build(&config).await.context(LEDGER_HINT)?;
-    let reconciler = Reconciler::new(&config, app.pipeline().clone())?;
+    let reconciler = Reconciler::new(&config, app.pipeline().clone())?.with_live_progress();
     let summary = reconciler
         .run_window(provider, source.as_deref(), from, to)
         .await
@@ -145,10 +145,7 @@ async fn reconcile(
             "unchanged": summary.unchanged, "stale": summary.stale, "dead_lettered": summary.dead_lettered,
         })
     );
-    app.pipeline()
-        .publisher()
-        .flush(Duration::from_secs(10))
-        .await;
+    app.flush().await;
     Ok(())
 }
 
@@ -159,10 +156,7 @@ async fn reconciler(path: PathBuf) -> anyhow::Result<()> {
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let background = spawn_background(&config, &app, &shutdown, true)?;
     background.wait().await;
-    app.pipeline()
-        .publisher()
-        .flush(Duration::from_secs(10))
-        .await;
+    app.flush().await;
     Ok(())
 }
 
@@ -170,7 +164,7 @@ async fn reconciler(path: PathBuf) -> anyhow::Result<()> {
 const LEDGER_HINT: &str = "starting posbridge (the embedded ledger allows one posbridge process per ledger file: run the reconciler inside `serve` with reconcile.enabled, or share a Redis ledger with ledger.backend = \"redis\")";
 
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
-    Config::load(Some(path)).with_context(|| format!("loading {}", path.display()))
+    app::load(path).with_context(|| format!("loading {}", path.display()))
 }
 
 /// Starts the scheduled reconciler and the watchdog where enabled (or
@@ -222,7 +216,7 @@ fn parse_time(text: &str) -> Result<OffsetDateTime, String> {
 fn check_config(path: PathBuf) -> anyhow::Result<()> {
     let config =
         Config::read(Some(&path)).with_context(|| format!("reading {}", path.display()))?;
-    let problems = config.problems();
+    let problems = app::problems(&config);
     if problems.is_empty() {
         println!("{}: configuration is valid.", path.display());
         return Ok(());

@@ -28,56 +28,103 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
 
 use crate::config::KafkaConfig;
-use crate::metrics;
+use crate::event::EntityType;
+use crate::telemetry;
 
-/// Record header: the provider's delivery id.
-pub const HEADER_DELIVERY_ID: &str = "posbridge-delivery-id";
-/// Record header: provider name.
-pub const HEADER_PROVIDER: &str = "posbridge-provider";
-/// Record header: the event type as the provider sent it.
-pub const HEADER_EVENT_TYPE: &str = "posbridge-event-type";
-/// Record header: configured source name.
-pub const HEADER_SOURCE: &str = "posbridge-source";
-/// Record header: webhook or reconciler.
-pub const HEADER_ORIGIN: &str = "posbridge-origin";
-/// Dead-letter header: why the event could not be normalized or published.
-pub const HEADER_REASON: &str = "posbridge-reason";
-
-/// Why a record was not acknowledged.
+/// Why a record was not acknowledged, or the producer could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
-    /// The broker is unreachable, the deadline passed, or the queue is full:
-    /// the same record may succeed later. The delivery is answered 503.
+    /// The broker is unreachable or the queue is full: the same record may
+    /// succeed later. The delivery is answered 503.
     #[error("broker unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] KafkaError),
+    /// No acknowledgement came within the delivery deadline.
+    #[error("no acknowledgement within the delivery deadline")]
+    DeadlinePassed,
     /// The broker refused this record for good (too large, invalid): retrying
     /// cannot help. The event goes to the dead-letter topic instead.
     #[error("record refused by the broker: {0}")]
-    Refused(String),
-    /// The producer or admin client could not be configured.
+    Refused(#[source] KafkaError),
+    /// librdkafka refused the producer or admin client configuration.
     #[error("kafka client configuration: {0}")]
-    Config(String),
-    /// A topic could not be created at start-up.
-    #[error("cannot create topic `{topic}`: {reason}")]
+    Config(#[source] KafkaError),
+    /// The topics could not be created at start-up (no broker answered).
+    #[error("creating topics: {0}")]
+    CreateTopics(#[source] KafkaError),
+    /// The broker refused to create a topic.
+    #[error("cannot create topic `{topic}`: {code}")]
     CreateTopic {
         /// The topic.
         topic: String,
         /// The broker's answer.
-        reason: String,
+        code: RDKafkaErrorCode,
     },
 }
 
 impl PublishError {
+    /// Whether a later attempt may succeed; the `kind` metric label says the same.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, PublishError::Refused(_))
+    }
+
     /// The `kind` metric label.
     pub fn kind(&self) -> &'static str {
-        match self {
-            PublishError::Refused(_) => "permanent",
-            _ => "retryable",
+        if self.is_retryable() {
+            "retryable"
+        } else {
+            "permanent"
         }
     }
 }
 
-/// One record to produce, built by the pipeline.
+/// Topic names by entity type, plus the dead-letter topic: where each record goes.
+#[derive(Debug, Clone)]
+pub struct Topics {
+    /// One compacted topic per entity type.
+    entities: BTreeMap<EntityType, String>,
+    /// Raw bodies that could not be normalized.
+    dead_letter: String,
+}
+
+impl Topics {
+    /// The topics the configuration names (defaults from the prefix).
+    pub fn new(config: &KafkaConfig) -> Topics {
+        Topics {
+            entities: EntityType::ALL
+                .into_iter()
+                .map(|t| (t, config.topic(t)))
+                .collect(),
+            dead_letter: config.dead_letter_topic(),
+        }
+    }
+
+    /// The compacted topic of an entity type.
+    pub fn entity(&self, entity_type: EntityType) -> &str {
+        // Built from EntityType::ALL; a missing entry is a bug.
+        &self.entities[&entity_type]
+    }
+
+    /// Every entity topic.
+    pub fn entities(&self) -> impl Iterator<Item = &str> {
+        self.entities.values().map(String::as_str)
+    }
+
+    /// The dead-letter topic.
+    pub fn dead_letter(&self) -> &str {
+        &self.dead_letter
+    }
+
+    /// Every topic with whether it is compacted: entity topics are, the
+    /// dead-letter topic (raw bodies, each its own record) is not.
+    pub fn all(&self) -> BTreeMap<String, bool> {
+        let mut all: BTreeMap<String, bool> =
+            self.entities().map(|t| (t.to_owned(), true)).collect();
+        all.insert(self.dead_letter.clone(), false);
+        all
+    }
+}
+
+/// One record to produce, built by the pipeline (`pipeline/record.rs`).
 #[derive(Debug, Clone)]
 pub struct OutgoingRecord {
     /// Destination topic.
@@ -116,8 +163,10 @@ struct Current {
 pub struct Publisher {
     /// The producer, replaceable when it gets stuck.
     current: Arc<RwLock<Current>>,
-    /// Producer settings, for replacements and admin clients.
+    /// Producer settings, for replacements.
     client_config: ClientConfig,
+    /// The same without the producer-only properties, for admin clients.
+    admin_config: ClientConfig,
     /// Per-record deadline.
     delivery_timeout: Duration,
 }
@@ -138,25 +187,23 @@ impl Publisher {
     /// # Errors
     /// [`PublishError::Config`] when librdkafka refuses a property.
     pub fn new(config: &KafkaConfig) -> Result<Publisher, PublishError> {
-        let mut client_config = ClientConfig::new();
+        let mut admin_config = ClientConfig::new();
         for (key, value) in &config.librdkafka {
+            admin_config.set(key, value);
+        }
+        admin_config.set("bootstrap.servers", &config.brokers);
+        let mut client_config = admin_config.clone();
+        for (key, value) in config.fixed_producer_properties() {
             client_config.set(key, value);
         }
-        client_config
-            .set("bootstrap.servers", &config.brokers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("partitioner", "murmur2_random")
-            .set("message.timeout.ms", config.delivery_timeout_ms.to_string());
-        let producer: FutureProducer = client_config
-            .create()
-            .map_err(|e| PublishError::Config(e.to_string()))?;
+        let producer: FutureProducer = client_config.create().map_err(PublishError::Config)?;
         Ok(Publisher {
             current: Arc::new(RwLock::new(Current {
                 producer,
                 generation: 0,
             })),
             client_config,
+            admin_config,
             delivery_timeout: config.delivery_timeout(),
         })
     }
@@ -166,25 +213,15 @@ impl Publisher {
     ///
     /// # Errors
     /// [`PublishError::CreateTopic`] naming the topic and the broker's answer,
-    /// or [`PublishError::Unavailable`] when the broker cannot be reached.
+    /// or [`PublishError::CreateTopics`] when the broker cannot be reached.
     pub async fn ensure_topics(
         &self,
         topics: &BTreeMap<String, bool>,
         partitions: i32,
         replication: i32,
     ) -> Result<(), PublishError> {
-        let mut admin_config = self.client_config.clone();
-        for producer_only in [
-            "enable.idempotence",
-            "acks",
-            "partitioner",
-            "message.timeout.ms",
-        ] {
-            admin_config.remove(producer_only);
-        }
-        let admin: AdminClient<DefaultClientContext> = admin_config
-            .create()
-            .map_err(|e| PublishError::Config(e.to_string()))?;
+        let admin: AdminClient<DefaultClientContext> =
+            self.admin_config.create().map_err(PublishError::Config)?;
         let new_topics: Vec<NewTopic<'_>> = topics
             .iter()
             .map(|(name, compact)| {
@@ -200,16 +237,11 @@ impl Publisher {
         let results = admin
             .create_topics(new_topics.iter(), &options)
             .await
-            .map_err(|e| PublishError::Unavailable(format!("creating topics: {e}")))?;
+            .map_err(PublishError::CreateTopics)?;
         for result in results {
             match result {
                 Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((topic, code)) => {
-                    return Err(PublishError::CreateTopic {
-                        topic,
-                        reason: code.to_string(),
-                    });
-                }
+                Err((topic, code)) => return Err(PublishError::CreateTopic { topic, code }),
             }
         }
         Ok(())
@@ -244,15 +276,15 @@ impl Publisher {
         )
         .await;
         let result = match result {
-            Err(_) => Err((
-                PublishError::Unavailable("delivery deadline passed".into()),
-                true,
-            )),
+            Err(_) => Err((PublishError::DeadlinePassed, true)),
             Ok(Ok(delivery)) => Ok(Acked {
                 partition: delivery.partition,
                 offset: delivery.offset,
             }),
-            Ok(Err((error, _))) => Err((classify(&error), must_replace(&error, &producer))),
+            Ok(Err((error, _))) => {
+                let replace = must_replace(&error, &producer);
+                Err((classify(error), replace))
+            }
         };
         let result = result.map_err(|(error, replace)| {
             if replace {
@@ -266,16 +298,16 @@ impl Publisher {
             tokio::task::spawn_blocking(move || drop(producer));
         }
         match &result {
-            Ok(_) => ::metrics::histogram!(
-                metrics::PUBLISH_DURATION,
-                metrics::PROVIDER => record.provider,
-                metrics::TOPIC => record.topic.clone()
+            Ok(_) => metrics::histogram!(
+                telemetry::PUBLISH_DURATION,
+                telemetry::PROVIDER => record.provider,
+                telemetry::TOPIC => record.topic.clone()
             )
             .record(started.elapsed().as_secs_f64()),
-            Err(e) => ::metrics::counter!(
-                metrics::PUBLISH_FAILURES,
-                metrics::PROVIDER => record.provider,
-                metrics::KIND => e.kind()
+            Err(e) => metrics::counter!(
+                telemetry::PUBLISH_FAILURES,
+                telemetry::PROVIDER => record.provider,
+                telemetry::KIND => e.kind()
             )
             .increment(1),
         }
@@ -349,7 +381,7 @@ fn must_replace(error: &KafkaError, producer: &FutureProducer) -> bool {
 }
 
 /// Sorts a produce error: what a later attempt may fix is retryable.
-fn classify(error: &KafkaError) -> PublishError {
+fn classify(error: KafkaError) -> PublishError {
     let permanent = matches!(
         error.rdkafka_error_code(),
         Some(
@@ -363,8 +395,8 @@ fn classify(error: &KafkaError) -> PublishError {
         )
     );
     if permanent {
-        PublishError::Refused(error.to_string())
+        PublishError::Refused(error)
     } else {
-        PublishError::Unavailable(error.to_string())
+        PublishError::Unavailable(error)
     }
 }

@@ -10,10 +10,9 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use hmac::{Hmac, KeyInit, Mac};
-use serde::Deserialize;
 use sha2::Sha256;
 
-use crate::config::Secret;
+use crate::config::{SchemeName, Secret};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -28,21 +27,6 @@ pub const STANDARD_SIGNATURE_HEADER: &str = "webhook-signature";
 /// Standard Webhooks secrets carry this prefix before their base64 key.
 const STANDARD_SECRET_PREFIX: &str = "whsec_";
 
-/// The signature schemes a source can be configured with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SchemeName {
-    /// Hex HMAC-SHA256 of the body, optionally prefixed `sha256=` (GitHub-style;
-    /// ReceiptRoller's default).
-    Hex,
-    /// Base64 HMAC-SHA256 of the body (Shopify-style; Mekari's default).
-    Base64,
-    /// `t=<unix>,v1=<hex>` over `{t}.{body}`, with a time tolerance.
-    Stripe,
-    /// Standard Webhooks: `v1,<base64>` over `{id}.{timestamp}.{body}`, `whsec_` secrets.
-    StandardWebhooks,
-}
-
 impl SchemeName {
     /// The header this scheme reads when the source names none and the
     /// provider's default does not apply (timestamped schemes fix their own).
@@ -54,26 +38,42 @@ impl SchemeName {
         }
     }
 
-    /// Checks that a secret has the form this scheme needs.
+    /// The HMAC key a secret stands for under this scheme.
     ///
     /// # Errors
-    /// A sentence saying what is wrong, for `check-config`.
-    pub fn check_secret(self, secret: &str) -> Result<(), String> {
+    /// [`SecretError`] when the secret does not have the form the scheme needs.
+    pub fn key(self, secret: &str) -> Result<Vec<u8>, SecretError> {
         match self {
-            SchemeName::StandardWebhooks => standard_key(secret).map(|_| ()),
-            _ if secret.len() < 8 => Err("secret is shorter than 8 characters".into()),
-            _ => Ok(()),
+            SchemeName::StandardWebhooks => standard_key(secret),
+            _ if secret.len() < MIN_SECRET_LEN => Err(SecretError::TooShort),
+            _ => Ok(secret.as_bytes().to_vec()),
         }
     }
 }
 
-fn standard_key(secret: &str) -> Result<Vec<u8>, String> {
-    let encoded = secret.strip_prefix(STANDARD_SECRET_PREFIX).ok_or_else(|| {
-        format!("standard-webhooks secrets start with `{STANDARD_SECRET_PREFIX}`")
-    })?;
-    BASE64
-        .decode(encoded)
-        .map_err(|e| format!("standard-webhooks secret is not base64 after `whsec_`: {e}"))
+/// Shortest secret accepted for the plain HMAC schemes: a shorter one is a
+/// placeholder or a typo, not a key.
+const MIN_SECRET_LEN: usize = 8;
+
+/// Why a configured secret cannot be a key for its scheme.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// Plain HMAC secrets need at least [`MIN_SECRET_LEN`] characters.
+    #[error("secret is shorter than 8 characters")]
+    TooShort,
+    /// Standard Webhooks secrets carry the `whsec_` prefix.
+    #[error("standard-webhooks secrets start with `whsec_`")]
+    MissingPrefix,
+    /// What follows `whsec_` is not base64.
+    #[error("standard-webhooks secret is not base64 after `whsec_`")]
+    NotBase64(#[source] base64::DecodeError),
+}
+
+fn standard_key(secret: &str) -> Result<Vec<u8>, SecretError> {
+    let encoded = secret
+        .strip_prefix(STANDARD_SECRET_PREFIX)
+        .ok_or(SecretError::MissingPrefix)?;
+    BASE64.decode(encoded).map_err(SecretError::NotBase64)
 }
 
 /// Why a signature was refused. Every variant means 401 and nothing stored.
@@ -131,19 +131,18 @@ impl Verifier {
     /// Builds a verifier. `header` is the source's header or the provider's default.
     ///
     /// # Errors
-    /// When a secret does not fit the scheme (see [`SchemeName::check_secret`]).
+    /// [`SecretError`] with the index of the first secret that does not fit
+    /// the scheme (see [`SchemeName::key`]).
     pub fn new(
         scheme: SchemeName,
         header: &str,
         secrets: &[Secret],
         tolerance_secs: u64,
-    ) -> Result<Verifier, String> {
+    ) -> Result<Verifier, (usize, SecretError)> {
         let keys = secrets
             .iter()
-            .map(|s| match scheme {
-                SchemeName::StandardWebhooks => standard_key(s.expose()),
-                _ => Ok(s.expose().as_bytes().to_vec()),
-            })
+            .enumerate()
+            .map(|(i, s)| scheme.key(s.expose()).map_err(|e| (i, e)))
             .collect::<Result<_, _>>()?;
         Ok(Verifier {
             scheme,

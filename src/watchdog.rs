@@ -4,8 +4,9 @@
 //!
 //! Neither provider keeps events that happen while a webhook is off, so the
 //! catch-up reads the API from the last time the webhook was seen delivering
-//! (kept in the ledger, so it survives a restart), minus the reconciler's lookback. While a webhook stays off, every check
-//! catches up again, so data keeps flowing through the API meanwhile.
+//! (kept in the ledger, so it survives a restart), minus the reconciler's
+//! lookback. While a webhook stays off, every check catches up again, so data
+//! keeps flowing through the API meanwhile.
 
 use std::time::Duration;
 
@@ -13,10 +14,12 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::event::ProviderKind;
-use crate::metrics;
-use crate::reconcile::{Reconciler, WebhookState};
-use crate::shutdown::Every;
+use crate::event::{ProviderKind, Source};
+use crate::ledger::{Commit, LedgerError};
+use crate::providers::api::WebhookState;
+use crate::reconcile::Reconciler;
+use crate::telemetry;
+use crate::ticker::Every;
 
 /// What one check found for a source.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,12 +54,13 @@ impl Watchdog {
     pub async fn check(&self) -> Vec<Finding> {
         let mut findings = Vec::new();
         let now = OffsetDateTime::now_utc();
-        for (provider, source, fetcher) in self.reconciler.watched() {
+        for (watched, api) in self.reconciler.watched() {
+            let (provider, source) = (watched.provider, watched.name.as_str());
             let labels = [
-                (metrics::PROVIDER, provider.as_str().to_owned()),
-                (metrics::SOURCE, source.to_owned()),
+                (telemetry::PROVIDER, provider.as_str().to_owned()),
+                (telemetry::SOURCE, source.to_owned()),
             ];
-            let state = match fetcher.webhook_state().await {
+            let state = match api.webhook_state().await {
                 Ok(state) => state,
                 Err(error) => {
                     warn!(%provider, source, %error, "Cannot read the webhook's state.");
@@ -67,18 +71,18 @@ impl Watchdog {
             match &state {
                 WebhookState::NotWatched => continue,
                 WebhookState::Active => {
-                    ::metrics::gauge!(metrics::WEBHOOK_ACTIVE, &labels).set(1.0);
-                    if let Err(error) = self.reconciler.mark_active(provider, source, now).await {
+                    metrics::gauge!(telemetry::WEBHOOK_ACTIVE, &labels).set(1.0);
+                    if let Err(error) = self.mark_active(watched, now).await {
                         warn!(%provider, source, %error, "Cannot record that the webhook is on.");
                     }
                 }
                 WebhookState::Off(detail) => {
-                    ::metrics::gauge!(metrics::WEBHOOK_ACTIVE, &labels).set(0.0);
+                    metrics::gauge!(telemetry::WEBHOOK_ACTIVE, &labels).set(0.0);
                     error!(%provider, source, detail, "Webhook is switched off: the provider sends nothing and keeps nothing until it is back on.");
-                    match fetcher.resume().await {
+                    match api.resume().await {
                         Ok(true) => {
                             resumed = true;
-                            ::metrics::counter!(metrics::WEBHOOK_RESUMES, &labels).increment(1);
+                            metrics::counter!(telemetry::WEBHOOK_RESUMES, &labels).increment(1);
                             info!(%provider, source, "Webhook switched back on.");
                         }
                         Ok(false) => {}
@@ -86,12 +90,7 @@ impl Watchdog {
                             error!(%provider, source, %error, "Could not switch the webhook back on.")
                         }
                     }
-                    let last_active = self
-                        .reconciler
-                        .last_seen_active(provider, source)
-                        .await
-                        .ok()
-                        .flatten();
+                    let last_active = self.last_seen_active(watched).await.ok().flatten();
                     let since = last_active.unwrap_or(self.started) - self.reconciler.lookback();
                     match self.reconciler.catch_up(provider, source, since).await {
                         Ok(summary) => {
@@ -102,7 +101,7 @@ impl Watchdog {
                         }
                     }
                     if resumed
-                        && let Err(error) = self.reconciler.mark_active(provider, source, now).await
+                        && let Err(error) = self.mark_active(watched, now).await
                     {
                         warn!(%provider, source, %error, "Cannot record that the webhook is on.");
                     }
@@ -118,6 +117,28 @@ impl Watchdog {
         findings
     }
 
+    /// When the watchdog last saw this source's webhook delivering, kept in
+    /// the ledger so a catch-up after a restart still covers the whole gap.
+    async fn last_seen_active(&self, source: &Source) -> Result<Option<OffsetDateTime>, LedgerError> {
+        let at = self
+            .reconciler
+            .ledger()
+            .checkpoint(&last_active_name(source))
+            .await?;
+        Ok(at.and_then(|at| OffsetDateTime::from_unix_timestamp(at).ok()))
+    }
+
+    /// Records that the watchdog saw this source's webhook delivering at `at`.
+    async fn mark_active(&self, source: &Source, at: OffsetDateTime) -> Result<(), LedgerError> {
+        self.reconciler
+            .ledger()
+            .commit(Commit {
+                checkpoint: Some((last_active_name(source), at.unix_timestamp())),
+                ..Commit::default()
+            })
+            .await
+    }
+
     /// Checks every `interval` until `shutdown`.
     pub async fn run(self, interval: Duration, shutdown: CancellationToken) {
         let mut every = Every::new(interval, shutdown);
@@ -127,4 +148,9 @@ impl Watchdog {
             }
         }
     }
+}
+
+/// The ledger name of when a source's webhook was last seen delivering.
+fn last_active_name(source: &Source) -> String {
+    format!("watchdog/{}/{}", source.provider, source.name)
 }

@@ -1,10 +1,13 @@
 //! The HTTP side: routes, shared state, and serving with graceful shutdown.
 //!
 //! No route redirects (Mekari treats any 3xx as a permanent failure), and
-//! anything unrouted gets a JSON 404 (a wrong method a JSON 405).
+//! anything unrouted gets a JSON 404 (a wrong method a JSON 405). Every
+//! status the ingress can answer is covered by `tests.rs` without a broker.
 
 mod ops;
 mod response;
+#[cfg(test)]
+mod tests;
 mod webhook;
 
 use std::collections::HashMap;
@@ -12,20 +15,21 @@ use std::future::Future;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::event::ProviderKind;
-use crate::pipeline::{Pipeline, SourceInfo};
+use crate::event::{ProviderKind, Source};
+use crate::pipeline::Pipeline;
 use crate::verify::Verifier;
 
-pub use response::WebhookError;
+pub use response::{RequestOutcome, WebhookError};
 
 /// One configured webhook, ready to verify.
 #[derive(Debug, Clone)]
-pub struct Source {
-    /// Name and account, shared with every delivery through it.
-    pub info: Arc<SourceInfo>,
+pub struct WebhookSource {
+    /// Provider, name and account, shared with every delivery through it.
+    pub source: Arc<Source>,
     /// Its signature check.
     pub verifier: Verifier,
 }
@@ -34,7 +38,7 @@ pub struct Source {
 #[derive(Clone)]
 pub struct AppState {
     /// Configured webhooks by provider and name.
-    pub sources: Arc<HashMap<(ProviderKind, String), Source>>,
+    pub sources: Arc<HashMap<(ProviderKind, String), WebhookSource>>,
     /// The data line.
     pub pipeline: Pipeline,
     /// Largest body read.
@@ -45,18 +49,21 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
 }
 
-/// The router; `main` and the handler tests share it.
+/// The router; `App::serve` and the handler tests share it.
 pub fn router(state: AppState) -> Router {
+    let retry_after_secs = state.retry_after_secs;
     Router::new()
         .route("/webhooks/{provider}/{source}", post(webhook::receive))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
-        .fallback(|| async { WebhookError::NoRoute.into_response_with(0) })
-        .method_not_allowed_fallback(|| async {
-            WebhookError::MethodNotAllowed.into_response_with(0)
-        })
+        .fallback(|| async { WebhookError::NoRoute.into_response() })
+        .method_not_allowed_fallback(|| async { WebhookError::MethodNotAllowed.into_response() })
         .with_state(state)
+        .layer(axum::middleware::map_response_with_state(
+            retry_after_secs,
+            response::add_retry_after,
+        ))
 }
 
 /// Serves until `shutdown` resolves, then stops accepting and lets in-flight

@@ -1,22 +1,23 @@
 //! The one place where errors become HTTP answers.
 //!
-//! Status codes are chosen for what they make each provider do:
+//! Status codes are chosen for what they make each provider do
+//! (`docs/PROVIDERS.md` has the table):
 //! * 2xx: delivered, no retry (also duplicates, stale events, dead letters).
 //! * 503 + `Retry-After`: retried by both; the only way to ask for a retry
 //!   (Mekari never retries other 4xx, and never follows 3xx).
-//! * 401 / 400 / 404 / 413: the request is wrong and retrying it unchanged
-//!   cannot help. Mekari gives up on that delivery; ReceiptRoller retries it
-//!   and switches the webhook off after four failures, which is why a refused
-//!   signature is logged at ERROR and counted.
+//! * 401 / 400 / 404 / 405 / 413: the request is wrong and retrying it
+//!   unchanged cannot help. Mekari gives up on that delivery; ReceiptRoller
+//!   retries it and switches the webhook off after four failures, which is
+//!   why a refused signature is logged at ERROR and counted.
 
 use axum::Json;
+use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tracing::error;
 
-use crate::metrics::Outcome;
-use crate::pipeline::PipelineError;
+use crate::pipeline::{Outcome, PipelineError};
 use crate::verify::VerifyError;
 
 /// Why a webhook request was not accepted.
@@ -39,7 +40,7 @@ pub enum WebhookError {
     TooLarge(usize),
     /// The body could not be read from the connection.
     #[error("could not read the body: {0}")]
-    BodyRead(String),
+    BodyRead(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The signature was refused.
     #[error("signature refused: {0}")]
     Unauthorized(#[from] VerifyError),
@@ -51,17 +52,43 @@ pub enum WebhookError {
     Pipeline(#[from] PipelineError),
 }
 
+/// How a webhook request ended: the `outcome` metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestOutcome {
+    /// The pipeline handled it (2xx).
+    Handled(Outcome),
+    /// Signature refused.
+    Unauthorized,
+    /// Malformed request (4xx other than 401).
+    Rejected,
+    /// Could not be handled now; 503, retryable.
+    Unavailable,
+}
+
+impl RequestOutcome {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestOutcome::Handled(outcome) => outcome.as_str(),
+            RequestOutcome::Unauthorized => "unauthorized",
+            RequestOutcome::Rejected => "rejected",
+            RequestOutcome::Unavailable => "unavailable",
+        }
+    }
+}
+
 impl WebhookError {
     /// The `outcome` metric label.
-    pub fn outcome(&self) -> Outcome {
+    pub fn outcome(&self) -> RequestOutcome {
         match self {
-            WebhookError::Unauthorized(_) => Outcome::Unauthorized,
-            WebhookError::Pipeline(PipelineError::Unavailable(_)) => Outcome::Unavailable,
-            _ => Outcome::Rejected,
+            WebhookError::Unauthorized(_) => RequestOutcome::Unauthorized,
+            WebhookError::Pipeline(error) if error.is_retryable() => RequestOutcome::Unavailable,
+            _ => RequestOutcome::Rejected,
         }
     }
 
-    fn status(&self) -> StatusCode {
+    /// The status, chosen for what it makes each provider do.
+    pub fn status(&self) -> StatusCode {
         match self {
             WebhookError::NoRoute
             | WebhookError::UnknownProvider(_)
@@ -69,37 +96,45 @@ impl WebhookError {
             WebhookError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             WebhookError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             WebhookError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            WebhookError::BodyRead(_)
-            | WebhookError::MissingDeliveryId(_)
-            | WebhookError::Pipeline(PipelineError::Rejected(_)) => StatusCode::BAD_REQUEST,
-            WebhookError::Pipeline(PipelineError::Unavailable(_)) => {
+            WebhookError::Pipeline(error) if error.is_retryable() => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            WebhookError::BodyRead(_)
+            | WebhookError::MissingDeliveryId(_)
+            | WebhookError::Pipeline(_) => StatusCode::BAD_REQUEST,
         }
     }
+}
 
-    /// Builds the answer; `retry_after_secs` goes on 503s.
-    pub fn into_response_with(self, retry_after_secs: u64) -> Response {
+impl IntoResponse for WebhookError {
+    /// A JSON `{"error": …}` with the status; [`add_retry_after`] puts
+    /// `Retry-After` on the 503s.
+    fn into_response(self) -> Response {
         let status = self.status();
         let message = match &self {
             // Internals stay in our logs; the provider learns only to retry.
-            WebhookError::Pipeline(PipelineError::Unavailable(detail)) => {
-                error!(error = %detail, "Delivery not handled; asking the provider to retry.");
+            WebhookError::Pipeline(error) if error.is_retryable() => {
+                error!(%error, "Delivery not handled; asking the provider to retry.");
                 "temporarily unavailable, retry later".to_owned()
             }
             other => other.to_string(),
         };
-        let mut response = (status, Json(json!({ "error": message }))).into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
-        }
-        response
+        (status, Json(json!({ "error": message }))).into_response()
     }
 }
 
-/// The 2xx answer for a handled delivery.
+/// The 2xx answer for a handled delivery: `{"status": "<outcome>"}`.
 pub fn accepted(outcome: Outcome) -> Response {
     (StatusCode::OK, Json(json!({ "status": outcome.as_str() }))).into_response()
+}
+
+/// Puts the configured `Retry-After` (seconds) on every 503: Mekari waits at
+/// least that long before its next attempt.
+pub async fn add_retry_after(State(retry_after_secs): State<u64>, mut response: Response) -> Response {
+    if response.status() == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+    }
+    response
 }

@@ -9,17 +9,17 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use time::OffsetDateTime;
 use tracing::{Instrument, error, info_span};
 
-use super::response::{WebhookError, accepted};
-use super::{AppState, Source};
+use super::response::{RequestOutcome, WebhookError, accepted};
+use super::{AppState, WebhookSource};
 use crate::event::ProviderKind;
-use crate::metrics::{self, Outcome};
-use crate::pipeline::Delivery;
+use crate::pipeline::{Delivery, Outcome};
 use crate::providers;
+use crate::telemetry;
 
 /// Label used for requests whose source is not configured (bounded labels).
 const UNKNOWN_SOURCE_LABEL: &str = "unknown";
@@ -33,51 +33,46 @@ pub async fn receive(
 ) -> Response {
     let started = Instant::now();
     let Some(provider) = ProviderKind::parse(&provider_name) else {
-        return WebhookError::UnknownProvider(provider_name)
-            .into_response_with(state.retry_after_secs);
+        return WebhookError::UnknownProvider(provider_name).into_response();
     };
     let key = (provider, source_name);
     let source = state.sources.get(&key);
-    let source_label = source.map_or(UNKNOWN_SOURCE_LABEL, |s| s.info.name.as_str());
+    let source_label = source.map_or(UNKNOWN_SOURCE_LABEL, |s| s.source.name.as_str());
     let span = info_span!("delivery", provider = %provider, source = %source_label, delivery_id = tracing::field::Empty);
     let result = match source {
-        Some(source) => {
-            handle(&state, provider, source, headers, body)
-                .instrument(span)
-                .await
-        }
+        Some(source) => handle(&state, source, headers, body).instrument(span).await,
         None => Err(WebhookError::UnknownSource(key.1)),
     };
     let outcome = match &result {
-        Ok(outcome) => *outcome,
+        Ok(outcome) => RequestOutcome::Handled(*outcome),
         Err(error) => error.outcome(),
     };
-    ::metrics::counter!(
-        metrics::WEBHOOK_REQUESTS,
-        metrics::PROVIDER => provider.as_str(),
-        metrics::SOURCE => source_label.to_owned(),
-        metrics::OUTCOME => outcome.as_str()
+    metrics::counter!(
+        telemetry::WEBHOOK_REQUESTS,
+        telemetry::PROVIDER => provider.as_str(),
+        telemetry::SOURCE => source_label.to_owned(),
+        telemetry::OUTCOME => outcome.as_str()
     )
     .increment(1);
-    ::metrics::histogram!(
-        metrics::WEBHOOK_DURATION,
-        metrics::PROVIDER => provider.as_str(),
-        metrics::OUTCOME => outcome.as_str()
+    metrics::histogram!(
+        telemetry::WEBHOOK_DURATION,
+        telemetry::PROVIDER => provider.as_str(),
+        telemetry::OUTCOME => outcome.as_str()
     )
     .record(started.elapsed().as_secs_f64());
     match result {
         Ok(outcome) => accepted(outcome),
-        Err(error) => error.into_response_with(state.retry_after_secs),
+        Err(error) => error.into_response(),
     }
 }
 
 async fn handle(
     state: &AppState,
-    provider: ProviderKind,
-    source: &Source,
+    webhook: &WebhookSource,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Outcome, WebhookError> {
+    let provider = webhook.source.provider;
     let declared = headers
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -90,17 +85,17 @@ async fn handle(
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
             return Err(WebhookError::TooLarge(state.body_limit));
         }
-        Err(e) => return Err(WebhookError::BodyRead(e.to_string())),
+        Err(e) => return Err(WebhookError::BodyRead(e)),
     };
     let now = OffsetDateTime::now_utc();
-    let body = source
+    let body = webhook
         .verifier
         .verify(&headers, bytes, now.unix_timestamp())
         .inspect_err(|e| {
-            ::metrics::counter!(
-                metrics::SIGNATURE_FAILURES,
-                metrics::PROVIDER => provider.as_str(),
-                metrics::SOURCE => source.info.name.clone()
+            metrics::counter!(
+                telemetry::SIGNATURE_FAILURES,
+                telemetry::PROVIDER => provider.as_str(),
+                telemetry::SOURCE => webhook.source.name.clone()
             )
             .increment(1);
             // Loud on purpose: a wrong secret silences a ReceiptRoller webhook
@@ -116,8 +111,7 @@ async fn handle(
         .to_owned();
     tracing::Span::current().record("delivery_id", delivery_id.as_str());
     let delivery = Delivery {
-        provider,
-        source: source.info.clone(),
+        source: webhook.source.clone(),
         delivery_id,
         body,
         received_at: now,

@@ -111,8 +111,9 @@ impl EmbeddedLedger {
     }
 }
 
-fn storage(error: impl std::fmt::Display) -> LedgerError {
-    LedgerError::Storage(error.to_string())
+/// Any redb error as a ledger error.
+fn storage(error: impl Into<redb::Error>) -> LedgerError {
+    LedgerError::Embedded(Arc::new(error.into()))
 }
 
 fn unix_now() -> u64 {
@@ -135,13 +136,13 @@ fn write_loop(
             batch.push(next);
         }
         let purge = last_purge.elapsed() >= PURGE_EVERY;
-        let result = write_batch(db, &batch, dedup_ttl, purge).map_err(storage);
+        let result = write_batch(db, &batch, dedup_ttl, purge).map_err(Arc::new);
         if purge && result.is_ok() {
             last_purge = Instant::now();
         }
         for (_, reply) in batch {
             // The waiter may have given up (request cancelled); nothing to tell it.
-            let _ = reply.send(result.as_ref().map(|_| ()).map_err(storage));
+            let _ = reply.send(result.clone().map_err(LedgerError::Embedded));
         }
     }
 }
@@ -230,11 +231,7 @@ impl Ledger for EmbeddedLedger {
         let table = txn.open_table(ENTITIES).map_err(storage)?;
         let value = table.get(slot.as_str()).map_err(storage)?;
         value
-            .map(|v| {
-                EntityState::from_bytes(v.value()).ok_or_else(|| {
-                    LedgerError::Storage(format!("corrupt entity state for {}", slot.as_str()))
-                })
-            })
+            .map(|v| EntityState::decode(slot, v.value()))
             .transpose()
     }
 

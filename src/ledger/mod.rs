@@ -17,8 +17,12 @@
 mod embedded;
 mod redis;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use async_trait::async_trait;
 
+use crate::config::{LedgerBackend, LedgerConfig};
 use crate::event::{DeliveryKey, EntityKey, EntityType, Version};
 
 pub use embedded::EmbeddedLedger;
@@ -31,18 +35,47 @@ pub enum LedgerError {
     /// The store could not be opened (path, permissions, another process).
     #[error("cannot open ledger at {path}: {source}")]
     Open {
-        /// The file.
+        /// The file or URL.
         path: String,
         /// The store's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// A read or write failed.
-    #[error("ledger storage: {0}")]
-    Storage(String),
+    /// A read or write of the embedded store failed. Shared: one failed
+    /// group commit answers every delivery in it.
+    #[error("embedded ledger: {0}")]
+    Embedded(#[source] Arc<redb::Error>),
+    /// A Redis command failed.
+    #[error("redis ledger: {0}")]
+    Redis(#[from] ::redis::RedisError),
+    /// Redis answered, but not as Redis does (a proxy or another service on the port).
+    #[error("redis answered PING with `{0}`")]
+    UnexpectedPing(String),
+    /// A stored entity state is not one this version wrote.
+    #[error("corrupt entity state for {slot}")]
+    Corrupt {
+        /// The entity's slot.
+        slot: String,
+    },
     /// The ledger is shut down.
     #[error("ledger is closed")]
     Closed,
+}
+
+/// Opens the configured backend. `lease` is how long a delivery's lease
+/// holds if its holder never ends it (a crashed request).
+///
+/// # Errors
+/// [`LedgerError::Open`] naming the file or server that could not be opened.
+pub async fn open(config: &LedgerConfig, lease: Duration) -> Result<Arc<dyn Ledger>, LedgerError> {
+    let dedup_ttl = Duration::from_secs(config.dedup_ttl_secs);
+    Ok(match config.backend {
+        LedgerBackend::Embedded => Arc::new(EmbeddedLedger::open(&config.path, dedup_ttl, lease)?),
+        LedgerBackend::Redis => Arc::new(
+            RedisLedger::connect(&config.redis_url, &config.redis_prefix, dedup_ttl, lease)
+                .await?,
+        ),
+    })
 }
 
 /// What `begin` found for a delivery id.
@@ -103,6 +136,16 @@ impl EntityState {
                 rank: u32::from_be_bytes(bytes.get(8..12)?.try_into().ok()?),
             },
             state_hash: bytes.get(12..28)?.try_into().ok()?,
+        })
+    }
+
+    /// Reads the stored state of `slot`, as both backends do.
+    ///
+    /// # Errors
+    /// [`LedgerError::Corrupt`] when the bytes are not a stored state.
+    pub fn decode(slot: &EntitySlot, bytes: &[u8]) -> Result<EntityState, LedgerError> {
+        EntityState::from_bytes(bytes).ok_or_else(|| LedgerError::Corrupt {
+            slot: slot.as_str().to_owned(),
         })
     }
 }

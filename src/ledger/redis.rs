@@ -85,10 +85,6 @@ impl std::fmt::Debug for RedisLedger {
     }
 }
 
-fn storage(error: redis::RedisError) -> LedgerError {
-    LedgerError::Storage(error.to_string())
-}
-
 impl RedisLedger {
     /// Connects and checks the connection with a `PING`.
     ///
@@ -178,7 +174,7 @@ impl Ledger for RedisLedger {
             .arg(self.lease_ms())
             .invoke_async(&mut self.conn.clone())
             .await
-            .map_err(storage)?;
+            ?;
         Ok(match answer {
             0 => Begin::New,
             2 => Begin::Done,
@@ -208,7 +204,7 @@ impl Ledger for RedisLedger {
             let taken: Option<String> = conn
                 .set_options(&key, &token, options.clone())
                 .await
-                .map_err(storage)?;
+                ?;
             if taken.is_some() {
                 return Ok(Box::new(RedisLock { conn, key, token }));
             }
@@ -222,13 +218,9 @@ impl Ledger for RedisLedger {
             .clone()
             .get(self.key("entity", slot.as_str()))
             .await
-            .map_err(storage)?;
+            ?;
         bytes
-            .map(|b| {
-                EntityState::from_bytes(&b).ok_or_else(|| {
-                    LedgerError::Storage(format!("corrupt entity state for {}", slot.as_str()))
-                })
-            })
+            .map(|b| EntityState::decode(slot, &b))
             .transpose()
     }
 
@@ -237,7 +229,7 @@ impl Ledger for RedisLedger {
             .clone()
             .get(self.key("checkpoint", name))
             .await
-            .map_err(storage)
+            .map_err(LedgerError::from)
     }
 
     async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
@@ -272,18 +264,18 @@ impl Ledger for RedisLedger {
         {
             self.release(delivery).await;
         }
-        result.map(|_| ()).map_err(storage)
+        result.map(|_| ()).map_err(LedgerError::from)
     }
 
     async fn check(&self) -> Result<(), LedgerError> {
         let pong: String = redis::cmd("PING")
             .query_async(&mut self.conn.clone())
             .await
-            .map_err(storage)?;
+            ?;
         if pong == "PONG" {
             Ok(())
         } else {
-            Err(LedgerError::Storage(format!("PING answered {pong}")))
+            Err(LedgerError::UnexpectedPing(pong))
         }
     }
 }

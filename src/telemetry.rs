@@ -1,4 +1,6 @@
-//! Every metric name and label posbridge emits, in one place.
+//! Every metric name and label key posbridge emits, in one place, and the
+//! Prometheus recorder that renders them on `/metrics`. (Named `telemetry`,
+//! not `metrics`, so the `metrics` crate's macros read unambiguously.)
 //!
 //! Names follow Prometheus conventions: `posbridge_` prefix, base units,
 //! counters ending in `_total`. Label values are bounded: provider, configured
@@ -40,7 +42,7 @@ pub const WEBHOOK_RESUMES: &str = "posbridge_webhook_resumes_total";
 pub const PROVIDER: &str = "provider";
 /// Label key: configured source name.
 pub const SOURCE: &str = "source";
-/// Label key: see [`Outcome`].
+/// Label key: how a request or record ended (`published`, `duplicate`, …).
 pub const OUTCOME: &str = "outcome";
 /// Label key: topic name.
 pub const TOPIC: &str = "topic";
@@ -55,43 +57,6 @@ pub const KIND: &str = "kind";
 const SECONDS_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 7.5, 10.0,
 ];
-
-/// How a webhook request ended; the `outcome` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Produced and acknowledged (including tombstones).
-    Published,
-    /// Already handled, nothing produced.
-    Duplicate,
-    /// Older than the entity's written state, not produced.
-    Stale,
-    /// Same version and content as written, not produced.
-    Unchanged,
-    /// Written to the dead-letter topic.
-    DeadLettered,
-    /// Signature refused.
-    Unauthorized,
-    /// Malformed request (4xx other than 401).
-    Rejected,
-    /// Could not be handled now; 503, retryable.
-    Unavailable,
-}
-
-impl Outcome {
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Published => "published",
-            Outcome::Duplicate => "duplicate",
-            Outcome::Stale => "stale",
-            Outcome::Unchanged => "unchanged",
-            Outcome::DeadLettered => "dead_lettered",
-            Outcome::Unauthorized => "unauthorized",
-            Outcome::Rejected => "rejected",
-            Outcome::Unavailable => "unavailable",
-        }
-    }
-}
 
 /// Installs the process-wide Prometheus recorder once and returns its handle.
 /// Several apps in one process (tests) share it.

@@ -1,5 +1,6 @@
-//! Background loops that stop with the service: a tick every interval, and
-//! any work in between abandoned at once when shutdown is requested.
+//! The ticker of background loops (scheduled reconciler, watchdog): a tick
+//! every interval, and any work in between abandoned at once when shutdown
+//! is requested, so the loops stop with the service.
 
 use std::future::Future;
 use std::time::Duration;

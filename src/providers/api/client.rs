@@ -5,13 +5,13 @@
 //! the provider's answer, so a wrong credential or a skewed clock surfaces as
 //! a clear error instead of a silent retry loop.
 
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
-use reqwest::{Method, StatusCode, Url};
+use reqwest::{Method, RequestBuilder, StatusCode, Url};
 use serde_json::Value;
 
-use crate::config::Secret;
-use crate::providers::api_authorization;
+use super::ApiOptions;
 
 /// Longest wait between two attempts, whatever `Retry-After` says.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -33,7 +33,7 @@ pub enum FetchError {
         /// The provider's answer, for the operator.
         body: String,
     },
-    /// Still failing after every attempt (429, 5xx, transport).
+    /// Still failing after every attempt (408, 429, 5xx, transport).
     #[error("{method} {url} failed after {attempts} attempts: {last}")]
     GaveUp {
         /// Request method.
@@ -43,7 +43,8 @@ pub enum FetchError {
         /// Attempts made.
         attempts: u32,
         /// The last failure.
-        last: String,
+        #[source]
+        last: AttemptError,
     },
     /// The answer is not the JSON the provider documents.
     #[error("{url}: unexpected answer: {reason}")]
@@ -53,23 +54,51 @@ pub enum FetchError {
         /// What was missing.
         reason: String,
     },
-    /// The configuration does not make a valid URL or client.
-    #[error("API configuration: {0}")]
-    Config(String),
+    /// The answer is not JSON at all.
+    #[error("{url}: the answer is not JSON: {source}")]
+    NotJson {
+        /// Request URL.
+        url: String,
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The source's `api` table does not fit the provider's settings.
+    #[error("api settings: {0}")]
+    Settings(#[source] config::ConfigError),
+    /// A setting the provider needs is absent.
+    #[error("api settings: `{0}` is missing")]
+    MissingSetting(&'static str),
+    /// The base URL and path do not make a URL.
+    #[error("`{url}` is not a URL: {source}")]
+    InvalidUrl {
+        /// What was tried.
+        url: String,
+        /// The parser's error.
+        #[source]
+        source: url::ParseError,
+    },
+    /// The HTTP client could not be built.
+    #[error("HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
 }
 
-/// How requests authenticate.
-#[derive(Clone)]
-pub enum Auth {
-    /// `Authorization: Bearer <token>` (ReceiptRoller).
-    Bearer(Secret),
-    /// Mekari's HMAC API authentication over `Date` and the request line.
-    MekariHmac {
-        /// The client id (`username`).
-        client_id: String,
-        /// The client secret.
-        secret: Secret,
-    },
+/// Why one attempt failed in a way a later attempt may not.
+#[derive(Debug, thiserror::Error)]
+pub enum AttemptError {
+    /// A retryable status (408, 429, 5xx).
+    #[error("status {0}")]
+    Status(StatusCode),
+    /// No answer: connection refused, reset, timed out.
+    #[error(transparent)]
+    Transport(#[from] reqwest::Error),
+}
+
+/// How a provider authenticates its API requests; each provider's folder
+/// holds its own (ReceiptRoller: a bearer token; Mekari: HMAC over the request).
+pub trait Authorize: Send + Sync {
+    /// Adds the credentials to a request for `url`, made now.
+    fn authorize(&self, request: RequestBuilder, method: &Method, url: &Url) -> RequestBuilder;
 }
 
 /// One provider API, for one source's account.
@@ -80,7 +109,7 @@ pub struct ApiClient {
     /// Base URL, without a trailing slash.
     base: String,
     /// Credentials.
-    auth: Auth,
+    auth: Arc<dyn Authorize>,
     /// Attempts per request.
     max_attempts: u32,
 }
@@ -94,25 +123,24 @@ impl std::fmt::Debug for ApiClient {
 }
 
 impl ApiClient {
-    /// Builds a client; `timeout` bounds each attempt.
+    /// Builds a client; `options.timeout` bounds each attempt.
     ///
     /// # Errors
-    /// [`FetchError::Config`] when the HTTP client cannot be built.
+    /// [`FetchError::Client`] when the HTTP client cannot be built.
     pub fn new(
         base: &str,
-        auth: Auth,
-        max_attempts: u32,
-        timeout: Duration,
+        auth: Arc<dyn Authorize>,
+        options: &ApiOptions,
     ) -> Result<ApiClient, FetchError> {
         let http = reqwest::Client::builder()
-            .timeout(timeout)
+            .timeout(options.timeout)
             .build()
-            .map_err(|e| FetchError::Config(e.to_string()))?;
+            .map_err(FetchError::Client)?;
         Ok(ApiClient {
             http,
             base: base.trim_end_matches('/').to_owned(),
             auth,
-            max_attempts: max_attempts.max(1),
+            max_attempts: options.max_attempts.max(1),
         })
     }
 
@@ -135,35 +163,19 @@ impl ApiClient {
         query: &[(&str, String)],
         body: Option<&Value>,
     ) -> Result<Value, FetchError> {
-        let mut url = Url::parse(&format!("{}{path}", self.base))
-            .map_err(|e| FetchError::Config(format!("{}{path}: {e}", self.base)))?;
+        let full = format!("{}{path}", self.base);
+        let mut url = Url::parse(&full).map_err(|source| FetchError::InvalidUrl {
+            url: full.clone(),
+            source,
+        })?;
         if !query.is_empty() {
             url.query_pairs_mut()
                 .extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
         }
-        let mut last = String::new();
+        let mut last = None;
         for attempt in 1..=self.max_attempts {
-            let mut request = self.http.request(method.clone(), url.clone());
-            request = match &self.auth {
-                Auth::Bearer(token) => request.bearer_auth(token.expose()),
-                Auth::MekariHmac { client_id, secret } => {
-                    let date = httpdate::fmt_http_date(SystemTime::now());
-                    let path_and_query = match url.query() {
-                        Some(q) => format!("{}?{q}", url.path()),
-                        None => url.path().to_owned(),
-                    };
-                    let authorization = api_authorization(
-                        client_id,
-                        secret.expose(),
-                        &date,
-                        method.as_str(),
-                        &path_and_query,
-                    );
-                    request
-                        .header(reqwest::header::DATE, date)
-                        .header(reqwest::header::AUTHORIZATION, authorization)
-                }
-            };
+            let request = self.http.request(method.clone(), url.clone());
+            let mut request = self.auth.authorize(request, &method, &url);
             if let Some(body) = body {
                 request = request.json(body);
             }
@@ -173,9 +185,9 @@ impl ApiClient {
                     if text.trim().is_empty() {
                         return Ok(Value::Null);
                     }
-                    return serde_json::from_str(&text).map_err(|e| FetchError::Shape {
+                    return serde_json::from_str(&text).map_err(|source| FetchError::NotJson {
                         url: url.to_string(),
-                        reason: format!("not JSON: {e}"),
+                        source,
                     });
                 }
                 Ok(response) if retryable(response.status()) => {
@@ -185,7 +197,7 @@ impl ApiClient {
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.trim().parse::<u64>().ok())
                         .map(Duration::from_secs);
-                    last = format!("status {}", response.status());
+                    last = Some(AttemptError::Status(response.status()));
                     retry_after
                 }
                 Ok(response) => {
@@ -198,14 +210,16 @@ impl ApiClient {
                     });
                 }
                 Err(error) => {
-                    last = error.to_string();
+                    last = Some(AttemptError::Transport(error));
                     None
                 }
             };
             if attempt < self.max_attempts {
                 let backoff = FIRST_BACKOFF * 2u32.saturating_pow(attempt - 1);
                 let wait = wait.unwrap_or(backoff).min(MAX_BACKOFF);
-                tracing::debug!(%url, attempt, wait_ms = wait.as_millis() as u64, failure = %last, "API call failed; retrying.");
+                if let Some(failure) = &last {
+                    tracing::debug!(%url, attempt, wait_ms = wait.as_millis() as u64, %failure, "API call failed; retrying.");
+                }
                 tokio::time::sleep(wait).await;
             }
         }
@@ -213,7 +227,8 @@ impl ApiClient {
             method,
             url: url.to_string(),
             attempts: self.max_attempts,
-            last,
+            // The loop runs at least once and every failed attempt sets it.
+            last: last.expect("a failed attempt left its failure"),
         })
     }
 }

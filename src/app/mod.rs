@@ -1,0 +1,143 @@
+//! Start-up: turns a checked [`Config`] into a running service.
+//!
+//! Every connection is opened and checked here, once, so a mistake (a wrong
+//! broker address, an incompatible schema, a locked ledger file) stops the
+//! service with a message before it accepts a single webhook. `check.rs`
+//! holds the checks that need provider knowledge, shared with `check-config`.
+
+mod check;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::info;
+
+use crate::config::Config;
+use crate::encode::{EncodeError, Encoder};
+use crate::ingress::{self, AppState};
+use crate::ledger::{self, LedgerError};
+use crate::pipeline::Pipeline;
+use crate::publish::{PublishError, Publisher, Topics};
+use crate::verify::SecretError;
+
+pub use check::{load, problems, webhook_source};
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The ledger could not be opened.
+    #[error("ledger: {0}")]
+    Ledger(#[from] LedgerError),
+    /// The producer could not be created or the topics could not be ensured.
+    #[error("kafka: {0}")]
+    Kafka(#[from] PublishError),
+    /// The schema registry refused the schema or could not be reached.
+    #[error("schema registry: {0}")]
+    Registry(#[from] EncodeError),
+    /// A source's secret does not fit its signature scheme.
+    #[error("{key}.secrets[{index}]: {source}")]
+    Secret {
+        /// Config key of the source.
+        key: String,
+        /// Which secret.
+        index: usize,
+        /// What is wrong with it.
+        #[source]
+        source: SecretError,
+    },
+}
+
+/// A built service: the pieces `serve` runs.
+#[derive(Clone)]
+pub struct App {
+    /// The HTTP state (holds the pipeline).
+    state: AppState,
+    /// Shutdown budget for the producer flush.
+    shutdown_timeout: Duration,
+}
+
+impl App {
+    /// Opens the ledger, creates the producer and topics, registers the
+    /// schema, and builds every source's verifier.
+    ///
+    /// # Errors
+    /// A [`BuildError`] naming what failed.
+    pub async fn build(config: &Config) -> Result<App, BuildError> {
+        let kafka = &config.kafka;
+        let inflight_wait = Duration::from_millis(config.server.inflight_wait_ms);
+        // A lease outlives the longest a delivery can legitimately take.
+        let ledger = ledger::open(&config.ledger, kafka.delivery_timeout() * 2 + inflight_wait).await?;
+
+        let topics = Topics::new(kafka);
+        let publisher = Publisher::new(kafka)?;
+        if kafka.create_topics {
+            let wanted = topics.all();
+            publisher
+                .ensure_topics(&wanted, kafka.partitions, kafka.replication_factor)
+                .await?;
+            info!(topics = ?wanted.keys().collect::<Vec<_>>(), "Topics ready.");
+        }
+        let entity_topics: Vec<String> = topics.entities().map(str::to_owned).collect();
+        let encoder = Encoder::new(&config.schema_registry, &entity_topics).await?;
+        info!(encoding = ?encoder, "Encoder ready.");
+
+        let mut sources = HashMap::new();
+        for entry in config.sources() {
+            let webhook = webhook_source(entry).map_err(|(index, source)| BuildError::Secret {
+                key: entry.key(),
+                index,
+                source,
+            })?;
+            sources.insert((entry.provider, entry.name.to_owned()), webhook);
+        }
+
+        Ok(App {
+            state: AppState {
+                sources: Arc::new(sources),
+                pipeline: Pipeline::new(ledger, encoder, publisher, topics, inflight_wait),
+                body_limit: config.server.body_limit_bytes,
+                retry_after_secs: config.server.retry_after_secs,
+                metrics: crate::telemetry::install(),
+            },
+            shutdown_timeout: Duration::from_millis(config.server.shutdown_timeout_ms),
+        })
+    }
+
+    /// The pipeline, for callers other than the HTTP handler (the reconciler).
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.state.pipeline
+    }
+
+    /// The router, for handler tests without a socket.
+    pub fn router(&self) -> axum::Router {
+        ingress::router(self.state.clone())
+    }
+
+    /// Waits for queued records to be delivered, at most `server.shutdown_timeout_ms`.
+    pub async fn flush(&self) {
+        self.state
+            .pipeline
+            .publisher()
+            .flush(self.shutdown_timeout)
+            .await;
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, then lets in-flight
+    /// deliveries finish and flushes the producer.
+    ///
+    /// # Errors
+    /// When the listener fails.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let app = self.clone();
+        ingress::serve(listener, self.state, shutdown).await?;
+        info!("Stopped accepting; flushing the producer.");
+        app.flush().await;
+        Ok(())
+    }
+}

@@ -1,0 +1,142 @@
+//! The `[kafka]` section: broker, topics and producer settings.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::event::EntityType;
+
+/// librdkafka also reads the delivery deadline under this alias; posbridge
+/// owns the deadline, so the alias is refused like the properties it sets.
+const DEADLINE_ALIAS: &str = "delivery.timeout.ms";
+
+/// Broker, topics and producer settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`.
+    #[serde(default = "default_brokers")]
+    pub brokers: String,
+    /// Prefix of every default topic name (`pos.` gives `pos.sales`, …).
+    #[serde(default = "default_topic_prefix")]
+    pub topic_prefix: String,
+    /// Per entity type (plural name: `sales`, `orders`, …) a full topic name
+    /// that replaces `{topic_prefix}{plural}`.
+    #[serde(default)]
+    pub topics: BTreeMap<String, String>,
+    /// Where events we cannot normalize go, raw; default `{topic_prefix}dead-letter`.
+    #[serde(default)]
+    pub dead_letter_topic: Option<String>,
+    /// Partitions for topics posbridge creates.
+    #[serde(default = "default_partitions")]
+    pub partitions: i32,
+    /// Replication factor for topics posbridge creates.
+    #[serde(default = "default_replication_factor")]
+    pub replication_factor: i32,
+    /// Create missing topics at start-up (compact for entities, delete for dead letters).
+    #[serde(default = "default_true")]
+    pub create_topics: bool,
+    /// How long one record may take to be acknowledged before the delivery is
+    /// answered 503; must leave room inside the providers' 10 s.
+    #[serde(default = "default_delivery_timeout_ms")]
+    pub delivery_timeout_ms: u64,
+    /// Any other librdkafka producer property, passed through as is.
+    #[serde(default)]
+    pub librdkafka: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: default_brokers(),
+            topic_prefix: default_topic_prefix(),
+            topics: BTreeMap::new(),
+            dead_letter_topic: None,
+            partitions: default_partitions(),
+            replication_factor: default_replication_factor(),
+            create_topics: true,
+            delivery_timeout_ms: default_delivery_timeout_ms(),
+            librdkafka: BTreeMap::new(),
+        }
+    }
+}
+
+fn default_brokers() -> String {
+    "127.0.0.1:9092".into()
+}
+fn default_topic_prefix() -> String {
+    "pos.".into()
+}
+const fn default_partitions() -> i32 {
+    6
+}
+const fn default_replication_factor() -> i32 {
+    1
+}
+const fn default_true() -> bool {
+    true
+}
+const fn default_delivery_timeout_ms() -> u64 {
+    5000
+}
+
+impl KafkaConfig {
+    /// The topic an entity type's records go to.
+    pub fn topic(&self, entity: EntityType) -> String {
+        self.topics
+            .get(entity.plural())
+            .cloned()
+            .unwrap_or_else(|| format!("{}{}", self.topic_prefix, entity.plural()))
+    }
+
+    /// The dead-letter topic.
+    pub fn dead_letter_topic(&self) -> String {
+        self.dead_letter_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}dead-letter", self.topic_prefix))
+    }
+
+    /// The produce deadline as a duration.
+    pub fn delivery_timeout(&self) -> Duration {
+        Duration::from_millis(self.delivery_timeout_ms)
+    }
+
+    /// The producer properties posbridge sets itself, the one list of them:
+    /// passing any of these through `librdkafka` would break a promise the
+    /// service makes (exactly-once per partition, acks from all replicas,
+    /// Java-compatible partitioning, the delivery deadline).
+    pub fn fixed_producer_properties(&self) -> [(&'static str, String); 5] {
+        [
+            ("bootstrap.servers", self.brokers.clone()),
+            ("enable.idempotence", "true".into()),
+            ("acks", "all".into()),
+            ("partitioner", "murmur2_random".into()),
+            ("message.timeout.ms", self.delivery_timeout_ms.to_string()),
+        ]
+    }
+
+    /// Whether a pass-through property is one posbridge sets itself.
+    pub fn is_reserved(&self, property: &str) -> bool {
+        property == DEADLINE_ALIAS
+            || self
+                .fixed_producer_properties()
+                .iter()
+                .any(|(fixed, _)| *fixed == property)
+    }
+}
+
+/// Confluent Schema Registry settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// Registry base URL; when absent, records use Avro single-object encoding.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Basic-auth user, when the registry needs one.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Basic-auth password.
+    #[serde(default)]
+    pub password: Option<super::Secret>,
+}

@@ -1,0 +1,435 @@
+//! Configuration: plain data, loaded once from a TOML file with every key
+//! overridable by `POSBRIDGE__SECTION__KEY` environment variables.
+//!
+//! Nothing here opens a connection or knows a provider's details: `App::build`
+//! turns this data into a running service, and the checks that need provider
+//! knowledge (signature secrets, API settings) run where the providers are
+//! assembled (`app::check`). [`Config::problems`] reports every mistake the
+//! data alone shows, each with its key path.
+
+mod kafka;
+mod ledger;
+mod reconcile;
+mod server;
+mod source;
+
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::event::{EntityType, ProviderKind};
+
+pub use kafka::{KafkaConfig, RegistryConfig};
+pub use ledger::{LedgerBackend, LedgerConfig};
+pub use reconcile::{ReconcileConfig, WatchdogConfig};
+pub use server::ServerConfig;
+pub use source::{ApiSection, ProviderConfig, SchemeName, Secret, Secrets, SourceConfig};
+
+/// Environment variables with this prefix override file keys.
+pub const ENV_PREFIX: &str = "POSBRIDGE";
+/// Separates the prefix and the path segments of an override.
+pub const ENV_SEPARATOR: &str = "__";
+
+/// Mekari's last retry comes about 11 hours after the first attempt (plus up
+/// to a minute of jitter); a done delivery id must be remembered longer.
+const LONGEST_RETRY_WINDOW: Duration = Duration::from_secs(11 * 3600 + 5 * 60);
+
+/// Both providers give up on an attempt after 10 s; our answer must come well
+/// before that, including the wait for Kafka's acknowledgement.
+const PROVIDER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the configuration could not be read at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file is missing or is not valid TOML, or a value has the wrong type.
+    #[error("cannot read configuration: {0}")]
+    Read(#[from] config::ConfigError),
+    /// The file parsed, but some values are wrong; each problem names its key.
+    #[error("invalid configuration:\n{}", .0.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<Problem>),
+}
+
+/// One mistake in the configuration, named by its key path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Dotted key path, e.g. `mekari.sources.main.secrets`.
+    pub key: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl Problem {
+    /// A problem at `key`.
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> Problem {
+        Problem {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// HTTP listener and answer policy.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// Broker, topics, producer settings.
+    #[serde(default)]
+    pub kafka: KafkaConfig,
+    /// Confluent Schema Registry; absent means registry-less single-object encoding.
+    #[serde(default)]
+    pub schema_registry: RegistryConfig,
+    /// Where delivery ids and entity versions are kept.
+    #[serde(default)]
+    pub ledger: LedgerConfig,
+    /// ReceiptRoller webhooks.
+    #[serde(default)]
+    pub receiptroller: ProviderConfig,
+    /// Mekari POS webhooks.
+    #[serde(default)]
+    pub mekari: ProviderConfig,
+    /// Catching up from the providers' APIs.
+    #[serde(default)]
+    pub reconcile: ReconcileConfig,
+    /// Watching that the providers still send to us.
+    #[serde(default)]
+    pub watchdog: WatchdogConfig,
+}
+
+/// One configured source, as [`Config::sources`] yields it.
+#[derive(Debug, Clone, Copy)]
+pub struct SourceEntry<'a> {
+    /// Its provider.
+    pub provider: ProviderKind,
+    /// Its name, the `{source}` in the URL.
+    pub name: &'a str,
+    /// Its settings.
+    pub config: &'a SourceConfig,
+}
+
+impl SourceEntry<'_> {
+    /// Its key path in the file, for problems: `mekari.sources.main`.
+    pub fn key(&self) -> String {
+        format!("{}.sources.{}", self.provider, self.name)
+    }
+}
+
+impl Config {
+    /// Reads the file (when given) and the environment overrides, without
+    /// validating: `app::load` adds every check, and `check-config` reports
+    /// them itself.
+    ///
+    /// # Errors
+    /// [`ConfigError::Read`] when the file cannot be read or has a key of the
+    /// wrong type or an unknown key.
+    pub fn read(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut builder = config::Config::builder();
+        if let Some(path) = path {
+            builder = builder.add_source(
+                config::File::from(path)
+                    .format(config::FileFormat::Toml)
+                    .required(true),
+            );
+        }
+        let built = builder
+            .add_source(
+                config::Environment::with_prefix(ENV_PREFIX)
+                    .prefix_separator(ENV_SEPARATOR)
+                    .separator(ENV_SEPARATOR),
+            )
+            .build()?;
+        Ok(built.try_deserialize()?)
+    }
+
+    /// Reads a configuration from TOML text alone, without environment
+    /// overrides: for tests and programs that embed posbridge.
+    ///
+    /// # Errors
+    /// [`ConfigError::Read`] as for [`Config::read`].
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        Ok(config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Toml))
+            .build()?
+            .try_deserialize()?)
+    }
+
+    /// The sources of one provider: the one place a provider's name maps to
+    /// its section of the file.
+    pub fn provider(&self, provider: ProviderKind) -> &ProviderConfig {
+        match provider {
+            ProviderKind::ReceiptRoller => &self.receiptroller,
+            ProviderKind::Mekari => &self.mekari,
+        }
+    }
+
+    /// Every configured source of every provider, with its key path
+    /// (`mekari.sources.main`): the one loop over sources that start-up,
+    /// the checks and the reconciler share.
+    pub fn sources(&self) -> impl Iterator<Item = SourceEntry<'_>> {
+        ProviderKind::ALL.into_iter().flat_map(move |provider| {
+            self.provider(provider)
+                .sources
+                .iter()
+                .map(move |(name, config)| SourceEntry {
+                    provider,
+                    name,
+                    config,
+                })
+        })
+    }
+
+    /// Every mistake found, each with its key path. Empty means valid.
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        let mut problem = |key: &str, message: String| problems.push(Problem::new(key, message));
+
+        if self.server.listen.parse::<std::net::SocketAddr>().is_err() {
+            problem(
+                "server.listen",
+                format!(
+                    "`{}` is not an address like 127.0.0.1:8080",
+                    self.server.listen
+                ),
+            );
+        }
+        if self.server.body_limit_bytes == 0 {
+            problem("server.body_limit_bytes", "must be above 0".into());
+        }
+        if self.server.retry_after_secs == 0 || self.server.retry_after_secs > 3600 {
+            problem(
+                "server.retry_after_secs",
+                "must be 1..=3600 (Mekari caps Retry-After at one hour)".into(),
+            );
+        }
+        let answer_budget = Duration::from_millis(self.kafka.delivery_timeout_ms)
+            + Duration::from_millis(self.server.inflight_wait_ms);
+        if answer_budget >= PROVIDER_TIMEOUT.mul_f32(0.9) {
+            problem(
+                "kafka.delivery_timeout_ms",
+                format!(
+                    "delivery_timeout_ms + server.inflight_wait_ms = {} ms leaves no room inside the providers' 10 s answer limit; keep the sum under 9000",
+                    answer_budget.as_millis()
+                ),
+            );
+        }
+        if self.kafka.delivery_timeout_ms < 100 {
+            problem(
+                "kafka.delivery_timeout_ms",
+                "must be at least 100 ms".into(),
+            );
+        }
+        if self.kafka.brokers.trim().is_empty() {
+            problem("kafka.brokers", "must name at least one broker".into());
+        }
+        if self.kafka.partitions < 1 {
+            problem("kafka.partitions", "must be at least 1".into());
+        }
+        if self.kafka.replication_factor < 1 {
+            problem("kafka.replication_factor", "must be at least 1".into());
+        }
+        for name in self.kafka.topics.keys() {
+            if !EntityType::ALL.iter().any(|t| t.plural() == name) {
+                problem(
+                    &format!("kafka.topics.{name}"),
+                    format!(
+                        "unknown entity type; use one of {}",
+                        EntityType::ALL.map(|t| t.plural()).join(", ")
+                    ),
+                );
+            }
+        }
+        let mut topics: Vec<(String, String)> = EntityType::ALL
+            .iter()
+            .map(|t| (format!("kafka.topics.{}", t.plural()), self.kafka.topic(*t)))
+            .collect();
+        topics.push((
+            "kafka.dead_letter_topic".into(),
+            self.kafka.dead_letter_topic(),
+        ));
+        for (key, topic) in &topics {
+            if !valid_topic_name(topic) {
+                problem(
+                    key,
+                    format!(
+                        "`{topic}` is not a valid Kafka topic name (1-249 of a-z A-Z 0-9 . _ -)"
+                    ),
+                );
+            }
+            if topics.iter().filter(|(_, t)| t == topic).count() > 1 {
+                problem(key, format!("topic `{topic}` is used twice"));
+            }
+        }
+        for name in self.kafka.librdkafka.keys() {
+            if self.kafka.is_reserved(name) {
+                problem(
+                    &format!("kafka.librdkafka.\"{name}\""),
+                    "posbridge sets this itself (idempotent, acks=all, murmur2_random, delivery deadline); use kafka.brokers / kafka.delivery_timeout_ms or remove it".into(),
+                );
+            }
+        }
+        if let Some(url) = &self.schema_registry.url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            problem(
+                "schema_registry.url",
+                format!("`{url}` must start with http:// or https://"),
+            );
+        }
+        if self.ledger.backend == LedgerBackend::Redis
+            && !(self.ledger.redis_url.starts_with("redis://")
+                || self.ledger.redis_url.starts_with("rediss://"))
+        {
+            problem(
+                "ledger.redis_url",
+                format!(
+                    "`{}` must start with redis:// or rediss://",
+                    self.ledger.redis_url
+                ),
+            );
+        }
+        if Duration::from_secs(self.ledger.dedup_ttl_secs) <= LONGEST_RETRY_WINDOW {
+            problem(
+                "ledger.dedup_ttl_secs",
+                format!(
+                    "{} s is shorter than Mekari's retry window (~11 h); a late retry would be published twice. Use at least {}",
+                    self.ledger.dedup_ttl_secs,
+                    LONGEST_RETRY_WINDOW.as_secs() + 1
+                ),
+            );
+        }
+
+        let mut any_source = false;
+        for entry in self.sources() {
+            any_source = true;
+            let (key, name, source) = (entry.key(), entry.name, entry.config);
+            if !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                problem(
+                    &key,
+                    "source names go into URLs: use a-z, 0-9, - and _".into(),
+                );
+            }
+            if source.secrets.0.is_empty() {
+                problem(
+                    &format!("{key}.secrets"),
+                    "at least one secret is needed to verify signatures".into(),
+                );
+            }
+            if let Some(account) = &source.account
+                && (account.is_empty() || account.contains(':'))
+            {
+                problem(
+                    &format!("{key}.account"),
+                    "must be non-empty and without `:` (it is part of the record key)".into(),
+                );
+            }
+        }
+        for (key, value) in [
+            ("reconcile.interval_secs", self.reconcile.interval_secs),
+            ("reconcile.step_secs", self.reconcile.step_secs),
+            ("watchdog.interval_secs", self.watchdog.interval_secs),
+        ] {
+            if value == 0 {
+                problem(key, "must be above 0".into());
+            }
+        }
+        if self.reconcile.max_attempts == 0 {
+            problem("reconcile.max_attempts", "must be at least 1".into());
+        }
+        if !any_source {
+            problem(
+                "receiptroller.sources / mekari.sources",
+                "no webhook source is configured; every request would get 404".into(),
+            );
+        }
+        problems
+    }
+}
+
+fn valid_topic_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 249
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Config {
+        Config::from_toml(text).unwrap()
+    }
+
+    #[test]
+    fn example_config_is_valid() {
+        let text = include_str!("../../config/posbridge.example.toml");
+        let config = parse(text);
+        assert_eq!(config.problems(), vec![]);
+        assert_eq!(config.kafka.librdkafka.get("linger.ms").unwrap(), "5");
+        assert_eq!(config.kafka.topic(EntityType::Sale), "pos.sales");
+    }
+
+    #[test]
+    fn every_mistake_is_reported_with_its_key() {
+        let config = parse(
+            r#"
+            [kafka]
+            delivery_timeout_ms = 9500
+            [kafka.topics]
+            sale = "x"
+            [kafka.librdkafka]
+            "acks" = "1"
+            [ledger]
+            dedup_ttl_secs = 3600
+            [mekari.sources.main]
+            secrets = []
+            "#,
+        );
+        let keys: Vec<String> = config.problems().into_iter().map(|p| p.key).collect();
+        for expected in [
+            "kafka.delivery_timeout_ms",
+            "kafka.topics.sale",
+            "kafka.librdkafka.\"acks\"",
+            "ledger.dedup_ttl_secs",
+            "mekari.sources.main.secrets",
+        ] {
+            assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
+        }
+    }
+
+    #[test]
+    fn secrets_accept_a_comma_separated_string() {
+        let config = parse(
+            r#"
+            [receiptroller.sources.a]
+            secrets = "one, two"
+            "#,
+        );
+        let secrets = &config.receiptroller.sources["a"].secrets.0;
+        assert_eq!(secrets.len(), 2);
+        assert_eq!(secrets[1].expose(), "two");
+        assert_eq!(format!("{:?}", secrets[0]), "[redacted]");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let error = Config::from_toml("[kafka]\nbrokerz = \"x\"").unwrap_err();
+        assert!(error.to_string().contains("brokerz"));
+    }
+}

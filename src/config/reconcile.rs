@@ -1,0 +1,93 @@
+//! The `[reconcile]` and `[watchdog]` sections: catching up from the
+//! providers' APIs, and watching that the providers still send to us.
+
+use serde::Deserialize;
+
+/// The reconciler: reads what webhooks may have missed from the providers'
+/// list APIs and publishes it through the same pipeline.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileConfig {
+    /// Run on a schedule inside `serve`.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Time between scheduled runs.
+    #[serde(default = "default_reconcile_interval_secs")]
+    pub interval_secs: u64,
+    /// Each run starts this long before its checkpoint: ReceiptRoller's
+    /// retries take ~71 min and Mekari's offline sales carry earlier times.
+    #[serde(default = "default_lookback_secs")]
+    pub lookback_secs: u64,
+    /// How far back the first run of a source reaches, with no checkpoint yet.
+    #[serde(default = "default_initial_window_secs")]
+    pub initial_window_secs: u64,
+    /// A run's window is read in steps of this length; the checkpoint moves
+    /// after each complete step, so a crash resumes from the last one.
+    #[serde(default = "default_step_secs")]
+    pub step_secs: u64,
+    /// Attempts per API page before the run fails (429, 5xx, connection errors).
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// Timeout of one API request.
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+impl Default for ReconcileConfig {
+    fn default() -> Self {
+        ReconcileConfig {
+            enabled: false,
+            interval_secs: default_reconcile_interval_secs(),
+            lookback_secs: default_lookback_secs(),
+            initial_window_secs: default_initial_window_secs(),
+            step_secs: default_step_secs(),
+            max_attempts: default_max_attempts(),
+            request_timeout_ms: default_request_timeout_ms(),
+        }
+    }
+}
+
+const fn default_reconcile_interval_secs() -> u64 {
+    900
+}
+// ReceiptRoller's last retry comes ~71 min after the first attempt; 90 min covers it.
+const fn default_lookback_secs() -> u64 {
+    90 * 60
+}
+const fn default_initial_window_secs() -> u64 {
+    24 * 3600
+}
+const fn default_step_secs() -> u64 {
+    3600
+}
+const fn default_max_attempts() -> u32 {
+    5
+}
+const fn default_request_timeout_ms() -> u64 {
+    10_000
+}
+
+/// The webhook-health watchdog.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchdogConfig {
+    /// Run inside `serve`.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Time between checks of every webhook's state.
+    #[serde(default = "default_watchdog_interval_secs")]
+    pub interval_secs: u64,
+}
+
+impl Default for WatchdogConfig {
+    fn default() -> Self {
+        WatchdogConfig {
+            enabled: false,
+            interval_secs: default_watchdog_interval_secs(),
+        }
+    }
+}
+
+const fn default_watchdog_interval_secs() -> u64 {
+    60
+}

@@ -1,0 +1,133 @@
+//! The webhook sources: one table per configured webhook of a provider, with
+//! its secrets, signature settings and (optionally) the provider's API.
+//!
+//! The `api` table's shape belongs to the provider (`providers/<name>/api.rs`
+//! reads it), so it stays opaque here: config knows no provider's fields.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Deserializer};
+
+/// One provider's webhooks.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// Configured webhooks by name; the name is the `{source}` in the URL.
+    #[serde(default)]
+    pub sources: BTreeMap<String, SourceConfig>,
+}
+
+/// One configured webhook.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// Secrets that may sign a delivery; any one matching accepts it, so a
+    /// new secret can be added before the provider switches to it.
+    pub secrets: Secrets,
+    /// Signature scheme; the provider's default when absent.
+    #[serde(default)]
+    pub scheme: Option<SchemeName>,
+    /// Signature header; the scheme's or provider's default when absent.
+    #[serde(default)]
+    pub header: Option<String>,
+    /// For timestamped schemes (stripe, standard-webhooks): how far the
+    /// signed time may be from ours.
+    #[serde(default = "default_tolerance_secs")]
+    pub tolerance_secs: u64,
+    /// Merchant account this webhook serves; becomes part of record keys.
+    #[serde(default)]
+    pub account: Option<String>,
+    /// The provider's API for this source's account: reconciler and watchdog.
+    #[serde(default)]
+    pub api: Option<ApiSection>,
+}
+
+const fn default_tolerance_secs() -> u64 {
+    300
+}
+
+/// The signature schemes a source can be configured with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SchemeName {
+    /// Hex HMAC-SHA256 of the body, optionally prefixed `sha256=` (GitHub-style;
+    /// ReceiptRoller's default).
+    Hex,
+    /// Base64 HMAC-SHA256 of the body (Shopify-style; Mekari's default).
+    Base64,
+    /// `t=<unix>,v1=<hex>` over `{t}.{body}`, with a time tolerance.
+    Stripe,
+    /// Standard Webhooks: `v1,<base64>` over `{id}.{timestamp}.{body}`, `whsec_` secrets.
+    StandardWebhooks,
+}
+
+/// A source's `api` table, kept as read (environment overrides included) for
+/// the provider to turn into its own typed settings. Its `Debug` hides the
+/// values: the table holds credentials.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct ApiSection(config::Value);
+
+impl ApiSection {
+    /// Reads the table as the provider's settings type, with the same
+    /// type coercion as the rest of the file (`"5"` from the environment
+    /// reads as a number).
+    ///
+    /// # Errors
+    /// The deserializer's error (a missing, unknown or mistyped key).
+    pub fn read<T: serde::de::DeserializeOwned>(&self) -> Result<T, config::ConfigError> {
+        self.0.clone().try_deserialize()
+    }
+}
+
+impl fmt::Debug for ApiSection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiSection([redacted])")
+    }
+}
+
+/// A secret value whose `Debug` never shows it, so it cannot reach logs.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself; call only where it is used.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// A list of secrets, from a TOML array or, for environment overrides, one
+/// comma-separated string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Secrets(pub Vec<Secret>);
+
+impl<'de> Deserialize<'de> for Secrets {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            List(Vec<String>),
+            Joined(String),
+        }
+        let list = match Form::deserialize(deserializer)? {
+            Form::List(list) => list,
+            Form::Joined(joined) => joined.split(',').map(str::to_owned).collect(),
+        };
+        Ok(Secrets(
+            list.into_iter()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .map(Secret)
+                .collect(),
+        ))
+    }
+}

@@ -1,0 +1,304 @@
+//! A [`PosEvent`] and its Avro form, both ways: the mapping between the
+//! event's fields and `schemas/pos_event.avsc`.
+
+use apache_avro::types::Value;
+use time::OffsetDateTime;
+
+use super::DecodeError;
+use crate::event::{Decimal, EntityType, LineItem, Origin, PosEvent, ProviderKind, Version};
+
+fn micros(at: OffsetDateTime) -> i64 {
+    Version::new(at, 0).at_micros
+}
+
+fn optional_string(value: Option<&str>) -> Value {
+    match value {
+        Some(s) => Value::Union(1, Box::new(Value::String(s.to_owned()))),
+        None => Value::Union(0, Box::new(Value::Null)),
+    }
+}
+
+fn optional_decimal(value: Option<Decimal>) -> Value {
+    match value {
+        Some(decimal) => {
+            let bytes = decimal.unscaled.to_be_bytes();
+            // Shortest two's-complement form: drop leading bytes that only
+            // repeat the sign.
+            let mut start = 0;
+            while start < bytes.len() - 1
+                && ((bytes[start] == 0x00 && bytes[start + 1] & 0x80 == 0)
+                    || (bytes[start] == 0xff && bytes[start + 1] & 0x80 != 0))
+            {
+                start += 1;
+            }
+            Value::Union(
+                1,
+                Box::new(Value::Decimal(apache_avro::Decimal::from(bytes[start..].to_vec()))),
+            )
+        }
+        None => Value::Union(0, Box::new(Value::Null)),
+    }
+}
+
+fn symbol<T: Copy + PartialEq>(all: &[T], item: T, name: fn(T) -> &'static str) -> Value {
+    let index = all.iter().position(|x| *x == item).unwrap_or(0);
+    Value::Enum(
+        u32::try_from(index).unwrap_or(0),
+        name(item).to_ascii_uppercase(),
+    )
+}
+
+const ORIGINS: [Origin; 2] = [Origin::Webhook, Origin::Reconciler];
+
+/// The Avro form of an event. Every field of [`PosEvent`] is named here
+/// (no `..`), so a field added to the event without a place in the schema
+/// fails to compile instead of silently going missing.
+pub fn to_avro(event: &PosEvent) -> Value {
+    let PosEvent {
+        event_id,
+        provider,
+        source,
+        account,
+        entity_type,
+        entity_id,
+        event_type,
+        occurred_at,
+        version,
+        received_at,
+        origin,
+        outlet_id,
+        store_id,
+        terminal_id,
+        currency,
+        subtotal,
+        tax,
+        total,
+        status,
+        kitchen_status,
+        items,
+        // A deleted entity is written as a tombstone, never encoded.
+        deleted: _,
+        raw,
+    } = event;
+    let items = items
+        .iter()
+        .map(|item| {
+            let LineItem {
+                sku,
+                name,
+                quantity,
+                unit_price,
+            } = item;
+            Value::Record(vec![
+                ("sku".into(), optional_string(sku.as_deref())),
+                ("name".into(), optional_string(name.as_deref())),
+                ("quantity".into(), optional_decimal(*quantity)),
+                ("unit_price".into(), optional_decimal(*unit_price)),
+            ])
+        })
+        .collect();
+    Value::Record(vec![
+        ("event_id".into(), Value::String(event_id.clone())),
+        (
+            "provider".into(),
+            symbol(&ProviderKind::ALL, *provider, ProviderKind::as_str),
+        ),
+        ("source".into(), Value::String(source.clone())),
+        ("account".into(), optional_string(account.as_deref())),
+        (
+            "entity_type".into(),
+            symbol(&EntityType::ALL, *entity_type, EntityType::as_str),
+        ),
+        ("entity_id".into(), Value::String(entity_id.clone())),
+        ("event_type".into(), Value::String(event_type.clone())),
+        (
+            "occurred_at".into(),
+            Value::TimestampMicros(micros(*occurred_at)),
+        ),
+        (
+            "version_at".into(),
+            Value::TimestampMicros(version.at_micros),
+        ),
+        (
+            "version_rank".into(),
+            Value::Int(i32::try_from(version.rank).unwrap_or(i32::MAX)),
+        ),
+        (
+            "received_at".into(),
+            Value::TimestampMicros(micros(*received_at)),
+        ),
+        ("origin".into(), symbol(&ORIGINS, *origin, Origin::as_str)),
+        ("outlet_id".into(), optional_string(outlet_id.as_deref())),
+        ("store_id".into(), optional_string(store_id.as_deref())),
+        ("terminal_id".into(), optional_string(terminal_id.as_deref())),
+        ("currency".into(), optional_string(currency.as_deref())),
+        ("subtotal".into(), optional_decimal(*subtotal)),
+        ("tax".into(), optional_decimal(*tax)),
+        ("total".into(), optional_decimal(*total)),
+        ("status".into(), optional_string(status.as_deref())),
+        (
+            "kitchen_status".into(),
+            optional_string(kitchen_status.as_deref()),
+        ),
+        ("items".into(), Value::Array(items)),
+        ("raw".into(), Value::String(raw.clone())),
+    ])
+}
+
+/// Field access on a decoded record, by name.
+struct Fields(Vec<(String, Value)>);
+
+impl Fields {
+    fn take(&mut self, name: &'static str) -> Result<Value, DecodeError> {
+        let i = self
+            .0
+            .iter()
+            .position(|(n, _)| n == name)
+            .ok_or(DecodeError::Field(name))?;
+        Ok(match self.0.swap_remove(i).1 {
+            Value::Union(_, inner) => *inner,
+            other => other,
+        })
+    }
+
+    fn string(&mut self, name: &'static str) -> Result<String, DecodeError> {
+        match self.take(name)? {
+            Value::String(s) => Ok(s),
+            _ => Err(DecodeError::Field(name)),
+        }
+    }
+
+    fn optional_string(&mut self, name: &'static str) -> Result<Option<String>, DecodeError> {
+        match self.take(name)? {
+            Value::Null => Ok(None),
+            Value::String(s) => Ok(Some(s)),
+            _ => Err(DecodeError::Field(name)),
+        }
+    }
+
+    fn time(&mut self, name: &'static str) -> Result<OffsetDateTime, DecodeError> {
+        match self.take(name)? {
+            Value::TimestampMicros(us) => {
+                OffsetDateTime::from_unix_timestamp_nanos(i128::from(us) * 1000)
+                    .map_err(|_| DecodeError::Field(name))
+            }
+            _ => Err(DecodeError::Field(name)),
+        }
+    }
+
+    fn decimal(&mut self, name: &'static str) -> Result<Option<Decimal>, DecodeError> {
+        match self.take(name)? {
+            Value::Null => Ok(None),
+            Value::Decimal(d) => {
+                let bytes = Vec::<u8>::try_from(&d).map_err(|_| DecodeError::Field(name))?;
+                if bytes.is_empty() || bytes.len() > 16 {
+                    return Err(DecodeError::Field(name));
+                }
+                let fill = if bytes[0] & 0x80 != 0 { 0xff } else { 0x00 };
+                let mut wide = [fill; 16];
+                wide[16 - bytes.len()..].copy_from_slice(&bytes);
+                Ok(Some(Decimal {
+                    unscaled: i128::from_be_bytes(wide),
+                }))
+            }
+            _ => Err(DecodeError::Field(name)),
+        }
+    }
+
+    fn symbol<T: Copy>(
+        &mut self,
+        name: &'static str,
+        parse: fn(&str) -> Option<T>,
+    ) -> Result<T, DecodeError> {
+        match self.take(name)? {
+            Value::Enum(_, symbol) => {
+                parse(&symbol.to_ascii_lowercase()).ok_or(DecodeError::Field(name))
+            }
+            _ => Err(DecodeError::Field(name)),
+        }
+    }
+}
+
+fn record(value: Value, name: &'static str) -> Result<Fields, DecodeError> {
+    match value {
+        Value::Record(fields) => Ok(Fields(fields)),
+        _ => Err(DecodeError::Field(name)),
+    }
+}
+
+/// Reads an event from its Avro form.
+///
+/// # Errors
+/// [`DecodeError::Field`] naming the first field that does not fit.
+pub fn from_avro(value: Value) -> Result<PosEvent, DecodeError> {
+    let mut f = record(value, "PosEvent")?;
+    let items = match f.take("items")? {
+        Value::Array(items) => items
+            .into_iter()
+            .map(|item| {
+                let mut i = record(item, "items")?;
+                Ok(LineItem {
+                    sku: i.optional_string("sku")?,
+                    name: i.optional_string("name")?,
+                    quantity: i.decimal("quantity")?,
+                    unit_price: i.decimal("unit_price")?,
+                })
+            })
+            .collect::<Result<_, DecodeError>>()?,
+        _ => return Err(DecodeError::Field("items")),
+    };
+    let version_at = f.time("version_at")?;
+    let rank = match f.take("version_rank")? {
+        Value::Int(rank) => u32::try_from(rank).map_err(|_| DecodeError::Field("version_rank"))?,
+        _ => return Err(DecodeError::Field("version_rank")),
+    };
+    Ok(PosEvent {
+        event_id: f.string("event_id")?,
+        provider: f.symbol("provider", ProviderKind::parse)?,
+        source: f.string("source")?,
+        account: f.optional_string("account")?,
+        entity_type: f.symbol("entity_type", EntityType::parse)?,
+        entity_id: f.string("entity_id")?,
+        event_type: f.string("event_type")?,
+        occurred_at: f.time("occurred_at")?,
+        version: Version::new(version_at, rank),
+        received_at: f.time("received_at")?,
+        origin: f.symbol("origin", |s| ORIGINS.into_iter().find(|o| o.as_str() == s))?,
+        outlet_id: f.optional_string("outlet_id")?,
+        store_id: f.optional_string("store_id")?,
+        terminal_id: f.optional_string("terminal_id")?,
+        currency: f.optional_string("currency")?,
+        subtotal: f.decimal("subtotal")?,
+        tax: f.decimal("tax")?,
+        total: f.decimal("total")?,
+        status: f.optional_string("status")?,
+        kitchen_status: f.optional_string("kitchen_status")?,
+        items,
+        deleted: false,
+        raw: f.string("raw")?,
+    })
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The schema file and [`to_avro`] name the same fields in the same
+    /// order, so neither can gain a field the other lacks.
+    #[test]
+    fn to_avro_writes_every_schema_field_in_order() {
+        let schema: serde_json::Value = serde_json::from_str(super::super::SCHEMA_JSON).unwrap();
+        let wanted: Vec<&str> = schema["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap())
+            .collect();
+        let Value::Record(fields) = to_avro(&super::super::tests::event()) else {
+            panic!("an event is a record");
+        };
+        let written: Vec<&str> = fields.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(written, wanted);
+    }
+}

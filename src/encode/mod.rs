@@ -1,0 +1,276 @@
+//! Avro encoding of [`PosEvent`]s, in one of two wire formats.
+//!
+//! * With a Schema Registry: the Confluent wire format (magic 0, 4-byte schema
+//!   id, Avro datum) through `schema_registry_converter`, the schema registered
+//!   under TopicNameStrategy (`{topic}-value`) at start-up, so an incompatible
+//!   schema stops the service before it accepts anything.
+//! * Without one: Avro single-object encoding (`C3 01`, 8-byte CRC-64-AVRO
+//!   fingerprint, datum), the Avro spec's registry-less format, so the embedded
+//!   default needs nothing else running.
+//!
+//! [`decode`] reads both back; consumers in Rust and the tests use it.
+//! The field mapping lives in `avro.rs`, the fingerprint in `fingerprint.rs`.
+
+mod avro;
+mod fingerprint;
+
+use std::sync::LazyLock;
+
+use apache_avro::reader::datum::GenericDatumReader;
+use apache_avro::writer::datum::GenericDatumWriter;
+use apache_avro::Schema;
+use schema_registry_converter::async_impl::easy_avro::EasyAvroEncoder;
+use schema_registry_converter::async_impl::schema_registry::{SrSettings, get_all_subjects};
+use schema_registry_converter::error::SRCError;
+use schema_registry_converter::schema_registry_common::{
+    SchemaType, SubjectNameStrategy, SuppliedSchema,
+};
+
+use crate::config::RegistryConfig;
+use crate::event::PosEvent;
+
+pub use avro::{from_avro, to_avro};
+pub use fingerprint::fingerprint;
+
+/// The event schema, the contract with consumers.
+pub const SCHEMA_JSON: &str = include_str!("../../schemas/pos_event.avsc");
+
+/// The parsed event schema.
+pub static SCHEMA: LazyLock<Schema> = LazyLock::new(|| {
+    // The schema file is part of the binary and covered by unit tests; a
+    // parse failure here can only be a build from a broken checkout.
+    Schema::parse_str(SCHEMA_JSON).expect("schemas/pos_event.avsc is valid Avro")
+});
+
+/// Writes datums of the event schema; resolved once.
+static WRITER: LazyLock<GenericDatumWriter<'static>> = LazyLock::new(|| {
+    // Resolving a schema that parsed cannot fail.
+    GenericDatumWriter::builder(&SCHEMA)
+        .build()
+        .expect("the event schema resolves")
+});
+
+/// Reads datums of the event schema; resolved once.
+static READER: LazyLock<GenericDatumReader<'static>> = LazyLock::new(|| {
+    GenericDatumReader::builder(&SCHEMA)
+        .build()
+        .expect("the event schema resolves")
+});
+
+/// First two bytes of an Avro single-object encoded message.
+const SINGLE_OBJECT_MAGIC: [u8; 2] = [0xC3, 0x01];
+/// First byte of a Confluent wire-format message.
+const CONFLUENT_MAGIC: u8 = 0;
+
+/// Why an event could not be encoded.
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    /// The value does not fit the schema: a bug in normalization.
+    #[error("event does not fit the Avro schema: {0}")]
+    Avro(#[from] apache_avro::Error),
+    /// The registry could not be reached or answered an error; retryable
+    /// when `retriable` says so.
+    #[error("schema registry: {0}")]
+    Registry(#[from] SRCError),
+    /// The registry refused the schema (typically incompatible with the
+    /// subject's existing versions).
+    #[error("schema registry refused the event schema for subject `{subject}`: {detail}")]
+    Rejected {
+        /// The subject, `{topic}-value`.
+        subject: String,
+        /// The registry's answer.
+        detail: String,
+    },
+}
+
+/// Why bytes could not be read back into a [`PosEvent`].
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// Neither single-object nor Confluent framing.
+    #[error("unknown framing (first byte {0:#04x})")]
+    Framing(u8),
+    /// The Avro datum is corrupt.
+    #[error("avro: {0}")]
+    Avro(#[from] apache_avro::Error),
+    /// A field has a value this version of posbridge does not know.
+    #[error("field `{0}` has an unexpected value")]
+    Field(&'static str),
+}
+
+/// Encodes events for one service instance.
+#[derive(Clone)]
+pub enum Encoder {
+    /// Avro single-object encoding; `header` is magic + fingerprint.
+    SingleObject {
+        /// `C3 01` + the schema's CRC-64-AVRO fingerprint, little-endian.
+        header: Vec<u8>,
+    },
+    /// Confluent wire format through a registry.
+    Registry {
+        /// Caches the registered id per subject.
+        encoder: EasyAvroEncoder,
+        /// The connection settings, kept for readiness checks.
+        settings: SrSettings,
+    },
+}
+
+impl std::fmt::Debug for Encoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Encoder::SingleObject { .. } => "Encoder::SingleObject",
+            Encoder::Registry { .. } => "Encoder::Registry",
+        })
+    }
+}
+
+impl Encoder {
+    /// Builds the encoder and, with a registry, registers the schema for
+    /// every topic (subject `{topic}-value`).
+    ///
+    /// # Errors
+    /// [`EncodeError::Rejected`] when the registry refuses the schema,
+    /// [`EncodeError::Registry`] when it cannot be reached.
+    pub async fn new(config: &RegistryConfig, topics: &[String]) -> Result<Encoder, EncodeError> {
+        let Some(url) = &config.url else {
+            let mut header = SINGLE_OBJECT_MAGIC.to_vec();
+            header.extend_from_slice(&fingerprint().to_le_bytes());
+            return Ok(Encoder::SingleObject { header });
+        };
+        let mut builder = SrSettings::new_builder(url.trim_end_matches('/').to_owned());
+        builder
+            .no_proxy()
+            .set_timeout(std::time::Duration::from_secs(5));
+        if let Some(user) = &config.username {
+            builder.set_basic_authorization(user, config.password.as_ref().map(|p| p.expose()));
+        }
+        let settings = builder.build()?;
+        let encoder = EasyAvroEncoder::new(settings.clone());
+        for topic in topics {
+            let strategy = strategy(topic);
+            let subject = strategy.get_subject()?;
+            encoder
+                .get_schema_and_id(&subject, strategy)
+                .await
+                .map_err(|e| {
+                    if e.retriable {
+                        EncodeError::Registry(e)
+                    } else {
+                        EncodeError::Rejected {
+                            subject: subject.clone(),
+                            detail: e.to_string(),
+                        }
+                    }
+                })?;
+        }
+        Ok(Encoder::Registry { encoder, settings })
+    }
+
+    /// Encodes one event for `topic`.
+    ///
+    /// # Errors
+    /// [`EncodeError::Registry`] when the registry is needed and unreachable.
+    pub async fn encode(&self, topic: &str, event: &PosEvent) -> Result<Vec<u8>, EncodeError> {
+        let value = to_avro(event);
+        match self {
+            Encoder::SingleObject { header } => {
+                let mut bytes = header.clone();
+                WRITER.write_value(&mut bytes, value)?;
+                Ok(bytes)
+            }
+            Encoder::Registry { encoder, .. } => {
+                Ok(encoder.encode_value(value, &strategy(topic)).await?)
+            }
+        }
+    }
+
+    /// Whether the registry answers (always true without one).
+    pub async fn registry_reachable(&self) -> bool {
+        match self {
+            Encoder::SingleObject { .. } => true,
+            Encoder::Registry { settings, .. } => get_all_subjects(settings).await.is_ok(),
+        }
+    }
+}
+
+fn strategy(topic: &str) -> SubjectNameStrategy {
+    SubjectNameStrategy::TopicNameStrategyWithSchema(
+        topic.to_owned(),
+        false,
+        SuppliedSchema::new(
+            Some("io.posbridge.PosEvent".into()),
+            SchemaType::Avro,
+            SCHEMA_JSON.to_owned(),
+        ),
+    )
+}
+
+/// Reads a record value back, whichever framing it has. Confluent-framed
+/// values are read with this build's schema (the id is not looked up).
+///
+/// # Errors
+/// [`DecodeError`] when the bytes are not a posbridge event.
+pub fn decode(bytes: &[u8]) -> Result<PosEvent, DecodeError> {
+    let datum = match bytes {
+        [0xC3, 0x01, rest @ ..] if rest.len() >= 8 => &rest[8..],
+        [CONFLUENT_MAGIC, rest @ ..] if rest.len() >= 4 => &rest[4..],
+        [first, ..] => return Err(DecodeError::Framing(*first)),
+        [] => return Err(DecodeError::Framing(0xff)),
+    };
+    let mut reader = datum;
+    from_avro(READER.read_value(&mut reader)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Decimal, EntityType, LineItem, Origin, ProviderKind, Version};
+    use time::macros::datetime;
+
+    /// An event with every kind of field set, negative and large decimals included.
+    pub(crate) fn event() -> PosEvent {
+        PosEvent {
+            event_id: "d1".into(),
+            provider: ProviderKind::Mekari,
+            source: "main".into(),
+            account: None,
+            entity_type: EntityType::Return,
+            entity_id: "R-1".into(),
+            event_type: "return.created".into(),
+            occurred_at: datetime!(2026-11-29 10:15:30.123456 UTC),
+            version: Version::new(datetime!(2026-11-29 10:15:30.123456 UTC), 3),
+            received_at: datetime!(2026-11-29 10:15:31 UTC),
+            origin: Origin::Webhook,
+            outlet_id: Some("OUT-9".into()),
+            store_id: None,
+            terminal_id: None,
+            currency: Some("IDR".into()),
+            subtotal: Decimal::parse("-0.0001"),
+            tax: Decimal::parse("128"),
+            total: Decimal::parse("-51000.5"),
+            status: Some("done".into()),
+            kitchen_status: None,
+            items: vec![LineItem {
+                sku: Some("A".into()),
+                name: None,
+                quantity: Decimal::parse("1.5"),
+                unit_price: Decimal::parse("99999999999999.9999"),
+            }],
+            deleted: false,
+            raw: "{\"id\":\"d1\"}".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn single_object_encoding_round_trips() {
+        let encoder = Encoder::new(&RegistryConfig::default(), &[]).await.unwrap();
+        let bytes = encoder.encode("pos.returns", &event()).await.unwrap();
+        assert_eq!(&bytes[..2], &SINGLE_OBJECT_MAGIC);
+        assert_eq!(decode(&bytes).unwrap(), event());
+        assert_eq!(&bytes[2..10], &fingerprint().to_le_bytes());
+    }
+
+    #[test]
+    fn decode_refuses_unknown_framing() {
+        assert!(matches!(decode(&[7, 1, 2]), Err(DecodeError::Framing(7))));
+    }
+}

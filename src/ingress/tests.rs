@@ -1,0 +1,224 @@
+//! Every status the ingress can answer, through the router as a tower
+//! service (`oneshot`), without a socket or a broker: the pipeline behind it
+//! has a real ledger and a broker address that refuses connections.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use axum::response::Response;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use super::*;
+use crate::config::{SchemeName, Secrets};
+use crate::event::{EntityKey, EntityType, Version};
+use crate::ledger::{Commit, EntitySlot, EntityState};
+use crate::verify::sign;
+
+const SECRET: &str = "ingress-test-secret";
+const BODY_LIMIT: usize = 4096;
+const RETRY_AFTER_SECS: u64 = 7;
+
+struct Harness {
+    router: Router,
+    pipeline: Pipeline,
+    _dir: tempfile::TempDir,
+}
+
+async fn harness() -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = Pipeline::without_broker(dir.path(), Duration::from_millis(100)).await;
+    let secrets: Secrets = serde_json::from_value(json!([SECRET])).unwrap();
+    let source = Arc::new(Source {
+        provider: ProviderKind::Mekari,
+        name: "main".into(),
+        account: None,
+    });
+    let webhook = WebhookSource {
+        source,
+        verifier: Verifier::new(SchemeName::Base64, "x-mekari-signature", &secrets.0, 300)
+            .unwrap(),
+    };
+    let state = AppState {
+        sources: Arc::new(HashMap::from([(
+            (ProviderKind::Mekari, "main".to_owned()),
+            webhook,
+        )])),
+        pipeline: pipeline.clone(),
+        body_limit: BODY_LIMIT,
+        retry_after_secs: RETRY_AFTER_SECS,
+        metrics: crate::telemetry::install(),
+    };
+    Harness {
+        router: router(state),
+        pipeline,
+        _dir: dir,
+    }
+}
+
+fn order(id: &str, occurred_at: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "id": id, "event": "order.updated", "occurred_at": occurred_at,
+        "data": {"id": "ORD-7", "status": "paid", "total": 10}
+    }))
+    .unwrap()
+}
+
+/// A request signed as Mekari signs, with the documented header names.
+fn signed(path: &str, delivery_id: Option<&str>, body: Vec<u8>, secret: &str) -> Request<Body> {
+    let mut request = Request::post(path).header(header::CONTENT_TYPE, "application/json");
+    if let Some(id) = delivery_id {
+        request = request.header("X-Mekari-Event-ID", id);
+    }
+    for (name, value) in sign(SchemeName::Base64, "X-Mekari-Signature", secret, "", 0, &body) {
+        request = request.header(name, value);
+    }
+    request.body(Body::from(body)).unwrap()
+}
+
+async fn answer(harness: &Harness, request: Request<Body>) -> (StatusCode, Option<String>, Value) {
+    let response: Response = harness.router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    assert!(!status.is_redirection(), "nothing redirects");
+    let retry_after = response
+        .headers()
+        .get(header::RETRY_AFTER)
+        .map(|v| v.to_str().unwrap().to_owned());
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (status, retry_after, json)
+}
+
+fn error_text(json: &Value) -> &str {
+    json["error"].as_str().expect("a JSON error message")
+}
+
+#[tokio::test]
+async fn unknown_provider_source_and_path_are_json_404s() {
+    let h = harness().await;
+    for path in ["/webhooks/square/main", "/webhooks/mekari/nope", "/nothing/here"] {
+        let (status, _, json) = answer(&h, signed(path, Some("d"), order("d", "2026-11-29T10:00:00Z"), SECRET)).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
+        assert!(!error_text(&json).is_empty(), "{path}");
+    }
+}
+
+#[tokio::test]
+async fn a_webhook_path_takes_only_post() {
+    let h = harness().await;
+    let request = Request::builder()
+        .method(Method::GET)
+        .uri("/webhooks/mekari/main")
+        .body(Body::empty())
+        .unwrap();
+    let (status, _, json) = answer(&h, request).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(error_text(&json), "method not allowed");
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_413_whether_declared_or_streamed() {
+    let h = harness().await;
+    let big = vec![b' '; BODY_LIMIT + 1];
+    let (status, _, json) = answer(&h, signed("/webhooks/mekari/main", Some("d"), big.clone(), SECRET)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(error_text(&json).contains("larger than 4096"));
+
+    let stream = futures::stream::iter([Ok::<_, std::io::Error>(Bytes::from(big))]);
+    let request = Request::post("/webhooks/mekari/main")
+        .header("X-Mekari-Event-ID", "d")
+        .body(Body::from_stream(stream))
+        .unwrap();
+    assert!(request.headers().get(header::CONTENT_LENGTH).is_none());
+    let (status, _, _) = answer(&h, request).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn a_wrong_or_missing_signature_is_401() {
+    let h = harness().await;
+    let body = order("d-sig", "2026-11-29T10:00:00Z");
+    let (status, _, json) = answer(&h, signed("/webhooks/mekari/main", Some("d-sig"), body.clone(), "another-secret")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(error_text(&json).contains("signature"));
+    let unsigned = Request::post("/webhooks/mekari/main")
+        .header("X-Mekari-Event-ID", "d-sig")
+        .body(Body::from(body))
+        .unwrap();
+    let (status, _, json) = answer(&h, unsigned).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(error_text(&json).contains("x-mekari-signature"));
+}
+
+#[tokio::test]
+async fn a_missing_or_mismatched_delivery_id_is_400() {
+    let h = harness().await;
+    let (status, _, json) = answer(&h, signed("/webhooks/mekari/main", None, order("d-1", "2026-11-29T10:00:00Z"), SECRET)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(error_text(&json).contains("x-mekari-event-id"));
+    let (status, _, json) = answer(&h, signed("/webhooks/mekari/main", Some("d-other"), order("d-1", "2026-11-29T10:00:00Z"), SECRET)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(error_text(&json).contains("does not equal"));
+}
+
+#[tokio::test]
+async fn kafka_unreachable_is_503_with_retry_after_and_no_internals() {
+    let h = harness().await;
+    let (status, retry_after, json) = answer(&h, signed("/webhooks/mekari/main", Some("d-503"), order("d-503", "2026-11-29T10:00:00Z"), SECRET)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(retry_after.as_deref(), Some("7"));
+    assert_eq!(error_text(&json), "temporarily unavailable, retry later");
+}
+
+#[tokio::test]
+async fn a_duplicate_of_a_delivery_in_flight_is_503() {
+    let h = harness().await;
+    let key = crate::event::DeliveryKey::new(ProviderKind::Mekari, "d-busy");
+    h.pipeline.ledger().begin(&key).await.unwrap();
+    let (status, retry_after, _) = answer(&h, signed("/webhooks/mekari/main", Some("d-busy"), order("d-busy", "2026-11-29T10:00:00Z"), SECRET)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(retry_after.as_deref(), Some("7"));
+}
+
+#[tokio::test]
+async fn a_done_delivery_and_a_stale_event_are_200_without_kafka() {
+    let h = harness().await;
+    h.pipeline
+        .ledger()
+        .commit(Commit {
+            delivery: Some(crate::event::DeliveryKey::new(ProviderKind::Mekari, "d-done")),
+            entity: Some((
+                EntitySlot::new(
+                    EntityType::Order,
+                    &EntityKey::new(ProviderKind::Mekari, None, "ORD-7"),
+                ),
+                EntityState {
+                    version: Version::new(time::macros::datetime!(2026-11-29 12:00 UTC), 0),
+                    state_hash: [0; 16],
+                },
+            )),
+            checkpoint: None,
+        })
+        .await
+        .unwrap();
+    let (status, _, json) = answer(&h, signed("/webhooks/mekari/main", Some("d-done"), order("d-done", "2026-11-29T13:00:00Z"), SECRET)).await;
+    assert_eq!((status, json["status"].as_str()), (StatusCode::OK, Some("duplicate")));
+    let (status, _, json) = answer(&h, signed("/webhooks/mekari/main", Some("d-old"), order("d-old", "2026-11-29T11:00:00Z"), SECRET)).await;
+    assert_eq!((status, json["status"].as_str()), (StatusCode::OK, Some("stale")));
+}
+
+#[tokio::test]
+async fn liveness_is_200_and_readiness_503_without_a_broker() {
+    let h = harness().await;
+    let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+    let (status, _, json) = answer(&h, get("/healthz")).await;
+    assert_eq!((status, json["status"].as_str()), (StatusCode::OK, Some("ok")));
+    let (status, _, json) = answer(&h, get("/readyz")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(json["broker"], "unavailable");
+    assert_eq!(json["ledger"], "ok");
+}

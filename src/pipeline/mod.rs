@@ -1,0 +1,441 @@
+//! The data line, in one place: ledger → normalize → guard → encode → publish
+//! → ledger.
+//!
+//! The webhook handler calls [`Pipeline::deliver`] with a verified body; the
+//! reconciler calls [`Pipeline::apply`] with events it normalized from the
+//! providers' APIs. Both end in the same guard and the same producer, so a
+//! reconciled record can never roll an entity back. The records themselves
+//! are built without I/O in `record.rs`.
+//!
+//! A delivery id becomes *done* only once its outcome is durable: the record
+//! acknowledged by Kafka, the raw body dead-lettered, or the event judged
+//! stale or unchanged. Any failure before that releases the lease and answers
+//! "try again", so the provider's retry is processed.
+
+mod record;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use time::OffsetDateTime;
+use tracing::{debug, error, info, warn};
+
+use crate::encode::{EncodeError, Encoder};
+use crate::event::{DeliveryKey, Origin, PosEvent, ProviderKind, Source};
+use crate::guard::{self, Decision};
+use crate::ledger::{Begin, Commit, EntitySlot, EntityState, Ledger, LedgerError};
+use crate::providers::{self, Context, NormalizeError};
+use crate::publish::{PublishError, Publisher, Topics};
+use crate::telemetry;
+use crate::verify::VerifiedBody;
+
+pub use record::{
+    DeadLetter, HEADER_DELIVERY_ID, HEADER_EVENT_TYPE, HEADER_ORIGIN, HEADER_PROVIDER,
+    HEADER_REASON, HEADER_SOURCE, dead_letter_record, entity_record,
+};
+
+/// How often a duplicate re-checks the ledger while the first attempt runs.
+const IN_FLIGHT_POLL: Duration = Duration::from_millis(20);
+
+/// What the pipeline did with an event; the `outcome` metric label of a
+/// handled request and of a reconciled record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Produced and acknowledged (including tombstones).
+    Published,
+    /// Already handled, nothing produced.
+    Duplicate,
+    /// Older than the entity's written state, not produced.
+    Stale,
+    /// Same content as written, not produced.
+    Unchanged,
+    /// Written to the dead-letter topic.
+    DeadLettered,
+}
+
+impl Outcome {
+    /// The label value, and the `status` of the 2xx answer.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Published => "published",
+            Outcome::Duplicate => "duplicate",
+            Outcome::Stale => "stale",
+            Outcome::Unchanged => "unchanged",
+            Outcome::DeadLettered => "dead_lettered",
+        }
+    }
+}
+
+/// Why a delivery was not handled. The ingress turns each into a status.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The delivery id header does not equal the body's `id`: retrying the
+    /// same bytes cannot help.
+    #[error("the delivery id header does not equal the body's `id`")]
+    DeliveryIdMismatch,
+    /// A duplicate waited for the same delivery in flight, and it is still
+    /// running.
+    #[error("the same delivery is still being processed")]
+    InFlight,
+    /// The ledger could not be read or written.
+    #[error("ledger: {0}")]
+    Ledger(#[from] LedgerError),
+    /// The record was not acknowledged in time.
+    #[error("publish: {0}")]
+    Publish(#[from] PublishError),
+    /// The schema registry could not be reached.
+    #[error("encode: {0}")]
+    Encode(#[from] EncodeError),
+}
+
+impl PipelineError {
+    /// Whether the provider's retry may succeed: everything but a request
+    /// that is wrong in itself.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, PipelineError::DeliveryIdMismatch)
+    }
+}
+
+/// One verified webhook delivery, owned, on its way down the line.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// Through which configured webhook (and so which provider).
+    pub source: Arc<Source>,
+    /// The delivery-id header's value.
+    pub delivery_id: String,
+    /// The signed body.
+    pub body: VerifiedBody,
+    /// When it arrived.
+    pub received_at: OffsetDateTime,
+}
+
+/// The pipeline handle, shared by the ingress and the reconciler. Cheap to clone.
+#[derive(Clone)]
+pub struct Pipeline {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Delivery ids, entity versions, locks.
+    ledger: Arc<dyn Ledger>,
+    /// Avro, with or without a registry.
+    encoder: Encoder,
+    /// The idempotent producer.
+    publisher: Publisher,
+    /// Where each record goes.
+    topics: Topics,
+    /// How long a duplicate waits for the same delivery in flight.
+    inflight_wait: Duration,
+}
+
+impl Pipeline {
+    /// Assembles the stages; each is built from config by `App::build`.
+    pub fn new(
+        ledger: Arc<dyn Ledger>,
+        encoder: Encoder,
+        publisher: Publisher,
+        topics: Topics,
+        inflight_wait: Duration,
+    ) -> Pipeline {
+        Pipeline {
+            inner: Arc::new(Inner {
+                ledger,
+                encoder,
+                publisher,
+                topics,
+                inflight_wait,
+            }),
+        }
+    }
+
+    /// A pipeline that needs no broker, for tests of everything short of an
+    /// acknowledged record: an embedded ledger in `dir`, the registry-less
+    /// encoder, and a broker address that refuses connections, so whatever
+    /// would be produced fails retryably within 300 ms.
+    #[cfg(test)]
+    pub(crate) async fn without_broker(dir: &std::path::Path, inflight_wait: Duration) -> Pipeline {
+        use crate::config::{KafkaConfig, LedgerConfig, RegistryConfig};
+        let kafka = KafkaConfig {
+            // Nothing listens on port 1.
+            brokers: "127.0.0.1:1".into(),
+            delivery_timeout_ms: 300,
+            ..KafkaConfig::default()
+        };
+        let ledger = LedgerConfig {
+            path: dir.join("ledger.redb"),
+            ..LedgerConfig::default()
+        };
+        Pipeline::new(
+            crate::ledger::open(&ledger, Duration::from_secs(30))
+                .await
+                .expect("a fresh ledger file opens"),
+            Encoder::new(&RegistryConfig::default(), &[])
+                .await
+                .expect("the registry-less encoder needs nothing"),
+            Publisher::new(&kafka).expect("default producer settings are valid"),
+            Topics::new(&kafka),
+            inflight_wait,
+        )
+    }
+
+    /// The producer, for readiness checks and the shutdown flush.
+    pub fn publisher(&self) -> &Publisher {
+        &self.inner.publisher
+    }
+
+    /// The encoder, for readiness checks.
+    pub fn encoder(&self) -> &Encoder {
+        &self.inner.encoder
+    }
+
+    /// The ledger, for readiness checks and the reconciler's checkpoints.
+    pub fn ledger(&self) -> &dyn Ledger {
+        self.inner.ledger.as_ref()
+    }
+
+    /// Handles one webhook delivery from start to durable outcome.
+    ///
+    /// # Errors
+    /// [`PipelineError::DeliveryIdMismatch`] when the delivery id does not
+    /// match the body; any other [`PipelineError`] when the outcome could not
+    /// be made durable (the provider should retry).
+    pub async fn deliver(&self, delivery: Delivery) -> Result<Outcome, PipelineError> {
+        let body: Result<Value, _> = serde_json::from_slice(delivery.body.bytes());
+        if let Ok(json) = &body
+            && providers::body_id(json) != Some(delivery.delivery_id.as_str())
+        {
+            return Err(PipelineError::DeliveryIdMismatch);
+        }
+        let provider = delivery.source.provider;
+        let key = DeliveryKey::new(provider, &delivery.delivery_id);
+        if !self.acquire(&key).await? {
+            metrics::counter!(telemetry::DUPLICATES, telemetry::PROVIDER => provider.as_str())
+                .increment(1);
+            debug!("Duplicate delivery answered without producing.");
+            return Ok(Outcome::Duplicate);
+        }
+        let _in_flight = InFlight::count(provider);
+        let result = self.process(delivery, body, key.clone()).await;
+        if result.is_err() {
+            self.inner.ledger.release(&key).await;
+        }
+        result
+    }
+
+    /// Takes the delivery's lease. `Ok(false)` means it is already done. A
+    /// duplicate of an attempt in flight waits for it: if that attempt fails
+    /// and releases, this one takes over.
+    async fn acquire(&self, key: &DeliveryKey) -> Result<bool, PipelineError> {
+        let deadline = Instant::now() + self.inner.inflight_wait;
+        loop {
+            match self.inner.ledger.begin(key).await? {
+                Begin::New => return Ok(true),
+                Begin::Done => return Ok(false),
+                Begin::InFlight if Instant::now() >= deadline => {
+                    return Err(PipelineError::InFlight);
+                }
+                Begin::InFlight => tokio::time::sleep(IN_FLIGHT_POLL).await,
+            }
+        }
+    }
+
+    async fn process(
+        &self,
+        delivery: Delivery,
+        body: Result<Value, serde_json::Error>,
+        key: DeliveryKey,
+    ) -> Result<Outcome, PipelineError> {
+        let raw = String::from_utf8_lossy(delivery.body.bytes());
+        let ctx = Context {
+            event_id: &delivery.delivery_id,
+            source: &delivery.source,
+            received_at: delivery.received_at,
+            raw: &raw,
+            origin: Origin::Webhook,
+        };
+        let normalized = body
+            .map_err(NormalizeError::InvalidJson)
+            .and_then(|json| {
+                providers::for_kind(delivery.source.provider).normalize(&json, &ctx)
+            });
+        match normalized {
+            Ok(event) => self.apply(event, Some(key)).await,
+            Err(reason) => {
+                self.dead_letter(DeadLetter {
+                    provider: delivery.source.provider,
+                    source: &delivery.source.name,
+                    delivery_id: &delivery.delivery_id,
+                    received_at: delivery.received_at,
+                    body: delivery.body.bytes().to_vec(),
+                    code: reason.code(),
+                    reason: reason.to_string(),
+                })
+                .await?;
+                self.commit(Some(key), None).await?;
+                Ok(Outcome::DeadLettered)
+            }
+        }
+    }
+
+    /// Guards, encodes and publishes one normalized event, then records the
+    /// outcome (and `delivery`, when there is one) in the ledger. The
+    /// reconciler's entry point.
+    ///
+    /// # Errors
+    /// [`PipelineError`] when the record could not be acknowledged or the
+    /// ledger could not be read.
+    pub async fn apply(
+        &self,
+        event: PosEvent,
+        delivery: Option<DeliveryKey>,
+    ) -> Result<Outcome, PipelineError> {
+        let key = event.key();
+        let slot = EntitySlot::new(event.entity_type, &key);
+        let _lock = self.inner.ledger.lock_entity(&slot).await?;
+        let written = self.inner.ledger.entity(&slot).await?;
+        let incoming = EntityState {
+            version: event.version,
+            state_hash: guard::state_hash(&event),
+        };
+        match guard::decide(written.as_ref(), &incoming, event.origin) {
+            Decision::Stale => {
+                metrics::counter!(
+                    telemetry::STALE_EVENTS,
+                    telemetry::PROVIDER => event.provider.as_str(),
+                    telemetry::ENTITY_TYPE => event.entity_type.as_str()
+                )
+                .increment(1);
+                info!(
+                    entity = %key,
+                    event_type = %event.event_type,
+                    "Stale event held back: the topic already has a newer state."
+                );
+                self.commit(delivery, None).await?;
+                return Ok(Outcome::Stale);
+            }
+            Decision::Unchanged => {
+                self.commit(delivery, None).await?;
+                return Ok(Outcome::Unchanged);
+            }
+            Decision::Publish => {}
+        }
+        let topic = self.inner.topics.entity(event.entity_type);
+        let payload = if event.deleted {
+            None
+        } else {
+            match self.inner.encoder.encode(topic, &event).await {
+                Ok(bytes) => Some(bytes),
+                // Retrying cannot make an event fit the schema: keep it raw.
+                Err(EncodeError::Avro(error)) => {
+                    error!(entity = %key, %error, "Event does not fit the schema; dead-lettering it.");
+                    return self
+                        .dead_letter_event(&event, "encode_failed", error.to_string(), delivery)
+                        .await;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        };
+        match self
+            .inner
+            .publisher
+            .send(entity_record(&event, topic, payload))
+            .await
+        {
+            Ok(_) => {}
+            Err(PublishError::Refused(reason)) => {
+                warn!(entity = %key, %reason, "Broker refused the record; dead-lettering it.");
+                return self
+                    .dead_letter_event(&event, "publish_refused", reason.to_string(), delivery)
+                    .await;
+            }
+            Err(error) => return Err(error.into()),
+        }
+        // The record is in Kafka: failing to note that only risks publishing
+        // the same state again on a retry, which compaction absorbs.
+        if let Err(error) = self.commit(delivery, Some((slot, incoming))).await {
+            error!(entity = %key, %error, "Published, but the ledger write failed; a retry may publish this state again.");
+        }
+        Ok(Outcome::Published)
+    }
+
+    async fn commit(
+        &self,
+        delivery: Option<DeliveryKey>,
+        entity: Option<(EntitySlot, EntityState)>,
+    ) -> Result<(), LedgerError> {
+        if delivery.is_none() && entity.is_none() {
+            return Ok(());
+        }
+        self.inner
+            .ledger
+            .commit(Commit {
+                delivery,
+                entity,
+                checkpoint: None,
+            })
+            .await
+    }
+
+    /// Dead-letters an event that normalized but cannot be written, and
+    /// marks its delivery done.
+    async fn dead_letter_event(
+        &self,
+        event: &PosEvent,
+        code: &'static str,
+        reason: String,
+        delivery: Option<DeliveryKey>,
+    ) -> Result<Outcome, PipelineError> {
+        self.dead_letter(DeadLetter::of_event(event, code, reason))
+            .await?;
+        self.commit(delivery, None).await?;
+        Ok(Outcome::DeadLettered)
+    }
+
+    /// Writes what could not become an event to the dead-letter topic, with
+    /// the reason in a header; also the reconciler's entry point for records
+    /// it cannot normalize.
+    ///
+    /// # Errors
+    /// [`PipelineError::Publish`] when the broker did not acknowledge it.
+    pub async fn dead_letter(&self, letter: DeadLetter<'_>) -> Result<(), PipelineError> {
+        warn!(
+            provider = %letter.provider,
+            delivery_id = letter.delivery_id,
+            reason = %letter.reason,
+            "Event dead-lettered with its raw body."
+        );
+        let (provider, code) = (letter.provider, letter.code);
+        self.inner
+            .publisher
+            .send(dead_letter_record(letter, self.inner.topics.dead_letter()))
+            .await?;
+        metrics::counter!(
+            telemetry::DEAD_LETTERS,
+            telemetry::PROVIDER => provider.as_str(),
+            telemetry::REASON => code
+        )
+        .increment(1);
+        Ok(())
+    }
+}
+
+/// Counts a delivery in `posbridge_deliveries_in_flight` while it lives, so
+/// the gauge stays right when a client hangs up and its request is dropped.
+struct InFlight(metrics::Gauge);
+
+impl InFlight {
+    fn count(provider: ProviderKind) -> InFlight {
+        let gauge = metrics::gauge!(telemetry::IN_FLIGHT, telemetry::PROVIDER => provider.as_str());
+        gauge.increment(1.0);
+        InFlight(gauge)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}

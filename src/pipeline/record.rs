@@ -1,0 +1,178 @@
+//! The records the pipeline produces, built without I/O: an entity's state
+//! (or tombstone) on its compacted topic, and a raw body on the dead-letter
+//! topic. Key, headers and timestamp are decided here and nowhere else.
+
+use time::OffsetDateTime;
+
+use crate::event::{DeliveryKey, PosEvent, ProviderKind};
+use crate::publish::OutgoingRecord;
+
+/// Record header: the provider's delivery id.
+pub const HEADER_DELIVERY_ID: &str = "posbridge-delivery-id";
+/// Record header: provider name.
+pub const HEADER_PROVIDER: &str = "posbridge-provider";
+/// Record header: the event type as the provider sent it.
+pub const HEADER_EVENT_TYPE: &str = "posbridge-event-type";
+/// Record header: configured source name.
+pub const HEADER_SOURCE: &str = "posbridge-source";
+/// Record header: webhook or reconciler.
+pub const HEADER_ORIGIN: &str = "posbridge-origin";
+/// Dead-letter header: why the event could not be normalized or published.
+pub const HEADER_REASON: &str = "posbridge-reason";
+
+/// What could not become an event, kept raw for an operator.
+#[derive(Debug, Clone)]
+pub struct DeadLetter<'a> {
+    /// Who sent it.
+    pub provider: ProviderKind,
+    /// Through which source.
+    pub source: &'a str,
+    /// The delivery id (or a reconciled record's derived id); the record key.
+    pub delivery_id: &'a str,
+    /// When it arrived; the record timestamp.
+    pub received_at: OffsetDateTime,
+    /// The bytes exactly as received.
+    pub body: Vec<u8>,
+    /// A bounded reason code, the metric label.
+    pub code: &'static str,
+    /// The reason in words, the `posbridge-reason` header.
+    pub reason: String,
+}
+
+impl<'a> DeadLetter<'a> {
+    /// The raw body of an event that normalized but could not be written.
+    pub fn of_event(event: &'a PosEvent, code: &'static str, reason: String) -> DeadLetter<'a> {
+        DeadLetter {
+            provider: event.provider,
+            source: &event.source,
+            delivery_id: &event.event_id,
+            received_at: event.received_at,
+            body: event.raw.clone().into_bytes(),
+            code,
+            reason,
+        }
+    }
+}
+
+/// An entity's state on its topic, keyed by the entity; `payload` `None`
+/// writes a tombstone. Timestamped with when the change happened.
+pub fn entity_record(event: &PosEvent, topic: &str, payload: Option<Vec<u8>>) -> OutgoingRecord {
+    OutgoingRecord {
+        topic: topic.to_owned(),
+        key: event.key().as_str().to_owned(),
+        payload,
+        timestamp_ms: millis(event.occurred_at),
+        headers: vec![
+            (HEADER_DELIVERY_ID, event.event_id.clone()),
+            (HEADER_PROVIDER, event.provider.as_str().to_owned()),
+            (HEADER_EVENT_TYPE, event.event_type.clone()),
+            (HEADER_SOURCE, event.source.clone()),
+            (HEADER_ORIGIN, event.origin.as_str().to_owned()),
+        ],
+        provider: event.provider.as_str(),
+    }
+}
+
+/// A dead letter on the dead-letter topic, keyed by its delivery and
+/// timestamped with its arrival.
+pub fn dead_letter_record(letter: DeadLetter<'_>, topic: &str) -> OutgoingRecord {
+    OutgoingRecord {
+        topic: topic.to_owned(),
+        key: DeliveryKey::new(letter.provider, letter.delivery_id)
+            .as_str()
+            .to_owned(),
+        payload: Some(letter.body),
+        timestamp_ms: millis(letter.received_at),
+        headers: vec![
+            (HEADER_DELIVERY_ID, letter.delivery_id.to_owned()),
+            (HEADER_PROVIDER, letter.provider.as_str().to_owned()),
+            (HEADER_SOURCE, letter.source.to_owned()),
+            (HEADER_REASON, letter.reason),
+        ],
+        provider: letter.provider.as_str(),
+    }
+}
+
+/// A record timestamp: milliseconds since the epoch.
+fn millis(at: OffsetDateTime) -> i64 {
+    i64::try_from(at.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{EntityType, Origin, Version};
+    use time::macros::datetime;
+
+    fn event() -> PosEvent {
+        PosEvent {
+            event_id: "d1".into(),
+            provider: ProviderKind::Mekari,
+            source: "main".into(),
+            account: Some("acme".into()),
+            entity_type: EntityType::Order,
+            entity_id: "O-1".into(),
+            event_type: "order.updated".into(),
+            occurred_at: datetime!(2026-11-29 10:00:00.123 UTC),
+            version: Version::new(datetime!(2026-11-29 10:00 UTC), 0),
+            received_at: datetime!(2026-11-29 10:00:01 UTC),
+            origin: Origin::Reconciler,
+            outlet_id: None,
+            store_id: None,
+            terminal_id: None,
+            currency: None,
+            subtotal: None,
+            tax: None,
+            total: None,
+            status: None,
+            kitchen_status: None,
+            items: Vec::new(),
+            deleted: false,
+            raw: "{\"id\":\"O-1\"}".into(),
+        }
+    }
+
+    fn header<'a>(record: &'a OutgoingRecord, name: &str) -> Option<&'a str> {
+        record
+            .headers
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn an_entity_record_is_keyed_by_the_entity_and_stamped_when_it_happened() {
+        let record = entity_record(&event(), "pos.orders", Some(vec![1, 2]));
+        assert_eq!(record.topic, "pos.orders");
+        assert_eq!(record.key, "mekari:acme:O-1");
+        assert_eq!(record.payload.as_deref(), Some(&[1u8, 2][..]));
+        assert_eq!(record.timestamp_ms, 1_795_946_400_123);
+        assert_eq!(header(&record, HEADER_DELIVERY_ID), Some("d1"));
+        assert_eq!(header(&record, HEADER_PROVIDER), Some("mekari"));
+        assert_eq!(header(&record, HEADER_EVENT_TYPE), Some("order.updated"));
+        assert_eq!(header(&record, HEADER_SOURCE), Some("main"));
+        assert_eq!(header(&record, HEADER_ORIGIN), Some("reconciler"));
+        assert_eq!(header(&record, HEADER_REASON), None);
+    }
+
+    #[test]
+    fn a_deleted_entity_is_a_tombstone_under_the_same_key() {
+        let record = entity_record(&event(), "pos.orders", None);
+        assert_eq!(record.key, "mekari:acme:O-1");
+        assert_eq!(record.payload, None);
+    }
+
+    #[test]
+    fn a_dead_letter_keeps_the_raw_body_and_says_why() {
+        let event = event();
+        let letter = DeadLetter::of_event(&event, "encode_failed", "does not fit".into());
+        let record = dead_letter_record(letter, "pos.dead-letter");
+        assert_eq!(record.topic, "pos.dead-letter");
+        assert_eq!(record.key, "mekari:d1");
+        assert_eq!(record.payload.as_deref(), Some(event.raw.as_bytes()));
+        assert_eq!(record.timestamp_ms, 1_795_946_401_000);
+        assert_eq!(header(&record, HEADER_REASON), Some("does not fit"));
+        assert_eq!(header(&record, HEADER_SOURCE), Some("main"));
+        assert_eq!(header(&record, HEADER_EVENT_TYPE), None);
+    }
+}

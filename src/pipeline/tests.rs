@@ -1,0 +1,211 @@
+//! The pipeline's decisions, without a broker ([`Pipeline::without_broker`]):
+//! a real embedded ledger, and a producer whose broker refuses connections,
+//! so every path that would publish ends in a retryable error instead.
+
+use std::path::Path;
+
+use axum::http::HeaderMap;
+use bytes::Bytes;
+use serde_json::json;
+use time::macros::datetime;
+
+use super::*;
+use crate::config::{SchemeName, Secrets};
+use crate::event::{EntityType, Version};
+use crate::verify::{Verifier, sign};
+
+const SECRET: &str = "pipeline-test-secret";
+
+async fn pipeline(dir: &Path, inflight_wait: Duration) -> Pipeline {
+    Pipeline::without_broker(dir, inflight_wait).await
+}
+
+fn source() -> Arc<Source> {
+    Arc::new(Source {
+        provider: ProviderKind::Mekari,
+        name: "main".into(),
+        account: None,
+    })
+}
+
+/// A Mekari order delivery, verified as the ingress would.
+fn delivery(delivery_id: &str, body_id: &str, occurred_at: &str) -> Delivery {
+    let body = serde_json::to_vec(&json!({
+        "id": body_id, "event": "order.updated", "occurred_at": occurred_at,
+        "data": {"id": "ORD-1", "status": "paid", "total": 10}
+    }))
+    .unwrap();
+    delivery_of(delivery_id, body)
+}
+
+fn delivery_of(delivery_id: &str, body: Vec<u8>) -> Delivery {
+    let secrets: Secrets = serde_json::from_value(json!([SECRET])).unwrap();
+    let verifier = Verifier::new(SchemeName::Hex, "x-sig", &secrets.0, 300).unwrap();
+    let mut headers = HeaderMap::new();
+    for (name, value) in sign(SchemeName::Hex, "x-sig", SECRET, delivery_id, 0, &body) {
+        headers.insert(
+            axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    Delivery {
+        source: source(),
+        delivery_id: delivery_id.into(),
+        body: verifier.verify(&headers, Bytes::from(body), 0).unwrap(),
+        received_at: datetime!(2026-11-29 10:00 UTC),
+    }
+}
+
+fn order_event(origin: Origin, at: OffsetDateTime) -> PosEvent {
+    PosEvent {
+        event_id: "e1".into(),
+        provider: ProviderKind::Mekari,
+        source: "main".into(),
+        account: None,
+        entity_type: EntityType::Order,
+        entity_id: "ORD-1".into(),
+        event_type: "order.updated".into(),
+        occurred_at: at,
+        version: Version::new(at, 0),
+        received_at: at,
+        origin,
+        outlet_id: None,
+        store_id: None,
+        terminal_id: None,
+        currency: None,
+        subtotal: None,
+        tax: None,
+        total: None,
+        status: Some("paid".into()),
+        kitchen_status: None,
+        items: Vec::new(),
+        deleted: false,
+        raw: "{}".into(),
+    }
+}
+
+/// Writes `event`'s state into the ledger as if it had been published.
+async fn written(pipeline: &Pipeline, event: &PosEvent) {
+    pipeline
+        .ledger()
+        .commit(Commit {
+            entity: Some((
+                EntitySlot::new(event.entity_type, &event.key()),
+                EntityState {
+                    version: event.version,
+                    state_hash: guard::state_hash(event),
+                },
+            )),
+            ..Commit::default()
+        })
+        .await
+        .unwrap();
+}
+
+fn key(id: &str) -> DeliveryKey {
+    DeliveryKey::new(ProviderKind::Mekari, id)
+}
+
+#[tokio::test]
+async fn an_older_event_is_held_back_and_its_delivery_is_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = pipeline(dir.path(), Duration::from_millis(100)).await;
+    written(
+        &pipeline,
+        &order_event(Origin::Webhook, datetime!(2026-11-29 12:00 UTC)),
+    )
+    .await;
+    let old = delivery("d-old", "d-old", "2026-11-29T11:00:00Z");
+    assert_eq!(pipeline.deliver(old.clone()).await.unwrap(), Outcome::Stale);
+    assert_eq!(pipeline.deliver(old).await.unwrap(), Outcome::Duplicate);
+}
+
+#[tokio::test]
+async fn the_same_state_again_is_unchanged_whatever_its_origin() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = pipeline(dir.path(), Duration::from_millis(100)).await;
+    let at = datetime!(2026-11-29 12:00 UTC);
+    written(&pipeline, &order_event(Origin::Webhook, at)).await;
+    let same = order_event(Origin::Webhook, at);
+    assert_eq!(
+        pipeline.apply(same, None).await.unwrap(),
+        Outcome::Unchanged
+    );
+    let fetched_later = order_event(Origin::Reconciler, datetime!(2026-11-30 00:00 UTC));
+    assert_eq!(
+        pipeline.apply(fetched_later, None).await.unwrap(),
+        Outcome::Unchanged
+    );
+    let mut older_fetch = order_event(Origin::Reconciler, datetime!(2026-11-29 06:00 UTC));
+    older_fetch.status = Some("refunded".into());
+    assert_eq!(
+        pipeline.apply(older_fetch, None).await.unwrap(),
+        Outcome::Stale
+    );
+}
+
+#[tokio::test]
+async fn a_delivery_id_unlike_the_bodys_is_refused_and_not_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = pipeline(dir.path(), Duration::from_millis(100)).await;
+    let error = pipeline
+        .deliver(delivery("d-1", "d-2", "2026-11-29T11:00:00Z"))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, PipelineError::DeliveryIdMismatch), "{error}");
+    assert!(!error.is_retryable());
+    assert_eq!(pipeline.ledger().begin(&key("d-1")).await.unwrap(), Begin::New);
+}
+
+#[tokio::test]
+async fn a_record_kafka_did_not_take_leaves_the_delivery_retryable() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = pipeline(dir.path(), Duration::from_millis(100)).await;
+    let error = pipeline
+        .deliver(delivery("d-new", "d-new", "2026-11-29T11:00:00Z"))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, PipelineError::Publish(_)), "{error}");
+    assert!(error.is_retryable());
+    // The lease was given back and nothing was marked: the retry is processed.
+    assert_eq!(
+        pipeline.ledger().begin(&key("d-new")).await.unwrap(),
+        Begin::New
+    );
+    let slot = EntitySlot::new(
+        EntityType::Order,
+        &crate::event::EntityKey::new(ProviderKind::Mekari, None, "ORD-1"),
+    );
+    assert_eq!(pipeline.ledger().entity(&slot).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_body_that_cannot_be_dead_lettered_stays_retryable() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = pipeline(dir.path(), Duration::from_millis(100)).await;
+    let error = pipeline
+        .deliver(delivery_of("d-junk", b"not json".to_vec()))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, PipelineError::Publish(_)), "{error}");
+    assert_eq!(
+        pipeline.ledger().begin(&key("d-junk")).await.unwrap(),
+        Begin::New
+    );
+}
+
+#[tokio::test]
+async fn a_duplicate_of_a_delivery_in_flight_waits_then_asks_for_a_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = pipeline(dir.path(), Duration::from_millis(100)).await;
+    assert_eq!(
+        pipeline.ledger().begin(&key("d-busy")).await.unwrap(),
+        Begin::New
+    );
+    let error = pipeline
+        .deliver(delivery("d-busy", "d-busy", "2026-11-29T11:00:00Z"))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, PipelineError::InFlight), "{error}");
+    assert!(error.is_retryable());
+}

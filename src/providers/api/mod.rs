@@ -1,0 +1,227 @@
+//! What every provider's API offers the reconciler and the watchdog, and the
+//! pieces the providers' API clients share.
+//!
+//! Each provider implements [`ProviderApi`] in its own folder
+//! (`receiptroller/api.rs`, `mekari/api.rs`): which lists to read, how one
+//! page is asked for, and the webhook's on/off state. The reconciler pages
+//! and checkpoints provider-neutrally on top of it.
+
+mod client;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use crate::config::ReconcileConfig;
+use crate::event::EntityType;
+
+pub use client::{ApiClient, AttemptError, Authorize, FetchError};
+
+/// How a list is paged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paging {
+    /// The API filters by a time window (ReceiptRoller transactions, Mekari orders).
+    Window,
+    /// The API lists newest first; stop once past the window's start.
+    NewestFirst,
+    /// The whole list, every run (products, collections).
+    All,
+}
+
+/// One list to read for a source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// What the list holds.
+    pub entity_type: EntityType,
+    /// The outlet it is read for, where the API is per outlet.
+    pub outlet: Option<String>,
+    /// How it pages.
+    pub paging: Paging,
+}
+
+/// One page of records.
+#[derive(Debug, Clone)]
+pub struct Page {
+    /// The entities' data, as in a webhook's `data`.
+    pub records: Vec<Value>,
+    /// How many pages the list has.
+    pub total_pages: u32,
+}
+
+impl Page {
+    /// Reads a page from an answer, at JSON pointers for the records and the page count.
+    ///
+    /// # Errors
+    /// [`FetchError::Shape`] when either is missing.
+    pub fn from_answer(
+        url: &str,
+        answer: &Value,
+        records: &str,
+        total_pages: &str,
+    ) -> Result<Page, FetchError> {
+        let shape = |reason: String| FetchError::Shape {
+            url: url.to_owned(),
+            reason,
+        };
+        Ok(Page {
+            records: answer
+                .pointer(records)
+                .and_then(Value::as_array)
+                .ok_or_else(|| shape(format!("no array at {records}")))?
+                .clone(),
+            total_pages: answer
+                .pointer(total_pages)
+                .and_then(Value::as_u64)
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| shape(format!("no page count at {total_pages}")))?,
+        })
+    }
+}
+
+/// A webhook's state as its provider reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WebhookState {
+    /// Delivering.
+    Active,
+    /// Switched off (ReceiptRoller) or paused (Mekari), with the provider's detail.
+    Off(String),
+    /// No webhook id / endpoint key configured for this source.
+    NotWatched,
+}
+
+/// One provider's API, for one source's account.
+#[async_trait]
+pub trait ProviderApi: Send + Sync {
+    /// The lists to read.
+    fn jobs(&self) -> Vec<Job>;
+    /// One page of a list, for the window `[from, to)` where the list is windowed.
+    async fn page(
+        &self,
+        job: &Job,
+        from: OffsetDateTime,
+        to: OffsetDateTime,
+        page: u32,
+    ) -> Result<Page, FetchError>;
+    /// A record's time, for newest-first lists.
+    fn record_time(&self, job: &Job, record: &Value) -> Option<OffsetDateTime>;
+    /// The source's webhook state.
+    async fn webhook_state(&self) -> Result<WebhookState, FetchError>;
+    /// Switches the webhook back on, the provider's documented way, when the
+    /// source is configured to (`resume_when_off`); `Ok(true)` if it did.
+    async fn resume(&self) -> Result<bool, FetchError>;
+}
+
+/// How every API client behaves, whatever the provider: from `[reconcile]`.
+#[derive(Debug, Clone, Copy)]
+pub struct ApiOptions {
+    /// Attempts per request (408, 429, 5xx and transport errors are retried).
+    pub max_attempts: u32,
+    /// Timeout of one attempt.
+    pub timeout: Duration,
+}
+
+impl ApiOptions {
+    /// The options `[reconcile]` sets.
+    pub fn new(config: &ReconcileConfig) -> ApiOptions {
+        ApiOptions {
+            max_attempts: config.max_attempts,
+            timeout: Duration::from_millis(config.request_timeout_ms),
+        }
+    }
+}
+
+/// A provider's API paths by name, with the source's overrides (`api.paths`).
+#[derive(Debug, Clone)]
+pub struct Paths {
+    /// The provider's documented paths.
+    defaults: &'static [(&'static str, &'static str)],
+    /// The source's overrides.
+    overrides: BTreeMap<String, String>,
+}
+
+impl Paths {
+    /// The provider's `defaults` with a source's `overrides`.
+    pub fn new(
+        defaults: &'static [(&'static str, &'static str)],
+        overrides: BTreeMap<String, String>,
+    ) -> Paths {
+        Paths {
+            defaults,
+            overrides,
+        }
+    }
+
+    /// The path named `name`: the override, else the default, else `/{name}`.
+    pub fn get(&self, name: &str) -> String {
+        self.overrides
+            .get(name)
+            .cloned()
+            .or_else(|| {
+                self.defaults
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, p)| (*p).to_owned())
+            })
+            .unwrap_or_else(|| format!("/{name}"))
+    }
+}
+
+/// The checks every provider's `api` table shares, as (field, problem):
+/// a URL, a page size, and only path names the provider knows.
+pub fn common_problems(
+    base_url: &str,
+    per_page: u32,
+    paths: &Paths,
+) -> Vec<(String, String)> {
+    let mut problems = Vec::new();
+    for name in paths.overrides.keys() {
+        if !paths.defaults.iter().any(|(known, _)| known == name) {
+            problems.push((
+                "paths".to_owned(),
+                format!(
+                    "unknown path name `{name}`; use one of {}",
+                    paths
+                        .defaults
+                        .iter()
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+    }
+    if reqwest::Url::parse(base_url).is_err() {
+        problems.push(("base_url".to_owned(), format!("`{base_url}` is not a URL")));
+    }
+    if per_page == 0 {
+        problems.push(("per_page".to_owned(), "must be above 0".to_owned()));
+    }
+    problems
+}
+
+/// Reads a provider's settings type from a source's `api` table, the way
+/// both providers' `api_problems` start.
+///
+/// # Errors
+/// The problem, as (field, message), when the table does not fit the type.
+pub fn read_settings<T: serde::de::DeserializeOwned>(
+    api: &crate::config::ApiSection,
+) -> Result<T, (String, String)> {
+    api.read().map_err(|error| (String::new(), error.to_string()))
+}
+
+/// Records per page when a source names no `per_page`.
+pub const fn default_per_page() -> u32 {
+    100
+}
+
+/// RFC 3339 in UTC, as the list APIs take it.
+pub fn rfc3339(at: OffsetDateTime) -> String {
+    at.to_offset(time::UtcOffset::UTC)
+        .format(&Rfc3339)
+        .unwrap_or_default()
+}

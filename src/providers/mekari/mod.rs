@@ -1,0 +1,75 @@
+//! Mekari POS: orders, returns, refunds, exchanges, products, collections;
+//! base64 HMAC signatures; eight attempts over ~11 h.
+//!
+//! Delivery rules as posbridge relies on them (`docs/PROVIDERS.md`): only
+//! 408, 429 and 5xx are retried (so posbridge asks with 503 + `Retry-After`),
+//! any 3xx or other 4xx fails for good, and ten such failures in a row pause
+//! the endpoint.
+//!
+//! `webhook.rs` turns bodies into events, `api.rs` reads the account's API.
+
+mod api;
+mod webhook;
+
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use super::api::{ApiOptions, FetchError, ProviderApi};
+use super::{Context, NormalizeError, Provider};
+use crate::config::{ApiSection, SchemeName};
+use crate::event::{PosEvent, ProviderKind};
+
+pub use api::{API_CLOCK_SKEW_SECS, api_authorization};
+
+/// Delivery id header (documented).
+pub const DELIVERY_HEADER: &str = "x-mekari-event-id";
+/// Signature header (assumed; configurable per source).
+pub const SIGNATURE_HEADER: &str = "x-mekari-signature";
+
+/// Mekari POS.
+#[derive(Debug, Clone, Copy)]
+pub struct Mekari;
+
+impl Provider for Mekari {
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::Mekari
+    }
+
+    fn delivery_id_header(&self) -> &'static str {
+        DELIVERY_HEADER
+    }
+
+    fn default_scheme(&self) -> SchemeName {
+        SchemeName::Base64
+    }
+
+    fn default_signature_header(&self) -> &'static str {
+        SIGNATURE_HEADER
+    }
+
+    fn normalize(&self, body: &Value, ctx: &Context<'_>) -> Result<PosEvent, NormalizeError> {
+        webhook::normalize(body, ctx)
+    }
+
+    fn entity_event(
+        &self,
+        event_type: &str,
+        at: OffsetDateTime,
+        data: &Value,
+        ctx: &Context<'_>,
+    ) -> Result<PosEvent, NormalizeError> {
+        webhook::entity_event(event_type, at, data, ctx)
+    }
+
+    fn api_problems(&self, api: &ApiSection) -> Vec<(String, String)> {
+        api::problems(api)
+    }
+
+    fn connect_api(
+        &self,
+        api: &ApiSection,
+        options: &ApiOptions,
+    ) -> Result<Box<dyn ProviderApi>, FetchError> {
+        api::connect(api, options)
+    }
+}

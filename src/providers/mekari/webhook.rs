@@ -1,0 +1,165 @@
+//! Mekari POS webhook bodies (orders, returns, refunds, exchanges, products,
+//! collections) into the one event.
+//!
+//! `occurred_at` orders events about one entity; at one instant, kitchen
+//! events also compare `kitchen_status`, so a later stage wins a tie.
+
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::event::{EntityType, PosEvent, ProviderKind, Version};
+use crate::providers::json::{first_decimal, items, optional_text, required_str, required_time};
+use crate::providers::{Context, NormalizeError};
+
+/// Kitchen progress in order. At one `occurred_at`, a later stage wins; an
+/// unknown status ranks lowest so it never hides a known later stage.
+const KITCHEN_PROGRESS: [&str; 9] = [
+    "new",
+    "pending",
+    "queued",
+    "accepted",
+    "preparing",
+    "ready",
+    "served",
+    "completed",
+    "cancelled",
+];
+
+/// A webhook body: `event`, `occurred_at` (the version), the entity's
+/// `data`, and the envelope's `outlet_id` where the data has none.
+pub fn normalize(body: &Value, ctx: &Context<'_>) -> Result<PosEvent, NormalizeError> {
+    let event_type = required_str(body, "event")?;
+    let occurred_at = required_time(body, "occurred_at")?;
+    let data = body
+        .get("data")
+        .ok_or(NormalizeError::MissingField("data"))?;
+    let mut event = entity_event(event_type, occurred_at, data, ctx)?;
+    if event.outlet_id.is_none() {
+        event.outlet_id = optional_text(body, "outlet_id");
+    }
+    Ok(event)
+}
+
+/// Builds the event from the entity's data; `at` is the version time
+/// (`occurred_at` for webhooks, the fetch time for reconciled records).
+pub fn entity_event(
+    event_type: &str,
+    at: OffsetDateTime,
+    data: &Value,
+    ctx: &Context<'_>,
+) -> Result<PosEvent, NormalizeError> {
+    let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
+    let entity_type = match family {
+        "order" => EntityType::Order,
+        "return" => EntityType::Return,
+        "refund" => EntityType::Refund,
+        "exchange" => EntityType::Exchange,
+        "product" => EntityType::Product,
+        "collection" => EntityType::Collection,
+        _ => return Err(NormalizeError::UnknownEventType(event_type.to_owned())),
+    };
+    let kitchen_status = optional_text(data, "kitchen_status");
+    Ok(PosEvent {
+        event_id: ctx.event_id.to_owned(),
+        provider: ProviderKind::Mekari,
+        source: ctx.source.name.clone(),
+        account: ctx.source.account.clone(),
+        entity_type,
+        entity_id: required_str(data, "data.id")?.to_owned(),
+        event_type: event_type.to_owned(),
+        occurred_at: at,
+        version: Version::new(at, kitchen_rank(kitchen_status.as_deref())),
+        received_at: ctx.received_at,
+        origin: ctx.origin,
+        outlet_id: optional_text(data, "outlet_id"),
+        store_id: None,
+        terminal_id: None,
+        currency: optional_text(data, "currency"),
+        subtotal: first_decimal(data, &["data.subtotal", "data.sub_total"])?,
+        tax: first_decimal(data, &["data.tax", "data.tax_total"])?,
+        total: first_decimal(data, &["data.total", "data.amount"])?,
+        status: optional_text(data, "status"),
+        kitchen_status,
+        items: items(data)?,
+        deleted: verb == "deleted",
+        raw: ctx.raw.to_owned(),
+    })
+}
+
+fn kitchen_rank(status: Option<&str>) -> u32 {
+    status
+        .and_then(|s| {
+            KITCHEN_PROGRESS
+                .iter()
+                .position(|known| known.eq_ignore_ascii_case(s))
+        })
+        .map_or(0, |i| u32::try_from(i + 1).unwrap_or(u32::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Origin;
+    use crate::providers::mekari::Mekari;
+    use crate::providers::{Provider, test_source};
+    use serde_json::json;
+    use time::macros::datetime;
+
+    fn ctx() -> Context<'static> {
+        Context {
+            event_id: "01JD8Y6Q",
+            source: test_source(ProviderKind::Mekari, Some("acme")),
+            received_at: datetime!(2026-11-29 10:15:31 UTC),
+            raw: "{}",
+            origin: Origin::Webhook,
+        }
+    }
+
+    fn order(kitchen: &str) -> Value {
+        json!({
+          "id": "01JD8Y6Q", "event": "order.updated",
+          "occurred_at": "2026-11-29T17:15:30.120+07:00", "outlet_id": "OUT-9",
+          "data": {"id": "ORD-5512", "outlet_id": "OUT-9", "status": "paid",
+                   "kitchen_status": kitchen, "total": 51000.5, "currency": "IDR",
+                   "sold_at": "2026-11-29T17:14:02+07:00", "items": []}
+        })
+    }
+
+    #[test]
+    fn the_documented_order_normalizes_with_fractional_idr() {
+        let event = Mekari.normalize(&order("preparing"), &ctx()).unwrap();
+        assert_eq!(event.key().as_str(), "mekari:acme:ORD-5512");
+        assert_eq!(event.total.unwrap().to_string(), "51000.5000");
+        assert_eq!(event.outlet_id.as_deref(), Some("OUT-9"));
+        assert_eq!(event.occurred_at, datetime!(2026-11-29 10:15:30.120 UTC));
+        assert!(!event.deleted);
+    }
+
+    #[test]
+    fn kitchen_progress_breaks_ties_at_one_instant() {
+        let preparing = Mekari.normalize(&order("preparing"), &ctx()).unwrap();
+        let ready = Mekari.normalize(&order("ready"), &ctx()).unwrap();
+        let unknown = Mekari.normalize(&order("juggling"), &ctx()).unwrap();
+        assert!(ready.version > preparing.version);
+        assert!(unknown.version < preparing.version);
+    }
+
+    #[test]
+    fn deleted_products_are_marked_for_a_tombstone() {
+        let body = json!({"id": "e1", "event": "product.deleted",
+                          "occurred_at": "2026-11-29T17:15:30+07:00", "data": {"id": "P-1"}});
+        let event = Mekari.normalize(&body, &ctx()).unwrap();
+        assert_eq!(event.entity_type, EntityType::Product);
+        assert!(event.deleted);
+    }
+
+    #[test]
+    fn unknown_families_are_refused() {
+        let body = json!({"id": "e1", "event": "shift.closed",
+                          "occurred_at": "2026-11-29T17:15:30+07:00", "data": {"id": "S"}});
+        assert!(matches!(
+            Mekari.normalize(&body, &ctx()).unwrap_err(),
+            NormalizeError::UnknownEventType(t) if t == "shift.closed"
+        ));
+    }
+}

@@ -1,0 +1,72 @@
+//! ReceiptRoller: sales and orders, hex HMAC signatures, four attempts.
+//!
+//! Delivery rules as posbridge relies on them (`docs/PROVIDERS.md`): four
+//! attempts over ~71 min, every non-2xx or timeout is a failure and four
+//! failures of one event switch the whole webhook off; `X-RR-Delivery` equals
+//! the body's `id` and repeats across webhooks subscribed to one event.
+//!
+//! `webhook.rs` turns bodies into events, `api.rs` reads the account's API.
+
+mod api;
+mod webhook;
+
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use super::api::{ApiOptions, FetchError, ProviderApi};
+use super::{Context, NormalizeError, Provider};
+use crate::config::{ApiSection, SchemeName};
+use crate::event::{PosEvent, ProviderKind};
+
+/// Delivery id header (documented).
+pub const DELIVERY_HEADER: &str = "x-rr-delivery";
+/// Signature header (assumed; configurable per source).
+pub const SIGNATURE_HEADER: &str = "x-rr-signature";
+
+/// ReceiptRoller.
+#[derive(Debug, Clone, Copy)]
+pub struct ReceiptRoller;
+
+impl Provider for ReceiptRoller {
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::ReceiptRoller
+    }
+
+    fn delivery_id_header(&self) -> &'static str {
+        DELIVERY_HEADER
+    }
+
+    fn default_scheme(&self) -> SchemeName {
+        SchemeName::Hex
+    }
+
+    fn default_signature_header(&self) -> &'static str {
+        SIGNATURE_HEADER
+    }
+
+    fn normalize(&self, body: &Value, ctx: &Context<'_>) -> Result<PosEvent, NormalizeError> {
+        webhook::normalize(body, ctx)
+    }
+
+    fn entity_event(
+        &self,
+        event_type: &str,
+        at: OffsetDateTime,
+        data: &Value,
+        ctx: &Context<'_>,
+    ) -> Result<PosEvent, NormalizeError> {
+        webhook::entity_event(event_type, at, data, ctx)
+    }
+
+    fn api_problems(&self, api: &ApiSection) -> Vec<(String, String)> {
+        api::problems(api)
+    }
+
+    fn connect_api(
+        &self,
+        api: &ApiSection,
+        options: &ApiOptions,
+    ) -> Result<Box<dyn ProviderApi>, FetchError> {
+        api::connect(api, options)
+    }
+}

@@ -1,0 +1,163 @@
+//! ReceiptRoller's webhook bodies (sales and orders) into the one event.
+//!
+//! The body's `timestamp` is the send time, unchanged on retries, and is the
+//! version that keeps newer state from being overwritten; a sale's state is
+//! its event's verb (`sale.created`, `sale.cancelled`), as sales carry no status.
+
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::event::{EntityType, PosEvent, ProviderKind, Version};
+use crate::providers::json::{items, optional_decimal, optional_text, required_str, required_time};
+use crate::providers::{Context, NormalizeError, RECONCILED_VERB};
+
+/// A webhook body: `type`, `timestamp` (the version) and the entity's `data`.
+pub fn normalize(body: &Value, ctx: &Context<'_>) -> Result<PosEvent, NormalizeError> {
+    let event_type = required_str(body, "type")?;
+    let sent_at = required_time(body, "timestamp")?;
+    let data = body
+        .get("data")
+        .ok_or(NormalizeError::MissingField("data"))?;
+    entity_event(event_type, sent_at, data, ctx)
+}
+
+/// Builds the event from the entity's data; `at` is the version time (the
+/// body's `timestamp` for webhooks, the fetch time for reconciled records).
+pub fn entity_event(
+    event_type: &str,
+    at: OffsetDateTime,
+    data: &Value,
+    ctx: &Context<'_>,
+) -> Result<PosEvent, NormalizeError> {
+    let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
+    // Without a status field, a sale's state is its event's verb (created, cancelled, …).
+    let verb = if verb == RECONCILED_VERB { "" } else { verb };
+    let (entity_type, entity_id) = match family {
+        // Sales are keyed `{terminal_id}|{yyyy-MM}|{transaction_id}` in data.id.
+        "sale" => (EntityType::Sale, required_str(data, "data.id")?),
+        "order" => (EntityType::Order, required_str(data, "data.order_id")?),
+        _ => return Err(NormalizeError::UnknownEventType(event_type.to_owned())),
+    };
+    let status = optional_text(data, "status").unwrap_or_else(|| verb.to_owned());
+    Ok(PosEvent {
+        event_id: ctx.event_id.to_owned(),
+        provider: ProviderKind::ReceiptRoller,
+        source: ctx.source.name.clone(),
+        account: ctx.source.account.clone(),
+        entity_type,
+        entity_id: entity_id.to_owned(),
+        event_type: event_type.to_owned(),
+        occurred_at: at,
+        version: Version::new(at, 0),
+        received_at: ctx.received_at,
+        origin: ctx.origin,
+        outlet_id: None,
+        store_id: optional_text(data, "store_id"),
+        terminal_id: optional_text(data, "terminal_id"),
+        currency: optional_text(data, "currency"),
+        subtotal: optional_decimal(data, "data.sub_total")?,
+        tax: optional_decimal(data, "data.tax_total")?,
+        total: optional_decimal(data, "data.grand_total")?,
+        status: Some(status).filter(|s| !s.is_empty()),
+        kitchen_status: None,
+        items: items(data)?,
+        deleted: false,
+        raw: ctx.raw.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Origin;
+    use crate::providers::receiptroller::ReceiptRoller;
+    use crate::providers::{Provider, test_source};
+    use serde_json::json;
+    use time::macros::datetime;
+
+    fn ctx(raw: &str) -> Context<'_> {
+        Context {
+            event_id: "rr_dlv_1",
+            source: test_source(ProviderKind::ReceiptRoller, None),
+            received_at: datetime!(2026-11-29 10:15:31 UTC),
+            raw,
+            origin: Origin::Webhook,
+        }
+    }
+
+    fn sale() -> Value {
+        json!({
+          "id": "rr_dlv_1", "type": "sale.created", "timestamp": "2026-11-29T10:15:30.123Z",
+          "webhook_id": "wh_123",
+          "data": {"id": "T001|2026-11|000123", "terminal_id": "T001", "store_id": "S01",
+                   "transaction_id": "000123", "transaction_type": 1,
+                   "transaction_at": "2026-11-29T10:15:29Z", "currency": "JPY",
+                   "sub_total": 1000, "tax_total": 100, "grand_total": 1100,
+                   "items": [{"sku": "A-1", "name": "Coffee", "quantity": 2, "unit_price": 500}]}
+        })
+    }
+
+    #[test]
+    fn the_documented_sale_normalizes() {
+        let body = sale();
+        let event = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap();
+        assert_eq!(event.entity_type, EntityType::Sale);
+        assert_eq!(event.key().as_str(), "receiptroller:T001|2026-11|000123");
+        assert_eq!(event.total.unwrap().to_string(), "1100.0000");
+        assert_eq!(event.items[0].quantity.unwrap().to_string(), "2.0000");
+        assert_eq!(event.status.as_deref(), Some("created"));
+        assert_eq!(event.occurred_at, datetime!(2026-11-29 10:15:30.123 UTC));
+        assert_eq!(event.version.at_micros, 1_795_947_330_123_000);
+    }
+
+    #[test]
+    fn a_fetched_sale_normalizes_like_its_webhook_with_the_fetch_time_as_version() {
+        let body = sale();
+        let webhook = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap();
+        let mut fetched = ctx("{}");
+        fetched.origin = Origin::Reconciler;
+        let record = ReceiptRoller
+            .normalize_record(EntityType::Sale, &body["data"], &fetched)
+            .unwrap();
+        assert_eq!(record.key(), webhook.key());
+        assert_eq!(record.event_type, "sale.reconciled");
+        assert_eq!(record.origin, Origin::Reconciler);
+        assert_eq!(record.version, Version::new(fetched.received_at, 0));
+        assert_eq!(record.total, webhook.total);
+    }
+
+    #[test]
+    fn orders_are_keyed_by_order_id() {
+        let body = json!({"id": "d2", "type": "order.updated", "timestamp": "2026-11-29T10:15:30Z",
+                          "data": {"order_id": "O-9", "status": "paid"}});
+        let event = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap();
+        assert_eq!(event.entity_type, EntityType::Order);
+        assert_eq!(event.entity_id, "O-9");
+        assert_eq!(event.status.as_deref(), Some("paid"));
+    }
+
+    #[test]
+    fn unknown_types_and_missing_fields_are_refused() {
+        let mut body = sale();
+        body["type"] = json!("customer.created");
+        assert!(matches!(
+            ReceiptRoller.normalize(&body, &ctx("{}")).unwrap_err(),
+            NormalizeError::UnknownEventType(t) if t == "customer.created"
+        ));
+        let mut body = sale();
+        body["data"].as_object_mut().unwrap().remove("id");
+        assert!(matches!(
+            ReceiptRoller.normalize(&body, &ctx("{}")).unwrap_err(),
+            NormalizeError::MissingField("data.id")
+        ));
+        let mut body = sale();
+        body["timestamp"] = json!("yesterday");
+        assert_eq!(
+            ReceiptRoller
+                .normalize(&body, &ctx("{}"))
+                .unwrap_err()
+                .code(),
+            "invalid_field"
+        );
+    }
+}
