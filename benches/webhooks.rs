@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use futures::stream::{self, StreamExt};
 use posbridge::app::App;
 use posbridge::config::Config;
-use posbridge::verify::{SchemeName, sign};
+use posbridge::config::SchemeName;
+use posbridge::verify::sign;
 
 const SECRET: &str = "bench-secret-1";
 
@@ -31,11 +32,7 @@ fn config(brokers: &str, prefix: &str, dir: &std::path::Path) -> Config {
         "#,
         dir.join("ledger.redb").display()
     );
-    config::Config::builder()
-        .add_source(config::File::from_str(&text, config::FileFormat::Toml))
-        .build()
-        .and_then(config::Config::try_deserialize)
-        .expect("bench config")
+    Config::from_toml(&text).expect("bench config")
 }
 
 fn body(i: usize) -> Vec<u8> {

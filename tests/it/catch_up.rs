@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use posbridge::config::{ApiConfig, Config};
+use posbridge::config::{ApiSection, Config};
 use posbridge::encode::decode;
 use posbridge::event::{EntityType, ProviderKind};
 use posbridge::reconcile::{ReconcileError, Reconciler, Summary};
@@ -98,7 +98,7 @@ impl Sim {
     /// A config whose `main` sources read this simulator's APIs.
     fn configure(&self, config: &Config, mekari_secret: &str) -> Config {
         let mut config = config.clone();
-        let api = |text: String| -> ApiConfig {
+        let api = |text: String| -> ApiSection {
             config::Config::builder()
                 .add_source(config::File::from_str(&text, config::FileFormat::Toml))
                 .build()

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use posbridge::app::App;
 use posbridge::config::Config;
-use posbridge::verify::{SchemeName, sign};
+use posbridge::config::SchemeName;
+use posbridge::verify::sign;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -75,13 +76,8 @@ pub fn config(brokers: &str, prefix: &str, dir: &Path) -> Config {
         "#,
         ledger = dir.join("ledger.redb").display()
     );
-    let config: Config = config::Config::builder()
-        .add_source(config::File::from_str(&text, config::FileFormat::Toml))
-        .build()
-        .unwrap()
-        .try_deserialize()
-        .unwrap();
-    assert_eq!(config.problems(), vec![]);
+    let config = Config::from_toml(&text).unwrap();
+    assert_eq!(posbridge::app::problems(&config), vec![]);
     config
 }
 
@@ -256,7 +252,7 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
-/// A ReceiptRoller sale body as in payloads.md.
+/// A ReceiptRoller sale body as `docs/PROVIDERS.md` describes it.
 pub fn rr_sale(
     delivery_id: &str,
     event: &str,
@@ -274,7 +270,7 @@ pub fn rr_sale(
     })
 }
 
-/// A Mekari order event body as in payloads.md.
+/// A Mekari order event body as `docs/PROVIDERS.md` describes it.
 pub fn mekari_order(
     event_id: &str,
     event: &str,
