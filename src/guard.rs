@@ -228,7 +228,8 @@ mod tests {
             deleted: false,
             raw: "{}".into(),
         };
-        let changes: [(&str, fn(&mut PosEvent)); 17] = [
+        type Change = (&'static str, fn(&mut PosEvent));
+        let changes: [Change; 17] = [
             ("entity_type", |e| e.entity_type = EntityType::Order),
             ("entity_id", |e| e.entity_id = "S-2".into()),
             ("account", |e| e.account = Some("x".into())),
@@ -244,9 +245,11 @@ mod tests {
             ("deleted", |e| e.deleted = true),
             ("items[].sku", |e| e.items[0].sku = Some("x".into())),
             ("items[].name", |e| e.items[0].name = Some("x".into())),
-            ("items[].quantity", |e| e.items[0].quantity = Decimal::parse("1")),
+            ("items[].quantity", |e| {
+                e.items[0].quantity = Decimal::parse("1");
+            }),
             ("items[].unit_price", |e| {
-                e.items[0].unit_price = Decimal::parse("1")
+                e.items[0].unit_price = Decimal::parse("1");
             }),
         ];
         for (name, change) in changes {

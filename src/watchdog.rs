@@ -87,22 +87,20 @@ impl Watchdog {
                         }
                         Ok(false) => {}
                         Err(error) => {
-                            error!(%provider, source, %error, "Could not switch the webhook back on.")
+                            error!(%provider, source, %error, "Could not switch the webhook back on.");
                         }
                     }
                     let last_active = self.last_seen_active(watched).await.ok().flatten();
                     let since = last_active.unwrap_or(self.started) - self.reconciler.lookback();
                     match self.reconciler.catch_up(provider, source, since).await {
                         Ok(summary) => {
-                            info!(%provider, source, published = summary.published, "Caught up on the time the webhook was off.")
+                            info!(%provider, source, published = summary.published, "Caught up on the time the webhook was off.");
                         }
                         Err(error) => {
-                            error!(%provider, source, %error, "Catch-up after the webhook was off failed.")
+                            error!(%provider, source, %error, "Catch-up after the webhook was off failed.");
                         }
                     }
-                    if resumed
-                        && let Err(error) = self.mark_active(watched, now).await
-                    {
+                    if resumed && let Err(error) = self.mark_active(watched, now).await {
                         warn!(%provider, source, %error, "Cannot record that the webhook is on.");
                     }
                 }
@@ -119,7 +117,10 @@ impl Watchdog {
 
     /// When the watchdog last saw this source's webhook delivering, kept in
     /// the ledger so a catch-up after a restart still covers the whole gap.
-    async fn last_seen_active(&self, source: &Source) -> Result<Option<OffsetDateTime>, LedgerError> {
+    async fn last_seen_active(
+        &self,
+        source: &Source,
+    ) -> Result<Option<OffsetDateTime>, LedgerError> {
         let at = self
             .reconciler
             .ledger()

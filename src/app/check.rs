@@ -36,7 +36,10 @@ pub fn problems(config: &Config) -> Vec<Problem> {
         let (scheme, _) = signature(entry);
         for (i, secret) in entry.config.secrets.0.iter().enumerate() {
             if let Err(error) = scheme.key(secret.expose()) {
-                problems.push(Problem::new(format!("{key}.secrets[{i}]"), error.to_string()));
+                problems.push(Problem::new(
+                    format!("{key}.secrets[{i}]"),
+                    error.to_string(),
+                ));
             }
         }
         if let Some(api) = &entry.config.api {

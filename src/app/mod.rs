@@ -68,7 +68,8 @@ impl App {
         let kafka = &config.kafka;
         let inflight_wait = Duration::from_millis(config.server.inflight_wait_ms);
         // A lease outlives the longest a delivery can legitimately take.
-        let ledger = ledger::open(&config.ledger, kafka.delivery_timeout() * 2 + inflight_wait).await?;
+        let ledger =
+            ledger::open(&config.ledger, kafka.delivery_timeout() * 2 + inflight_wait).await?;
 
         let topics = Topics::new(kafka);
         let publisher = Publisher::new(kafka)?;

@@ -243,7 +243,7 @@ impl Config {
                     &format!("kafka.topics.{name}"),
                     format!(
                         "unknown entity type; use one of {}",
-                        EntityType::ALL.map(|t| t.plural()).join(", ")
+                        EntityType::ALL.map(EntityType::plural).join(", ")
                     ),
                 );
             }

@@ -33,7 +33,9 @@ fn optional_decimal(value: Option<Decimal>) -> Value {
             }
             Value::Union(
                 1,
-                Box::new(Value::Decimal(apache_avro::Decimal::from(bytes[start..].to_vec()))),
+                Box::new(Value::Decimal(apache_avro::Decimal::from(
+                    bytes[start..].to_vec(),
+                ))),
             )
         }
         None => Value::Union(0, Box::new(Value::Null)),
@@ -130,7 +132,10 @@ pub fn to_avro(event: &PosEvent) -> Value {
         ("origin".into(), symbol(&ORIGINS, *origin, Origin::as_str)),
         ("outlet_id".into(), optional_string(outlet_id.as_deref())),
         ("store_id".into(), optional_string(store_id.as_deref())),
-        ("terminal_id".into(), optional_string(terminal_id.as_deref())),
+        (
+            "terminal_id".into(),
+            optional_string(terminal_id.as_deref()),
+        ),
         ("currency".into(), optional_string(currency.as_deref())),
         ("subtotal".into(), optional_decimal(*subtotal)),
         ("tax".into(), optional_decimal(*tax)),
@@ -278,7 +283,6 @@ pub fn from_avro(value: Value) -> Result<PosEvent, DecodeError> {
         raw: f.string("raw")?,
     })
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -105,7 +105,6 @@ fn canonical_form(schema: &serde_json::Value, namespace: &str, out: &mut String)
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,9 +16,9 @@ mod fingerprint;
 
 use std::sync::LazyLock;
 
+use apache_avro::Schema;
 use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::writer::datum::GenericDatumWriter;
-use apache_avro::Schema;
 use schema_registry_converter::async_impl::easy_avro::EasyAvroEncoder;
 use schema_registry_converter::async_impl::schema_registry::{SrSettings, get_all_subjects};
 use schema_registry_converter::error::SRCError;
@@ -141,7 +141,10 @@ impl Encoder {
             .no_proxy()
             .set_timeout(std::time::Duration::from_secs(5));
         if let Some(user) = &config.username {
-            builder.set_basic_authorization(user, config.password.as_ref().map(|p| p.expose()));
+            builder.set_basic_authorization(
+                user,
+                config.password.as_ref().map(crate::config::Secret::expose),
+            );
         }
         let settings = builder.build()?;
         let encoder = EasyAvroEncoder::new(settings.clone());

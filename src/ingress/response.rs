@@ -130,7 +130,10 @@ pub fn accepted(outcome: Outcome) -> Response {
 
 /// Puts the configured `Retry-After` (seconds) on every 503: Mekari waits at
 /// least that long before its next attempt.
-pub async fn add_retry_after(State(retry_after_secs): State<u64>, mut response: Response) -> Response {
+pub async fn add_retry_after(
+    State(retry_after_secs): State<u64>,
+    mut response: Response,
+) -> Response {
     if response.status() == StatusCode::SERVICE_UNAVAILABLE {
         response
             .headers_mut()

@@ -40,8 +40,7 @@ async fn harness() -> Harness {
     });
     let webhook = WebhookSource {
         source,
-        verifier: Verifier::new(SchemeName::Base64, "x-mekari-signature", &secrets.0, 300)
-            .unwrap(),
+        verifier: Verifier::new(SchemeName::Base64, "x-mekari-signature", &secrets.0, 300).unwrap(),
     };
     let state = AppState {
         sources: Arc::new(HashMap::from([(
@@ -74,7 +73,14 @@ fn signed(path: &str, delivery_id: Option<&str>, body: Vec<u8>, secret: &str) ->
     if let Some(id) = delivery_id {
         request = request.header("X-Mekari-Event-ID", id);
     }
-    for (name, value) in sign(SchemeName::Base64, "X-Mekari-Signature", secret, "", 0, &body) {
+    for (name, value) in sign(
+        SchemeName::Base64,
+        "X-Mekari-Signature",
+        secret,
+        "",
+        0,
+        &body,
+    ) {
         request = request.header(name, value);
     }
     request.body(Body::from(body)).unwrap()
@@ -100,8 +106,16 @@ fn error_text(json: &Value) -> &str {
 #[tokio::test]
 async fn unknown_provider_source_and_path_are_json_404s() {
     let h = harness().await;
-    for path in ["/webhooks/square/main", "/webhooks/mekari/nope", "/nothing/here"] {
-        let (status, _, json) = answer(&h, signed(path, Some("d"), order("d", "2026-11-29T10:00:00Z"), SECRET)).await;
+    for path in [
+        "/webhooks/square/main",
+        "/webhooks/mekari/nope",
+        "/nothing/here",
+    ] {
+        let (status, _, json) = answer(
+            &h,
+            signed(path, Some("d"), order("d", "2026-11-29T10:00:00Z"), SECRET),
+        )
+        .await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
         assert!(!error_text(&json).is_empty(), "{path}");
     }
@@ -124,7 +138,11 @@ async fn a_webhook_path_takes_only_post() {
 async fn a_body_over_the_limit_is_413_whether_declared_or_streamed() {
     let h = harness().await;
     let big = vec![b' '; BODY_LIMIT + 1];
-    let (status, _, json) = answer(&h, signed("/webhooks/mekari/main", Some("d"), big.clone(), SECRET)).await;
+    let (status, _, json) = answer(
+        &h,
+        signed("/webhooks/mekari/main", Some("d"), big.clone(), SECRET),
+    )
+    .await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert!(error_text(&json).contains("larger than 4096"));
 
@@ -142,7 +160,16 @@ async fn a_body_over_the_limit_is_413_whether_declared_or_streamed() {
 async fn a_wrong_or_missing_signature_is_401() {
     let h = harness().await;
     let body = order("d-sig", "2026-11-29T10:00:00Z");
-    let (status, _, json) = answer(&h, signed("/webhooks/mekari/main", Some("d-sig"), body.clone(), "another-secret")).await;
+    let (status, _, json) = answer(
+        &h,
+        signed(
+            "/webhooks/mekari/main",
+            Some("d-sig"),
+            body.clone(),
+            "another-secret",
+        ),
+    )
+    .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(error_text(&json).contains("signature"));
     let unsigned = Request::post("/webhooks/mekari/main")
@@ -157,10 +184,28 @@ async fn a_wrong_or_missing_signature_is_401() {
 #[tokio::test]
 async fn a_missing_or_mismatched_delivery_id_is_400() {
     let h = harness().await;
-    let (status, _, json) = answer(&h, signed("/webhooks/mekari/main", None, order("d-1", "2026-11-29T10:00:00Z"), SECRET)).await;
+    let (status, _, json) = answer(
+        &h,
+        signed(
+            "/webhooks/mekari/main",
+            None,
+            order("d-1", "2026-11-29T10:00:00Z"),
+            SECRET,
+        ),
+    )
+    .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(error_text(&json).contains("x-mekari-event-id"));
-    let (status, _, json) = answer(&h, signed("/webhooks/mekari/main", Some("d-other"), order("d-1", "2026-11-29T10:00:00Z"), SECRET)).await;
+    let (status, _, json) = answer(
+        &h,
+        signed(
+            "/webhooks/mekari/main",
+            Some("d-other"),
+            order("d-1", "2026-11-29T10:00:00Z"),
+            SECRET,
+        ),
+    )
+    .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(error_text(&json).contains("does not equal"));
 }
@@ -168,7 +213,16 @@ async fn a_missing_or_mismatched_delivery_id_is_400() {
 #[tokio::test]
 async fn kafka_unreachable_is_503_with_retry_after_and_no_internals() {
     let h = harness().await;
-    let (status, retry_after, json) = answer(&h, signed("/webhooks/mekari/main", Some("d-503"), order("d-503", "2026-11-29T10:00:00Z"), SECRET)).await;
+    let (status, retry_after, json) = answer(
+        &h,
+        signed(
+            "/webhooks/mekari/main",
+            Some("d-503"),
+            order("d-503", "2026-11-29T10:00:00Z"),
+            SECRET,
+        ),
+    )
+    .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(retry_after.as_deref(), Some("7"));
     assert_eq!(error_text(&json), "temporarily unavailable, retry later");
@@ -179,7 +233,16 @@ async fn a_duplicate_of_a_delivery_in_flight_is_503() {
     let h = harness().await;
     let key = crate::event::DeliveryKey::new(ProviderKind::Mekari, "d-busy");
     h.pipeline.ledger().begin(&key).await.unwrap();
-    let (status, retry_after, _) = answer(&h, signed("/webhooks/mekari/main", Some("d-busy"), order("d-busy", "2026-11-29T10:00:00Z"), SECRET)).await;
+    let (status, retry_after, _) = answer(
+        &h,
+        signed(
+            "/webhooks/mekari/main",
+            Some("d-busy"),
+            order("d-busy", "2026-11-29T10:00:00Z"),
+            SECRET,
+        ),
+    )
+    .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(retry_after.as_deref(), Some("7"));
 }
@@ -190,7 +253,10 @@ async fn a_done_delivery_and_a_stale_event_are_200_without_kafka() {
     h.pipeline
         .ledger()
         .commit(Commit {
-            delivery: Some(crate::event::DeliveryKey::new(ProviderKind::Mekari, "d-done")),
+            delivery: Some(crate::event::DeliveryKey::new(
+                ProviderKind::Mekari,
+                "d-done",
+            )),
             entity: Some((
                 EntitySlot::new(
                     EntityType::Order,
@@ -205,10 +271,34 @@ async fn a_done_delivery_and_a_stale_event_are_200_without_kafka() {
         })
         .await
         .unwrap();
-    let (status, _, json) = answer(&h, signed("/webhooks/mekari/main", Some("d-done"), order("d-done", "2026-11-29T13:00:00Z"), SECRET)).await;
-    assert_eq!((status, json["status"].as_str()), (StatusCode::OK, Some("duplicate")));
-    let (status, _, json) = answer(&h, signed("/webhooks/mekari/main", Some("d-old"), order("d-old", "2026-11-29T11:00:00Z"), SECRET)).await;
-    assert_eq!((status, json["status"].as_str()), (StatusCode::OK, Some("stale")));
+    let (status, _, json) = answer(
+        &h,
+        signed(
+            "/webhooks/mekari/main",
+            Some("d-done"),
+            order("d-done", "2026-11-29T13:00:00Z"),
+            SECRET,
+        ),
+    )
+    .await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (StatusCode::OK, Some("duplicate"))
+    );
+    let (status, _, json) = answer(
+        &h,
+        signed(
+            "/webhooks/mekari/main",
+            Some("d-old"),
+            order("d-old", "2026-11-29T11:00:00Z"),
+            SECRET,
+        ),
+    )
+    .await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (StatusCode::OK, Some("stale"))
+    );
 }
 
 #[tokio::test]
@@ -216,7 +306,10 @@ async fn liveness_is_200_and_readiness_503_without_a_broker() {
     let h = harness().await;
     let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
     let (status, _, json) = answer(&h, get("/healthz")).await;
-    assert_eq!((status, json["status"].as_str()), (StatusCode::OK, Some("ok")));
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (StatusCode::OK, Some("ok"))
+    );
     let (status, _, json) = answer(&h, get("/readyz")).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(json["broker"], "unavailable");

@@ -173,8 +173,7 @@ impl Ledger for RedisLedger {
             .key(self.key("lease", delivery.as_str()))
             .arg(self.lease_ms())
             .invoke_async(&mut self.conn.clone())
-            .await
-            ?;
+            .await?;
         Ok(match answer {
             0 => Begin::New,
             2 => Begin::Done,
@@ -201,10 +200,7 @@ impl Ledger for RedisLedger {
             .conditional_set(redis::ExistenceCheck::NX)
             .with_expiration(redis::SetExpiry::PX(self.lease_ms()));
         loop {
-            let taken: Option<String> = conn
-                .set_options(&key, &token, options.clone())
-                .await
-                ?;
+            let taken: Option<String> = conn.set_options(&key, &token, options.clone()).await?;
             if taken.is_some() {
                 return Ok(Box::new(RedisLock { conn, key, token }));
             }
@@ -217,11 +213,8 @@ impl Ledger for RedisLedger {
             .conn
             .clone()
             .get(self.key("entity", slot.as_str()))
-            .await
-            ?;
-        bytes
-            .map(|b| EntityState::decode(slot, &b))
-            .transpose()
+            .await?;
+        bytes.map(|b| EntityState::decode(slot, &b)).transpose()
     }
 
     async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
@@ -270,8 +263,7 @@ impl Ledger for RedisLedger {
     async fn check(&self) -> Result<(), LedgerError> {
         let pong: String = redis::cmd("PING")
             .query_async(&mut self.conn.clone())
-            .await
-            ?;
+            .await?;
         if pong == "PONG" {
             Ok(())
         } else {

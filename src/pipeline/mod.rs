@@ -258,9 +258,7 @@ impl Pipeline {
         };
         let normalized = body
             .map_err(NormalizeError::InvalidJson)
-            .and_then(|json| {
-                providers::for_kind(delivery.source.provider).normalize(&json, &ctx)
-            });
+            .and_then(|json| providers::for_kind(delivery.source.provider).normalize(&json, &ctx));
         match normalized {
             Ok(event) => self.apply(event, Some(key)).await,
             Err(reason) => {

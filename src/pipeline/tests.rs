@@ -152,9 +152,15 @@ async fn a_delivery_id_unlike_the_bodys_is_refused_and_not_recorded() {
         .deliver(delivery("d-1", "d-2", "2026-11-29T11:00:00Z"))
         .await
         .unwrap_err();
-    assert!(matches!(error, PipelineError::DeliveryIdMismatch), "{error}");
+    assert!(
+        matches!(error, PipelineError::DeliveryIdMismatch),
+        "{error}"
+    );
     assert!(!error.is_retryable());
-    assert_eq!(pipeline.ledger().begin(&key("d-1")).await.unwrap(), Begin::New);
+    assert_eq!(
+        pipeline.ledger().begin(&key("d-1")).await.unwrap(),
+        Begin::New
+    );
 }
 
 #[tokio::test]

@@ -8,7 +8,10 @@ use time::format_description::well_known::Rfc3339;
 use super::NormalizeError;
 use crate::event::{Decimal, LineItem};
 
-pub(super) fn required_str<'a>(value: &'a Value, field: &'static str) -> Result<&'a str, NormalizeError> {
+pub(super) fn required_str<'a>(
+    value: &'a Value,
+    field: &'static str,
+) -> Result<&'a str, NormalizeError> {
     match value.get(leaf(field)) {
         None | Some(Value::Null) => Err(NormalizeError::MissingField(field)),
         Some(Value::String(s)) if !s.is_empty() => Ok(s),
@@ -32,7 +35,10 @@ pub(super) fn optional_text(value: &Value, field: &str) -> Option<String> {
     }
 }
 
-pub(super) fn required_time(value: &Value, field: &'static str) -> Result<OffsetDateTime, NormalizeError> {
+pub(super) fn required_time(
+    value: &Value,
+    field: &'static str,
+) -> Result<OffsetDateTime, NormalizeError> {
     OffsetDateTime::parse(required_str(value, field)?, &Rfc3339).map_err(|_| {
         NormalizeError::InvalidField {
             field,
@@ -65,7 +71,10 @@ pub(super) fn optional_decimal(
 }
 
 /// The first present of several alternative money fields.
-pub(super) fn first_decimal(value: &Value, fields: &[&'static str]) -> Result<Option<Decimal>, NormalizeError> {
+pub(super) fn first_decimal(
+    value: &Value,
+    fields: &[&'static str],
+) -> Result<Option<Decimal>, NormalizeError> {
     for field in fields {
         if let Some(money) = optional_decimal(value, field)? {
             return Ok(Some(money));
@@ -89,7 +98,10 @@ pub(super) fn items(data: &Value) -> Result<Vec<LineItem>, NormalizeError> {
                 sku: optional_text(item, "sku").or_else(|| optional_text(item, "product_id")),
                 name: optional_text(item, "name"),
                 quantity: first_decimal(item, &["data.items[].quantity", "data.items[].qty"])?,
-                unit_price: first_decimal(item, &["data.items[].unit_price", "data.items[].price"])?,
+                unit_price: first_decimal(
+                    item,
+                    &["data.items[].unit_price", "data.items[].price"],
+                )?,
             })
         })
         .collect()

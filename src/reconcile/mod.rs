@@ -17,7 +17,6 @@
 //! [`ProviderApi`] in its own folder under `providers/`. `window.rs` holds
 //! the time arithmetic, `progress.rs` what a run shows while it goes.
 
-
 mod progress;
 mod window;
 
@@ -371,7 +370,10 @@ impl Reconciler {
             let mut past_window = false;
             for record in &page.records {
                 if job.paging == Paging::NewestFirst
-                    && source.api.record_time(job, record).is_some_and(|t| t < from)
+                    && source
+                        .api
+                        .record_time(job, record)
+                        .is_some_and(|t| t < from)
                 {
                     past_window = true;
                     break;

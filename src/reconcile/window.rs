@@ -78,11 +78,17 @@ mod tests {
             steps,
             vec![
                 (from, datetime!(2026-11-29 11:00 UTC)),
-                (datetime!(2026-11-29 11:00 UTC), datetime!(2026-11-29 12:00 UTC)),
+                (
+                    datetime!(2026-11-29 11:00 UTC),
+                    datetime!(2026-11-29 12:00 UTC)
+                ),
                 (datetime!(2026-11-29 12:00 UTC), to),
             ]
         );
-        assert_eq!(super::steps(from, to, Paging::NewestFirst, 3600), vec![(from, to)]);
+        assert_eq!(
+            super::steps(from, to, Paging::NewestFirst, 3600),
+            vec![(from, to)]
+        );
         assert_eq!(super::steps(to, from, Paging::Window, 3600), vec![]);
     }
 

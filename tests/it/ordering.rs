@@ -75,7 +75,7 @@ async fn concurrent_events_for_one_key_end_with_the_newest() {
             mekari_order(
                 &format!("c-{i}"),
                 "order.updated",
-                &format!("2026-11-29T17:15:{:02}+07:00", i),
+                &format!("2026-11-29T17:15:{i:02}+07:00"),
                 "ORD-C",
                 "preparing",
             )

@@ -172,11 +172,7 @@ impl Paths {
 
 /// The checks every provider's `api` table shares, as (field, problem):
 /// a URL, a page size, and only path names the provider knows.
-pub fn common_problems(
-    base_url: &str,
-    per_page: u32,
-    paths: &Paths,
-) -> Vec<(String, String)> {
+pub fn common_problems(base_url: &str, per_page: u32, paths: &Paths) -> Vec<(String, String)> {
     let mut problems = Vec::new();
     for name in paths.overrides.keys() {
         if !paths.defaults.iter().any(|(known, _)| known == name) {
@@ -211,7 +207,8 @@ pub fn common_problems(
 pub fn read_settings<T: serde::de::DeserializeOwned>(
     api: &crate::config::ApiSection,
 ) -> Result<T, (String, String)> {
-    api.read().map_err(|error| (String::new(), error.to_string()))
+    api.read()
+        .map_err(|error| (String::new(), error.to_string()))
 }
 
 /// Records per page when a source names no `per_page`.

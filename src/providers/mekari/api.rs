@@ -290,9 +290,10 @@ impl ProviderApi for MekariApi {
         if !self.settings.resume_when_off {
             return Ok(false);
         }
-        let (Some(key), Some(endpoint)) =
-            (self.settings.endpoint_key.as_deref(), self.endpoint().await?)
-        else {
+        let (Some(key), Some(endpoint)) = (
+            self.settings.endpoint_key.as_deref(),
+            self.endpoint().await?,
+        ) else {
             return Ok(false);
         };
         let path = self.paths.get("endpoint").replace("{key}", key);
@@ -331,5 +332,4 @@ mod tests {
             )
         );
     }
-
 }

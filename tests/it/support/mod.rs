@@ -114,7 +114,7 @@ impl TestApp {
             match App::build(&config).await {
                 Ok(app) => break app,
                 Err(e) if Instant::now() < deadline && e.to_string().contains("ledger") => {
-                    tokio::time::sleep(Duration::from_millis(50)).await
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Err(e) => panic!("app did not start: {e}"),
             }
