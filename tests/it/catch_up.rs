@@ -31,20 +31,21 @@ const SIM_BIN_VAR: &str = "POSBRIDGE_SIM_BIN";
 /// `POSBRIDGE_SIM_BIN` if set, else `target/<profile>/posbridge-sim`, found
 /// from this test binary, which runs from `target/<profile>/deps/`.
 fn sim_binary() -> PathBuf {
-    let path = match std::env::var_os(SIM_BIN_VAR) {
-        Some(path) => PathBuf::from(path),
-        None => {
-            let exe = std::env::current_exe().expect("the test binary's own path");
-            let mut dir = exe
-                .parent()
-                .expect("the test binary's folder")
-                .to_path_buf();
-            if dir.ends_with("deps") {
-                dir.pop();
-            }
-            dir.join(format!("posbridge-sim{}", std::env::consts::EXE_SUFFIX))
-        }
-    };
+    if let Some(path) = std::env::var_os(SIM_BIN_VAR) {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "{SIM_BIN_VAR} names {}, which is not a file",
+            path.display()
+        );
+        return path;
+    }
+    let mut dir = std::env::current_exe().expect("the test binary's own path");
+    dir.pop();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(format!("posbridge-sim{}", std::env::consts::EXE_SUFFIX));
     assert!(
         path.is_file(),
         "the simulator binary is not at {}: run `cargo build -p posbridge-sim` first \
