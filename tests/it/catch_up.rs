@@ -3,6 +3,7 @@
 //! rules and serves the list and webhook-state APIs from the same truth.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use posbridge::config::{ApiSection, Config};
@@ -22,6 +23,38 @@ const RR_TOKEN: &str = "rr-api-token";
 const MEKARI_CLIENT: &str = "sim-client";
 const MEKARI_CLIENT_SECRET: &str = "sim-client-secret";
 
+/// Overrides where the simulator binary is looked for.
+const SIM_BIN_VAR: &str = "POSBRIDGE_SIM_BIN";
+
+/// The `posbridge-sim` binary. It is its own package in the workspace, so
+/// `cargo test` does not build it for this one (`scripts/test` does, first):
+/// `POSBRIDGE_SIM_BIN` if set, else `target/<profile>/posbridge-sim`, found
+/// from this test binary, which runs from `target/<profile>/deps/`.
+fn sim_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os(SIM_BIN_VAR) {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "{SIM_BIN_VAR} names {}, which is not a file",
+            path.display()
+        );
+        return path;
+    }
+    let mut dir = std::env::current_exe().expect("the test binary's own path");
+    dir.pop();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(format!("posbridge-sim{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        path.is_file(),
+        "the simulator binary is not at {}: run `cargo build -p posbridge-sim` first \
+         (scripts/test does), or set {SIM_BIN_VAR} to its path",
+        path.display()
+    );
+    path
+}
+
 /// A running simulator; killed on drop.
 struct Sim {
     api: String,
@@ -32,7 +65,7 @@ struct Sim {
 impl Sim {
     async fn start(target: &str, extra: &[&str]) -> Sim {
         use tokio::io::AsyncBufReadExt;
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_posbridge-sim"))
+        let mut child = tokio::process::Command::new(sim_binary())
             .args(["--target", target, "--hold"])
             .args(["--rr-secret", RR_SECRET, "--mekari-secret", MEKARI_SECRET])
             .args(["--rr-token", RR_TOKEN])

@@ -4,11 +4,11 @@
 //! One truth, two faces. The simulator draws a script of events from a seed
 //! ([`plan`]), makes them happen on the wall clock, changing each entity's
 //! current state ([`truth`]), and delivers each one as a signed webhook by its
-//! provider's documented rules on a compressed clock ([`send`],
-//! [`receiptroller`], [`mekari`]), with duplicates, reordering and drops
-//! injected. Meanwhile it serves both providers' APIs from that truth,
-//! including what never arrived, and its own report of every entity's latest
-//! state ([`api`]), so a test can compare the compacted topics with it.
+//! provider's rules on a compressed clock ([`deliver`]), with duplicates,
+//! reordering and drops injected. Meanwhile it serves both providers' APIs
+//! from that truth, including what never arrived, and its own report of every
+//! entity's latest state ([`api`]), so a test can compare the compacted
+//! topics with it.
 //!
 //! Standard output carries exactly two kinds of JSON line: first
 //! `{"api":"http://HOST:PORT"}` as soon as the API listens, and a summary when
@@ -19,21 +19,29 @@
 //! * [`clock`]: the compressed retry clock, event times, timestamp formats, ids.
 //! * [`plan`]: the seeded script: entities, events and the faults of each.
 //! * [`truth`]: every entity's current state; builds webhook bodies.
+//! * [`webhook_state`]: ReceiptRoller's webhook and Mekari's endpoint (on,
+//!   off, paused), which both sides below change.
 //! * [`state`]: the shared handle, event log and counters.
-//! * [`send`]: makes events happen, injects faults, one HTTP attempt.
-//! * [`receiptroller`], [`mekari`]: each provider's delivery rules and API.
-//! * [`api`]: the router, `/sim` control and report endpoints, paging.
+//! * [`deliver`]: the delivery side: makes events happen, injects faults,
+//!   signs ([`deliver::outgoing`]) and applies each provider's delivery rules
+//!   ([`deliver::receiptroller`], [`deliver::mekari`]).
+//! * [`api`]: the HTTP side: the router and `/sim` endpoints, each provider's
+//!   API and auth check ([`api::receiptroller`], [`api::mekari`]), errors and
+//!   query parameters.
+//!
+//! A module imports only modules above it in this list, so there is no
+//! import cycle: `api` and `deliver` never use each other, and `state` uses
+//! neither.
 
 mod api;
 mod clock;
-mod mekari;
+mod deliver;
 mod plan;
-mod receiptroller;
-mod send;
 mod state;
 #[cfg(test)]
 mod tests;
 mod truth;
+mod webhook_state;
 
 use std::io::Write;
 use std::time::Duration;
@@ -267,7 +275,7 @@ async fn main() -> anyhow::Result<()> {
 
     let spread = Duration::try_from_secs_f64(cli.spread_secs).unwrap_or_default();
     tokio::select! {
-        () = send::run(sim.clone(), plan.steps, spread) => {
+        () = deliver::run(sim.clone(), plan.steps, spread) => {
             print_line(&sim.summary())?;
             if cli.hold {
                 info!(api = %api_url, "Sending is done; serving the APIs until Ctrl-C / SIGTERM.");

@@ -8,7 +8,7 @@
 //! way posbridge writes them.
 
 use bytes::Bytes;
-use posbridge::event::{EntityKey, EntityType, Money, ProviderKind};
+use posbridge::event::{Decimal, EntityKey, EntityType, ProviderKind};
 use serde_json::{Map, Value, json};
 use time::OffsetDateTime;
 
@@ -49,14 +49,14 @@ impl Entity {
         EntityKey::new(self.provider, None, &self.id)
     }
 
-    /// The amount posbridge keeps as `total`, formatted as posbridge's `Money`.
+    /// The amount posbridge keeps as `total`, formatted as posbridge's `Decimal`.
     pub fn total(&self) -> Option<String> {
         let field = match self.provider {
             ProviderKind::ReceiptRoller => "grand_total",
             ProviderKind::Mekari => "total",
         };
         let number = self.data.get(field)?.as_number()?;
-        Money::parse(&number.to_string()).map(|m| m.to_string())
+        Decimal::parse(&number.to_string()).map(|m| m.to_string())
     }
 
     fn text(&self, field: &str) -> Option<&str> {
@@ -276,10 +276,14 @@ mod tests {
             at += time::Duration::milliseconds(37);
             let happened = truth.apply(step, at);
             let body: Value = serde_json::from_slice(&happened.body).unwrap();
+            let source = posbridge::event::Source {
+                provider: happened.provider,
+                name: "main".into(),
+                account: None,
+            };
             let ctx = Context {
                 event_id: &happened.delivery_id,
-                source: "main",
-                account: None,
+                source: &source,
                 received_at: at,
                 raw: "{}",
                 origin: Origin::Webhook,

@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::IntoResponse;
 use base64::Engine;
 use posbridge::event::ProviderKind;
-use posbridge::providers::api_authorization;
+use posbridge::providers::mekari::api_authorization;
 use posbridge::verify::hmac_sha256;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -22,7 +22,7 @@ use crate::clock::TimeScale;
 use crate::plan::{self, Plan, PlanConfig, Step};
 use crate::state::{Fate, Settings, Sim, lock};
 use crate::truth::Truth;
-use crate::{api, send};
+use crate::{api, deliver};
 
 /// One request the receiver got.
 #[derive(Debug, Clone)]
@@ -132,8 +132,45 @@ fn fates(sim: &Sim, provider: ProviderKind) -> Vec<(Fate, u32)> {
         .collect()
 }
 
+/// Runs a whole plan against a receiver answering by `script`; returns the
+/// simulator once every delivery is over, and what the receiver got.
+async fn run_plan(
+    script: Script,
+    config: &PlanConfig,
+    scale: f64,
+    spread: Duration,
+) -> (Sim, Arc<Mutex<Vec<Received>>>) {
+    let (url, received) = receiver(script).await;
+    let (sim, plan) = sim(&url, config, scale);
+    deliver::run(sim.clone(), plan.steps, spread).await;
+    (sim, received)
+}
+
+/// Serves the simulator's APIs on a free port; returns their base URL.
+async fn serve_api(sim: &Sim) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(axum::serve(listener, api::router(sim.clone())).into_future());
+    base
+}
+
 fn always(status: StatusCode) -> Script {
     Arc::new(move |_| (status, None))
+}
+
+/// `status` (with `Retry-After`) for one provider's webhooks, 200 for the other's.
+fn failing(
+    provider: &'static str,
+    status: StatusCode,
+    retry_after: Option<&'static str>,
+) -> Script {
+    Arc::new(move |path: &str| {
+        if path.contains(provider) {
+            (status, retry_after)
+        } else {
+            (StatusCode::OK, None)
+        }
+    })
 }
 
 #[tokio::test]
@@ -145,7 +182,7 @@ async fn every_event_arrives_signed_once_plus_its_duplicates() {
     config.drop = 0.2;
     let (sim, plan) = sim(&url, &config, 600.0);
     let planned_drops = plan.steps.iter().filter(|s| s.faults.drop).count();
-    send::run(sim.clone(), plan.steps, Duration::from_millis(300)).await;
+    deliver::run(sim.clone(), plan.steps, Duration::from_millis(300)).await;
 
     let status = sim.status();
     let deliveries = &status["deliveries"];
@@ -188,17 +225,15 @@ async fn every_event_arrives_signed_once_plus_its_duplicates() {
 
 #[tokio::test]
 async fn four_failures_switch_the_receiptroller_webhook_off() {
-    let script: Script = Arc::new(|path: &str| {
-        if path.contains("receiptroller") {
-            (StatusCode::UNAUTHORIZED, None)
-        } else {
-            (StatusCode::OK, None)
-        }
-    });
-    let (url, _) = receiver(script).await;
+    let script = failing("receiptroller", StatusCode::UNAUTHORIZED, None);
     // 1 h of documented time is 36 ms.
-    let (sim, plan) = sim(&url, &plan_config(40), 100_000.0);
-    send::run(sim.clone(), plan.steps, Duration::from_millis(400)).await;
+    let (sim, _) = run_plan(
+        script,
+        &plan_config(40),
+        100_000.0,
+        Duration::from_millis(400),
+    )
+    .await;
 
     assert!(!lock(&sim.receiptroller).active);
     let fates = fates(&sim, ProviderKind::ReceiptRoller);
@@ -227,9 +262,9 @@ async fn a_restart_drops_pending_retries_without_switching_off() {
         .take(1)
         .cloned()
         .collect();
-    let run = tokio::spawn(send::run(sim.clone(), steps, Duration::ZERO));
+    let run = tokio::spawn(deliver::run(sim.clone(), steps, Duration::ZERO));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(crate::receiptroller::restart(&sim), 1);
+    assert_eq!(lock(&sim.receiptroller).restart(), 1);
     tokio::time::timeout(Duration::from_secs(5), run)
         .await
         .unwrap()
@@ -244,16 +279,14 @@ async fn a_restart_drops_pending_retries_without_switching_off() {
 
 #[tokio::test]
 async fn ten_permanent_failures_pause_mekari_and_put_resumes_it() {
-    let script: Script = Arc::new(|path: &str| {
-        if path.contains("mekari") {
-            (StatusCode::BAD_REQUEST, None)
-        } else {
-            (StatusCode::OK, None)
-        }
-    });
-    let (url, _) = receiver(script).await;
-    let (sim, plan) = sim(&url, &plan_config(80), 100_000.0);
-    send::run(sim.clone(), plan.steps, Duration::from_millis(1600)).await;
+    let script = failing("mekari", StatusCode::BAD_REQUEST, None);
+    let (sim, _) = run_plan(
+        script,
+        &plan_config(80),
+        100_000.0,
+        Duration::from_millis(1600),
+    )
+    .await;
 
     let fates = fates(&sim, ProviderKind::Mekari);
     let failed = fates.iter().filter(|f| **f == (Fate::Failed, 1)).count();
@@ -264,9 +297,7 @@ async fn ten_permanent_failures_pause_mekari_and_put_resumes_it() {
     assert!(lock(&sim.receiptroller).active);
 
     // Resume through the API, signed as the reconciler signs.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(axum::serve(listener, api::router(sim.clone())).into_future());
+    let base = serve_api(&sim).await;
     let path = "/mekari/webhooks/endpoints/ep_sim";
     let date = httpdate::fmt_http_date(std::time::SystemTime::now());
     let client = reqwest::Client::new();
@@ -301,18 +332,10 @@ async fn ten_permanent_failures_pause_mekari_and_put_resumes_it() {
 
 #[tokio::test]
 async fn retryable_answers_are_retried_eight_times_then_fail_for_good() {
-    let script: Script = Arc::new(|path: &str| {
-        if path.contains("mekari") {
-            (StatusCode::TOO_MANY_REQUESTS, Some("120"))
-        } else {
-            (StatusCode::OK, None)
-        }
-    });
-    let (url, received) = receiver(script).await;
+    let script = failing("mekari", StatusCode::TOO_MANY_REQUESTS, Some("120"));
     let mut config = plan_config(30);
     config.drop = 0.0;
-    let (sim, plan) = sim(&url, &config, 1_000_000.0);
-    send::run(sim.clone(), plan.steps, Duration::from_millis(100)).await;
+    let (sim, received) = run_plan(script, &config, 1_000_000.0, Duration::from_millis(100)).await;
     let fates = fates(&sim, ProviderKind::Mekari);
     assert!(fates.contains(&(Fate::Failed, 8)), "{fates:?}");
     // A delivery that used up its eight attempts failed for good and counts
@@ -338,14 +361,10 @@ async fn retryable_answers_are_retried_eight_times_then_fail_for_good() {
 /// Mekari lists only for a signed request with a current `Date`.
 #[tokio::test]
 async fn the_apis_serve_the_truth_behind_their_auth_checks() {
-    let (url, _) = receiver(always(StatusCode::OK)).await;
-    let mut config = plan_config(120);
+    let mut config = plan_config(240);
     config.drop = 1.0;
-    let (sim, plan) = sim(&url, &config, 600.0);
-    send::run(sim.clone(), plan.steps, Duration::ZERO).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(axum::serve(listener, api::router(sim.clone())).into_future());
+    let (sim, _) = run_plan(always(StatusCode::OK), &config, 600.0, Duration::ZERO).await;
+    let base = serve_api(&sim).await;
     let client = reqwest::Client::new();
 
     let truth: Value = client
@@ -417,22 +436,39 @@ async fn the_apis_serve_the_truth_behind_their_auth_checks() {
             .send()
     };
     let now_date = || httpdate::fmt_http_date(std::time::SystemTime::now());
-    let mut orders = 0;
-    for outlet in ["OUT-1", "OUT-2"] {
-        let answer: Value = signed_get(
-            format!("/mekari/orders?outlet_id={outlet}&per_page=200"),
-            "client-secret",
-            now_date(),
-        )
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-        orders += answer["data"].as_array().unwrap().len();
-        assert_eq!(answer["meta"]["total_pages"], 1);
+    // Every list (240 events make at least one of each): the outlet-scoped
+    // ones per outlet, the catalogue at once.
+    let lists = [
+        ("orders", "order"),
+        ("returns", "return"),
+        ("refunds", "refund"),
+        ("exchanges", "exchange"),
+        ("products", "product"),
+        ("collections", "collection"),
+    ];
+    for (list, entity_type) in lists {
+        let queries: &[&str] = match list {
+            "products" | "collections" => &[""],
+            _ => &["outlet_id=OUT-1&", "outlet_id=OUT-2&"],
+        };
+        let mut found = 0;
+        for query in queries {
+            let answer: Value = signed_get(
+                format!("/mekari/{list}?{query}per_page=200"),
+                "client-secret",
+                now_date(),
+            )
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+            found += answer["data"].as_array().unwrap().len();
+            assert_eq!(answer["meta"]["total_pages"], 1, "{list}");
+        }
+        assert_eq!(found, count("mekari", entity_type), "{list}");
+        assert!(found > 0, "{list}");
     }
-    assert_eq!(orders, count("mekari", "order"));
     let products: Value = signed_get("/mekari/products".into(), "client-secret", now_date())
         .await
         .unwrap()
@@ -443,6 +479,10 @@ async fn the_apis_serve_the_truth_behind_their_auth_checks() {
         products["data"].as_array().unwrap().len(),
         count("mekari", "product")
     );
+    let missing_outlet = signed_get("/mekari/returns".into(), "client-secret", now_date())
+        .await
+        .unwrap();
+    assert_eq!(missing_outlet.status(), 400);
 
     let skewed = httpdate::fmt_http_date(std::time::SystemTime::now() - Duration::from_secs(400));
     let refused = signed_get("/mekari/products".into(), "client-secret", skewed)

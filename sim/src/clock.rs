@@ -67,7 +67,10 @@ impl EventClock {
         let wall_ms = OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
         // A poisoned lock only means another thread panicked mid-update of an
         // integer; the value is still usable.
-        let mut last = self.last_ms.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = self
+            .last_ms
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let ms = wall_ms.max(*last + 1);
         *last = ms;
         OffsetDateTime::from_unix_timestamp_nanos(ms * 1_000_000)

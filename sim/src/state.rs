@@ -1,5 +1,5 @@
-//! The simulator's shared state: one cheap `Clone` handle for the sender,
-//! the API handlers and `main`.
+//! The simulator's shared state: one cheap `Clone` handle for the delivery
+//! side, the API handlers and `main`, with the event log and its counters.
 //!
 //! Every lock here is a std `Mutex` held for a few field updates and never
 //! across an `.await`.
@@ -16,9 +16,8 @@ use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::{EventClock, TimeScale};
-use crate::mekari::Endpoint;
-use crate::receiptroller::Webhook;
 use crate::truth::Truth;
+use crate::webhook_state::{Endpoint, Webhook};
 
 /// Settings fixed at start-up (from the command line).
 #[derive(Debug, Clone)]
@@ -186,7 +185,9 @@ impl std::ops::Deref for Sim {
 /// Locks a mutex, recovering the data if a panicking thread poisoned it (the
 /// simulator's state stays consistent field by field).
 pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Sim {

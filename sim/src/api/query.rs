@@ -1,138 +1,14 @@
-//! The simulator's HTTP side: both providers' APIs and its own control and
-//! report endpoints, on one listener.
+//! Query parameters of the simulated list APIs: paging, time windows and
+//! required fields, checked the same way for both providers.
 //!
-//! ReceiptRoller's API lives under `/receiptroller`, Mekari's under
-//! `/mekari` (see those modules); `/sim` is the simulator's own:
-//!
-//! * `GET /sim/status`: sending done?, delivery counters, webhook states.
-//! * `GET /sim/truth`: every entity's current state, keyed as posbridge keys it.
-//! * `GET /sim/events`: every event with its delivery's fate.
-//! * `POST /sim/restart-receiptroller`: a ReceiptRoller server restart, which
-//!   drops pending retries without switching the webhook off.
+//! A bad parameter is answered 400 through [`ApiError`].
 
 use std::collections::HashMap;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, http};
-use serde_json::{Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::state::{Sim, lock};
-use crate::{mekari, receiptroller};
-
-/// Every route the simulator serves.
-pub fn router(sim: Sim) -> Router {
-    Router::new()
-        .route("/sim/status", get(status))
-        .route("/sim/truth", get(truth))
-        .route("/sim/events", get(events))
-        .route("/sim/restart-receiptroller", post(restart_receiptroller))
-        .merge(receiptroller::routes(sim.clone()))
-        .merge(mekari::routes(sim.clone()))
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
-        .with_state(sim)
-}
-
-async fn status(State(sim): State<Sim>) -> Json<Value> {
-    Json(sim.status())
-}
-
-async fn truth(State(sim): State<Sim>) -> Json<Value> {
-    Json(lock(&sim.truth).report())
-}
-
-async fn events(State(sim): State<Sim>) -> Json<Value> {
-    Json(json!({"events": *lock(&sim.events)}))
-}
-
-async fn restart_receiptroller(State(sim): State<Sim>) -> Json<Value> {
-    let dropped = receiptroller::restart(&sim);
-    Json(json!({"restarted": true, "pending_retries_dropped": dropped}))
-}
-
-/// An API error: a status and a short JSON body `{"error", "message"}`.
-#[derive(Debug)]
-pub struct ApiError {
-    /// The HTTP status.
-    status: StatusCode,
-    /// A fixed code (`unauthorized`, `bad_request`, …).
-    error: &'static str,
-    /// What was wrong, for a person reading a test log.
-    message: String,
-    /// Extra fields for the body.
-    extra: Option<Value>,
-    /// Extra headers (`Retry-After`, `WWW-Authenticate`).
-    headers: Vec<(http::HeaderName, HeaderValue)>,
-}
-
-impl ApiError {
-    /// An error with a status, a code and a message.
-    pub fn new(status: StatusCode, error: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            error,
-            message: message.into(),
-            extra: None,
-            headers: Vec::new(),
-        }
-    }
-
-    /// 400 with a message.
-    pub fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
-    }
-
-    /// 401 with a message saying which check failed.
-    pub fn unauthorized(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
-    }
-
-    /// 404 for an unknown webhook or endpoint.
-    pub fn not_found(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
-    }
-
-    /// The injected 503 (`--api-fail-rate`), asking to retry in a second.
-    pub fn unavailable() -> ApiError {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "simulated outage, retry later",
-        )
-        .with_header(header::RETRY_AFTER, HeaderValue::from_static("1"))
-    }
-
-    /// Adds fields to the body.
-    pub fn with_extra(mut self, extra: Value) -> ApiError {
-        self.extra = Some(extra);
-        self
-    }
-
-    /// Adds a header.
-    pub fn with_header(mut self, name: http::HeaderName, value: HeaderValue) -> ApiError {
-        self.headers.push((name, value));
-        self
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut body = json!({"error": self.error, "message": self.message});
-        if let (Some(Value::Object(extra)), Value::Object(map)) = (self.extra, &mut body) {
-            map.extend(extra);
-        }
-        let mut response = (self.status, Json(body)).into_response();
-        for (name, value) in self.headers {
-            response.headers_mut().insert(name, value);
-        }
-        response
-    }
-}
+use crate::api::error::ApiError;
 
 /// Query parameters as received (already percent-decoded).
 pub type Params = HashMap<String, String>;

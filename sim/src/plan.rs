@@ -4,8 +4,8 @@
 //! order they will happen, with the faults each delivery gets. Everything
 //! random is decided here, so one seed gives one script; only the times (the
 //! real wall clock when an event happens) differ between runs with one seed.
-//! Each event carries a patch of the entity's data; [`crate::truth`] applies
-//! it and stamps the times when the event happens.
+//! Each event carries a patch of the entity's data; the `truth` module
+//! applies it and stamps the times when the event happens.
 
 use std::collections::VecDeque;
 use std::time::Duration;
