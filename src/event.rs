@@ -361,6 +361,40 @@ impl PosEvent {
 }
 
 #[cfg(test)]
+impl PosEvent {
+    /// A Mekari order with only its ids and times set: the event tests
+    /// start from, changing what they are about.
+    pub(crate) fn sample() -> PosEvent {
+        let at = time::macros::datetime!(2026-11-29 10:00 UTC);
+        PosEvent {
+            event_id: "d1".into(),
+            provider: ProviderKind::Mekari,
+            source: "main".into(),
+            account: None,
+            entity_type: EntityType::Order,
+            entity_id: "O-1".into(),
+            event_type: "order.updated".into(),
+            occurred_at: at,
+            version: Version::new(at, 0),
+            received_at: time::macros::datetime!(2026-11-29 10:00:01 UTC),
+            origin: Origin::Webhook,
+            outlet_id: None,
+            store_id: None,
+            terminal_id: None,
+            currency: None,
+            subtotal: None,
+            tax: None,
+            total: None,
+            status: None,
+            kitchen_status: None,
+            items: Vec::new(),
+            deleted: false,
+            raw: "{}".into(),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -152,32 +152,14 @@ mod tests {
 
     #[test]
     fn the_state_hash_follows_content_not_ids_or_times() {
-        use crate::event::{EntityType, Origin, ProviderKind};
         use time::macros::datetime;
         let event = PosEvent {
-            event_id: "d1".into(),
-            provider: ProviderKind::Mekari,
-            source: "main".into(),
-            account: None,
-            entity_type: EntityType::Order,
-            entity_id: "O-1".into(),
-            event_type: "order.updated".into(),
-            occurred_at: datetime!(2026-11-29 10:00 UTC),
-            version: Version::new(datetime!(2026-11-29 10:00 UTC), 0),
-            received_at: datetime!(2026-11-29 10:00:01 UTC),
-            origin: Origin::Webhook,
             outlet_id: Some("OUT-9".into()),
-            store_id: None,
-            terminal_id: None,
             currency: Some("IDR".into()),
-            subtotal: None,
-            tax: None,
             total: Decimal::parse("51000.5"),
             status: Some("paid".into()),
             kitchen_status: Some("ready".into()),
-            items: Vec::new(),
-            deleted: false,
-            raw: "{}".into(),
+            ..PosEvent::sample()
         };
         let mut reconciled = event.clone();
         reconciled.event_id = "reconcile:1".into();
@@ -196,41 +178,19 @@ mod tests {
 
     #[test]
     fn every_business_field_changes_the_hash() {
-        use crate::event::{EntityType, ProviderKind};
-        use time::macros::datetime;
+        use crate::event::EntityType;
         let base = PosEvent {
-            event_id: "d1".into(),
-            provider: ProviderKind::ReceiptRoller,
-            source: "main".into(),
-            account: None,
-            entity_type: EntityType::Sale,
-            entity_id: "S-1".into(),
-            event_type: "sale.created".into(),
-            occurred_at: datetime!(2026-11-29 10:00 UTC),
-            version: Version::new(datetime!(2026-11-29 10:00 UTC), 0),
-            received_at: datetime!(2026-11-29 10:00:01 UTC),
-            origin: Origin::Webhook,
-            outlet_id: None,
-            store_id: None,
-            terminal_id: None,
-            currency: None,
-            subtotal: None,
-            tax: None,
-            total: None,
-            status: None,
-            kitchen_status: None,
             items: vec![LineItem {
                 sku: None,
                 name: None,
                 quantity: None,
                 unit_price: None,
             }],
-            deleted: false,
-            raw: "{}".into(),
+            ..PosEvent::sample()
         };
         type Change = (&'static str, fn(&mut PosEvent));
         let changes: [Change; 17] = [
-            ("entity_type", |e| e.entity_type = EntityType::Order),
+            ("entity_type", |e| e.entity_type = EntityType::Sale),
             ("entity_id", |e| e.entity_id = "S-2".into()),
             ("account", |e| e.account = Some("x".into())),
             ("outlet_id", |e| e.outlet_id = Some("x".into())),

@@ -226,40 +226,32 @@ pub fn decode(bytes: &[u8]) -> Result<PosEvent, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Decimal, EntityType, LineItem, Origin, ProviderKind, Version};
+    use crate::event::{Decimal, EntityType, LineItem, Version};
     use time::macros::datetime;
 
     /// An event with every kind of field set, negative and large decimals included.
     pub(crate) fn event() -> PosEvent {
         PosEvent {
-            event_id: "d1".into(),
-            provider: ProviderKind::Mekari,
-            source: "main".into(),
-            account: None,
             entity_type: EntityType::Return,
             entity_id: "R-1".into(),
             event_type: "return.created".into(),
             occurred_at: datetime!(2026-11-29 10:15:30.123456 UTC),
             version: Version::new(datetime!(2026-11-29 10:15:30.123456 UTC), 3),
             received_at: datetime!(2026-11-29 10:15:31 UTC),
-            origin: Origin::Webhook,
             outlet_id: Some("OUT-9".into()),
-            store_id: None,
-            terminal_id: None,
             currency: Some("IDR".into()),
             subtotal: Decimal::parse("-0.0001"),
             tax: Decimal::parse("128"),
             total: Decimal::parse("-51000.5"),
             status: Some("done".into()),
-            kitchen_status: None,
             items: vec![LineItem {
                 sku: Some("A".into()),
                 name: None,
                 quantity: Decimal::parse("1.5"),
                 unit_price: Decimal::parse("99999999999999.9999"),
             }],
-            deleted: false,
             raw: "{\"id\":\"d1\"}".into(),
+            ..PosEvent::sample()
         }
     }
 

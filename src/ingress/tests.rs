@@ -99,6 +99,22 @@ async fn answer(harness: &Harness, request: Request<Body>) -> (StatusCode, Optio
     (status, retry_after, json)
 }
 
+/// Posts a correctly signed Mekari order whose body `id` is `body_id`.
+async fn post_order(
+    harness: &Harness,
+    delivery_id: Option<&str>,
+    body_id: &str,
+    occurred_at: &str,
+) -> (StatusCode, Option<String>, Value) {
+    let request = signed(
+        "/webhooks/mekari/main",
+        delivery_id,
+        order(body_id, occurred_at),
+        SECRET,
+    );
+    answer(harness, request).await
+}
+
 fn error_text(json: &Value) -> &str {
     json["error"].as_str().expect("a JSON error message")
 }
@@ -184,28 +200,10 @@ async fn a_wrong_or_missing_signature_is_401() {
 #[tokio::test]
 async fn a_missing_or_mismatched_delivery_id_is_400() {
     let h = harness().await;
-    let (status, _, json) = answer(
-        &h,
-        signed(
-            "/webhooks/mekari/main",
-            None,
-            order("d-1", "2026-11-29T10:00:00Z"),
-            SECRET,
-        ),
-    )
-    .await;
+    let (status, _, json) = post_order(&h, None, "d-1", "2026-11-29T10:00:00Z").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(error_text(&json).contains("x-mekari-event-id"));
-    let (status, _, json) = answer(
-        &h,
-        signed(
-            "/webhooks/mekari/main",
-            Some("d-other"),
-            order("d-1", "2026-11-29T10:00:00Z"),
-            SECRET,
-        ),
-    )
-    .await;
+    let (status, _, json) = post_order(&h, Some("d-other"), "d-1", "2026-11-29T10:00:00Z").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(error_text(&json).contains("does not equal"));
 }
@@ -213,16 +211,8 @@ async fn a_missing_or_mismatched_delivery_id_is_400() {
 #[tokio::test]
 async fn kafka_unreachable_is_503_with_retry_after_and_no_internals() {
     let h = harness().await;
-    let (status, retry_after, json) = answer(
-        &h,
-        signed(
-            "/webhooks/mekari/main",
-            Some("d-503"),
-            order("d-503", "2026-11-29T10:00:00Z"),
-            SECRET,
-        ),
-    )
-    .await;
+    let (status, retry_after, json) =
+        post_order(&h, Some("d-503"), "d-503", "2026-11-29T10:00:00Z").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(retry_after.as_deref(), Some("7"));
     assert_eq!(error_text(&json), "temporarily unavailable, retry later");
@@ -233,16 +223,8 @@ async fn a_duplicate_of_a_delivery_in_flight_is_503() {
     let h = harness().await;
     let key = crate::event::DeliveryKey::new(ProviderKind::Mekari, "d-busy");
     h.pipeline.ledger().begin(&key).await.unwrap();
-    let (status, retry_after, _) = answer(
-        &h,
-        signed(
-            "/webhooks/mekari/main",
-            Some("d-busy"),
-            order("d-busy", "2026-11-29T10:00:00Z"),
-            SECRET,
-        ),
-    )
-    .await;
+    let (status, retry_after, _) =
+        post_order(&h, Some("d-busy"), "d-busy", "2026-11-29T10:00:00Z").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(retry_after.as_deref(), Some("7"));
 }
@@ -271,30 +253,12 @@ async fn a_done_delivery_and_a_stale_event_are_200_without_kafka() {
         })
         .await
         .unwrap();
-    let (status, _, json) = answer(
-        &h,
-        signed(
-            "/webhooks/mekari/main",
-            Some("d-done"),
-            order("d-done", "2026-11-29T13:00:00Z"),
-            SECRET,
-        ),
-    )
-    .await;
+    let (status, _, json) = post_order(&h, Some("d-done"), "d-done", "2026-11-29T13:00:00Z").await;
     assert_eq!(
         (status, json["status"].as_str()),
         (StatusCode::OK, Some("duplicate"))
     );
-    let (status, _, json) = answer(
-        &h,
-        signed(
-            "/webhooks/mekari/main",
-            Some("d-old"),
-            order("d-old", "2026-11-29T11:00:00Z"),
-            SECRET,
-        ),
-    )
-    .await;
+    let (status, _, json) = post_order(&h, Some("d-old"), "d-old", "2026-11-29T11:00:00Z").await;
     assert_eq!(
         (status, json["status"].as_str()),
         (StatusCode::OK, Some("stale"))

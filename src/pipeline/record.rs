@@ -101,34 +101,16 @@ fn millis(at: OffsetDateTime) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{EntityType, Origin, Version};
+    use crate::event::Origin;
     use time::macros::datetime;
 
     fn event() -> PosEvent {
         PosEvent {
-            event_id: "d1".into(),
-            provider: ProviderKind::Mekari,
-            source: "main".into(),
             account: Some("acme".into()),
-            entity_type: EntityType::Order,
-            entity_id: "O-1".into(),
-            event_type: "order.updated".into(),
             occurred_at: datetime!(2026-11-29 10:00:00.123 UTC),
-            version: Version::new(datetime!(2026-11-29 10:00 UTC), 0),
-            received_at: datetime!(2026-11-29 10:00:01 UTC),
             origin: Origin::Reconciler,
-            outlet_id: None,
-            store_id: None,
-            terminal_id: None,
-            currency: None,
-            subtotal: None,
-            tax: None,
-            total: None,
-            status: None,
-            kitchen_status: None,
-            items: Vec::new(),
-            deleted: false,
             raw: "{\"id\":\"O-1\"}".into(),
+            ..PosEvent::sample()
         }
     }
 

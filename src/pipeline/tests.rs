@@ -58,29 +58,13 @@ fn delivery_of(delivery_id: &str, body: Vec<u8>) -> Delivery {
 
 fn order_event(origin: Origin, at: OffsetDateTime) -> PosEvent {
     PosEvent {
-        event_id: "e1".into(),
-        provider: ProviderKind::Mekari,
-        source: "main".into(),
-        account: None,
-        entity_type: EntityType::Order,
         entity_id: "ORD-1".into(),
-        event_type: "order.updated".into(),
         occurred_at: at,
         version: Version::new(at, 0),
         received_at: at,
         origin,
-        outlet_id: None,
-        store_id: None,
-        terminal_id: None,
-        currency: None,
-        subtotal: None,
-        tax: None,
-        total: None,
         status: Some("paid".into()),
-        kitchen_status: None,
-        items: Vec::new(),
-        deleted: false,
-        raw: "{}".into(),
+        ..PosEvent::sample()
     }
 }
 

@@ -26,6 +26,21 @@ pub(super) fn required_str<'a>(
     }
 }
 
+/// A webhook body's envelope: the event name at `name_field`, the version
+/// time at `time_field`, and the entity's `data`.
+pub(super) fn envelope<'a>(
+    body: &'a Value,
+    name_field: &'static str,
+    time_field: &'static str,
+) -> Result<(&'a str, OffsetDateTime, &'a Value), NormalizeError> {
+    let name = required_str(body, name_field)?;
+    let at = required_time(body, time_field)?;
+    let data = body
+        .get("data")
+        .ok_or(NormalizeError::MissingField("data"))?;
+    Ok((name, at, data))
+}
+
 /// A string or number field as text (ids are sometimes numbers).
 pub(super) fn optional_text(value: &Value, field: &str) -> Option<String> {
     match value.get(field)? {

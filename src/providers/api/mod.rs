@@ -172,7 +172,7 @@ impl Paths {
 
 /// The checks every provider's `api` table shares, as (field, problem):
 /// a URL, a page size, and only path names the provider knows.
-pub fn common_problems(base_url: &str, per_page: u32, paths: &Paths) -> Vec<(String, String)> {
+fn common_problems(base_url: &str, per_page: u32, paths: &Paths) -> Vec<(String, String)> {
     let mut problems = Vec::new();
     for name in paths.overrides.keys() {
         if !paths.defaults.iter().any(|(known, _)| known == name) {
@@ -199,16 +199,26 @@ pub fn common_problems(base_url: &str, per_page: u32, paths: &Paths) -> Vec<(Str
     problems
 }
 
-/// Reads a provider's settings type from a source's `api` table, the way
-/// both providers' `api_problems` start.
-///
-/// # Errors
-/// The problem, as (field, message), when the table does not fit the type.
-pub fn read_settings<T: serde::de::DeserializeOwned>(
-    api: &crate::config::ApiSection,
-) -> Result<T, (String, String)> {
-    api.read()
-        .map_err(|error| (String::new(), error.to_string()))
+/// A provider's `api` settings type: what every provider's table holds
+/// (base URL, page size, paths) and the checks only this provider needs.
+pub trait Settings: serde::de::DeserializeOwned {
+    /// The base URL, the page size and the paths with their overrides.
+    fn common(&self) -> (&str, u32, Paths);
+    /// This provider's own problems, as (field, problem).
+    fn own_problems(&self) -> Vec<(String, String)>;
+}
+
+/// Every mistake in a source's `api` table read as `S`, as (field, problem);
+/// a table that does not fit `S` at all is one problem on the table itself.
+pub fn problems<S: Settings>(api: &crate::config::ApiSection) -> Vec<(String, String)> {
+    let settings: S = match api.read() {
+        Ok(settings) => settings,
+        Err(error) => return vec![(String::new(), error.to_string())],
+    };
+    let (base_url, per_page, paths) = settings.common();
+    let mut problems = common_problems(base_url, per_page, &paths);
+    problems.extend(settings.own_problems());
+    problems
 }
 
 /// Records per page when a source names no `per_page`.

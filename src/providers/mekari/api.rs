@@ -18,7 +18,7 @@ use crate::config::{ApiSection, Secret};
 use crate::event::EntityType;
 use crate::providers::api::{
     ApiClient, ApiOptions, Authorize, FetchError, Job, Page, Paging, Paths, ProviderApi,
-    WebhookState, common_problems, default_per_page, read_settings, rfc3339,
+    Settings as ApiSettings, WebhookState, default_per_page, rfc3339,
 };
 
 /// Default paths; each can be overridden under `api.paths`.
@@ -62,37 +62,38 @@ pub struct Settings {
     resume_when_off: bool,
 }
 
-/// The mistakes in a Mekari `api` table, as (field, problem).
-pub fn problems(api: &ApiSection) -> Vec<(String, String)> {
-    let settings: Settings = match read_settings(api) {
-        Ok(settings) => settings,
-        Err(problem) => return vec![problem],
-    };
-    let mut problems = common_problems(
-        &settings.base_url,
-        settings.per_page,
-        &Paths::new(&DEFAULT_PATHS, settings.paths.clone()),
-    );
-    if settings.client_id.is_none() || settings.client_secret.is_none() {
-        problems.push((
-            "client_id".to_owned(),
-            "Mekari's HMAC API authentication needs client_id and client_secret".to_owned(),
-        ));
+impl ApiSettings for Settings {
+    fn common(&self) -> (&str, u32, Paths) {
+        (
+            &self.base_url,
+            self.per_page,
+            Paths::new(&DEFAULT_PATHS, self.paths.clone()),
+        )
     }
-    if settings.outlets.is_empty() {
-        problems.push((
-            "outlets".to_owned(),
-            "orders, returns, refunds and exchanges are read per outlet: name at least one"
-                .to_owned(),
-        ));
+
+    fn own_problems(&self) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        if self.client_id.is_none() || self.client_secret.is_none() {
+            problems.push((
+                "client_id".to_owned(),
+                "Mekari's HMAC API authentication needs client_id and client_secret".to_owned(),
+            ));
+        }
+        if self.outlets.is_empty() {
+            problems.push((
+                "outlets".to_owned(),
+                "orders, returns, refunds and exchanges are read per outlet: name at least one"
+                    .to_owned(),
+            ));
+        }
+        if self.resume_when_off && self.endpoint_key.is_none() {
+            problems.push((
+                "endpoint_key".to_owned(),
+                "resume_when_off needs the endpoint's key".to_owned(),
+            ));
+        }
+        problems
     }
-    if settings.resume_when_off && settings.endpoint_key.is_none() {
-        problems.push((
-            "endpoint_key".to_owned(),
-            "resume_when_off needs the endpoint's key".to_owned(),
-        ));
-    }
-    problems
 }
 
 /// The API of the account an `api` table names.

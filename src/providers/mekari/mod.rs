@@ -62,7 +62,7 @@ impl Provider for Mekari {
     }
 
     fn api_problems(&self, api: &ApiSection) -> Vec<(String, String)> {
-        api::problems(api)
+        super::api::problems::<api::Settings>(api)
     }
 
     fn connect_api(

@@ -8,7 +8,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::event::{EntityType, PosEvent, ProviderKind, Version};
-use crate::providers::json::{first_decimal, items, optional_text, required_str, required_time};
+use crate::providers::json::{envelope, first_decimal, items, optional_text, required_str};
 use crate::providers::{Context, NormalizeError};
 
 /// Kitchen progress in order. At one `occurred_at`, a later stage wins; an
@@ -28,11 +28,7 @@ const KITCHEN_PROGRESS: [&str; 9] = [
 /// A webhook body: `event`, `occurred_at` (the version), the entity's
 /// `data`, and the envelope's `outlet_id` where the data has none.
 pub fn normalize(body: &Value, ctx: &Context<'_>) -> Result<PosEvent, NormalizeError> {
-    let event_type = required_str(body, "event")?;
-    let occurred_at = required_time(body, "occurred_at")?;
-    let data = body
-        .get("data")
-        .ok_or(NormalizeError::MissingField("data"))?;
+    let (event_type, occurred_at, data) = envelope(body, "event", "occurred_at")?;
     let mut event = entity_event(event_type, occurred_at, data, ctx)?;
     if event.outlet_id.is_none() {
         event.outlet_id = optional_text(body, "outlet_id");

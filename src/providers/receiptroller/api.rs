@@ -16,7 +16,7 @@ use crate::config::{ApiSection, Secret};
 use crate::event::EntityType;
 use crate::providers::api::{
     ApiClient, ApiOptions, Authorize, FetchError, Job, Page, Paging, Paths, ProviderApi,
-    WebhookState, common_problems, default_per_page, read_settings, rfc3339,
+    Settings as ApiSettings, WebhookState, default_per_page, rfc3339,
 };
 
 /// Default paths; each can be overridden under `api.paths`.
@@ -48,30 +48,31 @@ pub struct Settings {
     resume_when_off: bool,
 }
 
-/// The mistakes in a ReceiptRoller `api` table, as (field, problem).
-pub fn problems(api: &ApiSection) -> Vec<(String, String)> {
-    let settings: Settings = match read_settings(api) {
-        Ok(settings) => settings,
-        Err(problem) => return vec![problem],
-    };
-    let mut problems = common_problems(
-        &settings.base_url,
-        settings.per_page,
-        &Paths::new(&DEFAULT_PATHS, settings.paths.clone()),
-    );
-    if settings.token.is_none() {
-        problems.push((
-            "token".to_owned(),
-            "the Transactions API needs a bearer token".to_owned(),
-        ));
+impl ApiSettings for Settings {
+    fn common(&self) -> (&str, u32, Paths) {
+        (
+            &self.base_url,
+            self.per_page,
+            Paths::new(&DEFAULT_PATHS, self.paths.clone()),
+        )
     }
-    if settings.resume_when_off && settings.webhook_id.is_none() {
-        problems.push((
-            "webhook_id".to_owned(),
-            "resume_when_off needs the webhook's id".to_owned(),
-        ));
+
+    fn own_problems(&self) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        if self.token.is_none() {
+            problems.push((
+                "token".to_owned(),
+                "the Transactions API needs a bearer token".to_owned(),
+            ));
+        }
+        if self.resume_when_off && self.webhook_id.is_none() {
+            problems.push((
+                "webhook_id".to_owned(),
+                "resume_when_off needs the webhook's id".to_owned(),
+            ));
+        }
+        problems
     }
-    problems
 }
 
 /// The API of the account an `api` table names.

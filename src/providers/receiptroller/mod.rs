@@ -59,7 +59,7 @@ impl Provider for ReceiptRoller {
     }
 
     fn api_problems(&self, api: &ApiSection) -> Vec<(String, String)> {
-        api::problems(api)
+        super::api::problems::<api::Settings>(api)
     }
 
     fn connect_api(

@@ -8,16 +8,12 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::event::{EntityType, PosEvent, ProviderKind, Version};
-use crate::providers::json::{items, optional_decimal, optional_text, required_str, required_time};
+use crate::providers::json::{envelope, items, optional_decimal, optional_text, required_str};
 use crate::providers::{Context, NormalizeError, RECONCILED_VERB};
 
 /// A webhook body: `type`, `timestamp` (the version) and the entity's `data`.
 pub fn normalize(body: &Value, ctx: &Context<'_>) -> Result<PosEvent, NormalizeError> {
-    let event_type = required_str(body, "type")?;
-    let sent_at = required_time(body, "timestamp")?;
-    let data = body
-        .get("data")
-        .ok_or(NormalizeError::MissingField("data"))?;
+    let (event_type, sent_at, data) = envelope(body, "type", "timestamp")?;
     entity_event(event_type, sent_at, data, ctx)
 }
 
