@@ -142,3 +142,67 @@ impl App {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::config::SchemeName;
+    use crate::verify::sign;
+
+    /// The assembled app, without a broker: each source gets its provider's
+    /// default signature (Mekari: base64 in `X-Mekari-Signature`) and its
+    /// delivery-id header, so a correctly signed delivery gets as far as
+    /// Kafka (503) and a wrongly signed one does not (401).
+    #[tokio::test]
+    async fn sources_are_assembled_with_their_providers_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::from_toml(&format!(
+            r#"
+            [kafka]
+            brokers = "127.0.0.1:1"
+            create_topics = false
+            delivery_timeout_ms = 300
+            [ledger]
+            path = "{}"
+            [mekari.sources.main]
+            secrets = ["mekari-secret-1"]
+            "#,
+            dir.path().join("ledger.redb").display()
+        ))
+        .unwrap();
+        assert_eq!(problems(&config), vec![]);
+        let app = App::build(&config).await.unwrap();
+        let body = br#"{"id":"d-1","event":"order.created","occurred_at":"2026-11-29T10:00:00Z","data":{"id":"O-1"}}"#;
+        let request = |secret: &str| {
+            let mut request =
+                Request::post("/webhooks/mekari/main").header("X-Mekari-Event-ID", "d-1");
+            for (name, value) in sign(
+                SchemeName::Base64,
+                "X-Mekari-Signature",
+                secret,
+                "",
+                0,
+                body,
+            ) {
+                request = request.header(name, value);
+            }
+            request.body(Body::from(body.to_vec())).unwrap()
+        };
+        let wrong = app
+            .router()
+            .oneshot(request("another-secret"))
+            .await
+            .unwrap();
+        assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+        let right = app
+            .router()
+            .oneshot(request("mekari-secret-1"))
+            .await
+            .unwrap();
+        assert_eq!(right.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+}

@@ -131,3 +131,26 @@ impl<'de> Deserialize<'de> for Secrets {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_api_table_reads_text_as_numbers_like_the_rest_of_the_file() {
+        #[derive(Deserialize)]
+        struct Settings {
+            per_page: u32,
+        }
+        // Environment overrides arrive as text, as here.
+        let section: ApiSection = config::Config::builder()
+            .set_override("per_page", "5")
+            .unwrap()
+            .build()
+            .unwrap()
+            .try_deserialize()
+            .unwrap();
+        assert_eq!(section.read::<Settings>().unwrap().per_page, 5);
+        assert_eq!(format!("{section:?}"), "ApiSection([redacted])");
+    }
+}
