@@ -395,11 +395,42 @@ impl PosEvent {
 }
 
 #[cfg(test)]
+impl PosEvent {
+    /// An event with every kind of field set, negative and large decimals
+    /// included: the one whose bytes and state hash tests pin.
+    pub(crate) fn with_every_field() -> PosEvent {
+        use time::macros::datetime;
+        PosEvent {
+            entity_type: EntityType::Return,
+            entity_id: "R-1".into(),
+            event_type: "return.created".into(),
+            occurred_at: datetime!(2026-11-29 10:15:30.123456 UTC),
+            version: Version::new(datetime!(2026-11-29 10:15:30.123456 UTC), 3),
+            received_at: datetime!(2026-11-29 10:15:31 UTC),
+            outlet_id: Some("OUT-9".into()),
+            currency: Some("IDR".into()),
+            subtotal: Decimal::parse("-0.0001"),
+            tax: Decimal::parse("128"),
+            total: Decimal::parse("-51000.5"),
+            status: Some("done".into()),
+            items: vec![LineItem {
+                sku: Some("A".into()),
+                name: None,
+                quantity: Decimal::parse("1.5"),
+                unit_price: Decimal::parse("99999999999999.9999"),
+            }],
+            raw: "{\"id\":\"d1\"}".into(),
+            ..PosEvent::sample()
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn money_parses_exactly() {
+    fn decimals_parse_exactly() {
         assert_eq!(Decimal::parse("51000.5").unwrap().unscaled, 510_005_000);
         assert_eq!(Decimal::parse("-3").unwrap().unscaled, -30_000);
         assert_eq!(Decimal::parse("1e3").unwrap().unscaled, 10_000_000);

@@ -167,6 +167,9 @@ mod tests {
         reconciled.origin = Origin::Reconciler;
         reconciled.received_at = datetime!(2026-11-29 11:00 UTC);
         reconciled.raw = "{\"id\":\"O-1\"}".into();
+        reconciled.source = "backup".into();
+        reconciled.occurred_at = datetime!(2026-11-29 10:30 UTC);
+        reconciled.version = Version::new(datetime!(2026-11-29 11:00 UTC), 4);
         assert_eq!(state_hash(&event), state_hash(&reconciled));
         let mut changed = event.clone();
         changed.total = Decimal::parse("51000.6");
@@ -174,6 +177,16 @@ mod tests {
         let mut no_total = event.clone();
         no_total.total = None;
         assert_ne!(state_hash(&event), state_hash(&no_total));
+    }
+
+    /// The hash the first release wrote into every ledger: a change here
+    /// would make every reconciled entity look changed, and republish, once.
+    #[test]
+    fn the_state_hash_is_the_one_ledgers_already_hold() {
+        assert_eq!(
+            hex::encode(state_hash(&PosEvent::with_every_field())),
+            "02c7c024c1684a201b0347a1b757be89"
+        );
     }
 
     #[test]

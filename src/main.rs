@@ -47,7 +47,7 @@ enum Command {
         /// TOML configuration file.
         #[arg(long, short, env = "POSBRIDGE_CONFIG")]
         config: PathBuf,
-        /// Provider to read: receiptroller or mekari.
+        /// Provider to read (its URL spelling, e.g. `mekari`).
         #[arg(long, value_parser = parse_provider)]
         provider: ProviderKind,
         /// Only this source (default: every source of the provider with an `api` section).
@@ -202,7 +202,10 @@ fn spawn_background(
 }
 
 fn parse_provider(name: &str) -> Result<ProviderKind, String> {
-    ProviderKind::parse(name).ok_or_else(|| format!("`{name}` is not receiptroller or mekari"))
+    ProviderKind::parse(name).ok_or_else(|| {
+        let known: Vec<&str> = ProviderKind::ALL.iter().map(|p| p.as_str()).collect();
+        format!("`{name}` is not one of {}", known.join(", "))
+    })
 }
 
 fn parse_time(text: &str) -> Result<OffsetDateTime, String> {

@@ -59,7 +59,7 @@ const MIN_SECRET_LEN: usize = 8;
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
     /// Plain HMAC secrets need at least [`MIN_SECRET_LEN`] characters.
-    #[error("secret is shorter than 8 characters")]
+    #[error("secret is shorter than {MIN_SECRET_LEN} characters")]
     TooShort,
     /// Standard Webhooks secrets carry the `whsec_` prefix.
     #[error("standard-webhooks secrets start with `whsec_`")]

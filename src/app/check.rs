@@ -7,7 +7,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::{Config, ConfigError, Problem, SourceEntry};
-use crate::event::Source;
 use crate::ingress::WebhookSource;
 use crate::providers;
 use crate::verify::{SecretError, Verifier};
@@ -82,11 +81,7 @@ pub fn webhook_source(entry: SourceEntry<'_>) -> Result<WebhookSource, (usize, S
     let (scheme, header) = signature(entry);
     let config = entry.config;
     Ok(WebhookSource {
-        source: Arc::new(Source {
-            provider: entry.provider,
-            name: entry.name.to_owned(),
-            account: config.account.clone(),
-        }),
+        source: Arc::new(entry.source()),
         verifier: Verifier::new(scheme, header, &config.secrets.0, config.tolerance_secs)?,
     })
 }
@@ -96,9 +91,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_example_config_is_valid() {
-        let text = include_str!("../../config/posbridge.example.toml");
-        assert_eq!(problems(&Config::from_toml(text).unwrap()), vec![]);
+    fn the_shipped_configs_are_valid() {
+        for text in [
+            include_str!("../../config/posbridge.example.toml"),
+            // The only one with live `api` tables of both providers.
+            include_str!("../../config/posbridge.demo.toml"),
+        ] {
+            assert_eq!(problems(&Config::from_toml(text).unwrap()), vec![]);
+        }
     }
 
     #[test]

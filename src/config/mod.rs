@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::event::{EntityType, ProviderKind};
+use crate::event::{EntityType, ProviderKind, Source};
 
 pub use kafka::{KafkaConfig, RegistryConfig};
 pub use ledger::{LedgerBackend, LedgerConfig};
@@ -35,6 +35,10 @@ pub const ENV_SEPARATOR: &str = "__";
 /// Mekari's last retry comes about 11 hours after the first attempt (plus up
 /// to a minute of jitter); a done delivery id must be remembered longer.
 const LONGEST_RETRY_WINDOW: Duration = Duration::from_secs(11 * 3600 + 5 * 60);
+
+/// The longest window or interval the reconciler and watchdog take: far
+/// beyond any real need, and well inside what time arithmetic can hold.
+const LONGEST_WINDOW: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 /// Both providers give up on an attempt after 10 s; our answer must come well
 /// before that, including the wait for Kafka's acknowledgement.
@@ -121,6 +125,15 @@ impl SourceEntry<'_> {
     /// Its key path in the file, for problems: `mekari.sources.main`.
     pub fn key(&self) -> String {
         format!("{}.sources.{}", self.provider, self.name)
+    }
+
+    /// Its identity, as deliveries and reconciled records carry it.
+    pub fn source(&self) -> Source {
+        Source {
+            provider: self.provider,
+            name: self.name.to_owned(),
+            account: self.config.account.clone(),
+        }
     }
 }
 
@@ -345,6 +358,23 @@ impl Config {
                 problem(key, "must be above 0".into());
             }
         }
+        for (key, value) in [
+            ("reconcile.interval_secs", self.reconcile.interval_secs),
+            ("reconcile.step_secs", self.reconcile.step_secs),
+            ("reconcile.lookback_secs", self.reconcile.lookback_secs),
+            (
+                "reconcile.initial_window_secs",
+                self.reconcile.initial_window_secs,
+            ),
+            ("watchdog.interval_secs", self.watchdog.interval_secs),
+        ] {
+            if value > LONGEST_WINDOW.as_secs() {
+                problem(
+                    key,
+                    format!("must be at most {} (ten years)", LONGEST_WINDOW.as_secs()),
+                );
+            }
+        }
         if self.reconcile.max_attempts == 0 {
             problem("reconcile.max_attempts", "must be at least 1".into());
         }
@@ -395,6 +425,8 @@ mod tests {
             sale = "x"
             [kafka.librdkafka]
             "acks" = "1"
+            [reconcile]
+            initial_window_secs = 9223372036854775807
             [ledger]
             dedup_ttl_secs = 3600
             [mekari.sources.main]
@@ -408,6 +440,7 @@ mod tests {
             "kafka.librdkafka.\"acks\"",
             "ledger.dedup_ttl_secs",
             "mekari.sources.main.secrets",
+            "reconcile.initial_window_secs",
         ] {
             assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
         }

@@ -25,7 +25,8 @@ pub struct ReconcileConfig {
     /// after each complete step, so a crash resumes from the last one.
     #[serde(default = "default_step_secs")]
     pub step_secs: u64,
-    /// Attempts per API page before the run fails (429, 5xx, connection errors).
+    /// Attempts per API request before the run fails (408, 429, 5xx and
+    /// connection errors are retried).
     #[serde(default = "default_max_attempts")]
     pub max_attempts: u32,
     /// Timeout of one API request.

@@ -20,7 +20,8 @@ pub struct ServerConfig {
     /// before answering 503.
     #[serde(default = "default_inflight_wait_ms")]
     pub inflight_wait_ms: u64,
-    /// How long shutdown waits for in-flight deliveries and the producer flush.
+    /// How long shutdown (and the one-shot commands) wait for the producer to
+    /// flush; in-flight deliveries end within their own delivery deadline.
     #[serde(default = "default_shutdown_timeout_ms")]
     pub shutdown_timeout_ms: u64,
 }

@@ -1,8 +1,9 @@
 //! The HTTP side: routes, shared state, and serving with graceful shutdown.
 //!
 //! No route redirects (Mekari treats any 3xx as a permanent failure), and
-//! anything unrouted gets a JSON 404 (a wrong method a JSON 405). Every
-//! status the ingress can answer is covered by `tests.rs` without a broker.
+//! anything unrouted gets a JSON 404 (a wrong method a JSON 405). `tests.rs`
+//! covers every status the ingress can answer without Kafka (all but 200
+//! `published` and `dead_lettered`, which the integration tests cover).
 
 mod ops;
 mod response;
@@ -51,19 +52,21 @@ pub struct AppState {
 
 /// The router; `App::serve` and the handler tests share it.
 pub fn router(state: AppState) -> Router {
-    let retry_after_secs = state.retry_after_secs;
+    let retry_after = axum::middleware::map_response_with_state(
+        state.retry_after_secs,
+        response::add_retry_after,
+    );
     Router::new()
-        .route("/webhooks/{provider}/{source}", post(webhook::receive))
+        .route(
+            "/webhooks/{provider}/{source}",
+            post(webhook::receive).layer(retry_after),
+        )
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .fallback(|| async { WebhookError::NoRoute.into_response() })
         .method_not_allowed_fallback(|| async { WebhookError::MethodNotAllowed.into_response() })
         .with_state(state)
-        .layer(axum::middleware::map_response_with_state(
-            retry_after_secs,
-            response::add_retry_after,
-        ))
 }
 
 /// Serves until `shutdown` resolves, then stops accepting and lets in-flight

@@ -128,8 +128,8 @@ pub fn accepted(outcome: Outcome) -> Response {
     (StatusCode::OK, Json(json!({ "status": outcome.as_str() }))).into_response()
 }
 
-/// Puts the configured `Retry-After` (seconds) on every 503: Mekari waits at
-/// least that long before its next attempt.
+/// Puts the configured `Retry-After` (seconds) on every 503 of the webhook
+/// route: Mekari waits at least that long before its next attempt.
 pub async fn add_retry_after(
     State(retry_after_secs): State<u64>,
     mut response: Response,

@@ -274,8 +274,91 @@ async fn liveness_is_200_and_readiness_503_without_a_broker() {
         (status, json["status"].as_str()),
         (StatusCode::OK, Some("ok"))
     );
-    let (status, _, json) = answer(&h, get("/readyz")).await;
+    let (status, retry_after, json) = answer(&h, get("/readyz")).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(retry_after, None, "Retry-After is for webhook answers");
     assert_eq!(json["broker"], "unavailable");
     assert_eq!(json["ledger"], "ok");
+}
+
+#[tokio::test]
+async fn the_same_state_again_is_200_unchanged() {
+    let h = harness().await;
+    let body: Value = serde_json::from_slice(&order("d-first", "2026-11-29T10:00:00Z")).unwrap();
+    let source = Source {
+        provider: ProviderKind::Mekari,
+        name: "main".into(),
+        account: None,
+    };
+    let ctx = crate::providers::Context {
+        event_id: "d-first",
+        source: &source,
+        received_at: time::OffsetDateTime::now_utc(),
+        raw: "{}",
+        origin: crate::event::Origin::Webhook,
+    };
+    let event = crate::providers::for_kind(ProviderKind::Mekari)
+        .normalize(&body, &ctx)
+        .unwrap();
+    h.pipeline
+        .ledger()
+        .commit(Commit {
+            entity: Some((
+                EntitySlot::new(event.entity_type, &event.key()),
+                EntityState {
+                    version: event.version,
+                    state_hash: crate::guard::state_hash(&event),
+                },
+            )),
+            ..Commit::default()
+        })
+        .await
+        .unwrap();
+    let (status, _, json) =
+        post_order(&h, Some("d-again"), "d-again", "2026-11-29T10:00:00Z").await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (StatusCode::OK, Some("unchanged"))
+    );
+}
+
+#[tokio::test]
+async fn a_trailing_slash_is_404_not_a_redirect_and_ops_paths_take_only_get() {
+    let h = harness().await;
+    let (status, _, _) = answer(
+        &h,
+        signed(
+            "/webhooks/mekari/main/",
+            Some("d"),
+            order("d", "2026-11-29T10:00:00Z"),
+            SECRET,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let request = Request::post(path).body(Body::empty()).unwrap();
+        let (status, _, json) = answer(&h, request).await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{path}");
+        assert_eq!(error_text(&json), "method not allowed");
+    }
+}
+
+#[tokio::test]
+async fn a_body_that_breaks_off_is_400() {
+    let h = harness().await;
+    let stream = futures::stream::iter([
+        Ok(Bytes::from_static(b"{\"id\":")),
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "client went away",
+        )),
+    ]);
+    let request = Request::post("/webhooks/mekari/main")
+        .header("X-Mekari-Event-ID", "d-cut")
+        .body(Body::from_stream(stream))
+        .unwrap();
+    let (status, _, json) = answer(&h, request).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(error_text(&json).contains("could not read the body"));
 }

@@ -328,7 +328,6 @@ impl Pipeline {
                 Ok(bytes) => Some(bytes),
                 // Retrying cannot make an event fit the schema: keep it raw.
                 Err(EncodeError::Avro(error)) => {
-                    error!(entity = %key, %error, "Event does not fit the schema; dead-lettering it.");
                     return self
                         .dead_letter_event(&event, "encode_failed", error.to_string(), delivery)
                         .await;
@@ -344,7 +343,6 @@ impl Pipeline {
         {
             Ok(_) => {}
             Err(PublishError::Refused(reason)) => {
-                warn!(entity = %key, %reason, "Broker refused the record; dead-lettering it.");
                 return self
                     .dead_letter_event(&event, "publish_refused", reason.to_string(), delivery)
                     .await;
@@ -399,9 +397,12 @@ impl Pipeline {
     /// # Errors
     /// [`PipelineError::Publish`] when the broker did not acknowledge it.
     pub async fn dead_letter(&self, letter: DeadLetter<'_>) -> Result<(), PipelineError> {
+        // The one log line of a dead letter, whichever stage could not go on.
         warn!(
             provider = %letter.provider,
+            source = letter.source,
             delivery_id = letter.delivery_id,
+            code = letter.code,
             reason = %letter.reason,
             "Event dead-lettered with its raw body."
         );

@@ -135,6 +135,7 @@ mod tests {
         assert_eq!(header(&record, HEADER_SOURCE), Some("main"));
         assert_eq!(header(&record, HEADER_ORIGIN), Some("reconciler"));
         assert_eq!(header(&record, HEADER_REASON), None);
+        assert_eq!(record.headers.len(), 5);
     }
 
     #[test]
@@ -155,6 +156,10 @@ mod tests {
         assert_eq!(record.timestamp_ms, 1_795_946_401_000);
         assert_eq!(header(&record, HEADER_REASON), Some("does not fit"));
         assert_eq!(header(&record, HEADER_SOURCE), Some("main"));
+        assert_eq!(header(&record, HEADER_DELIVERY_ID), Some("d1"));
+        assert_eq!(header(&record, HEADER_PROVIDER), Some("mekari"));
         assert_eq!(header(&record, HEADER_EVENT_TYPE), None);
+        assert_eq!(header(&record, HEADER_ORIGIN), None);
+        assert_eq!(record.headers.len(), 4);
     }
 }

@@ -85,14 +85,15 @@ pub(super) fn optional_decimal(
         })
 }
 
-/// The first present of several alternative money fields.
+/// The first present of several alternative decimal fields (a provider names
+/// one amount or quantity differently in different payloads).
 pub(super) fn first_decimal(
     value: &Value,
     fields: &[&'static str],
 ) -> Result<Option<Decimal>, NormalizeError> {
     for field in fields {
-        if let Some(money) = optional_decimal(value, field)? {
-            return Ok(Some(money));
+        if let Some(decimal) = optional_decimal(value, field)? {
+            return Ok(Some(decimal));
         }
     }
     Ok(None)

@@ -26,7 +26,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
 use crate::config::{Config, ReconcileConfig};
 use crate::event::{EntityType, Origin, ProviderKind, Source, Version};
@@ -70,6 +70,15 @@ pub enum ReconcileError {
     /// No source with an `api` section matches the request.
     #[error("no source of {0} has an `api` section to reconcile")]
     NoSource(String),
+    /// A source's API cannot be set up from its `api` table.
+    #[error("{key}.api: {error}")]
+    Setup {
+        /// The source's key path, e.g. `mekari.sources.main`.
+        key: String,
+        /// What is unusable.
+        #[source]
+        error: FetchError,
+    },
 }
 
 /// What a run did, for logs and the terminal.
@@ -137,21 +146,24 @@ impl Reconciler {
     /// Connects the API of every source with an `api` section.
     ///
     /// # Errors
-    /// [`FetchError`] when a source's API settings or client are unusable.
-    pub fn new(config: &Config, pipeline: Pipeline) -> Result<Reconciler, FetchError> {
+    /// [`ReconcileError::Setup`] naming the source whose API settings or
+    /// client are unusable.
+    pub fn new(config: &Config, pipeline: Pipeline) -> Result<Reconciler, ReconcileError> {
         let options = ApiOptions::new(&config.reconcile);
         let mut sources = Vec::new();
         for entry in config.sources() {
             let Some(api) = &entry.config.api else {
                 continue;
             };
+            let api = providers::for_kind(entry.provider)
+                .connect_api(api, &options)
+                .map_err(|error| ReconcileError::Setup {
+                    key: entry.key(),
+                    error,
+                })?;
             sources.push(ApiSource {
-                source: Arc::new(Source {
-                    provider: entry.provider,
-                    name: entry.name.to_owned(),
-                    account: entry.config.account.clone(),
-                }),
-                api: providers::for_kind(entry.provider).connect_api(api, &options)?,
+                source: Arc::new(entry.source()),
+                api,
                 running: Mutex::new(()),
             });
         }
@@ -229,8 +241,9 @@ impl Reconciler {
         self.run_sources(self.sources.iter().collect(), None).await
     }
 
-    /// Runs each source in turn, logging each failure once, and returns the
-    /// total or the first failure. `window` `None` reads from the checkpoints.
+    /// Runs each source in turn and returns the total or the first failure;
+    /// later failures, which the caller never sees, are logged here, so each
+    /// failure is said once. `window` `None` reads from the checkpoints.
     async fn run_sources(
         &self,
         sources: Vec<&ApiSource>,
@@ -241,22 +254,25 @@ impl Reconciler {
         for source in sources {
             match self.run_source(source, window).await {
                 Ok(summary) => total.add(summary),
-                Err(error) => {
-                    error!(%error, "Reconcile run failed; its checkpoint did not move.");
-                    first_error.get_or_insert(error);
-                }
+                Err(error) if first_error.is_none() => first_error = Some(error),
+                Err(error) => error!(%error, "Reconcile run failed."),
             }
         }
         first_error.map_or(Ok(total), Err)
     }
 
     /// Runs [`Reconciler::run_due`] every `interval_secs` until `shutdown`.
+    /// A failed source keeps its checkpoint and is read again next time.
     pub async fn run_scheduled(self, shutdown: CancellationToken) {
         let interval = std::time::Duration::from_secs(self.config.interval_secs);
         let mut every = Every::new(interval, shutdown);
         while every.tick().await {
-            if every.or_shutdown(self.run_due()).await.is_none() {
-                return;
+            match every.or_shutdown(self.run_due()).await {
+                None => return,
+                Some(Err(error)) => {
+                    error!(%error, "Reconcile run failed; its checkpoint did not move.");
+                }
+                Some(Ok(_)) => {}
             }
         }
     }
@@ -426,7 +442,6 @@ impl Reconciler {
                 self.pipeline.apply(event, None).await
             }
             Err(reason) => {
-                warn!(provider = %source.provider, source = %source.name, %reason, "Fetched record cannot be normalized.");
                 self.pipeline
                     .dead_letter(DeadLetter {
                         provider: source.provider,

@@ -63,9 +63,10 @@ pub enum FetchError {
         #[source]
         source: serde_json::Error,
     },
-    /// The source's `api` table does not fit the provider's settings.
+    /// The source's `api` table does not fit the provider's settings (boxed:
+    /// a start-up error need not size every API error).
     #[error("api settings: {0}")]
-    Settings(#[source] config::ConfigError),
+    Settings(#[source] Box<config::ConfigError>),
     /// A setting the provider needs is absent.
     #[error("api settings: `{0}` is missing")]
     MissingSetting(&'static str),

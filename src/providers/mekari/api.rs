@@ -101,7 +101,9 @@ impl ApiSettings for Settings {
 /// # Errors
 /// [`FetchError`] when the table or the client is unusable.
 pub fn connect(api: &ApiSection, options: &ApiOptions) -> Result<Box<dyn ProviderApi>, FetchError> {
-    let settings: Settings = api.read().map_err(FetchError::Settings)?;
+    let settings: Settings = api
+        .read()
+        .map_err(|error| FetchError::Settings(Box::new(error)))?;
     let auth = Hmac {
         client_id: settings
             .client_id
