@@ -26,8 +26,10 @@
 //! * [`guard`]: an older state never overwrites a newer one.
 //! * [`encode`]: Avro, Confluent wire format or single-object encoding.
 //! * [`publish`]: the idempotent producer, topic routing and creation.
+//! * [`spool`]: the outage spool, verified deliveries Kafka could not take in time.
 //! * [`providers`]: all that differs between ReceiptRoller and Mekari, one folder each.
 //! * [`pipeline`]: the data line both the ingress and the reconciler call.
+//! * [`drain`]: replays the spool through the pipeline once Kafka is back.
 //! * [`reconcile`]: reads what webhooks missed from the providers' APIs.
 //! * [`watchdog`]: notices switched-off webhooks, resumes them, catches up.
 //! * [`ingress`]: routes, the webhook handler, the status mapping, ops endpoints.
@@ -35,6 +37,7 @@
 
 pub mod app;
 pub mod config;
+pub mod drain;
 pub mod encode;
 pub mod event;
 pub mod guard;
@@ -44,6 +47,7 @@ pub mod pipeline;
 pub mod providers;
 pub mod publish;
 pub mod reconcile;
+pub mod spool;
 pub mod telemetry;
 pub mod ticker;
 pub mod verify;

@@ -132,7 +132,9 @@ async fn reconcile(
     to: OffsetDateTime,
 ) -> anyhow::Result<()> {
     let config = load(&path)?;
-    let app = App::build(&config).await.context(LEDGER_HINT)?;
+    let app = App::build_for_catch_up(&config)
+        .await
+        .context(LEDGER_HINT)?;
     let reconciler = Reconciler::new(&config, app.pipeline().clone())?.with_live_progress();
     let summary = reconciler
         .run_window(provider, source.as_deref(), from, to)
@@ -151,7 +153,9 @@ async fn reconcile(
 
 async fn reconciler(path: PathBuf) -> anyhow::Result<()> {
     let config = load(&path)?;
-    let app = App::build(&config).await.context(LEDGER_HINT)?;
+    let app = App::build_for_catch_up(&config)
+        .await
+        .context(LEDGER_HINT)?;
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let background = spawn_background(&config, &app, &shutdown, true)?;

@@ -38,6 +38,19 @@ pub const WEBHOOK_ACTIVE: &str = "posbridge_webhook_active";
 /// Webhooks the watchdog switched back on, by provider and source.
 pub const WEBHOOK_RESUMES: &str = "posbridge_webhook_resumes_total";
 
+/// 1 while a broker answers, 0 while none does.
+pub const BROKER_UP: &str = "posbridge_broker_up";
+/// Deliveries in the outage spool now.
+pub const SPOOL_ENTRIES: &str = "posbridge_spool_entries";
+/// Bytes of the bodies in the outage spool now.
+pub const SPOOL_BYTES: &str = "posbridge_spool_bytes";
+/// Age of the oldest spooled delivery (0 when the spool is empty).
+pub const SPOOL_OLDEST_AGE: &str = "posbridge_spool_oldest_age_seconds";
+/// Deliveries answered 2xx from the spool, by provider and source.
+pub const SPOOLED: &str = "posbridge_spooled_total";
+/// Spooled deliveries whose outcome became durable, by provider and outcome.
+pub const SPOOL_DRAINED: &str = "posbridge_spool_drained_total";
+
 /// Label keys.
 pub const PROVIDER: &str = "provider";
 /// Label key: configured source name.

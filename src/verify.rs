@@ -116,7 +116,8 @@ impl std::fmt::Debug for Verifier {
     }
 }
 
-/// A body whose signature was checked. Only [`Verifier::verify`] makes one.
+/// A body whose signature was checked. Only [`Verifier::verify`] makes one
+/// (and the spool gives back what it took from it).
 #[derive(Debug, Clone)]
 pub struct VerifiedBody(Bytes);
 
@@ -124,6 +125,12 @@ impl VerifiedBody {
     /// The raw bytes exactly as signed.
     pub fn bytes(&self) -> &Bytes {
         &self.0
+    }
+
+    /// A body read back from the outage spool, which takes only bodies
+    /// [`Verifier::verify`] accepted: the one other way to make one.
+    pub(crate) fn from_spool(bytes: Bytes) -> VerifiedBody {
+        VerifiedBody(bytes)
     }
 }
 

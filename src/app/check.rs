@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::{Config, ConfigError, Problem, SourceEntry};
+use crate::config::{Config, ConfigError, OnBrokerUnavailable, Problem, SourceEntry};
 use crate::ingress::WebhookSource;
 use crate::providers;
 use crate::verify::{SecretError, Verifier};
@@ -83,6 +83,7 @@ pub fn webhook_source(entry: SourceEntry<'_>) -> Result<WebhookSource, (usize, S
     Ok(WebhookSource {
         source: Arc::new(entry.source()),
         verifier: Verifier::new(scheme, header, &config.secrets.0, config.tolerance_secs)?,
+        spools: config.on_broker_unavailable == OnBrokerUnavailable::Spool,
     })
 }
 

@@ -12,14 +12,17 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::config::Config;
+use crate::drain::Drainer;
 use crate::encode::{EncodeError, Encoder};
 use crate::ingress::{self, AppState};
 use crate::ledger::{self, LedgerError};
-use crate::pipeline::Pipeline;
+use crate::pipeline::{Pipeline, Stages, Timing};
 use crate::publish::{PublishError, Publisher, Topics};
+use crate::spool::{Spool, SpoolError};
 use crate::verify::SecretError;
 
 pub use check::{load, problems, webhook_source};
@@ -36,6 +39,9 @@ pub enum BuildError {
     /// The schema registry refused the schema or could not be reached.
     #[error("schema registry: {0}")]
     Registry(#[from] EncodeError),
+    /// The outage spool could not be opened.
+    #[error("spool: {0}")]
+    Spool(#[from] SpoolError),
     /// A source's secret does not fit its signature scheme.
     #[error("{key}.secrets[{index}]: {source}")]
     Secret {
@@ -59,12 +65,31 @@ pub struct App {
 }
 
 impl App {
-    /// Opens the ledger, creates the producer and topics, registers the
-    /// schema, and builds every source's verifier.
+    /// Opens the ledger (and the spool, when a source spools), creates the
+    /// producer and topics, registers the schema, and builds every source's
+    /// verifier: everything `serve` needs.
     ///
     /// # Errors
     /// A [`BuildError`] naming what failed.
     pub async fn build(config: &Config) -> Result<App, BuildError> {
+        let spool = config
+            .spools()
+            .then(|| Spool::open(&config.spool))
+            .transpose()?;
+        Self::build_with(config, spool).await
+    }
+
+    /// As [`App::build`], without the spool: for the catch-up commands
+    /// (`reconcile`, `reconciler`), which accept no webhooks and so may run
+    /// beside `serve` (with the Redis ledger) while `serve` holds the spool.
+    ///
+    /// # Errors
+    /// A [`BuildError`] naming what failed.
+    pub async fn build_for_catch_up(config: &Config) -> Result<App, BuildError> {
+        Self::build_with(config, None).await
+    }
+
+    async fn build_with(config: &Config, spool: Option<Spool>) -> Result<App, BuildError> {
         let kafka = &config.kafka;
         let inflight_wait = Duration::from_millis(config.server.inflight_wait_ms);
         // A lease outlives the longest a delivery can legitimately take.
@@ -97,7 +122,19 @@ impl App {
         Ok(App {
             state: AppState {
                 sources: Arc::new(sources),
-                pipeline: Pipeline::new(ledger, encoder, publisher, topics, inflight_wait),
+                pipeline: Pipeline::new(
+                    Stages {
+                        ledger,
+                        encoder,
+                        publisher,
+                        topics,
+                        spool,
+                    },
+                    Timing {
+                        inflight_wait,
+                        answer_budget: kafka.delivery_timeout() + inflight_wait,
+                    },
+                ),
                 body_limit: config.server.body_limit_bytes,
                 retry_after_secs: config.server.retry_after_secs,
                 metrics: crate::telemetry::install(),
@@ -125,8 +162,15 @@ impl App {
             .await;
     }
 
-    /// Serves on `listener` until `shutdown` resolves, then lets in-flight
-    /// deliveries finish and flushes the producer.
+    /// The drainer of the spool, when a source spools.
+    pub fn drainer(&self) -> Option<Drainer> {
+        let pipeline = self.state.pipeline.clone();
+        let spool = pipeline.spool()?.clone();
+        Some(Drainer::new(pipeline, spool))
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, draining the spool
+    /// meanwhile, then lets in-flight deliveries finish and flushes the producer.
     ///
     /// # Errors
     /// When the listener fails.
@@ -136,7 +180,17 @@ impl App {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let app = self.clone();
-        ingress::serve(listener, self.state, shutdown).await?;
+        let stop_draining = CancellationToken::new();
+        let drainer = self
+            .drainer()
+            .map(|drainer| tokio::spawn(drainer.run(stop_draining.clone())));
+        let served = ingress::serve(listener, self.state, shutdown).await;
+        stop_draining.cancel();
+        if let Some(drainer) = drainer {
+            // The drainer stops between entries or mid-entry; either is safe.
+            let _ = drainer.await;
+        }
+        served?;
         info!("Stopped accepting; flushing the producer.");
         app.flush().await;
         Ok(())

@@ -12,6 +12,7 @@ mod ledger;
 mod reconcile;
 mod server;
 mod source;
+mod spool;
 
 use std::fmt;
 use std::path::Path;
@@ -25,7 +26,10 @@ pub use kafka::{KafkaConfig, RegistryConfig};
 pub use ledger::{LedgerBackend, LedgerConfig};
 pub use reconcile::{ReconcileConfig, WatchdogConfig};
 pub use server::ServerConfig;
-pub use source::{ApiSection, ProviderConfig, SchemeName, Secret, Secrets, SourceConfig};
+pub use source::{
+    ApiSection, OnBrokerUnavailable, ProviderConfig, SchemeName, Secret, Secrets, SourceConfig,
+};
+pub use spool::SpoolConfig;
 
 /// Environment variables with this prefix override file keys.
 pub const ENV_PREFIX: &str = "POSBRIDGE";
@@ -108,6 +112,9 @@ pub struct Config {
     /// Watching that the providers still send to us.
     #[serde(default)]
     pub watchdog: WatchdogConfig,
+    /// The outage spool of sources with `on_broker_unavailable = "spool"`.
+    #[serde(default)]
+    pub spool: SpoolConfig,
 }
 
 /// One configured source, as [`Config::sources`] yields it.
@@ -183,6 +190,13 @@ impl Config {
             ProviderKind::ReceiptRoller => &self.receiptroller,
             ProviderKind::Mekari => &self.mekari,
         }
+    }
+
+    /// Whether any source spools deliveries Kafka cannot take: then the spool
+    /// is opened and drained.
+    pub fn spools(&self) -> bool {
+        self.sources()
+            .any(|entry| entry.config.on_broker_unavailable == OnBrokerUnavailable::Spool)
     }
 
     /// Every configured source of every provider, with its key path
@@ -374,6 +388,12 @@ impl Config {
                     format!("must be at most {} (ten years)", LONGEST_WINDOW.as_secs()),
                 );
             }
+        }
+        if self.spool.max_bytes == 0 {
+            problem("spool.max_bytes", "must be above 0".into());
+        }
+        if self.spool.max_entries == 0 {
+            problem("spool.max_entries", "must be above 0".into());
         }
         if self.reconcile.max_attempts == 0 {
             problem("reconcile.max_attempts", "must be at least 1".into());

@@ -41,6 +41,24 @@ pub struct SourceConfig {
     /// The provider's API for this source's account: reconciler and watchdog.
     #[serde(default)]
     pub api: Option<ApiSection>,
+    /// What a verified delivery gets when Kafka cannot take it in time.
+    #[serde(default)]
+    pub on_broker_unavailable: OnBrokerUnavailable,
+}
+
+/// What a verified delivery gets when Kafka cannot acknowledge it in time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnBrokerUnavailable {
+    /// 503 + `Retry-After`: 2xx means "acknowledged by Kafka". Right for a
+    /// provider that retries long enough (Mekari: ~11 h).
+    #[default]
+    Retry,
+    /// Append it to the local, fsync'd outage spool and answer 2xx
+    /// (`spooled`); the drainer publishes it once Kafka is back. Right for a
+    /// provider that gives up early (ReceiptRoller: four attempts over ~71 min,
+    /// then the webhook is switched off).
+    Spool,
 }
 
 const fn default_tolerance_secs() -> u64 {

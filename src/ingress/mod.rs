@@ -33,6 +33,8 @@ pub struct WebhookSource {
     pub source: Arc<Source>,
     /// Its signature check.
     pub verifier: Verifier,
+    /// Whether it spools what Kafka cannot take in time.
+    pub spools: bool,
 }
 
 /// What every handler needs; cheap handles only, read-only after start-up.

@@ -33,20 +33,26 @@ async fn harness() -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let pipeline = Pipeline::without_broker(dir.path(), Duration::from_millis(100)).await;
     let secrets: Secrets = serde_json::from_value(json!([SECRET])).unwrap();
-    let source = Arc::new(Source {
-        provider: ProviderKind::Mekari,
-        name: "main".into(),
-        account: None,
-    });
-    let webhook = WebhookSource {
-        source,
-        verifier: Verifier::new(SchemeName::Base64, "x-mekari-signature", &secrets.0, 300).unwrap(),
+    let verifier =
+        Verifier::new(SchemeName::Base64, "x-mekari-signature", &secrets.0, 300).unwrap();
+    let webhook = |name: &str, spools: bool| {
+        let source = Source {
+            provider: ProviderKind::Mekari,
+            name: name.into(),
+            account: None,
+        };
+        let webhook = WebhookSource {
+            source: Arc::new(source),
+            verifier: verifier.clone(),
+            spools,
+        };
+        ((ProviderKind::Mekari, name.to_owned()), webhook)
     };
     let state = AppState {
-        sources: Arc::new(HashMap::from([(
-            (ProviderKind::Mekari, "main".to_owned()),
-            webhook,
-        )])),
+        sources: Arc::new(HashMap::from([
+            webhook("main", false),
+            webhook("spooled", true),
+        ])),
         pipeline: pipeline.clone(),
         body_limit: BODY_LIMIT,
         retry_after_secs: RETRY_AFTER_SECS,
@@ -266,7 +272,7 @@ async fn a_done_delivery_and_a_stale_event_are_200_without_kafka() {
 }
 
 #[tokio::test]
-async fn liveness_is_200_and_readiness_503_without_a_broker() {
+async fn without_a_broker_a_spool_with_room_keeps_posbridge_ready() {
     let h = harness().await;
     let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
     let (status, _, json) = answer(&h, get("/healthz")).await;
@@ -275,10 +281,11 @@ async fn liveness_is_200_and_readiness_503_without_a_broker() {
         (StatusCode::OK, Some("ok"))
     );
     let (status, retry_after, json) = answer(&h, get("/readyz")).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(status, StatusCode::OK, "{json}");
     assert_eq!(retry_after, None, "Retry-After is for webhook answers");
     assert_eq!(json["broker"], "unavailable");
     assert_eq!(json["ledger"], "ok");
+    assert_eq!(json["spool"]["has_room"], true);
 }
 
 #[tokio::test]
@@ -361,4 +368,40 @@ async fn a_body_that_breaks_off_is_400() {
     let (status, _, json) = answer(&h, request).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(error_text(&json).contains("could not read the body"));
+}
+
+#[tokio::test]
+async fn a_spooling_source_answers_200_spooled_then_503_when_the_spool_is_full() {
+    let h = harness().await;
+    for id in ["s-1", "s-2", "s-3"] {
+        let request = signed(
+            "/webhooks/mekari/spooled",
+            Some(id),
+            order(id, "2026-11-29T10:00:00Z"),
+            SECRET,
+        );
+        let (status, _, json) = answer(&h, request).await;
+        assert_eq!(
+            (status, json["status"].as_str()),
+            (StatusCode::OK, Some("spooled"))
+        );
+    }
+    let request = signed(
+        "/webhooks/mekari/spooled",
+        Some("s-4"),
+        order("s-4", "2026-11-29T10:00:00Z"),
+        SECRET,
+    );
+    let (status, retry_after, json) = answer(&h, request).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(retry_after.as_deref(), Some("7"));
+    assert_eq!(error_text(&json), "temporarily unavailable, retry later");
+    let get = Request::get("/readyz").body(Body::empty()).unwrap();
+    let (status, _, json) = answer(&h, get).await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no broker and no room: {json}"
+    );
+    assert_eq!(json["spool"]["entries"], 3);
 }

@@ -40,7 +40,11 @@ pub async fn receive(
     let source_label = source.map_or(UNKNOWN_SOURCE_LABEL, |s| s.source.name.as_str());
     let span = info_span!("delivery", provider = %provider, source = %source_label, delivery_id = tracing::field::Empty);
     let result = match source {
-        Some(source) => handle(&state, source, headers, body).instrument(span).await,
+        Some(source) => {
+            handle(&state, source, headers, body, started)
+                .instrument(span)
+                .await
+        }
         None => Err(WebhookError::UnknownSource(key.1)),
     };
     let outcome = match &result {
@@ -71,6 +75,7 @@ async fn handle(
     webhook: &WebhookSource,
     headers: HeaderMap,
     body: Body,
+    arrived: Instant,
 ) -> Result<Outcome, WebhookError> {
     let provider = webhook.source.provider;
     let declared = headers
@@ -115,6 +120,8 @@ async fn handle(
         delivery_id,
         body,
         received_at: now,
+        arrived,
+        spools: webhook.spools,
     };
     Ok(state.pipeline.deliver(delivery).await?)
 }

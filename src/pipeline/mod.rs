@@ -29,6 +29,7 @@ use crate::guard::{self, Decision};
 use crate::ledger::{Begin, Commit, EntitySlot, EntityState, Ledger, LedgerError};
 use crate::providers::{self, Context, NormalizeError};
 use crate::publish::{PublishError, Publisher, Topics};
+use crate::spool::{Spool, SpoolError, SpooledDelivery};
 use crate::telemetry;
 use crate::verify::VerifiedBody;
 
@@ -54,6 +55,9 @@ pub enum Outcome {
     Unchanged,
     /// Written to the dead-letter topic.
     DeadLettered,
+    /// Kafka could not take it in time: kept in the outage spool, to be
+    /// published by the drainer.
+    Spooled,
 }
 
 impl Outcome {
@@ -65,6 +69,7 @@ impl Outcome {
             Outcome::Stale => "stale",
             Outcome::Unchanged => "unchanged",
             Outcome::DeadLettered => "dead_lettered",
+            Outcome::Spooled => "spooled",
         }
     }
 }
@@ -89,6 +94,12 @@ pub enum PipelineError {
     /// The schema registry could not be reached.
     #[error("encode: {0}")]
     Encode(#[from] EncodeError),
+    /// The answer budget (`delivery_timeout_ms` + `inflight_wait_ms`) ran out.
+    #[error("no durable outcome within the answer budget")]
+    DeadlinePassed,
+    /// The outage spool could not take the delivery (full, or its disk failed).
+    #[error("spool: {0}")]
+    Spool(#[from] SpoolError),
 }
 
 impl PipelineError {
@@ -96,6 +107,16 @@ impl PipelineError {
     /// that is wrong in itself.
     pub fn is_retryable(&self) -> bool {
         !matches!(self, PipelineError::DeliveryIdMismatch)
+    }
+
+    /// Whether the spool may take the delivery instead: Kafka, the registry
+    /// or the ledger could not make its outcome durable in time (not a wrong
+    /// request, and not the same delivery still being processed).
+    fn spoolable(&self) -> bool {
+        !matches!(
+            self,
+            PipelineError::DeliveryIdMismatch | PipelineError::InFlight | PipelineError::Spool(_)
+        )
     }
 }
 
@@ -110,6 +131,11 @@ pub struct Delivery {
     pub body: VerifiedBody,
     /// When it arrived.
     pub received_at: OffsetDateTime,
+    /// When its request started: the answer budget counts from here.
+    pub arrived: Instant,
+    /// Whether its source spools what Kafka cannot take in time
+    /// (`on_broker_unavailable = "spool"`).
+    pub spools: bool,
 }
 
 /// The pipeline handle, shared by the ingress and the reconciler. Cheap to clone.
@@ -129,32 +155,67 @@ struct Inner {
     topics: Topics,
     /// How long a duplicate waits for the same delivery in flight.
     inflight_wait: Duration,
+    /// How long a webhook may take from its request to its answer.
+    answer_budget: Duration,
+    /// The outage spool, when any source spools.
+    spool: Option<Spool>,
+}
+
+/// The part of the answer budget kept for the spool's fsync (at most a
+/// quarter of the budget): a delivery that spools stops waiting for Kafka
+/// this long before its deadline.
+const SPOOL_MARGIN: Duration = Duration::from_millis(1000);
+
+/// The stages a [`Pipeline`] joins; each is built from config by `App::build`.
+pub struct Stages {
+    /// Delivery ids, entity versions, locks.
+    pub ledger: Arc<dyn Ledger>,
+    /// Avro, with or without a registry.
+    pub encoder: Encoder,
+    /// The idempotent producer.
+    pub publisher: Publisher,
+    /// Where each record goes.
+    pub topics: Topics,
+    /// The outage spool, when any source spools.
+    pub spool: Option<Spool>,
+}
+
+/// How long the pipeline may wait, from the configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// How long a duplicate waits for the same delivery in flight.
+    pub inflight_wait: Duration,
+    /// How long a webhook may take from its request to its answer.
+    pub answer_budget: Duration,
 }
 
 impl Pipeline {
-    /// Assembles the stages; each is built from config by `App::build`.
-    pub fn new(
-        ledger: Arc<dyn Ledger>,
-        encoder: Encoder,
-        publisher: Publisher,
-        topics: Topics,
-        inflight_wait: Duration,
-    ) -> Pipeline {
+    /// Joins the stages; each is built from config by `App::build`.
+    pub fn new(stages: Stages, timing: Timing) -> Pipeline {
+        let Stages {
+            ledger,
+            encoder,
+            publisher,
+            topics,
+            spool,
+        } = stages;
         Pipeline {
             inner: Arc::new(Inner {
                 ledger,
                 encoder,
                 publisher,
                 topics,
-                inflight_wait,
+                inflight_wait: timing.inflight_wait,
+                answer_budget: timing.answer_budget,
+                spool,
             }),
         }
     }
 
     /// A pipeline that needs no broker, for tests of everything short of an
-    /// acknowledged record: an embedded ledger in `dir`, the registry-less
-    /// encoder, and a broker address that refuses connections, so whatever
-    /// would be produced fails retryably within 300 ms.
+    /// acknowledged record: an embedded ledger and a spool of three entries
+    /// in `dir`, the registry-less encoder, and a broker address that refuses
+    /// connections, so whatever would be produced fails retryably within 300 ms.
     #[cfg(test)]
     pub(crate) async fn without_broker(dir: &std::path::Path, inflight_wait: Duration) -> Pipeline {
         use crate::config::{KafkaConfig, LedgerConfig, RegistryConfig};
@@ -169,16 +230,34 @@ impl Pipeline {
             ..LedgerConfig::default()
         };
         Pipeline::new(
-            crate::ledger::open(&ledger, Duration::from_secs(30))
-                .await
-                .expect("a fresh ledger file opens"),
-            Encoder::new(&RegistryConfig::default(), &[])
-                .await
-                .expect("the registry-less encoder needs nothing"),
-            Publisher::new(&kafka).expect("default producer settings are valid"),
-            Topics::new(&kafka),
-            inflight_wait,
+            Stages {
+                ledger: crate::ledger::open(&ledger, Duration::from_secs(30))
+                    .await
+                    .expect("a fresh ledger file opens"),
+                encoder: Encoder::new(&RegistryConfig::default(), &[])
+                    .await
+                    .expect("the registry-less encoder needs nothing"),
+                publisher: Publisher::new(&kafka).expect("default producer settings are valid"),
+                topics: Topics::new(&kafka),
+                spool: Some(
+                    Spool::open(&crate::config::SpoolConfig {
+                        path: dir.join("spool.redb"),
+                        max_bytes: 1 << 20,
+                        max_entries: 3,
+                    })
+                    .expect("a fresh spool file opens"),
+                ),
+            },
+            Timing {
+                inflight_wait,
+                answer_budget: Duration::from_millis(300) + inflight_wait,
+            },
         )
+    }
+
+    /// The outage spool, when any source spools.
+    pub fn spool(&self) -> Option<&Spool> {
+        self.inner.spool.as_ref()
     }
 
     /// The producer, for readiness checks and the shutdown flush.
@@ -196,7 +275,10 @@ impl Pipeline {
         self.inner.ledger.as_ref()
     }
 
-    /// Handles one webhook delivery from start to durable outcome.
+    /// Handles one webhook delivery from start to durable outcome, within
+    /// the answer budget counted from `delivery.arrived`. A delivery of a
+    /// source that spools goes to the spool when Kafka (or the ledger)
+    /// cannot make its outcome durable in time.
     ///
     /// # Errors
     /// [`PipelineError::DeliveryIdMismatch`] when the delivery id does not
@@ -209,20 +291,107 @@ impl Pipeline {
         {
             return Err(PipelineError::DeliveryIdMismatch);
         }
+        let deadline = delivery.arrived + self.inner.answer_budget;
+        let spool = self.inner.spool.as_ref().filter(|_| delivery.spools);
+        // A delivery that may spool stops waiting for Kafka early enough to
+        // make the append durable before its deadline.
+        let work_deadline = match spool {
+            Some(_) => deadline - SPOOL_MARGIN.min(self.inner.answer_budget / 4),
+            None => deadline,
+        };
+        let key = DeliveryKey::new(delivery.source.provider, &delivery.delivery_id);
+        let result = self
+            .run(delivery.clone(), body, &key, work_deadline, true)
+            .await;
+        match (result, spool) {
+            (Err(error), Some(spool)) if error.spoolable() => {
+                let spooled = SpooledDelivery {
+                    source: delivery.source.as_ref().clone(),
+                    delivery_id: delivery.delivery_id,
+                    received_at: delivery.received_at,
+                    body: delivery.body.bytes().clone(),
+                };
+                match tokio::time::timeout_at(deadline.into(), spool.append(&spooled)).await {
+                    Ok(Ok(())) => {
+                        debug!(%error, "Delivery spooled.");
+                        metrics::counter!(
+                            telemetry::SPOOLED,
+                            telemetry::PROVIDER => spooled.source.provider.as_str(),
+                            telemetry::SOURCE => spooled.source.name.clone()
+                        )
+                        .increment(1);
+                        Ok(Outcome::Spooled)
+                    }
+                    Ok(Err(spool_error)) => Err(spool_error.into()),
+                    Err(_) => Err(PipelineError::DeadlinePassed),
+                }
+            }
+            (result, _) => result,
+        }
+    }
+
+    /// Replays one spooled delivery: the same line as [`Pipeline::deliver`],
+    /// without the spool and without an answer budget (nobody waits for an
+    /// answer; the producer's own deadline still bounds each record).
+    ///
+    /// # Errors
+    /// As [`Pipeline::deliver`]; the drainer keeps the entry and tries again.
+    pub async fn replay(&self, delivery: Delivery) -> Result<Outcome, PipelineError> {
+        let body: Result<Value, _> = serde_json::from_slice(delivery.body.bytes());
+        let key = DeliveryKey::new(delivery.source.provider, &delivery.delivery_id);
+        let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;
+        self.run(delivery, body, &key, deadline, false).await
+    }
+
+    /// Takes the lease, processes, and gives the lease back on failure; all
+    /// before `deadline`. With `spooled_is_duplicate` (a provider's delivery,
+    /// not a replay), a delivery id the spool holds is a duplicate.
+    async fn run(
+        &self,
+        delivery: Delivery,
+        body: Result<Value, serde_json::Error>,
+        key: &DeliveryKey,
+        deadline: Instant,
+        spooled_is_duplicate: bool,
+    ) -> Result<Outcome, PipelineError> {
         let provider = delivery.source.provider;
-        let key = DeliveryKey::new(provider, &delivery.delivery_id);
-        if !self.acquire(&key).await? {
-            metrics::counter!(telemetry::DUPLICATES, telemetry::PROVIDER => provider.as_str())
-                .increment(1);
-            debug!("Duplicate delivery answered without producing.");
-            return Ok(Outcome::Duplicate);
+        let acquired = tokio::time::timeout_at(deadline.into(), self.acquire(key))
+            .await
+            .unwrap_or(Err(PipelineError::DeadlinePassed));
+        if !acquired? {
+            return Ok(self.duplicate(provider));
+        }
+        if let Some(spool) = &self.inner.spool
+            && spooled_is_duplicate
+        {
+            match spool.contains(key) {
+                Ok(false) => {}
+                Ok(true) => {
+                    self.inner.ledger.release(key).await;
+                    return Ok(self.duplicate(provider));
+                }
+                Err(error) => {
+                    self.inner.ledger.release(key).await;
+                    return Err(error.into());
+                }
+            }
         }
         let _in_flight = InFlight::count(provider);
-        let result = self.process(delivery, body, key.clone()).await;
+        let result =
+            tokio::time::timeout_at(deadline.into(), self.process(delivery, body, key.clone()))
+                .await
+                .unwrap_or(Err(PipelineError::DeadlinePassed));
         if result.is_err() {
-            self.inner.ledger.release(&key).await;
+            self.inner.ledger.release(key).await;
         }
         result
+    }
+
+    fn duplicate(&self, provider: ProviderKind) -> Outcome {
+        metrics::counter!(telemetry::DUPLICATES, telemetry::PROVIDER => provider.as_str())
+            .increment(1);
+        debug!("Duplicate delivery answered without producing.");
+        Outcome::Duplicate
     }
 
     /// Takes the delivery's lease. `Ok(false)` means it is already done. A

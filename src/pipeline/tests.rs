@@ -53,7 +53,15 @@ fn delivery_of(delivery_id: &str, body: Vec<u8>) -> Delivery {
         delivery_id: delivery_id.into(),
         body: verifier.verify(&headers, Bytes::from(body), 0).unwrap(),
         received_at: datetime!(2026-11-29 10:00 UTC),
+        arrived: Instant::now(),
+        spools: false,
     }
+}
+
+/// The same delivery from a source that spools.
+fn spooling(mut delivery: Delivery) -> Delivery {
+    delivery.spools = true;
+    delivery
 }
 
 fn order_event(origin: Origin, at: OffsetDateTime) -> PosEvent {
@@ -198,4 +206,85 @@ async fn a_duplicate_of_a_delivery_in_flight_waits_then_asks_for_a_retry() {
         .unwrap_err();
     assert!(matches!(error, PipelineError::InFlight), "{error}");
     assert!(error.is_retryable());
+}
+
+#[tokio::test]
+async fn what_kafka_cannot_take_is_spooled_once_and_answered_in_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = pipeline(dir.path(), Duration::from_millis(100)).await;
+    let spool = pipeline.spool().unwrap().clone();
+    let started = Instant::now();
+    let first = delivery("d-sp", "d-sp", "2026-11-29T11:00:00Z");
+    assert_eq!(
+        pipeline.deliver(spooling(first.clone())).await.unwrap(),
+        Outcome::Spooled
+    );
+    assert!(
+        started.elapsed() <= pipeline.inner.answer_budget,
+        "answered within the budget: {:?}",
+        started.elapsed()
+    );
+    assert!(spool.contains(&key("d-sp")).unwrap());
+    // Not done in the ledger: the drainer still has to publish it.
+    assert_eq!(
+        pipeline.ledger().begin(&key("d-sp")).await.unwrap(),
+        Begin::New
+    );
+    pipeline.ledger().release(&key("d-sp")).await;
+    // The provider's retry is a duplicate, and nothing is spooled twice.
+    assert_eq!(
+        pipeline.deliver(spooling(first)).await.unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(spool.stats().entries, 1);
+}
+
+#[tokio::test]
+async fn a_full_spool_asks_for_a_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = pipeline(dir.path(), Duration::from_millis(100)).await;
+    for id in ["f-1", "f-2", "f-3"] {
+        let outcome = pipeline
+            .deliver(spooling(delivery(id, id, "2026-11-29T11:00:00Z")))
+            .await
+            .unwrap();
+        assert_eq!(outcome, Outcome::Spooled);
+    }
+    let error = pipeline
+        .deliver(spooling(delivery("f-4", "f-4", "2026-11-29T11:00:00Z")))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, PipelineError::Spool(_)), "{error}");
+    assert!(error.is_retryable());
+    assert_eq!(
+        pipeline.ledger().begin(&key("f-4")).await.unwrap(),
+        Begin::New
+    );
+}
+
+#[tokio::test]
+async fn a_source_that_retries_is_never_spooled() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = pipeline(dir.path(), Duration::from_millis(100)).await;
+    let error = pipeline
+        .deliver(delivery("r-1", "r-1", "2026-11-29T11:00:00Z"))
+        .await
+        .unwrap_err();
+    assert!(error.is_retryable(), "{error}");
+    assert_eq!(pipeline.spool().unwrap().stats().entries, 0);
+}
+
+#[tokio::test]
+async fn a_replay_kafka_cannot_take_stays_retryable() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = pipeline(dir.path(), Duration::from_millis(100)).await;
+    let error = pipeline
+        .replay(delivery("p-1", "p-1", "2026-11-29T11:00:00Z"))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, PipelineError::Publish(_)), "{error}");
+    assert_eq!(
+        pipeline.ledger().begin(&key("p-1")).await.unwrap(),
+        Begin::New
+    );
 }

@@ -105,7 +105,7 @@ impl Summary {
             Outcome::Published => self.published += 1,
             Outcome::Stale => self.stale += 1,
             Outcome::DeadLettered => self.dead_lettered += 1,
-            Outcome::Unchanged | Outcome::Duplicate => self.unchanged += 1,
+            Outcome::Unchanged | Outcome::Duplicate | Outcome::Spooled => self.unchanged += 1,
         }
     }
 

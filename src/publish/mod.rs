@@ -14,9 +14,15 @@
 //! after a timeout, a fatal error or a producer-state refusal the producer is
 //! replaced; the failed delivery is answered 503 and its retry goes through
 //! the new one.
+//!
+//! `health.rs` keeps whether any broker answers: while none does, `send`
+//! fails at once instead of waiting out the deadline, and a probe once a
+//! second notices the broker's return.
+
+mod health;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
@@ -24,12 +30,21 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::util::Timeout;
 
 use crate::config::KafkaConfig;
 use crate::event::EntityType;
 use crate::telemetry;
+
+use health::BrokerContext;
+pub use health::BrokerHealth;
+
+/// How often the probe asks for metadata while no broker answers.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// The producer type: librdkafka's errors and logs go through [`BrokerContext`].
+type KafkaProducer = FutureProducer<BrokerContext>;
 
 /// Why a record was not acknowledged, or the producer could not start.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +56,10 @@ pub enum PublishError {
     /// No acknowledgement came within the delivery deadline.
     #[error("no acknowledgement within the delivery deadline")]
     DeadlinePassed,
+    /// No broker answers (known since an earlier send or librdkafka said
+    /// so): not tried, so the answer comes at once.
+    #[error("no Kafka broker answers")]
+    BrokerDown,
     /// The broker refused this record for good (too large, invalid): retrying
     /// cannot help. The event goes to the dead-letter topic instead.
     #[error("record refused by the broker: {0}")]
@@ -153,7 +172,7 @@ pub struct Acked {
 /// The producer in use and its generation, so concurrent failures replace it once.
 struct Current {
     /// The idempotent producer.
-    producer: FutureProducer,
+    producer: KafkaProducer,
     /// Bumped each time the producer is replaced.
     generation: u64,
 }
@@ -169,6 +188,8 @@ pub struct Publisher {
     admin_config: ClientConfig,
     /// Per-record deadline.
     delivery_timeout: Duration,
+    /// Whether a broker answers; shared by every producer this handle makes.
+    health: Arc<BrokerHealth>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -196,8 +217,13 @@ impl Publisher {
         for (key, value) in config.fixed_producer_properties() {
             client_config.set(key, value);
         }
-        let producer: FutureProducer = client_config.create().map_err(PublishError::Config)?;
-        Ok(Publisher {
+        let health = Arc::new(BrokerHealth::default());
+        let producer: KafkaProducer = client_config
+            .create_with_context(BrokerContext {
+                health: health.clone(),
+            })
+            .map_err(PublishError::Config)?;
+        let publisher = Publisher {
             current: Arc::new(RwLock::new(Current {
                 producer,
                 generation: 0,
@@ -205,7 +231,15 @@ impl Publisher {
             client_config,
             admin_config,
             delivery_timeout: config.delivery_timeout(),
-        })
+            health,
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(probe(
+                Arc::downgrade(&publisher.current),
+                publisher.health.clone(),
+            ));
+        }
+        Ok(publisher)
     }
 
     /// Creates the missing topics: `compact` for entity topics (each maps to
@@ -253,6 +287,9 @@ impl Publisher {
     /// # Errors
     /// [`PublishError::Unavailable`] (retryable) or [`PublishError::Refused`] (permanent).
     pub async fn send(&self, record: OutgoingRecord) -> Result<Acked, PublishError> {
+        if !self.health.is_up() {
+            return Err(PublishError::BrokerDown);
+        }
         let started = Instant::now();
         let (producer, generation) = self.producer();
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
@@ -298,6 +335,11 @@ impl Publisher {
             tokio::task::spawn_blocking(move || drop(producer));
         }
         match &result {
+            Ok(_) => self.health.mark_up(),
+            Err(error) if error.is_retryable() => self.health.mark_down(&error.to_string()),
+            Err(_) => {}
+        }
+        match &result {
             Ok(_) => metrics::histogram!(
                 telemetry::PUBLISH_DURATION,
                 telemetry::PROVIDER => record.provider,
@@ -314,7 +356,7 @@ impl Publisher {
         result
     }
 
-    fn producer(&self) -> (FutureProducer, u64) {
+    fn producer(&self) -> (KafkaProducer, u64) {
         let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
         (current.producer.clone(), current.generation)
     }
@@ -326,7 +368,9 @@ impl Publisher {
         if current.generation != generation {
             return;
         }
-        match self.client_config.create::<FutureProducer>() {
+        match self.client_config.create_with_context(BrokerContext {
+            health: self.health.clone(),
+        }) {
             Ok(producer) => {
                 let old = std::mem::replace(&mut current.producer, producer);
                 current.generation += 1;
@@ -340,17 +384,15 @@ impl Publisher {
         }
     }
 
-    /// Whether the broker answers a metadata request within `timeout`.
+    /// Whether the broker answers a metadata request within `timeout`;
+    /// `false` at once while it is known to be down.
     pub async fn broker_reachable(&self, timeout: Duration) -> bool {
-        let (producer, _) = self.producer();
-        tokio::task::spawn_blocking(move || {
-            producer
-                .client()
-                .fetch_metadata(None, Timeout::After(timeout))
-                .is_ok()
-        })
-        .await
-        .unwrap_or(false)
+        self.health.is_up() && metadata_answers(self.producer().0, timeout).await
+    }
+
+    /// Whether a broker answers, as the last send or probe found.
+    pub fn health(&self) -> &BrokerHealth {
+        &self.health
     }
 
     /// Waits for queued records to be delivered, at most `timeout`.
@@ -364,8 +406,43 @@ impl Publisher {
     }
 }
 
+/// Asks for metadata once a second while no broker answers, and marks the
+/// broker up when one does. Ends with the last `Publisher` handle.
+async fn probe(current: Weak<RwLock<Current>>, health: Arc<BrokerHealth>) {
+    loop {
+        tokio::time::sleep(PROBE_EVERY).await;
+        let Some(current) = current.upgrade() else {
+            return;
+        };
+        if health.is_up() {
+            continue;
+        }
+        let producer = current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .producer
+            .clone();
+        drop(current);
+        if metadata_answers(producer, PROBE_EVERY).await {
+            health.mark_up();
+        }
+    }
+}
+
+/// Whether a broker answers a metadata request within `timeout`.
+async fn metadata_answers(producer: KafkaProducer, timeout: Duration) -> bool {
+    tokio::task::spawn_blocking(move || {
+        producer
+            .client()
+            .fetch_metadata(None, Timeout::After(timeout))
+            .is_ok()
+    })
+    .await
+    .unwrap_or(false)
+}
+
 /// Whether a failed send leaves this producer needing a new producer id.
-fn must_replace(error: &KafkaError, producer: &FutureProducer) -> bool {
+fn must_replace(error: &KafkaError, producer: &KafkaProducer) -> bool {
     producer.client().fatal_error().is_some()
         || matches!(
             error.rdkafka_error_code(),

@@ -1,0 +1,130 @@
+//! Whether Kafka is reachable, as the producer sees it, and librdkafka's own
+//! errors and logs said once per outage instead of once per reconnect.
+//!
+//! While no broker answers, every delivery is answered at once (503, or the
+//! spool) instead of waiting out the delivery deadline; a probe (see
+//! `Publisher`) notices when a broker answers again.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use tracing::{debug, error, info, warn};
+
+use crate::telemetry;
+
+/// Kafka's reachability: up until a send fails for want of a broker, down
+/// until a broker answers again.
+#[derive(Debug, Default)]
+pub struct BrokerHealth {
+    /// Since when no broker answers, while that is so.
+    down_since: Mutex<Option<Instant>>,
+}
+
+impl BrokerHealth {
+    /// Whether the last word was that a broker answers.
+    pub fn is_up(&self) -> bool {
+        self.down_for().is_none()
+    }
+
+    /// How long no broker has answered, while none does.
+    pub fn down_for(&self) -> Option<Duration> {
+        self.lock().map(|since| since.elapsed())
+    }
+
+    /// No broker answers; says so once per outage.
+    pub fn mark_down(&self, why: &str) {
+        let mut down_since = self
+            .down_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if down_since.is_none() {
+            *down_since = Some(Instant::now());
+            metrics::gauge!(telemetry::BROKER_UP).set(0.0);
+            warn!(
+                reason = why,
+                "Kafka is unreachable: sources that spool keep accepting, the others answer 503 until it is back."
+            );
+        }
+    }
+
+    /// A broker answers again; says so once, with how long it was away.
+    pub fn mark_up(&self) {
+        let mut down_since = self
+            .down_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(since) = down_since.take() {
+            info!(
+                down_secs = since.elapsed().as_secs_f64(),
+                "Kafka is reachable again."
+            );
+        }
+        metrics::gauge!(telemetry::BROKER_UP).set(1.0);
+    }
+
+    fn lock(&self) -> Option<Instant> {
+        *self
+            .down_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The producer's librdkafka context: errors and logs go to `tracing`, and
+/// while Kafka is known to be down the repeats go to DEBUG only.
+pub struct BrokerContext {
+    /// Shared with the `Publisher` and every replacement producer.
+    pub health: std::sync::Arc<BrokerHealth>,
+}
+
+impl ClientContext for BrokerContext {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        let quiet = !self.health.is_up();
+        match level {
+            _ if quiet => debug!(target: "librdkafka", facility, "{message}"),
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => error!(target: "librdkafka", facility, "{message}"),
+            RDKafkaLogLevel::Warning => warn!(target: "librdkafka", facility, "{message}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                info!(target: "librdkafka", facility, "{message}");
+            }
+            RDKafkaLogLevel::Debug => debug!(target: "librdkafka", facility, "{message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
+            self.health.mark_down(reason);
+        } else if self.health.is_up() {
+            warn!(target: "librdkafka", %error, reason, "Kafka client error.");
+        } else {
+            debug!(target: "librdkafka", %error, reason, "Kafka client error.");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn down_until_marked_up_and_each_change_once() {
+        let health = BrokerHealth::default();
+        assert!(health.is_up());
+        health.mark_down("refused");
+        std::thread::sleep(Duration::from_millis(20));
+        health.mark_down("refused again");
+        assert!(
+            health.down_for().unwrap() >= Duration::from_millis(20),
+            "the first mark counts"
+        );
+        health.mark_up();
+        assert!(health.is_up());
+        assert_eq!(health.down_for(), None);
+    }
+}

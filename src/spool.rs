@@ -1,0 +1,439 @@
+//! The outage spool: verified deliveries Kafka could not take in time, for
+//! sources with `on_broker_unavailable = "spool"`.
+//!
+//! A spooled delivery is answered 2xx only after its append is durable
+//! (redb commits with an fsync). The drainer (`drain.rs`) replays entries
+//! through the pipeline, oldest first, and removes each only after its
+//! outcome is durable in the ledger, so a crash anywhere replays at most an
+//! entry whose delivery id the ledger already knows as done. The spool is a
+//! file of its own (not the ledger's), so a full ledger disk need not stop it.
+//!
+//! A spooled delivery id is a duplicate for the dedup check: the pipeline
+//! asks [`Spool::contains`] before processing a delivery, so a provider's
+//! retry of a spooled delivery is answered 2xx and nothing is spooled twice.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use crate::config::SpoolConfig;
+use crate::event::{DeliveryKey, ProviderKind, Source, Version};
+use crate::telemetry;
+
+/// Sequence number → an encoded [`SpooledDelivery`]; oldest first.
+const ENTRIES: TableDefinition<u64, &[u8]> = TableDefinition::new("entries");
+/// Delivery key → its sequence number: the dedup check, and removal.
+const BY_DELIVERY: TableDefinition<&str, u64> = TableDefinition::new("by_delivery");
+
+/// Why the spool could not take or give back a delivery.
+#[derive(Debug, thiserror::Error)]
+pub enum SpoolError {
+    /// The spool file could not be opened (path, permissions, another process).
+    #[error("cannot open the spool at {path}: {source}")]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// The store's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A read or write failed.
+    #[error("spool storage: {0}")]
+    Storage(#[source] Arc<redb::Error>),
+    /// The configured bound (`spool.max_bytes` / `spool.max_entries`) is reached.
+    #[error("the spool is full ({entries} deliveries, {bytes} bytes)")]
+    Full {
+        /// Deliveries spooled.
+        entries: u64,
+        /// Bytes spooled.
+        bytes: u64,
+    },
+    /// An entry is not one this version wrote.
+    #[error("spool entry {0} is corrupt")]
+    Corrupt(u64),
+}
+
+fn storage(error: impl Into<redb::Error>) -> SpoolError {
+    SpoolError::Storage(Arc::new(error.into()))
+}
+
+/// One spooled delivery: everything the pipeline needs to process it later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpooledDelivery {
+    /// The source it came through (its account is part of record keys).
+    pub source: Source,
+    /// The delivery-id header's value.
+    pub delivery_id: String,
+    /// When it arrived.
+    pub received_at: OffsetDateTime,
+    /// The verified body, exactly as signed.
+    pub body: Bytes,
+}
+
+/// The stored header of an entry; the body follows it after a newline.
+#[derive(Serialize, Deserialize)]
+struct Header {
+    provider: ProviderKind,
+    source: String,
+    account: Option<String>,
+    delivery_id: String,
+    received_at_us: i64,
+}
+
+impl SpooledDelivery {
+    fn key(&self) -> DeliveryKey {
+        DeliveryKey::new(self.source.provider, &self.delivery_id)
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let header = Header {
+            provider: self.source.provider,
+            source: self.source.name.clone(),
+            account: self.source.account.clone(),
+            delivery_id: self.delivery_id.clone(),
+            received_at_us: Version::new(self.received_at, 0).at_micros,
+        };
+        // A struct of strings and numbers always serializes.
+        let mut bytes = serde_json::to_vec(&header).expect("a spool header serializes");
+        bytes.push(b'\n');
+        bytes.extend_from_slice(&self.body);
+        bytes
+    }
+
+    fn decode(seq: u64, bytes: &[u8]) -> Result<SpooledDelivery, SpoolError> {
+        let split = bytes
+            .iter()
+            .position(|b| *b == b'\n')
+            .ok_or(SpoolError::Corrupt(seq))?;
+        let header: Header =
+            serde_json::from_slice(&bytes[..split]).map_err(|_| SpoolError::Corrupt(seq))?;
+        Ok(SpooledDelivery {
+            source: Source {
+                provider: header.provider,
+                name: header.source,
+                account: header.account,
+            },
+            delivery_id: header.delivery_id,
+            received_at: OffsetDateTime::from_unix_timestamp_nanos(
+                i128::from(header.received_at_us) * 1000,
+            )
+            .map_err(|_| SpoolError::Corrupt(seq))?,
+            body: Bytes::copy_from_slice(&bytes[split + 1..]),
+        })
+    }
+}
+
+/// What the spool holds now, for `/readyz` and the gauges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpoolStats {
+    /// Deliveries spooled.
+    pub entries: u64,
+    /// Bytes spooled (headers and bodies).
+    pub bytes: u64,
+    /// Whether one more delivery of average size would still fit.
+    pub has_room: bool,
+}
+
+/// The spool handle. Cheap to clone.
+#[derive(Clone)]
+pub struct Spool {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// The spool file.
+    db: Database,
+    /// Counts kept beside the file, so the bound is checked without a scan.
+    counts: Mutex<Counts>,
+    /// `spool.max_bytes`.
+    max_bytes: u64,
+    /// `spool.max_entries`.
+    max_entries: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    entries: u64,
+    bytes: u64,
+    next_seq: u64,
+}
+
+impl std::fmt::Debug for Spool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spool").finish_non_exhaustive()
+    }
+}
+
+impl Spool {
+    /// Opens (or creates) the spool file and counts what it holds.
+    ///
+    /// # Errors
+    /// [`SpoolError::Open`] when the file cannot be opened, e.g. because
+    /// another posbridge process holds it.
+    pub fn open(config: &SpoolConfig) -> Result<Spool, SpoolError> {
+        let path: &Path = &config.path;
+        let open_error = |e: Box<dyn std::error::Error + Send + Sync>| SpoolError::Open {
+            path: path.to_owned(),
+            source: e,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| open_error(e.into()))?;
+        }
+        let db = Database::create(path).map_err(|e| open_error(e.into()))?;
+        let txn = db.begin_write().map_err(|e| open_error(e.into()))?;
+        txn.open_table(ENTRIES).map_err(|e| open_error(e.into()))?;
+        txn.open_table(BY_DELIVERY)
+            .map_err(|e| open_error(e.into()))?;
+        txn.commit().map_err(|e| open_error(e.into()))?;
+        let mut counts = Counts::default();
+        {
+            let read = db.begin_read().map_err(|e| open_error(e.into()))?;
+            let entries = read.open_table(ENTRIES).map_err(|e| open_error(e.into()))?;
+            counts.entries = entries.len().map_err(|e| open_error(e.into()))?;
+            for entry in entries.iter().map_err(|e| open_error(e.into()))? {
+                let (seq, value) = entry.map_err(|e| open_error(e.into()))?;
+                counts.bytes += value.value().len() as u64;
+                counts.next_seq = seq.value() + 1;
+            }
+        }
+        let spool = Spool {
+            inner: Arc::new(Inner {
+                db,
+                counts: Mutex::new(counts),
+                max_bytes: config.max_bytes,
+                max_entries: config.max_entries,
+            }),
+        };
+        spool.publish_gauges();
+        Ok(spool)
+    }
+
+    /// Appends a delivery durably. Returns once it is on disk.
+    ///
+    /// # Errors
+    /// [`SpoolError::Full`] beyond the configured bound; [`SpoolError::Storage`]
+    /// when the write fails.
+    pub async fn append(&self, delivery: &SpooledDelivery) -> Result<(), SpoolError> {
+        let bytes = delivery.encode();
+        let size = bytes.len() as u64;
+        let seq = {
+            let mut counts = self.counts();
+            if counts.entries + 1 > self.inner.max_entries
+                || counts.bytes + size > self.inner.max_bytes
+            {
+                return Err(SpoolError::Full {
+                    entries: counts.entries,
+                    bytes: counts.bytes,
+                });
+            }
+            // Reserved now, so concurrent appends cannot overshoot the bound.
+            counts.entries += 1;
+            counts.bytes += size;
+            counts.next_seq += 1;
+            counts.next_seq - 1
+        };
+        let key = delivery.key();
+        let inner = self.inner.clone();
+        let written = tokio::task::spawn_blocking(move || -> Result<(), SpoolError> {
+            let txn = inner.db.begin_write().map_err(storage)?;
+            {
+                let mut entries = txn.open_table(ENTRIES).map_err(storage)?;
+                entries.insert(seq, bytes.as_slice()).map_err(storage)?;
+                let mut by_delivery = txn.open_table(BY_DELIVERY).map_err(storage)?;
+                by_delivery.insert(key.as_str(), seq).map_err(storage)?;
+            }
+            txn.commit().map_err(storage)
+        })
+        .await
+        .unwrap_or_else(|join| Err(storage(redb::StorageError::Io(std::io::Error::other(join)))));
+        if written.is_err() {
+            let mut counts = self.counts();
+            counts.entries -= 1;
+            counts.bytes -= size;
+        }
+        self.publish_gauges();
+        written
+    }
+
+    /// Whether a delivery is spooled (so a retry of it is a duplicate).
+    ///
+    /// # Errors
+    /// [`SpoolError::Storage`] when the spool cannot be read.
+    pub fn contains(&self, delivery: &DeliveryKey) -> Result<bool, SpoolError> {
+        let txn = self.inner.db.begin_read().map_err(storage)?;
+        let table = txn.open_table(BY_DELIVERY).map_err(storage)?;
+        Ok(table.get(delivery.as_str()).map_err(storage)?.is_some())
+    }
+
+    /// Up to `limit` of the oldest entries, oldest first, with their sequence numbers.
+    ///
+    /// # Errors
+    /// [`SpoolError`] when the spool cannot be read or an entry is corrupt.
+    pub fn oldest(&self, limit: usize) -> Result<Vec<(u64, SpooledDelivery)>, SpoolError> {
+        let txn = self.inner.db.begin_read().map_err(storage)?;
+        let table = txn.open_table(ENTRIES).map_err(storage)?;
+        table
+            .iter()
+            .map_err(storage)?
+            .take(limit)
+            .map(|entry| {
+                let (seq, value) = entry.map_err(storage)?;
+                let seq = seq.value();
+                Ok((seq, SpooledDelivery::decode(seq, value.value())?))
+            })
+            .collect()
+    }
+
+    /// Removes entries whose outcome is durable, in one write.
+    ///
+    /// # Errors
+    /// [`SpoolError::Storage`] when the write fails (they are then replayed,
+    /// and found done in the ledger).
+    pub async fn remove(&self, done: Vec<(u64, DeliveryKey)>) -> Result<(), SpoolError> {
+        let inner = self.inner.clone();
+        let freed = tokio::task::spawn_blocking(move || -> Result<(u64, u64), SpoolError> {
+            let txn = inner.db.begin_write().map_err(storage)?;
+            let (mut entries_freed, mut bytes_freed) = (0, 0);
+            {
+                let mut entries = txn.open_table(ENTRIES).map_err(storage)?;
+                let mut by_delivery = txn.open_table(BY_DELIVERY).map_err(storage)?;
+                for (seq, key) in &done {
+                    if let Some(value) = entries.remove(*seq).map_err(storage)? {
+                        entries_freed += 1;
+                        bytes_freed += value.value().len() as u64;
+                    }
+                    by_delivery.remove(key.as_str()).map_err(storage)?;
+                }
+            }
+            txn.commit().map_err(storage)?;
+            Ok((entries_freed, bytes_freed))
+        })
+        .await
+        .unwrap_or_else(|join| Err(storage(redb::StorageError::Io(std::io::Error::other(join)))))?;
+        {
+            let mut counts = self.counts();
+            counts.entries = counts.entries.saturating_sub(freed.0);
+            counts.bytes = counts.bytes.saturating_sub(freed.1);
+        }
+        self.publish_gauges();
+        Ok(())
+    }
+
+    /// What the spool holds now.
+    pub fn stats(&self) -> SpoolStats {
+        let counts = self.counts();
+        let average = counts.bytes.checked_div(counts.entries).unwrap_or(0);
+        SpoolStats {
+            entries: counts.entries,
+            bytes: counts.bytes,
+            has_room: counts.entries < self.inner.max_entries
+                && counts.bytes + average <= self.inner.max_bytes,
+        }
+    }
+
+    /// When the oldest spooled delivery arrived, if any is spooled.
+    ///
+    /// # Errors
+    /// [`SpoolError`] when the spool cannot be read.
+    pub fn oldest_received_at(&self) -> Result<Option<OffsetDateTime>, SpoolError> {
+        Ok(self
+            .oldest(1)?
+            .into_iter()
+            .next()
+            .map(|(_, delivery)| delivery.received_at))
+    }
+
+    fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
+        self.inner
+            .counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn publish_gauges(&self) {
+        let stats = self.stats();
+        metrics::gauge!(telemetry::SPOOL_ENTRIES).set(stats.entries as f64);
+        metrics::gauge!(telemetry::SPOOL_BYTES).set(stats.bytes as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use time::macros::datetime;
+
+    fn config(dir: &Path, max_entries: u64) -> SpoolConfig {
+        SpoolConfig {
+            path: dir.join("spool.redb"),
+            max_bytes: 1 << 20,
+            max_entries,
+        }
+    }
+
+    fn delivery(id: &str) -> SpooledDelivery {
+        SpooledDelivery {
+            source: Source {
+                provider: ProviderKind::ReceiptRoller,
+                name: "main".into(),
+                account: Some("acme".into()),
+            },
+            delivery_id: id.into(),
+            received_at: datetime!(2026-11-29 10:15:30.123456 UTC),
+            body: Bytes::from_static(b"{\"id\":\"x\"}\n\xff raw"),
+        }
+    }
+
+    #[tokio::test]
+    async fn entries_come_back_oldest_first_and_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool = Spool::open(&config(dir.path(), 10)).unwrap();
+        for id in ["a", "b", "c"] {
+            spool.append(&delivery(id)).await.unwrap();
+        }
+        assert!(spool.contains(&delivery("b").key()).unwrap());
+        assert!(!spool.contains(&delivery("z").key()).unwrap());
+        drop(spool);
+        let spool = Spool::open(&config(dir.path(), 10)).unwrap();
+        let oldest = spool.oldest(10).unwrap();
+        let ids: Vec<&str> = oldest.iter().map(|(_, d)| d.delivery_id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+        assert_eq!(
+            oldest[0].1,
+            delivery("a"),
+            "every field comes back as written"
+        );
+        assert_eq!(spool.stats().entries, 3);
+        spool
+            .remove(vec![(oldest[0].0, delivery("a").key())])
+            .await
+            .unwrap();
+        assert!(!spool.contains(&delivery("a").key()).unwrap());
+        assert_eq!(spool.stats().entries, 2);
+        spool.append(&delivery("d")).await.unwrap();
+        let ids: Vec<String> = spool
+            .oldest(10)
+            .unwrap()
+            .into_iter()
+            .map(|(_, d)| d.delivery_id)
+            .collect();
+        assert_eq!(ids, ["b", "c", "d"], "a new entry goes after the old ones");
+    }
+
+    #[tokio::test]
+    async fn beyond_its_bound_the_spool_refuses() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool = Spool::open(&config(dir.path(), 2)).unwrap();
+        spool.append(&delivery("a")).await.unwrap();
+        spool.append(&delivery("b")).await.unwrap();
+        assert!(!spool.stats().has_room);
+        assert!(matches!(
+            spool.append(&delivery("c")).await,
+            Err(SpoolError::Full { entries: 2, .. })
+        ));
+        assert!(!spool.contains(&delivery("c").key()).unwrap());
+    }
+}
