@@ -2,6 +2,11 @@
 //! signed HTTP request → verify → ledger → normalize → guard → encode →
 //! idempotent produce (acks=all) → ledger commit → 200.
 //!
+//! Then the outage spool: deliveries of a spooling source answered while no
+//! broker answers (the spool's fsync'd appends), and the drain of that spool
+//! into Kafka, beside the one-at-a-time produce figure measured in the same
+//! run (the drain publishes one delivery at a time).
+//!
 //! Run with `scripts/bench` (starts a fresh tansu broker), or
 //! `POSBRIDGE_BENCH_BROKERS=host:port cargo bench --bench webhooks`.
 //! Prints figures; asserts nothing about speed.
@@ -16,24 +21,36 @@ use posbridge::verify::sign;
 
 const SECRET: &str = "bench-secret-1";
 
-fn config(brokers: &str, prefix: &str, dir: &std::path::Path) -> Config {
+/// The bench configuration; with `spool`, the source spools what Kafka
+/// cannot take (and with no broker, topics are not created at start-up).
+fn config(brokers: &str, prefix: &str, dir: &std::path::Path, spool: bool) -> Config {
+    let on_unavailable = if spool { "spool" } else { "retry" };
     let text = format!(
         r#"
         [kafka]
         brokers = "{brokers}"
         topic_prefix = "{prefix}."
         partitions = 3
+        create_topics = {create_topics}
         [kafka.librdkafka]
         "linger.ms" = "1"
         [ledger]
         path = "{}"
+        [spool]
+        path = "{}"
         [receiptroller.sources.main]
         secrets = ["{SECRET}"]
+        on_broker_unavailable = "{on_unavailable}"
         "#,
-        dir.join("ledger.redb").display()
+        dir.join("ledger.redb").display(),
+        dir.join("spool.redb").display(),
+        create_topics = brokers != NO_BROKER,
     );
     Config::from_toml(&text).expect("bench config")
 }
+
+/// Nothing listens here: the broker of the spooling run.
+const NO_BROKER: &str = "127.0.0.1:1";
 
 fn body(i: usize) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
@@ -95,17 +112,7 @@ async fn main() {
         .unwrap_or(5000);
     let dir = tempfile::tempdir().expect("tempdir");
     let prefix = format!("bench{}", std::process::id());
-    let app = App::build(&config(&brokers, &prefix, dir.path()))
-        .await
-        .expect("app");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(app.serve(listener, async {
-        let _ = stopped.await;
-    }));
+    let (base, stop, server) = serve(&config(&brokers, &prefix, dir.path(), false)).await;
 
     let warm: Vec<usize> = (requests..requests + 200).collect();
     run("warm-up", &base, &warm, 16).await;
@@ -119,4 +126,63 @@ async fn main() {
 
     let _ = stop.send(());
     let _ = server.await;
+
+    spool_and_drain(&brokers, requests).await;
+}
+
+/// Spools `requests` deliveries with no broker, then drains them into the
+/// real one, timing both.
+async fn spool_and_drain(brokers: &str, requests: usize) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prefix = format!("benchspool{}", std::process::id());
+    // Topics first, so the drain does not wait for their creation.
+    drop(
+        App::build(&config(brokers, &prefix, dir.path(), false))
+            .await
+            .expect("app"),
+    );
+    let (base, stop, server) = serve(&config(NO_BROKER, &prefix, dir.path(), true)).await;
+    let ids: Vec<usize> = (80_000_000..80_000_000 + requests).collect();
+    run("spooled (no broker)", &base, &ids, 16).await;
+    let _ = stop.send(());
+    let _ = server.await;
+
+    let app = loop {
+        // The spooling app's ledger and spool files close as its last handles go.
+        match App::build(&config(brokers, &prefix, dir.path(), true)).await {
+            Ok(app) => break app,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let drainer = app.drainer().expect("a spooling app drains");
+    let started = Instant::now();
+    let drained = drainer.drain_all().await.expect("drain");
+    let elapsed = started.elapsed();
+    println!(
+        "{:<28} {:>6} deliveries  one at a time    {:>8.0} deliveries/s  ({:.2} s)",
+        "spool drain (to Kafka)",
+        drained.entries,
+        drained.entries as f64 / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64(),
+    );
+}
+
+/// Serves an app built from `config` on a loopback port.
+async fn serve(
+    config: &Config,
+) -> (
+    String,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let app = App::build(config).await.expect("app");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.serve(listener, async {
+        let _ = stopped.await;
+    }));
+    (base, stop, server)
 }

@@ -15,8 +15,8 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::support::{
-    MEKARI_SECRET, OwnBroker, RR_SECRET, Record, TestApp, config, latest_per_key, read_topic,
-    unique,
+    MEKARI_SECRET, OwnBroker, RR_SECRET, Record, TestApp, config, latest_per_key, metric,
+    read_topic, unique,
 };
 
 const RR_TOKEN: &str = "rr-api-token";
@@ -485,4 +485,79 @@ async fn the_watchdog_resumes_a_switched_off_webhook_and_catches_up() {
         "the catch-up published every sale the webhook never delivered"
     );
     app.stop().await;
+}
+
+/// A broker outage longer than ReceiptRoller's whole retry window (7 s at
+/// this time scale; Mekari's is ~65 s). With ReceiptRoller's source spooling,
+/// its webhook stays on and every entity of both providers ends in the
+/// compacted topics in its final state, with no reconcile (ReceiptRoller
+/// orders could not be read back). With `retry`, the same outage switches
+/// the ReceiptRoller webhook off: the difference the spool makes.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outage_longer_than_receiptrollers_retries_loses_nothing_with_the_spool() {
+    for spools in [true, false] {
+        let broker = OwnBroker::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let prefix = unique(if spools { "long-spool" } else { "long-retry" });
+        let config = if spools {
+            crate::support::spool_config(&broker.address(), &prefix, dir.path())
+        } else {
+            config(&broker.address(), &prefix, dir.path())
+        };
+        let app = TestApp::start_with(config).await;
+        let sim = Sim::start(
+            &app.base,
+            &[
+                "--events",
+                "40",
+                "--seed",
+                "6",
+                "--drop",
+                "0",
+                "--duplicates",
+                "0.1",
+                "--reorder",
+                "0.1",
+                "--time-scale",
+                "600",
+            ],
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        broker.cut();
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        broker.heal();
+        let status = sim.wait_done().await;
+        assert_eq!(status["mekari_status"], "active", "{status}");
+        if !spools {
+            assert_eq!(
+                status["receiptroller_active"], false,
+                "without the spool the outage switches the webhook off: {status}"
+            );
+            app.stop().await;
+            continue;
+        }
+        assert_eq!(status["receiptroller_active"], true, "{status}");
+        let spool = app.pipeline.spool().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while spool.stats().entries > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the spool never drained"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let compared = assert_view_equals_truth(&app, &broker.address(), &sim).await;
+        assert!(compared > 0);
+        let metrics = app.metrics().await;
+        assert!(
+            metric(
+                &metrics,
+                "posbridge_spooled_total",
+                &[("provider", "receiptroller")]
+            ) > 0.0,
+            "the outage was spooled"
+        );
+        app.stop().await;
+    }
 }

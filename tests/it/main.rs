@@ -12,3 +12,4 @@ mod registry;
 mod rejects;
 mod round_trip;
 mod shared_ledger;
+mod spool;

@@ -51,7 +51,29 @@ pub fn unique(tag: &str) -> String {
 
 /// A config with fresh topics (`{prefix}.sales`, …) and a ledger in `dir`.
 pub fn config(brokers: &str, prefix: &str, dir: &Path) -> Config {
-    let text = format!(
+    let config = Config::from_toml(&config_text(brokers, prefix, dir)).unwrap();
+    assert_eq!(posbridge::app::problems(&config), vec![]);
+    config
+}
+
+/// The same with the ReceiptRoller `main` source spooling (its spool in `dir`).
+pub fn spool_config(brokers: &str, prefix: &str, dir: &Path) -> Config {
+    let text = config_text(brokers, prefix, dir).replace(
+        "[receiptroller.sources.main]\n",
+        "[receiptroller.sources.main]\n        on_broker_unavailable = \"spool\"\n",
+    ) + &format!(
+        "\n[spool]\npath = \"{}\"\n",
+        dir.join("spool.redb").display()
+    );
+    let config = Config::from_toml(&text).unwrap();
+    assert!(config.spools());
+    assert_eq!(posbridge::app::problems(&config), vec![]);
+    config
+}
+
+/// The TOML of [`config`], for a posbridge started as its own process.
+pub fn config_text(brokers: &str, prefix: &str, dir: &Path) -> String {
+    format!(
         r#"
         [server]
         listen = "127.0.0.1:0"
@@ -75,10 +97,7 @@ pub fn config(brokers: &str, prefix: &str, dir: &Path) -> Config {
         account = "acme"
         "#,
         ledger = dir.join("ledger.redb").display()
-    );
-    let config = Config::from_toml(&text).unwrap();
-    assert_eq!(posbridge::app::problems(&config), vec![]);
-    config
+    )
 }
 
 /// A running posbridge on a loopback port.
@@ -467,6 +486,30 @@ impl OwnBroker {
     /// Accepts connections again.
     pub fn heal(&self) {
         self.open.store(true, Ordering::SeqCst);
+    }
+
+    /// Freezes the broker (SIGSTOP): connections stay open, nothing answers.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen broker run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    /// Kills the broker (SIGKILL); it does not come back.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn signal(&self, which: &str) {
+        let status = std::process::Command::new("kill")
+            .args([which, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {which}");
     }
 }
 

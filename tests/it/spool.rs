@@ -1,0 +1,330 @@
+//! Broker outages against a real broker: every answer within the budget
+//! whatever the outage looks like (refused, frozen, killed); the spool takes
+//! what a spooling source sends meanwhile, drains it when Kafka is back, and
+//! survives SIGKILL; a full spool answers 503; retries of spooled deliveries
+//! are duplicates.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::{
+    OwnBroker, TestApp, config_text, latest_per_key, mekari_order, read_topic, rr_sale,
+    signed_request, spool_config, unique,
+};
+
+/// `delivery_timeout_ms` + `inflight_wait_ms` of the test configuration.
+const BUDGET: Duration = Duration::from_millis(3000 + 2000);
+/// HTTP over loopback on a loaded two-core machine, on top of the budget.
+const SLACK: Duration = Duration::from_millis(500);
+
+fn sale(n: u32) -> Value {
+    rr_sale(
+        &format!("sp-{n}"),
+        "sale.created",
+        "2026-11-29T10:15:30Z",
+        &format!("T1|2026-11|{n:04}"),
+        100 + u64::from(n),
+    )
+}
+
+/// Waits until the spool is empty (the drainer published everything).
+async fn drained(app: &TestApp) {
+    let spool = app.pipeline.spool().expect("a spooling configuration");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while spool.stats().entries > 0 {
+        assert!(Instant::now() < deadline, "the spool never drained");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Sends a spooling ReceiptRoller sale and a retrying Mekari order every
+/// 250 ms for `span`, and returns the slowest answer and every status.
+async fn traffic_during(
+    app: &TestApp,
+    tag: &str,
+    span: Duration,
+) -> (Duration, Vec<(String, u16, String)>) {
+    let mut requests = Vec::new();
+    let started = Instant::now();
+    let mut n = 0;
+    while started.elapsed() < span {
+        n += 1;
+        let rr = rr_sale(
+            &format!("{tag}-rr-{n}"),
+            "sale.created",
+            "2026-11-29T10:15:30Z",
+            &format!("{tag}|2026-11|{n:04}"),
+            100,
+        );
+        let mk = mekari_order(
+            &format!("{tag}-mk-{n}"),
+            "order.updated",
+            "2026-11-29T17:15:30+07:00",
+            &format!("{tag}-ORD-{n}"),
+            "new",
+        );
+        for (provider, body) in [("receiptroller", rr), ("mekari", mk)] {
+            let request = signed_request(
+                &app.http,
+                &app.base,
+                provider,
+                "main",
+                body["id"].as_str().unwrap(),
+                serde_json::to_vec(&body).unwrap(),
+                None,
+            );
+            requests.push(tokio::spawn(async move {
+                let sent = Instant::now();
+                let response = request
+                    .send()
+                    .await
+                    .expect("an answer, not a cut connection");
+                let took = sent.elapsed();
+                let status = response.status().as_u16();
+                let retry_after = response
+                    .headers()
+                    .get("retry-after")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                let json: Value = response.json().await.unwrap_or(Value::Null);
+                if status == 503 {
+                    assert_eq!(retry_after.as_deref(), Some("7"), "503 carries Retry-After");
+                }
+                let what = json["status"].as_str().unwrap_or("error").to_owned();
+                (provider.to_owned(), status, what, took)
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let mut slowest = Duration::ZERO;
+    let mut answers = Vec::new();
+    for request in requests {
+        let (provider, status, what, took) = request.await.unwrap();
+        slowest = slowest.max(took);
+        answers.push((provider, status, what));
+    }
+    (slowest, answers)
+}
+
+/// Every answer comes within the budget during each kind of outage; the
+/// spooling source is answered 2xx throughout, the other 2xx or 503.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_answer_comes_within_the_budget_whatever_the_outage() {
+    for outage in ["refused", "frozen", "killed"] {
+        let mut broker = OwnBroker::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let app =
+            TestApp::start_with(spool_config(&broker.address(), &unique(outage), dir.path())).await;
+        assert_eq!(
+            app.send("receiptroller", "main", &sale(0)).await.status(),
+            200
+        );
+        match outage {
+            "refused" => broker.cut(),
+            "frozen" => broker.freeze(),
+            _ => broker.kill(),
+        }
+        let (slowest, answers) = traffic_during(&app, outage, Duration::from_secs(8)).await;
+        println!(
+            "outage {outage}: {} answers, slowest {slowest:?} (budget {BUDGET:?})",
+            answers.len()
+        );
+        assert!(
+            slowest <= BUDGET + SLACK,
+            "{outage}: slowest answer {slowest:?}"
+        );
+        for (provider, status, what) in &answers {
+            match provider.as_str() {
+                "receiptroller" => assert!(
+                    *status == 200 && (what == "spooled" || what == "published"),
+                    "{outage}: a spooling source is never refused: {status} {what}"
+                ),
+                _ => assert!(
+                    *status == 503 || *status == 200,
+                    "{outage}: {status} {what}"
+                ),
+            }
+        }
+        assert!(
+            answers.iter().any(|(_, _, what)| what == "spooled"),
+            "{outage}: the outage was seen"
+        );
+        if outage == "frozen" {
+            broker.thaw();
+        }
+        app.stop().await;
+    }
+}
+
+/// A spool bounded at two entries: a retry of a spooled delivery is a
+/// duplicate, a third delivery gets 503; after the broker returns the spool
+/// drains and every delivery is in the topic exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn spooled_deliveries_are_deduplicated_bounded_and_drained_once() {
+    let broker = OwnBroker::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = spool_config(&broker.address(), &unique("spool"), dir.path());
+    config.spool.max_entries = 2;
+    let app = TestApp::start_with(config).await;
+    assert_eq!(
+        app.send("receiptroller", "main", &sale(0)).await.status(),
+        200
+    );
+
+    broker.cut();
+    let status = |response: reqwest::Response| async move {
+        let code = response.status().as_u16();
+        let json: Value = response.json().await.unwrap();
+        (code, json["status"].as_str().unwrap_or("error").to_owned())
+    };
+    assert_eq!(
+        status(app.send("receiptroller", "main", &sale(1)).await).await,
+        (200, "spooled".into())
+    );
+    assert_eq!(
+        status(app.send("receiptroller", "main", &sale(1)).await).await,
+        (200, "duplicate".into())
+    );
+    assert_eq!(
+        status(app.send("receiptroller", "main", &sale(2)).await).await,
+        (200, "spooled".into())
+    );
+    assert_eq!(
+        status(app.send("receiptroller", "main", &sale(3)).await).await,
+        (503, "error".into())
+    );
+    assert_eq!(app.pipeline.spool().unwrap().stats().entries, 2);
+
+    broker.heal();
+    drained(&app).await;
+    assert_eq!(
+        status(app.send("receiptroller", "main", &sale(1)).await).await,
+        (200, "duplicate".into())
+    );
+    assert_eq!(
+        status(app.send("receiptroller", "main", &sale(3)).await).await,
+        (200, "published".into())
+    );
+
+    let records = read_topic(&broker.address(), &app.topic("sales"));
+    let mut keys: Vec<&str> = records.iter().map(|r| r.key.as_str()).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "receiptroller:T1|2026-11|0000",
+            "receiptroller:T1|2026-11|0001",
+            "receiptroller:T1|2026-11|0002",
+            "receiptroller:T1|2026-11|0003",
+        ],
+        "each delivery exactly once"
+    );
+    let metrics = app.metrics().await;
+    assert!(metrics.contains("posbridge_spooled_total"), "{metrics}");
+    assert!(
+        metrics.contains("posbridge_spool_drained_total"),
+        "{metrics}"
+    );
+    app.stop().await;
+}
+
+/// posbridge killed (SIGKILL) with deliveries in its spool loses none: the
+/// next start drains them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spool_survives_sigkill_and_drains_on_the_next_start() {
+    let broker = OwnBroker::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("sigkill");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let text = config_text(&broker.address(), &prefix, dir.path())
+        .replace(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"127.0.0.1:{port}\""),
+        )
+        .replace(
+            "[receiptroller.sources.main]\n",
+            "[receiptroller.sources.main]\n        on_broker_unavailable = \"spool\"\n",
+        )
+        + &format!(
+            "\n[spool]\npath = \"{}\"\n",
+            dir.path().join("spool.redb").display()
+        );
+    let config_path = dir.path().join("posbridge.toml");
+    std::fs::write(&config_path, text).unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let start = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_posbridge"))
+            .args(["serve", "--config"])
+            .arg(&config_path)
+            .env("POSBRIDGE_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let ready = |http: reqwest::Client, base: String| async move {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while http.get(format!("{base}/healthz")).send().await.is_err() {
+            assert!(Instant::now() < deadline, "posbridge did not start");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+
+    // Start-up creates the topics, so it needs the broker.
+    let mut first = start();
+    ready(http.clone(), base.clone()).await;
+    broker.cut();
+    const SPOOLED: u32 = 30;
+    for n in 1..=SPOOLED {
+        let body = sale(n);
+        let response = signed_request(
+            &http,
+            &base,
+            "receiptroller",
+            "main",
+            body["id"].as_str().unwrap(),
+            serde_json::to_vec(&body).unwrap(),
+            None,
+        )
+        .send()
+        .await
+        .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.json::<Value>().await.unwrap()["status"], "spooled");
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+
+    broker.heal();
+    let mut second = start();
+    ready(http.clone(), base.clone()).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let sales = loop {
+        let sales = latest_per_key(&read_topic(&broker.address(), &format!("{prefix}.sales")));
+        if sales.len() as u32 == SPOOLED || Instant::now() > deadline {
+            break sales;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(
+        sales.len() as u32,
+        SPOOLED,
+        "every spooled delivery was published"
+    );
+    let readiness: Value = http
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(readiness["spool"]["entries"], 0, "{readiness}");
+    second.kill().unwrap();
+    second.wait().unwrap();
+}
