@@ -97,7 +97,7 @@ impl Drainer {
                 result = self.pass() => match result {
                     Ok(done) => started.1 += done.entries,
                     Err(DrainError::Pipeline(error)) => {
-                        warn!(%error, "Spool drain paused: Kafka cannot take it yet.");
+                        warn!(%error, "Spool drain paused: a spooled delivery cannot be made durable yet.");
                         tokio::time::sleep(IDLE).await;
                     }
                     Err(error) => {
@@ -192,4 +192,49 @@ fn count(provider: &'static str, outcome: Outcome) {
         telemetry::OUTCOME => outcome.as_str()
     )
     .increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{ProviderKind, Source};
+    use crate::spool::SpooledDelivery;
+
+    /// Without a broker a pass stops at the first entry and keeps it (and
+    /// everything after it) for the next pass.
+    #[tokio::test]
+    async fn what_kafka_cannot_take_stays_in_the_spool() {
+        let dir = tempfile::tempdir().unwrap();
+        let pipeline = Pipeline::without_broker(dir.path(), Duration::from_millis(100)).await;
+        let spool = pipeline.spool().unwrap().clone();
+        for id in ["k-1", "k-2"] {
+            let body = format!(
+                r#"{{"id":"{id}","event":"order.created","occurred_at":"2026-11-29T10:00:00Z","data":{{"id":"O-1"}}}}"#
+            );
+            spool
+                .append(&SpooledDelivery {
+                    source: Source {
+                        provider: ProviderKind::Mekari,
+                        name: "main".into(),
+                        account: None,
+                    },
+                    delivery_id: id.into(),
+                    received_at: OffsetDateTime::now_utc(),
+                    body: bytes::Bytes::from(body),
+                })
+                .await
+                .unwrap();
+        }
+        let drainer = Drainer::new(pipeline, spool.clone());
+        let error = drainer.drain_all().await.unwrap_err();
+        assert!(matches!(error, DrainError::Pipeline(_)), "{error}");
+        assert_eq!(spool.stats().entries, 2);
+        let ids: Vec<String> = spool
+            .oldest(10)
+            .unwrap()
+            .into_iter()
+            .map(|(_, d)| d.delivery_id)
+            .collect();
+        assert_eq!(ids, ["k-1", "k-2"], "kept, in order");
+    }
 }
