@@ -349,8 +349,61 @@ pub struct PosEvent {
     pub items: Vec<LineItem>,
     /// True for delete events; such events are written as tombstones.
     pub deleted: bool,
+    /// When it happened in the shop (sale, sold, created), where the provider says.
+    pub business_at: Option<OffsetDateTime>,
+    /// Products and collections: the display name.
+    pub name: Option<String>,
+    /// Products: the stock-keeping unit.
+    pub sku: Option<String>,
+    /// Products: the unit price.
+    pub price: Option<Decimal>,
+    /// Products and collections: whether it is on sale / in use.
+    pub active: Option<bool>,
+    /// Collections: the member products' ids.
+    pub product_ids: Option<Vec<String>>,
+    /// Returns, refunds and exchanges: the order they belong to.
+    pub order_id: Option<String>,
+    /// Returns, refunds and exchanges: why.
+    pub reason: Option<String>,
+    /// How it was paid (or, for refunds, paid back).
+    pub payment_method: Option<String>,
+    /// The provider's customer reference.
+    pub customer_id: Option<String>,
+    /// Exchanges: the lines given to the customer.
+    pub items_given: Option<Vec<LineItem>>,
     /// The provider's JSON for this entity, untouched, for fields the schema lacks.
     pub raw: String,
+}
+
+/// The entity's business content as the provider sent it: its data in a
+/// canonical form (keys sorted, numbers and times in one spelling), without
+/// what does not describe the entity (the envelope, delivery ids, send
+/// times). Two deliveries of the same state have the same content, whether
+/// pushed or read from an API; the stale-event guard hashes it with the
+/// event's fields, so a change anywhere in the entity (a product's name, a
+/// collection's members) is a change.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Content(String);
+
+impl Content {
+    /// Content already in canonical form (built by the providers' JSON reader).
+    pub fn new(canonical: String) -> Content {
+        Content(canonical)
+    }
+
+    /// The canonical text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What a normalizer makes of one webhook body or API record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Normalized {
+    /// The event, as written to the topic.
+    pub event: PosEvent,
+    /// The entity's business content, for the guard.
+    pub content: Content,
 }
 
 impl PosEvent {
@@ -389,6 +442,17 @@ impl PosEvent {
             kitchen_status: None,
             items: Vec::new(),
             deleted: false,
+            business_at: None,
+            name: None,
+            sku: None,
+            price: None,
+            active: None,
+            product_ids: None,
+            order_id: None,
+            reason: None,
+            payment_method: None,
+            customer_id: None,
+            items_given: None,
             raw: "{}".into(),
         }
     }

@@ -7,7 +7,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::event::{Decimal, LineItem, Origin, PosEvent};
+use crate::event::{Content, Decimal, LineItem, Origin, PosEvent, Version};
 use crate::ledger::EntityState;
 
 /// What to do with an incoming state.
@@ -41,11 +41,15 @@ pub fn decide(written: Option<&EntityState>, incoming: &EntityState, origin: Ori
     }
 }
 
-/// A hash of an event's business content: not its ids, times or raw text, so
-/// the same state reached by two different deliveries hashes equal. Every
-/// field of [`PosEvent`] is named here (no `..`): a new field must be placed
-/// in the hash or explicitly left out, or this does not compile.
-pub fn state_hash(event: &PosEvent) -> [u8; 16] {
+/// A hash of an entity's state: the event's business fields and the
+/// entity's whole business content as the provider sent it (canonical JSON
+/// of its data), not ids, times of delivery or raw text, so the same state
+/// reached by two different deliveries (a webhook and an API read) hashes
+/// equal and a change in any business field (a product's name, a
+/// collection's members) does not. Every field of [`PosEvent`] is named here
+/// (no `..`): a new field must be placed in the hash or explicitly left out,
+/// or this does not compile.
+pub fn state_hash(event: &PosEvent, content: &Content) -> [u8; 16] {
     fn text(s: &Option<String>) -> &[u8] {
         s.as_deref().unwrap_or("\u{0}").as_bytes()
     }
@@ -82,6 +86,17 @@ pub fn state_hash(event: &PosEvent) -> [u8; 16] {
         kitchen_status,
         items,
         deleted,
+        business_at,
+        name,
+        sku,
+        price,
+        active,
+        product_ids,
+        order_id,
+        reason,
+        payment_method,
+        customer_id,
+        items_given,
     } = event;
     let mut h = Sha256::new();
     let mut field = |bytes: &[u8]| {
@@ -101,18 +116,39 @@ pub fn state_hash(event: &PosEvent) -> [u8; 16] {
     field(text(status));
     field(text(kitchen_status));
     field(&[u8::from(*deleted)]);
+    let given = items_given.as_deref().unwrap_or_default();
+    field(&[u8::from(items_given.is_some())]);
+    field(&(items.len() as u64).to_be_bytes());
     for LineItem {
         sku,
         name,
         quantity,
         unit_price,
-    } in items
+    } in items.iter().chain(given)
     {
         field(text(sku));
         field(text(name));
         field(&decimal(*quantity));
         field(&decimal(*unit_price));
     }
+    field(
+        &business_at
+            .map_or(i64::MIN, |at| Version::new(at, 0).at_micros)
+            .to_be_bytes(),
+    );
+    field(text(name));
+    field(text(sku));
+    field(&decimal(*price));
+    field(&[active.map_or(2, u8::from)]);
+    field(&[u8::from(product_ids.is_some())]);
+    for id in product_ids.iter().flatten() {
+        field(id.as_bytes());
+    }
+    field(text(order_id));
+    field(text(reason));
+    field(text(payment_method));
+    field(text(customer_id));
+    field(content.as_str().as_bytes());
     let digest = h.finalize();
     let mut out = [0u8; 16];
     out.copy_from_slice(&digest[..16]);
@@ -170,22 +206,34 @@ mod tests {
         reconciled.source = "backup".into();
         reconciled.occurred_at = datetime!(2026-11-29 10:30 UTC);
         reconciled.version = Version::new(datetime!(2026-11-29 11:00 UTC), 4);
-        assert_eq!(state_hash(&event), state_hash(&reconciled));
+        assert_eq!(
+            state_hash(&event, &Content::default()),
+            state_hash(&reconciled, &Content::default())
+        );
         let mut changed = event.clone();
         changed.total = Decimal::parse("51000.6");
-        assert_ne!(state_hash(&event), state_hash(&changed));
+        assert_ne!(
+            state_hash(&event, &Content::default()),
+            state_hash(&changed, &Content::default())
+        );
         let mut no_total = event.clone();
         no_total.total = None;
-        assert_ne!(state_hash(&event), state_hash(&no_total));
+        assert_ne!(
+            state_hash(&event, &Content::default()),
+            state_hash(&no_total, &Content::default())
+        );
     }
 
-    /// The hash the first release wrote into every ledger: a change here
-    /// would make every reconciled entity look changed, and republish, once.
+    /// The hash ledgers hold: a change here makes every reconciled entity
+    /// look changed, and republish, once after an upgrade. Change it only on
+    /// purpose (schema v2 did: the hash now covers the new fields and the
+    /// entity's whole business content; v1 wrote 02c7c024c1684a201b0347a1b757be89).
     #[test]
-    fn the_state_hash_is_the_one_ledgers_already_hold() {
+    fn the_state_hash_is_pinned() {
+        let content = Content::new("{\"id\":\"R-1\"}".into());
         assert_eq!(
-            hex::encode(state_hash(&PosEvent::with_every_field())),
-            "02c7c024c1684a201b0347a1b757be89"
+            hex::encode(state_hash(&PosEvent::with_every_field(), &content)),
+            "cff7de8eed1e973a19923def4f914e0d"
         );
     }
 
@@ -202,7 +250,7 @@ mod tests {
             ..PosEvent::sample()
         };
         type Change = (&'static str, fn(&mut PosEvent));
-        let changes: [Change; 17] = [
+        let changes: [Change; 30] = [
             ("entity_type", |e| e.entity_type = EntityType::Sale),
             ("entity_id", |e| e.entity_id = "S-2".into()),
             ("account", |e| e.account = Some("x".into())),
@@ -224,12 +272,35 @@ mod tests {
             ("items[].unit_price", |e| {
                 e.items[0].unit_price = Decimal::parse("1");
             }),
+            ("business_at", |e| e.business_at = Some(e.occurred_at)),
+            ("name", |e| e.name = Some("x".into())),
+            ("sku", |e| e.sku = Some("x".into())),
+            ("price", |e| e.price = Decimal::parse("1")),
+            ("active", |e| e.active = Some(true)),
+            ("product_ids", |e| e.product_ids = Some(Vec::new())),
+            ("product_ids[]", |e| e.product_ids = Some(vec!["x".into()])),
+            ("order_id", |e| e.order_id = Some("x".into())),
+            ("reason", |e| e.reason = Some("x".into())),
+            ("payment_method", |e| e.payment_method = Some("x".into())),
+            ("customer_id", |e| e.customer_id = Some("x".into())),
+            ("items_given", |e| e.items_given = Some(Vec::new())),
+            ("items_given[]", |e| e.items_given = Some(e.items.clone())),
         ];
         for (name, change) in changes {
             let mut changed = base.clone();
             change(&mut changed);
-            assert_ne!(state_hash(&base), state_hash(&changed), "{name}");
+            assert_ne!(
+                state_hash(&base, &Content::default()),
+                state_hash(&changed, &Content::default()),
+                "{name}"
+            );
         }
+        let content = |text: &str| Content::new(text.into());
+        assert_ne!(
+            state_hash(&base, &content("{\"name\":\"Tea\"}")),
+            state_hash(&base, &content("{\"name\":\"Coffee\"}")),
+            "the business content"
+        );
     }
 
     #[test]

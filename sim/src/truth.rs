@@ -289,9 +289,10 @@ mod tests {
                 origin: Origin::Webhook,
             };
             let provider = for_kind(happened.provider);
-            let event = provider
+            let pushed = provider
                 .normalize(&body, &ctx)
                 .unwrap_or_else(|e| panic!("{}: {e}", happened.event_type));
+            let event = &pushed.event;
             let entity = truth.entities[step.entity].as_ref().unwrap();
             assert_eq!(event.occurred_at, at);
             // What the reconciler reads from the API: the entity's data alone.
@@ -305,7 +306,16 @@ mod tests {
                     },
                 )
                 .unwrap_or_else(|e| panic!("{} record: {e}", happened.event_type));
-            for event in [&event, &reconciled] {
+            if !entity.deleted {
+                // The same state read back from the API is the same state.
+                assert_eq!(
+                    posbridge::guard::state_hash(&pushed.event, &pushed.content),
+                    posbridge::guard::state_hash(&reconciled.event, &reconciled.content),
+                    "{} pushed and fetched",
+                    happened.event_type
+                );
+            }
+            for event in [event, &reconciled.event] {
                 assert_eq!(event.key().as_str(), happened.key);
                 assert_eq!(happened.key, entity.key().as_str());
                 assert_eq!(event.entity_type, entity.entity_type);

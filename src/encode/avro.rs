@@ -42,6 +42,35 @@ fn optional_decimal(value: Option<Decimal>) -> Value {
     }
 }
 
+fn optional<T>(value: Option<T>, to: impl FnOnce(T) -> Value) -> Value {
+    match value {
+        Some(value) => Value::Union(1, Box::new(to(value))),
+        None => Value::Union(0, Box::new(Value::Null)),
+    }
+}
+
+fn lines(items: &[LineItem]) -> Value {
+    Value::Array(
+        items
+            .iter()
+            .map(|item| {
+                let LineItem {
+                    sku,
+                    name,
+                    quantity,
+                    unit_price,
+                } = item;
+                Value::Record(vec![
+                    ("sku".into(), optional_string(sku.as_deref())),
+                    ("name".into(), optional_string(name.as_deref())),
+                    ("quantity".into(), optional_decimal(*quantity)),
+                    ("unit_price".into(), optional_decimal(*unit_price)),
+                ])
+            })
+            .collect(),
+    )
+}
+
 fn symbol<T: Copy + PartialEq>(all: &[T], item: T, name: fn(T) -> &'static str) -> Value {
     let index = all.iter().position(|x| *x == item).unwrap_or(0);
     Value::Enum(
@@ -80,25 +109,19 @@ pub fn to_avro(event: &PosEvent) -> Value {
         items,
         // A deleted entity is written as a tombstone, never encoded.
         deleted: _,
+        business_at,
+        name,
+        sku,
+        price,
+        active,
+        product_ids,
+        order_id,
+        reason,
+        payment_method,
+        customer_id,
+        items_given,
         raw,
     } = event;
-    let items = items
-        .iter()
-        .map(|item| {
-            let LineItem {
-                sku,
-                name,
-                quantity,
-                unit_price,
-            } = item;
-            Value::Record(vec![
-                ("sku".into(), optional_string(sku.as_deref())),
-                ("name".into(), optional_string(name.as_deref())),
-                ("quantity".into(), optional_decimal(*quantity)),
-                ("unit_price".into(), optional_decimal(*unit_price)),
-            ])
-        })
-        .collect();
     Value::Record(vec![
         ("event_id".into(), Value::String(event_id.clone())),
         (
@@ -145,7 +168,35 @@ pub fn to_avro(event: &PosEvent) -> Value {
             "kitchen_status".into(),
             optional_string(kitchen_status.as_deref()),
         ),
-        ("items".into(), Value::Array(items)),
+        ("items".into(), lines(items)),
+        (
+            "business_at".into(),
+            optional(*business_at, |at| Value::TimestampMicros(micros(at))),
+        ),
+        ("name".into(), optional_string(name.as_deref())),
+        ("sku".into(), optional_string(sku.as_deref())),
+        ("price".into(), optional_decimal(*price)),
+        ("active".into(), optional(*active, Value::Boolean)),
+        (
+            "product_ids".into(),
+            optional(product_ids.as_ref(), |ids| {
+                Value::Array(ids.iter().cloned().map(Value::String).collect())
+            }),
+        ),
+        ("order_id".into(), optional_string(order_id.as_deref())),
+        ("reason".into(), optional_string(reason.as_deref())),
+        (
+            "payment_method".into(),
+            optional_string(payment_method.as_deref()),
+        ),
+        (
+            "customer_id".into(),
+            optional_string(customer_id.as_deref()),
+        ),
+        (
+            "items_given".into(),
+            optional(items_given.as_deref(), lines),
+        ),
         ("raw".into(), Value::String(raw.clone())),
     ])
 }
@@ -187,6 +238,61 @@ impl Fields {
                 OffsetDateTime::from_unix_timestamp_nanos(i128::from(us) * 1000)
                     .map_err(|_| DecodeError::Field(name))
             }
+            _ => Err(DecodeError::Field(name)),
+        }
+    }
+
+    fn optional_time(&mut self, name: &'static str) -> Result<Option<OffsetDateTime>, DecodeError> {
+        match self.take(name)? {
+            Value::Null => Ok(None),
+            Value::TimestampMicros(us) => {
+                OffsetDateTime::from_unix_timestamp_nanos(i128::from(us) * 1000)
+                    .map(Some)
+                    .map_err(|_| DecodeError::Field(name))
+            }
+            _ => Err(DecodeError::Field(name)),
+        }
+    }
+
+    fn optional_bool(&mut self, name: &'static str) -> Result<Option<bool>, DecodeError> {
+        match self.take(name)? {
+            Value::Null => Ok(None),
+            Value::Boolean(b) => Ok(Some(b)),
+            _ => Err(DecodeError::Field(name)),
+        }
+    }
+
+    fn optional_strings(&mut self, name: &'static str) -> Result<Option<Vec<String>>, DecodeError> {
+        match self.take(name)? {
+            Value::Null => Ok(None),
+            Value::Array(values) => values
+                .into_iter()
+                .map(|v| match v {
+                    Value::String(s) => Ok(s),
+                    _ => Err(DecodeError::Field(name)),
+                })
+                .collect::<Result<_, _>>()
+                .map(Some),
+            _ => Err(DecodeError::Field(name)),
+        }
+    }
+
+    fn lines(&mut self, name: &'static str) -> Result<Option<Vec<LineItem>>, DecodeError> {
+        match self.take(name)? {
+            Value::Null => Ok(None),
+            Value::Array(items) => items
+                .into_iter()
+                .map(|item| {
+                    let mut i = record(item, name)?;
+                    Ok(LineItem {
+                        sku: i.optional_string("sku")?,
+                        name: i.optional_string("name")?,
+                        quantity: i.decimal("quantity")?,
+                        unit_price: i.decimal("unit_price")?,
+                    })
+                })
+                .collect::<Result<_, DecodeError>>()
+                .map(Some),
             _ => Err(DecodeError::Field(name)),
         }
     }
@@ -237,21 +343,7 @@ fn record(value: Value, name: &'static str) -> Result<Fields, DecodeError> {
 /// [`DecodeError::Field`] naming the first field that does not fit.
 pub fn from_avro(value: Value) -> Result<PosEvent, DecodeError> {
     let mut f = record(value, "PosEvent")?;
-    let items = match f.take("items")? {
-        Value::Array(items) => items
-            .into_iter()
-            .map(|item| {
-                let mut i = record(item, "items")?;
-                Ok(LineItem {
-                    sku: i.optional_string("sku")?,
-                    name: i.optional_string("name")?,
-                    quantity: i.decimal("quantity")?,
-                    unit_price: i.decimal("unit_price")?,
-                })
-            })
-            .collect::<Result<_, DecodeError>>()?,
-        _ => return Err(DecodeError::Field("items")),
-    };
+    let items = f.lines("items")?.ok_or(DecodeError::Field("items"))?;
     let version_at = f.time("version_at")?;
     let rank = match f.take("version_rank")? {
         Value::Int(rank) => u32::try_from(rank).map_err(|_| DecodeError::Field("version_rank"))?,
@@ -280,6 +372,17 @@ pub fn from_avro(value: Value) -> Result<PosEvent, DecodeError> {
         kitchen_status: f.optional_string("kitchen_status")?,
         items,
         deleted: false,
+        business_at: f.optional_time("business_at")?,
+        name: f.optional_string("name")?,
+        sku: f.optional_string("sku")?,
+        price: f.decimal("price")?,
+        active: f.optional_bool("active")?,
+        product_ids: f.optional_strings("product_ids")?,
+        order_id: f.optional_string("order_id")?,
+        reason: f.optional_string("reason")?,
+        payment_method: f.optional_string("payment_method")?,
+        customer_id: f.optional_string("customer_id")?,
+        items_given: f.lines("items_given")?,
         raw: f.string("raw")?,
     })
 }

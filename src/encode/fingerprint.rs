@@ -6,12 +6,17 @@
 /// than by apache-avro, whose canonical form keeps logical-type attributes
 /// and so disagrees with Java's `SchemaNormalization` and fastavro.
 pub fn fingerprint() -> u64 {
+    fingerprint_of(super::SCHEMA_JSON)
+}
+
+/// The CRC-64-AVRO fingerprint of any schema's Parsing Canonical Form.
+fn fingerprint_of(schema_json: &str) -> u64 {
     const EMPTY: u64 = 0xc15d_213a_a4d7_a795;
     let table: Vec<u64> = (0..256u64)
         .map(|i| (0..8).fold(i, |fp, _| (fp >> 1) ^ (EMPTY & (fp & 1).wrapping_neg())))
         .collect();
     let schema: serde_json::Value =
-        serde_json::from_str(super::SCHEMA_JSON).expect("schemas/pos_event.avsc is JSON");
+        serde_json::from_str(schema_json).expect("an Avro schema is JSON");
     let mut canonical = String::new();
     canonical_form(&schema, "", &mut canonical);
     canonical.bytes().fold(EMPTY, |fp, b| {
@@ -111,10 +116,17 @@ mod tests {
 
     #[test]
     fn fingerprint_matches_fastavro_and_java() {
-        // fastavro's CRC-64-AVRO of this schema's Parsing Canonical Form
-        // (computed with fastavro 1.x, which agrees with Java's
-        // SchemaNormalization.parsingFingerprint64).
-        // fastavro prints the fingerprint as the header's little-endian bytes.
-        assert_eq!(hex::encode(fingerprint().to_le_bytes()), "ecb1a1634e293ff8");
+        // fastavro's CRC-64-AVRO of each version's Parsing Canonical Form
+        // (fastavro.schema.fingerprint(to_parsing_canonical_form(..)), which
+        // agrees with Java's SchemaNormalization.parsingFingerprint64),
+        // printed as the header's little-endian bytes.
+        assert_eq!(hex::encode(fingerprint().to_le_bytes()), "29ef1678077fa4da");
+        assert_eq!(
+            hex::encode(
+                fingerprint_of(include_str!("../../schemas/history/pos_event.v1.avsc"))
+                    .to_le_bytes()
+            ),
+            "ecb1a1634e293ff8"
+        );
     }
 }

@@ -304,9 +304,10 @@ async fn the_same_state_again_is_200_unchanged() {
         raw: "{}",
         origin: crate::event::Origin::Webhook,
     };
-    let event = crate::providers::for_kind(ProviderKind::Mekari)
-        .normalize(&body, &ctx)
-        .unwrap();
+    let crate::event::Normalized { event, content } =
+        crate::providers::for_kind(ProviderKind::Mekari)
+            .normalize(&body, &ctx)
+            .unwrap();
     h.pipeline
         .ledger()
         .commit(Commit {
@@ -314,7 +315,7 @@ async fn the_same_state_again_is_200_unchanged() {
                 EntitySlot::new(event.entity_type, &event.key()),
                 EntityState {
                     version: event.version,
-                    state_hash: crate::guard::state_hash(&event),
+                    state_hash: crate::guard::state_hash(&event, &content),
                 },
             )),
             ..Commit::default()

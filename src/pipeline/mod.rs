@@ -24,7 +24,7 @@ use time::OffsetDateTime;
 use tracing::{debug, error, info, warn};
 
 use crate::encode::{EncodeError, Encoder};
-use crate::event::{DeliveryKey, Origin, PosEvent, ProviderKind, Source};
+use crate::event::{DeliveryKey, Normalized, Origin, PosEvent, ProviderKind, Source};
 use crate::guard::{self, Decision};
 use crate::ledger::{Begin, Commit, EntitySlot, EntityState, Ledger, LedgerError};
 use crate::providers::{self, Context, NormalizeError};
@@ -429,7 +429,7 @@ impl Pipeline {
             .map_err(NormalizeError::InvalidJson)
             .and_then(|json| providers::for_kind(delivery.source.provider).normalize(&json, &ctx));
         match normalized {
-            Ok(event) => self.apply(event, Some(key)).await,
+            Ok(normalized) => self.apply(normalized, Some(key)).await,
             Err(reason) => {
                 self.dead_letter(DeadLetter {
                     provider: delivery.source.provider,
@@ -456,16 +456,17 @@ impl Pipeline {
     /// ledger could not be read.
     pub async fn apply(
         &self,
-        event: PosEvent,
+        normalized: Normalized,
         delivery: Option<DeliveryKey>,
     ) -> Result<Outcome, PipelineError> {
+        let Normalized { event, content } = normalized;
         let key = event.key();
         let slot = EntitySlot::new(event.entity_type, &key);
         let _lock = self.inner.ledger.lock_entity(&slot).await?;
         let written = self.inner.ledger.entity(&slot).await?;
         let incoming = EntityState {
             version: event.version,
-            state_hash: guard::state_hash(&event),
+            state_hash: guard::state_hash(&event, &content),
         };
         match guard::decide(written.as_ref(), &incoming, event.origin) {
             Decision::Stale => {

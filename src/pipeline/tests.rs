@@ -11,7 +11,7 @@ use time::macros::datetime;
 
 use super::*;
 use crate::config::{SchemeName, Secrets};
-use crate::event::{EntityType, Version};
+use crate::event::{Content, EntityType, Normalized, Version};
 use crate::verify::{Verifier, sign};
 
 const SECRET: &str = "pipeline-test-secret";
@@ -76,6 +76,14 @@ fn order_event(origin: Origin, at: OffsetDateTime) -> PosEvent {
     }
 }
 
+/// An event with no business content beyond its fields.
+fn unnormalized(event: PosEvent) -> Normalized {
+    Normalized {
+        event,
+        content: Content::default(),
+    }
+}
+
 /// Writes `event`'s state into the ledger as if it had been published.
 async fn written(pipeline: &Pipeline, event: &PosEvent) {
     pipeline
@@ -85,7 +93,7 @@ async fn written(pipeline: &Pipeline, event: &PosEvent) {
                 EntitySlot::new(event.entity_type, &event.key()),
                 EntityState {
                     version: event.version,
-                    state_hash: guard::state_hash(event),
+                    state_hash: guard::state_hash(event, &Content::default()),
                 },
             )),
             ..Commit::default()
@@ -120,18 +128,24 @@ async fn the_same_state_again_is_unchanged_whatever_its_origin() {
     written(&pipeline, &order_event(Origin::Webhook, at)).await;
     let same = order_event(Origin::Webhook, at);
     assert_eq!(
-        pipeline.apply(same, None).await.unwrap(),
+        pipeline.apply(unnormalized(same), None).await.unwrap(),
         Outcome::Unchanged
     );
     let fetched_later = order_event(Origin::Reconciler, datetime!(2026-11-30 00:00 UTC));
     assert_eq!(
-        pipeline.apply(fetched_later, None).await.unwrap(),
+        pipeline
+            .apply(unnormalized(fetched_later), None)
+            .await
+            .unwrap(),
         Outcome::Unchanged
     );
     let mut older_fetch = order_event(Origin::Reconciler, datetime!(2026-11-29 06:00 UTC));
     older_fetch.status = Some("refunded".into());
     assert_eq!(
-        pipeline.apply(older_fetch, None).await.unwrap(),
+        pipeline
+            .apply(unnormalized(older_fetch), None)
+            .await
+            .unwrap(),
         Outcome::Stale
     );
 }

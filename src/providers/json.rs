@@ -6,7 +6,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::NormalizeError;
-use crate::event::{Decimal, LineItem};
+use crate::event::{Content, Decimal, LineItem, Version};
 
 pub(super) fn required_str<'a>(
     value: &'a Value,
@@ -101,11 +101,19 @@ pub(super) fn first_decimal(
 
 /// Line items under `data.items`; absent means none.
 pub(super) fn items(data: &Value) -> Result<Vec<LineItem>, NormalizeError> {
-    let Some(list) = data.get("items").filter(|v| !v.is_null()) else {
-        return Ok(Vec::new());
+    Ok(lines(data, "data.items")?.unwrap_or_default())
+}
+
+/// Line items at a documented field (`data.items_given`), when present.
+pub(super) fn lines(
+    data: &Value,
+    field: &'static str,
+) -> Result<Option<Vec<LineItem>>, NormalizeError> {
+    let Some(list) = data.get(leaf(field)).filter(|v| !v.is_null()) else {
+        return Ok(None);
     };
     let list = list.as_array().ok_or(NormalizeError::InvalidField {
-        field: "data.items",
+        field,
         reason: "is not an array",
     })?;
     list.iter()
@@ -120,7 +128,120 @@ pub(super) fn items(data: &Value) -> Result<Vec<LineItem>, NormalizeError> {
                 )?,
             })
         })
-        .collect()
+        .collect::<Result<_, _>>()
+        .map(Some)
+}
+
+/// An optional RFC 3339 time.
+pub(super) fn optional_time(
+    value: &Value,
+    field: &'static str,
+) -> Result<Option<OffsetDateTime>, NormalizeError> {
+    match value.get(leaf(field)) {
+        None | Some(Value::Null) => Ok(None),
+        Some(_) => required_time(value, field).map(Some),
+    }
+}
+
+/// An optional boolean.
+pub(super) fn optional_bool(
+    value: &Value,
+    field: &'static str,
+) -> Result<Option<bool>, NormalizeError> {
+    match value.get(leaf(field)) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(NormalizeError::InvalidField {
+            field,
+            reason: "is not a boolean",
+        }),
+    }
+}
+
+/// An optional list of ids (strings or numbers, as text).
+pub(super) fn optional_ids(
+    value: &Value,
+    field: &'static str,
+) -> Result<Option<Vec<String>>, NormalizeError> {
+    let invalid = || NormalizeError::InvalidField {
+        field,
+        reason: "is not a list of ids",
+    };
+    match value.get(leaf(field)) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(ids)) => ids
+            .iter()
+            .map(|id| match id {
+                Value::String(s) => Ok(s.clone()),
+                Value::Number(n) => Ok(n.to_string()),
+                _ => Err(invalid()),
+            })
+            .collect::<Result<_, _>>()
+            .map(Some),
+        Some(_) => Err(invalid()),
+    }
+}
+
+/// The entity's business content: `data` in canonical form (keys sorted,
+/// null members left out, numbers as exact decimals, RFC 3339 times as UTC
+/// microseconds), without the top-level `volatile` keys (times of sending,
+/// not of the entity). The same state pushed and read from an API compares
+/// equal; reordered keys and `51000.5` against `51000.50` do not differ.
+pub(super) fn content(data: &Value, volatile: &[&str]) -> Content {
+    let mut out = String::new();
+    match data {
+        Value::Object(map) => {
+            let kept: serde_json::Map<String, Value> = map
+                .iter()
+                .filter(|(key, _)| !volatile.contains(&key.as_str()))
+                .map(|(key, value)| (key.clone(), value.clone()))
+                .collect();
+            canonical(&Value::Object(kept), &mut out);
+        }
+        other => canonical(other, &mut out),
+    }
+    Content::new(out)
+}
+
+fn canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let sorted: std::collections::BTreeMap<&String, &Value> =
+                map.iter().filter(|(_, v)| !v.is_null()).collect();
+            out.push('{');
+            for (i, (key, value)) in sorted.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                canonical(value, out);
+            }
+            out.push('}');
+        }
+        Value::Array(values) => {
+            out.push('[');
+            for (i, value) in values.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical(value, out);
+            }
+            out.push(']');
+        }
+        Value::Number(n) => {
+            let text = n.to_string();
+            match Decimal::parse(&text) {
+                Some(decimal) => out.push_str(&decimal.to_string()),
+                None => out.push_str(&text),
+            }
+        }
+        Value::String(s) => match OffsetDateTime::parse(s, &Rfc3339) {
+            Ok(at) => out.push_str(&format!("\"@{}\"", Version::new(at, 0).at_micros)),
+            Err(_) => out.push_str(&value.to_string()),
+        },
+        Value::Bool(_) | Value::Null => out.push_str(&value.to_string()),
+    }
 }
 
 /// The last segment of a documented field path (`data.items[].qty` → `qty`):

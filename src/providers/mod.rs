@@ -2,7 +2,8 @@
 //! per provider.
 //!
 //! A provider knows its delivery-id header, its default signature scheme and
-//! header, how to turn its JSON into a [`PosEvent`], how its `api` settings
+//! header, how to turn its JSON into a [`crate::event::PosEvent`] (and the
+//! entity's business content), how its `api` settings
 //! look and how to read its API ([`api::ProviderApi`]). The rest of the
 //! service never looks at a provider's JSON or names a provider: adding one
 //! means a folder here, a line in [`ALL`], and its name in
@@ -20,7 +21,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::config::{ApiSection, SchemeName};
-use crate::event::{EntityType, Origin, PosEvent, ProviderKind, Source};
+use crate::event::{EntityType, Normalized, Origin, ProviderKind, Source};
 
 use api::{ApiOptions, FetchError, ProviderApi};
 
@@ -89,12 +90,13 @@ pub trait Provider: Send + Sync + 'static {
     fn default_scheme(&self) -> SchemeName;
     /// Signature header for hex/base64 schemes when a source names none.
     fn default_signature_header(&self) -> &'static str;
-    /// Turns a webhook body into the one event schema.
+    /// Turns a webhook body into the one event schema, with the entity's
+    /// business content for the guard.
     ///
     /// # Errors
     /// [`NormalizeError`] when the event cannot be represented; the caller
     /// dead-letters it.
-    fn normalize(&self, body: &Value, ctx: &Context<'_>) -> Result<PosEvent, NormalizeError>;
+    fn normalize(&self, body: &Value, ctx: &Context<'_>) -> Result<Normalized, NormalizeError>;
     /// Builds the event from an entity's data, the part both webhooks and
     /// API records share; `at` is the version time.
     ///
@@ -106,7 +108,7 @@ pub trait Provider: Send + Sync + 'static {
         at: OffsetDateTime,
         data: &Value,
         ctx: &Context<'_>,
-    ) -> Result<PosEvent, NormalizeError>;
+    ) -> Result<Normalized, NormalizeError>;
     /// Turns one record read from the provider's API (the entity's data, as
     /// in a webhook's `data`) into the same schema; `ctx.received_at` is the
     /// fetch time and becomes the version.
@@ -118,7 +120,7 @@ pub trait Provider: Send + Sync + 'static {
         entity_type: EntityType,
         data: &Value,
         ctx: &Context<'_>,
-    ) -> Result<PosEvent, NormalizeError> {
+    ) -> Result<Normalized, NormalizeError> {
         let event_type = format!("{}.{RECONCILED_VERB}", entity_type.as_str());
         self.entity_event(&event_type, ctx.received_at, data, ctx)
     }
@@ -164,14 +166,4 @@ pub(crate) fn test_source(provider: ProviderKind, account: Option<&str>) -> &'st
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_provider_kind_is_registered_once() {
-        for kind in ProviderKind::ALL {
-            assert_eq!(ALL.iter().filter(|p| p.kind() == kind).count(), 1, "{kind}");
-        }
-        assert_eq!(ALL.len(), ProviderKind::ALL.len());
-    }
-}
+mod tests;

@@ -437,9 +437,10 @@ impl Reconciler {
             origin: Origin::Reconciler,
         };
         match providers::for_kind(source.provider).normalize_record(entity_type, record, &ctx) {
-            Ok(mut event) => {
+            Ok(mut normalized) => {
+                let event = &mut normalized.event;
                 event.event_id = format!("{event_id}:{}", event.key());
-                self.pipeline.apply(event, None).await
+                self.pipeline.apply(normalized, None).await
             }
             Err(reason) => {
                 self.pipeline

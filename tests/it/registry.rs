@@ -71,3 +71,124 @@ async fn start_up_fails_clearly_when_the_registry_rejects_the_schema() {
     assert!(error.contains("refused the event schema"), "{error}");
     assert!(error.contains(&format!("{prefix}.orders-value")), "{error}");
 }
+
+/// The first release's schema, as consumers' registries hold it.
+const V1_SCHEMA: &str = include_str!("../../schemas/history/pos_event.v1.avsc");
+
+/// A registry holding the previous schema version for every subject takes
+/// this version (BACKWARD), and refuses one that could not read it.
+#[tokio::test]
+async fn the_registry_accepts_this_schema_over_the_previous_version() {
+    let registry = RegistryFake::start(&[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("evolve");
+    let mut config = config(&brokers(), &prefix, dir.path());
+    config.schema_registry.url = Some(registry.url.clone());
+    let subjects: Vec<String> = [
+        "sales",
+        "orders",
+        "refunds",
+        "returns",
+        "exchanges",
+        "products",
+        "collections",
+    ]
+    .iter()
+    .map(|t| format!("{prefix}.{t}-value"))
+    .collect();
+    for subject in &subjects {
+        assert_eq!(registry.register(subject, V1_SCHEMA).await, 200);
+    }
+    App::build(&config).await.expect("v2 registers over v1");
+    for subject in &subjects {
+        assert_eq!(registry.versions(subject), 2, "{subject}");
+    }
+    // A schema with a new field and no default cannot read v1's records.
+    let mut breaking: serde_json::Value =
+        serde_json::from_str(posbridge::encode::SCHEMA_JSON).unwrap();
+    breaking["fields"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "required_now", "type": "string"}));
+    assert_eq!(
+        registry.register(&subjects[0], &breaking.to_string()).await,
+        409
+    );
+}
+
+/// fastavro (under Confluent's Python client) reads a v1 record with this
+/// schema, the new fields null, and a record of this version with v1's
+/// schema, the new fields ignored.
+#[tokio::test]
+async fn fastavro_reads_records_across_schema_versions() {
+    let python = std::env::var("POSBRIDGE_TEST_PYTHON")
+        .expect("POSBRIDGE_TEST_PYTHON (Confluent's client) is set by scripts/test");
+    let dir = tempfile::tempdir().unwrap();
+    let v1_path = dir.path().join("v1.avsc");
+    std::fs::write(&v1_path, V1_SCHEMA).unwrap();
+    let v2_path = concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/pos_event.avsc");
+    let read = |writer: &std::path::Path, reader: &std::path::Path, message: &[u8]| {
+        let output = std::process::Command::new(&python)
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/python/evolve.py"
+            ))
+            .args([writer, reader])
+            .arg(hex::encode(message))
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap()
+    };
+    let v2 = std::path::Path::new(v2_path);
+
+    // A record the first release wrote (its pinned bytes).
+    let v1_message = hex::decode("c301ecb1a1634e293ff804643102086d61696e000606522d311c72657475726e2e6372656174656480dbadaaf2d9b00680dbadaaf2d9b0060680db98abf2d9b00600020a4f55542d39000002064944520202ff02061388000208e199f0f80208646f6e6500020202410002043a9802100de0b6b3a763ffff00167b226964223a226431227d").unwrap();
+    let old = read(&v1_path, v2, &v1_message);
+    assert_eq!(old["entity_id"], "R-1");
+    assert_eq!(old["total"], "-51000.5000");
+    assert_eq!(old["name"], serde_json::Value::Null);
+    assert_eq!(old["product_ids"], serde_json::Value::Null);
+
+    // A record of this version, with the new fields set.
+    let body = crate::support::mekari_order(
+        "ev-1",
+        "order.created",
+        "2026-11-29T17:15:30+07:00",
+        "ORD-EV",
+        "new",
+    );
+    let source = posbridge::event::Source {
+        provider: posbridge::event::ProviderKind::Mekari,
+        name: "main".into(),
+        account: None,
+    };
+    let ctx = posbridge::providers::Context {
+        event_id: "ev-1",
+        source: &source,
+        received_at: time::OffsetDateTime::now_utc(),
+        raw: "{}",
+        origin: posbridge::event::Origin::Webhook,
+    };
+    let mut event = posbridge::providers::for_kind(posbridge::event::ProviderKind::Mekari)
+        .normalize(&body, &ctx)
+        .unwrap()
+        .event;
+    event.name = Some("Teh Manis".into());
+    event.product_ids = Some(vec!["P-1".into()]);
+    let encoder =
+        posbridge::encode::Encoder::new(&posbridge::config::RegistryConfig::default(), &[])
+            .await
+            .unwrap();
+    let message = encoder.encode("t", &event).await.unwrap();
+    let new = read(v2, v2, &message);
+    assert_eq!(new["name"], "Teh Manis");
+    assert_eq!(new["product_ids"][0], "P-1");
+    let as_v1 = read(v2, &v1_path, &message);
+    assert_eq!(as_v1["entity_id"], "ORD-EV");
+    assert!(as_v1.get("name").is_none(), "v1 has no such field: {as_v1}");
+}

@@ -3,7 +3,9 @@
 use posbridge::encode::decode;
 use posbridge::event::{EntityType, Origin, ProviderKind};
 
-use crate::support::{TestApp, brokers, decode_with_python, mekari_order, read_topic, rr_sale};
+use crate::support::{
+    TestApp, brokers, decode_with_python, latest_per_key, mekari_order, read_topic, rr_sale,
+};
 
 #[tokio::test]
 async fn receiptroller_sale_lands_keyed_with_headers_and_decodes() {
@@ -94,5 +96,64 @@ async fn mekari_product_deleted_writes_a_tombstone() {
         records[1].headers["posbridge-event-type"],
         "product.deleted"
     );
+    app.stop().await;
+}
+
+/// A product renamed while its webhook was lost reaches the topic through
+/// the reconciler: the name is in the schema and in the state the guard
+/// compares, so the API's record is not "unchanged"; reading it again is.
+#[tokio::test]
+async fn a_reconciled_rename_reaches_the_topic_and_a_second_read_writes_nothing() {
+    use posbridge::pipeline::Outcome;
+    use posbridge::providers::{Context, for_kind};
+    let app = TestApp::start().await;
+    let product = serde_json::json!({"id": "P-REN", "sku": "SKU-1", "name": "Teh Manis",
+        "price": 8000, "currency": "IDR", "status": "active"});
+    let body = serde_json::json!({"id": "ren-1", "event": "product.created",
+        "occurred_at": "2026-11-29T17:15:30+07:00", "data": product});
+    assert_eq!(app.send("mekari", "main", &body).await.status(), 200);
+
+    let source = posbridge::event::Source {
+        provider: ProviderKind::Mekari,
+        name: "main".into(),
+        account: None,
+    };
+    let mut renamed = product.clone();
+    renamed["name"] = "Teh Tarik".into();
+    let reconcile = |record: serde_json::Value| {
+        let pipeline = app.pipeline.clone();
+        let source = source.clone();
+        async move {
+            let raw = record.to_string();
+            let ctx = Context {
+                event_id: "reconcile:1",
+                source: &source,
+                received_at: time::OffsetDateTime::now_utc(),
+                raw: &raw,
+                origin: Origin::Reconciler,
+            };
+            let normalized = for_kind(ProviderKind::Mekari)
+                .normalize_record(EntityType::Product, &record, &ctx)
+                .unwrap();
+            pipeline.apply(normalized, None).await.unwrap()
+        }
+    };
+    assert_eq!(
+        reconcile(product.clone()).await,
+        Outcome::Unchanged,
+        "the same state"
+    );
+    assert_eq!(
+        reconcile(renamed.clone()).await,
+        Outcome::Published,
+        "the rename"
+    );
+    assert_eq!(reconcile(renamed).await, Outcome::Unchanged, "read again");
+
+    let products = latest_per_key(&read_topic(&brokers(), &app.topic("products")));
+    let latest = decode(products["mekari:P-REN"].payload.as_deref().unwrap()).unwrap();
+    assert_eq!(latest.name.as_deref(), Some("Teh Tarik"));
+    assert_eq!(latest.sku.as_deref(), Some("SKU-1"));
+    assert_eq!(latest.active, Some(true));
     app.stop().await;
 }

@@ -17,7 +17,7 @@ use time::OffsetDateTime;
 use super::api::{ApiOptions, FetchError, ProviderApi};
 use super::{Context, NormalizeError, Provider};
 use crate::config::{ApiSection, SchemeName};
-use crate::event::{PosEvent, ProviderKind};
+use crate::event::{Normalized, ProviderKind};
 
 pub use api::{API_CLOCK_SKEW_SECS, api_authorization};
 
@@ -47,7 +47,7 @@ impl Provider for Mekari {
         SIGNATURE_HEADER
     }
 
-    fn normalize(&self, body: &Value, ctx: &Context<'_>) -> Result<PosEvent, NormalizeError> {
+    fn normalize(&self, body: &Value, ctx: &Context<'_>) -> Result<Normalized, NormalizeError> {
         webhook::normalize(body, ctx)
     }
 
@@ -57,7 +57,7 @@ impl Provider for Mekari {
         at: OffsetDateTime,
         data: &Value,
         ctx: &Context<'_>,
-    ) -> Result<PosEvent, NormalizeError> {
+    ) -> Result<Normalized, NormalizeError> {
         webhook::entity_event(event_type, at, data, ctx)
     }
 

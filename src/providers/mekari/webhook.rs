@@ -7,9 +7,20 @@
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use crate::event::{EntityType, PosEvent, ProviderKind, Version};
-use crate::providers::json::{envelope, first_decimal, items, optional_text, required_str};
+use crate::event::{EntityType, Normalized, PosEvent, ProviderKind, Version};
+use crate::providers::json::{
+    content, envelope, first_decimal, items, lines, optional_bool, optional_decimal, optional_ids,
+    optional_text, optional_time, required_str,
+};
 use crate::providers::{Context, NormalizeError};
+
+/// Top-level data fields that say when the record was last touched, not what
+/// the entity is: left out of the business content, so a webhook and an API
+/// read of the same state compare equal.
+const VOLATILE: [&str; 1] = ["updated_at"];
+
+/// Product and collection statuses that mean "not in use".
+const INACTIVE: [&str; 4] = ["inactive", "archived", "disabled", "deleted"];
 
 /// Kitchen progress in order. At one `occurred_at`, a later stage wins; an
 /// unknown status ranks lowest so it never hides a known later stage.
@@ -27,23 +38,27 @@ const KITCHEN_PROGRESS: [&str; 9] = [
 
 /// A webhook body: `event`, `occurred_at` (the version), the entity's
 /// `data`, and the envelope's `outlet_id` where the data has none.
-pub fn normalize(body: &Value, ctx: &Context<'_>) -> Result<PosEvent, NormalizeError> {
+pub fn normalize(body: &Value, ctx: &Context<'_>) -> Result<Normalized, NormalizeError> {
     let (event_type, occurred_at, data) = envelope(body, "event", "occurred_at")?;
-    let mut event = entity_event(event_type, occurred_at, data, ctx)?;
-    if event.outlet_id.is_none() {
-        event.outlet_id = optional_text(body, "outlet_id");
+    let mut normalized = entity_event(event_type, occurred_at, data, ctx)?;
+    if normalized.event.outlet_id.is_none() {
+        normalized.event.outlet_id = optional_text(body, "outlet_id");
     }
-    Ok(event)
+    Ok(normalized)
 }
 
 /// Builds the event from the entity's data; `at` is the version time
 /// (`occurred_at` for webhooks, the fetch time for reconciled records).
+/// Each entity type's own fields are read only for that type (docs/SCHEMA.md
+/// has the table): products' name, SKU, price and activity, collections'
+/// name, members and activity, the order a return, refund or exchange
+/// belongs to with its reason, a refund's method, an exchange's given lines.
 pub fn entity_event(
     event_type: &str,
     at: OffsetDateTime,
     data: &Value,
     ctx: &Context<'_>,
-) -> Result<PosEvent, NormalizeError> {
+) -> Result<Normalized, NormalizeError> {
     let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
     let entity_type = match family {
         "order" => EntityType::Order,
@@ -55,7 +70,33 @@ pub fn entity_event(
         _ => return Err(NormalizeError::UnknownEventType(event_type.to_owned())),
     };
     let kitchen_status = optional_text(data, "kitchen_status");
-    Ok(PosEvent {
+    let status = optional_text(data, "status");
+    let deleted = verb == "deleted";
+    let catalogue = matches!(entity_type, EntityType::Product | EntityType::Collection);
+    let after_sale = matches!(
+        entity_type,
+        EntityType::Return | EntityType::Refund | EntityType::Exchange
+    );
+    let active = match optional_bool(data, "data.active")? {
+        Some(active) => Some(active && !deleted),
+        None if deleted => Some(false),
+        None => status.as_deref().map(|s| {
+            !INACTIVE
+                .iter()
+                .any(|inactive| inactive.eq_ignore_ascii_case(s))
+        }),
+    };
+    let business_at = match entity_type {
+        EntityType::Order => optional_time(data, "data.sold_at")?,
+        _ => optional_time(data, "data.created_at")?,
+    };
+    let payment_method = match entity_type {
+        EntityType::Refund => {
+            optional_text(data, "method").or_else(|| optional_text(data, "payment_method"))
+        }
+        _ => optional_text(data, "payment_method"),
+    };
+    let event = PosEvent {
         event_id: ctx.event_id.to_owned(),
         provider: ProviderKind::Mekari,
         source: ctx.source.name.clone(),
@@ -74,11 +115,42 @@ pub fn entity_event(
         subtotal: first_decimal(data, &["data.subtotal", "data.sub_total"])?,
         tax: first_decimal(data, &["data.tax", "data.tax_total"])?,
         total: first_decimal(data, &["data.total", "data.amount"])?,
-        status: optional_text(data, "status"),
+        status,
         kitchen_status,
         items: items(data)?,
-        deleted: verb == "deleted",
+        deleted,
+        business_at,
+        name: catalogue.then(|| optional_text(data, "name")).flatten(),
+        sku: (entity_type == EntityType::Product)
+            .then(|| optional_text(data, "sku"))
+            .flatten(),
+        price: if entity_type == EntityType::Product {
+            optional_decimal(data, "data.price")?
+        } else {
+            None
+        },
+        active: active.filter(|_| catalogue),
+        product_ids: if entity_type == EntityType::Collection {
+            optional_ids(data, "data.product_ids")?
+        } else {
+            None
+        },
+        order_id: after_sale
+            .then(|| optional_text(data, "order_id"))
+            .flatten(),
+        reason: after_sale.then(|| optional_text(data, "reason")).flatten(),
+        payment_method,
+        customer_id: optional_text(data, "customer_id"),
+        items_given: if entity_type == EntityType::Exchange {
+            lines(data, "data.items_given")?
+        } else {
+            None
+        },
         raw: ctx.raw.to_owned(),
+    };
+    Ok(Normalized {
+        event,
+        content: content(data, &VOLATILE),
     })
 }
 
@@ -123,7 +195,7 @@ mod tests {
 
     #[test]
     fn the_documented_order_normalizes_with_fractional_idr() {
-        let event = Mekari.normalize(&order("preparing"), &ctx()).unwrap();
+        let event = Mekari.normalize(&order("preparing"), &ctx()).unwrap().event;
         assert_eq!(event.key().as_str(), "mekari:acme:ORD-5512");
         assert_eq!(event.total.unwrap().to_string(), "51000.5000");
         assert_eq!(event.outlet_id.as_deref(), Some("OUT-9"));
@@ -133,9 +205,9 @@ mod tests {
 
     #[test]
     fn kitchen_progress_breaks_ties_at_one_instant() {
-        let preparing = Mekari.normalize(&order("preparing"), &ctx()).unwrap();
-        let ready = Mekari.normalize(&order("ready"), &ctx()).unwrap();
-        let unknown = Mekari.normalize(&order("juggling"), &ctx()).unwrap();
+        let preparing = Mekari.normalize(&order("preparing"), &ctx()).unwrap().event;
+        let ready = Mekari.normalize(&order("ready"), &ctx()).unwrap().event;
+        let unknown = Mekari.normalize(&order("juggling"), &ctx()).unwrap().event;
         assert!(ready.version > preparing.version);
         assert!(unknown.version < preparing.version);
     }
@@ -144,7 +216,7 @@ mod tests {
     fn deleted_products_are_marked_for_a_tombstone() {
         let body = json!({"id": "e1", "event": "product.deleted",
                           "occurred_at": "2026-11-29T17:15:30+07:00", "data": {"id": "P-1"}});
-        let event = Mekari.normalize(&body, &ctx()).unwrap();
+        let event = Mekari.normalize(&body, &ctx()).unwrap().event;
         assert_eq!(event.entity_type, EntityType::Product);
         assert!(event.deleted);
     }

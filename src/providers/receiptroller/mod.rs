@@ -16,7 +16,7 @@ use time::OffsetDateTime;
 use super::api::{ApiOptions, FetchError, ProviderApi};
 use super::{Context, NormalizeError, Provider};
 use crate::config::{ApiSection, SchemeName};
-use crate::event::{PosEvent, ProviderKind};
+use crate::event::{Normalized, ProviderKind};
 
 /// Delivery id header (documented).
 pub const DELIVERY_HEADER: &str = "x-rr-delivery";
@@ -44,7 +44,7 @@ impl Provider for ReceiptRoller {
         SIGNATURE_HEADER
     }
 
-    fn normalize(&self, body: &Value, ctx: &Context<'_>) -> Result<PosEvent, NormalizeError> {
+    fn normalize(&self, body: &Value, ctx: &Context<'_>) -> Result<Normalized, NormalizeError> {
         webhook::normalize(body, ctx)
     }
 
@@ -54,7 +54,7 @@ impl Provider for ReceiptRoller {
         at: OffsetDateTime,
         data: &Value,
         ctx: &Context<'_>,
-    ) -> Result<PosEvent, NormalizeError> {
+    ) -> Result<Normalized, NormalizeError> {
         webhook::entity_event(event_type, at, data, ctx)
     }
 

@@ -7,35 +7,47 @@
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use crate::event::{EntityType, PosEvent, ProviderKind, Version};
-use crate::providers::json::{envelope, items, optional_decimal, optional_text, required_str};
+use crate::event::{EntityType, Normalized, PosEvent, ProviderKind, Version};
+use crate::providers::json::{
+    content, envelope, items, optional_decimal, optional_text, optional_time, required_str,
+};
 use crate::providers::{Context, NormalizeError, RECONCILED_VERB};
 
 /// A webhook body: `type`, `timestamp` (the version) and the entity's `data`.
-pub fn normalize(body: &Value, ctx: &Context<'_>) -> Result<PosEvent, NormalizeError> {
+pub fn normalize(body: &Value, ctx: &Context<'_>) -> Result<Normalized, NormalizeError> {
     let (event_type, sent_at, data) = envelope(body, "type", "timestamp")?;
     entity_event(event_type, sent_at, data, ctx)
 }
 
 /// Builds the event from the entity's data; `at` is the version time (the
 /// body's `timestamp` for webhooks, the fetch time for reconciled records).
+/// A sale's business time is `transaction_at`, an order's `created_at`;
+/// `payment_method` and `customer_id` are read where sent (assumed names).
 pub fn entity_event(
     event_type: &str,
     at: OffsetDateTime,
     data: &Value,
     ctx: &Context<'_>,
-) -> Result<PosEvent, NormalizeError> {
+) -> Result<Normalized, NormalizeError> {
     let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
     // Without a status field, a sale's state is its event's verb (created, cancelled, …).
     let verb = if verb == RECONCILED_VERB { "" } else { verb };
-    let (entity_type, entity_id) = match family {
+    let (entity_type, entity_id, business_at) = match family {
         // Sales are keyed `{terminal_id}|{yyyy-MM}|{transaction_id}` in data.id.
-        "sale" => (EntityType::Sale, required_str(data, "data.id")?),
-        "order" => (EntityType::Order, required_str(data, "data.order_id")?),
+        "sale" => (
+            EntityType::Sale,
+            required_str(data, "data.id")?,
+            optional_time(data, "data.transaction_at")?,
+        ),
+        "order" => (
+            EntityType::Order,
+            required_str(data, "data.order_id")?,
+            optional_time(data, "data.created_at")?,
+        ),
         _ => return Err(NormalizeError::UnknownEventType(event_type.to_owned())),
     };
     let status = optional_text(data, "status").unwrap_or_else(|| verb.to_owned());
-    Ok(PosEvent {
+    let event = PosEvent {
         event_id: ctx.event_id.to_owned(),
         provider: ProviderKind::ReceiptRoller,
         source: ctx.source.name.clone(),
@@ -58,7 +70,23 @@ pub fn entity_event(
         kitchen_status: None,
         items: items(data)?,
         deleted: false,
+        business_at,
+        name: None,
+        sku: None,
+        price: None,
+        active: None,
+        product_ids: None,
+        order_id: None,
+        reason: None,
+        payment_method: optional_text(data, "payment_method"),
+        customer_id: optional_text(data, "customer_id"),
+        items_given: None,
         raw: ctx.raw.to_owned(),
+    };
+    Ok(Normalized {
+        event,
+        // ReceiptRoller's data holds nothing but the entity.
+        content: content(data, &[]),
     })
 }
 
@@ -96,7 +124,7 @@ mod tests {
     #[test]
     fn the_documented_sale_normalizes() {
         let body = sale();
-        let event = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap();
+        let event = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap().event;
         assert_eq!(event.entity_type, EntityType::Sale);
         assert_eq!(event.key().as_str(), "receiptroller:T001|2026-11|000123");
         assert_eq!(event.total.unwrap().to_string(), "1100.0000");
@@ -109,12 +137,13 @@ mod tests {
     #[test]
     fn a_fetched_sale_normalizes_like_its_webhook_with_the_fetch_time_as_version() {
         let body = sale();
-        let webhook = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap();
+        let webhook = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap().event;
         let mut fetched = ctx("{}");
         fetched.origin = Origin::Reconciler;
         let record = ReceiptRoller
             .normalize_record(EntityType::Sale, &body["data"], &fetched)
-            .unwrap();
+            .unwrap()
+            .event;
         assert_eq!(record.key(), webhook.key());
         assert_eq!(record.event_type, "sale.reconciled");
         assert_eq!(record.origin, Origin::Reconciler);
@@ -126,7 +155,7 @@ mod tests {
     fn orders_are_keyed_by_order_id() {
         let body = json!({"id": "d2", "type": "order.updated", "timestamp": "2026-11-29T10:15:30Z",
                           "data": {"order_id": "O-9", "status": "paid"}});
-        let event = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap();
+        let event = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap().event;
         assert_eq!(event.entity_type, EntityType::Order);
         assert_eq!(event.entity_id, "O-9");
         assert_eq!(event.status.as_deref(), Some("paid"));

@@ -5,7 +5,10 @@
 //! client in `registry.rs`.
 //!
 //! * `POST /subjects/{subject}/versions` registers (same schema → same id),
-//!   or answers 409 for subjects configured as incompatible.
+//!   or answers 409 for a schema that cannot read the subject's latest
+//!   version (BACKWARD, the real registry's default, checked with
+//!   apache-avro's schema compatibility) and for subjects configured as
+//!   incompatible.
 //! * `GET /schemas/ids/{id}` returns a registered schema.
 //! * `GET /subjects` lists subjects (readiness probe).
 
@@ -53,6 +56,27 @@ impl RegistryFake {
     }
 
     /// The id registered under a subject, if any.
+    /// Registers `schema` under `subject` as a client would.
+    pub async fn register(&self, subject: &str, schema: &str) -> reqwest::StatusCode {
+        reqwest::Client::new()
+            .post(format!("{}/subjects/{subject}/versions", self.url))
+            .json(&json!({ "schema": schema }))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    }
+
+    /// How many versions `subject` has.
+    pub fn versions(&self, subject: &str) -> usize {
+        self.state
+            .lock()
+            .unwrap()
+            .subjects
+            .get(subject)
+            .map_or(0, Vec::len)
+    }
+
     pub fn id_of(&self, subject: &str) -> Option<u32> {
         self.state
             .lock()
@@ -85,6 +109,32 @@ async fn register(
         )
             .into_response();
     };
+    // BACKWARD, the registry's default: the new schema must read what the
+    // subject's latest version wrote.
+    let latest = registry
+        .subjects
+        .get(&subject)
+        .and_then(|ids| ids.last())
+        .map(|id| registry.schemas[*id as usize - 1].clone());
+    if let Some(latest) = latest {
+        let compatible = match (
+            apache_avro::Schema::parse_str(&latest),
+            apache_avro::Schema::parse_str(schema),
+        ) {
+            (Ok(writer), Ok(reader)) => {
+                apache_avro::schema_compatibility::SchemaCompatibility::can_read(&writer, &reader)
+                    .is_ok()
+            }
+            _ => false,
+        };
+        if !compatible {
+            return (
+                StatusCode::CONFLICT,
+                Json(json!({"error_code": 409, "message": "Schema being registered is incompatible with an earlier schema for subject"})),
+            )
+                .into_response();
+        }
+    }
     let id = match registry.schemas.iter().position(|s| s == schema) {
         Some(i) => i + 1,
         None => {
