@@ -528,12 +528,15 @@ impl Generator<'_> {
             json!({"id": id, "sku": format!("SKU-{}-{n:03}", self.config.run_id),
                    "name": name, "price": rupiah(price), "currency": "IDR", "status": "active"}),
         )]);
-        for _ in 0..self.rng.random_range(0..=2) {
+        for update in 0..self.rng.random_range(0..=2) {
             let new_price = price + self.rng.random_range(-8..=8) * 1000 * 4 / 2;
-            changes.push_back(change(
-                "product.updated",
-                json!({"price": rupiah(new_price.max(4))}),
-            ));
+            let mut patch = json!({"price": rupiah(new_price.max(4))});
+            // A second update also renames the product: a change the schema
+            // carries in `name` and the guard must see.
+            if update == 1 {
+                merge(&mut patch, json!({"name": format!("{name} Special")}));
+            }
+            changes.push_back(change("product.updated", patch));
         }
         if self.rng.random_bool(0.15) {
             let mut deleted = change("product.deleted", json!({"status": "deleted"}));

@@ -83,6 +83,7 @@ impl Entity {
             "deleted": self.deleted,
             "status": self.text("status"),
             "kitchen_status": self.text("kitchen_status"),
+            "name": self.text("name"),
             "total": self.total(),
             "reconcilable": self.reconcilable(),
             "events": self.events,

@@ -236,6 +236,12 @@ async fn assert_view_equals_truth(app: &TestApp, brokers: &str, sim: &Sim) -> us
             entity["total"].as_str(),
             "{key} total"
         );
+        if matches!(
+            event.entity_type,
+            EntityType::Product | EntityType::Collection
+        ) {
+            assert_eq!(event.name.as_deref(), entity["name"].as_str(), "{key} name");
+        }
         compared += 1;
     }
     compared
