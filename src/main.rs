@@ -107,7 +107,7 @@ async fn main() -> anyhow::Result<()> {
 
 async fn serve(path: PathBuf) -> anyhow::Result<()> {
     let config = load(&path)?;
-    let app = App::build(&config).await.context(LEDGER_HINT)?;
+    let app = App::build(&config).await.map_err(start_error)?;
     let listener = tokio::net::TcpListener::bind(&config.server.listen)
         .await
         .with_context(|| format!("binding {}", config.server.listen))?;
@@ -134,7 +134,7 @@ async fn reconcile(
     let config = load(&path)?;
     let app = App::build_for_catch_up(&config)
         .await
-        .context(LEDGER_HINT)?;
+        .map_err(start_error)?;
     let reconciler = Reconciler::new(&config, app.pipeline().clone())?.with_live_progress();
     let summary = reconciler
         .run_window(provider, source.as_deref(), from, to)
@@ -155,7 +155,7 @@ async fn reconciler(path: PathBuf) -> anyhow::Result<()> {
     let config = load(&path)?;
     let app = App::build_for_catch_up(&config)
         .await
-        .context(LEDGER_HINT)?;
+        .map_err(start_error)?;
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let background = spawn_background(&config, &app, &shutdown, true)?;
@@ -164,8 +164,11 @@ async fn reconciler(path: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// With the embedded ledger one process owns the ledger file.
-const LEDGER_HINT: &str = "starting posbridge (the embedded ledger allows one posbridge process per ledger file: run the reconciler inside `serve` with reconcile.enabled, or share a Redis ledger with ledger.backend = \"redis\")";
+/// A start-up failure with what to check for its kind.
+fn start_error(error: app::BuildError) -> anyhow::Error {
+    let hint = error.hint();
+    anyhow::Error::new(error).context(format!("posbridge could not start: {hint}"))
+}
 
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     app::load(path).with_context(|| format!("loading {}", path.display()))

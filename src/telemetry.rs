@@ -38,6 +38,8 @@ pub const WEBHOOK_ACTIVE: &str = "posbridge_webhook_active";
 /// Webhooks the watchdog switched back on, by provider and source.
 pub const WEBHOOK_RESUMES: &str = "posbridge_webhook_resumes_total";
 
+/// Always 1, labelled with the version and the wire format (`encoding`).
+pub const BUILD_INFO: &str = "posbridge_build_info";
 /// 1 while a broker answers, 0 while none does.
 pub const BROKER_UP: &str = "posbridge_broker_up";
 /// Deliveries in the outage spool now.
@@ -63,6 +65,10 @@ pub const TOPIC: &str = "topic";
 pub const ENTITY_TYPE: &str = "entity_type";
 /// Label key: a bounded reason code.
 pub const REASON: &str = "reason";
+/// Label key: the package version.
+pub const VERSION: &str = "version";
+/// Label key: the wire format (`avro-single-object`, `confluent`).
+pub const ENCODING: &str = "encoding";
 /// Label key: retryable or permanent.
 pub const KIND: &str = "kind";
 

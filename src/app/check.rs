@@ -30,6 +30,24 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// Every mistake in `config`, each with its key path. Empty means valid.
 pub fn problems(config: &Config) -> Vec<Problem> {
     let mut problems = config.problems();
+    if let Err(error) = crate::publish::validate(&config.kafka) {
+        // librdkafka names the property it refuses: point at that key.
+        let message = error.to_string();
+        let refused = match &error {
+            rdkafka::error::KafkaError::ClientConfig(_, _, key, _) => Some(key.clone()),
+            _ => config
+                .kafka
+                .librdkafka
+                .keys()
+                .find(|name| message.contains(&format!("\"{name}\"")))
+                .cloned(),
+        };
+        let key = refused.map_or_else(
+            || "kafka.librdkafka".to_owned(),
+            |name| format!("kafka.librdkafka.\"{name}\""),
+        );
+        problems.push(Problem::new(key, message));
+    }
     for entry in config.sources() {
         let key = entry.key();
         let (scheme, _) = signature(entry);
@@ -154,6 +172,44 @@ mod tests {
             .find(|p| p.key == "mekari.sources.other.api")
             .unwrap();
         assert!(unknown.message.contains("colour"), "{unknown}");
+    }
+
+    /// librdkafka itself judges its properties: an unknown one, a value it
+    /// refuses; what it was built with (TLS, SASL, zstd) passes.
+    #[test]
+    fn librdkafka_refusals_are_problems_at_their_key() {
+        let config = Config::from_toml(
+            r#"
+            [kafka.librdkafka]
+            "security.protocol" = "SASL_SSL"
+            "sasl.mechanism" = "SCRAM-SHA-512"
+            "sasl.username" = "u"
+            "sasl.password" = "p"
+            "compression.type" = "zstd"
+            [mekari.sources.main]
+            secrets = ["mekari-secret-1"]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            problems(&config),
+            vec![],
+            "TLS, SCRAM and zstd are built in"
+        );
+        for (property, value) in [("compression.type", "brotli"), ("no.such.property", "1")] {
+            let mut config = config.clone();
+            config
+                .kafka
+                .librdkafka
+                .insert(property.into(), value.into());
+            let found = problems(&config);
+            assert_eq!(found.len(), 1, "{found:?}");
+            assert_eq!(
+                found[0].key,
+                format!("kafka.librdkafka.\"{property}\""),
+                "{found:?}"
+            );
+        }
     }
 
     #[test]

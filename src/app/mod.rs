@@ -18,11 +18,13 @@ use tracing::info;
 use crate::config::Config;
 use crate::drain::Drainer;
 use crate::encode::{EncodeError, Encoder};
-use crate::ingress::{self, AppState};
+use crate::event::ProviderKind;
+use crate::ingress::{self, AppState, RequestOutcome, WebhookSource};
 use crate::ledger::{self, LedgerError};
 use crate::pipeline::{Pipeline, Stages, Timing};
 use crate::publish::{PublishError, Publisher, Topics};
 use crate::spool::{Spool, SpoolError};
+use crate::telemetry;
 use crate::verify::SecretError;
 
 pub use check::{load, problems, webhook_source};
@@ -53,6 +55,73 @@ pub enum BuildError {
         #[source]
         source: SecretError,
     },
+}
+
+impl BuildError {
+    /// What to check, in the operator's terms, for the start-up message.
+    pub fn hint(&self) -> &'static str {
+        match self {
+            BuildError::Ledger(_) => {
+                "check ledger.path or ledger.redis_url; the embedded ledger allows one posbridge process per ledger file (run the reconciler inside `serve` with reconcile.enabled, or share a Redis ledger with ledger.backend = \"redis\")"
+            }
+            BuildError::Kafka(_) => {
+                "check kafka.brokers and that a broker answers (and the security settings under kafka.librdkafka); start-up creates the topics, so it needs the broker"
+            }
+            BuildError::Registry(_) => {
+                "check schema_registry.url and its credentials; a refused schema must be made compatible with the subject's latest version (posbridge schema check)"
+            }
+            BuildError::Spool(_) => "check spool.path; one posbridge process per spool file",
+            BuildError::Secret { .. } => "fix the secret in the configuration",
+        }
+    }
+}
+
+/// Makes the series an alert watches exist from start-up at 0 (a `rate()`
+/// or an absence alert needs the series before the first event), and sets
+/// `posbridge_build_info{version, encoding}` to 1.
+fn announce_series(
+    sources: &HashMap<(ProviderKind, String), WebhookSource>,
+    encoding: &'static str,
+) {
+    for webhook in sources.values() {
+        let provider = webhook.source.provider.as_str();
+        let source = webhook.source.name.clone();
+        for outcome in RequestOutcome::all() {
+            metrics::counter!(
+                telemetry::WEBHOOK_REQUESTS,
+                telemetry::PROVIDER => provider,
+                telemetry::SOURCE => source.clone(),
+                telemetry::OUTCOME => outcome.as_str()
+            )
+            .increment(0);
+        }
+        metrics::counter!(
+            telemetry::SIGNATURE_FAILURES,
+            telemetry::PROVIDER => provider,
+            telemetry::SOURCE => source.clone()
+        )
+        .increment(0);
+        if webhook.spools {
+            metrics::counter!(
+                telemetry::SPOOLED,
+                telemetry::PROVIDER => provider,
+                telemetry::SOURCE => source
+            )
+            .increment(0);
+        }
+    }
+    for provider in ProviderKind::ALL {
+        metrics::counter!(telemetry::DUPLICATES, telemetry::PROVIDER => provider.as_str())
+            .increment(0);
+        metrics::counter!(telemetry::PUBLISH_FAILURES, telemetry::PROVIDER => provider.as_str(), telemetry::KIND => "retryable")
+            .increment(0);
+    }
+    metrics::gauge!(
+        telemetry::BUILD_INFO,
+        telemetry::VERSION => env!("CARGO_PKG_VERSION"),
+        telemetry::ENCODING => encoding
+    )
+    .set(1.0);
 }
 
 /// A built service: the pieces `serve` runs.
@@ -90,6 +159,8 @@ impl App {
     }
 
     async fn build_with(config: &Config, spool: Option<Spool>) -> Result<App, BuildError> {
+        // First, so every series recorded from here on is kept.
+        let metrics = crate::telemetry::install();
         let kafka = &config.kafka;
         let inflight_wait = Duration::from_millis(config.server.inflight_wait_ms);
         // A lease outlives the longest a delivery can legitimately take.
@@ -107,7 +178,11 @@ impl App {
         }
         let entity_topics: Vec<String> = topics.entities().map(str::to_owned).collect();
         let encoder = Encoder::new(&config.schema_registry, &entity_topics).await?;
-        info!(encoding = ?encoder, "Encoder ready.");
+        info!(
+            encoding = encoder.name(),
+            "Encoder ready: records are Avro in the {} framing.",
+            encoder.name()
+        );
 
         let mut sources = HashMap::new();
         for entry in config.sources() {
@@ -119,6 +194,7 @@ impl App {
             sources.insert((entry.provider, entry.name.to_owned()), webhook);
         }
 
+        announce_series(&sources, encoder.name());
         Ok(App {
             state: AppState {
                 sources: Arc::new(sources),
@@ -137,7 +213,7 @@ impl App {
                 ),
                 body_limit: config.server.body_limit_bytes,
                 retry_after_secs: config.server.retry_after_secs,
-                metrics: crate::telemetry::install(),
+                metrics,
             },
             shutdown_timeout: Duration::from_millis(config.server.shutdown_timeout_ms),
         })
@@ -258,5 +334,30 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(right.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+        // The series alerts watch exist from start-up, and the build says
+        // its version and wire format.
+        let text = crate::telemetry::install().render();
+        let line = |name: &str, labels: &[&str]| {
+            text.lines()
+                .any(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
+        };
+        assert!(line(
+            "posbridge_webhook_requests_total",
+            &[
+                "provider=\"mekari\"",
+                "source=\"main\"",
+                "outcome=\"spooled\""
+            ]
+        ));
+        assert!(line(
+            "posbridge_signature_failures_total",
+            &["source=\"main\""]
+        ));
+        let version = format!("version=\"{}\"", env!("CARGO_PKG_VERSION"));
+        assert!(line(
+            "posbridge_build_info",
+            &["encoding=\"avro-single-object\"", &version]
+        ));
     }
 }

@@ -25,7 +25,8 @@ pub struct KafkaConfig {
     /// that replaces `{topic_prefix}{plural}`.
     #[serde(default)]
     pub topics: BTreeMap<String, String>,
-    /// Where events we cannot normalize go, raw; default `{topic_prefix}dead-letter`.
+    /// Where events we cannot normalize go, raw; default `pos-dead-letter`
+    /// for the prefix `pos.` (outside the entity topics' pattern).
     #[serde(default)]
     pub dead_letter_topic: Option<String>,
     /// Partitions for topics posbridge creates.
@@ -90,11 +91,20 @@ impl KafkaConfig {
             .unwrap_or_else(|| format!("{}{}", self.topic_prefix, entity.plural()))
     }
 
-    /// The dead-letter topic.
+    /// The dead-letter topic: by default `{topic_prefix}` without its
+    /// trailing separator, then `-dead-letter` (`pos.` gives
+    /// `pos-dead-letter`), so a consumer subscribing to the entity topics by
+    /// pattern (`pos\..*`) with an Avro deserializer does not also get the
+    /// raw JSON of dead letters.
     pub fn dead_letter_topic(&self) -> String {
-        self.dead_letter_topic
-            .clone()
-            .unwrap_or_else(|| format!("{}dead-letter", self.topic_prefix))
+        self.dead_letter_topic.clone().unwrap_or_else(|| {
+            let stem = self.topic_prefix.trim_end_matches(['.', '_', '-']);
+            if stem.is_empty() {
+                "dead-letter".to_owned()
+            } else {
+                format!("{stem}-dead-letter")
+            }
+        })
     }
 
     /// The produce deadline as a duration.
@@ -127,7 +137,7 @@ impl KafkaConfig {
 }
 
 /// Confluent Schema Registry settings.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RegistryConfig {
     /// Registry base URL; when absent, records use Avro single-object encoding.
@@ -139,4 +149,29 @@ pub struct RegistryConfig {
     /// Basic-auth password.
     #[serde(default)]
     pub password: Option<super::Secret>,
+    /// Bearer token (`Authorization: Bearer …`), instead of basic auth.
+    #[serde(default)]
+    pub token: Option<super::Secret>,
+    /// PEM file of the CA that signed the registry's certificate, when it is
+    /// not in the system's trust store.
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Register the schema at start-up (`true`), or only look it up and
+    /// refuse to start when it is not registered (`false`: registries where
+    /// only CI registers schemas; see `posbridge schema check`).
+    #[serde(default = "default_true")]
+    pub auto_register: bool,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        RegistryConfig {
+            url: None,
+            username: None,
+            password: None,
+            token: None,
+            ca_file: None,
+            auto_register: true,
+        }
+    }
 }

@@ -37,6 +37,10 @@ pub struct LedgerConfig {
     /// Redis backend: prefix of every key, so deployments can share a server.
     #[serde(default = "default_redis_prefix")]
     pub redis_prefix: String,
+    /// Redis backend with `rediss://`: PEM file of the CA that signed the
+    /// server's certificate, when it is not in the system's trust store.
+    #[serde(default)]
+    pub redis_ca_file: Option<PathBuf>,
 }
 
 impl Default for LedgerConfig {
@@ -47,6 +51,7 @@ impl Default for LedgerConfig {
             dedup_ttl_secs: default_dedup_ttl_secs(),
             redis_url: default_redis_url(),
             redis_prefix: default_redis_prefix(),
+            redis_ca_file: None,
         }
     }
 }

@@ -304,6 +304,25 @@ impl Config {
                 );
             }
         }
+        if self.schema_registry.token.is_some()
+            && (self.schema_registry.username.is_some() || self.schema_registry.password.is_some())
+        {
+            problem(
+                "schema_registry.token",
+                "a registry takes either a bearer token or basic auth (username/password), not both"
+                    .into(),
+            );
+        }
+        for (key, file) in [
+            ("schema_registry.ca_file", &self.schema_registry.ca_file),
+            ("ledger.redis_ca_file", &self.ledger.redis_ca_file),
+        ] {
+            if let Some(file) = file
+                && !file.is_file()
+            {
+                problem(key, format!("`{}` is not a readable file", file.display()));
+            }
+        }
         if let Some(url) = &self.schema_registry.url
             && !(url.starts_with("http://") || url.starts_with("https://"))
         {

@@ -13,6 +13,7 @@
 
 mod avro;
 mod fingerprint;
+mod registry;
 
 use std::sync::LazyLock;
 
@@ -31,6 +32,7 @@ use crate::event::PosEvent;
 
 pub use avro::{from_avro, to_avro};
 pub use fingerprint::fingerprint;
+pub use registry::{RegistryClient, RegistryError};
 
 /// The event schema, the contract with consumers.
 pub const SCHEMA_JSON: &str = include_str!("../../schemas/pos_event.avsc");
@@ -72,6 +74,19 @@ pub enum EncodeError {
     /// when `retriable` says so.
     #[error("schema registry: {0}")]
     Registry(#[from] SRCError),
+    /// The registry's client could not be set up (CA file, settings), or a
+    /// lookup failed.
+    #[error("schema registry: {0}")]
+    Client(#[from] RegistryError),
+    /// With `auto_register = false`, the schema is not registered under a
+    /// subject: register it first (`posbridge schema check` says whether it may be).
+    #[error(
+        "the event schema is not registered for subject `{subject}` (schema_registry.auto_register = false)"
+    )]
+    NotRegistered {
+        /// The subject, `{topic}-value`.
+        subject: String,
+    },
     /// The registry refused the schema (typically incompatible with the
     /// subject's existing versions).
     #[error("schema registry refused the event schema for subject `{subject}`: {answer}")]
@@ -113,14 +128,19 @@ pub enum Encoder {
         /// The connection settings, kept for readiness checks.
         settings: SrSettings,
     },
+    /// Confluent wire format with the ids looked up at start-up, nothing
+    /// registered (`auto_register = false`).
+    Registered {
+        /// Schema id by topic.
+        ids: std::sync::Arc<std::collections::HashMap<String, u32>>,
+        /// The connection settings, kept for readiness checks.
+        settings: SrSettings,
+    },
 }
 
 impl std::fmt::Debug for Encoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Encoder::SingleObject { .. } => "Encoder::SingleObject",
-            Encoder::Registry { .. } => "Encoder::Registry",
-        })
+        f.write_str(self.name())
     }
 }
 
@@ -137,17 +157,23 @@ impl Encoder {
             header.extend_from_slice(&fingerprint().to_le_bytes());
             return Ok(Encoder::SingleObject { header });
         };
-        let mut builder = SrSettings::new_builder(url.trim_end_matches('/').to_owned());
-        builder
-            .no_proxy()
-            .set_timeout(std::time::Duration::from_secs(5));
-        if let Some(user) = &config.username {
-            builder.set_basic_authorization(
-                user,
-                config.password.as_ref().map(crate::config::Secret::expose),
-            );
+        let settings = RegistryClient::settings(config, url)?;
+        if !config.auto_register {
+            let client = RegistryClient::new(config, url)?;
+            let mut ids = std::collections::HashMap::new();
+            for topic in topics {
+                let subject = format!("{topic}-value");
+                let id = client
+                    .lookup(&subject, SCHEMA_JSON)
+                    .await?
+                    .ok_or(EncodeError::NotRegistered { subject })?;
+                ids.insert(topic.clone(), id);
+            }
+            return Ok(Encoder::Registered {
+                ids: std::sync::Arc::new(ids),
+                settings,
+            });
         }
-        let settings = builder.build()?;
         let encoder = EasyAvroEncoder::new(settings.clone());
         for topic in topics {
             let strategy = strategy(topic);
@@ -184,6 +210,25 @@ impl Encoder {
             Encoder::Registry { encoder, .. } => {
                 Ok(encoder.encode_value(value, &strategy(topic)).await?)
             }
+            Encoder::Registered { ids, .. } => {
+                let subject = format!("{topic}-value");
+                let id = ids
+                    .get(topic)
+                    .ok_or(EncodeError::NotRegistered { subject })?;
+                let mut bytes = vec![CONFLUENT_MAGIC];
+                bytes.extend_from_slice(&id.to_be_bytes());
+                WRITER.write_value(&mut bytes, value)?;
+                Ok(bytes)
+            }
+        }
+    }
+
+    /// The wire format's name, for the start-up log, `/readyz` and
+    /// `posbridge_build_info`: `avro-single-object` or `confluent`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Encoder::SingleObject { .. } => "avro-single-object",
+            Encoder::Registry { .. } | Encoder::Registered { .. } => "confluent",
         }
     }
 
@@ -191,7 +236,9 @@ impl Encoder {
     pub async fn registry_reachable(&self) -> bool {
         match self {
             Encoder::SingleObject { .. } => true,
-            Encoder::Registry { settings, .. } => get_all_subjects(settings).await.is_ok(),
+            Encoder::Registry { settings, .. } | Encoder::Registered { settings, .. } => {
+                get_all_subjects(settings).await.is_ok()
+            }
         }
     }
 }

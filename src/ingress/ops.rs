@@ -52,6 +52,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         status,
         Json(json!({
             "status": word(ready),
+            "encoding": pipeline.encoder().name(),
             "broker": word(broker),
             "schema_registry": word(registry),
             "ledger": ledger.map_or_else(|e| e.to_string(), |()| "ok".to_owned()),

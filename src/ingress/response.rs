@@ -66,6 +66,18 @@ pub enum RequestOutcome {
 }
 
 impl RequestOutcome {
+    /// Every outcome a request can have, for series that exist from start-up.
+    pub fn all() -> impl Iterator<Item = RequestOutcome> {
+        Outcome::ALL
+            .into_iter()
+            .map(RequestOutcome::Handled)
+            .chain([
+                RequestOutcome::Unauthorized,
+                RequestOutcome::Rejected,
+                RequestOutcome::Unavailable,
+            ])
+    }
+
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {

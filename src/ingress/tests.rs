@@ -286,6 +286,7 @@ async fn without_a_broker_a_spool_with_room_keeps_posbridge_ready() {
     assert_eq!(json["broker"], "unavailable");
     assert_eq!(json["ledger"], "ok");
     assert_eq!(json["spool"]["has_room"], true);
+    assert_eq!(json["encoding"], "avro-single-object");
 }
 
 #[tokio::test]

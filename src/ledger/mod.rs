@@ -72,7 +72,14 @@ pub async fn open(config: &LedgerConfig, lease: Duration) -> Result<Arc<dyn Ledg
     Ok(match config.backend {
         LedgerBackend::Embedded => Arc::new(EmbeddedLedger::open(&config.path, dedup_ttl, lease)?),
         LedgerBackend::Redis => Arc::new(
-            RedisLedger::connect(&config.redis_url, &config.redis_prefix, dedup_ttl, lease).await?,
+            RedisLedger::connect(
+                &config.redis_url,
+                &config.redis_prefix,
+                dedup_ttl,
+                lease,
+                config.redis_ca_file.as_deref(),
+            )
+            .await?,
         ),
     })
 }

@@ -89,18 +89,37 @@ impl RedisLedger {
     /// Connects and checks the connection with a `PING`.
     ///
     /// # Errors
-    /// [`LedgerError::Open`] when the URL is invalid or Redis does not answer.
+    /// [`LedgerError::Open`] when the URL or CA file is unusable or Redis
+    /// does not answer.
     pub async fn connect(
         url: &str,
         prefix: &str,
         dedup_ttl: Duration,
         lease: Duration,
+        ca_file: Option<&std::path::Path>,
     ) -> Result<RedisLedger, LedgerError> {
         let open_error = |e: redis::RedisError| LedgerError::Open {
             path: url.to_owned(),
             source: Box::new(e),
         };
-        let client = redis::Client::open(url).map_err(open_error)?;
+        // `rediss://` uses the system's trust store, or `ca_file` when given.
+        let client = match ca_file {
+            None => redis::Client::open(url).map_err(open_error)?,
+            Some(path) => {
+                let root_cert = std::fs::read(path).map_err(|e| LedgerError::Open {
+                    path: path.display().to_string(),
+                    source: Box::new(e),
+                })?;
+                redis::Client::build_with_tls(
+                    url,
+                    redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(root_cert),
+                    },
+                )
+                .map_err(open_error)?
+            }
+        };
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(3)))
             .set_response_timeout(Some(Duration::from_secs(3)))

@@ -61,6 +61,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, for series that exist from start-up.
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Published,
+        Outcome::Duplicate,
+        Outcome::Stale,
+        Outcome::Unchanged,
+        Outcome::DeadLettered,
+        Outcome::Spooled,
+    ];
+
     /// The label value, and the `status` of the 2xx answer.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -208,15 +208,7 @@ impl Publisher {
     /// # Errors
     /// [`PublishError::Config`] when librdkafka refuses a property.
     pub fn new(config: &KafkaConfig) -> Result<Publisher, PublishError> {
-        let mut admin_config = ClientConfig::new();
-        for (key, value) in &config.librdkafka {
-            admin_config.set(key, value);
-        }
-        admin_config.set("bootstrap.servers", &config.brokers);
-        let mut client_config = admin_config.clone();
-        for (key, value) in config.fixed_producer_properties() {
-            client_config.set(key, value);
-        }
+        let (admin_config, client_config) = client_configs(config);
         let health = Arc::new(BrokerHealth::default());
         let producer: KafkaProducer = client_config
             .create_with_context(BrokerContext {
@@ -404,6 +396,35 @@ impl Publisher {
             tracing::warn!(%error, "Producer flush did not finish.");
         }
     }
+}
+
+/// The admin and the producer client configurations: the pass-through
+/// properties, the brokers, and (for the producer) what posbridge fixes.
+fn client_configs(config: &KafkaConfig) -> (ClientConfig, ClientConfig) {
+    let mut admin_config = ClientConfig::new();
+    for (key, value) in &config.librdkafka {
+        admin_config.set(key, value);
+    }
+    admin_config.set("bootstrap.servers", &config.brokers);
+    let mut producer_config = admin_config.clone();
+    for (key, value) in config.fixed_producer_properties() {
+        producer_config.set(key, value);
+    }
+    (admin_config, producer_config)
+}
+
+/// Whether librdkafka takes the producer configuration: unknown properties,
+/// values it rejects, features it was built without. Nothing connects.
+///
+/// # Errors
+/// librdkafka's refusal, which names the property.
+pub fn validate(config: &KafkaConfig) -> Result<(), KafkaError> {
+    let (_, mut producer_config) = client_configs(config);
+    // No brokers: the client is made and dropped without a connection.
+    producer_config.set("bootstrap.servers", "");
+    producer_config
+        .create::<rdkafka::producer::BaseProducer>()
+        .map(drop)
 }
 
 /// Asks for metadata once a second while no broker answers, and marks the

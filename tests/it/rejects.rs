@@ -167,7 +167,7 @@ async fn unknown_event_goes_to_dead_letter_with_raw_body_and_is_200() {
         .await;
     assert_eq!(response.status(), 200);
 
-    let letters = read_topic(&brokers(), &app.topic("dead-letter"));
+    let letters = read_topic(&brokers(), &app.config.kafka.dead_letter_topic());
     assert_eq!(letters.len(), 2);
     assert_eq!(letters[0].key, "mekari:dl-1");
     assert_eq!(

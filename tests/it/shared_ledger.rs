@@ -24,6 +24,7 @@ async fn ledger(prefix: &str) -> RedisLedger {
         prefix,
         Duration::from_secs(3600),
         Duration::from_secs(10),
+        None,
     )
     .await
     .expect("a Redis server at POSBRIDGE_TEST_REDIS")
