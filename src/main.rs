@@ -66,9 +66,26 @@ enum Command {
         #[arg(long, short, env = "POSBRIDGE_CONFIG")]
         config: PathBuf,
     },
+    /// The event schema and the Schema Registry.
+    Schema {
+        /// What to do.
+        #[command(subcommand)]
+        command: SchemaCommand,
+    },
     /// Read a configuration file and explain every mistake in it.
     CheckConfig {
         /// TOML configuration file.
+        #[arg(long, short, env = "POSBRIDGE_CONFIG")]
+        config: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum SchemaCommand {
+    /// Ask the registry whether this version's schema may be registered under
+    /// every entity topic's subject (exit status 1 if a subject refuses it).
+    Check {
+        /// TOML configuration file (its schema_registry and kafka sections).
         #[arg(long, short, env = "POSBRIDGE_CONFIG")]
         config: PathBuf,
     },
@@ -101,6 +118,9 @@ async fn main() -> anyhow::Result<()> {
             to,
         } => reconcile(config, provider, source, from, to).await,
         Command::Reconciler { config } => reconciler(config).await,
+        Command::Schema {
+            command: SchemaCommand::Check { config },
+        } => schema_check(config).await,
         Command::CheckConfig { config } => check_config(config),
     }
 }
@@ -221,6 +241,25 @@ fn parse_time(text: &str) -> Result<OffsetDateTime, String> {
     }
     OffsetDateTime::parse(text, &Rfc3339)
         .map_err(|e| format!("`{text}` is not an RFC 3339 time: {e}"))
+}
+
+async fn schema_check(path: PathBuf) -> anyhow::Result<()> {
+    let config =
+        Config::read(Some(&path)).with_context(|| format!("reading {}", path.display()))?;
+    let verdicts = app::schema::check(&config)
+        .await
+        .context("asking the schema registry")?;
+    let refused = verdicts
+        .iter()
+        .filter(|(_, verdict)| *verdict == app::schema::Verdict::Incompatible)
+        .count();
+    for (subject, verdict) in &verdicts {
+        println!("{subject}: {}", verdict.as_str());
+    }
+    if refused > 0 {
+        anyhow::bail!("{refused} subject(s) refuse this version's schema");
+    }
+    Ok(())
 }
 
 fn check_config(path: PathBuf) -> anyhow::Result<()> {

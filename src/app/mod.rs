@@ -6,6 +6,7 @@
 //! holds the checks that need provider knowledge, shared with `check-config`.
 
 mod check;
+pub mod schema;
 
 use std::collections::HashMap;
 use std::future::Future;

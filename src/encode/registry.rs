@@ -136,19 +136,23 @@ impl RegistryClient {
     }
 
     /// Whether `schema` may be registered under `subject` by the subject's
-    /// compatibility rules; `true` for a subject that does not exist yet.
+    /// compatibility rules; `None` for a subject that does not exist yet.
     ///
     /// # Errors
     /// [`RegistryError`] when the registry cannot say.
-    pub async fn compatible(&self, subject: &str, schema: &str) -> Result<bool, RegistryError> {
+    pub async fn compatible(
+        &self,
+        subject: &str,
+        schema: &str,
+    ) -> Result<Option<bool>, RegistryError> {
         let url = format!(
             "{}/compatibility/subjects/{subject}/versions/latest",
             self.base
         );
-        Ok(match self.post(&url, schema).await? {
-            None => true,
-            Some(body) => body.get("is_compatible").and_then(Value::as_bool) == Some(true),
-        })
+        Ok(self
+            .post(&url, schema)
+            .await?
+            .map(|body| body.get("is_compatible").and_then(Value::as_bool) == Some(true)))
     }
 
     /// POSTs a schema; `None` for 404 (no such subject or schema).

@@ -13,3 +13,4 @@ mod rejects;
 mod round_trip;
 mod shared_ledger;
 mod spool;
+mod tls;

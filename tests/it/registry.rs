@@ -192,3 +192,154 @@ async fn fastavro_reads_records_across_schema_versions() {
     assert_eq!(as_v1["entity_id"], "ORD-EV");
     assert!(as_v1.get("name").is_none(), "v1 has no such field: {as_v1}");
 }
+
+/// With `auto_register = false` posbridge registers nothing: it refuses to
+/// start until the schema is registered, then frames records with the id it
+/// looked up, which Confluent's client decodes.
+#[tokio::test]
+async fn without_auto_register_posbridge_starts_only_once_ci_registered_the_schema() {
+    let registry = RegistryFake::start(&[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("noregister");
+    let mut config = config(&brokers(), &prefix, dir.path());
+    config.schema_registry.url = Some(registry.url.clone());
+    config.schema_registry.auto_register = false;
+    let error = match App::build(&config).await {
+        Ok(_) => panic!("nothing is registered yet"),
+        Err(error) => error.to_string(),
+    };
+    assert!(error.contains("not registered"), "{error}");
+    assert_eq!(
+        registry.versions(&format!("{prefix}.sales-value")),
+        0,
+        "it registered nothing"
+    );
+
+    for topic in [
+        "sales",
+        "orders",
+        "refunds",
+        "returns",
+        "exchanges",
+        "products",
+        "collections",
+    ] {
+        let subject = format!("{prefix}.{topic}-value");
+        assert_eq!(
+            registry
+                .register(&subject, posbridge::encode::SCHEMA_JSON)
+                .await,
+            200
+        );
+    }
+    let app = TestApp::start_with(config).await;
+    let body = rr_sale(
+        "noreg-1",
+        "sale.created",
+        "2026-11-29T10:15:30Z",
+        "T1|2026-11|0777",
+        700,
+    );
+    assert_eq!(app.send("receiptroller", "main", &body).await.status(), 200);
+    let topic = app.topic("sales");
+    let records = read_topic(&brokers(), &topic);
+    let payload = records[0].payload.as_deref().unwrap();
+    assert_eq!(payload[0], 0, "Confluent framing");
+    assert_eq!(
+        Some(u32::from_be_bytes(payload[1..5].try_into().unwrap())),
+        registry.id_of(&format!("{topic}-value"))
+    );
+    let line = decode_with_python(&topic, Some(&registry.url)).await;
+    assert_eq!(line["value"]["entity_id"], "T1|2026-11|0777");
+    app.stop().await;
+}
+
+/// `posbridge schema check` says per subject whether this version's schema
+/// is registered, may be registered, or is refused, and fails CI on a
+/// refusal; Confluent's client, asking the same registry, agrees.
+#[tokio::test]
+async fn schema_check_says_which_subjects_take_this_schema() {
+    let registry = RegistryFake::start(&[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("check");
+    let subject = |topic: &str| format!("{prefix}.{topic}-value");
+    // sales: the previous version; orders: this version; returns: a schema
+    // whose event_id is a number, which this version cannot read.
+    assert_eq!(registry.register(&subject("sales"), V1_SCHEMA).await, 200);
+    assert_eq!(
+        registry
+            .register(&subject("orders"), posbridge::encode::SCHEMA_JSON)
+            .await,
+        200
+    );
+    let mut numeric: serde_json::Value = serde_json::from_str(V1_SCHEMA).unwrap();
+    numeric["fields"][0]["type"] = "long".into();
+    assert_eq!(
+        registry
+            .register(&subject("returns"), &numeric.to_string())
+            .await,
+        200
+    );
+
+    let text = crate::support::config_text(&brokers(), &prefix, dir.path())
+        + &format!(
+            "\n[schema_registry]\nurl = \"{}\"\nauto_register = false\n",
+            registry.url
+        );
+    let path = dir.path().join("posbridge.toml");
+    std::fs::write(&path, text).unwrap();
+    // Awaited: the registry fake answers on this test's runtime.
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_posbridge"))
+        .args(["schema", "check", "--config"])
+        .arg(&path)
+        .env("POSBRIDGE_LOG", "off")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "a refusing subject fails the check: {stdout}"
+    );
+    assert!(!stdout.is_empty(), "{stderr}");
+    for (topic, verdict) in [
+        ("sales", "compatible"),
+        ("orders", "registered"),
+        ("returns", "INCOMPATIBLE"),
+        ("products", "new subject"),
+    ] {
+        assert!(
+            stdout.contains(&format!("{}: {verdict}\n", subject(topic))),
+            "{topic}: {stdout}"
+        );
+    }
+
+    let python = std::env::var("POSBRIDGE_TEST_PYTHON")
+        .expect("POSBRIDGE_TEST_PYTHON (Confluent's client) is set by scripts/test");
+    let schema_file = concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/pos_event.avsc");
+    for (topic, registered, compatible) in [
+        ("sales", false, serde_json::json!(true)),
+        ("orders", true, serde_json::json!(true)),
+        ("returns", false, serde_json::json!(false)),
+        ("products", false, serde_json::Value::Null),
+    ] {
+        let output = tokio::process::Command::new(&python)
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/python/registry_check.py"
+            ))
+            .args([registry.url.as_str(), &subject(topic), schema_file])
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(answer["registered"], registered, "{topic}: {answer}");
+        assert_eq!(answer["compatible"], compatible, "{topic}: {answer}");
+    }
+}

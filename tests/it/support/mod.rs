@@ -2,6 +2,7 @@
 //! providers, read topics back with a real Kafka consumer.
 
 pub mod registry_fake;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -341,7 +342,16 @@ pub struct Record {
 /// Every record of a single-partition topic up to its high watermark,
 /// de-duplicated by offset (tansu may repeat records after compaction).
 pub fn read_topic(brokers: &str, topic: &str) -> Vec<Record> {
-    let consumer: BaseConsumer = ClientConfig::new()
+    read_topic_with(brokers, topic, &[])
+}
+
+/// The same with more client properties (TLS settings).
+pub fn read_topic_with(brokers: &str, topic: &str, properties: &[(&str, &str)]) -> Vec<Record> {
+    let mut config = ClientConfig::new();
+    for (key, value) in properties {
+        config.set(*key, *value);
+    }
+    let consumer: BaseConsumer = config
         .set("bootstrap.servers", brokers)
         .set("group.id", unique("reader"))
         .set("enable.auto.commit", "false")
@@ -425,6 +435,16 @@ pub struct OwnBroker {
 impl OwnBroker {
     /// Starts tansu on a free port, advertising the proxy's port.
     pub async fn start() -> OwnBroker {
+        Self::start_with(None).await
+    }
+
+    /// The same behind a TLS-terminating proxy presenting `acceptor`'s
+    /// certificate: clients speak TLS to the advertised address.
+    pub async fn start_tls(acceptor: tokio_native_tls::TlsAcceptor) -> OwnBroker {
+        Self::start_with(Some(acceptor)).await
+    }
+
+    async fn start_with(tls: Option<tokio_native_tls::TlsAcceptor>) -> OwnBroker {
         let free_port = || {
             std::net::TcpListener::bind("127.0.0.1:0")
                 .unwrap()
@@ -462,7 +482,7 @@ impl OwnBroker {
         }
         let open = Arc::new(AtomicBool::new(true));
         let (cut, cuts) = watch::channel(0u64);
-        tokio::spawn(proxy(listener, broker_port, open.clone(), cuts));
+        tokio::spawn(proxy(listener, broker_port, open.clone(), cuts, tls));
         OwnBroker {
             proxy_port,
             open,
@@ -525,22 +545,38 @@ async fn proxy(
     broker_port: u16,
     open: Arc<AtomicBool>,
     cuts: watch::Receiver<u64>,
+    tls: Option<tokio_native_tls::TlsAcceptor>,
 ) {
-    while let Ok((mut client, _)) = listener.accept().await {
+    while let Ok((client, _)) = listener.accept().await {
         if !open.load(Ordering::SeqCst) {
             drop(client);
             continue;
         }
         let mut cuts = cuts.clone();
         cuts.mark_unchanged();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let Ok(mut upstream) = tokio::net::TcpStream::connect(("127.0.0.1", broker_port)).await
             else {
                 return;
             };
-            tokio::select! {
-                _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
-                _ = cuts.changed() => {}
+            match tls {
+                None => {
+                    let mut client = client;
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                        _ = cuts.changed() => {}
+                    }
+                }
+                Some(acceptor) => {
+                    let Ok(mut client) = acceptor.accept(client).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                        _ = cuts.changed() => {}
+                    }
+                }
             }
         });
     }

@@ -9,6 +9,9 @@
 //!   version (BACKWARD, the real registry's default, checked with
 //!   apache-avro's schema compatibility) and for subjects configured as
 //!   incompatible.
+//! * `POST /subjects/{subject}` looks a schema up (id and version, or 404).
+//! * `POST /compatibility/subjects/{subject}/versions/latest` says whether a
+//!   schema reads what the subject's latest version wrote.
 //! * `GET /schemas/ids/{id}` returns a registered schema.
 //! * `GET /subjects` lists subjects (readiness probe).
 
@@ -46,6 +49,11 @@ impl RegistryFake {
         }));
         let app = Router::new()
             .route("/subjects/{subject}/versions", post(register))
+            .route("/subjects/{subject}", post(lookup))
+            .route(
+                "/compatibility/subjects/{subject}/versions/latest",
+                post(compatibility),
+            )
             .route("/schemas/ids/{id}", get(schema_by_id))
             .route("/subjects", get(subjects))
             .with_state(state.clone());
@@ -117,17 +125,7 @@ async fn register(
         .and_then(|ids| ids.last())
         .map(|id| registry.schemas[*id as usize - 1].clone());
     if let Some(latest) = latest {
-        let compatible = match (
-            apache_avro::Schema::parse_str(&latest),
-            apache_avro::Schema::parse_str(schema),
-        ) {
-            (Ok(writer), Ok(reader)) => {
-                apache_avro::schema_compatibility::SchemaCompatibility::can_read(&writer, &reader)
-                    .is_ok()
-            }
-            _ => false,
-        };
-        if !compatible {
+        if !reads(&latest, schema) {
             return (
                 StatusCode::CONFLICT,
                 Json(json!({"error_code": 409, "message": "Schema being registered is incompatible with an earlier schema for subject"})),
@@ -148,6 +146,69 @@ async fn register(
         versions.push(id);
     }
     Json(json!({ "id": id })).into_response()
+}
+
+/// Whether `reader` reads what `writer` wrote (BACKWARD from the new schema's side).
+fn reads(writer: &str, reader: &str) -> bool {
+    match (
+        apache_avro::Schema::parse_str(writer),
+        apache_avro::Schema::parse_str(reader),
+    ) {
+        (Ok(writer), Ok(reader)) => {
+            apache_avro::schema_compatibility::SchemaCompatibility::can_read(&writer, &reader)
+                .is_ok()
+        }
+        _ => false,
+    }
+}
+
+fn not_found(code: u32, message: &str) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(json!({"error_code": code, "message": message})),
+    )
+        .into_response()
+}
+
+/// `POST /subjects/{subject}`: the id and version of a schema registered
+/// under the subject, or 404.
+async fn lookup(
+    State(state): State<Shared>,
+    Path(subject): Path<String>,
+    Json(body): Json<Value>,
+) -> Response {
+    let registry = state.lock().unwrap();
+    let Some(ids) = registry.subjects.get(&subject) else {
+        return not_found(40401, "Subject not found");
+    };
+    let schema = body["schema"].as_str().unwrap_or_default();
+    match ids
+        .iter()
+        .enumerate()
+        .find(|(_, id)| registry.schemas[**id as usize - 1] == schema)
+    {
+        Some((version, id)) => Json(json!({
+            "subject": subject, "id": id, "version": version + 1, "schema": schema
+        }))
+        .into_response(),
+        None => not_found(40403, "Schema not found"),
+    }
+}
+
+/// `POST /compatibility/subjects/{subject}/versions/latest`: whether the
+/// schema reads what the subject's latest version wrote.
+async fn compatibility(
+    State(state): State<Shared>,
+    Path(subject): Path<String>,
+    Json(body): Json<Value>,
+) -> Response {
+    let registry = state.lock().unwrap();
+    let Some(latest) = registry.subjects.get(&subject).and_then(|ids| ids.last()) else {
+        return not_found(40401, "Subject not found");
+    };
+    let latest = &registry.schemas[*latest as usize - 1];
+    let schema = body["schema"].as_str().unwrap_or_default();
+    Json(json!({"is_compatible": reads(latest, schema)})).into_response()
 }
 
 async fn schema_by_id(State(state): State<Shared>, Path(id): Path<u32>) -> Response {
