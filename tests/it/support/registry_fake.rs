@@ -124,14 +124,14 @@ async fn register(
         .get(&subject)
         .and_then(|ids| ids.last())
         .map(|id| registry.schemas[*id as usize - 1].clone());
-    if let Some(latest) = latest {
-        if !reads(&latest, schema) {
-            return (
+    if let Some(latest) = latest
+        && !reads(&latest, schema)
+    {
+        return (
                 StatusCode::CONFLICT,
                 Json(json!({"error_code": 409, "message": "Schema being registered is incompatible with an earlier schema for subject"})),
             )
                 .into_response();
-        }
     }
     let id = match registry.schemas.iter().position(|s| s == schema) {
         Some(i) => i + 1,
