@@ -6,7 +6,8 @@
 # docker-compose.yml runs it next to Apache Kafka and a Confluent Schema Registry.
 
 # ---- build ------------------------------------------------------------------
-FROM rust:1-bookworm AS build
+# Pinned versions: a rebuild gets the same toolchain and base; bump them on purpose.
+FROM rust:1.95.0-bookworm AS build
 
 # rdkafka builds its bundled librdkafka with ./configure + make (C and C++);
 # reqwest's native-tls links OpenSSL; libz-sys links the system zlib.
@@ -27,10 +28,10 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && install -m 0755 target/release/posbridge /usr/local/bin/posbridge
 
 # ---- runtime ----------------------------------------------------------------
-FROM debian:bookworm-slim
+FROM debian:12.12-slim
 
 # libssl3 and zlib1g: the binary links them dynamically. ca-certificates: an
-# https:// schema registry. curl: the compose healthcheck (GET /readyz).
+# https:// schema registry. curl: the image HEALTHCHECK and the compose one.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates libssl3 zlib1g curl \
  && rm -rf /var/lib/apt/lists/* \
@@ -39,21 +40,23 @@ RUN apt-get update \
  && chown posbridge:posbridge /var/lib/posbridge
 
 COPY --from=build /usr/local/bin/posbridge /usr/local/bin/posbridge
-# A default configuration (the example's demo secrets: replace them through
-# POSBRIDGE__<PROVIDER>__SOURCES__<NAME>__SECRETS or mount your own file).
-COPY config/posbridge.example.toml /etc/posbridge/posbridge.toml
-
-# Container defaults on top of the file: listen on every interface, keep the
-# ledger on the volume. Both are ordinary POSBRIDGE__SECTION__KEY overrides.
-# (POSBRIDGE_LOG_JSON=true switches the logs to JSON lines.)
-ENV POSBRIDGE__SERVER__LISTEN=0.0.0.0:8080 \
-    POSBRIDGE__LEDGER__PATH=/var/lib/posbridge/ledger.redb
+# Container defaults (listen on every interface, ledger and spool on the
+# volume) live in this file, not in ENV, which would beat a configuration you
+# mount over it. It holds no secrets: set them through
+# POSBRIDGE__<PROVIDER>__SOURCES__<NAME>__SECRETS or mount your own file;
+# posbridge refuses to start without them. (POSBRIDGE_LOG_JSON=true switches
+# the logs to JSON lines.)
+COPY config/posbridge.container.toml /etc/posbridge/posbridge.toml
 
 USER posbridge
 WORKDIR /var/lib/posbridge
-# The embedded ledger (delivery ids, entity versions): keep it across restarts.
+# The embedded ledger (delivery ids, entity versions) and the outage spool:
+# keep them across restarts.
 VOLUME ["/var/lib/posbridge"]
 EXPOSE 8080
+# Liveness: the process serves HTTP (readiness, /readyz, is the orchestrator's).
+HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
+  CMD curl -fsS http://127.0.0.1:8080/healthz || exit 1
 
 ENTRYPOINT ["posbridge"]
 CMD ["serve", "--config", "/etc/posbridge/posbridge.toml"]

@@ -120,6 +120,27 @@ mod tests {
         }
     }
 
+    /// The image's configuration carries no secrets: without them from the
+    /// environment posbridge refuses to start, with them it is valid.
+    #[test]
+    fn the_container_config_needs_secrets_from_outside() {
+        let mut config =
+            Config::from_toml(include_str!("../../config/posbridge.container.toml")).unwrap();
+        let keys: Vec<String> = problems(&config).into_iter().map(|p| p.key).collect();
+        assert_eq!(
+            keys,
+            [
+                "receiptroller.sources.main.secrets",
+                "mekari.sources.main.secrets"
+            ]
+        );
+        for provider in [&mut config.receiptroller, &mut config.mekari] {
+            provider.sources.get_mut("main").unwrap().secrets =
+                serde_json::from_value(serde_json::json!(["set-from-the-environment"])).unwrap();
+        }
+        assert_eq!(problems(&config), vec![]);
+    }
+
     #[test]
     fn provider_mistakes_are_reported_with_their_keys() {
         let config = Config::from_toml(

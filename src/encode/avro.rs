@@ -391,6 +391,23 @@ pub fn from_avro(value: Value) -> Result<PosEvent, DecodeError> {
 mod tests {
     use super::*;
 
+    /// Every field, the line items' too, says what it holds: the schema is
+    /// the consumers' documentation.
+    #[test]
+    fn every_schema_field_has_a_doc() {
+        let schema: serde_json::Value = serde_json::from_str(super::super::SCHEMA_JSON).unwrap();
+        let fields = schema["fields"].as_array().unwrap();
+        let items = fields.iter().find(|f| f["name"] == "items").unwrap();
+        let lines = items["type"]["items"]["fields"].as_array().unwrap();
+        for field in fields.iter().chain(lines) {
+            assert!(
+                field["doc"].as_str().is_some_and(|d| !d.is_empty()),
+                "{}",
+                field["name"]
+            );
+        }
+    }
+
     /// The schema file and [`to_avro`] name the same fields in the same
     /// order, so neither can gain a field the other lacks.
     #[test]
