@@ -3,7 +3,7 @@
 //! rules and serves the list and webhook-state APIs from the same truth.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use posbridge::config::{ApiSection, Config};
@@ -52,30 +52,8 @@ fn sim_binary() -> PathBuf {
          (scripts/test does), or set {SIM_BIN_VAR} to its path",
         path.display()
     );
-    assert_fresh(&path);
+    crate::support::assert_fresh(&path);
     path
-}
-
-/// Fails when a file the simulator was built from (as cargo's dep-info file
-/// beside it lists them) changed after it was built: a plain `cargo test`
-/// does not rebuild another package's binary.
-fn assert_fresh(binary: &Path) {
-    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    let (Some(built), Ok(dep_info)) = (
-        modified(binary),
-        std::fs::read_to_string(binary.with_extension("d")),
-    ) else {
-        return;
-    };
-    let sources = dep_info.split_once(": ").map_or("", |(_, list)| list);
-    for source in sources.split_whitespace().map(Path::new) {
-        assert!(
-            modified(source).is_none_or(|changed| changed <= built),
-            "{} changed after {} was built: run `cargo build -p posbridge-sim` (scripts/test does)",
-            source.display(),
-            binary.display()
-        );
-    }
 }
 
 /// A running simulator; killed on drop.

@@ -6,6 +6,7 @@ mod support;
 
 mod broker_outage;
 mod catch_up;
+mod consumers;
 mod dedup;
 mod ordering;
 mod registry;

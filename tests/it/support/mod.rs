@@ -581,3 +581,43 @@ async fn proxy(
         });
     }
 }
+
+/// Fails when a file a binary was built from (as cargo's dep-info file
+/// beside it lists them) changed after it was built: a plain `cargo test`
+/// does not rebuild another package's binary or an example.
+pub fn assert_fresh(binary: &Path) {
+    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let (Some(built), Ok(dep_info)) = (
+        modified(binary),
+        std::fs::read_to_string(binary.with_extension("d")),
+    ) else {
+        return;
+    };
+    let sources = dep_info.split_once(": ").map_or("", |(_, list)| list);
+    for source in sources.split_whitespace().map(Path::new) {
+        assert!(
+            modified(source).is_none_or(|changed| changed <= built),
+            "{} changed after {} was built: run `cargo build -p posbridge-sim` (scripts/test does)",
+            source.display(),
+            binary.display()
+        );
+    }
+}
+
+/// An example of this package, built by `cargo test --all-targets` (as
+/// scripts/test runs it) beside the test binary.
+pub fn example_binary(name: &str) -> PathBuf {
+    let mut dir = std::env::current_exe().expect("the test binary's own path");
+    dir.pop();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join("examples").join(name);
+    assert!(
+        path.is_file(),
+        "the example is not at {}: run `cargo test --all-targets` (scripts/test does)",
+        path.display()
+    );
+    assert_fresh(&path);
+    path
+}
