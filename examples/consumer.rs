@@ -172,7 +172,11 @@ async fn main() -> Result<(), Error> {
     let partitions: Vec<i32> = metadata
         .topics()
         .iter()
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .flat_map(|t| {
+            t.partitions()
+                .iter()
+                .map(rdkafka::metadata::MetadataPartition::id)
+        })
         .collect();
     // The compacted view: latest state per key; a tombstone removes it.
     let mut latest: BTreeMap<String, serde_json::Value> = BTreeMap::new();
