@@ -597,15 +597,15 @@ pub fn assert_fresh(binary: &Path) {
     for source in sources.split_whitespace().map(Path::new) {
         assert!(
             modified(source).is_none_or(|changed| changed <= built),
-            "{} changed after {} was built: run `cargo build -p posbridge-sim` (scripts/test does)",
+            "{} changed after {} was built: run `cargo build --workspace --bins --examples` (scripts/test does)",
             source.display(),
             binary.display()
         );
     }
 }
 
-/// An example of this package, built by `cargo test --all-targets` (as
-/// scripts/test runs it) beside the test binary.
+/// An example of this package, as `cargo build --examples` (which
+/// scripts/test runs) leaves it beside the test binary.
 pub fn example_binary(name: &str) -> PathBuf {
     let mut dir = std::env::current_exe().expect("the test binary's own path");
     dir.pop();
@@ -615,7 +615,7 @@ pub fn example_binary(name: &str) -> PathBuf {
     let path = dir.join("examples").join(name);
     assert!(
         path.is_file(),
-        "the example is not at {}: run `cargo test --all-targets` (scripts/test does)",
+        "the example is not at {}: run `cargo build --examples` (scripts/test does)",
         path.display()
     );
     assert_fresh(&path);
