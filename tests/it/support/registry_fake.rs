@@ -43,11 +43,37 @@ impl RegistryFake {
     /// Starts the fake on a loopback port. Subjects in `incompatible` refuse
     /// registration the way a real registry refuses an incompatible schema.
     pub async fn start(incompatible: &[&str]) -> RegistryFake {
-        let state = Arc::new(Mutex::new(Registry {
+        let state = Self::state(incompatible);
+        let app = Self::app(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        RegistryFake { url, state }
+    }
+
+    /// The same over HTTPS with `acceptor`'s certificate, answering only
+    /// requests that carry `Authorization: Bearer {token}`.
+    pub async fn start_tls(acceptor: tokio_native_tls::TlsAcceptor, token: &str) -> RegistryFake {
+        let state = Self::state(&[]);
+        let app = Self::app(state.clone()).layer(axum::middleware::from_fn_with_state(
+            Arc::new(format!("Bearer {token}")),
+            require_token,
+        ));
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}", tcp.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(TlsListener { tcp, acceptor }, app).await });
+        RegistryFake { url, state }
+    }
+
+    fn state(incompatible: &[&str]) -> Shared {
+        Arc::new(Mutex::new(Registry {
             incompatible: incompatible.iter().map(|s| (*s).to_owned()).collect(),
             ..Registry::default()
-        }));
-        let app = Router::new()
+        }))
+    }
+
+    fn app(state: Shared) -> Router {
+        Router::new()
             .route("/subjects/{subject}/versions", post(register))
             .route("/subjects/{subject}", post(lookup))
             .route(
@@ -56,14 +82,9 @@ impl RegistryFake {
             )
             .route("/schemas/ids/{id}", get(schema_by_id))
             .route("/subjects", get(subjects))
-            .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        RegistryFake { url, state }
+            .with_state(state)
     }
 
-    /// The id registered under a subject, if any.
     /// Registers `schema` under `subject` as a client would.
     pub async fn register(&self, subject: &str, schema: &str) -> reqwest::StatusCode {
         reqwest::Client::new()
@@ -85,6 +106,7 @@ impl RegistryFake {
             .map_or(0, Vec::len)
     }
 
+    /// The id registered last under a subject, if any.
     pub fn id_of(&self, subject: &str) -> Option<u32> {
         self.state
             .lock()
@@ -96,6 +118,54 @@ impl RegistryFake {
 }
 
 type Shared = Arc<Mutex<Registry>>;
+
+/// Refuses a request without the expected `Authorization` value.
+async fn require_token(
+    State(expected): State<Arc<String>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let given = request
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok());
+    if given == Some(expected.as_str()) {
+        next.run(request).await
+    } else {
+        (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"error_code": 40101, "message": "Unauthorized"})),
+        )
+            .into_response()
+    }
+}
+
+/// A loopback listener that speaks TLS.
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_native_tls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_native_tls::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((stream, addr)) = self.tcp.accept().await else {
+                continue;
+            };
+            // A client that fails the handshake (an untrusted certificate) is dropped.
+            if let Ok(tls) = self.acceptor.accept(stream).await {
+                return (tls, addr);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
 
 async fn register(
     State(state): State<Shared>,
