@@ -15,7 +15,6 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::event::DeliveryKey;
 use crate::pipeline::{Delivery, Outcome, Pipeline, PipelineError};
 use crate::spool::{Spool, SpoolError};
 use crate::telemetry;
@@ -132,7 +131,7 @@ impl Drainer {
         let mut done = Vec::with_capacity(batch.len());
         let mut stopped = None;
         for (seq, spooled) in batch {
-            let key = DeliveryKey::new(spooled.source.provider, &spooled.delivery_id);
+            let key = spooled.key.clone();
             let provider = spooled.source.provider;
             let delivery = Delivery {
                 source: Arc::new(spooled.source),
@@ -213,6 +212,7 @@ mod tests {
             );
             spool
                 .append(&SpooledDelivery {
+                    key: crate::event::DeliveryKey::new(ProviderKind::Mekari, id),
                     source: Source {
                         provider: ProviderKind::Mekari,
                         name: "main".into(),

@@ -213,6 +213,22 @@ impl DeliveryKey {
         DeliveryKey(format!("{provider}:{delivery_id}"))
     }
 
+    /// The key of a signed body that carries no usable id of its own: its
+    /// SHA-256, so the same captured body replayed under other delivery-id
+    /// headers is still one delivery.
+    pub fn of_body(provider: ProviderKind, body: &[u8]) -> DeliveryKey {
+        use sha2::{Digest, Sha256};
+        DeliveryKey(format!(
+            "{provider}:body:{}",
+            hex::encode(Sha256::digest(body))
+        ))
+    }
+
+    /// A key as stored (the spool keeps it beside its entry).
+    pub fn from_stored(stored: String) -> DeliveryKey {
+        DeliveryKey(stored)
+    }
+
     /// The ledger's storage form.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -238,8 +254,13 @@ impl Decimal {
     /// Decimal places kept; matches `scale` in the Avro schema.
     pub const SCALE: u32 = 4;
 
+    /// Digits the schema's `decimal(38, 4)` holds: a value needing more is
+    /// refused, never rounded.
+    pub const PRECISION: u32 = 38;
+
     /// Parses a decimal literal such as `51000.5`, `-3` or `1e3`, exactly.
-    /// Returns `None` when it has more than [`Decimal::SCALE`] places or overflows.
+    /// Returns `None` when it has more than [`Decimal::SCALE`] places or more
+    /// than [`Decimal::PRECISION`] digits in all.
     pub fn parse(text: &str) -> Option<Decimal> {
         let (mantissa, exponent) = match text.find(['e', 'E']) {
             Some(i) => (&text[..i], text[i + 1..].parse::<i32>().ok()?),
@@ -268,6 +289,9 @@ impl Decimal {
                 return None;
             }
             value /= divisor;
+        }
+        if value.unsigned_abs() >= 10u128.pow(Self::PRECISION) {
+            return None;
         }
         Some(Decimal {
             unscaled: if negative { -value } else { value },
@@ -505,6 +529,16 @@ mod tests {
         assert_eq!(Decimal::parse(""), None);
         assert_eq!(Decimal::parse("51000.5").unwrap().to_string(), "51000.5000");
         assert_eq!(Decimal::parse("-0.25").unwrap().to_string(), "-0.2500");
+        // decimal(38, 4): 34 digits before the point at most.
+        let widest = "9".repeat(34);
+        assert_eq!(
+            Decimal::parse(&format!("{widest}.9999"))
+                .unwrap()
+                .to_string(),
+            format!("{widest}.9999")
+        );
+        assert_eq!(Decimal::parse(&format!("1{widest}")), None);
+        assert_eq!(Decimal::parse(&"9".repeat(40)), None, "beyond i128 too");
     }
 
     #[test]

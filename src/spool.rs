@@ -64,6 +64,9 @@ fn storage(error: impl Into<redb::Error>) -> SpoolError {
 /// One spooled delivery: everything the pipeline needs to process it later.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpooledDelivery {
+    /// Its dedup key in the ledger (the delivery id, or the body's hash for
+    /// a body without a usable id).
+    pub key: DeliveryKey,
     /// The source it came through (its account is part of record keys).
     pub source: Source,
     /// The delivery-id header's value.
@@ -77,6 +80,7 @@ pub struct SpooledDelivery {
 /// The stored header of an entry; the body follows it after a newline.
 #[derive(Serialize, Deserialize)]
 struct Header {
+    key: String,
     provider: ProviderKind,
     source: String,
     account: Option<String>,
@@ -85,12 +89,9 @@ struct Header {
 }
 
 impl SpooledDelivery {
-    fn key(&self) -> DeliveryKey {
-        DeliveryKey::new(self.source.provider, &self.delivery_id)
-    }
-
     fn encode(&self) -> Vec<u8> {
         let header = Header {
+            key: self.key.as_str().to_owned(),
             provider: self.source.provider,
             source: self.source.name.clone(),
             account: self.source.account.clone(),
@@ -112,6 +113,7 @@ impl SpooledDelivery {
         let header: Header =
             serde_json::from_slice(&bytes[..split]).map_err(|_| SpoolError::Corrupt(seq))?;
         Ok(SpooledDelivery {
+            key: DeliveryKey::from_stored(header.key),
             source: Source {
                 provider: header.provider,
                 name: header.source,
@@ -236,7 +238,7 @@ impl Spool {
             counts.next_seq += 1;
             counts.next_seq - 1
         };
-        let key = delivery.key();
+        let key = delivery.key.clone();
         let inner = self.inner.clone();
         let written = tokio::task::spawn_blocking(move || -> Result<(), SpoolError> {
             let txn = inner.db.begin_write().map_err(storage)?;
@@ -376,6 +378,7 @@ mod tests {
 
     fn delivery(id: &str) -> SpooledDelivery {
         SpooledDelivery {
+            key: DeliveryKey::new(ProviderKind::ReceiptRoller, id),
             source: Source {
                 provider: ProviderKind::ReceiptRoller,
                 name: "main".into(),
@@ -394,8 +397,8 @@ mod tests {
         for id in ["a", "b", "c"] {
             spool.append(&delivery(id)).await.unwrap();
         }
-        assert!(spool.contains(&delivery("b").key()).unwrap());
-        assert!(!spool.contains(&delivery("z").key()).unwrap());
+        assert!(spool.contains(&delivery("b").key).unwrap());
+        assert!(!spool.contains(&delivery("z").key).unwrap());
         drop(spool);
         let spool = Spool::open(&config(dir.path(), 10)).unwrap();
         let oldest = spool.oldest(10).unwrap();
@@ -408,10 +411,10 @@ mod tests {
         );
         assert_eq!(spool.stats().entries, 3);
         spool
-            .remove(vec![(oldest[0].0, delivery("a").key())])
+            .remove(vec![(oldest[0].0, delivery("a").key)])
             .await
             .unwrap();
-        assert!(!spool.contains(&delivery("a").key()).unwrap());
+        assert!(!spool.contains(&delivery("a").key).unwrap());
         assert_eq!(spool.stats().entries, 2);
         spool.append(&delivery("d")).await.unwrap();
         let ids: Vec<String> = spool
@@ -434,6 +437,6 @@ mod tests {
             spool.append(&delivery("c")).await,
             Err(SpoolError::Full { entries: 2, .. })
         ));
-        assert!(!spool.contains(&delivery("c").key()).unwrap());
+        assert!(!spool.contains(&delivery("c").key).unwrap());
     }
 }

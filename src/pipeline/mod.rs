@@ -295,12 +295,7 @@ impl Pipeline {
     /// match the body; any other [`PipelineError`] when the outcome could not
     /// be made durable (the provider should retry).
     pub async fn deliver(&self, delivery: Delivery) -> Result<Outcome, PipelineError> {
-        let body: Result<Value, _> = serde_json::from_slice(delivery.body.bytes());
-        if let Ok(json) = &body
-            && providers::body_id(json) != Some(delivery.delivery_id.as_str())
-        {
-            return Err(PipelineError::DeliveryIdMismatch);
-        }
+        let (key, envelope) = identify(&delivery)?;
         let deadline = delivery.arrived + self.inner.answer_budget;
         let spool = self.inner.spool.as_ref().filter(|_| delivery.spools);
         // A delivery that may spool stops waiting for Kafka early enough to
@@ -309,13 +304,13 @@ impl Pipeline {
             Some(_) => deadline - SPOOL_MARGIN.min(self.inner.answer_budget / 4),
             None => deadline,
         };
-        let key = DeliveryKey::new(delivery.source.provider, &delivery.delivery_id);
         let result = self
-            .run(delivery.clone(), body, &key, work_deadline, true)
+            .run(delivery.clone(), envelope, &key, work_deadline, true)
             .await;
         match (result, spool) {
             (Err(error), Some(spool)) if error.spoolable() => {
                 let spooled = SpooledDelivery {
+                    key,
                     source: delivery.source.as_ref().clone(),
                     delivery_id: delivery.delivery_id,
                     received_at: delivery.received_at,
@@ -347,10 +342,9 @@ impl Pipeline {
     /// # Errors
     /// As [`Pipeline::deliver`]; the drainer keeps the entry and tries again.
     pub async fn replay(&self, delivery: Delivery) -> Result<Outcome, PipelineError> {
-        let body: Result<Value, _> = serde_json::from_slice(delivery.body.bytes());
-        let key = DeliveryKey::new(delivery.source.provider, &delivery.delivery_id);
+        let (key, envelope) = identify(&delivery)?;
         let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;
-        self.run(delivery, body, &key, deadline, false).await
+        self.run(delivery, envelope, &key, deadline, false).await
     }
 
     /// Takes the lease, processes, and gives the lease back on failure; all
@@ -359,7 +353,7 @@ impl Pipeline {
     async fn run(
         &self,
         delivery: Delivery,
-        body: Result<Value, serde_json::Error>,
+        envelope: Envelope,
         key: &DeliveryKey,
         deadline: Instant,
         spooled_is_duplicate: bool,
@@ -387,10 +381,12 @@ impl Pipeline {
             }
         }
         let _in_flight = InFlight::count(provider);
-        let result =
-            tokio::time::timeout_at(deadline.into(), self.process(delivery, body, key.clone()))
-                .await
-                .unwrap_or(Err(PipelineError::DeadlinePassed));
+        let result = tokio::time::timeout_at(
+            deadline.into(),
+            self.process(delivery, envelope, key.clone()),
+        )
+        .await
+        .unwrap_or(Err(PipelineError::DeadlinePassed));
         if result.is_err() {
             self.inner.ledger.release(key).await;
         }
@@ -424,7 +420,7 @@ impl Pipeline {
     async fn process(
         &self,
         delivery: Delivery,
-        body: Result<Value, serde_json::Error>,
+        envelope: Envelope,
         key: DeliveryKey,
     ) -> Result<Outcome, PipelineError> {
         let raw = String::from_utf8_lossy(delivery.body.bytes());
@@ -435,9 +431,12 @@ impl Pipeline {
             raw: &raw,
             origin: Origin::Webhook,
         };
-        let normalized = body
-            .map_err(NormalizeError::InvalidJson)
-            .and_then(|json| providers::for_kind(delivery.source.provider).normalize(&json, &ctx));
+        let normalized = match envelope {
+            Envelope::Event(json) => {
+                providers::for_kind(delivery.source.provider).normalize(&json, &ctx)
+            }
+            Envelope::Unusable(reason) => Err(reason),
+        };
         match normalized {
             Ok(normalized) => self.apply(normalized, Some(key)).await,
             Err(reason) => {
@@ -598,6 +597,51 @@ impl Pipeline {
         )
         .increment(1);
         Ok(())
+    }
+}
+
+/// What a signed body says of itself, before it is normalized.
+enum Envelope {
+    /// JSON whose `id` is the delivery id.
+    Event(Value),
+    /// It cannot become an event, and why: not JSON, or no string `id`. It is
+    /// dead-lettered (2xx), never refused: retrying the same signed bytes
+    /// cannot help, and a refusal counts toward switching the webhook off.
+    Unusable(NormalizeError),
+}
+
+/// A delivery's dedup key and envelope. A body whose `id` is the
+/// delivery-id header is keyed by it; a body without a usable `id` by its
+/// hash, since the header is then tied to nothing signed (one captured body
+/// replayed under other ids stays one delivery).
+///
+/// # Errors
+/// [`PipelineError::DeliveryIdMismatch`] when the body names another id.
+fn identify(delivery: &Delivery) -> Result<(DeliveryKey, Envelope), PipelineError> {
+    let provider = delivery.source.provider;
+    let by_body = || DeliveryKey::of_body(provider, delivery.body.bytes());
+    match serde_json::from_slice::<Value>(delivery.body.bytes()) {
+        Err(error) => Ok((
+            by_body(),
+            Envelope::Unusable(NormalizeError::InvalidJson(error)),
+        )),
+        Ok(json) => match json.get("id") {
+            Some(Value::String(id)) if *id == delivery.delivery_id => {
+                Ok((DeliveryKey::new(provider, id), Envelope::Event(json)))
+            }
+            Some(Value::String(_)) => Err(PipelineError::DeliveryIdMismatch),
+            None => Ok((
+                by_body(),
+                Envelope::Unusable(NormalizeError::MissingField("id")),
+            )),
+            Some(_) => Ok((
+                by_body(),
+                Envelope::Unusable(NormalizeError::InvalidField {
+                    field: "id",
+                    reason: "is not a string",
+                }),
+            )),
+        },
     }
 }
 

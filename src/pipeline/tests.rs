@@ -302,3 +302,36 @@ async fn a_replay_kafka_cannot_take_stays_retryable() {
         Begin::New
     );
 }
+
+/// A signed body with no usable `id` is dead-lettered, not refused, and is
+/// keyed by its own hash: replayed under other delivery ids it is one
+/// delivery. A string `id` unlike the header is still the request's mistake.
+#[test]
+fn a_body_without_a_usable_id_is_keyed_by_its_hash_and_cannot_become_an_event() {
+    let of = |delivery_id: &str, body: &[u8]| identify(&delivery_of(delivery_id, body.to_vec()));
+    for (body, code) in [
+        (&b"[1, 2]"[..], "missing_field"),
+        (&b"5"[..], "missing_field"),
+        (
+            &br#"{"id": 5, "event": "order.created"}"#[..],
+            "invalid_field",
+        ),
+        (&b"not json"[..], "invalid_json"),
+    ] {
+        let (key, envelope) = of("d-x", body).unwrap();
+        let Envelope::Unusable(reason) = envelope else {
+            panic!("{} is not an event", String::from_utf8_lossy(body));
+        };
+        assert_eq!(reason.code(), code);
+        let (again, _) = of("d-y", body).unwrap();
+        assert_eq!(key, again, "another header, the same body: one delivery");
+        assert_eq!(key, DeliveryKey::of_body(ProviderKind::Mekari, body));
+    }
+    let (key, envelope) = of("d-1", br#"{"id": "d-1"}"#).unwrap();
+    assert_eq!(key, DeliveryKey::new(ProviderKind::Mekari, "d-1"));
+    assert!(matches!(envelope, Envelope::Event(_)));
+    assert!(matches!(
+        of("d-1", br#"{"id": "d-2"}"#),
+        Err(PipelineError::DeliveryIdMismatch)
+    ));
+}

@@ -81,7 +81,7 @@ pub(super) fn optional_decimal(
         .map(Some)
         .ok_or(NormalizeError::InvalidField {
             field,
-            reason: "is not a decimal with at most 4 places",
+            reason: "is not a decimal of at most 38 digits with at most 4 places",
         })
 }
 
@@ -254,6 +254,28 @@ fn leaf(field: &str) -> &str {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// JSON numbers are read from their text, not through f64: no amount is
+    /// rounded, and one the schema cannot hold exactly is refused.
+    #[test]
+    fn amounts_are_exact_from_the_json_text() {
+        let data: Value = serde_json::from_str(
+            r#"{"big": 123456789012345678901234567, "fine": 12345678901234.5678,
+                "wide": "12345678901234567890123456789012345", "places": 0.12345}"#,
+        )
+        .unwrap();
+        let read = |field| optional_decimal(&data, field).map(|d| d.map(|d| d.to_string()));
+        assert_eq!(
+            read("data.big").unwrap().as_deref(),
+            Some("123456789012345678901234567.0000")
+        );
+        assert_eq!(
+            read("data.fine").unwrap().as_deref(),
+            Some("12345678901234.5678")
+        );
+        assert_eq!(read("data.wide").unwrap_err().code(), "invalid_field");
+        assert_eq!(read("data.places").unwrap_err().code(), "invalid_field");
+    }
 
     #[test]
     fn decimal_fields_parse_numbers_and_strings_exactly() {

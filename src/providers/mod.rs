@@ -150,11 +150,6 @@ pub fn for_kind(kind: ProviderKind) -> &'static dyn Provider {
         .expect("every provider kind is registered")
 }
 
-/// The body's `id`, which must equal the delivery-id header.
-pub fn body_id(body: &Value) -> Option<&str> {
-    body.get("id").and_then(Value::as_str)
-}
-
 /// A source for normalizer tests, alive for the whole test run.
 #[cfg(test)]
 pub(crate) fn test_source(provider: ProviderKind, account: Option<&str>) -> &'static Source {

@@ -196,3 +196,44 @@ async fn unknown_event_goes_to_dead_letter_with_raw_body_and_is_200() {
     );
     app.stop().await;
 }
+
+/// Signed JSON that is not an event envelope (an array, a number, a numeric
+/// `id`) is dead-lettered with its raw body and answered 2xx, like any body
+/// that cannot be normalized; replayed under other delivery ids it is one
+/// dead letter (keyed by the body's hash).
+#[tokio::test]
+async fn signed_json_without_a_string_id_is_dead_lettered_once() {
+    let app = TestApp::start().await;
+    for (n, body) in [
+        &b"[1, 2]"[..],
+        b"5",
+        br#"{"id": 5, "type": "sale.created"}"#,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for replay in 0..3 {
+            let response = app
+                .send_raw(
+                    "receiptroller",
+                    "main",
+                    &format!("odd-{n}-{replay}"),
+                    body.to_vec(),
+                    None,
+                )
+                .await;
+            assert_eq!(response.status(), 200);
+            let status = response.json::<serde_json::Value>().await.unwrap()["status"].clone();
+            let expected = if replay == 0 {
+                "dead_lettered"
+            } else {
+                "duplicate"
+            };
+            assert_eq!(status, expected, "{}", String::from_utf8_lossy(body));
+        }
+    }
+    let letters = read_topic(&brokers(), &app.config.kafka.dead_letter_topic());
+    assert_eq!(letters.len(), 3, "one dead letter per body");
+    assert_eq!(letters[0].payload.as_deref(), Some(&b"[1, 2]"[..]));
+    app.stop().await;
+}
