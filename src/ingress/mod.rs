@@ -54,14 +54,11 @@ pub struct AppState {
 
 /// The router; `App::serve` and the handler tests share it.
 pub fn router(state: AppState) -> Router {
-    let retry_after = axum::middleware::map_response_with_state(
-        state.retry_after_secs,
-        response::add_retry_after,
-    );
+    let retry_after_secs = state.retry_after_secs;
     Router::new()
         .route(
             "/webhooks/{provider}/{source}",
-            post(webhook::receive).layer(retry_after),
+            guarded(post(webhook::receive), retry_after_secs),
         )
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
@@ -69,6 +66,23 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async { WebhookError::NoRoute.into_response() })
         .method_not_allowed_fallback(|| async { WebhookError::MethodNotAllowed.into_response() })
         .with_state(state)
+}
+
+/// The webhook route's answer rules: a panic becomes a 503 with a JSON body
+/// (never a connection closed without an answer), and every 503 carries
+/// `Retry-After`.
+fn guarded(
+    route: axum::routing::MethodRouter<AppState>,
+    retry_after_secs: u64,
+) -> axum::routing::MethodRouter<AppState> {
+    route
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            response::panicked,
+        ))
+        .layer(axum::middleware::map_response_with_state(
+            retry_after_secs,
+            response::add_retry_after,
+        ))
 }
 
 /// Serves until `shutdown` resolves, then stops accepting and lets in-flight

@@ -407,3 +407,36 @@ async fn a_spooling_source_answers_200_spooled_then_503_when_the_spool_is_full()
     );
     assert_eq!(json["spool"]["entries"], 3);
 }
+
+async fn boom() -> &'static str {
+    panic!("a bug")
+}
+
+/// A bug that panics inside a webhook request is answered 503 + Retry-After
+/// with the JSON body, not a connection closed without an answer.
+#[tokio::test]
+async fn a_panic_in_a_request_is_a_503_with_a_json_body() {
+    let h = harness().await;
+    let state = AppState {
+        sources: Arc::new(HashMap::new()),
+        pipeline: h.pipeline.clone(),
+        body_limit: BODY_LIMIT,
+        retry_after_secs: RETRY_AFTER_SECS,
+        metrics: crate::telemetry::install(),
+    };
+    let router = Router::new()
+        .route(
+            "/boom",
+            guarded(axum::routing::post(boom), RETRY_AFTER_SECS),
+        )
+        .with_state(state);
+    let response: Response = router
+        .oneshot(Request::post("/boom").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()[header::RETRY_AFTER], "7");
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let json: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(json["error"], "temporarily unavailable, retry later");
+}
