@@ -22,6 +22,7 @@
 //! * [`telemetry`]: every metric name and label key; the Prometheus recorder.
 //! * [`ticker`]: the tick of background loops that stop with the service.
 //! * [`verify`]: signature schemes, constant-time, several secrets.
+//! * [`store_file`]: opening the redb files, refusing damaged ones.
 //! * [`ledger`]: delivery ids, entity versions, per-entity locks, checkpoints.
 //! * [`guard`]: an older state never overwrites a newer one.
 //! * [`encode`]: Avro, Confluent wire format or single-object encoding.
@@ -48,6 +49,7 @@ pub mod providers;
 pub mod publish;
 pub mod reconcile;
 pub mod spool;
+pub mod store_file;
 pub mod telemetry;
 pub mod ticker;
 pub mod verify;

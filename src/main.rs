@@ -11,9 +11,11 @@ use clap::{Parser, Subcommand};
 use std::time::Duration;
 
 use posbridge::app::{self, App};
-use posbridge::config::Config;
+use posbridge::config::{Config, LedgerBackend};
 use posbridge::event::ProviderKind;
+use posbridge::ledger::EmbeddedLedger;
 use posbridge::reconcile::Reconciler;
+use posbridge::spool::Spool;
 use posbridge::watchdog::Watchdog;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -72,6 +74,12 @@ enum Command {
         #[command(subcommand)]
         command: SchemaCommand,
     },
+    /// The embedded ledger file.
+    Ledger {
+        /// What to do.
+        #[command(subcommand)]
+        command: LedgerCommand,
+    },
     /// Read a configuration file and explain every mistake in it.
     CheckConfig {
         /// TOML configuration file.
@@ -86,6 +94,18 @@ enum SchemaCommand {
     /// every entity topic's subject (exit status 1 if a subject refuses it).
     Check {
         /// TOML configuration file (its schema_registry and kafka sections).
+        #[arg(long, short, env = "POSBRIDGE_CONFIG")]
+        config: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum LedgerCommand {
+    /// Check every page of the embedded ledger (and the spool, when one is
+    /// configured) and print what they hold; exit status 1 if one is damaged.
+    /// Run it with posbridge stopped: the files admit one process at a time.
+    Check {
+        /// TOML configuration file (its ledger and spool sections).
         #[arg(long, short, env = "POSBRIDGE_CONFIG")]
         config: PathBuf,
     },
@@ -121,6 +141,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Schema {
             command: SchemaCommand::Check { config },
         } => schema_check(config).await,
+        Command::Ledger {
+            command: LedgerCommand::Check { config },
+        } => ledger_check(config),
         Command::CheckConfig { config } => check_config(config),
     }
 }
@@ -181,6 +204,22 @@ async fn reconciler(path: PathBuf) -> anyhow::Result<()> {
     let background = spawn_background(&config, &app, &shutdown, true)?;
     background.wait().await;
     app.flush().await;
+    Ok(())
+}
+
+fn ledger_check(path: PathBuf) -> anyhow::Result<()> {
+    let config = load(&path)?;
+    if config.ledger.backend != LedgerBackend::Embedded {
+        anyhow::bail!("ledger check reads the embedded ledger; this configuration uses Redis");
+    }
+    let lease = std::time::Duration::from_secs(1);
+    let ledger = EmbeddedLedger::open(&config.ledger.path, lease, lease)?;
+    let mut report = serde_json::json!({ "ledger": ledger.counts()? });
+    if config.spools() {
+        let stats = Spool::open(&config.spool)?.stats();
+        report["spool"] = serde_json::json!({ "entries": stats.entries, "bytes": stats.bytes });
+    }
+    println!("{report}");
     Ok(())
 }
 

@@ -41,6 +41,9 @@ pub enum SpoolError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The spool's file is damaged or not a database.
+    #[error(transparent)]
+    File(#[from] crate::store_file::StoreFileError),
     /// A read or write failed.
     #[error("spool storage: {0}")]
     Storage(#[source] Arc<redb::Error>),
@@ -182,10 +185,7 @@ impl Spool {
             path: path.to_owned(),
             source: e,
         };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| open_error(e.into()))?;
-        }
-        let db = Database::create(path).map_err(|e| open_error(e.into()))?;
+        let db = crate::store_file::open(path)?;
         let txn = db.begin_write().map_err(|e| open_error(e.into()))?;
         txn.open_table(ENTRIES).map_err(|e| open_error(e.into()))?;
         txn.open_table(BY_DELIVERY)

@@ -34,16 +34,16 @@ pub use check::{load, problems, webhook_source};
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     /// The ledger could not be opened.
-    #[error("ledger: {0}")]
+    #[error("cannot open the ledger")]
     Ledger(#[from] LedgerError),
     /// The producer could not be created or the topics could not be ensured.
-    #[error("kafka: {0}")]
+    #[error("cannot reach Kafka")]
     Kafka(#[from] PublishError),
     /// The schema registry refused the schema or could not be reached.
-    #[error("schema registry: {0}")]
+    #[error("the schema registry did not take the schema")]
     Registry(#[from] EncodeError),
     /// The outage spool could not be opened.
-    #[error("spool: {0}")]
+    #[error("cannot open the spool")]
     Spool(#[from] SpoolError),
     /// A source's secret does not fit its signature scheme.
     #[error("{key}.secrets[{index}]: {source}")]
@@ -62,6 +62,9 @@ impl BuildError {
     /// What to check, in the operator's terms, for the start-up message.
     pub fn hint(&self) -> &'static str {
         match self {
+            BuildError::Ledger(LedgerError::File(_)) | BuildError::Spool(SpoolError::File(_)) => {
+                "the file is damaged: `posbridge ledger check` reads both files; to start empty on purpose, move the file aside (an empty ledger forgets done deliveries and entity versions, so retried deliveries publish again; an empty spool loses what it held)"
+            }
             BuildError::Ledger(_) => {
                 "check ledger.path or ledger.redis_url; the embedded ledger allows one posbridge process per ledger file (run the reconciler inside `serve` with reconcile.enabled, or share a Redis ledger with ledger.backend = \"redis\")"
             }

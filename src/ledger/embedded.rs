@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
 use crate::event::DeliveryKey;
+use crate::store_file;
 
 /// Done delivery ids → unix second they may be forgotten.
 const DONE: TableDefinition<&str, u64> = TableDefinition::new("done_deliveries");
@@ -60,10 +61,7 @@ impl EmbeddedLedger {
             path: path.display().to_string(),
             source: e,
         };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| open_error(e.into()))?;
-        }
-        let db = Database::create(path).map_err(|e| open_error(e.into()))?;
+        let db = store_file::open(path)?;
         let txn = db.begin_write().map_err(|e| open_error(e.into()))?;
         txn.open_table(DONE).map_err(|e| open_error(e.into()))?;
         txn.open_table(DONE_BY_EXPIRY)
@@ -94,6 +92,33 @@ impl EmbeddedLedger {
         })
     }
 
+    /// How many done ids, entity states and checkpoints the file holds; for
+    /// `posbridge ledger check`, which has already had the file checked by opening it.
+    ///
+    /// # Errors
+    /// [`LedgerError::Embedded`] when a table cannot be read.
+    pub fn counts(&self) -> Result<LedgerCounts, LedgerError> {
+        use redb::ReadableTableMetadata;
+        let txn = self.db.begin_read().map_err(storage)?;
+        Ok(LedgerCounts {
+            done_deliveries: txn
+                .open_table(DONE)
+                .map_err(storage)?
+                .len()
+                .map_err(storage)?,
+            entities: txn
+                .open_table(ENTITIES)
+                .map_err(storage)?
+                .len()
+                .map_err(storage)?,
+            checkpoints: txn
+                .open_table(CHECKPOINTS)
+                .map_err(storage)?
+                .len()
+                .map_err(storage)?,
+        })
+    }
+
     fn is_done(&self, delivery: &DeliveryKey) -> Result<bool, LedgerError> {
         let txn = self.db.begin_read().map_err(storage)?;
         let table = txn.open_table(DONE).map_err(storage)?;
@@ -109,6 +134,17 @@ impl EmbeddedLedger {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(delivery.as_str());
     }
+}
+
+/// What an embedded ledger file holds.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct LedgerCounts {
+    /// Delivery ids remembered as done (expired ones included until purged).
+    pub done_deliveries: u64,
+    /// Entities with a recorded state.
+    pub entities: u64,
+    /// Reconciler checkpoints.
+    pub checkpoints: u64,
 }
 
 /// Any redb error as a ledger error.

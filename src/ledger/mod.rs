@@ -25,7 +25,7 @@ use async_trait::async_trait;
 use crate::config::{LedgerBackend, LedgerConfig};
 use crate::event::{DeliveryKey, EntityKey, EntityType, Version};
 
-pub use embedded::EmbeddedLedger;
+pub use embedded::{EmbeddedLedger, LedgerCounts};
 pub use redis::RedisLedger;
 
 /// Why the ledger could not answer. Always retryable from the provider's
@@ -41,6 +41,9 @@ pub enum LedgerError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The embedded store's file is damaged or not a database.
+    #[error(transparent)]
+    File(#[from] crate::store_file::StoreFileError),
     /// A read or write of the embedded store failed. Shared: one failed
     /// group commit answers every delivery in it.
     #[error("embedded ledger: {0}")]

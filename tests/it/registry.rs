@@ -66,7 +66,7 @@ async fn start_up_fails_clearly_when_the_registry_rejects_the_schema() {
     config.schema_registry.url = Some(registry.url.clone());
     let error = match App::build(&config).await {
         Ok(_) => panic!("start-up must fail"),
-        Err(error) => error.to_string(),
+        Err(error) => format!("{:#}", anyhow::Error::new(error)),
     };
     assert!(error.contains("refused the event schema"), "{error}");
     assert!(error.contains(&format!("{prefix}.orders-value")), "{error}");
@@ -206,7 +206,7 @@ async fn without_auto_register_posbridge_starts_only_once_ci_registered_the_sche
     config.schema_registry.auto_register = false;
     let error = match App::build(&config).await {
         Ok(_) => panic!("nothing is registered yet"),
-        Err(error) => error.to_string(),
+        Err(error) => format!("{:#}", anyhow::Error::new(error)),
     };
     assert!(error.contains("not registered"), "{error}");
     assert_eq!(

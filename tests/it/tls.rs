@@ -158,7 +158,7 @@ async fn the_registry_client_trusts_the_configured_ca_and_sends_the_token() {
         Some(serde_json::from_value(serde_json::json!("not-the-token")).unwrap());
     let error = match posbridge::app::App::build(&wrong).await {
         Ok(_) => panic!("a wrong token is refused"),
-        Err(error) => error.to_string(),
+        Err(error) => format!("{:#}", anyhow::Error::new(error)),
     };
     assert!(error.contains("schema registry"), "{error}");
 }
