@@ -40,6 +40,8 @@ pub const WEBHOOK_RESUMES: &str = "posbridge_webhook_resumes_total";
 
 /// Always 1, labelled with the version and the wire format (`encoding`).
 pub const BUILD_INFO: &str = "posbridge_build_info";
+/// 1 while ledger writes work, 0 while the fence refuses deliveries.
+pub const LEDGER_WRITABLE: &str = "posbridge_ledger_writable";
 /// 1 while a broker answers, 0 while none does.
 pub const BROKER_UP: &str = "posbridge_broker_up";
 /// Deliveries in the outage spool now.

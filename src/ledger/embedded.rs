@@ -7,8 +7,8 @@
 //! outlive a request, and a crash must not leave a delivery blocked.
 
 use std::collections::HashMap;
-use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -39,7 +39,7 @@ type Reply = oneshot::Sender<Result<(), LedgerError>>;
 #[derive(Clone)]
 pub struct EmbeddedLedger {
     /// The database, shared with the writer thread.
-    db: Arc<Database>,
+    store: Arc<Store>,
     /// Delivery ids being processed now, with the instant their lease lapses.
     leases: Arc<Mutex<HashMap<String, Instant>>>,
     /// How long a lease holds if its holder never ends it.
@@ -61,26 +61,20 @@ impl EmbeddedLedger {
             path: path.display().to_string(),
             source: e,
         };
-        let db = store_file::open(path)?;
-        let txn = db.begin_write().map_err(|e| open_error(e.into()))?;
-        txn.open_table(DONE).map_err(|e| open_error(e.into()))?;
-        txn.open_table(DONE_BY_EXPIRY)
-            .map_err(|e| open_error(e.into()))?;
-        txn.open_table(ENTITIES).map_err(|e| open_error(e.into()))?;
-        txn.open_table(CHECKPOINTS)
-            .map_err(|e| open_error(e.into()))?;
-        txn.commit().map_err(|e| open_error(e.into()))?;
-        let db = Arc::new(db);
+        let store = Arc::new(Store {
+            path: path.to_owned(),
+            db: RwLock::new(Some(Arc::new(Store::open_file(path)?))),
+        });
 
         let (writer, queue) = mpsc::unbounded_channel();
-        let writer_db = db.clone();
+        let writer_store = store.clone();
         std::thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || write_loop(&writer_db, queue, dedup_ttl))
+            .spawn(move || write_loop(&writer_store, queue, dedup_ttl))
             .map_err(|e| open_error(e.into()))?;
 
         Ok(EmbeddedLedger {
-            db,
+            store,
             leases: Arc::default(),
             lease,
             locks: Arc::new(
@@ -99,7 +93,7 @@ impl EmbeddedLedger {
     /// [`LedgerError::Embedded`] when a table cannot be read.
     pub fn counts(&self) -> Result<LedgerCounts, LedgerError> {
         use redb::ReadableTableMetadata;
-        let txn = self.db.begin_read().map_err(storage)?;
+        let txn = self.store.get()?.begin_read().map_err(storage)?;
         Ok(LedgerCounts {
             done_deliveries: txn
                 .open_table(DONE)
@@ -120,7 +114,7 @@ impl EmbeddedLedger {
     }
 
     fn is_done(&self, delivery: &DeliveryKey) -> Result<bool, LedgerError> {
-        let txn = self.db.begin_read().map_err(storage)?;
+        let txn = self.store.get()?.begin_read().map_err(storage)?;
         let table = txn.open_table(DONE).map_err(storage)?;
         Ok(table
             .get(delivery.as_str())
@@ -131,8 +125,71 @@ impl EmbeddedLedger {
     fn end_lease(&self, delivery: &DeliveryKey) {
         self.leases
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .remove(delivery.as_str());
+    }
+}
+
+/// The open database, replaced by [`Store::reopen`] after a failure.
+struct Store {
+    path: PathBuf,
+    /// `None` only while it is being reopened.
+    db: RwLock<Option<Arc<Database>>>,
+}
+
+impl Store {
+    /// How long a reopen waits for reads in progress to let go of the old handle.
+    const RELEASE_WAIT: Duration = Duration::from_secs(2);
+
+    /// Opens (or creates) the checked file and its tables.
+    fn open_file(path: &Path) -> Result<Database, LedgerError> {
+        let db = store_file::open(path)?;
+        let open_error = |e: redb::Error| LedgerError::Open {
+            path: path.display().to_string(),
+            source: e.into(),
+        };
+        let txn = db.begin_write().map_err(|e| open_error(e.into()))?;
+        txn.open_table(DONE).map_err(|e| open_error(e.into()))?;
+        txn.open_table(DONE_BY_EXPIRY)
+            .map_err(|e| open_error(e.into()))?;
+        txn.open_table(ENTITIES).map_err(|e| open_error(e.into()))?;
+        txn.open_table(CHECKPOINTS)
+            .map_err(|e| open_error(e.into()))?;
+        txn.commit().map_err(|e| open_error(e.into()))?;
+        Ok(db)
+    }
+
+    fn get(&self) -> Result<Arc<Database>, LedgerError> {
+        self.db
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or(LedgerError::Closed)
+    }
+
+    /// Closes the handle and opens the file again: redb refuses every write
+    /// after one I/O error until then. Blocking.
+    fn reopen(&self) -> Result<(), LedgerError> {
+        let mut slot = self.db.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(mut old) = slot.take() {
+            // The file admits one handle: wait for reads in progress to end.
+            let deadline = Instant::now() + Self::RELEASE_WAIT;
+            loop {
+                match Arc::try_unwrap(old) {
+                    Ok(db) => break drop(db),
+                    Err(held) if Instant::now() < deadline => {
+                        old = held;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(held) => {
+                        *slot = Some(held);
+                        return Err(LedgerError::Closed);
+                    }
+                }
+            }
+        }
+        *slot = Some(Arc::new(Store::open_file(&self.path)?));
+        Ok(())
     }
 }
 
@@ -161,7 +218,7 @@ fn unix_now() -> u64 {
 /// The writer thread: take everything queued, write it in one transaction,
 /// answer every waiter with the transaction's result.
 fn write_loop(
-    db: &Database,
+    store: &Store,
     mut queue: mpsc::UnboundedReceiver<(Commit, Reply)>,
     dedup_ttl: Duration,
 ) {
@@ -172,13 +229,20 @@ fn write_loop(
             batch.push(next);
         }
         let purge = last_purge.elapsed() >= PURGE_EVERY;
-        let result = write_batch(db, &batch, dedup_ttl, purge).map_err(Arc::new);
+        let result = store.get().and_then(|db| {
+            write_batch(&db, &batch, dedup_ttl, purge)
+                .map_err(|e| LedgerError::Embedded(Arc::new(e)))
+        });
         if purge && result.is_ok() {
             last_purge = Instant::now();
         }
         for (_, reply) in batch {
             // The waiter may have given up (request cancelled); nothing to tell it.
-            let _ = reply.send(result.clone().map_err(LedgerError::Embedded));
+            let _ = reply.send(match &result {
+                Ok(()) => Ok(()),
+                Err(LedgerError::Embedded(error)) => Err(LedgerError::Embedded(error.clone())),
+                Err(_) => Err(LedgerError::Closed),
+            });
         }
     }
 }
@@ -231,10 +295,7 @@ fn write_batch(
 #[async_trait]
 impl Ledger for EmbeddedLedger {
     async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
-        let mut leases = self
-            .leases
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         if leases
             .get(delivery.as_str())
@@ -263,7 +324,7 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
-        let txn = self.db.begin_read().map_err(storage)?;
+        let txn = self.store.get()?.begin_read().map_err(storage)?;
         let table = txn.open_table(ENTITIES).map_err(storage)?;
         let value = table.get(slot.as_str()).map_err(storage)?;
         value
@@ -272,7 +333,7 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
-        let txn = self.db.begin_read().map_err(storage)?;
+        let txn = self.store.get()?.begin_read().map_err(storage)?;
         let table = txn.open_table(CHECKPOINTS).map_err(storage)?;
         Ok(table.get(name).map_err(storage)?.map(|v| v.value()))
     }
@@ -290,11 +351,18 @@ impl Ledger for EmbeddedLedger {
         result
     }
 
+    async fn reopen(&self) -> Result<(), LedgerError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.reopen())
+            .await
+            .unwrap_or(Err(LedgerError::Closed))
+    }
+
     async fn check(&self) -> Result<(), LedgerError> {
         if self.writer.is_closed() {
             return Err(LedgerError::Closed);
         }
-        let txn = self.db.begin_read().map_err(storage)?;
+        let txn = self.store.get()?.begin_read().map_err(storage)?;
         txn.open_table(DONE).map_err(storage)?;
         Ok(())
     }

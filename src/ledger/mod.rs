@@ -15,6 +15,7 @@
 //! ([`Commit`]), so a crash cannot leave one recorded without the other.
 
 mod embedded;
+mod fence;
 mod redis;
 
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use crate::config::{LedgerBackend, LedgerConfig};
 use crate::event::{DeliveryKey, EntityKey, EntityType, Version};
 
 pub use embedded::{EmbeddedLedger, LedgerCounts};
+pub use fence::Fenced;
 pub use redis::RedisLedger;
 
 /// Why the ledger could not answer. Always retryable from the provider's
@@ -60,12 +62,19 @@ pub enum LedgerError {
         /// The entity's slot.
         slot: String,
     },
+    /// A write failed and none has worked since: nothing new is taken
+    /// until one does (see the fence).
+    #[error("ledger writes are failing ({reason}); deliveries wait until a write works again")]
+    Unwritable {
+        /// The first failure's message.
+        reason: String,
+    },
     /// The ledger is shut down.
     #[error("ledger is closed")]
     Closed,
 }
 
-/// Opens the configured backend. `lease` is how long a delivery's lease
+/// Opens the configured backend, behind the fence ([`Fenced`]). `lease` is how long a delivery's lease
 /// holds if its holder never ends it (a crashed request).
 ///
 /// # Errors
@@ -73,8 +82,12 @@ pub enum LedgerError {
 pub async fn open(config: &LedgerConfig, lease: Duration) -> Result<Arc<dyn Ledger>, LedgerError> {
     let dedup_ttl = Duration::from_secs(config.dedup_ttl_secs);
     Ok(match config.backend {
-        LedgerBackend::Embedded => Arc::new(EmbeddedLedger::open(&config.path, dedup_ttl, lease)?),
-        LedgerBackend::Redis => Arc::new(
+        LedgerBackend::Embedded => Arc::new(Fenced::new(EmbeddedLedger::open(
+            &config.path,
+            dedup_ttl,
+            lease,
+        )?)),
+        LedgerBackend::Redis => Arc::new(Fenced::new(
             RedisLedger::connect(
                 &config.redis_url,
                 &config.redis_prefix,
@@ -83,7 +96,7 @@ pub async fn open(config: &LedgerConfig, lease: Duration) -> Result<Arc<dyn Ledg
                 config.redis_ca_file.as_deref(),
             )
             .await?,
-        ),
+        )),
     })
 }
 
@@ -211,6 +224,16 @@ pub trait Ledger: Send + Sync + 'static {
     /// # Errors
     /// [`LedgerError`] when the write fails; the lease is then released.
     async fn commit(&self, commit: Commit) -> Result<(), LedgerError>;
+
+    /// Opens the store afresh, for a failure only a new handle clears (redb
+    /// refuses every write after one I/O error). Stores that reconnect by
+    /// themselves have nothing to do.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the store cannot be opened yet.
+    async fn reopen(&self) -> Result<(), LedgerError> {
+        Ok(())
+    }
 
     /// Whether the store is open and answering, for `/readyz`.
     ///

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use time::OffsetDateTime;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
 use crate::encode::{EncodeError, Encoder};
 use crate::event::{DeliveryKey, Normalized, Origin, PosEvent, ProviderKind, Source};
@@ -528,10 +528,11 @@ impl Pipeline {
             }
             Err(error) => return Err(error.into()),
         }
-        // The record is in Kafka: failing to note that only risks publishing
-        // the same state again on a retry, which compaction absorbs.
+        // The record is in Kafka, so the delivery is answered 2xx. A failed
+        // write raised the ledger's fence, which keeps it and writes it
+        // before the ledger is read again; the fence logs the failure.
         if let Err(error) = self.commit(delivery, Some((slot, incoming))).await {
-            error!(entity = %key, %error, "Published, but the ledger write failed; a retry may publish this state again.");
+            debug!(entity = %key, %error, "Published; its ledger write waits behind the fence.");
         }
         Ok(Outcome::Published)
     }

@@ -9,6 +9,7 @@ mod catch_up;
 mod consumers;
 mod damaged_files;
 mod dedup;
+mod ledger_full;
 mod ordering;
 mod registry;
 mod rejects;

@@ -1,0 +1,184 @@
+//! The fence: once a ledger write fails, nothing new is taken until writes
+//! work again.
+//!
+//! A ledger that cannot record outcomes silently ends both guarantees it
+//! exists for: done ids are not remembered (duplicates publish again) and a
+//! newer entity state is not recorded (an older event then passes the stale
+//! guard and rolls the compacted topic back). redb, after an I/O error such
+//! as a full disk, refuses every later write until the file is reopened.
+//!
+//! So the first failed commit raises the fence: every read and `begin` is
+//! refused with [`LedgerError::Unwritable`] (503 + Retry-After, or the spool),
+//! `/readyz` fails, and the failed commits are kept in memory. At most once
+//! per [`RETRY_EVERY`] a request tries to heal: reopen the store, write the
+//! kept commits in order, and lower the fence when they are durable. The
+//! record a kept commit describes is already in Kafka; writing its entity
+//! state before anything else is read keeps the stale guard exact.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tracing::{error, info};
+
+use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
+use crate::event::DeliveryKey;
+use crate::telemetry;
+
+/// How often a fenced ledger tries to heal.
+pub const RETRY_EVERY: Duration = Duration::from_secs(1);
+
+/// A ledger behind the fence. See the module documentation.
+pub struct Fenced<L> {
+    inner: L,
+    fence: Mutex<Option<Fence>>,
+    /// Serializes healing, so one attempt runs at a time.
+    healing: tokio::sync::Mutex<()>,
+}
+
+/// Why the fence is up, since when, and what waits to be written.
+struct Fence {
+    reason: String,
+    since: Instant,
+    last_attempt: Instant,
+    pending: Vec<Commit>,
+}
+
+impl<L: Ledger> Fenced<L> {
+    /// Wraps a ledger whose store answered at start-up.
+    pub fn new(inner: L) -> Self {
+        metrics::gauge!(telemetry::LEDGER_WRITABLE).set(1.0);
+        Fenced {
+            inner,
+            fence: Mutex::new(None),
+            healing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn fence(&self) -> std::sync::MutexGuard<'_, Option<Fence>> {
+        self.fence
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Raises the fence (once) and keeps `commit` to be written on healing.
+    fn raise(&self, commit: Commit, error: &LedgerError) {
+        let mut fence = self.fence();
+        match fence.as_mut() {
+            Some(fence) => fence.pending.push(commit),
+            None => {
+                error!(%error, "Ledger writes are failing: refusing deliveries until a write works again.");
+                metrics::gauge!(telemetry::LEDGER_WRITABLE).set(0.0);
+                let now = Instant::now();
+                *fence = Some(Fence {
+                    reason: error.to_string(),
+                    since: now,
+                    last_attempt: now,
+                    pending: vec![commit],
+                });
+            }
+        }
+    }
+
+    /// `Ok` when the fence is down, or was lowered by this call's healing.
+    async fn open(&self) -> Result<(), LedgerError> {
+        let due = match self.fence().as_mut() {
+            None => return Ok(()),
+            Some(fence) if fence.last_attempt.elapsed() >= RETRY_EVERY => {
+                fence.last_attempt = Instant::now();
+                true
+            }
+            Some(_) => false,
+        };
+        if due && let Ok(_healing) = self.healing.try_lock() {
+            self.heal().await;
+        }
+        match self.fence().as_ref() {
+            None => Ok(()),
+            Some(fence) => Err(LedgerError::Unwritable {
+                reason: fence.reason.clone(),
+            }),
+        }
+    }
+
+    /// Reopens the store and writes the kept commits; lowers the fence when
+    /// all are durable. A failure keeps the rest for the next attempt.
+    async fn heal(&self) {
+        if self.inner.reopen().await.is_err() {
+            return;
+        }
+        loop {
+            let next = self
+                .fence()
+                .as_mut()
+                .and_then(|fence| (!fence.pending.is_empty()).then(|| fence.pending.remove(0)));
+            let Some(commit) = next else { break };
+            if let Err(error) = self.inner.commit(commit.clone()).await {
+                if let Some(fence) = self.fence().as_mut() {
+                    fence.pending.insert(0, commit);
+                    fence.reason = error.to_string();
+                }
+                return;
+            }
+        }
+        if let Some(fence) = self.fence().take() {
+            metrics::gauge!(telemetry::LEDGER_WRITABLE).set(1.0);
+            info!(
+                after_secs = fence.since.elapsed().as_secs(),
+                "Ledger writes work again; taking deliveries."
+            );
+        }
+    }
+}
+
+#[async_trait]
+impl<L: Ledger> Ledger for Fenced<L> {
+    async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
+        self.open().await?;
+        self.inner.begin(delivery).await
+    }
+
+    async fn release(&self, delivery: &DeliveryKey) {
+        self.inner.release(delivery).await;
+    }
+
+    async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
+        self.inner.lock_entity(slot).await
+    }
+
+    async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
+        self.open().await?;
+        self.inner.entity(slot).await
+    }
+
+    async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
+        self.open().await?;
+        self.inner.checkpoint(name).await
+    }
+
+    async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
+        if let Err(error) = self.open().await {
+            if let Some(delivery) = &commit.delivery {
+                self.inner.release(delivery).await;
+            }
+            self.raise(commit, &error);
+            return Err(error);
+        }
+        match self.inner.commit(commit.clone()).await {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                self.raise(commit, &error);
+                Err(error)
+            }
+        }
+    }
+
+    async fn reopen(&self) -> Result<(), LedgerError> {
+        self.inner.reopen().await
+    }
+
+    async fn check(&self) -> Result<(), LedgerError> {
+        self.open().await?;
+        self.inner.check().await
+    }
+}

@@ -1,0 +1,200 @@
+//! A ledger whose disk fills up: deliveries are refused (503) instead of
+//! being taken without a record, and everything works again once space is
+//! freed, without a restart. The disk is a real tmpfs of a few MiB.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::support::{TestApp, brokers, config, read_topic, rr_sale, unique};
+
+/// A small tmpfs mounted for one test, unmounted when dropped.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "mounting a tmpfs needs root (CI runs the suite as root)"
+        );
+        Tmpfs { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// Writes a file until the filesystem is full, then gives `room` bytes back.
+fn fill(path: &Path, room: u64) {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path).unwrap();
+    let chunk = vec![0u8; 4096];
+    while file
+        .write_all(&chunk)
+        .and_then(|()| file.sync_all())
+        .is_ok()
+    {}
+    let len = file.metadata().unwrap().len();
+    file.set_len(len.saturating_sub(room)).unwrap();
+}
+
+/// The `i`-th state of sale S-1: one second later each.
+fn sale(delivery: &str, i: u32) -> serde_json::Value {
+    let at = format!(
+        "2026-11-30T{:02}:{:02}:{:02}Z",
+        1 + i / 3600,
+        i / 60 % 60,
+        i % 60
+    );
+    rr_sale(
+        delivery,
+        "sale.updated",
+        &at,
+        "T1|2026-11|1",
+        1000 + u64::from(i),
+    )
+}
+
+#[tokio::test]
+async fn a_full_disk_fences_the_ledger_and_freeing_space_heals_it_without_a_restart() {
+    let disk = Tmpfs::mount("4m");
+    let prefix = unique("fulldisk");
+    let app = TestApp::start_with(config(&brokers(), &prefix, disk.path())).await;
+    let filler = disk.path().join("filler");
+    fill(&filler, 32 * 1024);
+
+    // Newer states of one sale until the ledger cannot record one.
+    let mut answered = Vec::new();
+    let mut refused_at = None;
+    for i in 100..5100 {
+        let delivery = format!("full-{i}");
+        let response = app.send("receiptroller", "main", &sale(&delivery, i)).await;
+        match response.status().as_u16() {
+            200 => answered.push((delivery, i)),
+            503 => {
+                refused_at = Some(i);
+                break;
+            }
+            other => panic!("{other}: {}", response.text().await.unwrap()),
+        }
+    }
+    let refused_at = refused_at.expect("the full disk never made a write fail");
+    let (last_delivery, newest) = answered.last().cloned().expect("nothing fit on the disk");
+
+    // Fenced: an older state is refused, not published over the newer one,
+    // and /readyz says why.
+    let older = app
+        .send("receiptroller", "main", &sale("full-older", 1))
+        .await;
+    assert_eq!(
+        older.status(),
+        503,
+        "an older state was taken while the ledger cannot write"
+    );
+    assert!(older.headers().contains_key("retry-after"));
+    let ready = app
+        .http
+        .get(format!("{}/readyz", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    let body: serde_json::Value = ready.json().await.unwrap();
+    assert!(
+        body["ledger"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("failing"),
+        "{body}"
+    );
+    assert!(crate::support::metric(&app.metrics().await, "posbridge_ledger_writable", &[]) == 0.0);
+
+    // Space comes back: the ledger heals by itself.
+    std::fs::remove_file(&filler).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let ready = app
+            .http
+            .get(format!("{}/readyz", app.base))
+            .send()
+            .await
+            .unwrap();
+        if ready.status() == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the ledger did not heal: {}",
+            ready.text().await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // What was answered 2xx before the fence is remembered (a resend is a
+    // duplicate), the newest state is known (the older one is stale), and
+    // the refused delivery goes through on its retry.
+    let again = app
+        .send("receiptroller", "main", &sale(&last_delivery, newest))
+        .await;
+    assert_eq!(
+        again.json::<serde_json::Value>().await.unwrap()["status"],
+        "duplicate"
+    );
+    let older = app
+        .send("receiptroller", "main", &sale("full-older", 1))
+        .await;
+    assert_eq!(
+        older.json::<serde_json::Value>().await.unwrap()["status"],
+        "stale"
+    );
+    let retried = app
+        .send(
+            "receiptroller",
+            "main",
+            &sale(&format!("full-{refused_at}"), refused_at),
+        )
+        .await;
+    assert_eq!(
+        retried.json::<serde_json::Value>().await.unwrap()["status"],
+        "published"
+    );
+
+    // The topic never went back: states in order, the last one the newest.
+    let records = read_topic(&brokers(), &app.topic("sales"));
+    let order: Vec<u32> = records
+        .iter()
+        .map(|r| {
+            let id = &r.headers["posbridge-delivery-id"];
+            assert_ne!(id, "full-older", "the older state reached the topic");
+            id.trim_start_matches("full-").parse().unwrap()
+        })
+        .collect();
+    assert!(
+        order.is_sorted(),
+        "the topic went back to an older state: {order:?}"
+    );
+    assert_eq!(order.last(), Some(&refused_at));
+    println!(
+        "{} deliveries recorded before the disk filled; the fence refused the next until space was freed",
+        answered.len()
+    );
+    app.stop().await;
+}
