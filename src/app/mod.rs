@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::drain::Drainer;
 use crate::encode::{EncodeError, Encoder};
 use crate::event::ProviderKind;
-use crate::ingress::{self, AppState, RequestOutcome, WebhookSource};
+use crate::ingress::{self, AppState, ConnectionLimits, RequestOutcome, WebhookSource};
 use crate::ledger::{self, LedgerError};
 use crate::pipeline::{Pipeline, Stages, Timing};
 use crate::publish::{PublishError, Publisher, Topics};
@@ -216,6 +216,18 @@ impl App {
                     },
                 ),
                 body_limit: config.server.body_limit_bytes,
+                body_read_timeout: Duration::from_millis(config.server.body_read_timeout_ms),
+                body_budget: Arc::new(tokio::sync::Semaphore::new(
+                    config.server.max_body_bytes_in_flight,
+                )),
+                connections: ConnectionLimits {
+                    header_read_timeout: Duration::from_millis(
+                        config.server.header_read_timeout_ms,
+                    ),
+                    max_connections: config.server.max_connections,
+                    shutdown_timeout: Duration::from_millis(config.server.shutdown_timeout_ms),
+                    retry_after_secs: config.server.retry_after_secs,
+                },
                 retry_after_secs: config.server.retry_after_secs,
                 metrics,
             },

@@ -232,6 +232,35 @@ impl Config {
         if self.server.body_limit_bytes == 0 {
             problem("server.body_limit_bytes", "must be above 0".into());
         }
+        for (key, ms) in [
+            (
+                "server.header_read_timeout_ms",
+                self.server.header_read_timeout_ms,
+            ),
+            (
+                "server.body_read_timeout_ms",
+                self.server.body_read_timeout_ms,
+            ),
+        ] {
+            if ms == 0 || Duration::from_millis(ms) >= PROVIDER_TIMEOUT {
+                problem(
+                    key,
+                    "must be above 0 and well under the providers' 10 s answer limit".into(),
+                );
+            }
+        }
+        if self.server.max_connections == 0 {
+            problem("server.max_connections", "must be above 0".into());
+        }
+        if self.server.max_body_bytes_in_flight < self.server.body_limit_bytes {
+            problem(
+                "server.max_body_bytes_in_flight",
+                format!(
+                    "{} is below server.body_limit_bytes ({}): a body of the largest accepted size could never be read",
+                    self.server.max_body_bytes_in_flight, self.server.body_limit_bytes
+                ),
+            );
+        }
         if self.server.retry_after_secs == 0 || self.server.retry_after_secs > 3600 {
             problem(
                 "server.retry_after_secs",

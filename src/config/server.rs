@@ -20,10 +20,31 @@ pub struct ServerConfig {
     /// before answering 503.
     #[serde(default = "default_inflight_wait_ms")]
     pub inflight_wait_ms: u64,
-    /// How long shutdown (and the one-shot commands) wait for the producer to
-    /// flush; in-flight deliveries end within their own delivery deadline.
+    /// How long shutdown waits for open connections to finish their
+    /// requests, and then (separately) for the producer to flush; the
+    /// one-shot commands wait this long for the flush.
     #[serde(default = "default_shutdown_timeout_ms")]
     pub shutdown_timeout_ms: u64,
+    /// How long a connection may take to send a request's head (line and
+    /// headers). It also bounds how long a kept-alive connection may sit idle
+    /// before its next request: hyper starts this clock when it waits for a head.
+    #[serde(default = "default_header_read_timeout_ms")]
+    pub header_read_timeout_ms: u64,
+    /// How long a request may take to send its body once its head arrived;
+    /// slower is answered 408 (both providers retry it).
+    #[serde(default = "default_body_read_timeout_ms")]
+    pub body_read_timeout_ms: u64,
+    /// Open connections at most; one more is answered 503 + `Retry-After`
+    /// and closed. Keep it below the process's open-file limit, which the
+    /// producer, the ledger and the spool also draw on.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Bytes of request bodies being read and handled at once, counted by
+    /// each request's declared length (or `body_limit_bytes` when it declares
+    /// none). A request that would pass it is answered 503 + `Retry-After`
+    /// before its body is read, so slow senders cannot hold memory.
+    #[serde(default = "default_max_body_bytes_in_flight")]
+    pub max_body_bytes_in_flight: usize,
 }
 
 impl Default for ServerConfig {
@@ -34,6 +55,10 @@ impl Default for ServerConfig {
             retry_after_secs: default_retry_after_secs(),
             inflight_wait_ms: default_inflight_wait_ms(),
             shutdown_timeout_ms: default_shutdown_timeout_ms(),
+            header_read_timeout_ms: default_header_read_timeout_ms(),
+            body_read_timeout_ms: default_body_read_timeout_ms(),
+            max_connections: default_max_connections(),
+            max_body_bytes_in_flight: default_max_body_bytes_in_flight(),
         }
     }
 }
@@ -53,4 +78,18 @@ const fn default_inflight_wait_ms() -> u64 {
 }
 const fn default_shutdown_timeout_ms() -> u64 {
     10_000
+}
+// Providers wait 10 s for the whole answer; a head takes milliseconds.
+const fn default_header_read_timeout_ms() -> u64 {
+    2000
+}
+const fn default_body_read_timeout_ms() -> u64 {
+    3000
+}
+// Well under the usual open-file limit of 1024.
+const fn default_max_connections() -> usize {
+    512
+}
+const fn default_max_body_bytes_in_flight() -> usize {
+    64 * 1024 * 1024
 }

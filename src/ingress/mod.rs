@@ -5,6 +5,7 @@
 //! covers every status the ingress can answer without Kafka (all but 200
 //! `published` and `dead_lettered`, which the integration tests cover).
 
+mod listen;
 mod ops;
 mod response;
 #[cfg(test)]
@@ -24,6 +25,7 @@ use crate::event::{ProviderKind, Source};
 use crate::pipeline::Pipeline;
 use crate::verify::Verifier;
 
+pub use listen::ConnectionLimits;
 pub use response::{RequestOutcome, WebhookError};
 
 /// One configured webhook, ready to verify.
@@ -46,6 +48,12 @@ pub struct AppState {
     pub pipeline: Pipeline,
     /// Largest body read.
     pub body_limit: usize,
+    /// How long a body may take to arrive.
+    pub body_read_timeout: std::time::Duration,
+    /// Bytes of bodies that may be read and handled at once (one permit a byte).
+    pub body_budget: Arc<tokio::sync::Semaphore>,
+    /// Connection bounds for [`serve`].
+    pub connections: ConnectionLimits,
     /// `Retry-After` on 503.
     pub retry_after_secs: u64,
     /// Renders `/metrics`.
@@ -85,8 +93,8 @@ fn guarded(
         ))
 }
 
-/// Serves until `shutdown` resolves, then stops accepting and lets in-flight
-/// requests finish (each is bounded by the delivery deadline).
+/// Serves until `shutdown` resolves, then stops accepting and lets open
+/// connections finish their requests for at most `shutdown_timeout_ms`.
 ///
 /// # Errors
 /// When the listener fails.
@@ -95,7 +103,6 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let limits = state.connections;
+    listen::serve(listener, router(state), limits, shutdown).await
 }

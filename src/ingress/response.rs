@@ -38,6 +38,12 @@ pub enum WebhookError {
     /// The body is larger than `server.body_limit_bytes`.
     #[error("body larger than {0} bytes")]
     TooLarge(usize),
+    /// The body did not arrive within `server.body_read_timeout_ms`.
+    #[error("the body did not arrive within {} ms", .0.as_millis())]
+    BodyTimeout(std::time::Duration),
+    /// Reading this body would pass `server.max_body_bytes_in_flight`.
+    #[error("too many request bodies being read at once, retry later")]
+    Busy,
     /// The body could not be read from the connection.
     #[error("could not read the body: {0}")]
     BodyRead(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -95,6 +101,7 @@ impl WebhookError {
         match self {
             WebhookError::Unauthorized(_) => RequestOutcome::Unauthorized,
             WebhookError::Pipeline(error) if error.is_retryable() => RequestOutcome::Unavailable,
+            WebhookError::Busy => RequestOutcome::Unavailable,
             _ => RequestOutcome::Rejected,
         }
     }
@@ -107,6 +114,9 @@ impl WebhookError {
             | WebhookError::UnknownSource(_) => StatusCode::NOT_FOUND,
             WebhookError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             WebhookError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            // Both providers retry a 408.
+            WebhookError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            WebhookError::Busy => StatusCode::SERVICE_UNAVAILABLE,
             WebhookError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             WebhookError::Pipeline(error) if error.is_retryable() => {
                 StatusCode::SERVICE_UNAVAILABLE

@@ -85,12 +85,22 @@ async fn handle(
     if declared.is_some_and(|len| len > state.body_limit) {
         return Err(WebhookError::TooLarge(state.body_limit));
     }
-    let bytes = match Limited::new(body, state.body_limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+    // Held until the answer: the body stays in memory that long.
+    let _budget = u32::try_from(declared.unwrap_or(state.body_limit).max(1))
+        .ok()
+        .and_then(|bytes| state.body_budget.clone().try_acquire_many_owned(bytes).ok())
+        .ok_or(WebhookError::Busy)?;
+    let read = tokio::time::timeout(
+        state.body_read_timeout,
+        Limited::new(body, state.body_limit).collect(),
+    );
+    let bytes = match read.await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
             return Err(WebhookError::TooLarge(state.body_limit));
         }
-        Err(e) => return Err(WebhookError::BodyRead(e)),
+        Ok(Err(e)) => return Err(WebhookError::BodyRead(e)),
+        Err(_) => return Err(WebhookError::BodyTimeout(state.body_read_timeout)),
     };
     let now = OffsetDateTime::now_utc();
     let body = webhook

@@ -15,5 +15,6 @@ mod registry;
 mod rejects;
 mod round_trip;
 mod shared_ledger;
+mod slow_clients;
 mod spool;
 mod tls;
