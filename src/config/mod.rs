@@ -249,6 +249,25 @@ impl Config {
                 );
             }
         }
+        match self.kafka.message_max_bytes() {
+            None => problem(
+                "kafka.librdkafka.\"message.max.bytes\"",
+                "must be a number of bytes".into(),
+            ),
+            Some(max) if 2 * self.server.body_limit_bytes + kafka::RECORD_ENVELOPE_BYTES > max => {
+                problem(
+                    "server.body_limit_bytes",
+                    format!(
+                        "{} bytes cannot always fit in a record: an event's record holds its body twice at most (raw and normalized) plus up to {} bytes of envelope, and the producer's message.max.bytes is {max}; lower it to {} or raise message.max.bytes (and the topics' max.message.bytes) to {}",
+                        self.server.body_limit_bytes,
+                        kafka::RECORD_ENVELOPE_BYTES,
+                        (max.saturating_sub(kafka::RECORD_ENVELOPE_BYTES)) / 2,
+                        2 * self.server.body_limit_bytes + kafka::RECORD_ENVELOPE_BYTES,
+                    ),
+                );
+            }
+            Some(_) => {}
+        }
         if self.server.max_connections == 0 {
             problem("server.max_connections", "must be above 0".into());
         }
@@ -512,6 +531,40 @@ mod tests {
         ] {
             assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
         }
+    }
+
+    #[test]
+    fn the_body_limit_must_fit_the_producers_message_size() {
+        let problems = |server: &str, librdkafka: &str| -> Vec<String> {
+            parse(&format!(
+                "[server]\n{server}\n[kafka.librdkafka]\n{librdkafka}\n[mekari.sources.main]\nsecrets = [\"s\"]\n"
+            ))
+            .problems()
+            .into_iter()
+            .map(|p| p.key)
+            .collect()
+        };
+        assert_eq!(problems("", ""), Vec::<String>::new(), "the defaults agree");
+        assert_eq!(
+            problems("body_limit_bytes = 1048576", ""),
+            vec!["server.body_limit_bytes"]
+        );
+        assert_eq!(
+            problems("body_limit_bytes = 1048576", "\"message.max.bytes\" = \"2200000\""),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            problems("", "\"message.max.bytes\" = \"lots\""),
+            vec!["kafka.librdkafka.\"message.max.bytes\""]
+        );
+        assert_eq!(
+            problems("max_body_bytes_in_flight = 1000", ""),
+            vec!["server.max_body_bytes_in_flight"]
+        );
+        assert_eq!(
+            problems("header_read_timeout_ms = 10000\nbody_read_timeout_ms = 0", ""),
+            vec!["server.header_read_timeout_ms", "server.body_read_timeout_ms"]
+        );
     }
 
     #[test]

@@ -34,8 +34,9 @@ use crate::telemetry;
 use crate::verify::VerifiedBody;
 
 pub use record::{
-    DeadLetter, HEADER_DELIVERY_ID, HEADER_EVENT_TYPE, HEADER_ORIGIN, HEADER_PROVIDER,
-    HEADER_REASON, HEADER_SOURCE, dead_letter_record, entity_record,
+    DEAD_LETTER_KEPT_BYTES, DeadLetter, HEADER_BODY_BYTES, HEADER_BODY_SHA256, HEADER_DELIVERY_ID,
+    HEADER_EVENT_TYPE, HEADER_ORIGIN, HEADER_PROVIDER, HEADER_REASON, HEADER_SOURCE,
+    cut_dead_letter, dead_letter_record, entity_record,
 };
 
 /// How often a duplicate re-checks the ledger while the first attempt runs.
@@ -587,10 +588,17 @@ impl Pipeline {
             "Event dead-lettered with its raw body."
         );
         let (provider, code) = (letter.provider, letter.code);
-        self.inner
-            .publisher
-            .send(dead_letter_record(letter, self.inner.topics.dead_letter()))
-            .await?;
+        let record = dead_letter_record(letter, self.inner.topics.dead_letter());
+        match self.inner.publisher.send(record.clone()).await {
+            Ok(_) => {}
+            // Too large whole: a cut copy is still a permanent outcome, where
+            // refusing would ask the provider to retry what can never fit.
+            Err(PublishError::Refused(error)) => {
+                warn!(%error, "Dead letter refused whole; writing its head with the body's length and hash.");
+                self.inner.publisher.send(cut_dead_letter(record)).await?;
+            }
+            Err(error) => return Err(error.into()),
+        }
         metrics::counter!(
             telemetry::DEAD_LETTERS,
             telemetry::PROVIDER => provider.as_str(),

@@ -93,6 +93,31 @@ pub fn dead_letter_record(letter: DeadLetter<'_>, topic: &str) -> OutgoingRecord
     }
 }
 
+/// How much of a body a dead letter keeps when the whole one was refused.
+pub const DEAD_LETTER_KEPT_BYTES: usize = 64 * 1024;
+/// On a cut dead letter: the whole body's length in bytes.
+pub const HEADER_BODY_BYTES: &str = "posbridge-body-bytes";
+/// On a cut dead letter: the whole body's SHA-256, hex.
+pub const HEADER_BODY_SHA256: &str = "posbridge-body-sha256";
+
+/// The dead letter cut to its first [`DEAD_LETTER_KEPT_BYTES`], for a body the
+/// broker refused whole (too large): the delivery still gets a permanent
+/// outcome, and the headers say how long the body was and what it hashed to,
+/// so it can be matched with the provider's copy.
+pub fn cut_dead_letter(mut record: OutgoingRecord) -> OutgoingRecord {
+    use sha2::{Digest, Sha256};
+    if let Some(body) = record.payload.as_mut() {
+        record
+            .headers
+            .push((HEADER_BODY_BYTES, body.len().to_string()));
+        record
+            .headers
+            .push((HEADER_BODY_SHA256, hex::encode(Sha256::digest(&body[..]))));
+        body.truncate(DEAD_LETTER_KEPT_BYTES);
+    }
+    record
+}
+
 /// A record timestamp: milliseconds since the epoch.
 fn millis(at: OffsetDateTime) -> i64 {
     i64::try_from(at.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
@@ -112,6 +137,41 @@ mod tests {
             raw: "{\"id\":\"O-1\"}".into(),
             ..PosEvent::sample()
         }
+    }
+
+    #[test]
+    fn a_cut_dead_letter_keeps_the_head_and_says_what_the_whole_was() {
+        let body = vec![b'x'; DEAD_LETTER_KEPT_BYTES + 10];
+        let record = cut_dead_letter(dead_letter_record(
+            DeadLetter::of_event(&event(), "publish_refused", "too large".into()),
+            "dlq",
+        ));
+        assert_eq!(header(&record, HEADER_BODY_BYTES), Some("12"));
+        let mut big = dead_letter_record(
+            DeadLetter::of_event(&event(), "publish_refused", "too large".into()),
+            "dlq",
+        );
+        big.payload = Some(body.clone());
+        let cut = cut_dead_letter(big);
+        assert_eq!(
+            cut.payload.as_ref().map(Vec::len),
+            Some(DEAD_LETTER_KEPT_BYTES)
+        );
+        assert_eq!(
+            header(&cut, HEADER_BODY_BYTES),
+            Some(body.len().to_string().as_str())
+        );
+        assert_eq!(
+            header(&cut, HEADER_BODY_SHA256).map(str::len),
+            Some(64),
+            "hex SHA-256"
+        );
+        assert_eq!(header(&cut, HEADER_REASON), Some("too large"));
+        assert_eq!(
+            record.payload.map(|p| p.len()),
+            Some(12),
+            "a short body stays whole"
+        );
     }
 
     fn header<'a>(record: &'a OutgoingRecord, name: &str) -> Option<&'a str> {

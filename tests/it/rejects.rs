@@ -237,3 +237,51 @@ async fn signed_json_without_a_string_id_is_dead_lettered_once() {
     assert_eq!(letters[0].payload.as_deref(), Some(&b"[1, 2]"[..]));
     app.stop().await;
 }
+
+/// An event too large for any record (an operator raised the body limit past
+/// what check-config allows, or a reconciled record) is a permanent outcome:
+/// its dead letter keeps the body's head with its length and hash, and the
+/// delivery is done, never a 503 the provider would retry forever.
+#[tokio::test]
+async fn an_event_too_large_for_kafka_is_dead_lettered_cut_not_retried_forever() {
+    use sha2::Digest;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = crate::support::unique("huge");
+    let mut config = crate::support::config(&brokers(), &prefix, dir.path());
+    config.server.body_limit_bytes = 3 * 1024 * 1024;
+    let app = TestApp::start_with(config).await;
+    let mut body = rr_sale(
+        "huge-1",
+        "sale.created",
+        "2026-11-29T10:15:30Z",
+        "T1|2026-11|9",
+        500,
+    );
+    body["data"]["note"] = serde_json::Value::String("x".repeat(1_200_000));
+    for expected in ["dead_lettered", "duplicate"] {
+        let response = app.send("receiptroller", "main", &body).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            response.json::<serde_json::Value>().await.unwrap()["status"],
+            expected
+        );
+    }
+    assert!(read_topic(&brokers(), &app.topic("sales")).is_empty());
+    let letters = read_topic(&brokers(), &app.config.kafka.dead_letter_topic());
+    assert_eq!(letters.len(), 1);
+    let sent = serde_json::to_vec(&body).unwrap();
+    let letter = &letters[0];
+    assert_eq!(
+        letter.payload.as_deref(),
+        Some(&sent[..posbridge::pipeline::DEAD_LETTER_KEPT_BYTES])
+    );
+    assert_eq!(
+        letter.headers["posbridge-body-bytes"],
+        sent.len().to_string()
+    );
+    assert_eq!(
+        letter.headers["posbridge-body-sha256"],
+        hex::encode(sha2::Sha256::digest(&sent))
+    );
+    app.stop().await;
+}
