@@ -278,18 +278,20 @@ impl Decimal {
         if !all_digits.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
-        let frac_places = i32::try_from(frac_part.len()).ok()? - exponent;
-        let shift = i32::try_from(Self::SCALE).ok()? - frac_places;
-        let mut value: i128 = all_digits.parse().ok()?;
-        if shift >= 0 {
-            value = value.checked_mul(10i128.checked_pow(shift.unsigned_abs())?)?;
-        } else {
-            let divisor = 10i128.checked_pow(shift.unsigned_abs())?;
-            if value % divisor != 0 {
-                return None;
-            }
-            value /= divisor;
+        // value = significant × 10^-places, with zeros on either side dropped
+        // first, so `1.00000` or `100e-2` never overflow on their way to fitting.
+        let leading = all_digits.trim_start_matches('0');
+        let significant = leading.trim_end_matches('0');
+        if significant.is_empty() {
+            return Some(Decimal { unscaled: 0 });
         }
+        let trailing_zeros = i64::try_from(leading.len() - significant.len()).ok()?;
+        let places = i64::try_from(frac_part.len()).ok()? - i64::from(exponent) - trailing_zeros;
+        let shift = u32::try_from(i64::from(Self::SCALE) - places).ok()?;
+        let value = significant
+            .parse::<i128>()
+            .ok()?
+            .checked_mul(10i128.checked_pow(shift)?)?;
         if value.unsigned_abs() >= 10u128.pow(Self::PRECISION) {
             return None;
         }
@@ -539,6 +541,24 @@ mod tests {
         );
         assert_eq!(Decimal::parse(&format!("1{widest}")), None);
         assert_eq!(Decimal::parse(&"9".repeat(40)), None, "beyond i128 too");
+        // Found by the property tests: zeros that do not change the value
+        // must not push it past i128 on the way.
+        let fits = format!("2{}.00000", "0".repeat(33));
+        assert_eq!(
+            Decimal::parse(&fits).unwrap().to_string(),
+            format!("2{}.0000", "0".repeat(33))
+        );
+        assert_eq!(
+            Decimal::parse(&format!("1{}e-30", "0".repeat(41)))
+                .unwrap()
+                .to_string(),
+            "100000000000.0000"
+        );
+        assert_eq!(Decimal::parse("100e-2").unwrap().unscaled, 10_000);
+        assert_eq!(Decimal::parse("0.000000").unwrap().unscaled, 0);
+        assert_eq!(Decimal::parse("-0").unwrap().to_string(), "0.0000");
+        assert_eq!(Decimal::parse("1e40"), None);
+        assert_eq!(Decimal::parse("1e-5"), None);
     }
 
     #[test]

@@ -550,7 +550,10 @@ mod tests {
             vec!["server.body_limit_bytes"]
         );
         assert_eq!(
-            problems("body_limit_bytes = 1048576", "\"message.max.bytes\" = \"2200000\""),
+            problems(
+                "body_limit_bytes = 1048576",
+                "\"message.max.bytes\" = \"2200000\""
+            ),
             Vec::<String>::new()
         );
         assert_eq!(
@@ -562,8 +565,14 @@ mod tests {
             vec!["server.max_body_bytes_in_flight"]
         );
         assert_eq!(
-            problems("header_read_timeout_ms = 10000\nbody_read_timeout_ms = 0", ""),
-            vec!["server.header_read_timeout_ms", "server.body_read_timeout_ms"]
+            problems(
+                "header_read_timeout_ms = 10000\nbody_read_timeout_ms = 0",
+                ""
+            ),
+            vec![
+                "server.header_read_timeout_ms",
+                "server.body_read_timeout_ms"
+            ]
         );
     }
 

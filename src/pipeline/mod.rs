@@ -12,6 +12,8 @@
 //! stale or unchanged. Any failure before that releases the lease and answers
 //! "try again", so the provider's retry is processed.
 
+#[cfg(test)]
+mod fuzz;
 mod record;
 #[cfg(test)]
 mod tests;
