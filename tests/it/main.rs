@@ -7,6 +7,7 @@ mod support;
 mod broker_outage;
 mod catch_up;
 mod consumers;
+mod crash;
 mod damaged_files;
 mod dedup;
 mod ledger_full;
