@@ -7,18 +7,22 @@
 //! header read timeout (which also closes kept-alive connections that sit
 //! idle), the number of open connections is capped (one more is answered 503
 //! and closed), and shutdown waits for open connections at most
-//! `shutdown_timeout_ms`, then closes them. Body read timeouts and the cap on
-//! body bytes in flight live in the webhook handler, which knows the body.
+//! `shutdown_timeout_ms`, then closes them. The answers hyper gives by itself
+//! (400, 414, 431) get the JSON body every other answer has. Body read
+//! timeouts and the cap on body bytes in flight live in the webhook handler,
+//! which knows the body.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -83,7 +87,8 @@ pub async fn serve(
             continue;
         };
         let service = TowerToHyperService::new(router.clone());
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let connection =
+            graceful.watch(http.serve_connection(TokioIo::new(JsonErrors::new(stream)), service));
         connections.spawn(async move {
             if let Err(error) = connection.await {
                 debug!(%error, "Connection ended with an error.");
@@ -105,6 +110,123 @@ pub async fn serve(
     Ok(())
 }
 
+/// A connection whose bodiless error answers become JSON.
+///
+/// hyper answers a request it cannot parse (400), a URI too long (414) or
+/// headers too large (431) itself, with an empty body, before any handler
+/// runs. Every other answer of posbridge carries a JSON body, so exactly these
+/// heads (a 4xx with `content-length: 0`) are rewritten on their way out.
+struct JsonErrors<S> {
+    inner: S,
+    /// A rewritten answer and how much of it is written.
+    pending: Option<(Vec<u8>, usize)>,
+}
+
+impl<S> JsonErrors<S> {
+    fn new(inner: S) -> Self {
+        JsonErrors {
+            inner,
+            pending: None,
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> JsonErrors<S> {
+    /// Writes what is left of a rewritten answer.
+    fn drain(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        while let Some((bytes, written)) = self.pending.as_mut() {
+            match Pin::new(&mut self.inner).poll_write(cx, &bytes[*written..]) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+                }
+                Poll::Ready(Ok(n)) => {
+                    *written += n;
+                    if *written == bytes.len() {
+                        self.pending = None;
+                    }
+                }
+                Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for JsonErrors<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for JsonErrors<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if self.drain(cx)?.is_pending() {
+            return Poll::Pending;
+        }
+        match json_error_answer(buf) {
+            Some(answer) => {
+                self.pending = Some((answer, 0));
+                // Reported as written: the rest goes out on flush.
+                let _ = self.drain(cx)?;
+                Poll::Ready(Ok(buf.len()))
+            }
+            None => Pin::new(&mut self.inner).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.drain(cx)?.is_pending() {
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.drain(cx)?.is_pending() {
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The JSON version of a bodiless error head hyper wrote itself, if `head` is one.
+fn json_error_answer(head: &[u8]) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(head).ok()?;
+    let (status_line, fields) = text.split_once("\r\n")?;
+    let status = status_line.strip_prefix("HTTP/1.1 ")?;
+    let message = match status.get(..3)? {
+        "400" => "malformed HTTP request",
+        "414" => "request URI too long",
+        "431" => "request headers too large",
+        _ => return None,
+    };
+    let bodiless = fields.ends_with("\r\n\r\n")
+        && fields
+            .to_ascii_lowercase()
+            .split("\r\n")
+            .any(|field| field == "content-length: 0");
+    if !bodiless {
+        return None;
+    }
+    let body = format!(r#"{{"error":"{message}"}}"#);
+    Some(
+        format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes(),
+    )
+}
+
 /// Answers a connection over `max_connections` without reading its request:
 /// 503 with `Retry-After` and the usual JSON body, then closes it. What the
 /// client already sent is read and dropped first, so closing does not reset
@@ -122,4 +244,82 @@ async fn refuse(mut stream: TcpStream, retry_after_secs: u64) {
         while stream.read(&mut sink).await.is_ok_and(|n| n > 0) {}
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Serves a one-route router on a loopback port until the test ends.
+    async fn serving() -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let router = axum::Router::new().route("/ok", axum::routing::get(|| async { "ok" }));
+        let limits = ConnectionLimits {
+            header_read_timeout: Duration::from_secs(2),
+            max_connections: 8,
+            shutdown_timeout: Duration::from_secs(1),
+            retry_after_secs: 7,
+        };
+        tokio::spawn(serve(listener, router, limits, std::future::pending()));
+        address
+    }
+
+    async fn exchange(address: std::net::SocketAddr, request: Vec<u8>) -> String {
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        let _ = stream.write_all(&request).await;
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(3), stream.read_to_end(&mut answer)).await;
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    #[test]
+    fn only_bodiless_4xx_heads_are_rewritten() {
+        let ours = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 24\r\n\r\n";
+        assert_eq!(json_error_answer(ours), None);
+        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+        assert_eq!(json_error_answer(ok), None);
+        let hypers = b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+        let answer = String::from_utf8(json_error_answer(hypers).unwrap()).unwrap();
+        assert!(
+            answer.ends_with(r#"{"error":"request headers too large"}"#),
+            "{answer}"
+        );
+    }
+
+    #[tokio::test]
+    async fn requests_hyper_refuses_get_json_bodies() {
+        let address = serving().await;
+        let big_header = [
+            b"GET /ok HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec(),
+            vec![b'a'; 600_000],
+            b"\r\n\r\n".to_vec(),
+        ]
+        .concat();
+        let long_uri = [
+            b"GET /".to_vec(),
+            vec![b'a'; 70_000],
+            b" HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        ]
+        .concat();
+        for (request, status) in [
+            (big_header, "431"),
+            (b"NOT HTTP AT ALL\r\n\r\n".to_vec(), "400"),
+            (long_uri, "414"),
+        ] {
+            let answer = exchange(address, request).await;
+            assert!(
+                answer.starts_with(&format!("HTTP/1.1 {status}")),
+                "{answer}"
+            );
+            assert!(
+                answer.contains("content-type: application/json"),
+                "{answer}"
+            );
+            let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+            let json: serde_json::Value = serde_json::from_str(body).unwrap();
+            assert!(json["error"].is_string(), "{answer}");
+        }
+    }
 }
