@@ -15,7 +15,7 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use tracing::error;
+use tracing::{debug, error};
 
 use crate::pipeline::{Outcome, PipelineError};
 use crate::verify::VerifyError;
@@ -136,7 +136,11 @@ impl IntoResponse for WebhookError {
         let message = match &self {
             // Internals stay in our logs; the provider learns only to retry.
             WebhookError::Pipeline(error) if error.is_retryable() => {
-                error!(%error, "Delivery not handled; asking the provider to retry.");
+                if error.is_announced() {
+                    debug!(%error, "Delivery not handled; asking the provider to retry.");
+                } else {
+                    error!(%error, "Delivery not handled; asking the provider to retry.");
+                }
                 "temporarily unavailable, retry later".to_owned()
             }
             other => other.to_string(),

@@ -122,6 +122,17 @@ impl PipelineError {
         !matches!(self, PipelineError::DeliveryIdMismatch)
     }
 
+    /// Whether the cause is a state already logged once when it began (no
+    /// broker answers, ledger writes failing), so each refused delivery need
+    /// not say it again.
+    pub fn is_announced(&self) -> bool {
+        matches!(
+            self,
+            PipelineError::Publish(PublishError::BrokerDown)
+                | PipelineError::Ledger(LedgerError::Unwritable { .. })
+        )
+    }
+
     /// Whether the spool may take the delivery instead: Kafka, the registry
     /// or the ledger could not make its outcome durable in time (not a wrong
     /// request, and not the same delivery still being processed).
