@@ -5,9 +5,12 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::support::{brokers, config_text, read_topic, rr_sale, signed_request, unique};
+use crate::support::{
+    brokers, config_text, free_port, read_topic, rr_sale, signed_request, spawn_serve, unique,
+    wait_healthy,
+};
 
 const DELIVERIES: usize = 300;
 const CONCURRENCY: usize = 12;
@@ -70,11 +73,7 @@ async fn send_all(
 async fn every_delivery_answered_2xx_survives_sigkill_under_load() {
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("crash");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let text = config_text(&brokers(), &prefix, dir.path()).replace(
         "listen = \"127.0.0.1:0\"",
         &format!("listen = \"127.0.0.1:{port}\""),
@@ -83,26 +82,10 @@ async fn every_delivery_answered_2xx_survives_sigkill_under_load() {
     std::fs::write(&config_path, text).unwrap();
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
-    let start = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_posbridge"))
-            .args(["serve", "--config"])
-            .arg(&config_path)
-            .env("POSBRIDGE_LOG", "off")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap()
-    };
-    let ready = || async {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while http.get(format!("{base}/healthz")).send().await.is_err() {
-            assert!(Instant::now() < deadline, "posbridge did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
+    let start = || spawn_serve(&config_path);
 
     let mut posbridge = start();
-    ready().await;
+    wait_healthy(&http, &base).await;
     let answered = Arc::new(Mutex::new(BTreeSet::new()));
     let load = tokio::spawn({
         let (http, base, answered) = (http.clone(), base.clone(), answered.clone());
@@ -119,7 +102,7 @@ async fn every_delivery_answered_2xx_survives_sigkill_under_load() {
 
     // The providers resend everything not answered 2xx until it is.
     let mut posbridge = start();
-    ready().await;
+    wait_healthy(&http, &base).await;
     let after = Arc::new(Mutex::new(BTreeSet::new()));
     for _ in 0..5 {
         let missing: Vec<usize> = (0..DELIVERIES)

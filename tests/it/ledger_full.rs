@@ -110,12 +110,7 @@ async fn a_full_disk_fences_the_ledger_and_freeing_space_heals_it_without_a_rest
         "an older state was taken while the ledger cannot write"
     );
     assert!(older.headers().contains_key("retry-after"));
-    let ready = app
-        .http
-        .get(format!("{}/readyz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let ready = app.get("/readyz").await;
     assert_eq!(ready.status(), 503);
     let body: serde_json::Value = ready.json().await.unwrap();
     assert!(
@@ -131,12 +126,7 @@ async fn a_full_disk_fences_the_ledger_and_freeing_space_heals_it_without_a_rest
     std::fs::remove_file(&filler).unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let ready = app
-            .http
-            .get(format!("{}/readyz", app.base))
-            .send()
-            .await
-            .unwrap();
+        let ready = app.get("/readyz").await;
         if ready.status() == 200 {
             break;
         }

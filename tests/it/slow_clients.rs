@@ -86,12 +86,7 @@ async fn a_connection_over_the_cap_gets_a_json_503_and_the_cap_frees_up() {
     // The held connections time out (no request head), and their places free up.
     drop(held);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let ok = app
-        .http
-        .get(format!("{}/healthz", app.base))
-        .send()
-        .await
-        .unwrap();
+    let ok = app.get("/healthz").await;
     assert_eq!(ok.status(), 200);
     app.stop().await;
 }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::support::{
-    OwnBroker, TestApp, config_text, latest_per_key, mekari_order, read_topic, rr_sale,
-    signed_request, spool_config, unique,
+    OwnBroker, TestApp, config_text, free_port, latest_per_key, mekari_order, read_topic, rr_sale,
+    signed_request, spawn_serve, spool_config, unique, wait_healthy,
 };
 
 /// `delivery_timeout_ms` + `inflight_wait_ms` of the test configuration.
@@ -235,11 +235,7 @@ async fn a_spool_survives_sigkill_and_drains_on_the_next_start() {
     let broker = OwnBroker::start().await;
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("sigkill");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let text = config_text(&broker.address(), &prefix, dir.path())
         .replace(
             "listen = \"127.0.0.1:0\"",
@@ -257,27 +253,11 @@ async fn a_spool_survives_sigkill_and_drains_on_the_next_start() {
     std::fs::write(&config_path, text).unwrap();
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
-    let start = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_posbridge"))
-            .args(["serve", "--config"])
-            .arg(&config_path)
-            .env("POSBRIDGE_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap()
-    };
-    let ready = |http: reqwest::Client, base: String| async move {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while http.get(format!("{base}/healthz")).send().await.is_err() {
-            assert!(Instant::now() < deadline, "posbridge did not start");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
+    let start = || spawn_serve(&config_path);
 
     // Start-up creates the topics, so it needs the broker.
     let mut first = start();
-    ready(http.clone(), base.clone()).await;
+    wait_healthy(&http, &base).await;
     broker.cut();
     const SPOOLED: u32 = 30;
     for n in 1..=SPOOLED {
@@ -302,7 +282,7 @@ async fn a_spool_survives_sigkill_and_drains_on_the_next_start() {
 
     broker.heal();
     let mut second = start();
-    ready(http.clone(), base.clone()).await;
+    wait_healthy(&http, &base).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     let sales = loop {
         let sales = latest_per_key(&read_topic(&broker.address(), &format!("{prefix}.sales")));

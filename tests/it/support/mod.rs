@@ -202,16 +202,18 @@ impl TestApp {
         .unwrap()
     }
 
-    /// The `/metrics` text.
-    pub async fn metrics(&self) -> String {
+    /// GET `path` (e.g. `/readyz`).
+    pub async fn get(&self, path: &str) -> reqwest::Response {
         self.http
-            .get(format!("{}/metrics", self.base))
+            .get(format!("{}{path}", self.base))
             .send()
             .await
             .unwrap()
-            .text()
-            .await
-            .unwrap()
+    }
+
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        self.get("/metrics").await.text().await.unwrap()
     }
 }
 
@@ -620,4 +622,34 @@ pub fn example_binary(name: &str) -> PathBuf {
     );
     assert_fresh(&path);
     path
+}
+
+/// A free loopback port, for a posbridge started as its own process.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `posbridge serve` as its own process, quiet; kill it to crash it.
+pub fn spawn_serve(config: &Path) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_posbridge"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("POSBRIDGE_LOG", "off")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until a posbridge at `base` answers `/healthz` (30 s at most).
+pub async fn wait_healthy(http: &reqwest::Client, base: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http.get(format!("{base}/healthz")).send().await.is_err() {
+        assert!(Instant::now() < deadline, "posbridge did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
