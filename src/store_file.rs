@@ -57,6 +57,24 @@ pub enum StoreFileError {
 /// # Errors
 /// [`StoreFileError`] naming the file and what is wrong with it.
 pub fn open(path: &Path) -> Result<Database, StoreFileError> {
+    open_with(path, Integrity::Check)
+}
+
+/// Whether [`open_with`] reads every page of an existing file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Integrity {
+    /// At start-up: the file may have been damaged while posbridge was away.
+    Check,
+    /// Reopening a file this process opened and checked already (after an
+    /// I/O error): a full check every retry would cost a scan per second.
+    Trust,
+}
+
+/// [`open`], choosing whether to check an existing file's pages.
+///
+/// # Errors
+/// [`StoreFileError`] naming the file and what is wrong with it.
+pub fn open_with(path: &Path, integrity: Integrity) -> Result<Database, StoreFileError> {
     let name = || path.display().to_string();
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| StoreFileError::Directory {
@@ -76,7 +94,7 @@ pub fn open(path: &Path) -> Result<Database, StoreFileError> {
     // redb panics on some damaged pages instead of returning an error.
     let opened = std::panic::catch_unwind(|| {
         let mut db = Database::create(path)?;
-        let intact = !existed || db.check_integrity()?;
+        let intact = !existed || integrity == Integrity::Trust || db.check_integrity()?;
         Ok((db, intact))
     });
     let (db, intact) = match opened {

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
 use crate::event::DeliveryKey;
-use crate::store_file;
+use crate::store_file::{self, Integrity};
 
 /// Done delivery ids → unix second they may be forgotten.
 const DONE: TableDefinition<&str, u64> = TableDefinition::new("done_deliveries");
@@ -63,7 +63,7 @@ impl EmbeddedLedger {
         };
         let store = Arc::new(Store {
             path: path.to_owned(),
-            db: RwLock::new(Some(Arc::new(Store::open_file(path)?))),
+            db: RwLock::new(Some(Arc::new(Store::open_file(path, Integrity::Check)?))),
         });
 
         let (writer, queue) = mpsc::unbounded_channel();
@@ -142,8 +142,8 @@ impl Store {
     const RELEASE_WAIT: Duration = Duration::from_secs(2);
 
     /// Opens (or creates) the checked file and its tables.
-    fn open_file(path: &Path) -> Result<Database, LedgerError> {
-        let db = store_file::open(path)?;
+    fn open_file(path: &Path, integrity: Integrity) -> Result<Database, LedgerError> {
+        let db = store_file::open_with(path, integrity)?;
         let open_error = |e: redb::Error| LedgerError::Open {
             path: path.display().to_string(),
             source: e.into(),
@@ -188,7 +188,7 @@ impl Store {
                 }
             }
         }
-        *slot = Some(Arc::new(Store::open_file(&self.path)?));
+        *slot = Some(Arc::new(Store::open_file(&self.path, Integrity::Trust)?));
         Ok(())
     }
 }
