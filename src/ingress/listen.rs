@@ -41,6 +41,9 @@ pub struct ConnectionLimits {
     pub retry_after_secs: u64,
 }
 
+/// Connections over the cap answered at once; more are closed unanswered.
+const REFUSALS: usize = 64;
+
 /// How long accepting pauses after the listener fails (e.g. out of file
 /// descriptors), so the loop does not spin.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
@@ -59,6 +62,7 @@ pub async fn serve(
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
     let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let refusals = Arc::new(Semaphore::new(REFUSALS));
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
     let mut accept_failing = false;
@@ -83,7 +87,14 @@ pub async fn serve(
             info!("Accepting connections again.");
         }
         let Ok(permit) = permits.clone().try_acquire_owned() else {
-            connections.spawn(refuse(stream, limits.retry_after_secs));
+            // Answering holds a descriptor for up to a second: under a flood,
+            // past REFUSALS at once, the connection is closed unanswered.
+            if let Ok(refusal) = refusals.clone().try_acquire_owned() {
+                connections.spawn(async move {
+                    refuse(stream, limits.retry_after_secs).await;
+                    drop(refusal);
+                });
+            }
             continue;
         };
         let service = TowerToHyperService::new(router.clone());
@@ -209,7 +220,11 @@ fn json_error_answer(head: &[u8]) -> Option<Vec<u8>> {
         "431" => "request headers too large",
         _ => return None,
     };
-    let bodiless = fields.ends_with("\r\n\r\n")
+    // One head and nothing after it: a buffer holding several answers (a
+    // pipelined client) or a body is never one of hyper's own.
+    let bodiless = fields
+        .find("\r\n\r\n")
+        .is_some_and(|end| end + 4 == fields.len())
         && fields
             .to_ascii_lowercase()
             .split("\r\n")
@@ -280,6 +295,13 @@ mod tests {
         assert_eq!(json_error_answer(ours), None);
         let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
         assert_eq!(json_error_answer(ok), None);
+        let pipelined = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 2\r\n\r\n{}HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n";
+        assert_eq!(
+            json_error_answer(pipelined),
+            None,
+            "two answers in one buffer"
+        );
+        assert_eq!(json_error_answer(b"HTTP/1.1 400 X\r\nab"), None);
         let hypers = b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
         let answer = String::from_utf8(json_error_answer(hypers).unwrap()).unwrap();
         assert!(

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
 use crate::event::DeliveryKey;
-use crate::store_file::{self, Integrity};
+use crate::store_file::{self, Integrity, StoreFileError};
 
 /// Done delivery ids → unix second they may be forgotten.
 const DONE: TableDefinition<&str, u64> = TableDefinition::new("done_deliveries");
@@ -188,8 +188,23 @@ impl Store {
                 }
             }
         }
-        *slot = Some(Arc::new(Store::open_file(&self.path, Integrity::Trust)?));
-        Ok(())
+        // A read transaction that just ended may hold the file a moment longer.
+        let deadline = Instant::now() + Self::RELEASE_WAIT;
+        loop {
+            match Store::open_file(&self.path, Integrity::Trust) {
+                Ok(db) => {
+                    *slot = Some(Arc::new(db));
+                    return Ok(());
+                }
+                Err(LedgerError::File(StoreFileError::Database {
+                    source: redb::DatabaseError::DatabaseAlreadyOpen,
+                    ..
+                })) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(error) => return Err(error),
+            }
+        }
     }
 }
 

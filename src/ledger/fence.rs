@@ -101,32 +101,49 @@ impl<L: Ledger> Fenced<L> {
         }
     }
 
-    /// Reopens the store and writes the kept commits; lowers the fence when
-    /// all are durable. A failure keeps the rest for the next attempt.
+    /// Reopens the store and writes the kept commits in order; lowers the
+    /// fence when all are durable. A commit leaves the list only after its
+    /// write succeeded, so a heal cut short (its request dropped) loses
+    /// nothing: the next one writes it again, which is harmless. Emptiness is
+    /// decided and the fence lowered under one lock, so a commit kept
+    /// meanwhile is never dropped.
     async fn heal(&self) {
         if self.inner.reopen().await.is_err() {
             return;
         }
         loop {
-            let next = self
-                .fence()
-                .as_mut()
-                .and_then(|fence| (!fence.pending.is_empty()).then(|| fence.pending.remove(0)));
-            let Some(commit) = next else { break };
-            if let Err(error) = self.inner.commit(commit.clone()).await {
-                if let Some(fence) = self.fence().as_mut() {
-                    fence.pending.insert(0, commit);
-                    fence.reason = error.to_string();
+            let next = {
+                let mut guard = self.fence();
+                let Some(fence) = guard.as_ref() else { return };
+                match fence.pending.first() {
+                    Some(commit) => commit.clone(),
+                    None => {
+                        let since = fence.since;
+                        *guard = None;
+                        metrics::gauge!(telemetry::LEDGER_WRITABLE).set(1.0);
+                        info!(
+                            after_secs = since.elapsed().as_secs(),
+                            "Ledger writes work again; taking deliveries."
+                        );
+                        return;
+                    }
                 }
-                return;
+            };
+            match self.inner.commit(next).await {
+                // Only one heal runs at a time and others only append, so
+                // the first is still the one just written.
+                Ok(()) => {
+                    if let Some(fence) = self.fence().as_mut() {
+                        fence.pending.remove(0);
+                    }
+                }
+                Err(error) => {
+                    if let Some(fence) = self.fence().as_mut() {
+                        fence.reason = error.to_string();
+                    }
+                    return;
+                }
             }
-        }
-        if let Some(fence) = self.fence().take() {
-            metrics::gauge!(telemetry::LEDGER_WRITABLE).set(1.0);
-            info!(
-                after_secs = fence.since.elapsed().as_secs(),
-                "Ledger writes work again; taking deliveries."
-            );
         }
     }
 }
@@ -157,11 +174,19 @@ impl<L: Ledger> Ledger for Fenced<L> {
     }
 
     async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
-        if let Err(error) = self.open().await {
+        // Heal first when due; then, if the fence is still up, keep the
+        // commit under the same lock that saw it up.
+        let _ = self.open().await;
+        let kept = self.fence().as_mut().map(|fence| {
+            fence.pending.push(commit.clone());
+            LedgerError::Unwritable {
+                reason: fence.reason.clone(),
+            }
+        });
+        if let Some(error) = kept {
             if let Some(delivery) = &commit.delivery {
                 self.inner.release(delivery).await;
             }
-            self.raise(commit, &error);
             return Err(error);
         }
         match self.inner.commit(commit.clone()).await {
