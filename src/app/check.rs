@@ -30,7 +30,7 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// Every mistake in `config`, each with its key path. Empty means valid.
 pub fn problems(config: &Config) -> Vec<Problem> {
     let mut problems = config.problems();
-    if let Err(error) = crate::publish::validate(&config.kafka) {
+    if let Err(error) = crate::publish::validate(&config.kafka, config.max_record_bytes()) {
         // librdkafka names the property it refuses: point at that key.
         let message = error.to_string();
         let refused = match &error {

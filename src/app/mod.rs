@@ -172,7 +172,7 @@ impl App {
             ledger::open(&config.ledger, kafka.delivery_timeout() * 2 + inflight_wait).await?;
 
         let topics = Topics::new(kafka);
-        let publisher = Publisher::new(kafka)?;
+        let publisher = Publisher::new(kafka, config.max_record_bytes())?;
         if kafka.create_topics {
             let wanted = topics.all();
             publisher

@@ -107,15 +107,6 @@ impl KafkaConfig {
         })
     }
 
-    /// The producer's `message.max.bytes`: the set value, or librdkafka's default.
-    pub fn message_max_bytes(&self) -> Option<usize> {
-        self.librdkafka
-            .get("message.max.bytes")
-            .map_or(Some(LIBRDKAFKA_MESSAGE_MAX_BYTES), |v| {
-                v.trim().parse().ok()
-            })
-    }
-
     /// The produce deadline as a duration.
     pub fn delivery_timeout(&self) -> Duration {
         Duration::from_millis(self.delivery_timeout_ms)
@@ -144,9 +135,6 @@ impl KafkaConfig {
                 .any(|(fixed, _)| *fixed == property)
     }
 }
-
-/// librdkafka's default `message.max.bytes`.
-pub const LIBRDKAFKA_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
 /// Room for an event record's fields, headers and key beside its body: a
 /// record carries the raw body once and its normalized fields, which are never

@@ -192,6 +192,27 @@ impl Config {
         }
     }
 
+    /// The largest record posbridge writes, set as the producer's
+    /// `message.max.bytes` and the created topics' `max.message.bytes`:
+    /// `kafka.librdkafka."message.max.bytes"` when set (check-config makes
+    /// sure it holds every accepted event), else what the largest accepted
+    /// body needs. A record still refused (an older topic, a broker limit)
+    /// is dead-lettered, cut if need be: a permanent outcome either way.
+    pub fn max_record_bytes(&self) -> usize {
+        self.kafka
+            .librdkafka
+            .get("message.max.bytes")
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| self.record_bytes_needed())
+    }
+
+    /// Room for an event's record at `server.body_limit_bytes`: the raw body
+    /// once, its normalized fields (never longer than the JSON they came
+    /// from), and the envelope.
+    fn record_bytes_needed(&self) -> usize {
+        2 * self.server.body_limit_bytes + kafka::RECORD_ENVELOPE_BYTES
+    }
+
     /// Whether any source spools deliveries Kafka cannot take: then the spool
     /// is opened and drained.
     pub fn spools(&self) -> bool {
@@ -249,24 +270,27 @@ impl Config {
                 );
             }
         }
-        match self.kafka.message_max_bytes() {
-            None => problem(
+        let needed = self.record_bytes_needed();
+        match self
+            .kafka
+            .librdkafka
+            .get("message.max.bytes")
+            .map(|v| v.trim().parse::<usize>())
+        {
+            Some(Err(_)) => problem(
                 "kafka.librdkafka.\"message.max.bytes\"",
                 "must be a number of bytes".into(),
             ),
-            Some(max) if 2 * self.server.body_limit_bytes + kafka::RECORD_ENVELOPE_BYTES > max => {
-                problem(
-                    "server.body_limit_bytes",
-                    format!(
-                        "{} bytes cannot always fit in a record: an event's record holds its body twice at most (raw and normalized) plus up to {} bytes of envelope, and the producer's message.max.bytes is {max}; lower it to {} or raise message.max.bytes (and the topics' max.message.bytes) to {}",
-                        self.server.body_limit_bytes,
-                        kafka::RECORD_ENVELOPE_BYTES,
-                        (max.saturating_sub(kafka::RECORD_ENVELOPE_BYTES)) / 2,
-                        2 * self.server.body_limit_bytes + kafka::RECORD_ENVELOPE_BYTES,
-                    ),
-                );
-            }
-            Some(_) => {}
+            Some(Ok(max)) if needed > max => problem(
+                "kafka.librdkafka.\"message.max.bytes\"",
+                format!(
+                    "{max} cannot hold every accepted event: a record holds its body at most twice (raw and normalized) plus up to {} bytes of envelope, so server.body_limit_bytes = {} needs {needed}; leave message.max.bytes unset (posbridge then sets it, and the created topics' max.message.bytes, to that) or lower body_limit_bytes to {}",
+                    kafka::RECORD_ENVELOPE_BYTES,
+                    self.server.body_limit_bytes,
+                    max.saturating_sub(kafka::RECORD_ENVELOPE_BYTES) / 2,
+                ),
+            ),
+            Some(_) | None => {}
         }
         if self.server.max_connections == 0 {
             problem("server.max_connections", "must be above 0".into());
@@ -534,6 +558,16 @@ mod tests {
     }
 
     #[test]
+    fn records_are_sized_for_the_largest_accepted_body() {
+        let sized = |text: &str| parse(text).max_record_bytes();
+        assert_eq!(sized(""), 2 * 1024 * 1024 + 64 * 1024);
+        assert_eq!(
+            sized("[kafka.librdkafka]\n\"message.max.bytes\" = \"5000000\"\n"),
+            5_000_000
+        );
+    }
+
+    #[test]
     fn the_body_limit_must_fit_the_producers_message_size() {
         let problems = |server: &str, librdkafka: &str| -> Vec<String> {
             parse(&format!(
@@ -546,8 +580,16 @@ mod tests {
         };
         assert_eq!(problems("", ""), Vec::<String>::new(), "the defaults agree");
         assert_eq!(
-            problems("body_limit_bytes = 1048576", ""),
-            vec!["server.body_limit_bytes"]
+            problems("body_limit_bytes = 4194304", ""),
+            Vec::<String>::new(),
+            "unset, message.max.bytes follows the body limit"
+        );
+        assert_eq!(
+            problems(
+                "body_limit_bytes = 1048576",
+                "\"message.max.bytes\" = \"1000000\""
+            ),
+            vec!["kafka.librdkafka.\"message.max.bytes\""]
         );
         assert_eq!(
             problems(

@@ -9,9 +9,9 @@ pub struct ServerConfig {
     /// Address to listen on.
     #[serde(default = "default_listen")]
     pub listen: String,
-    /// Largest webhook body accepted; larger gets 413 before any work. An
-    /// event's record holds the body twice at most (raw, and normalized), so
-    /// check-config keeps `2 × body_limit_bytes + 64 KiB` within `message.max.bytes`.
+    /// Largest webhook body accepted; larger gets 413 before any work. Records
+    /// are sized for it (see `Config::max_record_bytes`), so every accepted
+    /// event fits one.
     #[serde(default = "default_body_limit_bytes")]
     pub body_limit_bytes: usize,
     /// `Retry-After` sent with 503. Mekari waits at least this long (capped at
@@ -68,10 +68,8 @@ impl Default for ServerConfig {
 fn default_listen() -> String {
     "127.0.0.1:8080".into()
 }
-// With librdkafka's default message.max.bytes (1,000,000), the largest body
-// whose record (raw body, normalized fields, envelope) still fits.
 const fn default_body_limit_bytes() -> usize {
-    450 * 1024
+    1024 * 1024
 }
 // Mekari's second attempt comes 30 s after the first anyway.
 const fn default_retry_after_secs() -> u64 {

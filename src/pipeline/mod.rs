@@ -242,7 +242,7 @@ impl Pipeline {
     /// connections, so whatever would be produced fails retryably within 300 ms.
     #[cfg(test)]
     pub(crate) async fn without_broker(dir: &std::path::Path, inflight_wait: Duration) -> Pipeline {
-        use crate::config::{KafkaConfig, LedgerConfig, RegistryConfig};
+        use crate::config::{Config, KafkaConfig, LedgerConfig, RegistryConfig};
         let kafka = KafkaConfig {
             // Nothing listens on port 1.
             brokers: "127.0.0.1:1".into(),
@@ -261,7 +261,8 @@ impl Pipeline {
                 encoder: Encoder::new(&RegistryConfig::default(), &[])
                     .await
                     .expect("the registry-less encoder needs nothing"),
-                publisher: Publisher::new(&kafka).expect("default producer settings are valid"),
+                publisher: Publisher::new(&kafka, Config::default().max_record_bytes())
+                    .expect("default producer settings are valid"),
                 topics: Topics::new(&kafka),
                 spool: Some(
                     Spool::open(&crate::config::SpoolConfig {

@@ -188,6 +188,9 @@ pub struct Publisher {
     admin_config: ClientConfig,
     /// Per-record deadline.
     delivery_timeout: Duration,
+    /// The largest record: the producer's `message.max.bytes`, and with a
+    /// batch header the created topics' `max.message.bytes`.
+    max_record_bytes: usize,
     /// Whether a broker answers; shared by every producer this handle makes.
     health: Arc<BrokerHealth>,
 }
@@ -205,10 +208,13 @@ impl Publisher {
     /// while the broker is down; [`Publisher::ensure_topics`] is the first
     /// call that needs it.
     ///
+    /// `max_record_bytes` (`Config::max_record_bytes`) becomes the producer's
+    /// `message.max.bytes` and the created topics' `max.message.bytes`.
+    ///
     /// # Errors
     /// [`PublishError::Config`] when librdkafka refuses a property.
-    pub fn new(config: &KafkaConfig) -> Result<Publisher, PublishError> {
-        let (admin_config, client_config) = client_configs(config);
+    pub fn new(config: &KafkaConfig, max_record_bytes: usize) -> Result<Publisher, PublishError> {
+        let (admin_config, client_config) = client_configs(config, max_record_bytes);
         let health = Arc::new(BrokerHealth::default());
         let producer: KafkaProducer = client_config
             .create_with_context(BrokerContext {
@@ -223,6 +229,7 @@ impl Publisher {
             client_config,
             admin_config,
             delivery_timeout: config.delivery_timeout(),
+            max_record_bytes,
             health,
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -248,13 +255,17 @@ impl Publisher {
     ) -> Result<(), PublishError> {
         let admin: AdminClient<DefaultClientContext> =
             self.admin_config.create().map_err(PublishError::Config)?;
+        let topic_max_bytes = (self.max_record_bytes + BATCH_OVERHEAD_BYTES).to_string();
         let new_topics: Vec<NewTopic<'_>> = topics
             .iter()
             .map(|(name, compact)| {
-                NewTopic::new(name, partitions, TopicReplication::Fixed(replication)).set(
-                    "cleanup.policy",
-                    if *compact { "compact" } else { "delete" },
-                )
+                NewTopic::new(name, partitions, TopicReplication::Fixed(replication))
+                    .set(
+                        "cleanup.policy",
+                        if *compact { "compact" } else { "delete" },
+                    )
+                    // A batch of one record: the record plus the batch header.
+                    .set("max.message.bytes", &topic_max_bytes)
             })
             .collect();
         let options = AdminOptions::new()
@@ -398,9 +409,13 @@ impl Publisher {
     }
 }
 
+/// Room for a record batch's header beside its one record.
+const BATCH_OVERHEAD_BYTES: usize = 1024;
+
 /// The admin and the producer client configurations: the pass-through
-/// properties, the brokers, and (for the producer) what posbridge fixes.
-fn client_configs(config: &KafkaConfig) -> (ClientConfig, ClientConfig) {
+/// properties, the brokers, and (for the producer) what posbridge fixes and
+/// the record size.
+fn client_configs(config: &KafkaConfig, max_record_bytes: usize) -> (ClientConfig, ClientConfig) {
     let mut admin_config = ClientConfig::new();
     for (key, value) in &config.librdkafka {
         admin_config.set(key, value);
@@ -410,6 +425,7 @@ fn client_configs(config: &KafkaConfig) -> (ClientConfig, ClientConfig) {
     for (key, value) in config.fixed_producer_properties() {
         producer_config.set(key, value);
     }
+    producer_config.set("message.max.bytes", max_record_bytes.to_string());
     (admin_config, producer_config)
 }
 
@@ -418,8 +434,8 @@ fn client_configs(config: &KafkaConfig) -> (ClientConfig, ClientConfig) {
 ///
 /// # Errors
 /// librdkafka's refusal, which names the property.
-pub fn validate(config: &KafkaConfig) -> Result<(), KafkaError> {
-    let (_, mut producer_config) = client_configs(config);
+pub fn validate(config: &KafkaConfig, max_record_bytes: usize) -> Result<(), KafkaError> {
+    let (_, mut producer_config) = client_configs(config, max_record_bytes);
     // No brokers: the client is made and dropped without a connection.
     producer_config.set("bootstrap.servers", "");
     producer_config

@@ -238,8 +238,8 @@ async fn signed_json_without_a_string_id_is_dead_lettered_once() {
     app.stop().await;
 }
 
-/// An event too large for any record (an operator raised the body limit past
-/// what check-config allows, or a reconciled record) is a permanent outcome:
+/// An event too large for the record limit (a limit set below what
+/// check-config allows, a broker's own, or a reconciled record) is a permanent outcome:
 /// its dead letter keeps the body's head with its length and hash, and the
 /// delivery is done, never a 503 the provider would retry forever.
 #[tokio::test]
@@ -248,7 +248,13 @@ async fn an_event_too_large_for_kafka_is_dead_lettered_cut_not_retried_forever()
     let dir = tempfile::tempdir().unwrap();
     let prefix = crate::support::unique("huge");
     let mut config = crate::support::config(&brokers(), &prefix, dir.path());
+    // A producer limit below what the body needs (check-config refuses
+    // this; a broker's or an older topic's limit does the same).
     config.server.body_limit_bytes = 3 * 1024 * 1024;
+    config
+        .kafka
+        .librdkafka
+        .insert("message.max.bytes".into(), "1000000".into());
     let app = TestApp::start_with(config).await;
     let mut body = rr_sale(
         "huge-1",
@@ -283,5 +289,28 @@ async fn an_event_too_large_for_kafka_is_dead_lettered_cut_not_retried_forever()
         letter.headers["posbridge-body-sha256"],
         hex::encode(sha2::Sha256::digest(&sent))
     );
+    app.stop().await;
+}
+
+/// An event near the body limit is published whole: records and the topics
+/// posbridge creates are sized for the largest body it accepts.
+#[tokio::test]
+async fn an_event_near_the_body_limit_is_published_whole() {
+    let app = TestApp::start().await;
+    let mut body = rr_sale(
+        "near-limit-1",
+        "sale.created",
+        "2026-11-29T10:15:30Z",
+        "T1|2026-11|10",
+        500,
+    );
+    body["data"]["note"] = serde_json::Value::String("x".repeat(1_000_000));
+    assert!(serde_json::to_vec(&body).unwrap().len() <= app.config.server.body_limit_bytes);
+    let response = app.send("receiptroller", "main", &body).await;
+    assert_eq!(
+        response.json::<serde_json::Value>().await.unwrap()["status"],
+        "published"
+    );
+    assert_eq!(read_topic(&brokers(), &app.topic("sales")).len(), 1);
     app.stop().await;
 }
