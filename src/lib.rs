@@ -22,6 +22,7 @@
 //! * [`telemetry`]: every metric name and label key; the Prometheus recorder.
 //! * [`ticker`]: the tick of background loops that stop with the service.
 //! * [`verify`]: signature schemes, constant-time, several secrets.
+//! * [`panics`]: the text of a caught panic.
 //! * [`store_file`]: opening the redb files, refusing damaged ones.
 //! * [`ledger`]: delivery ids, entity versions, per-entity locks, checkpoints.
 //! * [`guard`]: an older state never overwrites a newer one.
@@ -44,6 +45,7 @@ pub mod event;
 pub mod guard;
 pub mod ingress;
 pub mod ledger;
+pub mod panics;
 pub mod pipeline;
 pub mod providers;
 pub mod publish;

@@ -102,7 +102,7 @@ pub fn open_with(path: &Path, integrity: Integrity) -> Result<Database, StoreFil
         Err(panic) => {
             return Err(StoreFileError::Damaged {
                 path: name(),
-                detail: panic_message(panic.as_ref()),
+                detail: crate::panics::message(panic.as_ref()).to_owned(),
             });
         }
     };
@@ -113,15 +113,6 @@ pub fn open_with(path: &Path, integrity: Integrity) -> Result<Database, StoreFil
         );
     }
     Ok(db)
-}
-
-/// The text a panic was raised with.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown damage".to_owned())
 }
 
 #[cfg(test)]

@@ -211,15 +211,16 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for JsonErrors<S> {
 
 /// The JSON version of a bodiless error head hyper wrote itself, if `head` is one.
 fn json_error_answer(head: &[u8]) -> Option<Vec<u8>> {
+    // Every answer passes here: decide on the status bytes before reading more.
+    let message = match head.get(..12)? {
+        b"HTTP/1.1 400" => "malformed HTTP request",
+        b"HTTP/1.1 414" => "request URI too long",
+        b"HTTP/1.1 431" => "request headers too large",
+        _ => return None,
+    };
     let text = std::str::from_utf8(head).ok()?;
     let (status_line, fields) = text.split_once("\r\n")?;
     let status = status_line.strip_prefix("HTTP/1.1 ")?;
-    let message = match status.get(..3)? {
-        "400" => "malformed HTTP request",
-        "414" => "request URI too long",
-        "431" => "request headers too large",
-        _ => return None,
-    };
     // One head and nothing after it: a buffer holding several answers (a
     // pipelined client) or a body is never one of hyper's own.
     let bodiless = fields

@@ -172,11 +172,7 @@ pub async fn add_retry_after(
 /// body, logged at ERROR, instead of a connection closed without an answer.
 /// The provider retries; the lease of its delivery lapses meanwhile.
 pub fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
-    let detail = panic
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| panic.downcast_ref::<&str>().copied())
-        .unwrap_or("no message");
+    let detail = crate::panics::message(panic.as_ref());
     error!(
         panic = detail,
         "A request panicked; answered 503 so the provider retries."
