@@ -16,6 +16,7 @@
 //! state before anything else is read keeps the stale guard exact.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -32,6 +33,9 @@ pub const RETRY_EVERY: Duration = Duration::from_secs(1);
 pub struct Fenced<L> {
     inner: L,
     fence: Mutex<Option<Fence>>,
+    /// Whether `fence` holds one: read without the lock on every call, so a
+    /// healthy ledger pays one atomic load.
+    up: AtomicBool,
     /// Serializes healing, so one attempt runs at a time.
     healing: tokio::sync::Mutex<()>,
 }
@@ -51,6 +55,7 @@ impl<L: Ledger> Fenced<L> {
         Fenced {
             inner,
             fence: Mutex::new(None),
+            up: AtomicBool::new(false),
             healing: tokio::sync::Mutex::new(()),
         }
     }
@@ -59,6 +64,20 @@ impl<L: Ledger> Fenced<L> {
         self.fence
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keeps `commit` when the fence is up, deciding under the lock; the
+    /// error to answer with, or `None` when the fence is down.
+    fn keep_if_up(&self, commit: &Commit) -> Option<LedgerError> {
+        if !self.up.load(Ordering::Acquire) {
+            return None;
+        }
+        self.fence().as_mut().map(|fence| {
+            fence.pending.push(commit.clone());
+            LedgerError::Unwritable {
+                reason: fence.reason.clone(),
+            }
+        })
     }
 
     /// Raises the fence (once) and keeps `commit` to be written on healing.
@@ -70,6 +89,7 @@ impl<L: Ledger> Fenced<L> {
                 error!(%error, "Ledger writes are failing: refusing deliveries until a write works again.");
                 metrics::gauge!(telemetry::LEDGER_WRITABLE).set(0.0);
                 let now = Instant::now();
+                self.up.store(true, Ordering::Release);
                 *fence = Some(Fence {
                     reason: error.to_string(),
                     since: now,
@@ -82,6 +102,9 @@ impl<L: Ledger> Fenced<L> {
 
     /// `Ok` when the fence is down, or was lowered by this call's healing.
     async fn open(&self) -> Result<(), LedgerError> {
+        if !self.up.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let due = match self.fence().as_mut() {
             None => return Ok(()),
             Some(fence) if fence.last_attempt.elapsed() >= RETRY_EVERY => {
@@ -120,6 +143,7 @@ impl<L: Ledger> Fenced<L> {
                     None => {
                         let since = fence.since;
                         *guard = None;
+                        self.up.store(false, Ordering::Release);
                         metrics::gauge!(telemetry::LEDGER_WRITABLE).set(1.0);
                         info!(
                             after_secs = since.elapsed().as_secs(),
@@ -177,13 +201,7 @@ impl<L: Ledger> Ledger for Fenced<L> {
         // Heal first when due; then, if the fence is still up, keep the
         // commit under the same lock that saw it up.
         let _ = self.open().await;
-        let kept = self.fence().as_mut().map(|fence| {
-            fence.pending.push(commit.clone());
-            LedgerError::Unwritable {
-                reason: fence.reason.clone(),
-            }
-        });
-        if let Some(error) = kept {
+        if let Some(error) = self.keep_if_up(&commit) {
             if let Some(delivery) = &commit.delivery {
                 self.inner.release(delivery).await;
             }
