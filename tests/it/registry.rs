@@ -7,13 +7,29 @@ use posbridge::encode::decode;
 use crate::support::registry_fake::RegistryFake;
 use crate::support::{TestApp, brokers, config, decode_with_python, read_topic, rr_sale, unique};
 
-#[tokio::test]
-async fn registry_mode_writes_confluent_wire_format_that_confluents_client_decodes() {
-    let registry = RegistryFake::start(&[]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let prefix = unique("registry");
+/// A registry fake refusing `refused` topics' subjects, and a config with
+/// fresh topics (`{prefix}.…`) and its ledger in `dir` that uses it.
+async fn with_registry(
+    tag: &str,
+    refused: &[&str],
+    dir: &tempfile::TempDir,
+) -> (RegistryFake, String, posbridge::config::Config) {
+    let prefix = unique(tag);
+    let subjects: Vec<String> = refused
+        .iter()
+        .map(|topic| format!("{prefix}.{topic}-value"))
+        .collect();
+    let subjects: Vec<&str> = subjects.iter().map(String::as_str).collect();
+    let registry = RegistryFake::start(&subjects).await;
     let mut config = config(&brokers(), &prefix, dir.path());
     config.schema_registry.url = Some(registry.url.clone());
+    (registry, prefix, config)
+}
+
+#[tokio::test]
+async fn registry_mode_writes_confluent_wire_format_that_confluents_client_decodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, _, config) = with_registry("registry", &[], &dir).await;
     let app = TestApp::start_with(config).await;
     let topic = app.topic("sales");
     let subject_id = registry
@@ -60,10 +76,7 @@ async fn registry_mode_writes_confluent_wire_format_that_confluents_client_decod
 #[tokio::test]
 async fn start_up_fails_clearly_when_the_registry_rejects_the_schema() {
     let dir = tempfile::tempdir().unwrap();
-    let prefix = unique("incompatible");
-    let registry = RegistryFake::start(&[&format!("{prefix}.orders-value")]).await;
-    let mut config = config(&brokers(), &prefix, dir.path());
-    config.schema_registry.url = Some(registry.url.clone());
+    let (_registry, prefix, config) = with_registry("incompatible", &["orders"], &dir).await;
     let error = match App::build(&config).await {
         Ok(_) => panic!("start-up must fail"),
         Err(error) => format!("{:#}", anyhow::Error::new(error)),
@@ -79,11 +92,8 @@ const V1_SCHEMA: &str = include_str!("../../schemas/history/pos_event.v1.avsc");
 /// this version (BACKWARD), and refuses one that could not read it.
 #[tokio::test]
 async fn the_registry_accepts_this_schema_over_the_previous_version() {
-    let registry = RegistryFake::start(&[]).await;
     let dir = tempfile::tempdir().unwrap();
-    let prefix = unique("evolve");
-    let mut config = config(&brokers(), &prefix, dir.path());
-    config.schema_registry.url = Some(registry.url.clone());
+    let (registry, prefix, config) = with_registry("evolve", &[], &dir).await;
     let subjects: Vec<String> = [
         "sales",
         "orders",
@@ -198,11 +208,8 @@ async fn fastavro_reads_records_across_schema_versions() {
 /// looked up, which Confluent's client decodes.
 #[tokio::test]
 async fn without_auto_register_posbridge_starts_only_once_ci_registered_the_schema() {
-    let registry = RegistryFake::start(&[]).await;
     let dir = tempfile::tempdir().unwrap();
-    let prefix = unique("noregister");
-    let mut config = config(&brokers(), &prefix, dir.path());
-    config.schema_registry.url = Some(registry.url.clone());
+    let (registry, prefix, mut config) = with_registry("noregister", &[], &dir).await;
     config.schema_registry.auto_register = false;
     let error = match App::build(&config).await {
         Ok(_) => panic!("nothing is registered yet"),
