@@ -125,6 +125,9 @@ pub enum Encoder {
     Registry {
         /// Caches the registered id per subject.
         encoder: EasyAvroEncoder,
+        /// Each topic's subject strategy (it carries the schema text), made
+        /// once instead of per event.
+        strategies: std::sync::Arc<std::collections::HashMap<String, SubjectNameStrategy>>,
         /// The connection settings, kept for readiness checks.
         settings: SrSettings,
     },
@@ -175,9 +178,11 @@ impl Encoder {
             });
         }
         let encoder = EasyAvroEncoder::new(settings.clone());
+        let mut strategies = std::collections::HashMap::new();
         for topic in topics {
             let strategy = strategy(topic);
             let subject = strategy.get_subject()?;
+            strategies.insert(topic.clone(), strategy.clone());
             encoder
                 .get_schema_and_id(&subject, strategy)
                 .await
@@ -192,7 +197,11 @@ impl Encoder {
                     }
                 })?;
         }
-        Ok(Encoder::Registry { encoder, settings })
+        Ok(Encoder::Registry {
+            encoder,
+            strategies: std::sync::Arc::new(strategies),
+            settings,
+        })
     }
 
     /// Encodes one event for `topic`.
@@ -207,14 +216,18 @@ impl Encoder {
                 WRITER.write_value(&mut bytes, value)?;
                 Ok(bytes)
             }
-            Encoder::Registry { encoder, .. } => {
-                Ok(encoder.encode_value(value, &strategy(topic)).await?)
-            }
+            Encoder::Registry {
+                encoder,
+                strategies,
+                ..
+            } => match strategies.get(topic) {
+                Some(strategy) => Ok(encoder.encode_value(value, strategy).await?),
+                None => Ok(encoder.encode_value(value, &strategy(topic)).await?),
+            },
             Encoder::Registered { ids, .. } => {
-                let subject = format!("{topic}-value");
-                let id = ids
-                    .get(topic)
-                    .ok_or(EncodeError::NotRegistered { subject })?;
+                let id = ids.get(topic).ok_or_else(|| EncodeError::NotRegistered {
+                    subject: format!("{topic}-value"),
+                })?;
                 let mut bytes = vec![CONFLUENT_MAGIC];
                 bytes.extend_from_slice(&id.to_be_bytes());
                 WRITER.write_value(&mut bytes, value)?;

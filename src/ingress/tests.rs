@@ -27,6 +27,8 @@ const RETRY_AFTER_SECS: u64 = 7;
 struct Harness {
     router: Router,
     pipeline: Pipeline,
+    /// The router's bound on body bytes in flight, to see it taken.
+    body_budget: Arc<tokio::sync::Semaphore>,
     _dir: tempfile::TempDir,
 }
 
@@ -75,6 +77,7 @@ async fn harness() -> Harness {
         HashMap::from([webhook("main", false), webhook("spooled", true)]),
     );
     Harness {
+        body_budget: state.body_budget.clone(),
         router: router(state),
         pipeline,
         _dir: dir,
@@ -489,7 +492,9 @@ async fn bodies_past_the_bytes_in_flight_bound_are_a_503() {
     let (_hold2, held2) = futures::channel::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
     let first = tokio::spawn(h.router.clone().oneshot(stalled(held)));
     let second = tokio::spawn(h.router.clone().oneshot(stalled(held2)));
-    tokio::time::sleep(BODY_READ_TIMEOUT / 3).await;
+    while h.body_budget.available_permits() > 0 {
+        tokio::task::yield_now().await;
+    }
     let (status, retry_after, json) =
         post_order(&h, Some("E-1"), "E-1", "2026-11-29T10:00:00Z").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{json}");

@@ -532,7 +532,7 @@ impl Pipeline {
         match self
             .inner
             .publisher
-            .send(entity_record(&event, topic, payload))
+            .send(&entity_record(&event, topic, payload))
             .await
         {
             Ok(_) => {}
@@ -603,13 +603,13 @@ impl Pipeline {
         );
         let (provider, code) = (letter.provider, letter.code);
         let record = dead_letter_record(letter, self.inner.topics.dead_letter());
-        match self.inner.publisher.send(record.clone()).await {
+        match self.inner.publisher.send(&record).await {
             Ok(_) => {}
             // Too large whole: a cut copy is still a permanent outcome, where
             // refusing would ask the provider to retry what can never fit.
             Err(PublishError::Refused(error)) => {
                 warn!(%error, "Dead letter refused whole; writing its head with the body's length and hash.");
-                self.inner.publisher.send(cut_dead_letter(record)).await?;
+                self.inner.publisher.send(&cut_dead_letter(record)).await?;
             }
             Err(error) => return Err(error.into()),
         }

@@ -200,10 +200,9 @@ async fn a_body_that_cannot_be_dead_lettered_stays_retryable() {
         .await
         .unwrap_err();
     assert!(matches!(error, PipelineError::Publish(_)), "{error}");
-    assert_eq!(
-        pipeline.ledger().begin(&key("d-junk")).await.unwrap(),
-        Begin::New
-    );
+    // Not JSON, so keyed by the body's hash: neither done nor still leased.
+    let by_body = DeliveryKey::of_body(ProviderKind::Mekari, b"not json");
+    assert_eq!(pipeline.ledger().begin(&by_body).await.unwrap(), Begin::New);
 }
 
 #[tokio::test]

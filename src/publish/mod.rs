@@ -160,15 +160,6 @@ pub struct OutgoingRecord {
     pub provider: &'static str,
 }
 
-/// Where a record landed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Acked {
-    /// Partition.
-    pub partition: i32,
-    /// Offset.
-    pub offset: i64,
-}
-
 /// The producer in use and its generation, so concurrent failures replace it once.
 struct Current {
     /// The idempotent producer.
@@ -289,7 +280,7 @@ impl Publisher {
     ///
     /// # Errors
     /// [`PublishError::Unavailable`] (retryable) or [`PublishError::Refused`] (permanent).
-    pub async fn send(&self, record: OutgoingRecord) -> Result<Acked, PublishError> {
+    pub async fn send(&self, record: &OutgoingRecord) -> Result<(), PublishError> {
         if !self.health.is_up() {
             return Err(PublishError::BrokerDown);
         }
@@ -317,10 +308,7 @@ impl Publisher {
         .await;
         let result = match result {
             Err(_) => Err((PublishError::DeadlinePassed, true)),
-            Ok(Ok(delivery)) => Ok(Acked {
-                partition: delivery.partition,
-                offset: delivery.offset,
-            }),
+            Ok(Ok(_)) => Ok(()),
             Ok(Err((error, _))) => {
                 let replace = must_replace(&error, &producer);
                 Err((classify(error), replace))
