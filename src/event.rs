@@ -148,10 +148,22 @@ impl Version {
     /// A version at a provider time, with a tie-breaking rank.
     pub fn new(at: OffsetDateTime, rank: u32) -> Version {
         Version {
-            at_micros: i64::try_from(at.unix_timestamp_nanos() / 1000).unwrap_or(i64::MAX),
+            at_micros: micros(at),
             rank,
         }
     }
+}
+
+/// Microseconds since the Unix epoch: how times are stored (Avro
+/// `timestamp-micros`, versions, the spool). Saturates far outside any real date.
+pub fn micros(at: OffsetDateTime) -> i64 {
+    i64::try_from(at.unix_timestamp_nanos() / 1000).unwrap_or(i64::MAX)
+}
+
+/// The time `us` microseconds after the Unix epoch; `None` beyond what
+/// `OffsetDateTime` holds (a corrupt stored value).
+pub fn from_micros(us: i64) -> Option<OffsetDateTime> {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(us) * 1000).ok()
 }
 
 /// The record key: `{provider}:{entity_id}`, or `{provider}:{account}:{entity_id}`

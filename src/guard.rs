@@ -7,7 +7,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::event::{Content, Decimal, LineItem, Origin, PosEvent, Version};
+use crate::event::{Content, Decimal, LineItem, Origin, PosEvent, micros};
 use crate::ledger::EntityState;
 
 /// What to do with an incoming state.
@@ -131,11 +131,7 @@ pub fn state_hash(event: &PosEvent, content: &Content) -> [u8; 16] {
         field(&decimal(*quantity));
         field(&decimal(*unit_price));
     }
-    field(
-        &business_at
-            .map_or(i64::MIN, |at| Version::new(at, 0).at_micros)
-            .to_be_bytes(),
-    );
+    field(&business_at.map_or(i64::MIN, micros).to_be_bytes());
     field(text(name));
     field(text(sku));
     field(&decimal(*price));

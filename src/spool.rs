@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::config::SpoolConfig;
-use crate::event::{DeliveryKey, ProviderKind, Source, Version};
+use crate::event::{DeliveryKey, ProviderKind, Source, from_micros, micros};
 use crate::telemetry;
 
 /// Sequence number → an encoded [`SpooledDelivery`]; oldest first.
@@ -99,7 +99,7 @@ impl SpooledDelivery {
             source: self.source.name.clone(),
             account: self.source.account.clone(),
             delivery_id: self.delivery_id.clone(),
-            received_at_us: Version::new(self.received_at, 0).at_micros,
+            received_at_us: micros(self.received_at),
         };
         // A struct of strings and numbers always serializes.
         let mut bytes = serde_json::to_vec(&header).expect("a spool header serializes");
@@ -123,10 +123,7 @@ impl SpooledDelivery {
                 account: header.account,
             },
             delivery_id: header.delivery_id,
-            received_at: OffsetDateTime::from_unix_timestamp_nanos(
-                i128::from(header.received_at_us) * 1000,
-            )
-            .map_err(|_| SpoolError::Corrupt(seq))?,
+            received_at: from_micros(header.received_at_us).ok_or(SpoolError::Corrupt(seq))?,
             body: Bytes::copy_from_slice(&bytes[split + 1..]),
         })
     }

@@ -5,11 +5,9 @@ use apache_avro::types::Value;
 use time::OffsetDateTime;
 
 use super::DecodeError;
-use crate::event::{Decimal, EntityType, LineItem, Origin, PosEvent, ProviderKind, Version};
-
-fn micros(at: OffsetDateTime) -> i64 {
-    Version::new(at, 0).at_micros
-}
+use crate::event::{
+    Decimal, EntityType, LineItem, Origin, PosEvent, ProviderKind, Version, from_micros, micros,
+};
 
 fn optional_string(value: Option<&str>) -> Value {
     match value {
@@ -234,10 +232,7 @@ impl Fields {
 
     fn time(&mut self, name: &'static str) -> Result<OffsetDateTime, DecodeError> {
         match self.take(name)? {
-            Value::TimestampMicros(us) => {
-                OffsetDateTime::from_unix_timestamp_nanos(i128::from(us) * 1000)
-                    .map_err(|_| DecodeError::Field(name))
-            }
+            Value::TimestampMicros(us) => from_micros(us).ok_or(DecodeError::Field(name)),
             _ => Err(DecodeError::Field(name)),
         }
     }
@@ -245,11 +240,7 @@ impl Fields {
     fn optional_time(&mut self, name: &'static str) -> Result<Option<OffsetDateTime>, DecodeError> {
         match self.take(name)? {
             Value::Null => Ok(None),
-            Value::TimestampMicros(us) => {
-                OffsetDateTime::from_unix_timestamp_nanos(i128::from(us) * 1000)
-                    .map(Some)
-                    .map_err(|_| DecodeError::Field(name))
-            }
+            Value::TimestampMicros(us) => from_micros(us).map(Some).ok_or(DecodeError::Field(name)),
             _ => Err(DecodeError::Field(name)),
         }
     }

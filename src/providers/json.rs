@@ -6,7 +6,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::NormalizeError;
-use crate::event::{Content, Decimal, LineItem, Version};
+use crate::event::{Content, Decimal, LineItem, micros};
 
 pub(super) fn required_str<'a>(
     value: &'a Value,
@@ -237,7 +237,7 @@ fn canonical(value: &Value, out: &mut String) {
             }
         }
         Value::String(s) => match OffsetDateTime::parse(s, &Rfc3339) {
-            Ok(at) => out.push_str(&format!("\"@{}\"", Version::new(at, 0).at_micros)),
+            Ok(at) => out.push_str(&format!("\"@{}\"", micros(at))),
             Err(_) => out.push_str(&value.to_string()),
         },
         Value::Bool(_) | Value::Null => out.push_str(&value.to_string()),
