@@ -1,14 +1,9 @@
-//! Throughput and latency of the whole webhook path against a real broker:
-//! signed HTTP request → verify → ledger → normalize → guard → encode →
-//! idempotent produce (acks=all) → ledger commit → 200.
-//!
-//! Then the outage spool: deliveries of a spooling source answered while no
+//! The outage spool: deliveries of a spooling source answered while no
 //! broker answers (the spool's fsync'd appends), and the drain of that spool
-//! into Kafka, beside the one-at-a-time produce figure measured in the same
-//! run (the drain publishes one delivery at a time).
+//! into Kafka (one delivery at a time, for per-entity order).
 //!
-//! Run with `scripts/bench` (starts a fresh tansu broker), or
-//! `POSBRIDGE_BENCH_BROKERS=host:port cargo bench --bench webhooks`.
+//! Run with `scripts/bench spool` (starts a fresh tansu broker), or
+//! `POSBRIDGE_BENCH_BROKERS=host:port cargo bench --bench spool`.
 //! Prints figures; asserts nothing about speed.
 
 use std::time::{Duration, Instant};
@@ -101,7 +96,7 @@ async fn run(label: &str, base: &str, ids: &[usize], concurrency: usize) {
 #[tokio::main]
 async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
-        println!("webhooks bench: run it with `scripts/bench` or `cargo bench --bench webhooks`");
+        println!("spool bench: run it with `scripts/bench spool` or `cargo bench --bench spool`");
         return;
     }
     let brokers =
@@ -110,23 +105,6 @@ async fn main() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(5000);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let prefix = format!("bench{}", std::process::id());
-    let (base, stop, server) = serve(&config(&brokers, &prefix, dir.path(), false)).await;
-
-    let warm: Vec<usize> = (requests..requests + 200).collect();
-    run("warm-up", &base, &warm, 16).await;
-    let fresh: Vec<usize> = (0..requests).collect();
-    for concurrency in [1, 16, 64] {
-        let ids: Vec<usize> = fresh.iter().map(|i| i + concurrency * 1_000_000).collect();
-        run("new deliveries (produce)", &base, &ids, concurrency).await;
-    }
-    let dups: Vec<usize> = (64_000_000..64_000_000 + requests).collect();
-    run("duplicates (no produce)", &base, &dups, 64).await;
-
-    let _ = stop.send(());
-    let _ = server.await;
-
     spool_and_drain(&brokers, requests).await;
 }
 

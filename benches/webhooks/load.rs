@@ -1,0 +1,238 @@
+//! The load generator, the same for both servers: signed ReceiptRoller
+//! `sale.created` deliveries over keep-alive HTTP/1.1 connections, either a
+//! closed loop (each connection sends its next request when the last is
+//! answered) or a fixed rate (requests due on a schedule; a request's latency
+//! counts from when it was due, so a server that falls behind is charged for
+//! the wait).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use posbridge::config::SchemeName;
+use posbridge::verify::sign;
+
+/// The webhook secret both servers are configured with.
+pub const SECRET: &str = "bench-secret-1";
+
+/// How requests are sent.
+#[derive(Debug, Clone, Copy)]
+pub enum Load {
+    /// `connections` connections, each sending as soon as answered.
+    Closed {
+        /// Connections.
+        connections: usize,
+    },
+    /// Each delivery of a [`Ids::Replay`] list once, on `connections` connections.
+    Once {
+        /// Connections.
+        connections: usize,
+    },
+    /// `per_second` requests a second on `connections` connections.
+    Fixed {
+        /// Target rate.
+        per_second: f64,
+        /// Connections available to the schedule.
+        connections: usize,
+    },
+}
+
+impl Load {
+    fn connections(self) -> usize {
+        match self {
+            Load::Closed { connections }
+            | Load::Once { connections }
+            | Load::Fixed { connections, .. } => connections,
+        }
+    }
+}
+
+/// Which deliveries are sent.
+#[derive(Debug, Clone)]
+pub enum Ids {
+    /// Every request a new delivery of a new entity: `{prefix}-{n}`.
+    Fresh(String),
+    /// The same deliveries again, round robin (all answered before).
+    Replay(Arc<Vec<String>>),
+}
+
+impl Ids {
+    fn len(&self) -> usize {
+        match self {
+            Ids::Fresh(_) => usize::MAX,
+            Ids::Replay(ids) => ids.len(),
+        }
+    }
+
+    fn get(&self, n: usize) -> String {
+        match self {
+            Ids::Fresh(prefix) => format!("{prefix}-{n}"),
+            Ids::Replay(ids) => ids[n % ids.len()].clone(),
+        }
+    }
+}
+
+/// When the requests are due.
+#[derive(Debug, Clone, Copy)]
+enum Schedule {
+    /// As fast as answered, until then.
+    Until(Instant),
+    /// Request `n` at `start + n × interval`, `total` of them.
+    Rate {
+        start: Instant,
+        interval: Duration,
+        total: usize,
+    },
+    /// As fast as answered, this many.
+    Count(usize),
+}
+
+impl Schedule {
+    /// When request `n` is due (after waiting for it) and `n`; `None` once
+    /// the schedule is over.
+    async fn due(self, n: usize) -> Option<(Instant, usize)> {
+        match self {
+            Schedule::Until(end) => (Instant::now() < end).then(|| (Instant::now(), n)),
+            Schedule::Count(total) => (n < total).then(|| (Instant::now(), n)),
+            Schedule::Rate {
+                start,
+                interval,
+                total,
+            } => {
+                if n >= total {
+                    return None;
+                }
+                let due = start + interval.mul_f64(n as f64);
+                tokio::time::sleep_until(due.into()).await;
+                Some((due, n))
+            }
+        }
+    }
+}
+
+/// What one phase measured on the client side.
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    /// Answers received.
+    pub requests: usize,
+    /// Answers other than 200.
+    pub errors: usize,
+    /// Wall time of the phase.
+    pub elapsed: Duration,
+    /// Latency percentiles.
+    pub p50: Duration,
+    /// 99th percentile.
+    pub p99: Duration,
+    /// For a fixed rate: how far the last answer came after the schedule's end.
+    pub behind: Duration,
+}
+
+impl Measured {
+    /// Answers a second.
+    pub fn rate(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// The signed request of delivery `id`.
+pub fn request(addr: SocketAddr, id: &str) -> hyper::Request<Full<Bytes>> {
+    let body = serde_json::to_vec(&serde_json::json!({
+        "id": id, "type": "sale.created",
+        "timestamp": "2026-11-29T10:15:30.123Z", "webhook_id": "wh_1",
+        "data": {"id": format!("T1|2026-11|{id}"), "terminal_id": "T1", "store_id": "S1",
+                 "currency": "JPY", "sub_total": 1000, "tax_total": 100, "grand_total": 1100,
+                 "items": [{"sku": "A-1", "name": "Coffee", "quantity": 2, "unit_price": 500}]}
+    }))
+    .expect("json");
+    let mut builder = hyper::Request::post("/webhooks/receiptroller/main")
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .header("x-rr-delivery", id);
+    for (name, value) in sign(SchemeName::Hex, "X-RR-Signature", SECRET, "", 0, &body) {
+        builder = builder.header(name, value);
+    }
+    builder.body(Full::new(Bytes::from(body))).expect("request")
+}
+
+async fn connect(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    sender
+}
+
+/// Sends one request and reads the whole answer; whether it was a 200.
+async fn send(sender: &mut SendRequest<Full<Bytes>>, request: hyper::Request<Full<Bytes>>) -> bool {
+    sender.ready().await.expect("connection ready");
+    let response = sender.send_request(request).await.expect("answer");
+    let ok = response.status() == 200;
+    response.into_body().collect().await.expect("answer body");
+    ok
+}
+
+/// Runs `load` against `addr` for `duration` (closed loop), for
+/// `duration`'s worth of scheduled requests (fixed rate), or once per id.
+pub async fn run(addr: SocketAddr, load: Load, ids: Ids, duration: Duration) -> Measured {
+    let mut senders = Vec::new();
+    for _ in 0..load.connections() {
+        senders.push(connect(addr).await);
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let schedule = match load {
+        Load::Fixed { per_second, .. } => Schedule::Rate {
+            start: started,
+            interval: Duration::from_secs_f64(1.0 / per_second),
+            total: (per_second * duration.as_secs_f64()) as usize,
+        },
+        Load::Closed { .. } => Schedule::Until(started + duration),
+        Load::Once { .. } => Schedule::Count(ids.len()),
+    };
+    let tasks: Vec<_> = senders
+        .into_iter()
+        .map(|mut sender| {
+            let next = next.clone();
+            let ids = ids.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut errors = 0;
+                while let Some(due) = schedule.due(next.fetch_add(1, Ordering::Relaxed)).await {
+                    if !send(&mut sender, request(addr, &ids.get(due.1))).await {
+                        errors += 1;
+                    }
+                    latencies.push(due.0.elapsed());
+                }
+                (latencies, errors)
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for task in tasks {
+        let (mine, my_errors) = task.await.expect("load task");
+        latencies.extend(mine);
+        errors += my_errors;
+    }
+    let elapsed = started.elapsed();
+    latencies.sort_unstable();
+    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
+    Measured {
+        requests: latencies.len(),
+        errors,
+        elapsed,
+        p50: pct(0.50),
+        p99: pct(0.99),
+        behind: match schedule {
+            Schedule::Rate { .. } => elapsed.saturating_sub(duration),
+            Schedule::Until(_) | Schedule::Count(_) => Duration::ZERO,
+        },
+    }
+}

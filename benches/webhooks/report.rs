@@ -1,0 +1,195 @@
+//! The bench's table: a row per phase as it ends, then posbridge's figures
+//! as ratios to the limit's of the same repetition, beside the targets.
+
+use std::time::Duration;
+
+use crate::load::Measured;
+
+/// One phase of the load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Closed loop on this many connections, new deliveries.
+    Closed(usize),
+    /// Half the limit's closed-loop rate (64 connections), new deliveries.
+    Fixed,
+    /// Closed loop on 64 connections, deliveries already answered.
+    Duplicates,
+}
+
+impl Phase {
+    fn label(self) -> String {
+        match self {
+            Phase::Closed(n) => format!("new, closed {n}"),
+            Phase::Fixed => "new, fixed rate".into(),
+            Phase::Duplicates => "duplicates, closed 64".into(),
+        }
+    }
+}
+
+/// What one phase measured, client and server side.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// Repetition, from 1.
+    pub rep: usize,
+    /// Which server.
+    pub server: &'static str,
+    /// Which load.
+    pub phase: Phase,
+    /// The client's view.
+    pub measured: Measured,
+    /// CPU the server used during the phase.
+    pub server_cpu: Duration,
+    /// CPU the broker used during the phase, when its pid is known.
+    pub broker_cpu: Option<Duration>,
+    /// The server process's peak RSS so far.
+    pub peak_rss: u64,
+}
+
+impl Row {
+    fn cpu_per_request(&self) -> Duration {
+        self.server_cpu
+            .checked_div(self.measured.requests.max(1) as u32)
+            .unwrap_or_default()
+    }
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Prints the settings and the table's header.
+pub fn header(settings: &str) {
+    println!("{settings}");
+    println!(
+        "{:>3}  {:<18}  {:<22} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>7} {:>8}",
+        "rep",
+        "server",
+        "load",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "errors",
+        "cores",
+        "µs/req",
+        "broker",
+        "peak RSS"
+    );
+}
+
+/// Prints one row.
+pub fn row(row: &Row) {
+    let m = &row.measured;
+    let secs = m.elapsed.as_secs_f64();
+    let behind = if m.behind > Duration::from_millis(100) {
+        format!(
+            "  (ended {:.1} s behind the schedule)",
+            m.behind.as_secs_f64()
+        )
+    } else {
+        String::new()
+    };
+    println!(
+        "{:>3}  {:<18}  {:<22} {:>8.0} {:>8.1} {:>8.1} {:>6} {:>8.2} {:>8.0} {:>7} {:>6.0} MiB{behind}",
+        row.rep,
+        row.server,
+        row.phase.label(),
+        m.rate(),
+        ms(m.p50),
+        ms(m.p99),
+        m.errors,
+        row.server_cpu.as_secs_f64() / secs,
+        row.cpu_per_request().as_secs_f64() * 1e6,
+        row.broker_cpu
+            .map_or("-".into(), |cpu| format!("{:.2}", cpu.as_secs_f64() / secs)),
+        row.peak_rss as f64 / MIB,
+    );
+}
+
+/// posbridge against the limit in one repetition.
+struct Ratios {
+    throughput_64: f64,
+    throughput_256: f64,
+    p99_fixed_ms: f64,
+    cpu_per_request: f64,
+    peak_rss_mib: f64,
+    duplicates: f64,
+}
+
+impl Ratios {
+    fn of(rows: &[Row], rep: usize) -> Option<Ratios> {
+        let find = |server: &str, phase: Phase| {
+            rows.iter()
+                .find(|r| r.rep == rep && r.server == server && r.phase == phase)
+        };
+        let (p64, l64) = (
+            find("posbridge", Phase::Closed(64))?,
+            find("limit", Phase::Closed(64))?,
+        );
+        let (p256, l256) = (
+            find("posbridge", Phase::Closed(256))?,
+            find("limit", Phase::Closed(256))?,
+        );
+        let (pf, lf) = (
+            find("posbridge", Phase::Fixed)?,
+            find("limit", Phase::Fixed)?,
+        );
+        let (pd, ld) = (
+            find("posbridge", Phase::Duplicates)?,
+            find("limit (no produce)", Phase::Duplicates)?,
+        );
+        let cpu = |r: &Row| r.cpu_per_request().as_secs_f64();
+        Some(Ratios {
+            throughput_64: p64.measured.rate() / l64.measured.rate(),
+            throughput_256: p256.measured.rate() / l256.measured.rate(),
+            p99_fixed_ms: ms(pf.measured.p99) - ms(lf.measured.p99),
+            cpu_per_request: (cpu(p64) + cpu(p256)) / (cpu(l64) + cpu(l256)),
+            peak_rss_mib: rows
+                .iter()
+                .filter(|r| r.rep == rep && r.server == "posbridge")
+                .map(|r| r.peak_rss)
+                .max()
+                .unwrap_or(0) as f64
+                / MIB,
+            duplicates: pd.measured.rate() / ld.measured.rate(),
+        })
+    }
+}
+
+/// Prints the ratios of each repetition and the targets.
+pub fn ratios(rows: &[Row]) {
+    println!();
+    println!(
+        "posbridge against the limit, per repetition (CPU per request over both closed loops; duplicates against the limit without producing):"
+    );
+    println!(
+        "{:>3}  {:>16} {:>17} {:>20} {:>16} {:>10} {:>18}",
+        "rep",
+        "req/s @64 conns",
+        "req/s @256 conns",
+        "p99 diff @fixed",
+        "CPU per request",
+        "peak RSS",
+        "duplicates req/s"
+    );
+    let reps = rows.iter().map(|r| r.rep).max().unwrap_or(0);
+    for rep in 1..=reps {
+        let Some(r) = Ratios::of(rows, rep) else {
+            continue;
+        };
+        println!(
+            "{rep:>3}  {:>15.2}× {:>16.2}× {:>17.1} ms {:>15.2}× {:>6.0} MiB {:>17.2}×",
+            r.throughput_64,
+            r.throughput_256,
+            r.p99_fixed_ms,
+            r.cpu_per_request,
+            r.peak_rss_mib,
+            r.duplicates
+        );
+    }
+    println!(
+        "{:>3}  {:>16} {:>17} {:>20} {:>16} {:>10} {:>18}",
+        "aim", "≥ 0.90×", "≥ 1.00×", "≤ 3.0 ms", "≤ 1.50×", "≤ 64 MiB", "-"
+    );
+}

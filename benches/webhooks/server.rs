@@ -1,0 +1,94 @@
+//! The servers under test as child processes, and what the kernel says they
+//! used: CPU time (`/proc/PID/stat`) and peak resident memory (`VmHWM`).
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running server process.
+pub struct Server {
+    child: Child,
+}
+
+impl Server {
+    /// Starts `program args…` (which must listen on `addr`) with its output in
+    /// `log`, and waits until `addr` accepts connections.
+    pub fn start(mut command: Command, addr: SocketAddr, log: &Path) -> Server {
+        let log = std::fs::File::create(log).expect("server log");
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start server");
+        let server = Server { child };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < deadline, "server did not listen on {addr}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    /// The process's usage so far.
+    pub fn usage(&self) -> Usage {
+        Usage::of(self.child.id())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A free loopback port.
+pub fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+}
+
+/// CPU time used and peak RSS of one process, read at one moment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    /// User + system CPU time.
+    pub cpu: Duration,
+    /// Peak resident set, bytes.
+    pub peak_rss: u64,
+}
+
+impl Usage {
+    /// Reads the usage of `pid` (zero if it cannot be read).
+    pub fn of(pid: u32) -> Usage {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Fields after the command name (which may hold spaces) start at 3.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let ticks = |i: usize| {
+            fields
+                .get(i - 3)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        // utime and stime, in clock ticks of 1/100 s (USER_HZ on Linux).
+        let cpu = Duration::from_millis((ticks(14) + ticks(15)) * 10);
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let peak_rss = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024;
+        Usage { cpu, peak_rss }
+    }
+
+    /// CPU used since `earlier`.
+    pub fn cpu_since(&self, earlier: &Usage) -> Duration {
+        self.cpu.saturating_sub(earlier.cpu)
+    }
+}
