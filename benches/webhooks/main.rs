@@ -95,8 +95,10 @@ impl Settings {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some(LIMIT_SERVER) {
-        return limit_server(&args[2..]);
+    match args.get(1).map(String::as_str) {
+        Some(LIMIT_SERVER) => return limit_server(&args[2..]),
+        Some(LOAD_ONLY) => return load_only(&args[2..]),
+        _ => {}
     }
     if !args.iter().any(|a| a == "--bench") {
         println!("webhooks bench: run it with `scripts/bench` or `cargo bench --bench webhooks`");
@@ -110,6 +112,38 @@ fn main() {
 
 /// The first argument that makes this binary the limit server.
 const LIMIT_SERVER: &str = "limit-server";
+
+/// The first argument that makes this binary only the load generator, for
+/// profiling a server someone else started.
+const LOAD_ONLY: &str = "load";
+
+/// `load ADDR CONNECTIONS SECONDS`: new deliveries on a closed loop, then
+/// the client's figures.
+fn load_only(args: &[String]) {
+    let [addr, connections, seconds] = args else {
+        panic!("load ADDR CONNECTIONS SECONDS");
+    };
+    let load = Load::Closed {
+        connections: connections.parse().expect("connections"),
+    };
+    let ids = Ids::Fresh(format!("load{}", std::process::id()));
+    let duration = Duration::from_secs(seconds.parse().expect("seconds"));
+    let measured = tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(load::run(
+            addr.parse().expect("address"),
+            load,
+            ids,
+            duration,
+        ));
+    println!(
+        "{:.0} req/s, p50 {:.1} ms, p99 {:.1} ms, {} errors",
+        measured.rate(),
+        measured.p50.as_secs_f64() * 1e3,
+        measured.p99.as_secs_f64() * 1e3,
+        measured.errors
+    );
+}
 
 /// `limit-server LISTEN BROKERS TOPIC PRODUCE [key=value…]`.
 fn limit_server(args: &[String]) {

@@ -30,6 +30,10 @@ const CHECKPOINTS: TableDefinition<&str, i64> = TableDefinition::new("checkpoint
 
 /// Number of entity lock stripes: enough that unrelated keys rarely share one.
 const LOCK_STRIPES: usize = 1024;
+/// The writer starts a commit at most this often: a delivery after a quiet
+/// spell is committed at once, one under load waits at most this long to
+/// share its commit (and its sync) with the others (docs/BENCHMARKS.md).
+const COMMIT_EVERY: Duration = Duration::from_millis(2);
 /// How often the writer deletes expired delivery ids.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
 
@@ -238,7 +242,15 @@ fn write_loop(
     dedup_ttl: Duration,
 ) {
     let mut last_purge = Instant::now() - PURGE_EVERY;
+    let mut last_commit = Instant::now() - COMMIT_EVERY;
     while let Some(first) = queue.blocking_recv() {
+        // Under load, gather what arrives until a commit is due: each commit
+        // costs a sync and a B-tree path per table however few ids it holds.
+        let due = last_commit + COMMIT_EVERY;
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        last_commit = Instant::now();
         let mut batch = vec![first];
         while let Ok(next) = queue.try_recv() {
             batch.push(next);
