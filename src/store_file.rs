@@ -12,6 +12,13 @@ use std::path::Path;
 use redb::Database;
 use tracing::warn;
 
+/// redb's read cache per file. Its default is 1 GiB, which a ledger holding
+/// millions of ids would fill, growing posbridge's memory with the ledger;
+/// lookups touch a small hot part (recent ids, active entities) and the
+/// kernel's page cache keeps the rest of the file close, so a small cache
+/// costs little (docs/BENCHMARKS.md has the figures).
+const CACHE_BYTES: usize = 16 * 1024 * 1024;
+
 /// Why a store file could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreFileError {
@@ -93,7 +100,9 @@ pub fn open_with(path: &Path, integrity: Integrity) -> Result<Database, StoreFil
     };
     // redb panics on some damaged pages instead of returning an error.
     let opened = std::panic::catch_unwind(|| {
-        let mut db = Database::create(path)?;
+        let mut db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)?;
         let intact = !existed || integrity == Integrity::Trust || db.check_integrity()?;
         Ok((db, intact))
     });

@@ -19,11 +19,17 @@
 //! `POSBRIDGE_BENCH_REDIS` (a Redis URL: posbridge uses the Redis ledger),
 //! `POSBRIDGE_BENCH_LIBRDKAFKA` (`key=value,…` for both producers),
 //! `POSBRIDGE_BENCH_PARTITIONS` (both layouts), `POSBRIDGE_BENCH_BROKER_PID`
-//! (to report the broker's CPU too), `POSBRIDGE_BENCH_LEDGER_DIR` (start
-//! posbridge on a copy of this prepared ledger directory).
+//! (to report the broker's CPU too).
+//!
+//! `scale` (after `--`) first fills an embedded and a Redis ledger with
+//! `POSBRIDGE_BENCH_IDS` done delivery ids (default 10 million) and
+//! `POSBRIDGE_BENCH_ENTITIES` entity states (default 1 million), reports
+//! their size and the purge's cost (`fill.rs`), then runs posbridge on empty
+//! and on filled ledgers side by side.
 //!
 //! Asserts nothing about speed: it prints figures.
 
+mod fill;
 mod limit;
 mod load;
 mod report;
@@ -31,6 +37,7 @@ mod server;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,7 +58,6 @@ struct Settings {
     librdkafka: BTreeMap<String, String>,
     partitions: i32,
     broker_pid: Option<u32>,
-    ledger_dir: Option<std::path::PathBuf>,
 }
 
 impl Settings {
@@ -77,7 +83,6 @@ impl Settings {
                     v.parse().expect("partitions")
                 }),
             broker_pid: var("POSBRIDGE_BENCH_BROKER_PID").map(|v| v.parse().expect("pid")),
-            ledger_dir: var("POSBRIDGE_BENCH_LEDGER_DIR").map(Into::into),
         }
     }
 
@@ -105,9 +110,14 @@ fn main() {
         return;
     }
     let settings = Settings::from_env();
-    tokio::runtime::Runtime::new()
-        .expect("runtime")
-        .block_on(bench(settings));
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let run = run_id();
+    if args.iter().any(|a| a == "scale") {
+        runtime.block_on(scale(&settings, &run));
+    } else {
+        let rows = runtime.block_on(bench(&settings, &run, &side_by_side(&settings)));
+        report::ratios(&rows);
+    }
 }
 
 /// The first argument that makes this binary the limit server.
@@ -167,29 +177,74 @@ fn limit_server(args: &[String]) {
         .block_on(limit::serve(settings));
 }
 
-/// Which server a process runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// The limit server, producing.
-    Limit,
-    /// The limit server answering after verify + parse.
-    LimitNoProduce,
+/// The ledger a posbridge under test uses.
+#[derive(Debug, Clone)]
+pub enum LedgerChoice {
+    /// A redb file: a new one, or a copy of this prepared one.
+    Embedded(Option<PathBuf>),
+    /// Redis at `url`: under a new prefix, or under this prepared one.
+    Redis {
+        /// Server URL.
+        url: String,
+        /// The prefix of a prepared ledger.
+        prefix: Option<String>,
+    },
+}
+
+/// What a server process runs.
+#[derive(Debug, Clone)]
+enum Under {
+    /// The limit server; with `produce` false it answers after verify + parse.
+    Limit { produce: bool },
     /// The release posbridge.
-    Posbridge,
+    Posbridge(LedgerChoice),
 }
 
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Limit => "limit",
-            Kind::LimitNoProduce => "limit (no produce)",
-            Kind::Posbridge => "posbridge",
-        }
-    }
+/// One server of the run and the phases it is measured in.
+#[derive(Debug, Clone)]
+struct Spec {
+    name: &'static str,
+    under: Under,
+    phases: Vec<Phase>,
 }
 
-async fn bench(settings: Settings) {
-    let run = format!(
+/// The side-by-side run: the limit, the limit without producing (for the
+/// duplicates), posbridge.
+fn side_by_side(settings: &Settings) -> Vec<Spec> {
+    let ledger = match &settings.redis {
+        Some(url) => LedgerChoice::Redis {
+            url: url.clone(),
+            prefix: None,
+        },
+        None => LedgerChoice::Embedded(None),
+    };
+    vec![
+        Spec {
+            name: report::LIMIT,
+            under: Under::Limit { produce: true },
+            phases: vec![Phase::Closed(64), Phase::Closed(256), Phase::Fixed],
+        },
+        Spec {
+            name: report::LIMIT_NO_PRODUCE,
+            under: Under::Limit { produce: false },
+            phases: vec![Phase::Duplicates],
+        },
+        Spec {
+            name: report::POSBRIDGE,
+            under: Under::Posbridge(ledger),
+            phases: vec![
+                Phase::Closed(64),
+                Phase::Closed(256),
+                Phase::Fixed,
+                Phase::Duplicates,
+            ],
+        },
+    ]
+}
+
+/// The run id: names the topics, Redis prefixes and delivery ids of one run.
+fn run_id() -> String {
+    format!(
         "b{}{}",
         std::process::id(),
         std::time::SystemTime::now()
@@ -197,7 +252,11 @@ async fn bench(settings: Settings) {
             .expect("clock")
             .as_secs()
             % 100_000
-    );
+    )
+}
+
+/// Runs `specs`, `settings.repeat` times in turn, printing a row per phase.
+async fn bench(settings: &Settings, run: &str, specs: &[Spec]) -> Vec<Row> {
     let work = tempfile::tempdir().expect("work dir");
     let limit_prefix = format!("{run}.limit.");
     // The limit's topics: posbridge's layout (every entity topic compacted,
@@ -216,53 +275,30 @@ async fn bench(settings: Settings) {
     drop(publisher);
     let limit_topic = limit_kafka.topic(posbridge::event::EntityType::Sale);
 
-    report::header(&settings_line(&settings));
+    report::header(&settings_line(settings, specs));
     let mut rows = Vec::new();
     for rep in 1..=settings.repeat {
         let mut half_limit = None;
-        for kind in [Kind::Limit, Kind::LimitNoProduce, Kind::Posbridge] {
+        for (index, spec) in specs.iter().enumerate() {
             let addr = free_addr();
-            let log = work
-                .path()
-                .join(format!("{}-{rep}.log", kind.name().replace(' ', "_")));
-            let command = match kind {
-                Kind::Limit | Kind::LimitNoProduce => {
-                    limit_command(&settings, addr, &limit_topic, kind == Kind::Limit)
+            let tag = format!("{rep}-{index}");
+            let log = work.path().join(format!("server-{tag}.log"));
+            let command = match &spec.under {
+                Under::Limit { produce } => limit_command(settings, addr, &limit_topic, *produce),
+                Under::Posbridge(ledger) => {
+                    let dir = work.path().join(format!("posbridge-{tag}"));
+                    posbridge_command(settings, addr, run, ledger, &dir)
                 }
-                Kind::Posbridge => posbridge_command(
-                    &settings,
-                    addr,
-                    &format!("{run}.posbridge."),
-                    work.path(),
-                    rep,
-                ),
             };
             let server = Server::start(command, addr, &log);
-            let prefix = format!("{run}-{rep}-{}", kind.name().len());
-            let phases = if kind == Kind::LimitNoProduce {
-                vec![Phase::Duplicates]
-            } else {
-                vec![
-                    Phase::Closed(64),
-                    Phase::Closed(256),
-                    Phase::Fixed,
-                    Phase::Duplicates,
-                ]
-            };
-            if kind != Kind::LimitNoProduce {
+            let prefix = format!("{run}-{tag}");
+            if spec.phases.iter().any(|p| *p != Phase::Duplicates) {
                 // Warm-up: connections, producer, topics' metadata.
-                load::run(
-                    addr,
-                    Load::Closed { connections: 64 },
-                    Ids::Fresh(format!("{prefix}-warm")),
-                    Duration::from_secs(2),
-                )
-                .await;
+                let warm = Load::Closed { connections: 64 };
+                let ids = Ids::Fresh(format!("{prefix}-warm"));
+                load::run(addr, warm, ids, Duration::from_secs(2)).await;
             }
-            for phase in phases {
-                if kind == Kind::Limit && phase == Phase::Duplicates {
-                    continue;
-                }
+            for &phase in &spec.phases {
                 let (load, ids) = match phase {
                     Phase::Closed(connections) => (
                         Load::Closed { connections },
@@ -280,11 +316,11 @@ async fn bench(settings: Settings) {
                         Ids::Replay(prime(addr, &format!("{prefix}-dup")).await),
                     ),
                 };
-                let row = measure(&settings, &server, rep, kind.name(), phase, || {
+                let row = measure(settings, &server, rep, spec.name, phase, || {
                     load::run(addr, load, ids, settings.phase)
                 })
                 .await;
-                if kind == Kind::Limit && phase == Phase::Closed(64) {
+                if spec.name == report::LIMIT && phase == Phase::Closed(64) {
                     half_limit = Some(row.measured.rate() / 2.0);
                 }
                 report::row(&row);
@@ -292,7 +328,7 @@ async fn bench(settings: Settings) {
             }
         }
     }
-    report::ratios(&rows);
+    rows
 }
 
 /// Sends 2,000 new deliveries once, so they can be replayed as duplicates.
@@ -350,26 +386,29 @@ fn limit_command(settings: &Settings, addr: SocketAddr, topic: &str, produce: bo
 }
 
 /// The release posbridge, `serve` with its defaults but for the listener,
-/// broker, topic prefix, ledger and the bench's secret.
+/// broker, topic prefix, ledger and the bench's secret; its files in `dir`.
 fn posbridge_command(
     settings: &Settings,
     addr: SocketAddr,
-    prefix: &str,
-    work: &std::path::Path,
-    rep: usize,
+    run: &str,
+    ledger: &LedgerChoice,
+    dir: &Path,
 ) -> Command {
-    let dir = work.join(format!("posbridge-{rep}"));
-    std::fs::create_dir_all(&dir).expect("posbridge dir");
-    let ledger = match (&settings.redis, &settings.ledger_dir) {
-        (Some(url), _) => {
-            format!("backend = \"redis\"\nredis_url = \"{url}\"\nredis_prefix = \"{prefix}{rep}:\"")
+    std::fs::create_dir_all(dir).expect("posbridge dir");
+    let ledger = match ledger {
+        LedgerChoice::Redis { url, prefix } => {
+            let name = dir.file_name().expect("named dir").to_string_lossy();
+            let unique = format!("{run}.{name}:");
+            let prefix = prefix.clone().unwrap_or(unique);
+            format!("backend = \"redis\"\nredis_url = \"{url}\"\nredis_prefix = \"{prefix}\"")
         }
-        (None, Some(prepared)) => {
-            let copy = dir.join("ledger.redb");
-            std::fs::copy(prepared.join("ledger.redb"), &copy).expect("copy the prepared ledger");
-            format!("path = \"{}\"", copy.display())
+        LedgerChoice::Embedded(prepared) => {
+            let path = dir.join("ledger.redb");
+            if let Some(prepared) = prepared {
+                std::fs::copy(prepared, &path).expect("copy the prepared ledger");
+            }
+            format!("path = \"{}\"", path.display())
         }
-        (None, None) => format!("path = \"{}\"", dir.join("ledger.redb").display()),
     };
     let librdkafka: String = settings
         .librdkafka
@@ -378,7 +417,7 @@ fn posbridge_command(
         .collect();
     let text = format!(
         "[server]\nlisten = \"{addr}\"\n\
-         [kafka]\nbrokers = \"{}\"\ntopic_prefix = \"{prefix}\"\npartitions = {}\n\
+         [kafka]\nbrokers = \"{}\"\ntopic_prefix = \"{run}.posbridge.\"\npartitions = {}\n\
          [kafka.librdkafka]\n{librdkafka}\
          [ledger]\n{ledger}\n\
          [receiptroller.sources.main]\nsecrets = [\"{}\"]\n",
@@ -393,18 +432,71 @@ fn posbridge_command(
     command
 }
 
-fn settings_line(settings: &Settings) -> String {
+fn settings_line(settings: &Settings, specs: &[Spec]) -> String {
+    let ledgers: Vec<String> = specs
+        .iter()
+        .filter_map(|spec| match &spec.under {
+            Under::Posbridge(LedgerChoice::Embedded(None)) => Some("embedded".into()),
+            Under::Posbridge(LedgerChoice::Embedded(Some(_))) => Some("embedded, filled".into()),
+            Under::Posbridge(LedgerChoice::Redis { url, prefix }) => Some(format!(
+                "redis at {url}{}",
+                if prefix.is_some() { ", filled" } else { "" }
+            )),
+            Under::Limit { .. } => None,
+        })
+        .collect();
     format!(
-        "broker {}, {} s per phase, {} repetitions, {} partitions, ledger {}, librdkafka {:?}",
+        "broker {}, {} s per phase, {} repetitions, {} partitions, posbridge ledger {}, librdkafka {:?}",
         settings.brokers,
         settings.phase.as_secs(),
         settings.repeat,
         settings.partitions,
-        match (&settings.redis, &settings.ledger_dir) {
-            (Some(url), _) => format!("redis ({url})"),
-            (None, Some(dir)) => format!("embedded, prepared ({})", dir.display()),
-            (None, None) => "embedded".into(),
-        },
+        ledgers.join(" / "),
         settings.librdkafka,
     )
+}
+
+/// Fills an embedded and (with `POSBRIDGE_BENCH_REDIS`) a Redis ledger,
+/// then runs posbridge on empty and filled ledgers beside the limit.
+async fn scale(settings: &Settings, run: &str) {
+    let work = tempfile::tempdir().expect("work dir");
+    let size = fill::Size::from_env();
+    let filled = fill::embedded(&work.path().join("filled.redb"), size).await;
+    let mut specs = vec![
+        Spec {
+            name: report::LIMIT,
+            under: Under::Limit { produce: true },
+            phases: vec![Phase::Closed(64), Phase::Closed(256)],
+        },
+        posbridge_spec(report::POSBRIDGE, LedgerChoice::Embedded(None)),
+        posbridge_spec("posbridge, filled", LedgerChoice::Embedded(Some(filled))),
+    ];
+    if let Some(url) = &settings.redis {
+        let prefix = format!("{run}.filled:");
+        fill::redis(url, &prefix, size).await;
+        specs.push(posbridge_spec(
+            "posbridge, redis",
+            LedgerChoice::Redis {
+                url: url.clone(),
+                prefix: None,
+            },
+        ));
+        specs.push(posbridge_spec(
+            "posbridge, redis filled",
+            LedgerChoice::Redis {
+                url: url.clone(),
+                prefix: Some(prefix),
+            },
+        ));
+    }
+    let rows = bench(settings, run, &specs).await;
+    report::scale(&rows);
+}
+
+fn posbridge_spec(name: &'static str, ledger: LedgerChoice) -> Spec {
+    Spec {
+        name,
+        under: Under::Posbridge(ledger),
+        phases: vec![Phase::Closed(64), Phase::Closed(256), Phase::Duplicates],
+    }
 }

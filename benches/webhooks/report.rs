@@ -5,6 +5,13 @@ use std::time::Duration;
 
 use crate::load::Measured;
 
+/// The limit server's name in the table.
+pub const LIMIT: &str = "limit";
+/// The limit server without producing.
+pub const LIMIT_NO_PRODUCE: &str = "limit (no produce)";
+/// posbridge on a new ledger.
+pub const POSBRIDGE: &str = "posbridge";
+
 /// One phase of the load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -63,7 +70,7 @@ fn ms(d: Duration) -> f64 {
 pub fn header(settings: &str) {
     println!("{settings}");
     println!(
-        "{:>3}  {:<18}  {:<22} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>7} {:>8}",
+        "{:>3}  {:<23}  {:<22} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>7} {:>8}",
         "rep",
         "server",
         "load",
@@ -91,7 +98,7 @@ pub fn row(row: &Row) {
         String::new()
     };
     println!(
-        "{:>3}  {:<18}  {:<22} {:>8.0} {:>8.1} {:>8.1} {:>6} {:>8.2} {:>8.0} {:>7} {:>6.0} MiB{behind}",
+        "{:>3}  {:<23}  {:<22} {:>8.0} {:>8.1} {:>8.1} {:>6} {:>8.2} {:>8.0} {:>7} {:>6.0} MiB{behind}",
         row.rep,
         row.server,
         row.phase.label(),
@@ -136,8 +143,8 @@ impl Ratios {
             find("limit", Phase::Fixed)?,
         );
         let (pd, ld) = (
-            find("posbridge", Phase::Duplicates)?,
-            find("limit (no produce)", Phase::Duplicates)?,
+            find(POSBRIDGE, Phase::Duplicates)?,
+            find(LIMIT_NO_PRODUCE, Phase::Duplicates)?,
         );
         let cpu = |r: &Row| r.cpu_per_request().as_secs_f64();
         Some(Ratios {
@@ -147,7 +154,7 @@ impl Ratios {
             cpu_per_request: (cpu(p64) + cpu(p256)) / (cpu(l64) + cpu(l256)),
             peak_rss_mib: rows
                 .iter()
-                .filter(|r| r.rep == rep && r.server == "posbridge")
+                .filter(|r| r.rep == rep && r.server == POSBRIDGE)
                 .map(|r| r.peak_rss)
                 .max()
                 .unwrap_or(0) as f64
@@ -192,4 +199,35 @@ pub fn ratios(rows: &[Row]) {
         "{:>3}  {:>16} {:>17} {:>20} {:>16} {:>10} {:>18}",
         "aim", "≥ 0.90×", "≥ 1.00×", "≤ 3.0 ms", "≤ 1.50×", "≤ 64 MiB", "-"
     );
+}
+
+/// Prints, per repetition and phase, each filled ledger's throughput
+/// against the same backend's empty one.
+pub fn scale(rows: &[Row]) {
+    println!();
+    println!("filled ledger against an empty one of the same backend, req/s (aim: within 10%):");
+    let pairs = [
+        ("posbridge, filled", POSBRIDGE),
+        ("posbridge, redis filled", "posbridge, redis"),
+    ];
+    for row in rows {
+        let Some((_, empty)) = pairs.iter().find(|(filled, _)| *filled == row.server) else {
+            continue;
+        };
+        let Some(base) = rows
+            .iter()
+            .find(|r| r.rep == row.rep && r.server == *empty && r.phase == row.phase)
+        else {
+            continue;
+        };
+        println!(
+            "{:>3}  {:<23}  {:<22} {:>8.0} against {:>8.0}  {:>6.2}×",
+            row.rep,
+            row.server,
+            row.phase.label(),
+            row.measured.rate(),
+            base.measured.rate(),
+            row.measured.rate() / base.measured.rate()
+        );
+    }
 }

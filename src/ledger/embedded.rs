@@ -34,8 +34,12 @@ const LOCK_STRIPES: usize = 1024;
 /// spell is committed at once, one under load waits at most this long to
 /// share its commit (and its sync) with the others (docs/BENCHMARKS.md).
 const COMMIT_EVERY: Duration = Duration::from_millis(2);
-/// How often the writer deletes expired delivery ids.
+/// How often the writer starts deleting expired delivery ids.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
+/// The most expired ids one commit deletes: a purge of a minute's expired
+/// ids (or of a backlog after a long stop) is spread over the following
+/// commits instead of holding every delivery behind one long transaction.
+const PURGE_CHUNK: usize = 1000;
 
 type Reply = oneshot::Sender<Result<(), LedgerError>>;
 
@@ -242,6 +246,8 @@ fn write_loop(
     dedup_ttl: Duration,
 ) {
     let mut last_purge = Instant::now() - PURGE_EVERY;
+    // Whether the last commit's purge stopped at the chunk with more to do.
+    let mut purging = false;
     let mut last_commit = Instant::now() - COMMIT_EVERY;
     while let Some(first) = queue.blocking_recv() {
         // Under load, gather what arrives until a commit is due: each commit
@@ -255,18 +261,21 @@ fn write_loop(
         while let Ok(next) = queue.try_recv() {
             batch.push(next);
         }
-        let purge = last_purge.elapsed() >= PURGE_EVERY;
+        let purge = purging || last_purge.elapsed() >= PURGE_EVERY;
         let result = store.get().and_then(|db| {
             write_batch(&db, &batch, dedup_ttl, purge)
                 .map_err(|e| LedgerError::Embedded(Arc::new(e)))
         });
-        if purge && result.is_ok() {
+        if let Ok(purged) = result
+            && purge
+        {
+            purging = purged == PURGE_CHUNK;
             last_purge = Instant::now();
         }
         for (_, reply) in batch {
             // The waiter may have given up (request cancelled); nothing to tell it.
             let _ = reply.send(match &result {
-                Ok(()) => Ok(()),
+                Ok(_) => Ok(()),
                 Err(LedgerError::Embedded(error)) => Err(LedgerError::Embedded(error.clone())),
                 Err(_) => Err(LedgerError::Closed),
             });
@@ -274,15 +283,18 @@ fn write_loop(
     }
 }
 
+/// Writes one batch of commits in one durable transaction and, with
+/// `purge`, deletes up to [`PURGE_CHUNK`] expired ids; how many it deleted.
 fn write_batch(
     db: &Database,
     batch: &[(Commit, Reply)],
     dedup_ttl: Duration,
     purge: bool,
-) -> Result<(), redb::Error> {
+) -> Result<usize, redb::Error> {
     let now = unix_now();
     let expires = now + dedup_ttl.as_secs();
     let txn = db.begin_write()?;
+    let mut purged = 0;
     {
         let mut done = txn.open_table(DONE)?;
         let mut by_expiry = txn.open_table(DONE_BY_EXPIRY)?;
@@ -303,8 +315,10 @@ fn write_batch(
         if purge {
             let expired: Vec<(u64, String)> = by_expiry
                 .range(..(now, ""))?
+                .take(PURGE_CHUNK)
                 .map(|entry| entry.map(|(k, _)| (k.value().0, k.value().1.to_owned())))
                 .collect::<Result<_, _>>()?;
+            purged = expired.len();
             for (at, id) in expired {
                 by_expiry.remove((at, id.as_str()))?;
                 // A newer done mark (re-delivered after expiry) has a later expiry: keep it.
@@ -316,7 +330,7 @@ fn write_batch(
         }
     }
     txn.commit()?;
-    Ok(())
+    Ok(purged)
 }
 
 #[async_trait]
@@ -509,5 +523,31 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
+    }
+
+    #[tokio::test]
+    async fn a_purge_backlog_is_spread_over_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::create(dir.path().join("l.redb")).unwrap();
+        let commits: Vec<(Commit, Reply)> = (0..PURGE_CHUNK * 2 + 500)
+            .map(|n| {
+                let commit = Commit {
+                    delivery: Some(DeliveryKey::new(ProviderKind::Mekari, &format!("p{n}"))),
+                    ..Commit::default()
+                };
+                (commit, oneshot::channel().0)
+            })
+            .collect();
+        assert_eq!(write_batch(&db, &commits, Duration::ZERO, true).unwrap(), 0);
+        // Expiry is to the second: a second later every id has expired.
+        std::thread::sleep(Duration::from_millis(1100));
+        let purges: Vec<usize> = (0..4)
+            .map(|_| write_batch(&db, &[], Duration::ZERO, true).unwrap())
+            .collect();
+        assert_eq!(purges, [PURGE_CHUNK, PURGE_CHUNK, 500, 0]);
+        let txn = db.begin_read().unwrap();
+        use redb::ReadableTableMetadata;
+        assert_eq!(txn.open_table(DONE).unwrap().len().unwrap(), 0);
+        assert_eq!(txn.open_table(DONE_BY_EXPIRY).unwrap().len().unwrap(), 0);
     }
 }
