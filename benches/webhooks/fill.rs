@@ -1,8 +1,8 @@
 //! Filling ledgers fast for the scale run, through the ledger's own commit
 //! (the keys and values a real delivery leaves), with many commits in flight:
 //! `ids` done delivery ids, the first `entities` of them with an entity
-//! state, and before them `expired` ids whose time is already up (one
-//! purge period's worth at the bench's rate), so the purge has work to do.
+//! state, and before them `expired` ids whose time is already up (a
+//! minute's worth at the bench's rate), so the sweep has work to do.
 //! A bench helper, not a production command.
 
 use std::path::{Path, PathBuf};
@@ -129,15 +129,26 @@ pub async fn embedded(path: &Path, size: Size) -> PathBuf {
     path.to_owned()
 }
 
-/// Commits new deliveries one at a time while the purge of the expired ids
-/// runs, then as many after it, and prints the commit latency of both.
+/// Commits new deliveries one at a time on the filled ledger, whose sweep
+/// is deleting expired ids on every commit, and on an empty ledger, and
+/// prints the commit latency of both.
 async fn purge_cost(path: &Path) {
     // Expired ids expire to the second.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let filled = commit_latencies(path).await;
+    let empty_dir = tempfile::tempdir().expect("temp dir");
+    let empty = commit_latencies(&empty_dir.path().join("empty.redb")).await;
+    println!(
+        "embedded commit latency, one delivery at a time: filled ledger, its sweep deleting expired ids {filled}; empty ledger {empty}"
+    );
+}
+
+/// The latencies of 300 commits of one new delivery each, described.
+async fn commit_latencies(path: &Path) -> String {
     let ledger = open_embedded(path, 24 * 3600).await;
     let mut latencies = Vec::new();
-    for n in 0..600 {
-        let delivery = DeliveryKey::new(ProviderKind::ReceiptRoller, &format!("purge-{n}"));
+    for n in 0..300 {
+        let delivery = DeliveryKey::new(ProviderKind::ReceiptRoller, &format!("timed-{n}"));
         let started = Instant::now();
         ledger
             .commit(Commit {
@@ -148,22 +159,14 @@ async fn purge_cost(path: &Path) {
             .expect("commit");
         latencies.push(started.elapsed());
     }
-    let describe = |part: &mut [Duration]| {
-        part.sort_unstable();
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        format!(
-            "p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
-            ms(part[part.len() / 2]),
-            ms(part[part.len() * 99 / 100]),
-            ms(part[part.len() - 1])
-        )
-    };
-    let (during, after) = latencies.split_at_mut(300);
-    println!(
-        "embedded purge of 240000 expired ids while committing one delivery at a time: first 300 commits (purging, 1000 ids each) {}; next 300 {}",
-        describe(during),
-        describe(after)
-    );
+    latencies.sort_unstable();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    format!(
+        "p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        ms(latencies[latencies.len() / 2]),
+        ms(latencies[latencies.len() * 99 / 100]),
+        ms(latencies[latencies.len() - 1])
+    )
 }
 
 /// Fills Redis under `prefix` and prints the memory it took.

@@ -7,6 +7,7 @@
 //! outlive a request, and a crash must not leave a delivery blocked.
 
 use std::collections::HashMap;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -21,8 +22,9 @@ use crate::store_file::{self, Integrity, StoreFileError};
 
 /// Done delivery ids → unix second they may be forgotten.
 const DONE: TableDefinition<&str, u64> = TableDefinition::new("done_deliveries");
-/// (expiry second, delivery id): lets the purge delete expired ids by range.
-const DONE_BY_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("done_by_expiry");
+/// An index of done ids by expiry that earlier versions kept for the purge;
+/// dropped when a file is opened (the sweep needs no index).
+const OLD_DONE_BY_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("done_by_expiry");
 /// Entity slot → version and state hash (`EntityState::to_bytes`).
 const ENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entities");
 /// Reconciler checkpoint name → unix second its window is complete up to.
@@ -34,12 +36,13 @@ const LOCK_STRIPES: usize = 1024;
 /// spell is committed at once, one under load waits at most this long to
 /// share its commit (and its sync) with the others (docs/BENCHMARKS.md).
 const COMMIT_EVERY: Duration = Duration::from_millis(2);
-/// How often the writer starts deleting expired delivery ids.
-const PURGE_EVERY: Duration = Duration::from_secs(60);
-/// The most expired ids one commit deletes: a purge of a minute's expired
-/// ids (or of a backlog after a long stop) is spread over the following
-/// commits instead of holding every delivery behind one long transaction.
-const PURGE_CHUNK: usize = 1000;
+/// How many done ids each commit looks at, in key order from where the last
+/// one stopped, deleting those expired: the sweep walks the whole table in
+/// turn, a few leaf pages per commit, so forgetting costs the same small
+/// amount on every commit instead of a long transaction now and then, and
+/// needs no second index by expiry (which cost a B-tree path per id on
+/// every commit and half the file).
+const SWEEP_PER_COMMIT: usize = 128;
 
 type Reply = oneshot::Sender<Result<(), LedgerError>>;
 
@@ -158,7 +161,7 @@ impl Store {
         };
         let txn = db.begin_write().map_err(|e| open_error(e.into()))?;
         txn.open_table(DONE).map_err(|e| open_error(e.into()))?;
-        txn.open_table(DONE_BY_EXPIRY)
+        txn.delete_table(OLD_DONE_BY_EXPIRY)
             .map_err(|e| open_error(e.into()))?;
         txn.open_table(ENTITIES).map_err(|e| open_error(e.into()))?;
         txn.open_table(CHECKPOINTS)
@@ -245,9 +248,7 @@ fn write_loop(
     mut queue: mpsc::UnboundedReceiver<(Commit, Reply)>,
     dedup_ttl: Duration,
 ) {
-    let mut last_purge = Instant::now() - PURGE_EVERY;
-    // Whether the last commit's purge stopped at the chunk with more to do.
-    let mut purging = false;
+    let mut sweep = Sweep::default();
     let mut last_commit = Instant::now() - COMMIT_EVERY;
     while let Some(first) = queue.blocking_recv() {
         // Under load, gather what arrives until a commit is due: each commit
@@ -261,17 +262,10 @@ fn write_loop(
         while let Ok(next) = queue.try_recv() {
             batch.push(next);
         }
-        let purge = purging || last_purge.elapsed() >= PURGE_EVERY;
         let result = store.get().and_then(|db| {
-            write_batch(&db, &batch, dedup_ttl, purge)
+            write_batch(&db, &batch, dedup_ttl, &mut sweep)
                 .map_err(|e| LedgerError::Embedded(Arc::new(e)))
         });
-        if let Ok(purged) = result
-            && purge
-        {
-            purging = purged == PURGE_CHUNK;
-            last_purge = Instant::now();
-        }
         for (_, reply) in batch {
             // The waiter may have given up (request cancelled); nothing to tell it.
             let _ = reply.send(match &result {
@@ -283,27 +277,32 @@ fn write_loop(
     }
 }
 
-/// Writes one batch of commits in one durable transaction and, with
-/// `purge`, deletes up to [`PURGE_CHUNK`] expired ids; how many it deleted.
+/// Where the sweep of expired ids goes on.
+#[derive(Debug, Default)]
+struct Sweep {
+    /// The last id the previous commit looked at; `None`: from the start.
+    after: Option<String>,
+}
+
+/// Writes one batch of commits in one durable transaction, with the next
+/// step of the sweep; how many expired ids it deleted. The sweep moves on
+/// only when the transaction is durable.
 fn write_batch(
     db: &Database,
     batch: &[(Commit, Reply)],
     dedup_ttl: Duration,
-    purge: bool,
+    sweep: &mut Sweep,
 ) -> Result<usize, redb::Error> {
     let now = unix_now();
     let expires = now + dedup_ttl.as_secs();
     let txn = db.begin_write()?;
-    let mut purged = 0;
-    {
+    let (swept, after) = {
         let mut done = txn.open_table(DONE)?;
-        let mut by_expiry = txn.open_table(DONE_BY_EXPIRY)?;
         let mut entities = txn.open_table(ENTITIES)?;
         let mut checkpoints = txn.open_table(CHECKPOINTS)?;
         for (commit, _) in batch {
             if let Some(delivery) = &commit.delivery {
                 done.insert(delivery.as_str(), expires)?;
-                by_expiry.insert((expires, delivery.as_str()), ())?;
             }
             if let Some((slot, state)) = &commit.entity {
                 entities.insert(slot.as_str(), state.to_bytes().as_slice())?;
@@ -312,25 +311,34 @@ fn write_batch(
                 checkpoints.insert(name.as_str(), *at)?;
             }
         }
-        if purge {
-            let expired: Vec<(u64, String)> = by_expiry
-                .range(..(now, ""))?
-                .take(PURGE_CHUNK)
-                .map(|entry| entry.map(|(k, _)| (k.value().0, k.value().1.to_owned())))
-                .collect::<Result<_, _>>()?;
-            purged = expired.len();
-            for (at, id) in expired {
-                by_expiry.remove((at, id.as_str()))?;
-                // A newer done mark (re-delivered after expiry) has a later expiry: keep it.
-                let current = done.get(id.as_str())?.map(|v| v.value());
-                if current.is_some_and(|c| c <= now) {
-                    done.remove(id.as_str())?;
-                }
+        let range = match &sweep.after {
+            Some(after) => {
+                done.range::<&str>((Bound::Excluded(after.as_str()), Bound::Unbounded))?
+            }
+            None => done.range::<&str>(..)?,
+        };
+        let looked_at: Vec<(String, u64)> = range
+            .take(SWEEP_PER_COMMIT)
+            .map(|entry| entry.map(|(id, at)| (id.value().to_owned(), at.value())))
+            .collect::<Result<_, _>>()?;
+        let mut swept = 0;
+        for (id, at) in &looked_at {
+            if *at <= now {
+                done.remove(id.as_str())?;
+                swept += 1;
             }
         }
-    }
+        // At the end of the table the next sweep starts over.
+        let after = if looked_at.len() < SWEEP_PER_COMMIT {
+            None
+        } else {
+            looked_at.last().map(|(id, _)| id.clone())
+        };
+        (swept, after)
+    };
     txn.commit()?;
-    Ok(purged)
+    sweep.after = after;
+    Ok(swept)
 }
 
 #[async_trait]
@@ -526,28 +534,35 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_purge_backlog_is_spread_over_commits() {
+    async fn the_sweep_forgets_expired_ids_a_few_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
         let db = Database::create(dir.path().join("l.redb")).unwrap();
-        let commits: Vec<(Commit, Reply)> = (0..PURGE_CHUNK * 2 + 500)
-            .map(|n| {
-                let commit = Commit {
-                    delivery: Some(DeliveryKey::new(ProviderKind::Mekari, &format!("p{n}"))),
-                    ..Commit::default()
-                };
-                (commit, oneshot::channel().0)
-            })
+        let commit = |id: &str| {
+            let commit = Commit {
+                delivery: Some(DeliveryKey::new(ProviderKind::Mekari, id)),
+                ..Commit::default()
+            };
+            (commit, oneshot::channel().0)
+        };
+        let mut sweep = Sweep::default();
+        let expiring: Vec<(Commit, Reply)> = (0..SWEEP_PER_COMMIT * 2 + 50)
+            .map(|n| commit(&format!("p{n:04}")))
             .collect();
-        assert_eq!(write_batch(&db, &commits, Duration::ZERO, true).unwrap(), 0);
-        // Expiry is to the second: a second later every id has expired.
-        std::thread::sleep(Duration::from_millis(1100));
-        let purges: Vec<usize> = (0..4)
-            .map(|_| write_batch(&db, &[], Duration::ZERO, true).unwrap())
+        let second = Duration::from_secs(1);
+        assert_eq!(write_batch(&db, &expiring, second, &mut sweep).unwrap(), 0);
+        // Ids kept for an hour, after the expiring ones in key order.
+        let kept: Vec<(Commit, Reply)> = (0..10).map(|n| commit(&format!("q{n}"))).collect();
+        sweep = Sweep::default();
+        write_batch(&db, &kept, Duration::from_secs(3600), &mut sweep).unwrap();
+        // Expiry is to the second: two seconds later the first lot has expired.
+        std::thread::sleep(Duration::from_millis(2100));
+        sweep = Sweep::default();
+        let swept: Vec<usize> = (0..4)
+            .map(|_| write_batch(&db, &[], Duration::ZERO, &mut sweep).unwrap())
             .collect();
-        assert_eq!(purges, [PURGE_CHUNK, PURGE_CHUNK, 500, 0]);
+        assert_eq!(swept, [SWEEP_PER_COMMIT, SWEEP_PER_COMMIT, 50, 0]);
         let txn = db.begin_read().unwrap();
         use redb::ReadableTableMetadata;
-        assert_eq!(txn.open_table(DONE).unwrap().len().unwrap(), 0);
-        assert_eq!(txn.open_table(DONE_BY_EXPIRY).unwrap().len().unwrap(), 0);
+        assert_eq!(txn.open_table(DONE).unwrap().len().unwrap(), 10);
     }
 }
