@@ -12,7 +12,7 @@ use time::OffsetDateTime;
 
 /// The point-of-sale providers posbridge speaks to. One spelling per provider,
 /// used in URLs, config keys, record keys and metric labels alike.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProviderKind {
     /// ReceiptRoller: sales and orders, hex HMAC signatures, four attempts.

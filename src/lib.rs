@@ -51,6 +51,7 @@ pub mod providers;
 pub mod publish;
 pub mod reconcile;
 pub mod spool;
+pub mod status;
 pub mod store_file;
 pub mod telemetry;
 pub mod ticker;

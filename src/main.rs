@@ -21,7 +21,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::info;
+use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
 /// Point-of-sale webhooks in, one clean Kafka stream per entity type out.
@@ -157,6 +157,22 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let background = spawn_background(&config, &app, &shutdown, false)?;
+    if let Some(admin) = &config.admin.listen {
+        let listener = tokio::net::TcpListener::bind(admin)
+            .await
+            .with_context(|| format!("binding the admin listener {admin}"))?;
+        let router = app.admin_router(&config.admin);
+        let stop = shutdown.clone().cancelled_owned();
+        background.spawn(async move {
+            if let Err(error) = axum::serve(listener, router)
+                .with_graceful_shutdown(stop)
+                .await
+            {
+                error!(%error, "The admin listener failed; the status page is gone.");
+            }
+        });
+        info!(listen = %admin, "Status page at /status on the admin listener.");
+    }
     info!(listen = %config.server.listen, "posbridge is accepting webhooks.");
     app.serve(listener, shutdown.clone().cancelled_owned())
         .await
@@ -242,7 +258,8 @@ fn spawn_background(
     always: bool,
 ) -> anyhow::Result<TaskTracker> {
     let tracker = TaskTracker::new();
-    let reconciler = Reconciler::new(config, app.pipeline().clone())?;
+    let reconciler =
+        Reconciler::new(config, app.pipeline().clone())?.with_board(app.board().clone());
     if !reconciler.has_sources() && always {
         anyhow::bail!("no source has an `api` section: nothing to reconcile or watch");
     }

@@ -18,6 +18,7 @@ use crate::event::{ProviderKind, Source};
 use crate::ledger::{Commit, LedgerError};
 use crate::providers::api::WebhookState;
 use crate::reconcile::Reconciler;
+use crate::status::board::WebhookSeen;
 use crate::telemetry;
 use crate::ticker::Every;
 
@@ -104,6 +105,28 @@ impl Watchdog {
                         warn!(%provider, source, %error, "Cannot record that the webhook is on.");
                     }
                 }
+            }
+            if let Some(board) = self.reconciler.board() {
+                let last_seen_active = match &state {
+                    WebhookState::Active => Some(now),
+                    _ if resumed => Some(now),
+                    _ => self.last_seen_active(watched).await.ok().flatten(),
+                };
+                let (shown, detail) = match &state {
+                    WebhookState::Off(detail) => ("off", Some(detail.clone())),
+                    _ => ("active", None),
+                };
+                board.webhook_checked(
+                    provider,
+                    source,
+                    WebhookSeen {
+                        state: shown,
+                        detail,
+                        resumed,
+                        checked_at: now,
+                        last_seen_active,
+                    },
+                );
             }
             findings.push(Finding {
                 provider,

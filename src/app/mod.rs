@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::config::Config;
+use crate::config::{AdminConfig, Config};
 use crate::drain::Drainer;
 use crate::encode::{EncodeError, Encoder};
 use crate::event::ProviderKind;
@@ -25,6 +25,7 @@ use crate::ledger::{self, LedgerError};
 use crate::pipeline::{Pipeline, Stages, Timing};
 use crate::publish::{PublishError, Publisher, Topics};
 use crate::spool::{Spool, SpoolError};
+use crate::status::Board;
 use crate::telemetry;
 use crate::verify::SecretError;
 
@@ -199,6 +200,7 @@ impl App {
         }
 
         announce_series(&sources, encoder.name());
+        let board = Board::new(sources.keys().cloned());
         Ok(App {
             state: AppState {
                 sources: Arc::new(sources),
@@ -230,6 +232,7 @@ impl App {
                 },
                 retry_after_secs: config.server.retry_after_secs,
                 metrics,
+                board,
             },
             shutdown_timeout: Duration::from_millis(config.server.shutdown_timeout_ms),
         })
@@ -238,6 +241,22 @@ impl App {
     /// The pipeline, for callers other than the HTTP handler (the reconciler).
     pub fn pipeline(&self) -> &Pipeline {
         &self.state.pipeline
+    }
+
+    /// The status board the handler, the reconciler and the watchdog write.
+    pub fn board(&self) -> &Board {
+        &self.state.board
+    }
+
+    /// The admin listener's router (`/status`, `/status.json`).
+    pub fn admin_router(&self, config: &AdminConfig) -> axum::Router {
+        ingress::admin_router(
+            ingress::AdminState {
+                pipeline: self.state.pipeline.clone(),
+                board: self.state.board.clone(),
+            },
+            config,
+        )
     }
 
     /// The router, for handler tests without a socket.

@@ -7,6 +7,7 @@
 //! assembled (`app::check`). [`Config::problems`] reports every mistake the
 //! data alone shows, each with its key path.
 
+mod admin;
 mod kafka;
 mod ledger;
 mod reconcile;
@@ -22,6 +23,7 @@ use serde::Deserialize;
 
 use crate::event::{EntityType, ProviderKind, Source};
 
+pub use admin::AdminConfig;
 pub use kafka::{KafkaConfig, RegistryConfig};
 pub use ledger::{LedgerBackend, LedgerConfig};
 pub use reconcile::{ReconcileConfig, WatchdogConfig};
@@ -115,6 +117,9 @@ pub struct Config {
     /// The outage spool of sources with `on_broker_unavailable = "spool"`.
     #[serde(default)]
     pub spool: SpoolConfig,
+    /// The operator's status page.
+    #[serde(default)]
+    pub admin: AdminConfig,
 }
 
 /// One configured source, as [`Config::sources`] yields it.
@@ -252,6 +257,23 @@ impl Config {
         }
         if self.server.body_limit_bytes == 0 {
             problem("server.body_limit_bytes", "must be above 0".into());
+        }
+        if let Some(listen) = &self.admin.listen {
+            if listen.parse::<std::net::SocketAddr>().is_err() {
+                problem(
+                    "admin.listen",
+                    format!("`{listen}` is not an address like 127.0.0.1:9090"),
+                );
+            } else if *listen == self.server.listen {
+                problem(
+                    "admin.listen",
+                    "must differ from server.listen: the status page has a listener of its own"
+                        .into(),
+                );
+            }
+        }
+        for (key, message) in self.admin.problems() {
+            problem(&key, message);
         }
         for (key, ms) in [
             (

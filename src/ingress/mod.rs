@@ -5,6 +5,7 @@
 //! covers every status the ingress can answer without Kafka (all but 200
 //! `published` and `dead_lettered`, which the integration tests cover).
 
+mod admin;
 mod listen;
 mod ops;
 mod response;
@@ -23,8 +24,10 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::event::{ProviderKind, Source};
 use crate::pipeline::Pipeline;
+use crate::status::Board;
 use crate::verify::Verifier;
 
+pub use admin::{AdminState, router as admin_router};
 pub use listen::ConnectionLimits;
 pub use response::{RequestOutcome, WebhookError};
 
@@ -58,6 +61,8 @@ pub struct AppState {
     pub retry_after_secs: u64,
     /// Renders `/metrics`.
     pub metrics: PrometheusHandle,
+    /// What the status page shows of the last hour.
+    pub board: Board,
 }
 
 /// The router; `App::serve` and the handler tests share it.

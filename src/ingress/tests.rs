@@ -27,6 +27,8 @@ const RETRY_AFTER_SECS: u64 = 7;
 struct Harness {
     router: Router,
     pipeline: Pipeline,
+    /// What the status page would show.
+    board: Board,
     /// The router's bound on body bytes in flight, to see it taken.
     body_budget: Arc<tokio::sync::Semaphore>,
     _dir: tempfile::TempDir,
@@ -37,7 +39,6 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_millis(300);
 
 fn state(pipeline: Pipeline, sources: HashMap<(ProviderKind, String), WebhookSource>) -> AppState {
     AppState {
-        sources: Arc::new(sources),
         pipeline,
         body_limit: BODY_LIMIT,
         body_read_timeout: BODY_READ_TIMEOUT,
@@ -50,6 +51,8 @@ fn state(pipeline: Pipeline, sources: HashMap<(ProviderKind, String), WebhookSou
         },
         retry_after_secs: RETRY_AFTER_SECS,
         metrics: crate::telemetry::install(),
+        board: Board::new(sources.keys().cloned()),
+        sources: Arc::new(sources),
     }
 }
 
@@ -78,6 +81,7 @@ async fn harness() -> Harness {
     );
     Harness {
         body_budget: state.body_budget.clone(),
+        board: state.board.clone(),
         router: router(state),
         pipeline,
         _dir: dir,
@@ -516,4 +520,123 @@ async fn bodies_past_the_bytes_in_flight_bound_are_a_503() {
     // (Without a broker it now gets as far as Kafka: 503 for that reason.)
     let (_, _, json) = post_order(&h, Some("E-1"), "E-1", "2026-11-29T10:00:00Z").await;
     assert_eq!(json["error"], "temporarily unavailable, retry later");
+}
+
+/// The admin router over the harness's pipeline and board.
+fn admin(h: &Harness, config: &crate::config::AdminConfig) -> Router {
+    super::admin_router(
+        super::AdminState {
+            pipeline: h.pipeline.clone(),
+            board: h.board.clone(),
+        },
+        config,
+    )
+}
+
+async fn get(router: &Router, path: &str, authorization: Option<&str>) -> (StatusCode, String) {
+    let mut request = Request::get(path);
+    if let Some(value) = authorization {
+        request = request.header(header::AUTHORIZATION, value);
+    }
+    let response = router
+        .clone()
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+#[tokio::test]
+async fn every_answer_reaches_the_status_board() {
+    let h = harness().await;
+    let (status, _, _) = answer(
+        &h,
+        signed(
+            "/webhooks/mekari/main",
+            Some("d-bad-sig"),
+            order("d-bad-sig", "2026-11-29T10:00:00Z"),
+            "wrong-secret",
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, _) =
+        post_order(&h, Some("d-other"), "d-mismatch", "2026-11-29T10:00:00Z").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _, _) =
+        post_order(&h, Some("d-no-kafka"), "d-no-kafka", "2026-11-29T10:00:00Z").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+
+    let (status, json) = get(&admin(&h, &Default::default()), "/status.json", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let json: Value = serde_json::from_str(&json).unwrap();
+    let main = json["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["source"] == "main")
+        .expect("the configured source is listed");
+    assert_eq!(main["last_5_min"]["401"], 1);
+    assert_eq!(main["last_5_min"]["400"], 1);
+    assert_eq!(main["last_5_min"]["503"], 1);
+    assert_eq!(main["signature_failures"], 1);
+    let recent: Vec<&str> = main["recent"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["delivery_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        recent,
+        ["d-no-kafka", "d-other", "d-bad-sig"],
+        "newest first"
+    );
+    assert_eq!(json["health"]["broker"], "unavailable");
+}
+
+#[tokio::test]
+async fn the_status_page_escapes_what_providers_sent() {
+    let h = harness().await;
+    let hostile = "<script>alert(1)</script>";
+    post_order(&h, Some(hostile), "d-x", "2026-11-29T10:00:00Z").await;
+    let (status, html) = get(&admin(&h, &Default::default()), "/status", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{html}"
+    );
+    assert!(!html.contains(hostile));
+    assert!(html.contains("mekari / main"));
+}
+
+#[tokio::test]
+async fn the_status_page_asks_for_its_credentials_when_configured() {
+    let h = harness().await;
+    let config: crate::config::AdminConfig = serde_json::from_value(json!({
+        "token": "t0ken", "username": "ops", "password": "pa55"
+    }))
+    .unwrap();
+    let router = admin(&h, &config);
+    for path in ["/status", "/status.json"] {
+        assert_eq!(
+            get(&router, path, None).await.0,
+            StatusCode::UNAUTHORIZED,
+            "{path}"
+        );
+        assert_eq!(
+            get(&router, path, Some("Bearer wrong")).await.0,
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            get(&router, path, Some("Bearer t0ken")).await.0,
+            StatusCode::OK
+        );
+        // ops:pa55
+        assert_eq!(
+            get(&router, path, Some("Basic b3BzOnBhNTU=")).await.0,
+            StatusCode::OK
+        );
+    }
 }

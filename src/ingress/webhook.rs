@@ -17,8 +17,9 @@ use tracing::{Instrument, error, info_span};
 use super::response::{RequestOutcome, WebhookError, accepted};
 use super::{AppState, WebhookSource};
 use crate::event::ProviderKind;
-use crate::pipeline::{Delivery, Outcome};
+use crate::pipeline::{Delivery, Handled};
 use crate::providers;
+use crate::status::board;
 use crate::telemetry;
 
 /// Label used for requests whose source is not configured (bounded labels).
@@ -39,6 +40,11 @@ pub async fn receive(
     let source = state.sources.get(&key);
     let source_label = source.map_or(UNKNOWN_SOURCE_LABEL, |s| s.source.name.as_str());
     let span = info_span!("delivery", provider = %provider, source = %source_label, delivery_id = tracing::field::Empty);
+    // For the status page, whatever becomes of the request.
+    let delivery_id = headers
+        .get(providers::for_kind(provider).delivery_id_header())
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let result = match source {
         Some(source) => {
             handle(&state, source, headers, body, started)
@@ -48,7 +54,7 @@ pub async fn receive(
         None => Err(WebhookError::UnknownSource(key.1)),
     };
     let outcome = match &result {
-        Ok(outcome) => RequestOutcome::Handled(*outcome),
+        Ok(handled) => RequestOutcome::Handled(handled.outcome),
         Err(error) => error.outcome(),
     };
     metrics::counter!(
@@ -64,10 +70,32 @@ pub async fn receive(
         telemetry::OUTCOME => outcome.as_str()
     )
     .record(started.elapsed().as_secs_f64());
-    match result {
-        Ok(outcome) => accepted(outcome),
-        Err(error) => error.into_response(),
+    let (response, event_type, entity_key) = match result {
+        Ok(handled) => (
+            accepted(handled.outcome),
+            handled.event_type,
+            handled.entity_key,
+        ),
+        Err(error) => (error.into_response(), None, None),
+    };
+    if source.is_some() {
+        state.board.delivered(
+            provider,
+            source_label,
+            board::Delivery {
+                at: OffsetDateTime::now_utc(),
+                delivery_id,
+                event_type,
+                entity_key,
+                answer: board::Answer {
+                    outcome: outcome.as_str(),
+                    status: response.status().as_u16(),
+                },
+                latency_ms: board::millis(started.elapsed()),
+            },
+        );
     }
+    response
 }
 
 async fn handle(
@@ -76,7 +104,7 @@ async fn handle(
     headers: HeaderMap,
     body: Body,
     arrived: Instant,
-) -> Result<Outcome, WebhookError> {
+) -> Result<Handled, WebhookError> {
     let provider = webhook.source.provider;
     let declared = headers
         .get(axum::http::header::CONTENT_LENGTH)

@@ -87,6 +87,29 @@ impl Outcome {
     }
 }
 
+/// What became of a webhook delivery, with what the operator's page shows
+/// of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handled {
+    /// The outcome, answered 2xx.
+    pub outcome: Outcome,
+    /// The provider's event type, once the body was read as an event.
+    pub event_type: Option<String>,
+    /// The entity's record key, once the event was normalized.
+    pub entity_key: Option<String>,
+}
+
+impl Handled {
+    /// An outcome decided before the body was read as an event.
+    fn bare(outcome: Outcome) -> Handled {
+        Handled {
+            outcome,
+            event_type: None,
+            entity_key: None,
+        }
+    }
+}
+
 /// Why a delivery was not handled. The ingress turns each into a status.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -309,7 +332,7 @@ impl Pipeline {
     /// [`PipelineError::DeliveryIdMismatch`] when the delivery id does not
     /// match the body; any other [`PipelineError`] when the outcome could not
     /// be made durable (the provider should retry).
-    pub async fn deliver(&self, delivery: Delivery) -> Result<Outcome, PipelineError> {
+    pub async fn deliver(&self, delivery: Delivery) -> Result<Handled, PipelineError> {
         let (key, envelope) = identify(&delivery)?;
         let deadline = delivery.arrived + self.inner.answer_budget;
         let spool = self.inner.spool.as_ref().filter(|_| delivery.spools);
@@ -340,7 +363,7 @@ impl Pipeline {
                             telemetry::SOURCE => spooled.source.name.clone()
                         )
                         .increment(1);
-                        Ok(Outcome::Spooled)
+                        Ok(Handled::bare(Outcome::Spooled))
                     }
                     Ok(Err(spool_error)) => Err(spool_error.into()),
                     Err(_) => Err(PipelineError::DeadlinePassed),
@@ -359,7 +382,8 @@ impl Pipeline {
     pub async fn replay(&self, delivery: Delivery) -> Result<Outcome, PipelineError> {
         let (key, envelope) = identify(&delivery)?;
         let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;
-        self.run(delivery, envelope, &key, deadline, false).await
+        let handled = self.run(delivery, envelope, &key, deadline, false).await?;
+        Ok(handled.outcome)
     }
 
     /// Takes the lease, processes, and gives the lease back on failure; all
@@ -372,13 +396,13 @@ impl Pipeline {
         key: &DeliveryKey,
         deadline: Instant,
         spooled_is_duplicate: bool,
-    ) -> Result<Outcome, PipelineError> {
+    ) -> Result<Handled, PipelineError> {
         let provider = delivery.source.provider;
         let acquired = tokio::time::timeout_at(deadline.into(), self.acquire(key))
             .await
             .unwrap_or(Err(PipelineError::DeadlinePassed));
         if !acquired? {
-            return Ok(self.duplicate(provider));
+            return Ok(Handled::bare(self.duplicate(provider)));
         }
         if let Some(spool) = &self.inner.spool
             && spooled_is_duplicate
@@ -387,7 +411,7 @@ impl Pipeline {
                 Ok(false) => {}
                 Ok(true) => {
                     self.inner.ledger.release(key).await;
-                    return Ok(self.duplicate(provider));
+                    return Ok(Handled::bare(self.duplicate(provider)));
                 }
                 Err(error) => {
                     self.inner.ledger.release(key).await;
@@ -437,7 +461,7 @@ impl Pipeline {
         delivery: Delivery,
         envelope: Envelope,
         key: DeliveryKey,
-    ) -> Result<Outcome, PipelineError> {
+    ) -> Result<Handled, PipelineError> {
         let raw = String::from_utf8_lossy(delivery.body.bytes());
         let ctx = Context {
             event_id: &delivery.delivery_id,
@@ -453,7 +477,16 @@ impl Pipeline {
             Envelope::Unusable(reason) => Err(reason),
         };
         match normalized {
-            Ok(normalized) => self.apply(normalized, Some(key)).await,
+            Ok(normalized) => {
+                let event_type = Some(normalized.event.event_type.clone());
+                let entity_key = Some(normalized.event.key().as_str().to_owned());
+                let outcome = self.apply(normalized, Some(key)).await?;
+                Ok(Handled {
+                    outcome,
+                    event_type,
+                    entity_key,
+                })
+            }
             Err(reason) => {
                 self.dead_letter(DeadLetter {
                     provider: delivery.source.provider,
@@ -466,7 +499,7 @@ impl Pipeline {
                 })
                 .await?;
                 self.commit(Some(key), None).await?;
-                Ok(Outcome::DeadLettered)
+                Ok(Handled::bare(Outcome::DeadLettered))
             }
         }
     }

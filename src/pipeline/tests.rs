@@ -116,8 +116,14 @@ async fn an_older_event_is_held_back_and_its_delivery_is_done() {
     )
     .await;
     let old = delivery("d-old", "d-old", "2026-11-29T11:00:00Z");
-    assert_eq!(pipeline.deliver(old.clone()).await.unwrap(), Outcome::Stale);
-    assert_eq!(pipeline.deliver(old).await.unwrap(), Outcome::Duplicate);
+    assert_eq!(
+        pipeline.deliver(old.clone()).await.unwrap().outcome,
+        Outcome::Stale
+    );
+    assert_eq!(
+        pipeline.deliver(old).await.unwrap().outcome,
+        Outcome::Duplicate
+    );
 }
 
 #[tokio::test]
@@ -229,7 +235,11 @@ async fn what_kafka_cannot_take_is_spooled_once_and_answered_in_time() {
     let started = Instant::now();
     let first = delivery("d-sp", "d-sp", "2026-11-29T11:00:00Z");
     assert_eq!(
-        pipeline.deliver(spooling(first.clone())).await.unwrap(),
+        pipeline
+            .deliver(spooling(first.clone()))
+            .await
+            .unwrap()
+            .outcome,
         Outcome::Spooled
     );
     assert!(
@@ -246,7 +256,7 @@ async fn what_kafka_cannot_take_is_spooled_once_and_answered_in_time() {
     pipeline.ledger().release(&key("d-sp")).await;
     // The provider's retry is a duplicate, and nothing is spooled twice.
     assert_eq!(
-        pipeline.deliver(spooling(first)).await.unwrap(),
+        pipeline.deliver(spooling(first)).await.unwrap().outcome,
         Outcome::Duplicate
     );
     assert_eq!(spool.stats().entries, 1);
@@ -260,7 +270,8 @@ async fn a_full_spool_asks_for_a_retry() {
         let outcome = pipeline
             .deliver(spooling(delivery(id, id, "2026-11-29T11:00:00Z")))
             .await
-            .unwrap();
+            .unwrap()
+            .outcome;
         assert_eq!(outcome, Outcome::Spooled);
     }
     let error = pipeline

@@ -34,6 +34,8 @@ use crate::ledger::{Commit, Ledger, LedgerError};
 use crate::pipeline::{DeadLetter, Outcome, Pipeline, PipelineError};
 use crate::providers::api::{ApiOptions, FetchError, Job, Paging, ProviderApi};
 use crate::providers::{self, Context};
+use crate::status::Board;
+use crate::status::board::{ReconcileRun, Window};
 use crate::telemetry;
 use crate::ticker::Every;
 
@@ -140,6 +142,8 @@ pub struct Reconciler {
     config: ReconcileConfig,
     /// Draw a live progress line on a terminal (the one-shot command only).
     live_progress: bool,
+    /// Where finished runs and webhook checks are shown to the operator.
+    board: Option<Board>,
 }
 
 impl Reconciler {
@@ -172,6 +176,7 @@ impl Reconciler {
             sources: Arc::new(sources),
             config: config.reconcile.clone(),
             live_progress: false,
+            board: None,
         })
     }
 
@@ -181,6 +186,17 @@ impl Reconciler {
     pub fn with_live_progress(mut self) -> Reconciler {
         self.live_progress = true;
         self
+    }
+
+    /// Shows finished runs (and the watchdog's checks) on the status board.
+    pub fn with_board(mut self, board: Board) -> Reconciler {
+        self.board = Some(board);
+        self
+    }
+
+    /// The status board, when there is one.
+    pub fn board(&self) -> Option<&Board> {
+        self.board.as_ref()
     }
 
     /// Whether any source has an API to read.
@@ -297,7 +313,7 @@ impl Reconciler {
         let _one_at_a_time = source.running.lock().await;
         let progress = Progress::start(source.source.to_string(), self.live_progress);
         let mut total = Summary::default();
-        let result = async {
+        let result: Result<(), ReconcileError> = async {
             for job in source.api.jobs() {
                 total.add(self.run_job(source, &job, window, &progress).await?);
             }
@@ -314,6 +330,23 @@ impl Reconciler {
         )
         .increment(1);
         progress.finish(&total);
+        if let Some(board) = &self.board {
+            board.reconciled(
+                provider,
+                &source.source.name,
+                ReconcileRun {
+                    window: window.map(|(from, to)| Window { from, to }),
+                    finished_at: OffsetDateTime::now_utc(),
+                    records: total.records,
+                    published: total.published,
+                    dead_lettered: total.dead_lettered,
+                    result: match &result {
+                        Ok(()) => "ok".to_owned(),
+                        Err(error) => error.to_string(),
+                    },
+                },
+            );
+        }
         info!(
             %provider,
             source = %source.source.name,

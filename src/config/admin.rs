@@ -1,0 +1,56 @@
+//! The `[admin]` section: the operator's status page, on a listener of its
+//! own so it can stay off the network the providers reach.
+
+use serde::Deserialize;
+
+use super::source::Secret;
+
+/// The admin listener; off unless `listen` is set.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address of the admin listener (`/status`, `/status.json`); none: no
+    /// status page.
+    #[serde(default)]
+    pub listen: Option<String>,
+    /// A bearer token the page asks for (`Authorization: Bearer …`).
+    #[serde(default)]
+    pub token: Option<Secret>,
+    /// Basic-auth user name the page asks for, with `password`.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Basic-auth password.
+    #[serde(default)]
+    pub password: Option<Secret>,
+}
+
+impl AdminConfig {
+    /// What the data alone shows is wrong: a user name without a password
+    /// or the other way round, or an empty credential.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        if self.username.is_some() != self.password.is_some() {
+            problems.push((
+                "admin.username".to_owned(),
+                "basic auth needs both `username` and `password`".to_owned(),
+            ));
+        }
+        for (key, empty) in [
+            (
+                "admin.token",
+                self.token.as_ref().is_some_and(|t| t.expose().is_empty()),
+            ),
+            (
+                "admin.password",
+                self.password
+                    .as_ref()
+                    .is_some_and(|p| p.expose().is_empty()),
+            ),
+        ] {
+            if empty {
+                problems.push((key.to_owned(), "must not be empty".to_owned()));
+            }
+        }
+        problems
+    }
+}

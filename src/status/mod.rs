@@ -1,0 +1,9 @@
+//! The operator's view: the in-memory board of recent deliveries, webhook
+//! checks and reconcile runs (`board.rs`), and the page drawn from it
+//! (`page.rs`). Served by `ingress::admin` on the admin listener.
+
+pub mod board;
+pub mod page;
+
+pub use board::Board;
+pub use page::{Health, SpoolHealth, Status};

@@ -1,0 +1,303 @@
+//! The operator's page, rendered on the server from a [`Status`]: one HTML
+//! document with its style and charts inline (no scripts, no external
+//! assets, nothing to build), refreshed by the browser every 10 s. Every
+//! value that came from a provider (delivery ids, event types, keys) is
+//! escaped.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use super::board::{MinuteSnapshot, SourceSnapshot};
+
+/// How the page groups answers, in its column order: outcome keys of 2xx
+/// answers, then refusals by status.
+pub const COLUMNS: [(&str, &str); 10] = [
+    ("published", "published"),
+    ("duplicate", "duplicate"),
+    ("stale", "stale"),
+    ("unchanged", "unchanged"),
+    ("dead_lettered", "dead-lettered"),
+    ("spooled", "spooled"),
+    ("401", "refused 401"),
+    ("400", "refused 400"),
+    ("413", "refused 413"),
+    ("503", "503"),
+];
+
+/// The whole page's data; `/status.json` is this.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// When it was put together.
+    #[serde(with = "time::serde::rfc3339")]
+    pub generated_at: OffsetDateTime,
+    /// Broker, ledger, registry and spool, as `/readyz` sees them.
+    pub health: Health,
+    /// Every configured source.
+    pub sources: Vec<SourceSnapshot>,
+}
+
+/// The shared parts' state.
+#[derive(Debug, Clone, Serialize)]
+pub struct Health {
+    /// `ok` or `unavailable`.
+    pub broker: &'static str,
+    /// `ok` or the ledger's error.
+    pub ledger: String,
+    /// `ok`, `unavailable`, or `not used`.
+    pub schema_registry: &'static str,
+    /// The spool's entries and bytes, when a source spools.
+    pub spool: Option<SpoolHealth>,
+    /// Dead letters written since start.
+    pub dead_letters_since_start: u64,
+}
+
+/// The outage spool, for the page.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SpoolHealth {
+    /// Deliveries waiting.
+    pub entries: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Whether it takes more.
+    pub has_room: bool,
+}
+
+/// The HTML page.
+pub fn render(status: &Status) -> String {
+    let mut html = String::with_capacity(16 * 1024);
+    html.push_str(concat!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+        "<meta http-equiv=\"refresh\" content=\"10\">",
+        "<title>posbridge status</title><style>",
+        "body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}",
+        "h1{font-size:1.4em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ccc}",
+        "table{border-collapse:collapse;margin:.5em 0}td,th{padding:.2em .6em;border:1px solid #ddd;text-align:left}",
+        "th{background:#f4f4f4}td.n{text-align:right}.ok{color:#176f2c}.bad{color:#b00020;font-weight:bold}",
+        ".charts svg{border:1px solid #ddd;margin-right:1em;background:#fcfcfc}",
+        "</style></head><body>"
+    ));
+    let _ = write!(
+        html,
+        "<h1>posbridge</h1><p>As of {} (refreshes every 10 s).</p>",
+        time_text(status.generated_at)
+    );
+    health(&mut html, &status.health);
+    for source in &status.sources {
+        source_section(&mut html, source);
+    }
+    html.push_str("</body></html>");
+    html
+}
+
+fn health(html: &mut String, health: &Health) {
+    html.push_str("<table id=\"health\"><tr><th>broker</th><th>ledger</th><th>schema registry</th><th>spool</th><th>dead letters since start</th></tr><tr>");
+    let _ = write!(
+        html,
+        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td></tr></table>",
+        state_cell(health.broker),
+        state_cell(&health.ledger),
+        state_cell(health.schema_registry),
+        match health.spool {
+            None => "not used".to_owned(),
+            Some(spool) => format!(
+                "{} waiting, {} bytes{}",
+                spool.entries,
+                spool.bytes,
+                if spool.has_room {
+                    ""
+                } else {
+                    ", <span class=\"bad\">full</span>"
+                }
+            ),
+        },
+        health.dead_letters_since_start
+    );
+}
+
+fn state_cell(state: &str) -> String {
+    let class = if state == "ok" || state == "not used" {
+        "ok"
+    } else {
+        "bad"
+    };
+    format!("<span class=\"{class}\">{}</span>", escape(state))
+}
+
+fn source_section(html: &mut String, source: &SourceSnapshot) {
+    let _ = write!(
+        html,
+        "<section class=\"source\" id=\"{p}-{s}\"><h2>{p} / {s}</h2>",
+        p = source.provider,
+        s = escape(&source.source)
+    );
+    match &source.webhook {
+        None => html.push_str("<p>Webhook: not watched (no webhook id / endpoint key configured for the watchdog).</p>"),
+        Some(seen) => {
+            let state = if seen.state == "active" {
+                "<span class=\"ok\">active</span>".to_owned()
+            } else {
+                format!(
+                    "<span class=\"bad\">switched off / paused</span>{}",
+                    seen.detail.as_deref().map(|d| format!(" ({})", escape(d))).unwrap_or_default()
+                )
+            };
+            let _ = write!(
+                html,
+                "<p class=\"webhook\">Webhook: {state}{}; checked {}; last seen active {}.</p>",
+                if seen.resumed { ", switched back on by the watchdog" } else { "" },
+                time_text(seen.checked_at),
+                seen.last_seen_active.map_or("never".to_owned(), time_text),
+            );
+        }
+    }
+    html.push_str("<table class=\"counts\"><tr><th></th>");
+    for (_, title) in COLUMNS {
+        let _ = write!(html, "<th>{title}</th>");
+    }
+    html.push_str("</tr>");
+    for (label, counts) in [
+        ("last 5 min", &source.last_5_min),
+        ("last hour", &source.last_hour),
+    ] {
+        let _ = write!(html, "<tr><th>{label}</th>");
+        for (key, _) in COLUMNS {
+            let _ = write!(
+                html,
+                "<td class=\"n\">{}</td>",
+                counts.get(key).copied().unwrap_or(0)
+            );
+        }
+        html.push_str("</tr>");
+    }
+    html.push_str("</table>");
+    let _ = write!(
+        html,
+        "<p>Signature failures since start: {}{}.</p>",
+        source.signature_failures,
+        source
+            .last_signature_failure
+            .map(|at| format!(", the last at {}", time_text(at)))
+            .unwrap_or_default()
+    );
+    charts(html, &source.per_minute);
+    html.push_str("<table class=\"recent\"><tr><th>time</th><th>delivery id</th><th>event type</th><th>entity key</th><th>outcome</th><th>latency</th></tr>");
+    if source.recent.is_empty() {
+        html.push_str("<tr><td colspan=\"6\">No deliveries since start.</td></tr>");
+    }
+    for delivery in &source.recent {
+        let outcome = if (200..300).contains(&delivery.answer.status) {
+            delivery.answer.outcome.replace('_', "-")
+        } else {
+            format!("{} {}", delivery.answer.status, delivery.answer.outcome)
+        };
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{:.1} ms</td></tr>",
+            time_text(delivery.at),
+            escape(delivery.delivery_id.as_deref().unwrap_or("")),
+            escape(delivery.event_type.as_deref().unwrap_or("")),
+            escape(delivery.entity_key.as_deref().unwrap_or("")),
+            outcome,
+            delivery.latency_ms
+        );
+    }
+    html.push_str("</table>");
+    match &source.reconcile {
+        None => html.push_str("<p>Reconciler: no run since start.</p>"),
+        Some(run) => {
+            let window = run
+                .window
+                .map_or("each list from its checkpoint".to_owned(), |w| {
+                    format!("window {} to {}", time_text(w.from), time_text(w.to))
+                });
+            let _ = write!(
+                html,
+                "<p class=\"reconcile\">Last reconcile run: {window}, ended {}: {} records read, {} published, {} dead-lettered; {}.</p>",
+                time_text(run.finished_at),
+                run.records,
+                run.published,
+                run.dead_lettered,
+                state_cell(&run.result)
+            );
+        }
+    }
+    html.push_str("</section>");
+}
+
+/// Two small charts: requests per minute (bars) and p99 latency (a line),
+/// the last hour, oldest on the left.
+fn charts(html: &mut String, minutes: &[MinuteSnapshot]) {
+    const W: f64 = 360.0;
+    const H: f64 = 70.0;
+    let step = W / minutes.len().max(1) as f64;
+    let most = minutes.iter().map(|m| m.requests).max().unwrap_or(0).max(1) as f64;
+    let slowest = minutes
+        .iter()
+        .filter_map(|m| m.p99_ms)
+        .fold(1.0_f64, f64::max);
+    html.push_str("<div class=\"charts\">");
+    let _ = write!(
+        html,
+        "<svg width=\"{W}\" height=\"{}\" role=\"img\" aria-label=\"requests per minute\"><title>requests per minute, last hour (peak {most})</title>",
+        H + 14.0
+    );
+    for (i, minute) in minutes.iter().enumerate() {
+        let h = minute.requests as f64 / most * H;
+        let _ = write!(
+            html,
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h:.1}\" fill=\"#4a78c2\"/>",
+            i as f64 * step,
+            H - h,
+            (step - 1.0).max(1.0)
+        );
+    }
+    let _ = write!(
+        html,
+        "<text x=\"2\" y=\"{}\" font-size=\"11\">requests/min, peak {most}</text></svg>",
+        H + 12.0
+    );
+    let points: Vec<String> = minutes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| {
+            m.p99_ms.map(|p| {
+                format!(
+                    "{:.1},{:.1}",
+                    i as f64 * step + step / 2.0,
+                    H - p / slowest * H
+                )
+            })
+        })
+        .collect();
+    let _ = write!(
+        html,
+        "<svg width=\"{W}\" height=\"{}\" role=\"img\" aria-label=\"p99 latency\"><title>p99 latency per minute, last hour</title><polyline fill=\"none\" stroke=\"#c2554a\" stroke-width=\"2\" points=\"{}\"/><text x=\"2\" y=\"{}\" font-size=\"11\">p99 ms, peak {slowest:.1}</text></svg>",
+        H + 14.0,
+        points.join(" "),
+        H + 12.0
+    );
+    html.push_str("</div>");
+}
+
+fn time_text(at: OffsetDateTime) -> String {
+    at.format(&Rfc3339).unwrap_or_default()
+}
+
+/// Text as HTML: provider-controlled strings never become markup.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
