@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
+use time::macros::format_description;
 
 use super::board::{MinuteSnapshot, SourceSnapshot};
 
@@ -282,8 +282,13 @@ fn charts(html: &mut String, minutes: &[MinuteSnapshot]) {
     html.push_str("</div>");
 }
 
+/// A time to the second, UTC (`/status.json` has them whole, RFC 3339).
 fn time_text(at: OffsetDateTime) -> String {
-    at.format(&Rfc3339).unwrap_or_default()
+    let at = at.to_offset(time::UtcOffset::UTC);
+    at.format(format_description!(
+        "[year]-[month]-[day] [hour]:[minute]:[second]Z"
+    ))
+    .unwrap_or_default()
 }
 
 /// Text as HTML: provider-controlled strings never become markup.

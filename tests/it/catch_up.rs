@@ -21,7 +21,7 @@ use crate::support::{
 
 const RR_TOKEN: &str = "rr-api-token";
 const MEKARI_CLIENT: &str = "sim-client";
-const MEKARI_CLIENT_SECRET: &str = "sim-client-secret";
+pub(crate) const MEKARI_CLIENT_SECRET: &str = "sim-client-secret";
 
 /// Overrides where the simulator binary is looked for.
 const SIM_BIN_VAR: &str = "POSBRIDGE_SIM_BIN";
@@ -57,14 +57,14 @@ fn sim_binary() -> PathBuf {
 }
 
 /// A running simulator; killed on drop.
-struct Sim {
+pub(crate) struct Sim {
     api: String,
     http: reqwest::Client,
     _child: tokio::process::Child,
 }
 
 impl Sim {
-    async fn start(target: &str, extra: &[&str]) -> Sim {
+    pub(crate) async fn start(target: &str, extra: &[&str]) -> Sim {
         use tokio::io::AsyncBufReadExt;
         let mut child = tokio::process::Command::new(sim_binary())
             .args(["--target", target, "--hold"])
@@ -102,7 +102,7 @@ impl Sim {
         }
     }
 
-    async fn get(&self, path: &str) -> Value {
+    pub(crate) async fn get(&self, path: &str) -> Value {
         self.http
             .get(format!("{}{path}", self.api))
             .send()
@@ -114,7 +114,7 @@ impl Sim {
     }
 
     /// Waits until every event was sent and every retry finished or was abandoned.
-    async fn wait_done(&self) -> Value {
+    pub(crate) async fn wait_done(&self) -> Value {
         let deadline = std::time::Instant::now() + Duration::from_secs(180);
         loop {
             let status = self.get("/sim/status").await;
@@ -129,8 +129,19 @@ impl Sim {
         }
     }
 
-    /// A config whose `main` sources read this simulator's APIs.
+    /// A config whose `main` sources read this simulator's APIs, and whose
+    /// watchdog switches a webhook it finds off back on.
     fn configure(&self, config: &Config, mekari_secret: &str) -> Config {
+        self.configure_with(config, mekari_secret, true)
+    }
+
+    /// The same, with `resume_when_off` as given.
+    pub(crate) fn configure_with(
+        &self,
+        config: &Config,
+        mekari_secret: &str,
+        resume: bool,
+    ) -> Config {
         let mut config = config.clone();
         let api = |text: String| -> ApiSection {
             config::Config::builder()
@@ -141,11 +152,11 @@ impl Sim {
                 .unwrap()
         };
         config.receiptroller.sources.get_mut("main").unwrap().api = Some(api(format!(
-            "base_url = \"{}/receiptroller\"\ntoken = \"{RR_TOKEN}\"\nwebhook_id = \"wh_sim\"\nresume_when_off = true\nper_page = 7",
+            "base_url = \"{}/receiptroller\"\ntoken = \"{RR_TOKEN}\"\nwebhook_id = \"wh_sim\"\nresume_when_off = {resume}\nper_page = 7",
             self.api
         )));
         config.mekari.sources.get_mut("main").unwrap().api = Some(api(format!(
-            "base_url = \"{}/mekari\"\nclient_id = \"{MEKARI_CLIENT}\"\nclient_secret = \"{mekari_secret}\"\noutlets = [\"OUT-1\", \"OUT-2\"]\nendpoint_key = \"ep_sim\"\nresume_when_off = true\nper_page = 5",
+            "base_url = \"{}/mekari\"\nclient_id = \"{MEKARI_CLIENT}\"\nclient_secret = \"{mekari_secret}\"\noutlets = [\"OUT-1\", \"OUT-2\"]\nendpoint_key = \"ep_sim\"\nresume_when_off = {resume}\nper_page = 5",
             self.api
         )));
         config.reconcile.max_attempts = 3;

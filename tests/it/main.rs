@@ -18,4 +18,5 @@ mod round_trip;
 mod shared_ledger;
 mod slow_clients;
 mod spool;
+mod status_page;
 mod tls;

@@ -106,6 +106,8 @@ pub struct TestApp {
     pub base: String,
     /// The running app's pipeline, for a reconciler in the test.
     pub pipeline: posbridge::pipeline::Pipeline,
+    /// The running app's status board, for the admin router in the test.
+    pub board: posbridge::status::Board,
     pub config: Config,
     pub prefix: String,
     stop: Option<oneshot::Sender<()>>,
@@ -140,6 +142,7 @@ impl TestApp {
             }
         };
         let pipeline = app.pipeline().clone();
+        let board = app.board().clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -150,6 +153,7 @@ impl TestApp {
         TestApp {
             base: format!("http://{addr}"),
             pipeline,
+            board,
             config,
             prefix,
             stop: Some(stop),
