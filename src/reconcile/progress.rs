@@ -18,6 +18,8 @@ pub struct Progress {
     bar: Option<ProgressBar>,
     /// `provider/source`, for log lines.
     label: String,
+    /// When the run started, for the rate in log lines.
+    started: Instant,
     /// When the last progress log line was written.
     last_log: std::sync::Mutex<Instant>,
 }
@@ -27,10 +29,14 @@ impl Progress {
     pub fn start(label: String, live: bool) -> Progress {
         use std::io::IsTerminal;
         let bar = (live && std::io::stderr().is_terminal()).then(|| {
+            // The total is unknown until the last page: a spinner with the
+            // records read so far and their rate.
             let bar = ProgressBar::new_spinner();
             bar.set_style(
-                ProgressStyle::with_template("{spinner} {prefix} {elapsed} {msg}")
-                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                ProgressStyle::with_template(
+                    "{spinner} {prefix} {elapsed} · {pos} records, {per_sec} · {msg}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
             );
             bar.set_prefix(label.clone());
             bar.enable_steady_tick(Duration::from_millis(120));
@@ -39,6 +45,7 @@ impl Progress {
         Progress {
             bar,
             label,
+            started: Instant::now(),
             last_log: std::sync::Mutex::new(Instant::now()),
         }
     }
@@ -58,6 +65,7 @@ impl Progress {
     /// Shows the counts so far.
     pub fn update(&self, summary: &Summary) {
         if let Some(bar) = &self.bar {
+            bar.set_position(summary.records);
             bar.set_message(Self::line(summary));
             return;
         }
@@ -67,13 +75,20 @@ impl Progress {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if last.elapsed() >= PROGRESS_LOG_EVERY {
             *last = Instant::now();
-            info!(run = %self.label, progress = %Self::line(summary), "Reconciling.");
+            let rate = summary.records as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
+            info!(
+                run = %self.label,
+                progress = %Self::line(summary),
+                records_per_sec = format!("{rate:.0}"),
+                "Reconciling."
+            );
         }
     }
 
     /// Leaves the final counts on the live line.
     pub fn finish(&self, summary: &Summary) {
         if let Some(bar) = &self.bar {
+            bar.set_position(summary.records);
             bar.finish_with_message(Self::line(summary));
         }
     }
