@@ -425,21 +425,27 @@ async fn api_pages_are_retried_and_a_failing_run_leaves_its_checkpoint() {
     app.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_watchdog_resumes_a_switched_off_webhook_and_catches_up() {
+/// posbridge with a wrong ReceiptRoller secret, and a simulator that has
+/// sent `events` (seed `seed`): every ReceiptRoller delivery was refused and
+/// four failures switched its webhook off.
+pub(crate) async fn switched_off_receiptroller(
+    tag: &str,
+    events: &str,
+    seed: &str,
+) -> (TestApp, Sim) {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(&crate::support::brokers(), &unique("watchdog"), dir.path());
-    // A wrong secret: every ReceiptRoller delivery is refused, four failures switch it off.
+    let mut cfg = config(&crate::support::brokers(), &unique(tag), dir.path());
     cfg.receiptroller.sources.get_mut("main").unwrap().secrets =
         serde_json::from_value(serde_json::json!(["a-wrong-secret"])).unwrap();
-    let app = TestApp::start_with(cfg).await;
+    let mut app = TestApp::start_with(cfg).await;
+    app.keep(dir);
     let sim = Sim::start(
         &app.base,
         &[
             "--events",
-            "20",
+            events,
             "--seed",
-            "9",
+            seed,
             "--drop",
             "0",
             "--time-scale",
@@ -452,6 +458,12 @@ async fn the_watchdog_resumes_a_switched_off_webhook_and_catches_up() {
         status["receiptroller_active"], false,
         "four failures switched it off: {status}"
     );
+    (app, sim)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_watchdog_resumes_a_switched_off_webhook_and_catches_up() {
+    let (app, sim) = switched_off_receiptroller("watchdog", "20", "9").await;
 
     let reconciler = Reconciler::new(
         &sim.configure(&app.config, MEKARI_CLIENT_SECRET),

@@ -14,8 +14,8 @@ use posbridge::reconcile::Reconciler;
 use posbridge::watchdog::Watchdog;
 use serde_json::json;
 
-use crate::catch_up::{MEKARI_CLIENT_SECRET, Sim};
-use crate::support::{TestApp, config, mekari_order, unique};
+use crate::catch_up::{MEKARI_CLIENT_SECRET, switched_off_receiptroller};
+use crate::support::mekari_order;
 
 /// Which Chromium to drive: `POSBRIDGE_TEST_CHROMIUM`, else `chromium`
 /// (Debian's package, which `.ci/run` installs).
@@ -90,29 +90,9 @@ fn section<'a>(text: &'a str, title: &str) -> &'a str {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_operator_sees_the_sources_their_deliveries_and_a_switched_off_webhook() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(&crate::support::brokers(), &unique("status"), dir.path());
-    // A wrong ReceiptRoller secret: the simulator's deliveries are refused
-    // (401s on the page), and four failures switch its webhook off.
-    cfg.receiptroller.sources.get_mut("main").unwrap().secrets =
-        serde_json::from_value(json!(["a-wrong-secret"])).unwrap();
-    let app = TestApp::start_with(cfg).await;
-    let sim = Sim::start(
-        &app.base,
-        &[
-            "--events",
-            "12",
-            "--seed",
-            "5",
-            "--drop",
-            "0",
-            "--time-scale",
-            "3600",
-        ],
-    )
-    .await;
-    let status = sim.wait_done().await;
-    assert_eq!(status["receiptroller_active"], false, "{status}");
+    // The simulator's ReceiptRoller deliveries are refused (401s on the
+    // page) until its webhook switches off.
+    let (app, sim) = switched_off_receiptroller("status", "12", "5").await;
 
     // Every outcome on the Mekari source, beside what the simulator sent.
     let send = |body: serde_json::Value| {

@@ -163,6 +163,11 @@ impl TestApp {
         }
     }
 
+    /// Keeps `dir` (the app's files) as long as the app.
+    pub fn keep(&mut self, dir: tempfile::TempDir) {
+        self._dir = Some(dir);
+    }
+
     /// Graceful shutdown, waiting for it to finish.
     pub async fn stop(mut self) -> Option<tempfile::TempDir> {
         self.stop.take().unwrap().send(()).unwrap();
