@@ -33,6 +33,7 @@
 //! * [`pipeline`]: the data line both the ingress and the reconciler call.
 //! * [`drain`]: replays the spool through the pipeline once Kafka is back.
 //! * [`reconcile`]: reads what webhooks missed from the providers' APIs.
+//! * [`replay`]: puts dead letters through the pipeline again once their cause is cleared.
 //! * [`watchdog`]: notices switched-off webhooks, resumes them, catches up.
 //! * [`ingress`]: routes, the webhook handler, the status mapping, ops endpoints.
 //! * [`app`]: start-up; checks the config against the providers and builds the pieces.
@@ -50,6 +51,7 @@ pub mod pipeline;
 pub mod providers;
 pub mod publish;
 pub mod reconcile;
+pub mod replay;
 pub mod spool;
 pub mod status;
 pub mod store_file;

@@ -1,8 +1,8 @@
 //! The `posbridge` command: `serve` runs the bridge (and, where enabled, the
 //! scheduled reconciler and the webhook watchdog), `reconcile` reads one
 //! window from a provider's API, `reconciler` runs the catch-up side alone,
-//! `check-config` explains every mistake in a configuration file. `anyhow`
-//! lives here only.
+//! `replay-dead-letters` puts dead letters through again, `check-config`
+//! explains every mistake in a configuration file. `anyhow` lives here only.
 
 use std::path::PathBuf;
 
@@ -15,14 +15,17 @@ use posbridge::config::{Config, LedgerBackend};
 use posbridge::event::ProviderKind;
 use posbridge::ledger::EmbeddedLedger;
 use posbridge::reconcile::Reconciler;
+use posbridge::replay::{self, Replay};
 use posbridge::spool::Spool;
 use posbridge::watchdog::Watchdog;
+use std::io::IsTerminal;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 /// Point-of-sale webhooks in, one clean Kafka stream per entity type out.
 #[derive(Parser)]
@@ -61,6 +64,32 @@ enum Command {
         /// Window end, RFC 3339, or `now`.
         #[arg(long, value_parser = parse_time, default_value = "now")]
         to: OffsetDateTime,
+    },
+    /// Put dead letters through the pipeline again, once their cause is
+    /// cleared: one JSON line per dead letter and a summary on stdout; exit
+    /// status 1 when one could not be finished (run it again to resume).
+    ReplayDeadLetters {
+        /// TOML configuration file.
+        #[arg(long, short, env = "POSBRIDGE_CONFIG")]
+        config: PathBuf,
+        /// Only this provider's dead letters (its URL spelling, e.g. `mekari`).
+        #[arg(long, value_parser = parse_provider)]
+        provider: Option<ProviderKind>,
+        /// Only those that came through this source.
+        #[arg(long)]
+        source: Option<String>,
+        /// Only those that arrived at or after this time, RFC 3339.
+        #[arg(long, value_parser = parse_time)]
+        since: Option<OffsetDateTime>,
+        /// Only those that arrived before this time, RFC 3339, or `now`.
+        #[arg(long, value_parser = parse_time)]
+        until: Option<OffsetDateTime>,
+        /// Only those with this reason code (`invalid_field`, `publish_refused`, …).
+        #[arg(long)]
+        reason: Option<String>,
+        /// Say what each would come to, publishing nothing and moving no checkpoint.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Run the scheduled reconciler and the webhook watchdog without the HTTP ingress.
     Reconciler {
@@ -116,16 +145,29 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_env("POSBRIDGE_LOG")
         .unwrap_or_else(|_| EnvFilter::new("info,rdkafka=warn"));
+    // The replay's report is stdout, so its log goes to stderr.
+    let (writer, terminal) = if matches!(cli.command, Command::ReplayDeadLetters { .. }) {
+        (
+            BoxMakeWriter::new(std::io::stderr),
+            std::io::stderr().is_terminal(),
+        )
+    } else {
+        (
+            BoxMakeWriter::new(std::io::stdout),
+            std::io::stdout().is_terminal(),
+        )
+    };
     if cli.log_json {
         tracing_subscriber::fmt()
             .json()
             .with_env_filter(filter)
+            .with_writer(writer)
             .init();
     } else {
-        use std::io::IsTerminal;
         tracing_subscriber::fmt()
             .with_env_filter(filter)
-            .with_ansi(std::io::stdout().is_terminal())
+            .with_writer(writer)
+            .with_ansi(terminal)
             .init();
     }
     match cli.command {
@@ -137,6 +179,24 @@ async fn main() -> anyhow::Result<()> {
             from,
             to,
         } => reconcile(config, provider, source, from, to).await,
+        Command::ReplayDeadLetters {
+            config,
+            provider,
+            source,
+            since,
+            until,
+            reason,
+            dry_run,
+        } => {
+            let filter = replay::Filter {
+                provider,
+                source,
+                since,
+                until,
+                reason,
+            };
+            replay_dead_letters(config, replay::Options { filter, dry_run }).await
+        }
         Command::Reconciler { config } => reconciler(config).await,
         Command::Schema {
             command: SchemaCommand::Check { config },
@@ -207,6 +267,20 @@ async fn reconcile(
         })
     );
     app.flush().await;
+    Ok(())
+}
+
+async fn replay_dead_letters(path: PathBuf, options: replay::Options) -> anyhow::Result<()> {
+    let config = load(&path)?;
+    let app = App::build_for_catch_up(&config)
+        .await
+        .map_err(start_error)?;
+    let mut replay = Replay::new(&config, app.pipeline().clone())?;
+    let result = replay.run(&options, &mut std::io::stdout()).await;
+    app.flush().await;
+    result.context(
+        "dead-letter replay stopped; run it again when the cause is fixed: it resumes at the record that failed",
+    )?;
     Ok(())
 }
 

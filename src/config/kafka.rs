@@ -11,6 +11,42 @@ use crate::event::EntityType;
 /// owns the deadline, so the alias is refused like the properties it sets.
 const DEADLINE_ALIAS: &str = "delivery.timeout.ms";
 
+/// The librdkafka properties only a producer reads (scope `P` in
+/// librdkafka 2.12's CONFIGURATION.md). A consumer made from the same
+/// pass-through table (the dead-letter replay) leaves them out.
+const PRODUCER_ONLY_PROPERTIES: [&str; 30] = [
+    "acks",
+    "batch.num.messages",
+    "batch.size",
+    "compression.codec",
+    "compression.level",
+    "compression.type",
+    "delivery.report.only.error",
+    "delivery.timeout.ms",
+    "dr_cb",
+    "dr_msg_cb",
+    "enable.gapless.guarantee",
+    "enable.idempotence",
+    "linger.ms",
+    "message.send.max.retries",
+    "message.timeout.ms",
+    "msg_order_cmp",
+    "partitioner",
+    "partitioner_cb",
+    "produce.offset.report",
+    "queue.buffering.backpressure.threshold",
+    "queue.buffering.max.kbytes",
+    "queue.buffering.max.messages",
+    "queue.buffering.max.ms",
+    "queuing.strategy",
+    "request.required.acks",
+    "request.timeout.ms",
+    "retries",
+    "sticky.partitioning.linger.ms",
+    "transaction.timeout.ms",
+    "transactional.id",
+];
+
 /// Broker, topics and producer settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -126,6 +162,18 @@ impl KafkaConfig {
         ]
     }
 
+    /// The properties of a consumer of posbridge's own topics: the brokers
+    /// and the pass-through table (TLS, SASL, timeouts), without what only a
+    /// producer reads.
+    pub fn consumer_properties(&self) -> Vec<(&str, &str)> {
+        self.librdkafka
+            .iter()
+            .filter(|(key, _)| !PRODUCER_ONLY_PROPERTIES.contains(&key.as_str()))
+            .map(|(key, value)| (key.as_str(), value.as_str()))
+            .chain([("bootstrap.servers", self.brokers.as_str())])
+            .collect()
+    }
+
     /// Whether a pass-through property is one posbridge sets itself.
     pub fn is_reserved(&self, property: &str) -> bool {
         property == DEADLINE_ALIAS
@@ -177,6 +225,46 @@ impl Default for RegistryConfig {
             token: None,
             ca_file: None,
             auto_register: true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_consumer_gets_the_connection_settings_but_no_producer_property() {
+        let config = KafkaConfig {
+            brokers: "kafka-1:9093".into(),
+            librdkafka: [
+                ("security.protocol", "sasl_ssl"),
+                ("sasl.mechanisms", "SCRAM-SHA-512"),
+                ("linger.ms", "20"),
+                ("compression.type", "zstd"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+            ..KafkaConfig::default()
+        };
+        assert_eq!(
+            config.consumer_properties(),
+            [
+                ("sasl.mechanisms", "SCRAM-SHA-512"),
+                ("security.protocol", "sasl_ssl"),
+                ("bootstrap.servers", "kafka-1:9093"),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_properties_posbridge_fixes_are_producer_properties() {
+        for (property, _) in KafkaConfig::default().fixed_producer_properties() {
+            assert!(
+                property == "bootstrap.servers" || PRODUCER_ONLY_PROPERTIES.contains(&property),
+                "{property}"
+            );
         }
     }
 }

@@ -360,6 +360,19 @@ impl Ledger for EmbeddedLedger {
         Ok(Begin::New)
     }
 
+    async fn begin_again(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
+        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        if leases
+            .get(delivery.as_str())
+            .is_some_and(|lapses| *lapses > now)
+        {
+            return Ok(Begin::InFlight);
+        }
+        leases.insert(delivery.as_str().to_owned(), now + self.lease);
+        Ok(Begin::New)
+    }
+
     async fn release(&self, delivery: &DeliveryKey) {
         self.end_lease(delivery);
     }
@@ -453,6 +466,30 @@ mod tests {
             })
             .await
             .unwrap();
+        assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
+    }
+
+    #[tokio::test]
+    async fn a_done_delivery_can_be_leased_again_but_not_while_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = open(&dir);
+        let id = DeliveryKey::new(ProviderKind::Mekari, "e1");
+        assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
+        assert_eq!(ledger.begin_again(&id).await.unwrap(), Begin::InFlight);
+        ledger
+            .commit(Commit {
+                delivery: Some(id.clone()),
+                ..Commit::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(ledger.begin_again(&id).await.unwrap(), Begin::New);
+        assert_eq!(
+            ledger.begin(&id).await.unwrap(),
+            Begin::InFlight,
+            "a live delivery of the same id waits for the lease"
+        );
+        ledger.release(&id).await;
         assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
     }
 

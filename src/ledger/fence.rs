@@ -179,6 +179,11 @@ impl<L: Ledger> Ledger for Fenced<L> {
         self.inner.begin(delivery).await
     }
 
+    async fn begin_again(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
+        self.open().await?;
+        self.inner.begin_again(delivery).await
+    }
+
     async fn release(&self, delivery: &DeliveryKey) {
         self.inner.release(delivery).await;
     }

@@ -196,6 +196,16 @@ pub trait Ledger: Send + Sync + 'static {
     /// [`LedgerError`] when the store cannot be read.
     async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError>;
 
+    /// Takes a delivery's lease whether or not it is done: `New` when taken,
+    /// `InFlight` when another attempt holds it (never `Done`). For putting a
+    /// dead letter through again, whose delivery was marked done when it was
+    /// dead-lettered; the lease still keeps it from racing a live delivery
+    /// of the same id.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the store cannot be reached.
+    async fn begin_again(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError>;
+
     /// Gives a lease back without marking the delivery done, so the
     /// provider's retry is processed.
     async fn release(&self, delivery: &DeliveryKey);

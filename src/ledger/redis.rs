@@ -200,6 +200,22 @@ impl Ledger for RedisLedger {
         })
     }
 
+    async fn begin_again(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
+        let options = redis::SetOptions::default()
+            .conditional_set(redis::ExistenceCheck::NX)
+            .with_expiration(redis::SetExpiry::PX(self.lease_ms()));
+        let taken: Option<String> = self
+            .conn
+            .clone()
+            .set_options(self.key("lease", delivery.as_str()), "1", options)
+            .await?;
+        Ok(if taken.is_some() {
+            Begin::New
+        } else {
+            Begin::InFlight
+        })
+    }
+
     async fn release(&self, delivery: &DeliveryKey) {
         let released: redis::RedisResult<i32> = self
             .conn

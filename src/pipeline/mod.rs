@@ -3,9 +3,10 @@
 //!
 //! The webhook handler calls [`Pipeline::deliver`] with a verified body; the
 //! reconciler calls [`Pipeline::apply`] with events it normalized from the
-//! providers' APIs. Both end in the same guard and the same producer, so a
-//! reconciled record can never roll an entity back. The records themselves
-//! are built without I/O in `record.rs`.
+//! providers' APIs; the dead-letter replay calls [`Pipeline::redeliver`] with
+//! a dead letter's body. All end in the same guard and the same producer, so
+//! neither a reconciled record nor an old dead letter can roll an entity
+//! back. The records themselves are built without I/O in `record.rs`.
 //!
 //! A delivery id becomes *done* only once its outcome is durable: the record
 //! acknowledged by Kafka, the raw body dead-lettered, or the event judged
@@ -26,7 +27,9 @@ use time::OffsetDateTime;
 use tracing::{debug, info, warn};
 
 use crate::encode::{EncodeError, Encoder};
-use crate::event::{DeliveryKey, Normalized, Origin, PosEvent, ProviderKind, Source};
+use crate::event::{
+    Content, DeliveryKey, EntityKey, Normalized, Origin, PosEvent, ProviderKind, Source,
+};
 use crate::guard::{self, Decision};
 use crate::ledger::{Begin, Commit, EntitySlot, EntityState, Ledger, LedgerError};
 use crate::providers::{self, Context, NormalizeError};
@@ -37,8 +40,8 @@ use crate::verify::VerifiedBody;
 
 pub use record::{
     DEAD_LETTER_KEPT_BYTES, DeadLetter, HEADER_BODY_BYTES, HEADER_BODY_SHA256, HEADER_DELIVERY_ID,
-    HEADER_EVENT_TYPE, HEADER_ORIGIN, HEADER_PROVIDER, HEADER_REASON, HEADER_SOURCE,
-    cut_dead_letter, dead_letter_record, entity_record,
+    HEADER_EVENT_TYPE, HEADER_ORIGIN, HEADER_PROVIDER, HEADER_REASON, HEADER_REASON_CODE,
+    HEADER_SOURCE, cut_dead_letter, dead_letter_record, entity_record,
 };
 
 /// How often a duplicate re-checks the ledger while the first attempt runs.
@@ -165,6 +168,58 @@ impl PipelineError {
             PipelineError::DeliveryIdMismatch | PipelineError::InFlight | PipelineError::Spool(_)
         )
     }
+}
+
+/// What putting a dead letter through again came to, or on a dry run would
+/// come to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redelivery {
+    /// Through the guard: `Published`, `Stale` or `Unchanged` (on a dry run,
+    /// what the guard decides against the ledger now).
+    Applied {
+        /// What the guard decided, and for a redelivery what was done.
+        outcome: Outcome,
+        /// The entity it is about.
+        entity: EntityKey,
+    },
+    /// It still cannot be normalized, encoded or taken by the broker. It is
+    /// not dead-lettered again: its dead letter is still on the topic.
+    StillFailing {
+        /// A bounded reason code, as on a dead letter.
+        code: &'static str,
+        /// The reason in words.
+        reason: String,
+    },
+}
+
+impl Redelivery {
+    fn still_failing(code: &'static str, reason: impl ToString) -> Redelivery {
+        Redelivery::StillFailing {
+            code,
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// The reason code of a body whose `id` names another delivery than its
+/// dead letter's header: only a foreign record can look like that.
+const MISMATCH_CODE: &str = "delivery_id_mismatch";
+
+/// What guard → encode → publish → commit came to.
+enum Written {
+    /// A durable outcome.
+    Done(Outcome),
+    /// Refused for good before it reached its topic (it does not fit the
+    /// schema, or the broker will not take it). Nothing is committed: the
+    /// caller dead-letters it or reports it.
+    Refused {
+        /// The event, for its dead letter.
+        event: Box<PosEvent>,
+        /// A bounded reason code.
+        code: &'static str,
+        /// The reason in words.
+        reason: String,
+    },
 }
 
 /// One verified webhook delivery, owned, on its way down the line.
@@ -398,7 +453,7 @@ impl Pipeline {
         spooled_is_duplicate: bool,
     ) -> Result<Handled, PipelineError> {
         let provider = delivery.source.provider;
-        let acquired = tokio::time::timeout_at(deadline.into(), self.acquire(key))
+        let acquired = tokio::time::timeout_at(deadline.into(), self.acquire(key, false))
             .await
             .unwrap_or(Err(PipelineError::DeadlinePassed));
         if !acquired? {
@@ -439,13 +494,19 @@ impl Pipeline {
         Outcome::Duplicate
     }
 
-    /// Takes the delivery's lease. `Ok(false)` means it is already done. A
-    /// duplicate of an attempt in flight waits for it: if that attempt fails
-    /// and releases, this one takes over.
-    async fn acquire(&self, key: &DeliveryKey) -> Result<bool, PipelineError> {
+    /// Takes the delivery's lease. `Ok(false)` means it is already done
+    /// (never with `again`, which leases a done delivery too). A duplicate of
+    /// an attempt in flight waits for it: if that attempt fails and releases,
+    /// this one takes over.
+    async fn acquire(&self, key: &DeliveryKey, again: bool) -> Result<bool, PipelineError> {
         let deadline = Instant::now() + self.inner.inflight_wait;
         loop {
-            match self.inner.ledger.begin(key).await? {
+            let begun = if again {
+                self.inner.ledger.begin_again(key).await?
+            } else {
+                self.inner.ledger.begin(key).await?
+            };
+            match begun {
                 Begin::New => return Ok(true),
                 Begin::Done => return Ok(false),
                 Begin::InFlight if Instant::now() >= deadline => {
@@ -462,21 +523,7 @@ impl Pipeline {
         envelope: Envelope,
         key: DeliveryKey,
     ) -> Result<Handled, PipelineError> {
-        let raw = String::from_utf8_lossy(delivery.body.bytes());
-        let ctx = Context {
-            event_id: &delivery.delivery_id,
-            source: &delivery.source,
-            received_at: delivery.received_at,
-            raw: &raw,
-            origin: Origin::Webhook,
-        };
-        let normalized = match envelope {
-            Envelope::Event(json) => {
-                providers::for_kind(delivery.source.provider).normalize(&json, &ctx)
-            }
-            Envelope::Unusable(reason) => Err(reason),
-        };
-        match normalized {
+        match normalize(&delivery, envelope) {
             Ok(normalized) => {
                 let event_type = Some(normalized.event.event_type.clone());
                 let entity_key = Some(normalized.event.key().as_str().to_owned());
@@ -504,9 +551,97 @@ impl Pipeline {
         }
     }
 
+    /// Puts a dead letter's body through the line again as its original
+    /// delivery, without the signature check (it was verified on arrival) and
+    /// without the done-id check (dead-lettering marked it done), but under
+    /// its lease, so it cannot race a live delivery of the same id. What
+    /// normalizes goes through the guard, so an old dead letter never rolls
+    /// an entity back (`Stale`); what still fails is reported, not
+    /// dead-lettered again.
+    ///
+    /// # Errors
+    /// [`PipelineError`] when the outcome could not be made durable (Kafka,
+    /// registry or ledger unavailable; the same id in flight): worth trying again.
+    pub async fn redeliver(&self, delivery: Delivery) -> Result<Redelivery, PipelineError> {
+        let (key, envelope) = match identify(&delivery) {
+            Ok(identified) => identified,
+            Err(error) => return Ok(Redelivery::still_failing(MISMATCH_CODE, error)),
+        };
+        let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;
+        tokio::time::timeout_at(deadline.into(), self.acquire(&key, true))
+            .await
+            .unwrap_or(Err(PipelineError::DeadlinePassed))?;
+        let _in_flight = InFlight::count(delivery.source.provider);
+        let result = tokio::time::timeout_at(
+            deadline.into(),
+            self.redeliver_leased(&delivery, envelope, key.clone()),
+        )
+        .await
+        .unwrap_or(Err(PipelineError::DeadlinePassed));
+        // A durable outcome ended the lease with its commit.
+        if !matches!(result, Ok(Redelivery::Applied { .. })) {
+            self.inner.ledger.release(&key).await;
+        }
+        result
+    }
+
+    /// Normalize → guard → encode → publish → commit, a refusal reported.
+    async fn redeliver_leased(
+        &self,
+        delivery: &Delivery,
+        envelope: Envelope,
+        key: DeliveryKey,
+    ) -> Result<Redelivery, PipelineError> {
+        let normalized = match normalize(delivery, envelope) {
+            Ok(normalized) => normalized,
+            Err(reason) => return Ok(Redelivery::still_failing(reason.code(), reason)),
+        };
+        let entity = normalized.event.key();
+        Ok(match self.write(normalized, Some(key)).await? {
+            Written::Done(outcome) => Redelivery::Applied { outcome, entity },
+            Written::Refused { code, reason, .. } => Redelivery::StillFailing { code, reason },
+        })
+    }
+
+    /// What [`Pipeline::redeliver`] would do with a dead letter now, without
+    /// writing anything: normalize, ask the guard against the ledger, encode.
+    /// Whether the broker would take the record is not known until it is sent.
+    ///
+    /// # Errors
+    /// [`PipelineError`] when the ledger or the registry cannot be read.
+    pub async fn plan_redelivery(&self, delivery: &Delivery) -> Result<Redelivery, PipelineError> {
+        let envelope = match identify(delivery) {
+            Ok((_, envelope)) => envelope,
+            Err(error) => return Ok(Redelivery::still_failing(MISMATCH_CODE, error)),
+        };
+        let Normalized { event, content } = match normalize(delivery, envelope) {
+            Ok(normalized) => normalized,
+            Err(reason) => return Ok(Redelivery::still_failing(reason.code(), reason)),
+        };
+        let entity = event.key();
+        let (slot, incoming) = entity_state(&event, &content);
+        let written = self.inner.ledger.entity(&slot).await?;
+        let outcome = match guard::decide(written.as_ref(), &incoming, event.origin) {
+            Decision::Stale => Outcome::Stale,
+            Decision::Unchanged => Outcome::Unchanged,
+            Decision::Publish if event.deleted => Outcome::Published,
+            Decision::Publish => {
+                let topic = self.inner.topics.entity(event.entity_type);
+                match self.inner.encoder.encode(topic, &event).await {
+                    Ok(_) => Outcome::Published,
+                    Err(EncodeError::Avro(error)) => {
+                        return Ok(Redelivery::still_failing(ENCODE_FAILED, error));
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+        };
+        Ok(Redelivery::Applied { outcome, entity })
+    }
+
     /// Guards, encodes and publishes one normalized event, then records the
-    /// outcome (and `delivery`, when there is one) in the ledger. The
-    /// reconciler's entry point.
+    /// outcome (and `delivery`, when there is one) in the ledger; what cannot
+    /// be written goes to the dead-letter topic. The reconciler's entry point.
     ///
     /// # Errors
     /// [`PipelineError`] when the record could not be acknowledged or the
@@ -516,15 +651,33 @@ impl Pipeline {
         normalized: Normalized,
         delivery: Option<DeliveryKey>,
     ) -> Result<Outcome, PipelineError> {
+        match self.write(normalized, delivery.clone()).await? {
+            Written::Done(outcome) => Ok(outcome),
+            Written::Refused {
+                event,
+                code,
+                reason,
+            } => {
+                self.dead_letter(DeadLetter::of_event(&event, code, reason))
+                    .await?;
+                self.commit(delivery, None).await?;
+                Ok(Outcome::DeadLettered)
+            }
+        }
+    }
+
+    /// Guard → encode → publish → commit, under the entity's lock; a record
+    /// refused for good is handed back uncommitted.
+    async fn write(
+        &self,
+        normalized: Normalized,
+        delivery: Option<DeliveryKey>,
+    ) -> Result<Written, PipelineError> {
         let Normalized { event, content } = normalized;
         let key = event.key();
-        let slot = EntitySlot::new(event.entity_type, &key);
+        let (slot, incoming) = entity_state(&event, &content);
         let _lock = self.inner.ledger.lock_entity(&slot).await?;
         let written = self.inner.ledger.entity(&slot).await?;
-        let incoming = EntityState {
-            version: event.version,
-            state_hash: guard::state_hash(&event, &content),
-        };
         match guard::decide(written.as_ref(), &incoming, event.origin) {
             Decision::Stale => {
                 metrics::counter!(
@@ -539,11 +692,11 @@ impl Pipeline {
                     "Stale event held back: the topic already has a newer state."
                 );
                 self.commit(delivery, None).await?;
-                return Ok(Outcome::Stale);
+                return Ok(Written::Done(Outcome::Stale));
             }
             Decision::Unchanged => {
                 self.commit(delivery, None).await?;
-                return Ok(Outcome::Unchanged);
+                return Ok(Written::Done(Outcome::Unchanged));
             }
             Decision::Publish => {}
         }
@@ -555,9 +708,11 @@ impl Pipeline {
                 Ok(bytes) => Some(bytes),
                 // Retrying cannot make an event fit the schema: keep it raw.
                 Err(EncodeError::Avro(error)) => {
-                    return self
-                        .dead_letter_event(&event, "encode_failed", error.to_string(), delivery)
-                        .await;
+                    return Ok(Written::Refused {
+                        event: Box::new(event),
+                        code: ENCODE_FAILED,
+                        reason: error.to_string(),
+                    });
                 }
                 Err(error) => return Err(error.into()),
             }
@@ -570,9 +725,11 @@ impl Pipeline {
         {
             Ok(_) => {}
             Err(PublishError::Refused(reason)) => {
-                return self
-                    .dead_letter_event(&event, "publish_refused", reason.to_string(), delivery)
-                    .await;
+                return Ok(Written::Refused {
+                    event: Box::new(event),
+                    code: PUBLISH_REFUSED,
+                    reason: reason.to_string(),
+                });
             }
             Err(error) => return Err(error.into()),
         }
@@ -582,7 +739,7 @@ impl Pipeline {
         if let Err(error) = self.commit(delivery, Some((slot, incoming))).await {
             debug!(entity = %key, %error, "Published; its ledger write waits behind the fence.");
         }
-        Ok(Outcome::Published)
+        Ok(Written::Done(Outcome::Published))
     }
 
     async fn commit(
@@ -601,21 +758,6 @@ impl Pipeline {
                 checkpoint: None,
             })
             .await
-    }
-
-    /// Dead-letters an event that normalized but cannot be written, and
-    /// marks its delivery done.
-    async fn dead_letter_event(
-        &self,
-        event: &PosEvent,
-        code: &'static str,
-        reason: String,
-        delivery: Option<DeliveryKey>,
-    ) -> Result<Outcome, PipelineError> {
-        self.dead_letter(DeadLetter::of_event(event, code, reason))
-            .await?;
-        self.commit(delivery, None).await?;
-        Ok(Outcome::DeadLettered)
     }
 
     /// Writes what could not become an event to the dead-letter topic, with
@@ -653,6 +795,40 @@ impl Pipeline {
         )
         .increment(1);
         Ok(())
+    }
+}
+
+/// Reason code of an event that does not fit the Avro schema.
+const ENCODE_FAILED: &str = "encode_failed";
+/// Reason code of a record the broker refused for good.
+const PUBLISH_REFUSED: &str = "publish_refused";
+
+/// The slot an event's entity is kept under, and the state it would write.
+fn entity_state(event: &PosEvent, content: &Content) -> (EntitySlot, EntityState) {
+    (
+        EntitySlot::new(event.entity_type, &event.key()),
+        EntityState {
+            version: event.version,
+            state_hash: guard::state_hash(event, content),
+        },
+    )
+}
+
+/// The provider's event for a delivery, or why there is none.
+fn normalize(delivery: &Delivery, envelope: Envelope) -> Result<Normalized, NormalizeError> {
+    let raw = String::from_utf8_lossy(delivery.body.bytes());
+    let ctx = Context {
+        event_id: &delivery.delivery_id,
+        source: &delivery.source,
+        received_at: delivery.received_at,
+        raw: &raw,
+        origin: Origin::Webhook,
+    };
+    match envelope {
+        Envelope::Event(json) => {
+            providers::for_kind(delivery.source.provider).normalize(&json, &ctx)
+        }
+        Envelope::Unusable(reason) => Err(reason),
     }
 }
 

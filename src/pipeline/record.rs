@@ -19,6 +19,9 @@ pub const HEADER_SOURCE: &str = "posbridge-source";
 pub const HEADER_ORIGIN: &str = "posbridge-origin";
 /// Dead-letter header: why the event could not be normalized or published.
 pub const HEADER_REASON: &str = "posbridge-reason";
+/// Dead-letter header: the reason as a bounded code (`invalid_field`,
+/// `publish_refused`, …), the metric label, so a replay can select by it.
+pub const HEADER_REASON_CODE: &str = "posbridge-reason-code";
 
 /// What could not become an event, kept raw for an operator.
 #[derive(Debug, Clone)]
@@ -88,6 +91,7 @@ pub fn dead_letter_record(letter: DeadLetter<'_>, topic: &str) -> OutgoingRecord
             (HEADER_PROVIDER, letter.provider.as_str().to_owned()),
             (HEADER_SOURCE, letter.source.to_owned()),
             (HEADER_REASON, letter.reason),
+            (HEADER_REASON_CODE, letter.code.to_owned()),
         ],
         provider: letter.provider.as_str(),
     }
@@ -215,11 +219,12 @@ mod tests {
         assert_eq!(record.payload.as_deref(), Some(event.raw.as_bytes()));
         assert_eq!(record.timestamp_ms, 1_795_946_401_000);
         assert_eq!(header(&record, HEADER_REASON), Some("does not fit"));
+        assert_eq!(header(&record, HEADER_REASON_CODE), Some("encode_failed"));
         assert_eq!(header(&record, HEADER_SOURCE), Some("main"));
         assert_eq!(header(&record, HEADER_DELIVERY_ID), Some("d1"));
         assert_eq!(header(&record, HEADER_PROVIDER), Some("mekari"));
         assert_eq!(header(&record, HEADER_EVENT_TYPE), None);
         assert_eq!(header(&record, HEADER_ORIGIN), None);
-        assert_eq!(record.headers.len(), 4);
+        assert_eq!(record.headers.len(), 5);
     }
 }

@@ -345,3 +345,95 @@ fn a_body_without_a_usable_id_is_keyed_by_its_hash_and_cannot_become_an_event() 
         Err(PipelineError::DeliveryIdMismatch)
     ));
 }
+
+/// Marks a delivery done, as dead-lettering it did.
+async fn done(pipeline: &Pipeline, id: &str) {
+    assert_eq!(pipeline.ledger().begin(&key(id)).await.unwrap(), Begin::New);
+    pipeline
+        .ledger()
+        .commit(Commit {
+            delivery: Some(key(id)),
+            ..Commit::default()
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_redelivered_dead_letter_is_guarded_like_any_delivery() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = pipeline(dir.path(), Duration::from_millis(100)).await;
+    written(
+        &pipeline,
+        &order_event(Origin::Webhook, datetime!(2026-11-29 12:00 UTC)),
+    )
+    .await;
+    done(&pipeline, "d-old").await;
+    let old = delivery("d-old", "d-old", "2026-11-29T11:00:00Z");
+    let entity = crate::event::EntityKey::new(ProviderKind::Mekari, None, "ORD-1");
+    let stale = Redelivery::Applied {
+        outcome: Outcome::Stale,
+        entity,
+    };
+    assert_eq!(pipeline.plan_redelivery(&old).await.unwrap(), stale);
+    assert_eq!(pipeline.redeliver(old).await.unwrap(), stale);
+    assert_eq!(
+        pipeline.ledger().begin(&key("d-old")).await.unwrap(),
+        Begin::Done,
+        "its commit ended the lease"
+    );
+}
+
+#[tokio::test]
+async fn a_redelivery_that_still_cannot_be_normalized_is_reported_and_gives_the_lease_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = pipeline(dir.path(), Duration::from_millis(100)).await;
+    done(&pipeline, "d-shift").await;
+    let body = br#"{"id":"d-shift","event":"shift.closed","occurred_at":"2026-11-29T11:00:00Z","data":{"id":"S-1"}}"#;
+    let shift = delivery_of("d-shift", body.to_vec());
+    let still = pipeline.redeliver(shift.clone()).await.unwrap();
+    assert!(
+        matches!(&still, Redelivery::StillFailing { code: "unknown_event_type", reason } if reason.contains("shift.closed")),
+        "{still:?}"
+    );
+    assert_eq!(pipeline.plan_redelivery(&shift).await.unwrap(), still);
+    assert_eq!(
+        pipeline
+            .ledger()
+            .begin_again(&key("d-shift"))
+            .await
+            .unwrap(),
+        Begin::New,
+        "released"
+    );
+    // Held by another attempt now: the redelivery waits, then gives up.
+    let error = pipeline.redeliver(shift).await.unwrap_err();
+    assert!(matches!(error, PipelineError::InFlight), "{error}");
+}
+
+#[tokio::test]
+async fn a_redelivery_kafka_cannot_take_stays_retryable_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = pipeline(dir.path(), Duration::from_millis(100)).await;
+    done(&pipeline, "d-new").await;
+    let new = delivery("d-new", "d-new", "2026-11-29T11:00:00Z");
+    assert!(matches!(
+        pipeline.plan_redelivery(&new).await.unwrap(),
+        Redelivery::Applied {
+            outcome: Outcome::Published,
+            ..
+        }
+    ));
+    let error = pipeline.redeliver(new).await.unwrap_err();
+    assert!(matches!(error, PipelineError::Publish(_)), "{error}");
+    let slot = EntitySlot::new(
+        EntityType::Order,
+        &crate::event::EntityKey::new(ProviderKind::Mekari, None, "ORD-1"),
+    );
+    assert_eq!(pipeline.ledger().entity(&slot).await.unwrap(), None);
+    assert_eq!(
+        pipeline.ledger().begin(&key("d-new")).await.unwrap(),
+        Begin::Done,
+        "still done from its dead letter, and not leased"
+    );
+}

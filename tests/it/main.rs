@@ -14,6 +14,7 @@ mod ledger_full;
 mod ordering;
 mod registry;
 mod rejects;
+mod replay;
 mod round_trip;
 mod shared_ledger;
 mod slow_clients;

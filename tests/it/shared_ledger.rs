@@ -59,6 +59,12 @@ async fn the_redis_ledger_keeps_the_delivery_protocol() {
         .await
         .unwrap();
     assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
+    // A dead letter's replay leases a done delivery (a live retry of it is
+    // a duplicate either way), and a second replay waits for the first.
+    assert_eq!(ledger.begin_again(&id).await.unwrap(), Begin::New);
+    assert_eq!(ledger.begin_again(&id).await.unwrap(), Begin::InFlight);
+    ledger.release(&id).await;
+    assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
     assert_eq!(ledger.entity(&slot).await.unwrap(), Some(state(200, 1)));
     assert_eq!(
         ledger.checkpoint("mekari/main/OUT-1/orders").await.unwrap(),
