@@ -65,6 +65,20 @@ impl Watchdog {
                 Ok(state) => state,
                 Err(error) => {
                     warn!(%provider, source, %error, "Cannot read the webhook's state.");
+                    if let Some(board) = self.reconciler.board() {
+                        let last_seen_active = self.last_seen_active(watched).await.ok().flatten();
+                        board.webhook_checked(
+                            provider,
+                            source,
+                            WebhookSeen {
+                                state: "unknown",
+                                detail: Some(format!("cannot read its state: {error}")),
+                                resumed: false,
+                                checked_at: now,
+                                last_seen_active,
+                            },
+                        );
+                    }
                     continue;
                 }
             };

@@ -26,9 +26,22 @@ pub struct AdminConfig {
 
 impl AdminConfig {
     /// What the data alone shows is wrong: a user name without a password
-    /// or the other way round, or an empty credential.
+    /// or the other way round, an empty credential, or a page anyone on the
+    /// network could read (a listener beyond loopback without credentials).
     pub fn problems(&self) -> Vec<(String, String)> {
         let mut problems = Vec::new();
+        let open = self.token.is_none() && self.username.is_none();
+        let beyond_loopback = self
+            .listen
+            .as_deref()
+            .and_then(|l| l.parse::<std::net::SocketAddr>().ok())
+            .is_some_and(|addr| !addr.ip().is_loopback());
+        if open && beyond_loopback {
+            problems.push((
+                "admin.listen".to_owned(),
+                "listens beyond loopback without a token or username/password: set one, or bind it to 127.0.0.1".to_owned(),
+            ));
+        }
         if self.username.is_some() != self.password.is_some() {
             problems.push((
                 "admin.username".to_owned(),

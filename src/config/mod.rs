@@ -540,6 +540,34 @@ mod tests {
     }
 
     #[test]
+    fn a_status_page_beyond_loopback_needs_credentials() {
+        let admin_problems = |admin: &str| -> Vec<String> {
+            parse(&format!("[admin]\n{admin}"))
+                .problems()
+                .into_iter()
+                .filter(|p| p.key.starts_with("admin"))
+                .map(|p| p.key)
+                .collect()
+        };
+        assert!(admin_problems("listen = \"127.0.0.1:9090\"").is_empty());
+        assert_eq!(
+            admin_problems("listen = \"0.0.0.0:9090\""),
+            ["admin.listen"]
+        );
+        assert!(admin_problems("listen = \"0.0.0.0:9090\"\ntoken = \"t\"").is_empty());
+        assert_eq!(
+            admin_problems("listen = \"127.0.0.1:9090\"\nusername = \"ops\""),
+            ["admin.username"]
+        );
+        assert_eq!(
+            admin_problems("listen = \"127.0.0.1:8080\""),
+            ["admin.listen"],
+            "same as server.listen"
+        );
+        assert_eq!(admin_problems("listen = \"nowhere\""), ["admin.listen"]);
+    }
+
+    #[test]
     fn example_config_is_valid() {
         let text = include_str!("../../config/posbridge.example.toml");
         let config = parse(text);

@@ -104,23 +104,39 @@ async fn authorize(
         .into_response()
 }
 
+/// The page forbids itself scripts and outside resources: whatever a
+/// provider sent cannot make it load or run anything.
+const PAGE_POLICY: &str = "default-src 'none'; style-src 'unsafe-inline'";
+
 async fn status_page(State(state): State<AdminState>) -> Response {
-    Html(crate::status::page::render(&gather(&state).await)).into_response()
+    (
+        [(header::CONTENT_SECURITY_POLICY, PAGE_POLICY)],
+        Html(crate::status::page::render(&gather(&state).await)),
+    )
+        .into_response()
 }
 
 async fn status_json(State(state): State<AdminState>) -> Response {
     Json(gather(&state).await).into_response()
 }
 
-/// The page's data: the board, and the shared parts' state as known now
-/// (the broker's from the last send or probe, without asking it again).
+/// How long the page waits for the schema registry's answer.
+const REGISTRY_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The page's data: the board, and the shared parts' state: the broker's as
+/// the last send or probe found it (not asked again), the ledger's and the
+/// registry's asked now (the registry at most [`REGISTRY_PROBE_TIMEOUT`]).
 async fn gather(state: &AdminState) -> Status {
     let pipeline = &state.pipeline;
     let uses_registry = pipeline.encoder().name() == "confluent";
     let (ledger, registry) = tokio::join!(
         pipeline.ledger().check(),
-        pipeline.encoder().registry_reachable()
+        tokio::time::timeout(
+            REGISTRY_PROBE_TIMEOUT,
+            pipeline.encoder().registry_reachable()
+        )
     );
+    let registry = registry.unwrap_or(false);
     let now = OffsetDateTime::now_utc();
     Status {
         generated_at: now,

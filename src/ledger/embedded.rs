@@ -263,7 +263,7 @@ fn write_loop(
             batch.push(next);
         }
         let result = store.get().and_then(|db| {
-            write_batch(&db, &batch, dedup_ttl, &mut sweep)
+            write_batch(&db, &batch, dedup_ttl, &mut sweep, unix_now())
                 .map_err(|e| LedgerError::Embedded(Arc::new(e)))
         });
         for (_, reply) in batch {
@@ -284,16 +284,16 @@ struct Sweep {
     after: Option<String>,
 }
 
-/// Writes one batch of commits in one durable transaction, with the next
-/// step of the sweep; how many expired ids it deleted. The sweep moves on
-/// only when the transaction is durable.
+/// Writes one batch of commits in one durable transaction at unix second
+/// `now`, with the next step of the sweep; how many expired ids it deleted.
+/// The sweep moves on only when the transaction is durable.
 fn write_batch(
     db: &Database,
     batch: &[(Commit, Reply)],
     dedup_ttl: Duration,
     sweep: &mut Sweep,
+    now: u64,
 ) -> Result<usize, redb::Error> {
-    let now = unix_now();
     let expires = now + dedup_ttl.as_secs();
     let txn = db.begin_write()?;
     let (swept, after) = {
@@ -585,17 +585,20 @@ mod tests {
         let expiring: Vec<(Commit, Reply)> = (0..SWEEP_PER_COMMIT * 2 + 50)
             .map(|n| commit(&format!("p{n:04}")))
             .collect();
-        let second = Duration::from_secs(1);
-        assert_eq!(write_batch(&db, &expiring, second, &mut sweep).unwrap(), 0);
+        let (t0, second) = (1_000_000, Duration::from_secs(1));
+        assert_eq!(
+            write_batch(&db, &expiring, second, &mut sweep, t0).unwrap(),
+            0
+        );
         // Ids kept for an hour, after the expiring ones in key order.
         let kept: Vec<(Commit, Reply)> = (0..10).map(|n| commit(&format!("q{n}"))).collect();
         sweep = Sweep::default();
-        write_batch(&db, &kept, Duration::from_secs(3600), &mut sweep).unwrap();
-        // Expiry is to the second: two seconds later the first lot has expired.
-        std::thread::sleep(Duration::from_millis(2100));
+        let hour = Duration::from_secs(3600);
+        write_batch(&db, &kept, hour, &mut sweep, t0).unwrap();
+        // Two seconds later the first lot has expired.
         sweep = Sweep::default();
         let swept: Vec<usize> = (0..4)
-            .map(|_| write_batch(&db, &[], Duration::ZERO, &mut sweep).unwrap())
+            .map(|_| write_batch(&db, &[], Duration::ZERO, &mut sweep, t0 + 2).unwrap())
             .collect();
         assert_eq!(swept, [SWEEP_PER_COMMIT, SWEEP_PER_COMMIT, 50, 0]);
         let txn = db.begin_read().unwrap();

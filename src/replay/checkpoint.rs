@@ -2,7 +2,10 @@
 //! offset to read, a ledger checkpoint named `dead-letters/{topic}/{partition}`.
 //!
 //! A checkpoint moves past a record only once its outcome is final, and only
-//! on a run without filters and not dry: a filtered run passes over records
+//! on a run without filters and not dry. A record that still fails (or whose
+//! source is not configured) holds it: the checkpoint stays at the first
+//! such record, so the run after a fix reads it again (and the records after
+//! it, which then come out `unchanged`). Also only a filtered run passes over records
 //! it did not select, which a later run must still see. It is written at
 //! most once a second and at the end of each partition (or when a run
 //! stops), so a crash redoes at most a second of records, which then come
@@ -41,6 +44,8 @@ pub struct Cursor {
     saved: i64,
     /// One past the last record whose outcome is final.
     next: i64,
+    /// A record that a later run must read again was met: `next` stays at it.
+    held: bool,
     /// When the checkpoint was last written (or the partition started).
     saved_at: Instant,
 }
@@ -52,6 +57,7 @@ impl Cursor {
             moves,
             saved: start,
             next: start,
+            held: false,
             saved_at: now,
         }
     }
@@ -59,7 +65,18 @@ impl Cursor {
     /// The record at `offset` reached its final outcome (and with it every
     /// offset before it: records are handled in order).
     pub fn passed(&mut self, offset: i64) {
-        self.next = self.next.max(offset + 1);
+        if !self.held {
+            self.next = self.next.max(offset + 1);
+        }
+    }
+
+    /// The record at `offset` is not done for good (it still fails, or its
+    /// source is not configured): later runs start at it.
+    pub fn hold(&mut self, offset: i64) {
+        if !self.held {
+            self.next = self.next.max(offset);
+            self.held = true;
+        }
     }
 
     /// The offset to write now, if any: the checkpoint moved and a second
@@ -134,6 +151,19 @@ mod tests {
         cursor.passed(4);
         cursor.passed(2);
         assert_eq!(cursor.due(Instant::now(), true), Some(5));
+    }
+
+    #[test]
+    fn a_record_that_still_fails_holds_the_checkpoint_at_it() {
+        let t0 = Instant::now();
+        let mut cursor = Cursor::new(10, true, t0);
+        cursor.passed(10);
+        cursor.hold(11);
+        cursor.passed(11);
+        cursor.passed(12);
+        cursor.hold(13);
+        cursor.passed(19);
+        assert_eq!(cursor.due(t0, true), Some(11));
     }
 
     #[test]

@@ -249,7 +249,11 @@ impl Replay {
             writeln!(out)?;
             summary.count(&verdict);
             progress.update(summary);
-            cursor.passed(letter.offset);
+            if verdict.is_final() {
+                cursor.passed(letter.offset);
+            } else {
+                cursor.hold(letter.offset);
+            }
             if let Some(next) = cursor.due(Instant::now(), false) {
                 self.save(&part.checkpoint, next).await?;
                 cursor.saved(next, Instant::now());

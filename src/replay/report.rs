@@ -19,6 +19,18 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Whether a later run has nothing more to do with the record: false
+    /// for one that still fails or whose source is not configured, which a
+    /// run after the fix must read again.
+    pub fn is_final(&self) -> bool {
+        !matches!(
+            self,
+            Verdict::Redelivered(Redelivery::StillFailing { .. })
+                | Verdict::Planned(Redelivery::StillFailing { .. })
+                | Verdict::Skipped(Skip::UnknownSource)
+        )
+    }
+
     /// The `outcome` of its line.
     pub fn outcome(&self) -> &'static str {
         match self {

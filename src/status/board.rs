@@ -20,7 +20,7 @@ pub const RECENT: usize = 20;
 /// Minutes of history per source: the charts' width and the 1 h counts.
 pub const MINUTES: usize = 60;
 /// Latency histogram buckets: bucket `i` holds latencies up to
-/// `FIRST_BUCKET × GROWTH^i`, 0.1 ms to beyond a minute.
+/// `FIRST_BUCKET × GROWTH^i`, 0.1 ms to ~42 s (the last also holds longer).
 const BUCKETS: usize = 72;
 const FIRST_BUCKET_SECS: f64 = 0.000_1;
 const GROWTH: f64 = 1.2;
@@ -36,8 +36,8 @@ pub struct Answer {
 }
 
 impl Answer {
-    /// The key the counts are kept under: a 2xx by its outcome, a refusal by
-    /// its status (`401`, `400`, `413`, …, `503`).
+    /// The key the page shows counts under: a 2xx by its outcome, a refusal
+    /// by its status (`401`, `400`, `408`, `413`, …, `503`).
     pub fn count_key(self) -> String {
         if (200..300).contains(&self.status) {
             self.outcome.to_owned()
@@ -68,7 +68,8 @@ pub struct Delivery {
 /// The webhook's state as the watchdog last saw it.
 #[derive(Debug, Clone, Serialize)]
 pub struct WebhookSeen {
-    /// `active` or `off` (ReceiptRoller's switched-off webhook, Mekari's paused endpoint).
+    /// `active`, `off` (ReceiptRoller's switched-off webhook, Mekari's paused
+    /// endpoint), or `unknown` (the provider's API did not say).
     pub state: &'static str,
     /// The provider's words, when off.
     pub detail: Option<String>,
@@ -117,7 +118,8 @@ pub struct Window {
 struct Minute {
     /// Unix minute.
     minute: i64,
-    counts: BTreeMap<String, u64>,
+    /// Answers by outcome and status: a handful of distinct ones.
+    counts: Vec<(Answer, u64)>,
     latencies: [u32; BUCKETS],
 }
 
@@ -125,13 +127,20 @@ impl Minute {
     fn new(minute: i64) -> Minute {
         Minute {
             minute,
-            counts: BTreeMap::new(),
+            counts: Vec::new(),
             latencies: [0; BUCKETS],
         }
     }
 
     fn requests(&self) -> u64 {
-        self.counts.values().sum()
+        self.counts.iter().map(|(_, n)| n).sum()
+    }
+
+    fn count(&mut self, answer: Answer) {
+        match self.counts.iter_mut().find(|(a, _)| *a == answer) {
+            Some((_, n)) => *n += 1,
+            None => self.counts.push((answer, 1)),
+        }
     }
 }
 
@@ -139,6 +148,7 @@ impl Minute {
 #[derive(Debug, Clone, Default)]
 struct SourceState {
     recent: VecDeque<Delivery>,
+    /// Oldest first, at most one per minute, none older than [`MINUTES`].
     minutes: VecDeque<Minute>,
     signature_failures: u64,
     last_signature_failure: Option<OffsetDateTime>,
@@ -146,10 +156,39 @@ struct SourceState {
     reconcile: Option<ReconcileRun>,
 }
 
+impl SourceState {
+    /// The bucket of `minute`, made where it belongs when missing (answers
+    /// racing across a minute's end may arrive out of order), and the
+    /// buckets older than the hour before it dropped.
+    fn minute(&mut self, minute: i64) -> &mut Minute {
+        let newest = self.minutes.back().map_or(minute, |m| m.minute.max(minute));
+        while self
+            .minutes
+            .front()
+            .is_some_and(|m| m.minute <= newest - MINUTES as i64)
+        {
+            self.minutes.pop_front();
+        }
+        let at = self.minutes.iter().rposition(|m| m.minute <= minute);
+        match at {
+            Some(i) if self.minutes[i].minute == minute => &mut self.minutes[i],
+            Some(i) => {
+                self.minutes.insert(i + 1, Minute::new(minute));
+                &mut self.minutes[i + 1]
+            }
+            None => {
+                self.minutes.push_front(Minute::new(minute));
+                &mut self.minutes[0]
+            }
+        }
+    }
+}
+
 /// The board. Cheap to clone; every method takes one short lock.
 #[derive(Debug, Clone, Default)]
 pub struct Board {
-    sources: Arc<Mutex<BTreeMap<(ProviderKind, String), SourceState>>>,
+    /// By provider, then source name (looked up by `&str`, no allocation).
+    sources: Arc<Mutex<BTreeMap<ProviderKind, BTreeMap<String, SourceState>>>>,
     /// Dead letters written since start, webhooks and reconciler alike.
     dead_letters: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -160,15 +199,32 @@ impl Board {
         let board = Board::default();
         {
             let mut map = board.lock();
-            for key in sources {
-                map.entry(key).or_default();
+            for (provider, source) in sources {
+                map.entry(provider).or_default().entry(source).or_default();
             }
         }
         board
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(ProviderKind, String), SourceState>> {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, BTreeMap<ProviderKind, BTreeMap<String, SourceState>>> {
         self.sources.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on a source's state, adding the source when it is new.
+    fn with_source<T>(
+        &self,
+        provider: ProviderKind,
+        source: &str,
+        f: impl FnOnce(&mut SourceState) -> T,
+    ) -> T {
+        let mut sources = self.lock();
+        let by_name = sources.entry(provider).or_default();
+        match by_name.get_mut(source) {
+            Some(state) => f(state),
+            None => f(by_name.entry(source.to_owned()).or_default()),
+        }
     }
 
     /// Records one answered request of a configured source.
@@ -177,48 +233,31 @@ impl Board {
             self.dead_letters
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        let mut sources = self.lock();
-        let state = sources.entry((provider, source.to_owned())).or_default();
-        if delivery.answer.status == 401 {
-            state.signature_failures += 1;
-            state.last_signature_failure = Some(delivery.at);
-        }
-        let minute = unix_minute(delivery.at);
-        if state.minutes.back().is_none_or(|m| m.minute != minute) {
-            state.minutes.push_back(Minute::new(minute));
-            while state.minutes.len() > MINUTES {
-                state.minutes.pop_front();
+        self.with_source(provider, source, |state| {
+            if delivery.answer.status == 401 {
+                state.signature_failures += 1;
+                state.last_signature_failure = Some(delivery.at);
             }
-        }
-        if let Some(bucket) = state.minutes.back_mut() {
-            *bucket
-                .counts
-                .entry(delivery.answer.count_key())
-                .or_default() += 1;
+            let bucket = state.minute(unix_minute(delivery.at));
+            bucket.count(delivery.answer);
             bucket.latencies[latency_bucket(delivery.latency_ms / 1e3)] += 1;
-        }
-        state.recent.push_back(delivery);
-        while state.recent.len() > RECENT {
-            state.recent.pop_front();
-        }
+            state.recent.push_back(delivery);
+            while state.recent.len() > RECENT {
+                state.recent.pop_front();
+            }
+        });
     }
 
     /// Records what the watchdog found.
     pub fn webhook_checked(&self, provider: ProviderKind, source: &str, seen: WebhookSeen) {
-        self.lock()
-            .entry((provider, source.to_owned()))
-            .or_default()
-            .webhook = Some(seen);
+        self.with_source(provider, source, |state| state.webhook = Some(seen));
     }
 
     /// Records a finished reconcile run.
     pub fn reconciled(&self, provider: ProviderKind, source: &str, run: ReconcileRun) {
         self.dead_letters
             .fetch_add(run.dead_lettered, std::sync::atomic::Ordering::Relaxed);
-        self.lock()
-            .entry((provider, source.to_owned()))
-            .or_default()
-            .reconcile = Some(run);
+        self.with_source(provider, source, |state| state.reconcile = Some(run));
     }
 
     /// Dead letters written since start.
@@ -231,7 +270,12 @@ impl Board {
         let now_minute = unix_minute(now);
         self.lock()
             .iter()
-            .map(|((provider, source), state)| {
+            .flat_map(|(provider, by_name)| {
+                by_name
+                    .iter()
+                    .map(move |(source, state)| (*provider, source, state))
+            })
+            .map(|(provider, source, state)| {
                 let window = |minutes: i64| {
                     let mut counts = BTreeMap::new();
                     for m in state
@@ -239,8 +283,8 @@ impl Board {
                         .iter()
                         .filter(|m| m.minute > now_minute - minutes)
                     {
-                        for (key, n) in &m.counts {
-                            *counts.entry(key.clone()).or_insert(0) += n;
+                        for (answer, n) in &m.counts {
+                            *counts.entry(answer.count_key()).or_insert(0) += n;
                         }
                     }
                     counts
@@ -419,6 +463,24 @@ mod tests {
             source.per_minute.iter().map(|m| m.requests).sum::<u64>(),
             60
         );
+    }
+
+    #[test]
+    fn answers_across_a_minute_end_out_of_order_share_their_minute() {
+        let board = Board::default();
+        let late = datetime!(2026-11-30 10:31:00 UTC);
+        let early = datetime!(2026-11-30 10:30:59 UTC);
+        for at in [late, early, late, early] {
+            board.delivered(
+                ProviderKind::Mekari,
+                "main",
+                delivery(at, "published", 200, 1.0),
+            );
+        }
+        let source = &board.snapshot(late)[0];
+        assert_eq!(source.per_minute[MINUTES - 1].requests, 2);
+        assert_eq!(source.per_minute[MINUTES - 2].requests, 2);
+        assert_eq!(source.last_hour.get("published"), Some(&4));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use super::board::{MinuteSnapshot, SourceSnapshot};
 
 /// How the page groups answers, in its column order: outcome keys of 2xx
 /// answers, then refusals by status.
-pub const COLUMNS: [(&str, &str); 10] = [
+pub const COLUMNS: [(&str, &str); 11] = [
     ("published", "published"),
     ("duplicate", "duplicate"),
     ("stale", "stale"),
@@ -23,6 +23,7 @@ pub const COLUMNS: [(&str, &str); 10] = [
     ("spooled", "spooled"),
     ("401", "refused 401"),
     ("400", "refused 400"),
+    ("408", "refused 408"),
     ("413", "refused 413"),
     ("503", "503"),
 ];
@@ -138,6 +139,11 @@ fn source_section(html: &mut String, source: &SourceSnapshot) {
         Some(seen) => {
             let state = if seen.state == "active" {
                 "<span class=\"ok\">active</span>".to_owned()
+            } else if seen.state == "unknown" {
+                format!(
+                    "<span class=\"bad\">unknown</span>{}",
+                    seen.detail.as_deref().map(|d| format!(" ({})", escape(d))).unwrap_or_default()
+                )
             } else {
                 format!(
                     "<span class=\"bad\">switched off / paused</span>{}",
