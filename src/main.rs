@@ -23,7 +23,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
@@ -271,13 +271,35 @@ async fn reconcile(
 }
 
 async fn replay_dead_letters(path: PathBuf, options: replay::Options) -> anyhow::Result<()> {
-    let config = load(&path)?;
-    let app = App::build_for_catch_up(&config)
-        .await
-        .map_err(start_error)?;
+    let mut config = load(&path)?;
+    let mut scratch = None;
+    let app = match App::build_for_catch_up(&config).await {
+        Ok(app) => app,
+        // A dry run writes nothing: beside a running `serve` that holds the
+        // embedded ledger, it plans against an empty one of its own.
+        Err(app::BuildError::Ledger(error)) if options.dry_run && error.is_held_elsewhere() => {
+            warn!(
+                %error,
+                "The ledger is held by a running posbridge: planning without the entities' states, so would_be_stale and would_be_unchanged show as would_publish."
+            );
+            config.ledger.path = std::env::temp_dir()
+                .join(format!("posbridge-dry-run-{}.redb", std::process::id()));
+            let app = App::build_for_catch_up(&config)
+                .await
+                .map_err(start_error)?;
+            scratch = Some(config.ledger.path.clone());
+            app
+        }
+        Err(error) => return Err(start_error(error)),
+    };
     let mut replay = Replay::new(&config, app.pipeline().clone())?;
     let result = replay.run(&options, &mut std::io::stdout()).await;
     app.flush().await;
+    drop(replay);
+    drop(app);
+    if let Some(scratch) = scratch {
+        let _ = std::fs::remove_file(scratch);
+    }
     result.context(
         "dead-letter replay stopped; run it again when the cause is fixed: it resumes at the record that failed",
     )?;

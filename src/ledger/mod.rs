@@ -30,6 +30,20 @@ pub use embedded::{EmbeddedLedger, LedgerCounts};
 pub use fence::Fenced;
 pub use redis::RedisLedger;
 
+impl LedgerError {
+    /// Whether another process holds the embedded ledger's file (redb
+    /// admits one), e.g. a running `serve`.
+    pub fn is_held_elsewhere(&self) -> bool {
+        matches!(
+            self,
+            LedgerError::File(crate::store_file::StoreFileError::Database {
+                source: redb::DatabaseError::DatabaseAlreadyOpen,
+                ..
+            })
+        )
+    }
+}
+
 /// Why the ledger could not answer. Always retryable from the provider's
 /// point of view: the delivery is answered 503 and stays retryable.
 #[derive(Debug, thiserror::Error)]
