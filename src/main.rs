@@ -282,8 +282,8 @@ async fn replay_dead_letters(path: PathBuf, options: replay::Options) -> anyhow:
                 %error,
                 "The ledger is held by a running posbridge: planning without the entities' states, so would_be_stale and would_be_unchanged show as would_publish."
             );
-            config.ledger.path = std::env::temp_dir()
-                .join(format!("posbridge-dry-run-{}.redb", std::process::id()));
+            config.ledger.path =
+                std::env::temp_dir().join(format!("posbridge-dry-run-{}.redb", std::process::id()));
             let app = App::build_for_catch_up(&config)
                 .await
                 .map_err(start_error)?;

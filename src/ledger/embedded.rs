@@ -452,13 +452,7 @@ mod tests {
         .unwrap()
     }
 
-    #[tokio::test]
-    async fn a_delivery_is_new_then_in_flight_then_done() {
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = open(&dir);
-        let id = DeliveryKey::new(ProviderKind::Mekari, "e1");
-        assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
-        assert_eq!(ledger.begin(&id).await.unwrap(), Begin::InFlight);
+    async fn mark_done(ledger: &EmbeddedLedger, id: &DeliveryKey) {
         ledger
             .commit(Commit {
                 delivery: Some(id.clone()),
@@ -466,6 +460,16 @@ mod tests {
             })
             .await
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_delivery_is_new_then_in_flight_then_done() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = open(&dir);
+        let id = DeliveryKey::new(ProviderKind::Mekari, "e1");
+        assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
+        assert_eq!(ledger.begin(&id).await.unwrap(), Begin::InFlight);
+        mark_done(&ledger, &id).await;
         assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
     }
 
@@ -476,13 +480,7 @@ mod tests {
         let id = DeliveryKey::new(ProviderKind::Mekari, "e1");
         assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
         assert_eq!(ledger.begin_again(&id).await.unwrap(), Begin::InFlight);
-        ledger
-            .commit(Commit {
-                delivery: Some(id.clone()),
-                ..Commit::default()
-            })
-            .await
-            .unwrap();
+        mark_done(&ledger, &id).await;
         assert_eq!(ledger.begin_again(&id).await.unwrap(), Begin::New);
         assert_eq!(
             ledger.begin(&id).await.unwrap(),
@@ -560,13 +558,7 @@ mod tests {
         .unwrap();
         let id = DeliveryKey::new(ProviderKind::Mekari, "e1");
         ledger.begin(&id).await.unwrap();
-        ledger
-            .commit(Commit {
-                delivery: Some(id.clone()),
-                ..Commit::default()
-            })
-            .await
-            .unwrap();
+        mark_done(&ledger, &id).await;
         assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
     }
 
