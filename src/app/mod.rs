@@ -248,14 +248,27 @@ impl App {
         &self.state.board
     }
 
-    /// The admin listener's router (`/status`, `/status.json`).
-    pub fn admin_router(&self, config: &AdminConfig) -> axum::Router {
-        ingress::admin_router(
-            ingress::AdminState {
-                pipeline: self.state.pipeline.clone(),
-                board: self.state.board.clone(),
-            },
-            config,
+    /// Serves the status page (`/status`, `/status.json`) on `listener`
+    /// until `shutdown` resolves, under the webhook listener's connection
+    /// rules (see [`ingress::serve_admin`]).
+    ///
+    /// # Errors
+    /// When the listener fails.
+    pub fn serve_admin(
+        &self,
+        listener: tokio::net::TcpListener,
+        config: &AdminConfig,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> impl Future<Output = std::io::Result<()>> + Send + 'static {
+        let state = ingress::AdminState {
+            pipeline: self.state.pipeline.clone(),
+            board: self.state.board.clone(),
+        };
+        ingress::serve_admin(
+            listener,
+            ingress::admin_router(state, config),
+            self.state.connections,
+            shutdown,
         )
     }
 

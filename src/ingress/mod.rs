@@ -98,6 +98,30 @@ fn guarded(
         ))
 }
 
+/// Connections the admin listener keeps open at once: a few operators'
+/// browsers, not the providers' traffic.
+const ADMIN_CONNECTIONS: usize = 32;
+
+/// Serves the admin router the way [`serve`] serves the webhooks (header
+/// read timeout, bounded shutdown, a connection cap), with at most
+/// [`ADMIN_CONNECTIONS`] connections, so a slow or hostile client of the
+/// status page cannot hold sockets the webhooks need.
+///
+/// # Errors
+/// When the listener fails.
+pub async fn serve_admin(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let limits = ConnectionLimits {
+        max_connections: ADMIN_CONNECTIONS.min(limits.max_connections),
+        ..limits
+    };
+    listen::serve(listener, router, limits, shutdown).await
+}
+
 /// Serves until `shutdown` resolves, then stops accepting and lets open
 /// connections finish their requests for at most `shutdown_timeout_ms`.
 ///

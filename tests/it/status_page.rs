@@ -161,7 +161,19 @@ async fn an_operator_sees_the_sources_their_deliveries_and_a_switched_off_webhoo
         },
         &AdminConfig::default(),
     );
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    // Served as `serve` serves it: the admin listener's connection rules.
+    let limits = posbridge::ingress::ConnectionLimits {
+        header_read_timeout: std::time::Duration::from_secs(2),
+        max_connections: 512,
+        shutdown_timeout: std::time::Duration::from_secs(1),
+        retry_after_secs: 1,
+    };
+    tokio::spawn(posbridge::ingress::serve_admin(
+        listener,
+        router,
+        limits,
+        std::future::pending(),
+    ));
     let url = format!("http://{admin}/status");
 
     let dom = tokio::task::spawn_blocking({
