@@ -170,6 +170,19 @@ impl std::fmt::Debug for Spool {
     }
 }
 
+#[cfg(test)]
+impl Spool {
+    /// The delivery ids it holds, oldest first: what the spool's and the
+    /// drainer's tests compare.
+    pub(crate) fn delivery_ids(&self) -> Vec<String> {
+        self.oldest(usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|(_, d)| d.delivery_id)
+            .collect()
+    }
+}
+
 impl Spool {
     /// Opens (or creates) the spool file and counts what it holds.
     ///
@@ -420,13 +433,11 @@ mod tests {
         assert!(!spool.contains(&delivery("a").key).unwrap());
         assert_eq!(spool.stats().entries, 2);
         spool.append(&delivery("d")).await.unwrap();
-        let ids: Vec<String> = spool
-            .oldest(10)
-            .unwrap()
-            .into_iter()
-            .map(|(_, d)| d.delivery_id)
-            .collect();
-        assert_eq!(ids, ["b", "c", "d"], "a new entry goes after the old ones");
+        assert_eq!(
+            spool.delivery_ids(),
+            ["b", "c", "d"],
+            "a new entry goes after the old ones"
+        );
     }
 
     #[tokio::test]

@@ -3,6 +3,7 @@
 
 use posbridge::app::App;
 use posbridge::encode::decode;
+use posbridge::event::EntityType;
 
 use crate::support::registry_fake::RegistryFake;
 use crate::support::{TestApp, brokers, config, decode_with_python, read_topic, rr_sale, unique};
@@ -94,18 +95,10 @@ const V1_SCHEMA: &str = include_str!("../../schemas/history/pos_event.v1.avsc");
 async fn the_registry_accepts_this_schema_over_the_previous_version() {
     let dir = tempfile::tempdir().unwrap();
     let (registry, prefix, config) = with_registry("evolve", &[], &dir).await;
-    let subjects: Vec<String> = [
-        "sales",
-        "orders",
-        "refunds",
-        "returns",
-        "exchanges",
-        "products",
-        "collections",
-    ]
-    .iter()
-    .map(|t| format!("{prefix}.{t}-value"))
-    .collect();
+    let subjects: Vec<String> = EntityType::ALL
+        .iter()
+        .map(|t| format!("{prefix}.{}-value", t.plural()))
+        .collect();
     for subject in &subjects {
         assert_eq!(registry.register(subject, V1_SCHEMA).await, 200);
     }
@@ -222,16 +215,8 @@ async fn without_auto_register_posbridge_starts_only_once_ci_registered_the_sche
         "it registered nothing"
     );
 
-    for topic in [
-        "sales",
-        "orders",
-        "refunds",
-        "returns",
-        "exchanges",
-        "products",
-        "collections",
-    ] {
-        let subject = format!("{prefix}.{topic}-value");
+    for entity in EntityType::ALL {
+        let subject = format!("{prefix}.{}-value", entity.plural());
         assert_eq!(
             registry
                 .register(&subject, posbridge::encode::SCHEMA_JSON)
