@@ -40,14 +40,16 @@ pub async fn receive(
     let source = state.sources.get(&key);
     let source_label = source.map_or(UNKNOWN_SOURCE_LABEL, |s| s.source.name.as_str());
     let span = info_span!("delivery", provider = %provider, source = %source_label, delivery_id = tracing::field::Empty);
-    // For the status page, whatever becomes of the request.
+    // Read once: the pipeline's key, and the status page's whatever becomes
+    // of the request.
     let delivery_id = headers
         .get(providers::for_kind(provider).delivery_id_header())
         .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
         .map(str::to_owned);
     let result = match source {
         Some(source) => {
-            handle(&state, source, headers, body, started)
+            handle(&state, source, headers, body, delivery_id.clone(), started)
                 .instrument(span)
                 .await
         }
@@ -103,6 +105,7 @@ async fn handle(
     webhook: &WebhookSource,
     headers: HeaderMap,
     body: Body,
+    delivery_id: Option<String>,
     arrived: Instant,
 ) -> Result<Handled, WebhookError> {
     let provider = webhook.source.provider;
@@ -145,13 +148,10 @@ async fn handle(
             // after four refused attempts, and pauses a Mekari endpoint after ten.
             error!(error = %e, "Webhook signature refused; check this source's secrets and scheme.");
         })?;
-    let id_header = providers::for_kind(provider).delivery_id_header();
-    let delivery_id = headers
-        .get(id_header)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty())
-        .ok_or(WebhookError::MissingDeliveryId(id_header))?
-        .to_owned();
+    // Checked only now: a request that is not signed is a 401 first.
+    let delivery_id = delivery_id.ok_or_else(|| {
+        WebhookError::MissingDeliveryId(providers::for_kind(provider).delivery_id_header())
+    })?;
     tracing::Span::current().record("delivery_id", delivery_id.as_str());
     let delivery = Delivery {
         source: webhook.source.clone(),
