@@ -782,7 +782,7 @@ impl Pipeline {
             Ok(_) => {}
             // Too large whole: a cut copy is still a permanent outcome, where
             // refusing would ask the provider to retry what can never fit.
-            Err(PublishError::Refused(error)) => {
+            Err(error) if error.is_too_large() => {
                 warn!(%error, "Dead letter refused whole; writing its head with the body's length and hash.");
                 self.inner.publisher.send(&cut_dead_letter(record)).await?;
             }

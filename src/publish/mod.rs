@@ -81,6 +81,18 @@ pub enum PublishError {
 }
 
 impl PublishError {
+    /// Whether the broker refused the record for its size: a shorter copy
+    /// may still be taken.
+    pub fn is_too_large(&self) -> bool {
+        matches!(
+            self,
+            PublishError::Refused(error) if matches!(
+                error.rdkafka_error_code(),
+                Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize)
+            )
+        )
+    }
+
     /// Whether a later attempt may succeed; the `kind` metric label says the same.
     pub fn is_retryable(&self) -> bool {
         !matches!(self, PublishError::Refused(_))
@@ -484,6 +496,11 @@ fn must_replace(error: &KafkaError, producer: &KafkaProducer) -> bool {
 
 /// Sorts a produce error: what a later attempt may fix is retryable.
 fn classify(error: KafkaError) -> PublishError {
+    // Only what is wrong with the record itself is permanent. A missing ACL,
+    // a bad topic name or an acks setting the cluster refuses is the
+    // operator's to fix: retryable, so the provider's retry (or the spool)
+    // still delivers the event, instead of a dead letter that cannot be
+    // written either and a 4xx that makes Mekari count a permanent failure.
     let permanent = matches!(
         error.rdkafka_error_code(),
         Some(
@@ -491,9 +508,6 @@ fn classify(error: KafkaError) -> PublishError {
                 | RDKafkaErrorCode::InvalidMessageSize
                 | RDKafkaErrorCode::InvalidMessage
                 | RDKafkaErrorCode::InvalidRecord
-                | RDKafkaErrorCode::InvalidTopic
-                | RDKafkaErrorCode::TopicAuthorizationFailed
-                | RDKafkaErrorCode::InvalidRequiredAcks
         )
     );
     if permanent {
