@@ -160,7 +160,7 @@ async fn gather(state: &AdminState) -> Status {
                     has_room: stats.has_room,
                 }
             }),
-            dead_letters_since_start: state.board.dead_letters(),
+            dead_letters_since_start: pipeline.dead_letters_written(),
         },
         sources: state.board.snapshot(now),
     }

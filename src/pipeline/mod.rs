@@ -261,6 +261,8 @@ struct Inner {
     answer_budget: Duration,
     /// The outage spool, when any source spools.
     spool: Option<Spool>,
+    /// Dead letters written since start, whichever path wrote them.
+    dead_letters: std::sync::atomic::AtomicU64,
 }
 
 /// The part of the answer budget kept for the spool's fsync (at most a
@@ -310,6 +312,7 @@ impl Pipeline {
                 inflight_wait: timing.inflight_wait,
                 answer_budget: timing.answer_budget,
                 spool,
+                dead_letters: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -794,7 +797,18 @@ impl Pipeline {
             telemetry::REASON => code
         )
         .increment(1);
+        self.inner
+            .dead_letters
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Dead letters written since start (webhooks, the reconciler, the
+    /// spool's drain), for the status page.
+    pub fn dead_letters_written(&self) -> u64 {
+        self.inner
+            .dead_letters
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

@@ -189,8 +189,6 @@ impl SourceState {
 pub struct Board {
     /// By provider, then source name (looked up by `&str`, no allocation).
     sources: Arc<Mutex<BTreeMap<ProviderKind, BTreeMap<String, SourceState>>>>,
-    /// Dead letters written since start, webhooks and reconciler alike.
-    dead_letters: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Board {
@@ -229,10 +227,6 @@ impl Board {
 
     /// Records one answered request of a configured source.
     pub fn delivered(&self, provider: ProviderKind, source: &str, delivery: Delivery) {
-        if delivery.answer.outcome == "dead_lettered" {
-            self.dead_letters
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
         self.with_source(provider, source, |state| {
             if delivery.answer.status == 401 {
                 state.signature_failures += 1;
@@ -255,14 +249,7 @@ impl Board {
 
     /// Records a finished reconcile run.
     pub fn reconciled(&self, provider: ProviderKind, source: &str, run: ReconcileRun) {
-        self.dead_letters
-            .fetch_add(run.dead_lettered, std::sync::atomic::Ordering::Relaxed);
         self.with_source(provider, source, |state| state.reconcile = Some(run));
-    }
-
-    /// Dead letters written since start.
-    pub fn dead_letters(&self) -> u64 {
-        self.dead_letters.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Everything the board holds, as of `now`.
