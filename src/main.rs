@@ -338,6 +338,12 @@ fn start_error(error: app::BuildError) -> anyhow::Error {
     anyhow::Error::new(error).context(format!("posbridge could not start: {hint}"))
 }
 
+/// Reads a configuration without refusing its problems (the commands that
+/// report them, or need only part of it).
+fn read(path: &std::path::Path) -> anyhow::Result<Config> {
+    Config::read(Some(path)).with_context(|| format!("reading {}", path.display()))
+}
+
 fn load(path: &std::path::Path) -> anyhow::Result<Config> {
     app::load(path).with_context(|| format!("loading {}", path.display()))
 }
@@ -393,8 +399,7 @@ fn parse_time(text: &str) -> Result<OffsetDateTime, String> {
 }
 
 async fn schema_check(path: PathBuf) -> anyhow::Result<()> {
-    let config =
-        Config::read(Some(&path)).with_context(|| format!("reading {}", path.display()))?;
+    let config = read(&path)?;
     let verdicts = app::schema::check(&config)
         .await
         .context("asking the schema registry")?;
@@ -412,8 +417,7 @@ async fn schema_check(path: PathBuf) -> anyhow::Result<()> {
 }
 
 fn check_config(path: PathBuf) -> anyhow::Result<()> {
-    let config =
-        Config::read(Some(&path)).with_context(|| format!("reading {}", path.display()))?;
+    let config = read(&path)?;
     let problems = app::problems(&config);
     if problems.is_empty() {
         println!("{}: configuration is valid.", path.display());

@@ -4,7 +4,7 @@
 //! with `schema_registry.auto_register = false`, where only CI registers.
 
 use crate::config::Config;
-use crate::encode::{RegistryClient, RegistryError, SCHEMA_JSON};
+use crate::encode::{RegistryClient, RegistryError, SCHEMA_JSON, value_subject};
 use crate::publish::Topics;
 
 /// What the registry says of one subject.
@@ -59,7 +59,7 @@ pub async fn check(config: &Config) -> Result<Vec<(String, Verdict)>, SchemaChec
     let client = RegistryClient::new(&config.schema_registry, url)?;
     let mut verdicts = Vec::new();
     for topic in Topics::new(&config.kafka).entities() {
-        let subject = format!("{topic}-value");
+        let subject = value_subject(topic);
         let verdict = if client.lookup(&subject, SCHEMA_JSON).await?.is_some() {
             Verdict::Registered
         } else {

@@ -165,7 +165,7 @@ impl Encoder {
             let client = RegistryClient::new(config, url)?;
             let mut ids = std::collections::HashMap::new();
             for topic in topics {
-                let subject = format!("{topic}-value");
+                let subject = value_subject(topic);
                 let id = client
                     .lookup(&subject, SCHEMA_JSON)
                     .await?
@@ -226,7 +226,7 @@ impl Encoder {
             },
             Encoder::Registered { ids, .. } => {
                 let id = ids.get(topic).ok_or_else(|| EncodeError::NotRegistered {
-                    subject: format!("{topic}-value"),
+                    subject: value_subject(topic),
                 })?;
                 let mut bytes = vec![CONFLUENT_MAGIC];
                 bytes.extend_from_slice(&id.to_be_bytes());
@@ -266,6 +266,12 @@ fn strategy(topic: &str) -> SubjectNameStrategy {
             SCHEMA_JSON.to_owned(),
         ),
     )
+}
+
+/// The registry subject of a topic's values (Confluent's TopicNameStrategy),
+/// the one spelling of it.
+pub fn value_subject(topic: &str) -> String {
+    format!("{topic}-value")
 }
 
 /// Reads a record value back, whichever framing it has. Confluent-framed
