@@ -133,6 +133,25 @@ impl EmbeddedLedger {
             .is_some_and(|expires| expires.value() > unix_now()))
     }
 
+    /// Takes the delivery's lease unless one is held; with `check_done`, a
+    /// done delivery is not leased (`begin`), without it, it is (`begin_again`).
+    fn lease(&self, delivery: &DeliveryKey, check_done: bool) -> Result<Begin, LedgerError> {
+        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        if leases
+            .get(delivery.as_str())
+            .is_some_and(|lapses| *lapses > now)
+        {
+            return Ok(Begin::InFlight);
+        }
+        // Checked under the lease map's lock, so two attempts cannot both see New.
+        if check_done && self.is_done(delivery)? {
+            return Ok(Begin::Done);
+        }
+        leases.insert(delivery.as_str().to_owned(), now + self.lease);
+        Ok(Begin::New)
+    }
+
     fn end_lease(&self, delivery: &DeliveryKey) {
         self.leases
             .lock()
@@ -344,33 +363,11 @@ fn write_batch(
 #[async_trait]
 impl Ledger for EmbeddedLedger {
     async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
-        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = Instant::now();
-        if leases
-            .get(delivery.as_str())
-            .is_some_and(|lapses| *lapses > now)
-        {
-            return Ok(Begin::InFlight);
-        }
-        // Checked under the lease map's lock, so two attempts cannot both see New.
-        if self.is_done(delivery)? {
-            return Ok(Begin::Done);
-        }
-        leases.insert(delivery.as_str().to_owned(), now + self.lease);
-        Ok(Begin::New)
+        self.lease(delivery, true)
     }
 
     async fn begin_again(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
-        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = Instant::now();
-        if leases
-            .get(delivery.as_str())
-            .is_some_and(|lapses| *lapses > now)
-        {
-            return Ok(Begin::InFlight);
-        }
-        leases.insert(delivery.as_str().to_owned(), now + self.lease);
-        Ok(Begin::New)
+        self.lease(delivery, false)
     }
 
     async fn release(&self, delivery: &DeliveryKey) {
