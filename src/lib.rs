@@ -48,6 +48,7 @@ pub mod ingress;
 pub mod ledger;
 pub mod panics;
 pub mod pipeline;
+pub mod progress;
 pub mod providers;
 pub mod publish;
 pub mod reconcile;

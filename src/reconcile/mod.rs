@@ -15,9 +15,8 @@
 //!
 //! Nothing here names a provider: each provider's API sits behind
 //! [`ProviderApi`] in its own folder under `providers/`. `window.rs` holds
-//! the time arithmetic, `progress.rs` what a run shows while it goes.
+//! the time arithmetic.
 
-mod progress;
 mod window;
 
 use std::sync::Arc;
@@ -39,7 +38,7 @@ use crate::status::board::{ReconcileRun, Window};
 use crate::telemetry;
 use crate::ticker::Every;
 
-use progress::Progress;
+use crate::progress::Progress;
 
 /// Why a reconcile run failed.
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +100,19 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// The counts in words, for the progress line.
+    fn line(&self) -> String {
+        format!(
+            "pages {} · records {} · published {} · not newer {} · stale {} · dead-lettered {}",
+            self.pages,
+            self.records,
+            self.published,
+            self.unchanged,
+            self.stale,
+            self.dead_lettered
+        )
+    }
+
     /// Counts one record's outcome.
     fn count(&mut self, outcome: Outcome) {
         match outcome {
@@ -311,7 +323,12 @@ impl Reconciler {
         window: Option<(OffsetDateTime, OffsetDateTime)>,
     ) -> Result<Summary, ReconcileError> {
         let _one_at_a_time = source.running.lock().await;
-        let progress = Progress::start(source.source.to_string(), self.live_progress);
+        let progress = Progress::start(
+            format!("reconcile {}", source.source),
+            "records",
+            None,
+            self.live_progress,
+        );
         let mut total = Summary::default();
         let result: Result<(), ReconcileError> = async {
             for job in source.api.jobs() {
@@ -329,7 +346,7 @@ impl Reconciler {
             telemetry::OUTCOME => outcome
         )
         .increment(1);
-        progress.finish(&total);
+        progress.finish(total.records, &total.line());
         if let Some(board) = &self.board {
             board.reconciled(
                 provider,
@@ -445,7 +462,7 @@ impl Reconciler {
                 )
                 .increment(1);
             }
-            progress.update(&summary);
+            progress.update(summary.records, &summary.line());
             if past_window || page_number >= page.total_pages || page.records.is_empty() {
                 return Ok(summary);
             }

@@ -14,7 +14,6 @@
 //! ledger unavailable) stops the run with the checkpoint before it.
 
 mod checkpoint;
-mod progress;
 mod read;
 mod report;
 mod select;
@@ -28,8 +27,8 @@ use crate::config::Config;
 use crate::ledger::{Commit, LedgerError};
 use crate::pipeline::{Pipeline, PipelineError};
 
+use crate::progress::Progress;
 use checkpoint::Cursor;
-use progress::Progress;
 use read::{Extent, Reader};
 use report::{Line, Verdict};
 use select::{Selection, Sources};
@@ -171,17 +170,22 @@ impl Replay {
             checkpoints = summary.checkpoints,
             "Replaying dead letters."
         );
-        let mut progress = Progress::start(u64::try_from(total).unwrap_or(0));
+        let progress = Progress::start(
+            "dead-letter replay".to_owned(),
+            "dead letters",
+            Some(u64::try_from(total).unwrap_or(0)),
+            true,
+        );
         let mut result = Ok(());
         for part in parts.iter().filter(|p| p.start < p.extent.high) {
             result = self
-                .run_part(part, options, moves, summary, &mut progress, out)
+                .run_part(part, options, moves, summary, &progress, out)
                 .await;
             if result.is_err() {
                 break;
             }
         }
-        progress.finish(summary);
+        progress.finish(summary.records, &summary.line());
         result
     }
 
@@ -217,7 +221,7 @@ impl Replay {
         options: &Options,
         moves: bool,
         summary: &mut Summary,
-        progress: &mut Progress,
+        progress: &Progress,
         out: &mut impl Write,
     ) -> Result<(), ReplayError> {
         let partition = part.extent.partition;
@@ -248,7 +252,7 @@ impl Replay {
                 .map_err(std::io::Error::from)?;
             writeln!(out)?;
             summary.count(&verdict);
-            progress.update(summary);
+            progress.update(summary.records, &summary.line());
             if verdict.is_final() {
                 cursor.passed(letter.offset);
             } else {
