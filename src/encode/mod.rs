@@ -245,7 +245,12 @@ impl Encoder {
         }
     }
 
-    /// Whether the registry answers (always true without one).
+    /// Whether records go through a schema registry (Confluent framing).
+    pub fn uses_registry(&self) -> bool {
+        !matches!(self, Encoder::SingleObject { .. })
+    }
+
+    /// Whether the schema registry answers (always, without one).
     pub async fn registry_reachable(&self) -> bool {
         match self {
             Encoder::SingleObject { .. } => true,

@@ -15,6 +15,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
+use super::ops::Readiness;
 use crate::config::AdminConfig;
 use crate::pipeline::Pipeline;
 use crate::status::{Board, Health, SpoolHealth, Status};
@@ -120,45 +121,31 @@ async fn status_json(State(state): State<AdminState>) -> Response {
     Json(gather(&state).await).into_response()
 }
 
-/// How long the page waits for the schema registry's answer.
-const REGISTRY_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// The page's data: the board, and the shared parts' state: the broker's as
-/// the last send or probe found it (not asked again), the ledger's and the
-/// registry's asked now (the registry at most [`REGISTRY_PROBE_TIMEOUT`]).
+/// The page's data: the board, and the shared parts' state as `/readyz`
+/// sees it, but for the broker: its state as the last send or probe found
+/// it, not asked again.
 async fn gather(state: &AdminState) -> Status {
     let pipeline = &state.pipeline;
-    let uses_registry = pipeline.encoder().name() == "confluent";
-    let (ledger, registry) = tokio::join!(
-        pipeline.ledger().check(),
-        tokio::time::timeout(
-            REGISTRY_PROBE_TIMEOUT,
-            pipeline.encoder().registry_reachable()
-        )
-    );
-    let registry = registry.unwrap_or(false);
+    let readiness = Readiness::of(pipeline, false).await;
     let now = OffsetDateTime::now_utc();
     Status {
         generated_at: now,
         health: Health {
-            broker: if pipeline.publisher().health().is_up() {
+            broker: if readiness.broker {
                 "ok"
             } else {
                 "unavailable"
             },
-            ledger: ledger.map_or_else(|e| e.to_string(), |()| "ok".to_owned()),
-            schema_registry: match (uses_registry, registry) {
+            ledger: readiness.ledger_text(),
+            schema_registry: match (pipeline.encoder().uses_registry(), readiness.registry) {
                 (false, _) => "not used",
                 (true, true) => "ok",
                 (true, false) => "unavailable",
             },
-            spool: pipeline.spool().map(|spool| {
-                let stats = spool.stats();
-                SpoolHealth {
-                    entries: stats.entries,
-                    bytes: stats.bytes,
-                    has_room: stats.has_room,
-                }
+            spool: readiness.spool.map(|stats| SpoolHealth {
+                entries: stats.entries,
+                bytes: stats.bytes,
+                has_room: stats.has_room,
             }),
             dead_letters_since_start: pipeline.dead_letters_written(),
         },

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::AppState;
+use crate::pipeline::Pipeline;
 
 /// How long `/readyz` waits for the broker's metadata answer.
 const BROKER_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -18,6 +19,61 @@ pub async fn healthz() -> Response {
     (StatusCode::OK, Json(json!({ "status": "ok" }))).into_response()
 }
 
+/// How long the schema registry may take to answer a readiness question.
+const REGISTRY_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The shared parts' state, as `/readyz` and the status page see it.
+pub(super) struct Readiness {
+    /// Whether a broker answers.
+    pub broker: bool,
+    /// Whether the schema registry answers (true without one).
+    pub registry: bool,
+    /// The ledger's check.
+    pub ledger: Result<(), crate::ledger::LedgerError>,
+    /// The spool's figures, when a source spools.
+    pub spool: Option<crate::spool::SpoolStats>,
+}
+
+impl Readiness {
+    /// Asks the ledger and the registry (at most [`REGISTRY_PROBE_TIMEOUT`]);
+    /// with `ask_broker`, the broker too (at most [`BROKER_PROBE_TIMEOUT`]),
+    /// else the broker's state is the last send's or probe's.
+    pub(super) async fn of(pipeline: &Pipeline, ask_broker: bool) -> Readiness {
+        let broker = async {
+            if ask_broker {
+                pipeline
+                    .publisher()
+                    .broker_reachable(BROKER_PROBE_TIMEOUT)
+                    .await
+            } else {
+                pipeline.publisher().health().is_up()
+            }
+        };
+        let registry = async {
+            tokio::time::timeout(
+                REGISTRY_PROBE_TIMEOUT,
+                pipeline.encoder().registry_reachable(),
+            )
+            .await
+            .unwrap_or(false)
+        };
+        let (broker, registry, ledger) = tokio::join!(broker, registry, pipeline.ledger().check());
+        Readiness {
+            broker,
+            registry,
+            ledger,
+            spool: pipeline.spool().map(crate::spool::Spool::stats),
+        }
+    }
+
+    /// The ledger's state in a word or its error.
+    pub(super) fn ledger_text(&self) -> String {
+        self.ledger
+            .as_ref()
+            .map_or_else(ToString::to_string, |()| "ok".to_owned())
+    }
+}
+
 /// `GET /readyz`: a delivery can be accepted now. A load balancer should
 /// stop sending traffic while this is 503. With Kafka down but a spool with
 /// room, posbridge stays ready: sources that spool still accept (those that
@@ -25,14 +81,15 @@ pub async fn healthz() -> Response {
 /// would fail every delivery instead.
 pub async fn readyz(State(state): State<AppState>) -> Response {
     let pipeline = &state.pipeline;
-    let (broker, registry, ledger) = tokio::join!(
-        pipeline.publisher().broker_reachable(BROKER_PROBE_TIMEOUT),
-        pipeline.encoder().registry_reachable(),
-        pipeline.ledger().check(),
-    );
-    let spool = pipeline.spool().map(crate::spool::Spool::stats);
+    let readiness = Readiness::of(pipeline, true).await;
+    let Readiness {
+        broker,
+        registry,
+        spool,
+        ..
+    } = readiness;
     let spool_takes_it = spool.is_some_and(|stats| stats.has_room);
-    let ready = (broker || spool_takes_it) && registry && ledger.is_ok();
+    let ready = (broker || spool_takes_it) && registry && readiness.ledger.is_ok();
     let status = if ready {
         StatusCode::OK
     } else {
@@ -55,7 +112,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
             "encoding": pipeline.encoder().name(),
             "broker": word(broker),
             "schema_registry": word(registry),
-            "ledger": ledger.map_or_else(|e| e.to_string(), |()| "ok".to_owned()),
+            "ledger": readiness.ledger_text(),
             "spool": spool,
         })),
     )
