@@ -622,7 +622,7 @@ impl Pipeline {
             Err(reason) => return Ok(Redelivery::still_failing(reason.code(), reason)),
         };
         let entity = event.key();
-        let (slot, incoming) = entity_state(&event, &content);
+        let (slot, incoming) = entity_state(&event, &entity, &content);
         let written = self.inner.ledger.entity(&slot).await?;
         let outcome = match guard::decide(written.as_ref(), &incoming, event.origin) {
             Decision::Stale => Outcome::Stale,
@@ -678,7 +678,7 @@ impl Pipeline {
     ) -> Result<Written, PipelineError> {
         let Normalized { event, content } = normalized;
         let key = event.key();
-        let (slot, incoming) = entity_state(&event, &content);
+        let (slot, incoming) = entity_state(&event, &key, &content);
         let _lock = self.inner.ledger.lock_entity(&slot).await?;
         let written = self.inner.ledger.entity(&slot).await?;
         match guard::decide(written.as_ref(), &incoming, event.origin) {
@@ -818,9 +818,9 @@ const ENCODE_FAILED: &str = "encode_failed";
 const PUBLISH_REFUSED: &str = "publish_refused";
 
 /// The slot an event's entity is kept under, and the state it would write.
-fn entity_state(event: &PosEvent, content: &Content) -> (EntitySlot, EntityState) {
+fn entity_state(event: &PosEvent, key: &EntityKey, content: &Content) -> (EntitySlot, EntityState) {
     (
-        EntitySlot::new(event.entity_type, &event.key()),
+        EntitySlot::new(event.entity_type, key),
         EntityState {
             version: event.version,
             state_hash: guard::state_hash(event, content),
