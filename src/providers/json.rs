@@ -189,33 +189,28 @@ pub(super) fn optional_ids(
 /// equal; reordered keys and `51000.5` against `51000.50` do not differ.
 pub(super) fn content(data: &Value, volatile: &[&str]) -> Content {
     let mut out = String::new();
-    match data {
-        Value::Object(map) => {
-            let kept: serde_json::Map<String, Value> = map
-                .iter()
-                .filter(|(key, _)| !volatile.contains(&key.as_str()))
-                .map(|(key, value)| (key.clone(), value.clone()))
-                .collect();
-            canonical(&Value::Object(kept), &mut out);
-        }
-        other => canonical(other, &mut out),
-    }
+    canonical(data, volatile, &mut out);
     Content::new(out)
 }
 
-fn canonical(value: &Value, out: &mut String) {
+/// Writes `value` in canonical form, leaving out the members of a top-level
+/// object named in `skip` (nested objects keep all theirs).
+fn canonical(value: &Value, skip: &[&str], out: &mut String) {
     match value {
         Value::Object(map) => {
-            let sorted: std::collections::BTreeMap<&String, &Value> =
-                map.iter().filter(|(_, v)| !v.is_null()).collect();
+            // Sorted here, whatever order the map keeps its keys in.
+            let sorted: std::collections::BTreeMap<&String, &Value> = map
+                .iter()
+                .filter(|(key, v)| !v.is_null() && !skip.contains(&key.as_str()))
+                .collect();
             out.push('{');
             for (i, (key, value)) in sorted.into_iter().enumerate() {
                 if i > 0 {
                     out.push(',');
                 }
-                out.push_str(&Value::String(key.clone()).to_string());
+                out.push_str(&serde_json::to_string(key).unwrap_or_default());
                 out.push(':');
-                canonical(value, out);
+                canonical(value, &[], out);
             }
             out.push('}');
         }
@@ -225,7 +220,7 @@ fn canonical(value: &Value, out: &mut String) {
                 if i > 0 {
                     out.push(',');
                 }
-                canonical(value, out);
+                canonical(value, &[], out);
             }
             out.push(']');
         }
@@ -275,6 +270,16 @@ mod tests {
         );
         assert_eq!(read("data.wide").unwrap_err().code(), "invalid_field");
         assert_eq!(read("data.places").unwrap_err().code(), "invalid_field");
+    }
+
+    #[test]
+    fn content_is_canonical_and_leaves_out_only_top_level_volatile_keys() {
+        let data = json!({"b": 51000.50, "a": "2026-11-29T17:14:02+07:00", "gone": null,
+                          "updated_at": "x", "items": [{"updated_at": "y", "q": 1}]});
+        assert_eq!(
+            content(&data, &["updated_at"]).as_str(),
+            r#"{"a":"@1795947242000000","b":51000.5000,"items":[{"q":1.0000,"updated_at":"y"}]}"#
+        );
     }
 
     #[test]
