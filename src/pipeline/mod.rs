@@ -477,14 +477,27 @@ impl Pipeline {
                 }
             }
         }
+        let work = self.process(delivery, envelope, key.clone());
+        self.leased(key, provider, deadline, work, Result::is_ok)
+            .await
+    }
+
+    /// Runs `work` for a delivery whose lease the caller took, before
+    /// `deadline`, counted in flight; gives the lease back unless `ended`
+    /// says the outcome's commit ended it.
+    async fn leased<T>(
+        &self,
+        key: &DeliveryKey,
+        provider: ProviderKind,
+        deadline: Instant,
+        work: impl Future<Output = Result<T, PipelineError>>,
+        ended: impl FnOnce(&Result<T, PipelineError>) -> bool,
+    ) -> Result<T, PipelineError> {
         let _in_flight = InFlight::count(provider);
-        let result = tokio::time::timeout_at(
-            deadline.into(),
-            self.process(delivery, envelope, key.clone()),
-        )
-        .await
-        .unwrap_or(Err(PipelineError::DeadlinePassed));
-        if result.is_err() {
+        let result = tokio::time::timeout_at(deadline.into(), work)
+            .await
+            .unwrap_or(Err(PipelineError::DeadlinePassed));
+        if !ended(&result) {
             self.inner.ledger.release(key).await;
         }
         result
@@ -574,18 +587,13 @@ impl Pipeline {
         tokio::time::timeout_at(deadline.into(), self.acquire(&key, true))
             .await
             .unwrap_or(Err(PipelineError::DeadlinePassed))?;
-        let _in_flight = InFlight::count(delivery.source.provider);
-        let result = tokio::time::timeout_at(
-            deadline.into(),
-            self.redeliver_leased(&delivery, envelope, key.clone()),
-        )
-        .await
-        .unwrap_or(Err(PipelineError::DeadlinePassed));
+        let work = self.redeliver_leased(&delivery, envelope, key.clone());
         // A durable outcome ended the lease with its commit.
-        if !matches!(result, Ok(Redelivery::Applied { .. })) {
-            self.inner.ledger.release(&key).await;
-        }
-        result
+        let applied = |result: &Result<Redelivery, PipelineError>| {
+            matches!(result, Ok(Redelivery::Applied { .. }))
+        };
+        self.leased(&key, delivery.source.provider, deadline, work, applied)
+            .await
     }
 
     /// Normalize → guard → encode → publish → commit, a refusal reported.
