@@ -19,7 +19,10 @@
 //! `POSBRIDGE_BENCH_REDIS` (a Redis URL: posbridge uses the Redis ledger),
 //! `POSBRIDGE_BENCH_LIBRDKAFKA` (`key=value,…` for both producers),
 //! `POSBRIDGE_BENCH_PARTITIONS` (both layouts), `POSBRIDGE_BENCH_BROKER_PID`
-//! (to report the broker's CPU too).
+//! (to report the broker's CPU too), `POSBRIDGE_BENCH_BASELINE` (the path of
+//! another posbridge binary, e.g. a build of the last commit: it runs beside
+//! this one in every repetition, so a change is measured against what it
+//! changes in one run instead of across runs).
 //!
 //! `scale` (after `--`) first fills an embedded and a Redis ledger with
 //! `POSBRIDGE_BENCH_IDS` done delivery ids (default 10 million) and
@@ -58,6 +61,7 @@ struct Settings {
     librdkafka: BTreeMap<String, String>,
     partitions: i32,
     broker_pid: Option<u32>,
+    baseline: Option<PathBuf>,
 }
 
 impl Settings {
@@ -83,6 +87,7 @@ impl Settings {
                     v.parse().expect("partitions")
                 }),
             broker_pid: var("POSBRIDGE_BENCH_BROKER_PID").map(|v| v.parse().expect("pid")),
+            baseline: var("POSBRIDGE_BENCH_BASELINE").map(PathBuf::from),
         }
     }
 
@@ -198,6 +203,8 @@ enum Under {
     Limit { produce: bool },
     /// The release posbridge.
     Posbridge(LedgerChoice),
+    /// Another posbridge binary, with the same settings.
+    Baseline(LedgerChoice, PathBuf),
 }
 
 /// One server of the run and the phases it is measured in.
@@ -218,7 +225,18 @@ fn side_by_side(settings: &Settings) -> Vec<Spec> {
         },
         None => LedgerChoice::Embedded(None),
     };
-    vec![
+    let posbridge_phases = vec![
+        Phase::Closed(64),
+        Phase::Closed(256),
+        Phase::Fixed,
+        Phase::Duplicates,
+    ];
+    let baseline = settings.baseline.as_ref().map(|binary| Spec {
+        name: report::BASELINE,
+        under: Under::Baseline(ledger.clone(), binary.clone()),
+        phases: posbridge_phases.clone(),
+    });
+    [
         Spec {
             name: report::LIMIT,
             under: Under::Limit { produce: true },
@@ -232,14 +250,12 @@ fn side_by_side(settings: &Settings) -> Vec<Spec> {
         Spec {
             name: report::POSBRIDGE,
             under: Under::Posbridge(ledger),
-            phases: vec![
-                Phase::Closed(64),
-                Phase::Closed(256),
-                Phase::Fixed,
-                Phase::Duplicates,
-            ],
+            phases: posbridge_phases,
         },
     ]
+    .into_iter()
+    .chain(baseline)
+    .collect()
 }
 
 /// The run id: names the topics, Redis prefixes and delivery ids of one run.
@@ -287,7 +303,12 @@ async fn bench(settings: &Settings, run: &str, specs: &[Spec]) -> Vec<Row> {
                 Under::Limit { produce } => limit_command(settings, addr, &limit_topic, *produce),
                 Under::Posbridge(ledger) => {
                     let dir = work.path().join(format!("posbridge-{tag}"));
-                    posbridge_command(settings, addr, run, ledger, &dir)
+                    let binary = Path::new(env!("CARGO_BIN_EXE_posbridge"));
+                    posbridge_command(settings, addr, run, ledger, &dir, binary)
+                }
+                Under::Baseline(ledger, binary) => {
+                    let dir = work.path().join(format!("posbridge-{tag}"));
+                    posbridge_command(settings, addr, run, ledger, &dir, binary)
                 }
             };
             let server = Server::start(command, addr, &log);
@@ -393,6 +414,7 @@ fn posbridge_command(
     run: &str,
     ledger: &LedgerChoice,
     dir: &Path,
+    binary: &Path,
 ) -> Command {
     std::fs::create_dir_all(dir).expect("posbridge dir");
     let ledger = match ledger {
@@ -427,7 +449,7 @@ fn posbridge_command(
     );
     let path = dir.join("posbridge.toml");
     std::fs::write(&path, text).expect("posbridge config");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_posbridge"));
+    let mut command = Command::new(binary);
     command.arg("serve").arg("--config").arg(path);
     command
 }
@@ -442,6 +464,7 @@ fn settings_line(settings: &Settings, specs: &[Spec]) -> String {
                 "redis at {url}{}",
                 if prefix.is_some() { ", filled" } else { "" }
             )),
+            Under::Baseline(_, binary) => Some(format!("baseline {}", binary.display())),
             Under::Limit { .. } => None,
         })
         .collect();

@@ -11,6 +11,8 @@ pub const LIMIT: &str = "limit";
 pub const LIMIT_NO_PRODUCE: &str = "limit (no produce)";
 /// posbridge on a new ledger.
 pub const POSBRIDGE: &str = "posbridge";
+/// Another posbridge binary (`POSBRIDGE_BENCH_BASELINE`), on a new ledger.
+pub const BASELINE: &str = "posbridge (baseline)";
 
 /// One phase of the load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,25 +127,22 @@ struct Ratios {
 }
 
 impl Ratios {
-    fn of(rows: &[Row], rep: usize) -> Option<Ratios> {
+    fn of(rows: &[Row], rep: usize, posbridge: &str) -> Option<Ratios> {
         let find = |server: &str, phase: Phase| {
             rows.iter()
                 .find(|r| r.rep == rep && r.server == server && r.phase == phase)
         };
         let (p64, l64) = (
-            find("posbridge", Phase::Closed(64))?,
+            find(posbridge, Phase::Closed(64))?,
             find("limit", Phase::Closed(64))?,
         );
         let (p256, l256) = (
-            find("posbridge", Phase::Closed(256))?,
+            find(posbridge, Phase::Closed(256))?,
             find("limit", Phase::Closed(256))?,
         );
-        let (pf, lf) = (
-            find("posbridge", Phase::Fixed)?,
-            find("limit", Phase::Fixed)?,
-        );
+        let (pf, lf) = (find(posbridge, Phase::Fixed)?, find("limit", Phase::Fixed)?);
         let (pd, ld) = (
-            find(POSBRIDGE, Phase::Duplicates)?,
+            find(posbridge, Phase::Duplicates)?,
             find(LIMIT_NO_PRODUCE, Phase::Duplicates)?,
         );
         let cpu = |r: &Row| r.cpu_per_request().as_secs_f64();
@@ -154,7 +153,7 @@ impl Ratios {
             cpu_per_request: (cpu(p64) + cpu(p256)) / (cpu(l64) + cpu(l256)),
             peak_rss_mib: rows
                 .iter()
-                .filter(|r| r.rep == rep && r.server == POSBRIDGE)
+                .filter(|r| r.rep == rep && r.server == posbridge)
                 .map(|r| r.peak_rss)
                 .max()
                 .unwrap_or(0) as f64
@@ -182,18 +181,20 @@ pub fn ratios(rows: &[Row]) {
     );
     let reps = rows.iter().map(|r| r.rep).max().unwrap_or(0);
     for rep in 1..=reps {
-        let Some(r) = Ratios::of(rows, rep) else {
-            continue;
-        };
-        println!(
-            "{rep:>3}  {:>15.2}× {:>16.2}× {:>17.1} ms {:>15.2}× {:>6.0} MiB {:>17.2}×",
-            r.throughput_64,
-            r.throughput_256,
-            r.p99_fixed_ms,
-            r.cpu_per_request,
-            r.peak_rss_mib,
-            r.duplicates
-        );
+        for (name, mark) in [(POSBRIDGE, ""), (BASELINE, "  baseline")] {
+            let Some(r) = Ratios::of(rows, rep, name) else {
+                continue;
+            };
+            println!(
+                "{rep:>3}  {:>15.2}× {:>16.2}× {:>17.1} ms {:>15.2}× {:>6.0} MiB {:>17.2}×{mark}",
+                r.throughput_64,
+                r.throughput_256,
+                r.p99_fixed_ms,
+                r.cpu_per_request,
+                r.peak_rss_mib,
+                r.duplicates
+            );
+        }
     }
     println!(
         "{:>3}  {:>16} {:>17} {:>20} {:>16} {:>10} {:>18}",

@@ -77,7 +77,8 @@ fn symbol<T: Copy + PartialEq>(all: &[T], item: T, name: fn(T) -> &'static str) 
     )
 }
 
-const ORIGINS: [Origin; 2] = [Origin::Webhook, Origin::Reconciler];
+/// The `Origin` enum's symbols in schema order.
+pub(super) const ORIGINS: [Origin; 2] = [Origin::Webhook, Origin::Reconciler];
 
 /// The Avro form of an event. Every field of [`PosEvent`] is named here
 /// (no `..`), so a field added to the event without a place in the schema

@@ -12,6 +12,7 @@
 //! The field mapping lives in `avro.rs`, the fingerprint in `fingerprint.rs`.
 
 mod avro;
+mod datum;
 mod fingerprint;
 mod registry;
 
@@ -19,7 +20,6 @@ use std::sync::LazyLock;
 
 use apache_avro::Schema;
 use apache_avro::reader::datum::GenericDatumReader;
-use apache_avro::writer::datum::GenericDatumWriter;
 use schema_registry_converter::async_impl::easy_avro::EasyAvroEncoder;
 use schema_registry_converter::async_impl::schema_registry::{SrSettings, get_all_subjects};
 use schema_registry_converter::error::SRCError;
@@ -42,14 +42,6 @@ pub static SCHEMA: LazyLock<Schema> = LazyLock::new(|| {
     // The schema file is part of the binary and covered by unit tests; a
     // parse failure here can only be a build from a broken checkout.
     Schema::parse_str(SCHEMA_JSON).expect("schemas/pos_event.avsc is valid Avro")
-});
-
-/// Writes datums of the event schema; resolved once.
-static WRITER: LazyLock<GenericDatumWriter<'static>> = LazyLock::new(|| {
-    // Resolving a schema that parsed cannot fail.
-    GenericDatumWriter::builder(&SCHEMA)
-        .build()
-        .expect("the event schema resolves")
 });
 
 /// Reads datums of the event schema; resolved once.
@@ -209,29 +201,26 @@ impl Encoder {
     /// # Errors
     /// [`EncodeError::Registry`] when the registry is needed and unreachable.
     pub async fn encode(&self, topic: &str, event: &PosEvent) -> Result<Vec<u8>, EncodeError> {
-        let value = to_avro(event);
         match self {
-            Encoder::SingleObject { header } => {
-                let mut bytes = header.clone();
-                WRITER.write_value(&mut bytes, value)?;
-                Ok(bytes)
-            }
+            Encoder::SingleObject { header } => Ok(framed(header, event)),
             Encoder::Registry {
                 encoder,
                 strategies,
                 ..
-            } => match strategies.get(topic) {
-                Some(strategy) => Ok(encoder.encode_value(value, strategy).await?),
-                None => Ok(encoder.encode_value(value, &strategy(topic)).await?),
-            },
+            } => {
+                let value = to_avro(event);
+                match strategies.get(topic) {
+                    Some(strategy) => Ok(encoder.encode_value(value, strategy).await?),
+                    None => Ok(encoder.encode_value(value, &strategy(topic)).await?),
+                }
+            }
             Encoder::Registered { ids, .. } => {
                 let id = ids.get(topic).ok_or_else(|| EncodeError::NotRegistered {
                     subject: value_subject(topic),
                 })?;
-                let mut bytes = vec![CONFLUENT_MAGIC];
-                bytes.extend_from_slice(&id.to_be_bytes());
-                WRITER.write_value(&mut bytes, value)?;
-                Ok(bytes)
+                let mut header = [CONFLUENT_MAGIC; 5];
+                header[1..].copy_from_slice(&id.to_be_bytes());
+                Ok(framed(&header, event))
             }
         }
     }
@@ -259,6 +248,15 @@ impl Encoder {
             }
         }
     }
+}
+
+/// The framing `header`, then the event's datum, in one allocation sized
+/// for the usual event (its raw body and a few hundred bytes of fields).
+fn framed(header: &[u8], event: &PosEvent) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(header.len() + event.raw.len() + 512);
+    bytes.extend_from_slice(header);
+    datum::write(event, &mut bytes);
+    bytes
 }
 
 fn strategy(topic: &str) -> SubjectNameStrategy {

@@ -1,9 +1,11 @@
 //! The embedded ledger: one redb file, for a single posbridge process.
 //!
 //! Reads go straight to redb. Writes go through one writer thread that
-//! commits whatever has queued up in a single durable transaction (group
-//! commit), so concurrent deliveries share one fsync instead of queueing for
-//! one each. Leases and entity locks live in memory: they only need to
+//! commits whatever has queued up in one transaction (group commit), so
+//! concurrent deliveries share one sync instead of queueing for one each;
+//! the batch is made durable by the redo log (`wal.rs`) and committed to
+//! redb without a sync of its own, with a durable redb commit about once a
+//! second. Leases and entity locks live in memory: they only need to
 //! outlive a request, and a crash must not leave a delivery blocked.
 
 use std::collections::HashMap;
@@ -13,9 +15,11 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{mpsc, oneshot};
+use tracing::{error, info};
 
+use super::wal::{self, Wal, Write};
 use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
 use crate::event::DeliveryKey;
 use crate::store_file::{self, Integrity, StoreFileError};
@@ -29,6 +33,10 @@ const OLD_DONE_BY_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::ne
 const ENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entities");
 /// Reconciler checkpoint name → unix second its window is complete up to.
 const CHECKPOINTS: TableDefinition<&str, i64> = TableDefinition::new("checkpoints");
+/// [`COVERED`] → the last redo log generation whose frames this file holds
+/// durably.
+const REDO: TableDefinition<&str, u64> = TableDefinition::new("redo_log");
+const COVERED: &str = "covered";
 
 /// Number of entity lock stripes: enough that unrelated keys rarely share one.
 const LOCK_STRIPES: usize = 1024;
@@ -36,6 +44,10 @@ const LOCK_STRIPES: usize = 1024;
 /// spell is committed at once, one under load waits at most this long to
 /// share its commit (and its sync) with the others (docs/BENCHMARKS.md).
 const COMMIT_EVERY: Duration = Duration::from_millis(2);
+/// How often a durable redb commit makes the redo log's frames durable in
+/// the file itself, so the log can start over: it bounds the log's size and
+/// the memory redb holds for commits not yet synced.
+const DURABLE_EVERY: Duration = Duration::from_secs(1);
 /// How many done ids each commit looks at, in key order from where the last
 /// one stopped, deleting those expired: the sweep walks the whole table in
 /// turn, a few leaf pages per commit, so forgetting costs the same small
@@ -104,7 +116,7 @@ impl EmbeddedLedger {
     /// [`LedgerError::Embedded`] when a table cannot be read.
     pub fn counts(&self) -> Result<LedgerCounts, LedgerError> {
         use redb::ReadableTableMetadata;
-        let txn = self.store.get()?.begin_read().map_err(storage)?;
+        let txn = self.store.get()?.db.begin_read().map_err(storage)?;
         Ok(LedgerCounts {
             done_deliveries: txn
                 .open_table(DONE)
@@ -125,7 +137,7 @@ impl EmbeddedLedger {
     }
 
     fn is_done(&self, delivery: &DeliveryKey) -> Result<bool, LedgerError> {
-        let txn = self.store.get()?.begin_read().map_err(storage)?;
+        let txn = self.store.get()?.db.begin_read().map_err(storage)?;
         let table = txn.open_table(DONE).map_err(storage)?;
         Ok(table
             .get(delivery.as_str())
@@ -160,36 +172,83 @@ impl EmbeddedLedger {
     }
 }
 
-/// The open database, replaced by [`Store::reopen`] after a failure.
+/// The open database and its redo log, replaced together by
+/// [`Store::reopen`] after a failure.
 struct Store {
     path: PathBuf,
     /// `None` only while it is being reopened.
-    db: RwLock<Option<Arc<Database>>>,
+    db: RwLock<Option<Arc<Opened>>>,
+}
+
+/// An open ledger file and the redo log beside it.
+struct Opened {
+    db: Database,
+    /// `None` once a write to it failed: every commit is then durable in
+    /// redb, until the file is reopened.
+    wal: Mutex<Option<Wal>>,
 }
 
 impl Store {
     /// How long a reopen waits for reads in progress to let go of the old handle.
     const RELEASE_WAIT: Duration = Duration::from_secs(2);
 
-    /// Opens (or creates) the checked file and its tables.
-    fn open_file(path: &Path, integrity: Integrity) -> Result<Database, LedgerError> {
+    /// Opens (or creates) the checked file and its tables, then applies
+    /// what its redo log holds that the file does not.
+    fn open_file(path: &Path, integrity: Integrity) -> Result<Opened, LedgerError> {
         let db = store_file::open_with(path, integrity)?;
-        let open_error = |e: redb::Error| LedgerError::Open {
+        let open_error = |e: Box<dyn std::error::Error + Send + Sync>| LedgerError::Open {
             path: path.display().to_string(),
+            source: e,
+        };
+        let redb_error = |e: redb::Error| open_error(e.into());
+        let txn = db.begin_write().map_err(|e| redb_error(e.into()))?;
+        txn.open_table(DONE).map_err(|e| redb_error(e.into()))?;
+        txn.delete_table(OLD_DONE_BY_EXPIRY)
+            .map_err(|e| redb_error(e.into()))?;
+        txn.open_table(ENTITIES).map_err(|e| redb_error(e.into()))?;
+        txn.open_table(CHECKPOINTS)
+            .map_err(|e| redb_error(e.into()))?;
+        let covered = txn
+            .open_table(REDO)
+            .and_then(|table| Ok(table.get(COVERED)?.map(|v| v.value())))
+            .map_err(|e| redb_error(e.into()))?
+            .unwrap_or(0);
+        txn.commit().map_err(|e| redb_error(e.into()))?;
+
+        let wal_path = wal::path_of(path);
+        let wal_error = |e: std::io::Error| LedgerError::Open {
+            path: wal_path.display().to_string(),
             source: e.into(),
         };
-        let txn = db.begin_write().map_err(|e| open_error(e.into()))?;
-        txn.open_table(DONE).map_err(|e| open_error(e.into()))?;
-        txn.delete_table(OLD_DONE_BY_EXPIRY)
-            .map_err(|e| open_error(e.into()))?;
-        txn.open_table(ENTITIES).map_err(|e| open_error(e.into()))?;
-        txn.open_table(CHECKPOINTS)
-            .map_err(|e| open_error(e.into()))?;
-        txn.commit().map_err(|e| open_error(e.into()))?;
-        Ok(db)
+        let mut wal = Wal::open(&wal_path).map_err(wal_error)?;
+        if wal.generation() > covered {
+            let frames = wal.frames().map_err(wal_error)?;
+            let mut writes = Vec::new();
+            for frame in &frames {
+                writes.extend(wal::decode(frame).ok_or_else(|| {
+                    wal_error(std::io::Error::other("a frame this version cannot read"))
+                })?);
+            }
+            if !writes.is_empty() {
+                let persist = Persist::Durable {
+                    covers: Some(wal.generation()),
+                };
+                write_batch(&db, &writes, persist, &mut Sweep::default(), unix_now())
+                    .map_err(redb_error)?;
+                info!(
+                    writes = writes.len(),
+                    "Applied the ledger's redo log: what was answered before the last stop is kept."
+                );
+            }
+        }
+        wal.advance_past(covered).map_err(wal_error)?;
+        Ok(Opened {
+            db,
+            wal: Mutex::new(Some(wal)),
+        })
     }
 
-    fn get(&self) -> Result<Arc<Database>, LedgerError> {
+    fn get(&self) -> Result<Arc<Opened>, LedgerError> {
         self.db
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -269,6 +328,8 @@ fn write_loop(
 ) {
     let mut sweep = Sweep::default();
     let mut last_commit = Instant::now() - COMMIT_EVERY;
+    let mut last_durable = Instant::now();
+    let mut frame = Vec::new();
     while let Some(first) = queue.blocking_recv() {
         // Under load, gather what arrives until a commit is due: each commit
         // costs a sync and a B-tree path per table however few ids it holds.
@@ -281,9 +342,15 @@ fn write_loop(
         while let Ok(next) = queue.try_recv() {
             batch.push(next);
         }
-        let result = store.get().and_then(|db| {
-            write_batch(&db, &batch, dedup_ttl, &mut sweep, unix_now())
-                .map_err(|e| LedgerError::Embedded(Arc::new(e)))
+        let now = unix_now();
+        let writes = writes_of(&batch, now + dedup_ttl.as_secs());
+        let durable_due = last_commit >= last_durable + DURABLE_EVERY;
+        let result = store.get().and_then(|opened| {
+            let result = commit_batch(&opened, &writes, durable_due, &mut frame, &mut sweep, now);
+            if let Ok(Synced::InRedb) = result {
+                last_durable = last_commit;
+            }
+            result.map_err(|e| LedgerError::Embedded(Arc::new(e)))
         });
         for (_, reply) in batch {
             // The waiter may have given up (request cancelled); nothing to tell it.
@@ -294,6 +361,83 @@ fn write_loop(
             });
         }
     }
+    // Shutting down: make the last commits durable in the file, so the next
+    // start has no log to apply.
+    if let Ok(opened) = store.get() {
+        let _ = commit_batch(&opened, &[], true, &mut Vec::new(), &mut sweep, unix_now());
+    }
+}
+
+/// Where a batch's durability came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Synced {
+    /// A frame of the redo log; redb committed without a sync.
+    InLog,
+    /// A durable redb commit (due, or the log is full or failing).
+    InRedb,
+}
+
+/// Commits one batch: a redo log frame and a redb commit without a sync,
+/// or, when `durable_due` or the log cannot take it, a durable redb commit
+/// after which the log starts over.
+fn commit_batch(
+    opened: &Opened,
+    writes: &[Write<'_>],
+    durable_due: bool,
+    frame: &mut Vec<u8>,
+    sweep: &mut Sweep,
+    now: u64,
+) -> Result<Synced, redb::Error> {
+    let mut log = opened.wal.lock().unwrap_or_else(PoisonError::into_inner);
+    let generation = log.as_ref().map(Wal::generation);
+    if !durable_due && let Some(wal) = log.as_mut() {
+        frame.clear();
+        for write in writes {
+            wal::encode(write, frame);
+        }
+        match wal.append(frame) {
+            Ok(true) => {
+                write_batch(&opened.db, writes, Persist::Deferred, sweep, now)?;
+                return Ok(Synced::InLog);
+            }
+            Ok(false) => {}
+            Err(error) => {
+                error!(%error, "The ledger's redo log cannot be written: every commit is now a durable database commit.");
+                *log = None;
+            }
+        }
+    }
+    write_batch(
+        &opened.db,
+        writes,
+        Persist::Durable { covers: generation },
+        sweep,
+        now,
+    )?;
+    if let Some(wal) = log.as_mut()
+        && let Err(error) = wal.advance_past(generation.unwrap_or(0))
+    {
+        error!(%error, "The ledger's redo log cannot start over: every commit is now a durable database commit.");
+        *log = None;
+    }
+    Ok(Synced::InRedb)
+}
+
+/// A batch's writes, its done ids kept until `expires`.
+fn writes_of(batch: &[(Commit, Reply)], expires: u64) -> Vec<Write<'_>> {
+    let mut writes = Vec::with_capacity(batch.len() * 2);
+    for (commit, _) in batch {
+        if let Some(delivery) = &commit.delivery {
+            writes.push(Write::Done(delivery.as_str(), expires));
+        }
+        if let Some((slot, state)) = &commit.entity {
+            writes.push(Write::Entity(slot.as_str(), state.to_bytes()));
+        }
+        if let Some((name, at)) = &commit.checkpoint {
+            writes.push(Write::Checkpoint(name.as_str(), *at));
+        }
+    }
+    writes
 }
 
 /// Where the sweep of expired ids goes on.
@@ -303,32 +447,55 @@ struct Sweep {
     after: Option<String>,
 }
 
-/// Writes one batch of commits in one durable transaction at unix second
-/// `now`, with the next step of the sweep; how many expired ids it deleted.
-/// The sweep moves on only when the transaction is durable.
+/// How a redb commit is made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Persist {
+    /// No sync: the redo log holds the writes durably.
+    Deferred,
+    /// Synced, recording the redo log generation it covers, if any.
+    Durable {
+        /// The generation whose frames this commit holds.
+        covers: Option<u64>,
+    },
+}
+
+/// Writes one batch in one transaction at unix second `now`, with the next
+/// step of the sweep; how many expired ids it deleted. The sweep moves on
+/// when the transaction commits (a deferred one lost in a crash only brings
+/// back ids the next sweep deletes again).
 fn write_batch(
     db: &Database,
-    batch: &[(Commit, Reply)],
-    dedup_ttl: Duration,
+    writes: &[Write<'_>],
+    persist: Persist,
     sweep: &mut Sweep,
     now: u64,
 ) -> Result<usize, redb::Error> {
-    let expires = now + dedup_ttl.as_secs();
-    let txn = db.begin_write()?;
+    let mut txn = db.begin_write()?;
+    if persist == Persist::Deferred {
+        txn.set_durability(Durability::None)?;
+    }
     let (swept, after) = {
         let mut done = txn.open_table(DONE)?;
         let mut entities = txn.open_table(ENTITIES)?;
         let mut checkpoints = txn.open_table(CHECKPOINTS)?;
-        for (commit, _) in batch {
-            if let Some(delivery) = &commit.delivery {
-                done.insert(delivery.as_str(), expires)?;
+        for write in writes {
+            match write {
+                Write::Done(id, expires) => {
+                    done.insert(*id, *expires)?;
+                }
+                Write::Entity(slot, state) => {
+                    entities.insert(*slot, state.as_slice())?;
+                }
+                Write::Checkpoint(name, at) => {
+                    checkpoints.insert(*name, *at)?;
+                }
             }
-            if let Some((slot, state)) = &commit.entity {
-                entities.insert(slot.as_str(), state.to_bytes().as_slice())?;
-            }
-            if let Some((name, at)) = &commit.checkpoint {
-                checkpoints.insert(name.as_str(), *at)?;
-            }
+        }
+        if let Persist::Durable {
+            covers: Some(generation),
+        } = persist
+        {
+            txn.open_table(REDO)?.insert(COVERED, generation)?;
         }
         let range = match &sweep.after {
             Some(after) => {
@@ -383,7 +550,7 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
-        let txn = self.store.get()?.begin_read().map_err(storage)?;
+        let txn = self.store.get()?.db.begin_read().map_err(storage)?;
         let table = txn.open_table(ENTITIES).map_err(storage)?;
         let value = table.get(slot.as_str()).map_err(storage)?;
         value
@@ -392,7 +559,7 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
-        let txn = self.store.get()?.begin_read().map_err(storage)?;
+        let txn = self.store.get()?.db.begin_read().map_err(storage)?;
         let table = txn.open_table(CHECKPOINTS).map_err(storage)?;
         Ok(table.get(name).map_err(storage)?.map(|v| v.value()))
     }
@@ -421,7 +588,7 @@ impl Ledger for EmbeddedLedger {
         if self.writer.is_closed() {
             return Err(LedgerError::Closed);
         }
-        let txn = self.store.get()?.begin_read().map_err(storage)?;
+        let txn = self.store.get()?.db.begin_read().map_err(storage)?;
         txn.open_table(DONE).map_err(storage)?;
         Ok(())
     }
@@ -559,35 +726,83 @@ mod tests {
         assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
     }
 
+    /// What a batch committed through the redo log holds survives a stop
+    /// that never made it durable in the file: the files as a crash leaves
+    /// them (copied while the ledger runs) open with the log applied.
+    #[tokio::test]
+    async fn a_commit_in_the_redo_log_survives_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = DeliveryKey::new(ProviderKind::Mekari, "e1");
+        let slot = EntitySlot::new(
+            EntityType::Order,
+            &EntityKey::new(ProviderKind::Mekari, None, "O-1"),
+        );
+        let state = EntityState {
+            version: Version {
+                at_micros: 42,
+                rank: 1,
+            },
+            state_hash: [3; 16],
+        };
+        let opened = Store::open_file(&dir.path().join("ledger.redb"), Integrity::Check).unwrap();
+        let writes = [
+            Write::Done(id.as_str(), unix_now() + 3600),
+            Write::Entity(slot.as_str(), state.to_bytes()),
+        ];
+        let mut frame = Vec::new();
+        let synced = commit_batch(
+            &opened,
+            &writes,
+            false,
+            &mut frame,
+            &mut Sweep::default(),
+            0,
+        );
+        assert_eq!(synced.unwrap(), Synced::InLog);
+
+        let crashed = tempfile::tempdir().unwrap();
+        let path = crashed.path().join("ledger.redb");
+        std::fs::copy(dir.path().join("ledger.redb"), &path).unwrap();
+        std::fs::copy(
+            wal::path_of(&dir.path().join("ledger.redb")),
+            wal::path_of(&path),
+        )
+        .unwrap();
+        let after = open(&crashed);
+        assert_eq!(after.begin(&id).await.unwrap(), Begin::Done);
+        assert_eq!(after.entity(&slot).await.unwrap(), Some(state));
+        let opened = after.store.get().unwrap();
+        let log = opened.wal.lock().unwrap();
+        assert!(
+            log.as_ref().unwrap().frames().unwrap().is_empty(),
+            "applied, the log starts over"
+        );
+    }
+
     #[tokio::test]
     async fn the_sweep_forgets_expired_ids_a_few_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
         let db = Database::create(dir.path().join("l.redb")).unwrap();
-        let commit = |id: &str| {
-            let commit = Commit {
-                delivery: Some(DeliveryKey::new(ProviderKind::Mekari, id)),
-                ..Commit::default()
-            };
-            (commit, oneshot::channel().0)
+        let ids = |prefix: &str, n: usize| -> Vec<String> {
+            (0..n).map(|n| format!("{prefix}{n:04}")).collect()
         };
-        let mut sweep = Sweep::default();
-        let expiring: Vec<(Commit, Reply)> = (0..SWEEP_PER_COMMIT * 2 + 50)
-            .map(|n| commit(&format!("p{n:04}")))
-            .collect();
-        let (t0, second) = (1_000_000, Duration::from_secs(1));
-        assert_eq!(
-            write_batch(&db, &expiring, second, &mut sweep, t0).unwrap(),
-            0
-        );
+        let done = |ids: &[String], expires| -> Vec<(String, u64)> {
+            ids.iter().map(|id| (id.clone(), expires)).collect()
+        };
+        let write = |db: &Database, done: &[(String, u64)], sweep: &mut Sweep, now| {
+            let writes: Vec<Write<'_>> = done.iter().map(|(id, at)| Write::Done(id, *at)).collect();
+            write_batch(db, &writes, Persist::Deferred, sweep, now).unwrap()
+        };
+        let t0 = 1_000_000;
+        let expiring = done(&ids("p", SWEEP_PER_COMMIT * 2 + 50), t0 + 1);
+        assert_eq!(write(&db, &expiring, &mut Sweep::default(), t0), 0);
         // Ids kept for an hour, after the expiring ones in key order.
-        let kept: Vec<(Commit, Reply)> = (0..10).map(|n| commit(&format!("q{n}"))).collect();
-        sweep = Sweep::default();
-        let hour = Duration::from_secs(3600);
-        write_batch(&db, &kept, hour, &mut sweep, t0).unwrap();
+        let kept = done(&ids("q", 10), t0 + 3600);
+        write(&db, &kept, &mut Sweep::default(), t0);
         // Two seconds later the first lot has expired.
-        sweep = Sweep::default();
+        let mut sweep = Sweep::default();
         let swept: Vec<usize> = (0..4)
-            .map(|_| write_batch(&db, &[], Duration::ZERO, &mut sweep, t0 + 2).unwrap())
+            .map(|_| write(&db, &[], &mut sweep, t0 + 2))
             .collect();
         assert_eq!(swept, [SWEEP_PER_COMMIT, SWEEP_PER_COMMIT, 50, 0]);
         let txn = db.begin_read().unwrap();

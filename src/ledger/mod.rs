@@ -17,6 +17,7 @@
 mod embedded;
 mod fence;
 mod redis;
+mod wal;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +30,7 @@ use crate::event::{DeliveryKey, EntityKey, EntityType, Version};
 pub use embedded::{EmbeddedLedger, LedgerCounts};
 pub use fence::Fenced;
 pub use redis::RedisLedger;
+pub use wal::path_of as redo_log_path;
 
 impl LedgerError {
     /// Whether another process holds the embedded ledger's file (redb
