@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, info};
 
@@ -44,10 +44,14 @@ const LOCK_STRIPES: usize = 1024;
 /// spell is committed at once, one under load waits at most this long to
 /// share its commit (and its sync) with the others (docs/BENCHMARKS.md).
 const COMMIT_EVERY: Duration = Duration::from_millis(2);
-/// How often a durable redb commit makes the redo log's frames durable in
-/// the file itself, so the log can start over: it bounds the log's size and
-/// the memory redb holds for commits not yet synced.
-const DURABLE_EVERY: Duration = Duration::from_secs(1);
+/// How often the writes the redo log made durable are committed durably to
+/// the file, so the log can start over. Each such commit touches every leaf
+/// its keys fall in, once for all of them, and delays the batch that makes
+/// it: often enough that it stays short, rarely enough that most of a
+/// leaf's writes share it.
+const APPLY_EVERY: Duration = Duration::from_millis(100);
+/// Recent writes that make a durable commit due before [`APPLY_EVERY`].
+const APPLY_AT: usize = 16 * 1024;
 /// How many done ids each commit looks at, in key order from where the last
 /// one stopped, deleting those expired: the sweep walks the whole table in
 /// turn, a few leaf pages per commit, so forgetting costs the same small
@@ -137,12 +141,17 @@ impl EmbeddedLedger {
     }
 
     fn is_done(&self, delivery: &DeliveryKey) -> Result<bool, LedgerError> {
-        let txn = self.store.get()?.db.begin_read().map_err(storage)?;
-        let table = txn.open_table(DONE).map_err(storage)?;
-        Ok(table
-            .get(delivery.as_str())
-            .map_err(storage)?
-            .is_some_and(|expires| expires.value() > unix_now()))
+        let opened = self.store.get()?;
+        let expires = match opened.recent().done.get(delivery.as_str()) {
+            Some(expires) => *expires,
+            None => {
+                let txn = opened.db.begin_read().map_err(storage)?;
+                let table = txn.open_table(DONE).map_err(storage)?;
+                let stored = table.get(delivery.as_str()).map_err(storage)?;
+                stored.map_or(0, |expires| expires.value())
+            }
+        };
+        Ok(expires > unix_now())
     }
 
     /// Takes the delivery's lease unless one is held; with `check_done`, a
@@ -180,12 +189,76 @@ struct Store {
     db: RwLock<Option<Arc<Opened>>>,
 }
 
-/// An open ledger file and the redo log beside it.
+/// An open ledger file, the redo log beside it, and what the log holds
+/// that the file does not yet.
 struct Opened {
     db: Database,
     /// `None` once a write to it failed: every commit is then durable in
     /// redb, until the file is reopened.
     wal: Mutex<Option<Wal>>,
+    /// Writes durable in the redo log and not yet in `db`: reads look here
+    /// first. Only the writer thread changes it.
+    recent: RwLock<Recent>,
+}
+
+impl Opened {
+    fn recent(&self) -> std::sync::RwLockReadGuard<'_, Recent> {
+        self.recent.read().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The latest value of each key written since the last durable commit.
+#[derive(Debug, Default)]
+struct Recent {
+    done: HashMap<String, u64>,
+    entities: HashMap<String, [u8; 28]>,
+    checkpoints: HashMap<String, i64>,
+}
+
+impl Recent {
+    fn len(&self) -> usize {
+        self.done.len() + self.entities.len() + self.checkpoints.len()
+    }
+
+    fn insert(&mut self, writes: &[Write<'_>]) {
+        for write in writes {
+            match *write {
+                Write::Done(id, expires) => {
+                    self.done.insert(id.to_owned(), expires);
+                }
+                Write::Entity(slot, state) => {
+                    self.entities.insert(slot.to_owned(), state);
+                }
+                Write::Checkpoint(name, at) => {
+                    self.checkpoints.insert(name.to_owned(), at);
+                }
+            }
+        }
+    }
+
+    /// Every write, in key order within each table (so a durable commit
+    /// walks each B-tree once from left to right).
+    fn writes(&self) -> Vec<Write<'_>> {
+        let mut done: Vec<Write<'_>> = self
+            .done
+            .iter()
+            .map(|(id, at)| Write::Done(id, *at))
+            .collect();
+        let mut entities: Vec<Write<'_>> = self
+            .entities
+            .iter()
+            .map(|(slot, state)| Write::Entity(slot, *state))
+            .collect();
+        done.sort_unstable();
+        entities.sort_unstable();
+        done.extend(entities);
+        done.extend(
+            self.checkpoints
+                .iter()
+                .map(|(name, at)| Write::Checkpoint(name, *at)),
+        );
+        done
+    }
 }
 
 impl Store {
@@ -230,10 +303,8 @@ impl Store {
                 })?);
             }
             if !writes.is_empty() {
-                let persist = Persist::Durable {
-                    covers: Some(wal.generation()),
-                };
-                write_batch(&db, &writes, persist, &mut Sweep::default(), unix_now())
+                let covers = Some(wal.generation());
+                write_batch(&db, &writes, covers, &mut Sweep::default(), unix_now())
                     .map_err(redb_error)?;
                 info!(
                     writes = writes.len(),
@@ -245,6 +316,7 @@ impl Store {
         Ok(Opened {
             db,
             wal: Mutex::new(Some(wal)),
+            recent: RwLock::default(),
         })
     }
 
@@ -319,8 +391,8 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The writer thread: take everything queued, write it in one transaction,
-/// answer every waiter with the transaction's result.
+/// The writer thread: take everything queued, make it durable in one step,
+/// answer every waiter with the result.
 fn write_loop(
     store: &Store,
     mut queue: mpsc::UnboundedReceiver<(Commit, Reply)>,
@@ -328,11 +400,11 @@ fn write_loop(
 ) {
     let mut sweep = Sweep::default();
     let mut last_commit = Instant::now() - COMMIT_EVERY;
-    let mut last_durable = Instant::now();
+    let mut last_apply = Instant::now();
     let mut frame = Vec::new();
     while let Some(first) = queue.blocking_recv() {
         // Under load, gather what arrives until a commit is due: each commit
-        // costs a sync and a B-tree path per table however few ids it holds.
+        // costs a sync however few ids it holds.
         let due = last_commit + COMMIT_EVERY;
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
@@ -344,11 +416,11 @@ fn write_loop(
         }
         let now = unix_now();
         let writes = writes_of(&batch, now + dedup_ttl.as_secs());
-        let durable_due = last_commit >= last_durable + DURABLE_EVERY;
+        let apply_due = last_commit >= last_apply + APPLY_EVERY;
         let result = store.get().and_then(|opened| {
-            let result = commit_batch(&opened, &writes, durable_due, &mut frame, &mut sweep, now);
+            let result = commit_batch(&opened, &writes, apply_due, &mut frame, &mut sweep, now);
             if let Ok(Synced::InRedb) = result {
-                last_durable = last_commit;
+                last_apply = last_commit;
             }
             result.map_err(|e| LedgerError::Embedded(Arc::new(e)))
         });
@@ -361,8 +433,8 @@ fn write_loop(
             });
         }
     }
-    // Shutting down: make the last commits durable in the file, so the next
-    // start has no log to apply.
+    // Shutting down: make the recent writes durable in the file, so the
+    // next start has no log to apply.
     if let Ok(opened) = store.get() {
         let _ = commit_batch(&opened, &[], true, &mut Vec::new(), &mut sweep, unix_now());
     }
@@ -371,49 +443,64 @@ fn write_loop(
 /// Where a batch's durability came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Synced {
-    /// A frame of the redo log; redb committed without a sync.
+    /// A frame of the redo log; the writes wait in [`Recent`].
     InLog,
-    /// A durable redb commit (due, or the log is full or failing).
+    /// A durable redb commit of everything recent (due, or the log is full
+    /// or failing), after which the log starts over.
     InRedb,
 }
 
-/// Commits one batch: a redo log frame and a redb commit without a sync,
-/// or, when `durable_due` or the log cannot take it, a durable redb commit
-/// after which the log starts over.
+/// Makes one batch durable: as a redo log frame, its writes kept in
+/// [`Recent`] for reads; and when `apply_due` (or the log cannot take the
+/// batch), everything recent in one durable redb commit.
 fn commit_batch(
     opened: &Opened,
     writes: &[Write<'_>],
-    durable_due: bool,
+    apply_due: bool,
     frame: &mut Vec<u8>,
     sweep: &mut Sweep,
     now: u64,
 ) -> Result<Synced, redb::Error> {
     let mut log = opened.wal.lock().unwrap_or_else(PoisonError::into_inner);
     let generation = log.as_ref().map(Wal::generation);
-    if !durable_due && let Some(wal) = log.as_mut() {
+    let mut logged = false;
+    if let Some(wal) = log.as_mut() {
         frame.clear();
         for write in writes {
             wal::encode(write, frame);
         }
         match wal.append(frame) {
-            Ok(true) => {
-                write_batch(&opened.db, writes, Persist::Deferred, sweep, now)?;
-                return Ok(Synced::InLog);
-            }
-            Ok(false) => {}
+            Ok(fits) => logged = fits,
             Err(error) => {
                 error!(%error, "The ledger's redo log cannot be written: every commit is now a durable database commit.");
                 *log = None;
             }
         }
     }
-    write_batch(
-        &opened.db,
-        writes,
-        Persist::Durable { covers: generation },
-        sweep,
-        now,
-    )?;
+    if logged {
+        let mut recent = opened
+            .recent
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        recent.insert(writes);
+        if !apply_due && recent.len() < APPLY_AT {
+            return Ok(Synced::InLog);
+        }
+    }
+    {
+        let recent = opened.recent();
+        let mut all = recent.writes();
+        if !logged {
+            // Newer than anything recent: written last.
+            all.extend_from_slice(writes);
+        }
+        write_batch(&opened.db, &all, generation, sweep, now)?;
+    }
+    // The file holds it all now: reads find it there.
+    *opened
+        .recent
+        .write()
+        .unwrap_or_else(PoisonError::into_inner) = Recent::default();
     if let Some(wal) = log.as_mut()
         && let Err(error) = wal.advance_past(generation.unwrap_or(0))
     {
@@ -447,41 +534,29 @@ struct Sweep {
     after: Option<String>,
 }
 
-/// How a redb commit is made durable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Persist {
-    /// No sync: the redo log holds the writes durably.
-    Deferred,
-    /// Synced, recording the redo log generation it covers, if any.
-    Durable {
-        /// The generation whose frames this commit holds.
-        covers: Option<u64>,
-    },
-}
-
-/// Writes one batch in one transaction at unix second `now`, with the next
-/// step of the sweep; how many expired ids it deleted. The sweep moves on
-/// when the transaction commits (a deferred one lost in a crash only brings
-/// back ids the next sweep deletes again).
+/// Writes `writes` in one durable transaction at unix second `now`, with
+/// the next step of the sweep, recording the redo log generation it
+/// `covers`; how many expired ids the sweep deleted. The sweep looks at
+/// [`SWEEP_PER_COMMIT`] ids and two more per id written, so it keeps up
+/// with what is added however many ids each commit holds.
 fn write_batch(
     db: &Database,
     writes: &[Write<'_>],
-    persist: Persist,
+    covers: Option<u64>,
     sweep: &mut Sweep,
     now: u64,
 ) -> Result<usize, redb::Error> {
-    let mut txn = db.begin_write()?;
-    if persist == Persist::Deferred {
-        txn.set_durability(Durability::None)?;
-    }
+    let txn = db.begin_write()?;
     let (swept, after) = {
         let mut done = txn.open_table(DONE)?;
         let mut entities = txn.open_table(ENTITIES)?;
         let mut checkpoints = txn.open_table(CHECKPOINTS)?;
+        let mut added = 0;
         for write in writes {
             match write {
                 Write::Done(id, expires) => {
                     done.insert(*id, *expires)?;
+                    added += 1;
                 }
                 Write::Entity(slot, state) => {
                     entities.insert(*slot, state.as_slice())?;
@@ -491,10 +566,7 @@ fn write_batch(
                 }
             }
         }
-        if let Persist::Durable {
-            covers: Some(generation),
-        } = persist
-        {
+        if let Some(generation) = covers {
             txn.open_table(REDO)?.insert(COVERED, generation)?;
         }
         let range = match &sweep.after {
@@ -503,24 +575,23 @@ fn write_batch(
             }
             None => done.range::<&str>(..)?,
         };
-        let looked_at: Vec<(String, u64)> = range
-            .take(SWEEP_PER_COMMIT)
-            .map(|entry| entry.map(|(id, at)| (id.value().to_owned(), at.value())))
-            .collect::<Result<_, _>>()?;
-        let mut swept = 0;
-        for (id, at) in &looked_at {
-            if *at <= now {
-                done.remove(id.as_str())?;
-                swept += 1;
+        let look_at = SWEEP_PER_COMMIT + 2 * added;
+        let (mut looked_at, mut expired, mut last) = (0, Vec::new(), None);
+        for entry in range.take(look_at) {
+            let (id, at) = entry?;
+            looked_at += 1;
+            if at.value() <= now {
+                expired.push(id.value().to_owned());
+            }
+            if looked_at == look_at {
+                last = Some(id.value().to_owned());
             }
         }
-        // At the end of the table the next sweep starts over.
-        let after = if looked_at.len() < SWEEP_PER_COMMIT {
-            None
-        } else {
-            looked_at.last().map(|(id, _)| id.clone())
-        };
-        (swept, after)
+        for id in &expired {
+            done.remove(id.as_str())?;
+        }
+        // At the end of the table (`last` is none) the next sweep starts over.
+        (expired.len(), last)
     };
     txn.commit()?;
     sweep.after = after;
@@ -550,7 +621,11 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
-        let txn = self.store.get()?.db.begin_read().map_err(storage)?;
+        let opened = self.store.get()?;
+        if let Some(state) = opened.recent().entities.get(slot.as_str()) {
+            return EntityState::decode(slot, state).map(Some);
+        }
+        let txn = opened.db.begin_read().map_err(storage)?;
         let table = txn.open_table(ENTITIES).map_err(storage)?;
         let value = table.get(slot.as_str()).map_err(storage)?;
         value
@@ -559,7 +634,11 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
-        let txn = self.store.get()?.db.begin_read().map_err(storage)?;
+        let opened = self.store.get()?;
+        if let Some(at) = opened.recent().checkpoints.get(name) {
+            return Ok(Some(*at));
+        }
+        let txn = opened.db.begin_read().map_err(storage)?;
         let table = txn.open_table(CHECKPOINTS).map_err(storage)?;
         Ok(table.get(name).map_err(storage)?.map(|v| v.value()))
     }
@@ -791,7 +870,7 @@ mod tests {
         };
         let write = |db: &Database, done: &[(String, u64)], sweep: &mut Sweep, now| {
             let writes: Vec<Write<'_>> = done.iter().map(|(id, at)| Write::Done(id, *at)).collect();
-            write_batch(db, &writes, Persist::Deferred, sweep, now).unwrap()
+            write_batch(db, &writes, None, sweep, now).unwrap()
         };
         let t0 = 1_000_000;
         let expiring = done(&ids("p", SWEEP_PER_COMMIT * 2 + 50), t0 + 1);

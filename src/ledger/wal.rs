@@ -36,8 +36,9 @@ const MAGIC: &[u8; 16] = b"posbridge-redo\0\x01";
 /// Generation, payload length, checksum.
 const FRAME_HEAD: usize = 8 + 4 + 8;
 
-/// One write the ledger makes, in both the log and the database.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One write the ledger makes, in both the log and the database. Ordered by
+/// kind, then key.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Write<'a> {
     /// A delivery id done, forgotten after the unix second.
     Done(&'a str, u64),
