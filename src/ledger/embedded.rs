@@ -800,6 +800,54 @@ mod tests {
         assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
     }
 
+    /// Between durable commits, writes wait in memory: every read finds
+    /// them there, and the durable commit moves them to the file.
+    #[tokio::test]
+    async fn reads_find_writes_waiting_for_the_durable_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = open(&dir);
+        let id = DeliveryKey::new(ProviderKind::Mekari, "e1");
+        let slot = EntitySlot::new(
+            EntityType::Order,
+            &EntityKey::new(ProviderKind::Mekari, None, "O-1"),
+        );
+        let state = EntityState {
+            version: Version {
+                at_micros: 42,
+                rank: 1,
+            },
+            state_hash: [3; 16],
+        };
+        let opened = ledger.store.get().unwrap();
+        let in_file = |opened: &Opened| {
+            let txn = opened.db.begin_read().unwrap();
+            let table = txn.open_table(ENTITIES).unwrap();
+            table.get(slot.as_str()).unwrap().is_some()
+        };
+        let writes = [
+            Write::Done(id.as_str(), unix_now() + 3600),
+            Write::Entity(slot.as_str(), state.to_bytes()),
+            Write::Checkpoint("mekari/main/orders", 7),
+        ];
+        let (mut frame, mut sweep) = (Vec::new(), Sweep::default());
+        let synced = commit_batch(&opened, &writes, false, &mut frame, &mut sweep, 0);
+        assert_eq!(synced.unwrap(), Synced::InLog);
+        assert!(!in_file(&opened));
+        assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
+        assert_eq!(ledger.entity(&slot).await.unwrap(), Some(state));
+        assert_eq!(
+            ledger.checkpoint("mekari/main/orders").await.unwrap(),
+            Some(7)
+        );
+
+        let synced = commit_batch(&opened, &[], true, &mut frame, &mut sweep, 0);
+        assert_eq!(synced.unwrap(), Synced::InRedb);
+        assert!(in_file(&opened));
+        assert_eq!(opened.recent().len(), 0);
+        assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
+        assert_eq!(ledger.entity(&slot).await.unwrap(), Some(state));
+    }
+
     /// What a batch committed through the redo log holds survives a stop
     /// that never made it durable in the file: the files as a crash leaves
     /// them (copied while the ledger runs) open with the log applied.

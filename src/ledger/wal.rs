@@ -6,12 +6,12 @@
 //! was a fifth of posbridge's CPU (docs/BENCHMARKS.md). So each batch is
 //! instead appended here as one checksummed frame and synced (one small
 //! overwrite of space the file already has, so the sync writes no file
-//! metadata), then committed to redb without a sync, where readers see it
-//! at once. About once a second a durable redb commit makes everything so
-//! far durable in the database itself and records the log's generation as
-//! covered; the log then moves to the next generation, which makes every
-//! frame in it stale without rewriting it. Opening the ledger applies the
-//! frames of a generation the database has not covered, in order, durably.
+//! metadata); its writes wait in memory, where reads look first. Every
+//! 100 ms one durable redb commit writes everything waiting, in key order,
+//! and records the log's generation as covered; the log then moves to the
+//! next generation, which makes every frame in it stale without rewriting
+//! it. Opening the ledger applies the frames of a generation the database
+//! has not covered, in order, durably.
 //!
 //! File layout: a header block (magic, generation, checksum), then frames
 //! from [`HEADER_BYTES`] to [`CAPACITY`]: generation, payload length,

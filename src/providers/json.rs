@@ -68,8 +68,8 @@ pub(super) fn optional_decimal(
 ) -> Result<Option<Decimal>, NormalizeError> {
     let text = match value.get(leaf(field)) {
         None | Some(Value::Null) => return Ok(None),
-        Some(Value::Number(n)) => n.to_string(),
-        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n.as_str(),
+        Some(Value::String(s)) => s.as_str(),
         Some(_) => {
             return Err(NormalizeError::InvalidField {
                 field,
@@ -77,7 +77,7 @@ pub(super) fn optional_decimal(
             });
         }
     };
-    Decimal::parse(&text)
+    Decimal::parse(text)
         .map(Some)
         .ok_or(NormalizeError::InvalidField {
             field,
@@ -194,21 +194,24 @@ pub(super) fn content(data: &Value, volatile: &[&str]) -> Content {
 }
 
 /// Writes `value` in canonical form, leaving out the members of a top-level
-/// object named in `skip` (nested objects keep all theirs).
+/// object named in `skip` (nested objects keep all theirs). Every delivery
+/// goes through here, so it writes straight into `out`.
 fn canonical(value: &Value, skip: &[&str], out: &mut String) {
+    use std::fmt::Write as _;
     match value {
         Value::Object(map) => {
             // Sorted here, whatever order the map keeps its keys in.
-            let sorted: std::collections::BTreeMap<&String, &Value> = map
+            let mut members: Vec<(&String, &Value)> = map
                 .iter()
                 .filter(|(key, v)| !v.is_null() && !skip.contains(&key.as_str()))
                 .collect();
+            members.sort_unstable_by(|a, b| a.0.cmp(b.0));
             out.push('{');
-            for (i, (key, value)) in sorted.into_iter().enumerate() {
+            for (i, (key, value)) in members.into_iter().enumerate() {
                 if i > 0 {
                     out.push(',');
                 }
-                out.push_str(&serde_json::to_string(key).unwrap_or_default());
+                json_string(key, out);
                 out.push(':');
                 canonical(value, &[], out);
             }
@@ -224,19 +227,43 @@ fn canonical(value: &Value, skip: &[&str], out: &mut String) {
             }
             out.push(']');
         }
-        Value::Number(n) => {
-            let text = n.to_string();
-            match Decimal::parse(&text) {
-                Some(decimal) => out.push_str(&decimal.to_string()),
-                None => out.push_str(&text),
+        Value::Number(n) => match Decimal::parse(n.as_str()) {
+            Some(decimal) => {
+                let _ = write!(out, "{decimal}");
             }
-        }
-        Value::String(s) => match OffsetDateTime::parse(s, &Rfc3339) {
-            Ok(at) => out.push_str(&format!("\"@{}\"", micros(at))),
-            Err(_) => out.push_str(&value.to_string()),
+            None => out.push_str(n.as_str()),
         },
-        Value::Bool(_) | Value::Null => out.push_str(&value.to_string()),
+        Value::String(s) => match rfc3339(s) {
+            Some(at) => {
+                let _ = write!(out, "\"@{}\"", micros(at));
+            }
+            None => json_string(s, out),
+        },
+        Value::Bool(true) => out.push_str("true"),
+        Value::Bool(false) => out.push_str("false"),
+        Value::Null => out.push_str("null"),
     }
+}
+
+/// A string as a JSON string, escaped as `serde_json` escapes it.
+fn json_string(s: &str, out: &mut String) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else {
+        out.push_str(&serde_json::to_string(s).unwrap_or_default());
+    }
+}
+
+/// The time a string holds in RFC 3339, if it does; the shortest such
+/// string (`2026-11-30T12:00:00Z`) has 20 bytes and a `-` after the year,
+/// so most strings are told apart without parsing.
+fn rfc3339(s: &str) -> Option<OffsetDateTime> {
+    if s.len() < 20 || s.as_bytes()[4] != b'-' {
+        return None;
+    }
+    OffsetDateTime::parse(s, &Rfc3339).ok()
 }
 
 /// The last segment of a documented field path (`data.items[].qty` → `qty`):
