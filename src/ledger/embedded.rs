@@ -700,6 +700,22 @@ mod tests {
             .unwrap();
     }
 
+    /// A delivery id, an entity slot and a state of it.
+    fn sample() -> (DeliveryKey, EntitySlot, EntityState) {
+        let slot = EntitySlot::new(
+            EntityType::Order,
+            &EntityKey::new(ProviderKind::Mekari, None, "O-1"),
+        );
+        let state = EntityState {
+            version: Version {
+                at_micros: 42,
+                rank: 1,
+            },
+            state_hash: [3; 16],
+        };
+        (DeliveryKey::new(ProviderKind::Mekari, "e1"), slot, state)
+    }
+
     #[tokio::test]
     async fn a_delivery_is_new_then_in_flight_then_done() {
         let dir = tempfile::tempdir().unwrap();
@@ -742,18 +758,7 @@ mod tests {
     #[tokio::test]
     async fn done_ids_and_entity_versions_survive_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let id = DeliveryKey::new(ProviderKind::Mekari, "e1");
-        let slot = EntitySlot::new(
-            EntityType::Order,
-            &EntityKey::new(ProviderKind::Mekari, None, "O-1"),
-        );
-        let state = EntityState {
-            version: Version {
-                at_micros: 42,
-                rank: 7,
-            },
-            state_hash: [9; 16],
-        };
+        let (id, slot, state) = sample();
         {
             let ledger = open(&dir);
             ledger.begin(&id).await.unwrap();
@@ -806,18 +811,7 @@ mod tests {
     async fn reads_find_writes_waiting_for_the_durable_commit() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = open(&dir);
-        let id = DeliveryKey::new(ProviderKind::Mekari, "e1");
-        let slot = EntitySlot::new(
-            EntityType::Order,
-            &EntityKey::new(ProviderKind::Mekari, None, "O-1"),
-        );
-        let state = EntityState {
-            version: Version {
-                at_micros: 42,
-                rank: 1,
-            },
-            state_hash: [3; 16],
-        };
+        let (id, slot, state) = sample();
         let opened = ledger.store.get().unwrap();
         let in_file = |opened: &Opened| {
             let txn = opened.db.begin_read().unwrap();
@@ -854,18 +848,7 @@ mod tests {
     #[tokio::test]
     async fn a_commit_in_the_redo_log_survives_a_crash() {
         let dir = tempfile::tempdir().unwrap();
-        let id = DeliveryKey::new(ProviderKind::Mekari, "e1");
-        let slot = EntitySlot::new(
-            EntityType::Order,
-            &EntityKey::new(ProviderKind::Mekari, None, "O-1"),
-        );
-        let state = EntityState {
-            version: Version {
-                at_micros: 42,
-                rank: 1,
-            },
-            state_hash: [3; 16],
-        };
+        let (id, slot, state) = sample();
         let opened = Store::open_file(&dir.path().join("ledger.redb"), Integrity::Check).unwrap();
         let writes = [
             Write::Done(id.as_str(), unix_now() + 3600),
