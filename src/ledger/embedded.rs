@@ -142,12 +142,13 @@ impl EmbeddedLedger {
 
     fn is_done(&self, delivery: &DeliveryKey) -> Result<bool, LedgerError> {
         let opened = self.store.get()?;
-        let expires = match opened.recent().done.get(delivery.as_str()) {
-            Some(expires) => *expires,
+        // `recent` first: the tables are replaced before it is emptied.
+        let recent = opened.recent().done.get(delivery.as_str()).copied();
+        let expires = match recent {
+            Some(expires) => expires,
             None => {
-                let txn = opened.db.begin_read().map_err(storage)?;
-                let table = txn.open_table(DONE).map_err(storage)?;
-                let stored = table.get(delivery.as_str()).map_err(storage)?;
+                let tables = opened.tables();
+                let stored = tables.done.get(delivery.as_str()).map_err(storage)?;
                 stored.map_or(0, |expires| expires.value())
             }
         };
@@ -199,11 +200,41 @@ struct Opened {
     /// Writes durable in the redo log and not yet in `db`: reads look here
     /// first. Only the writer thread changes it.
     recent: RwLock<Recent>,
+    /// Read handles on `db` as of its last durable commit. With `recent`
+    /// they hold the whole ledger, so a lookup opens no transaction of its
+    /// own. The writer replaces them after each durable commit, before it
+    /// empties `recent`.
+    tables: RwLock<Arc<Tables>>,
 }
 
 impl Opened {
     fn recent(&self) -> std::sync::RwLockReadGuard<'_, Recent> {
         self.recent.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn tables(&self) -> Arc<Tables> {
+        self.tables
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// The tables as one read transaction sees them.
+struct Tables {
+    done: redb::ReadOnlyTable<&'static str, u64>,
+    entities: redb::ReadOnlyTable<&'static str, &'static [u8]>,
+    checkpoints: redb::ReadOnlyTable<&'static str, i64>,
+}
+
+impl Tables {
+    fn open(db: &Database) -> Result<Arc<Tables>, redb::Error> {
+        let txn = db.begin_read()?;
+        Ok(Arc::new(Tables {
+            done: txn.open_table(DONE)?,
+            entities: txn.open_table(ENTITIES)?,
+            checkpoints: txn.open_table(CHECKPOINTS)?,
+        }))
     }
 }
 
@@ -305,10 +336,12 @@ impl Store {
             }
         }
         wal.advance_past(covered).map_err(wal_error)?;
+        let tables = Tables::open(&db).map_err(redb_error)?;
         Ok(Opened {
             db,
             wal: Mutex::new(Some(wal)),
             recent: RwLock::default(),
+            tables: RwLock::new(tables),
         })
     }
 
@@ -491,7 +524,13 @@ fn commit_batch(
         }
         write_batch(&opened.db, &all, generation, sweep, now)?;
     }
-    // The file holds it all now: reads find it there.
+    // The file holds it all now: reads find it there, through new handles
+    // in place before `recent` is emptied.
+    let tables = Tables::open(&opened.db)?;
+    *opened
+        .tables
+        .write()
+        .unwrap_or_else(PoisonError::into_inner) = tables;
     *opened
         .recent
         .write()
@@ -617,12 +656,12 @@ impl Ledger for EmbeddedLedger {
 
     async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
         let opened = self.store.get()?;
-        if let Some(state) = opened.recent().entities.get(slot.as_str()) {
-            return EntityState::decode(slot, state).map(Some);
+        let recent = opened.recent().entities.get(slot.as_str()).copied();
+        if let Some(state) = recent {
+            return EntityState::decode(slot, &state).map(Some);
         }
-        let txn = opened.db.begin_read().map_err(storage)?;
-        let table = txn.open_table(ENTITIES).map_err(storage)?;
-        let value = table.get(slot.as_str()).map_err(storage)?;
+        let tables = opened.tables();
+        let value = tables.entities.get(slot.as_str()).map_err(storage)?;
         value
             .map(|v| EntityState::decode(slot, v.value()))
             .transpose()
@@ -630,12 +669,16 @@ impl Ledger for EmbeddedLedger {
 
     async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
         let opened = self.store.get()?;
-        if let Some(at) = opened.recent().checkpoints.get(name) {
-            return Ok(Some(*at));
+        let recent = opened.recent().checkpoints.get(name).copied();
+        if recent.is_some() {
+            return Ok(recent);
         }
-        let txn = opened.db.begin_read().map_err(storage)?;
-        let table = txn.open_table(CHECKPOINTS).map_err(storage)?;
-        Ok(table.get(name).map_err(storage)?.map(|v| v.value()))
+        let tables = opened.tables();
+        Ok(tables
+            .checkpoints
+            .get(name)
+            .map_err(storage)?
+            .map(|v| v.value()))
     }
 
     async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
