@@ -52,6 +52,10 @@ const COMMIT_EVERY: Duration = Duration::from_millis(2);
 const APPLY_EVERY: Duration = Duration::from_millis(100);
 /// Recent writes that make a durable commit due before [`APPLY_EVERY`].
 const APPLY_AT: usize = 16 * 1024;
+/// A batch with more writes than this (a bulk load; a webhook surge gathers
+/// a few dozen per batch) is committed durably to redb at once: logging it
+/// first would write and hold it twice for nothing.
+const LOG_AT_MOST: usize = 1024;
 /// How many done ids each commit looks at, in key order from where the last
 /// one stopped, deleting those expired: the sweep walks the whole table in
 /// turn, a few leaf pages per commit, so forgetting costs the same small
@@ -492,7 +496,9 @@ fn commit_batch(
     let mut log = opened.wal.lock().unwrap_or_else(PoisonError::into_inner);
     let generation = log.as_ref().map(Wal::generation);
     let mut logged = false;
-    if let Some(wal) = log.as_mut() {
+    if writes.len() <= LOG_AT_MOST
+        && let Some(wal) = log.as_mut()
+    {
         frame.clear();
         for write in writes {
             wal::encode(write, frame);
