@@ -1,11 +1,11 @@
 //! The embedded ledger: one redb file, for a single posbridge process.
 //!
-//! Reads go straight to redb. Writes go through one writer thread that
-//! commits whatever has queued up in one transaction (group commit), so
-//! concurrent deliveries share one sync instead of queueing for one each;
-//! the batch is made durable by the redo log (`wal.rs`) and committed to
-//! redb without a sync of its own, with a durable redb commit about once a
-//! second. Leases and entity locks live in memory: they only need to
+//! Writes go through one writer thread that makes whatever has queued up
+//! durable in one step (group commit), so concurrent deliveries share one
+//! sync instead of queueing for one each: a frame of the redo log
+//! (`wal.rs`), its writes kept in memory where reads look first, and every
+//! 100 ms one durable redb commit of all of them. Reads look in memory,
+//! then in redb through table handles kept from its last durable commit. Leases and entity locks live in memory: they only need to
 //! outlive a request, and a crash must not leave a delivery blocked.
 
 use std::collections::{BTreeMap, HashMap};
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{mpsc, oneshot};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use super::wal::{self, Wal, Write};
 use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
@@ -198,9 +198,8 @@ struct Store {
 /// that the file does not yet.
 struct Opened {
     db: Database,
-    /// `None` once a write to it failed: every commit is then durable in
-    /// redb, until the file is reopened.
-    wal: Mutex<Option<Wal>>,
+    /// The redo log and the generation its frames are written in.
+    log: Mutex<Log>,
     /// Writes durable in the redo log and not yet in `db`: reads look here
     /// first. Only the writer thread changes it.
     recent: RwLock<Recent>,
@@ -222,6 +221,37 @@ impl Opened {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
+}
+
+/// `writes` without the entity states older than the one the file holds.
+fn not_older<'a>(db: &Database, writes: Vec<Write<'a>>) -> Result<Vec<Write<'a>>, redb::Error> {
+    let txn = db.begin_read()?;
+    let entities = txn.open_table(ENTITIES)?;
+    let mut kept = Vec::with_capacity(writes.len());
+    for write in writes {
+        if let Write::Entity(slot, state) = &write {
+            let stored = entities.get(*slot)?;
+            let older = stored
+                .and_then(|v| EntityState::from_bytes(v.value()))
+                .zip(EntityState::from_bytes(state))
+                .is_some_and(|(stored, frame)| frame.version < stored.version);
+            if older {
+                continue;
+            }
+        }
+        kept.push(write);
+    }
+    Ok(kept)
+}
+
+/// The redo log, or none once a write to it (or a durable commit) failed:
+/// every commit is then durable in redb, until the file is reopened.
+struct Log {
+    /// The generation every durable commit records as covered: the log's
+    /// current one, kept when the log is dropped, so commits made without
+    /// it still cover the frames written before.
+    generation: u64,
+    wal: Option<Wal>,
 }
 
 /// The tables as one read transaction sees them.
@@ -329,6 +359,9 @@ impl Store {
                     wal_error(std::io::Error::other("a frame this version cannot read"))
                 })?);
             }
+            // A state older than the file's (a frame left by a version that
+            // did not record `covered`, then a downgrade) never goes back in.
+            let writes = not_older(&db, writes).map_err(redb_error)?;
             if !writes.is_empty() {
                 let covers = Some(wal.generation());
                 write_batch(&db, &writes, covers, &mut Sweep::default(), unix_now())
@@ -343,7 +376,10 @@ impl Store {
         let tables = Tables::open(&db).map_err(redb_error)?;
         Ok(Opened {
             db,
-            wal: Mutex::new(Some(wal)),
+            log: Mutex::new(Log {
+                generation: wal.generation(),
+                wal: Some(wal),
+            }),
             recent: RwLock::default(),
             tables: RwLock::new(tables),
         })
@@ -466,9 +502,13 @@ fn write_loop(
         }
     }
     // Shutting down: make the recent writes durable in the file, so the
-    // next start has no log to apply.
-    if let Ok(opened) = store.get() {
-        let _ = commit_batch(&opened, &[], true, &mut Vec::new(), &mut sweep, unix_now());
+    // next start has no log to apply (if the process lets this thread
+    // finish; if not, the log still holds them).
+    if let Ok(opened) = store.get()
+        && let Err(error) =
+            commit_batch(&opened, &[], true, &mut Vec::new(), &mut sweep, unix_now())
+    {
+        warn!(%error, "The ledger's last durable commit failed; the next start applies its redo log.");
     }
 }
 
@@ -493,11 +533,14 @@ fn commit_batch(
     sweep: &mut Sweep,
     now: u64,
 ) -> Result<Synced, redb::Error> {
-    let mut log = opened.wal.lock().unwrap_or_else(PoisonError::into_inner);
-    let generation = log.as_ref().map(Wal::generation);
+    let mut log = opened.log.lock().unwrap_or_else(PoisonError::into_inner);
+    let generation = log.generation;
     let mut logged = false;
-    if writes.len() <= LOG_AT_MOST
-        && let Some(wal) = log.as_mut()
+    // A due apply makes the batch durable itself: no frame first.
+    if !apply_due
+        && !writes.is_empty()
+        && writes.len() <= LOG_AT_MOST
+        && let Some(wal) = log.wal.as_mut()
     {
         frame.clear();
         for write in writes {
@@ -507,7 +550,7 @@ fn commit_batch(
             Ok(fits) => logged = fits,
             Err(error) => {
                 error!(%error, "The ledger's redo log cannot be written: every commit is now a durable database commit.");
-                *log = None;
+                log.wal = None;
             }
         }
     }
@@ -517,10 +560,44 @@ fn commit_batch(
             .write()
             .unwrap_or_else(PoisonError::into_inner);
         recent.insert(writes);
-        if !apply_due && recent.len() < APPLY_AT {
+        if recent.len() < APPLY_AT {
             return Ok(Synced::InLog);
         }
     }
+    let applied = apply(opened, writes, logged, generation, sweep, now);
+    match &applied {
+        Ok(()) => {
+            if let Some(wal) = log.wal.as_mut()
+                && let Err(error) = wal.advance_past(generation)
+            {
+                error!(%error, "The ledger's redo log cannot start over: every commit is now a durable database commit.");
+                log.wal = None;
+            }
+            // Frames from here on belong to a generation the file does not
+            // cover (or there is no log).
+            if let Some(wal) = &log.wal {
+                log.generation = wal.generation();
+            }
+        }
+        // The commit may have reached the file, `covered` with it: a frame
+        // appended at this generation now might never be replayed. No more
+        // frames until the file is reopened.
+        Err(_) => log.wal = None,
+    }
+    applied.map(|()| Synced::InRedb)
+}
+
+/// One durable redb commit of everything recent, then `writes` unless they
+/// are recent already (`logged`), covering the log's `generation`; then the
+/// reads' handles replaced and `recent` emptied, in that order.
+fn apply(
+    opened: &Opened,
+    writes: &[Write<'_>],
+    logged: bool,
+    generation: u64,
+    sweep: &mut Sweep,
+    now: u64,
+) -> Result<(), redb::Error> {
     {
         let recent = opened.recent();
         let mut all = recent.writes();
@@ -528,7 +605,7 @@ fn commit_batch(
             // Newer than anything recent: written last.
             all.extend_from_slice(writes);
         }
-        write_batch(&opened.db, &all, generation, sweep, now)?;
+        write_batch(&opened.db, &all, Some(generation), sweep, now)?;
     }
     // The file holds it all now: reads find it there, through new handles
     // in place before `recent` is emptied.
@@ -541,13 +618,7 @@ fn commit_batch(
         .recent
         .write()
         .unwrap_or_else(PoisonError::into_inner) = Recent::default();
-    if let Some(wal) = log.as_mut()
-        && let Err(error) = wal.advance_past(generation.unwrap_or(0))
-    {
-        error!(%error, "The ledger's redo log cannot start over: every commit is now a durable database commit.");
-        *log = None;
-    }
-    Ok(Synced::InRedb)
+    Ok(())
 }
 
 /// A batch's writes, its done ids kept until `expires`.
@@ -891,6 +962,72 @@ mod tests {
         assert_eq!(ledger.entity(&slot).await.unwrap(), Some(state));
     }
 
+    /// A crash after a durable commit covered the log's generation and
+    /// before the log moved on: opening does not apply those frames again
+    /// over what the file holds.
+    #[tokio::test]
+    async fn frames_of_a_covered_generation_are_not_applied_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = "mekari/main/orders";
+        {
+            let opened =
+                Store::open_file(&dir.path().join("ledger.redb"), Integrity::Check).unwrap();
+            let logged = [Write::Checkpoint(name, 5)];
+            let synced = commit_batch(
+                &opened,
+                &logged,
+                false,
+                &mut Vec::new(),
+                &mut Sweep::default(),
+                0,
+            );
+            assert_eq!(synced.unwrap(), Synced::InLog);
+            let generation = opened.log.lock().unwrap().generation;
+            let later = [Write::Checkpoint(name, 9)];
+            write_batch(
+                &opened.db,
+                &later,
+                Some(generation),
+                &mut Sweep::default(),
+                0,
+            )
+            .unwrap();
+        }
+        assert_eq!(open(&dir).checkpoint(name).await.unwrap(), Some(9));
+    }
+
+    /// A newer state in the file than in the log (a version that kept no
+    /// `covered` wrote it) stays: the log never rolls an entity back.
+    #[tokio::test]
+    async fn an_older_state_in_the_log_never_replaces_a_newer_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, slot, old) = sample();
+        let new = EntityState {
+            version: Version {
+                at_micros: old.version.at_micros + 1,
+                rank: 0,
+            },
+            ..old
+        };
+        {
+            let opened =
+                Store::open_file(&dir.path().join("ledger.redb"), Integrity::Check).unwrap();
+            let logged = [Write::Entity(slot.as_str(), old.to_bytes())];
+            let synced = commit_batch(
+                &opened,
+                &logged,
+                false,
+                &mut Vec::new(),
+                &mut Sweep::default(),
+                0,
+            );
+            assert_eq!(synced.unwrap(), Synced::InLog);
+            let newer = [Write::Entity(slot.as_str(), new.to_bytes())];
+            write_batch(&opened.db, &newer, None, &mut Sweep::default(), 0).unwrap();
+        }
+        assert_eq!(open(&dir).entity(&slot).await.unwrap(), Some(new));
+    }
+
     /// What a batch committed through the redo log holds survives a stop
     /// that never made it durable in the file: the files as a crash leaves
     /// them (copied while the ledger runs) open with the log applied.
@@ -926,9 +1063,9 @@ mod tests {
         assert_eq!(after.begin(&id).await.unwrap(), Begin::Done);
         assert_eq!(after.entity(&slot).await.unwrap(), Some(state));
         let opened = after.store.get().unwrap();
-        let log = opened.wal.lock().unwrap();
+        let log = opened.log.lock().unwrap();
         assert!(
-            log.as_ref().unwrap().frames().unwrap().is_empty(),
+            log.wal.as_ref().unwrap().frames().unwrap().is_empty(),
             "applied, the log starts over"
         );
     }

@@ -13,10 +13,11 @@
 //! it. Opening the ledger applies the frames of a generation the database
 //! has not covered, in order, durably.
 //!
-//! File layout: a header block (magic, generation, checksum), then frames
-//! from [`HEADER_BYTES`] to [`CAPACITY`]: generation, payload length,
-//! checksum, payload. Reading stops at the first frame that is not of the
-//! header's generation or whose checksum fails (a torn last write).
+//! File layout: a header block (magic, generation, salt, checksum), then
+//! frames from [`HEADER_BYTES`] to [`CAPACITY`]: generation, payload length,
+//! checksum (seeded with the salt), payload. Reading stops at the first
+//! frame that is not of the header's generation or whose checksum fails (a
+//! torn last write).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -32,7 +33,9 @@ pub const HEADER_BYTES: u64 = 4096;
 /// ten thousand deliveries; a batch that does not fit is committed durably
 /// in redb instead.
 pub const CAPACITY: u64 = 1024 * 1024;
-const MAGIC: &[u8; 16] = b"posbridge-redo\0\x01";
+const MAGIC: &[u8; 16] = b"posbridge-redo\0\x02";
+/// Magic, generation, salt, checksum.
+const HEADER_LEN: usize = 16 + 8 + 8 + 8;
 /// Generation, payload length, checksum.
 const FRAME_HEAD: usize = 8 + 4 + 8;
 
@@ -116,6 +119,10 @@ pub fn path_of(ledger: &Path) -> PathBuf {
 pub struct Wal {
     file: File,
     generation: u64,
+    /// Random per generation, a seed of every frame's checksum: stale bytes
+    /// (which hold provider-chosen ids) cannot pass for a frame of a later
+    /// generation.
+    salt: u64,
     /// Where the next frame goes.
     end: u64,
 }
@@ -140,19 +147,25 @@ impl Wal {
             file.write_all_at(&zeros, len)?;
             file.sync_all()?;
         }
-        let mut header = [0u8; 32];
+        if len == 0 {
+            // A new file: its directory entry must be durable too, or a
+            // power loss takes the synced frames with it.
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+            File::open(dir.unwrap_or(Path::new(".")))?.sync_all()?;
+        }
+        let mut header = [0u8; HEADER_LEN];
         file.read_exact_at(&mut header, 0)?;
-        let generation = match header.split_at(24) {
-            (head, hash)
-                if head.starts_with(MAGIC) && hash == xxh3_64(head).to_le_bytes().as_slice() =>
-            {
-                u64::from_le_bytes(head[16..24].try_into().unwrap_or_default())
-            }
-            _ => 0,
-        };
+        let (head, hash) = header.split_at(HEADER_LEN - 8);
+        let (generation, salt) =
+            if head.starts_with(MAGIC) && hash == xxh3_64(head).to_le_bytes().as_slice() {
+                (word(&head[16..24]), word(&head[24..32]))
+            } else {
+                (0, 0)
+            };
         Ok(Wal {
             file,
             generation,
+            salt,
             end: HEADER_BYTES,
         })
     }
@@ -182,7 +195,7 @@ impl Wal {
             let mut payload = vec![0u8; usize::try_from(len).unwrap_or(0)];
             self.file
                 .read_exact_at(&mut payload, at + FRAME_HEAD as u64)?;
-            if checksum(&head[..12], &payload).to_le_bytes() != head[12..] {
+            if checksum(self.salt, &head[..12], &payload).to_le_bytes() != head[12..] {
                 break;
             }
             frames.push(payload);
@@ -199,14 +212,17 @@ impl Wal {
     /// The header cannot be written or synced; the log must not be used.
     pub fn advance_past(&mut self, covered: u64) -> io::Result<()> {
         let generation = self.generation.max(covered) + 1;
-        let mut header = [0u8; 32];
+        let salt = rand::random::<u64>();
+        let mut header = [0u8; HEADER_LEN];
         header[..16].copy_from_slice(MAGIC);
         header[16..24].copy_from_slice(&generation.to_le_bytes());
-        let hash = xxh3_64(&header[..24]);
-        header[24..].copy_from_slice(&hash.to_le_bytes());
+        header[24..32].copy_from_slice(&salt.to_le_bytes());
+        let hash = xxh3_64(&header[..HEADER_LEN - 8]);
+        header[HEADER_LEN - 8..].copy_from_slice(&hash.to_le_bytes());
         self.file.write_all_at(&header, 0)?;
         self.file.sync_data()?;
         self.generation = generation;
+        self.salt = salt;
         self.end = HEADER_BYTES;
         Ok(())
     }
@@ -225,7 +241,7 @@ impl Wal {
         let mut frame = Vec::with_capacity(FRAME_HEAD + payload.len());
         frame.extend_from_slice(&self.generation.to_le_bytes());
         frame.extend_from_slice(&len.to_le_bytes());
-        let hash = checksum(&frame, payload);
+        let hash = checksum(self.salt, &frame, payload);
         frame.extend_from_slice(&hash.to_le_bytes());
         frame.extend_from_slice(payload);
         self.file.write_all_at(&frame, self.end)?;
@@ -235,9 +251,15 @@ impl Wal {
     }
 }
 
-/// The checksum of a frame's generation and length with its payload.
-fn checksum(head: &[u8], payload: &[u8]) -> u64 {
-    let mut hasher = Xxh3::new();
+/// A little-endian u64 from 8 bytes.
+fn word(bytes: &[u8]) -> u64 {
+    u64::from_le_bytes(bytes.try_into().unwrap_or_default())
+}
+
+/// The checksum of a frame's generation and length with its payload,
+/// seeded with the generation's salt.
+fn checksum(salt: u64, head: &[u8], payload: &[u8]) -> u64 {
+    let mut hasher = Xxh3::with_seed(salt);
     hasher.update(head);
     hasher.update(payload);
     hasher.digest()
