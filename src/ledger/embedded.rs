@@ -836,6 +836,22 @@ mod tests {
         (DeliveryKey::new(ProviderKind::Mekari, "e1"), slot, state)
     }
 
+    /// The store of `dir`'s ledger with `writes` committed to its redo log
+    /// only.
+    fn with_logged(dir: &tempfile::TempDir, writes: &[Write<'_>]) -> Opened {
+        let opened = Store::open_file(&dir.path().join("ledger.redb"), Integrity::Check).unwrap();
+        let synced = commit_batch(
+            &opened,
+            writes,
+            false,
+            &mut Vec::new(),
+            &mut Sweep::default(),
+            0,
+        );
+        assert_eq!(synced.unwrap(), Synced::InLog);
+        opened
+    }
+
     #[tokio::test]
     async fn a_delivery_is_new_then_in_flight_then_done() {
         let dir = tempfile::tempdir().unwrap();
@@ -970,18 +986,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let name = "mekari/main/orders";
         {
-            let opened =
-                Store::open_file(&dir.path().join("ledger.redb"), Integrity::Check).unwrap();
-            let logged = [Write::Checkpoint(name, 5)];
-            let synced = commit_batch(
-                &opened,
-                &logged,
-                false,
-                &mut Vec::new(),
-                &mut Sweep::default(),
-                0,
-            );
-            assert_eq!(synced.unwrap(), Synced::InLog);
+            let opened = with_logged(&dir, &[Write::Checkpoint(name, 5)]);
             let generation = opened.log.lock().unwrap().generation;
             let later = [Write::Checkpoint(name, 9)];
             write_batch(
@@ -1010,18 +1015,7 @@ mod tests {
             ..old
         };
         {
-            let opened =
-                Store::open_file(&dir.path().join("ledger.redb"), Integrity::Check).unwrap();
-            let logged = [Write::Entity(slot.as_str(), old.to_bytes())];
-            let synced = commit_batch(
-                &opened,
-                &logged,
-                false,
-                &mut Vec::new(),
-                &mut Sweep::default(),
-                0,
-            );
-            assert_eq!(synced.unwrap(), Synced::InLog);
+            let opened = with_logged(&dir, &[Write::Entity(slot.as_str(), old.to_bytes())]);
             let newer = [Write::Entity(slot.as_str(), new.to_bytes())];
             write_batch(&opened.db, &newer, None, &mut Sweep::default(), 0).unwrap();
         }
