@@ -129,8 +129,8 @@ impl SpooledDelivery {
     }
 }
 
-/// What the spool holds now, for `/readyz` and the gauges.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the spool holds now, for `/readyz`, the gauges and the status page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct SpoolStats {
     /// Deliveries spooled.
     pub entries: u64,

@@ -18,7 +18,7 @@ use time::OffsetDateTime;
 use super::ops::Readiness;
 use crate::config::AdminConfig;
 use crate::pipeline::Pipeline;
-use crate::status::{Board, Health, SpoolHealth, Status};
+use crate::status::{Board, Health, Status};
 
 /// What the admin routes read.
 #[derive(Clone)]
@@ -142,11 +142,7 @@ async fn gather(state: &AdminState) -> Status {
                 (true, true) => "ok",
                 (true, false) => "unavailable",
             },
-            spool: readiness.spool.map(|stats| SpoolHealth {
-                entries: stats.entries,
-                bytes: stats.bytes,
-                has_room: stats.has_room,
-            }),
+            spool: readiness.spool,
             dead_letters_since_start: pipeline.dead_letters_written(),
         },
         sources: state.board.snapshot(now),

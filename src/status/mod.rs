@@ -6,4 +6,4 @@ pub mod board;
 pub mod page;
 
 pub use board::Board;
-pub use page::{Health, SpoolHealth, Status};
+pub use page::{Health, Status};

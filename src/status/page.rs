@@ -11,6 +11,7 @@ use time::OffsetDateTime;
 use time::macros::format_description;
 
 use super::board::{MinuteSnapshot, SourceSnapshot};
+use crate::spool::SpoolStats;
 
 /// How the page groups answers, in its column order: outcome keys of 2xx
 /// answers, then refusals by status.
@@ -50,20 +51,9 @@ pub struct Health {
     /// `ok`, `unavailable`, or `not used`.
     pub schema_registry: &'static str,
     /// The spool's entries and bytes, when a source spools.
-    pub spool: Option<SpoolHealth>,
+    pub spool: Option<SpoolStats>,
     /// Dead letters written since start.
     pub dead_letters_since_start: u64,
-}
-
-/// The outage spool, for the page.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct SpoolHealth {
-    /// Deliveries waiting.
-    pub entries: u64,
-    /// Their bytes.
-    pub bytes: u64,
-    /// Whether it takes more.
-    pub has_room: bool,
 }
 
 /// The HTML page.
