@@ -1,14 +1,18 @@
-//! A [`PosEvent`] and its Avro form, both ways: the mapping between the
-//! event's fields and `schemas/pos_event.avsc`.
+//! A [`PosEvent`] and apache-avro's value tree of it, both ways: reading
+//! records back (`decode`), and, in tests, the reference for the datum
+//! `datum.rs` writes.
 
 use apache_avro::types::Value;
 use time::OffsetDateTime;
 
 use super::DecodeError;
+#[cfg(test)]
+use crate::event::micros;
 use crate::event::{
-    Decimal, EntityType, LineItem, Origin, PosEvent, ProviderKind, Version, from_micros, micros,
+    Decimal, EntityType, LineItem, Origin, PosEvent, ProviderKind, Version, from_micros,
 };
 
+#[cfg(test)]
 fn optional_string(value: Option<&str>) -> Value {
     match value {
         Some(s) => Value::Union(1, Box::new(Value::String(s.to_owned()))),
@@ -16,6 +20,7 @@ fn optional_string(value: Option<&str>) -> Value {
     }
 }
 
+#[cfg(test)]
 fn optional_decimal(value: Option<Decimal>) -> Value {
     match value {
         Some(decimal) => {
@@ -40,6 +45,7 @@ fn optional_decimal(value: Option<Decimal>) -> Value {
     }
 }
 
+#[cfg(test)]
 fn optional<T>(value: Option<T>, to: impl FnOnce(T) -> Value) -> Value {
     match value {
         Some(value) => Value::Union(1, Box::new(to(value))),
@@ -47,6 +53,7 @@ fn optional<T>(value: Option<T>, to: impl FnOnce(T) -> Value) -> Value {
     }
 }
 
+#[cfg(test)]
 fn lines(items: &[LineItem]) -> Value {
     Value::Array(
         items
@@ -69,6 +76,7 @@ fn lines(items: &[LineItem]) -> Value {
     )
 }
 
+#[cfg(test)]
 fn symbol<T: Copy + PartialEq>(all: &[T], item: T, name: fn(T) -> &'static str) -> Value {
     let index = all.iter().position(|x| *x == item).unwrap_or(0);
     Value::Enum(
@@ -80,9 +88,12 @@ fn symbol<T: Copy + PartialEq>(all: &[T], item: T, name: fn(T) -> &'static str) 
 /// The `Origin` enum's symbols in schema order.
 pub(super) const ORIGINS: [Origin; 2] = [Origin::Webhook, Origin::Reconciler];
 
-/// The Avro form of an event. Every field of [`PosEvent`] is named here
-/// (no `..`), so a field added to the event without a place in the schema
-/// fails to compile instead of silently going missing.
+/// The Avro form of an event as apache-avro's value tree: the reference the
+/// tests hold `datum::write` (what records are written with) to. Every field
+/// of [`PosEvent`] is named here (no `..`), so a field added to the event
+/// without a place in the schema fails to compile instead of silently going
+/// missing.
+#[cfg(test)]
 pub fn to_avro(event: &PosEvent) -> Value {
     let PosEvent {
         event_id,

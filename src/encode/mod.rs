@@ -30,7 +30,9 @@ use schema_registry_converter::schema_registry_common::{
 use crate::config::RegistryConfig;
 use crate::event::PosEvent;
 
-pub use avro::{from_avro, to_avro};
+pub use avro::from_avro;
+#[cfg(test)]
+use avro::to_avro;
 pub use fingerprint::fingerprint;
 pub use registry::{RegistryClient, RegistryError};
 
@@ -113,18 +115,8 @@ pub enum Encoder {
         /// `C3 01` + the schema's CRC-64-AVRO fingerprint, little-endian.
         header: Vec<u8>,
     },
-    /// Confluent wire format through a registry.
-    Registry {
-        /// Caches the registered id per subject.
-        encoder: EasyAvroEncoder,
-        /// Each topic's subject strategy (it carries the schema text), made
-        /// once instead of per event.
-        strategies: std::sync::Arc<std::collections::HashMap<String, SubjectNameStrategy>>,
-        /// The connection settings, kept for readiness checks.
-        settings: SrSettings,
-    },
-    /// Confluent wire format with the ids looked up at start-up, nothing
-    /// registered (`auto_register = false`).
+    /// Confluent wire format with each topic's schema id, registered
+    /// (`auto_register`) or looked up at start-up.
     Registered {
         /// Schema id by topic.
         ids: std::sync::Arc<std::collections::HashMap<String, u32>>,
@@ -169,13 +161,14 @@ impl Encoder {
                 settings,
             });
         }
+        // Registered once here; every record then carries the id the
+        // registry gave, written without asking it again.
         let encoder = EasyAvroEncoder::new(settings.clone());
-        let mut strategies = std::collections::HashMap::new();
+        let mut ids = std::collections::HashMap::new();
         for topic in topics {
             let strategy = strategy(topic);
             let subject = strategy.get_subject()?;
-            strategies.insert(topic.clone(), strategy.clone());
-            encoder
+            let schema = encoder
                 .get_schema_and_id(&subject, strategy)
                 .await
                 .map_err(|e| {
@@ -188,10 +181,10 @@ impl Encoder {
                         }
                     }
                 })?;
+            ids.insert(topic.clone(), schema.id);
         }
-        Ok(Encoder::Registry {
-            encoder,
-            strategies: std::sync::Arc::new(strategies),
+        Ok(Encoder::Registered {
+            ids: std::sync::Arc::new(ids),
             settings,
         })
     }
@@ -203,17 +196,6 @@ impl Encoder {
     pub async fn encode(&self, topic: &str, event: &PosEvent) -> Result<Vec<u8>, EncodeError> {
         match self {
             Encoder::SingleObject { header } => Ok(framed(header, event)),
-            Encoder::Registry {
-                encoder,
-                strategies,
-                ..
-            } => {
-                let value = to_avro(event);
-                match strategies.get(topic) {
-                    Some(strategy) => Ok(encoder.encode_value(value, strategy).await?),
-                    None => Ok(encoder.encode_value(value, &strategy(topic)).await?),
-                }
-            }
             Encoder::Registered { ids, .. } => {
                 let id = ids.get(topic).ok_or_else(|| EncodeError::NotRegistered {
                     subject: value_subject(topic),
@@ -230,7 +212,7 @@ impl Encoder {
     pub fn name(&self) -> &'static str {
         match self {
             Encoder::SingleObject { .. } => "avro-single-object",
-            Encoder::Registry { .. } | Encoder::Registered { .. } => "confluent",
+            Encoder::Registered { .. } => "confluent",
         }
     }
 
@@ -243,9 +225,7 @@ impl Encoder {
     pub async fn registry_reachable(&self) -> bool {
         match self {
             Encoder::SingleObject { .. } => true,
-            Encoder::Registry { settings, .. } | Encoder::Registered { settings, .. } => {
-                get_all_subjects(settings).await.is_ok()
-            }
+            Encoder::Registered { settings, .. } => get_all_subjects(settings).await.is_ok(),
         }
     }
 }
