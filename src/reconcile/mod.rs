@@ -40,6 +40,11 @@ use crate::ticker::Every;
 
 use crate::progress::Progress;
 
+/// How a reconciled record's derived id begins (`reconcile:{µs}`): its body
+/// is an API record, not a webhook (the dead-letter replay leaves it to the
+/// next reconcile of its window).
+pub(crate) const RECONCILED_ID_PREFIX: &str = "reconcile:";
+
 /// Why a reconcile run failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
@@ -478,7 +483,10 @@ impl Reconciler {
         fetched_at: OffsetDateTime,
     ) -> Result<Outcome, PipelineError> {
         let raw = record.to_string();
-        let event_id = format!("reconcile:{}", Version::new(fetched_at, 0).at_micros);
+        let event_id = format!(
+            "{RECONCILED_ID_PREFIX}{}",
+            Version::new(fetched_at, 0).at_micros
+        );
         let ctx = Context {
             event_id: &event_id,
             source,

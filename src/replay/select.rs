@@ -14,12 +14,8 @@ use crate::pipeline::{
     Delivery, HEADER_BODY_BYTES, HEADER_DELIVERY_ID, HEADER_PROVIDER, HEADER_REASON,
     HEADER_REASON_CODE, HEADER_SOURCE,
 };
+use crate::reconcile::RECONCILED_ID_PREFIX;
 use crate::verify::VerifiedBody;
-
-/// How a reconciled record's derived id begins (`reconcile:{µs}:{key}`): its
-/// body is an API record, not a webhook, and the next reconcile of its window
-/// reads it again.
-const RECONCILED_ID_PREFIX: &str = "reconcile:";
 
 /// One record of the dead-letter topic, owned.
 #[derive(Debug, Clone)]
