@@ -83,6 +83,8 @@ impl Watchdog {
                 }
             };
             let mut resumed = false;
+            // Read from the ledger once: the catch-up's start and the board's.
+            let mut last_active = None;
             match &state {
                 WebhookState::NotWatched => continue,
                 WebhookState::Active => {
@@ -105,7 +107,7 @@ impl Watchdog {
                             error!(%provider, source, %error, "Could not switch the webhook back on.");
                         }
                     }
-                    let last_active = self.last_seen_active(watched).await.ok().flatten();
+                    last_active = self.last_seen_active(watched).await.ok().flatten();
                     let since = last_active.unwrap_or(self.started) - self.reconciler.lookback();
                     match self.reconciler.catch_up(provider, source, since).await {
                         Ok(summary) => {
@@ -124,7 +126,7 @@ impl Watchdog {
                 let last_seen_active = match &state {
                     WebhookState::Active => Some(now),
                     _ if resumed => Some(now),
-                    _ => self.last_seen_active(watched).await.ok().flatten(),
+                    _ => last_active,
                 };
                 let (shown, detail) = match &state {
                     WebhookState::Off(detail) => ("off", Some(detail.clone())),
