@@ -207,6 +207,16 @@ enum Under {
     Baseline(LedgerChoice, PathBuf),
 }
 
+impl Under {
+    /// The posbridge binary it runs: this build's, or the baseline's.
+    fn binary(&self) -> &Path {
+        match self {
+            Under::Baseline(_, binary) => binary,
+            _ => Path::new(env!("CARGO_BIN_EXE_posbridge")),
+        }
+    }
+}
+
 /// One server of the run and the phases it is measured in.
 #[derive(Debug, Clone)]
 struct Spec {
@@ -301,14 +311,9 @@ async fn bench(settings: &Settings, run: &str, specs: &[Spec]) -> Vec<Row> {
             let log = work.path().join(format!("server-{tag}.log"));
             let command = match &spec.under {
                 Under::Limit { produce } => limit_command(settings, addr, &limit_topic, *produce),
-                Under::Posbridge(ledger) => {
+                Under::Posbridge(ledger) | Under::Baseline(ledger, _) => {
                     let dir = work.path().join(format!("posbridge-{tag}"));
-                    let binary = Path::new(env!("CARGO_BIN_EXE_posbridge"));
-                    posbridge_command(settings, addr, run, ledger, &dir, binary)
-                }
-                Under::Baseline(ledger, binary) => {
-                    let dir = work.path().join(format!("posbridge-{tag}"));
-                    posbridge_command(settings, addr, run, ledger, &dir, binary)
+                    posbridge_command(settings, addr, run, ledger, &dir, spec.under.binary())
                 }
             };
             let server = Server::start(command, addr, &log);
