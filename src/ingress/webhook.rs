@@ -59,6 +59,7 @@ pub async fn receive(
         Ok(handled) => RequestOutcome::Handled(handled.outcome),
         Err(error) => error.outcome(),
     };
+    let elapsed = started.elapsed();
     metrics::counter!(
         telemetry::WEBHOOK_REQUESTS,
         telemetry::PROVIDER => provider.as_str(),
@@ -71,7 +72,7 @@ pub async fn receive(
         telemetry::PROVIDER => provider.as_str(),
         telemetry::OUTCOME => outcome.as_str()
     )
-    .record(started.elapsed().as_secs_f64());
+    .record(elapsed.as_secs_f64());
     let (response, event_type, entity_key) = match result {
         Ok(handled) => (
             accepted(handled.outcome),
@@ -93,7 +94,7 @@ pub async fn receive(
                     outcome: outcome.as_str(),
                     status: response.status().as_u16(),
                 },
-                latency_ms: board::millis(started.elapsed()),
+                latency_ms: board::millis(elapsed),
             },
         );
     }
