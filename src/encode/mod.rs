@@ -61,9 +61,6 @@ const CONFLUENT_MAGIC: u8 = 0;
 /// Why an event could not be encoded.
 #[derive(Debug, thiserror::Error)]
 pub enum EncodeError {
-    /// The value does not fit the schema: a bug in normalization.
-    #[error("event does not fit the Avro schema: {0}")]
-    Avro(#[from] apache_avro::Error),
     /// The registry could not be reached or answered an error; retryable
     /// when `retriable` says so.
     #[error("schema registry: {0}")]

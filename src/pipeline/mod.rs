@@ -209,8 +209,8 @@ const MISMATCH_CODE: &str = "delivery_id_mismatch";
 enum Written {
     /// A durable outcome.
     Done(Outcome),
-    /// Refused for good before it reached its topic (it does not fit the
-    /// schema, or the broker will not take it). Nothing is committed: the
+    /// Refused for good before it reached its topic (the broker will not
+    /// take it). Nothing is committed: the
     /// caller dead-letters it or reports it.
     Refused {
         /// The event, for its dead letter.
@@ -635,16 +635,9 @@ impl Pipeline {
         let outcome = match guard::decide(written.as_ref(), &incoming, event.origin) {
             Decision::Stale => Outcome::Stale,
             Decision::Unchanged => Outcome::Unchanged,
-            Decision::Publish if event.deleted => Outcome::Published,
             Decision::Publish => {
-                let topic = self.inner.topics.entity(event.entity_type);
-                match self.inner.encoder.encode(topic, &event).await {
-                    Ok(_) => Outcome::Published,
-                    Err(EncodeError::Avro(error)) => {
-                        return Ok(Redelivery::still_failing(ENCODE_FAILED, error));
-                    }
-                    Err(error) => return Err(error.into()),
-                }
+                self.payload(&event).await?;
+                Outcome::Published
             }
         };
         Ok(Redelivery::Applied { outcome, entity })
@@ -712,22 +705,7 @@ impl Pipeline {
             Decision::Publish => {}
         }
         let topic = self.inner.topics.entity(event.entity_type);
-        let payload = if event.deleted {
-            None
-        } else {
-            match self.inner.encoder.encode(topic, &event).await {
-                Ok(bytes) => Some(bytes),
-                // Retrying cannot make an event fit the schema: keep it raw.
-                Err(EncodeError::Avro(error)) => {
-                    return Ok(Written::Refused {
-                        event: Box::new(event),
-                        code: ENCODE_FAILED,
-                        reason: error.to_string(),
-                    });
-                }
-                Err(error) => return Err(error.into()),
-            }
-        };
+        let payload = self.payload(&event).await?;
         match self
             .inner
             .publisher
@@ -751,6 +729,17 @@ impl Pipeline {
             debug!(entity = %key, %error, "Published; its ledger write waits behind the fence.");
         }
         Ok(Written::Done(Outcome::Published))
+    }
+
+    /// An event's record value on its topic: none for a deleted entity (a
+    /// tombstone), else its encoding. Encoding fails only when the registry
+    /// cannot be asked, which is worth retrying.
+    async fn payload(&self, event: &PosEvent) -> Result<Option<Vec<u8>>, EncodeError> {
+        if event.deleted {
+            return Ok(None);
+        }
+        let topic = self.inner.topics.entity(event.entity_type);
+        self.inner.encoder.encode(topic, event).await.map(Some)
     }
 
     async fn commit(
@@ -820,8 +809,6 @@ impl Pipeline {
     }
 }
 
-/// Reason code of an event that does not fit the Avro schema.
-const ENCODE_FAILED: &str = "encode_failed";
 /// Reason code of a record the broker refused for good.
 const PUBLISH_REFUSED: &str = "publish_refused";
 
