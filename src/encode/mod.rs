@@ -1,15 +1,18 @@
 //! Avro encoding of [`PosEvent`]s, in one of two wire formats.
 //!
 //! * With a Schema Registry: the Confluent wire format (magic 0, 4-byte schema
-//!   id, Avro datum) through `schema_registry_converter`, the schema registered
-//!   under TopicNameStrategy (`{topic}-value`) at start-up, so an incompatible
-//!   schema stops the service before it accepts anything.
+//!   id, Avro datum), the schema registered through `schema_registry_converter`
+//!   under TopicNameStrategy (`{topic}-value`) at start-up (or only looked up),
+//!   so an incompatible schema stops the service before it accepts anything;
+//!   the ids it gave frame every record.
 //! * Without one: Avro single-object encoding (`C3 01`, 8-byte CRC-64-AVRO
 //!   fingerprint, datum), the Avro spec's registry-less format, so the embedded
 //!   default needs nothing else running.
 //!
 //! [`decode`] reads both back; consumers in Rust and the tests use it.
-//! The field mapping lives in `avro.rs`, the fingerprint in `fingerprint.rs`.
+//! The datum is written in `datum.rs`, read back in `avro.rs` (whose value
+//! tree is also the tests' reference for the written bytes); the fingerprint
+//! is in `fingerprint.rs`.
 
 mod avro;
 mod datum;
