@@ -477,7 +477,11 @@ impl Pipeline {
                 }
             }
         }
-        let work = self.process(delivery, envelope, key.clone());
+        // Boxed: the processing future is a few KiB, and `leased` would
+        // otherwise hold it twice (its argument and its timeout) inside every
+        // future above it, each copied whole whenever the webhook handler's
+        // future moves.
+        let work = Box::pin(self.process(delivery, envelope, key.clone()));
         self.leased(key, provider, deadline, work, Result::is_ok)
             .await
     }
@@ -709,7 +713,7 @@ impl Pipeline {
         match self
             .inner
             .publisher
-            .send(&entity_record(&event, topic, payload))
+            .send(&entity_record(&event, &key, topic, payload))
             .await
         {
             Ok(_) => {}
