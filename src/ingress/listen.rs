@@ -13,6 +13,7 @@
 //! which knows the body.
 
 use std::future::Future;
+use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -192,6 +193,29 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for JsonErrors<S> {
             }
             None => Pin::new(&mut self.inner).poll_write(cx, buf),
         }
+    }
+
+    /// Kept vectored, so hyper writes a head and its body without first
+    /// copying both into one buffer.
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        // hyper's own error heads have no body, so they come alone; judged
+        // as in `poll_write`.
+        let mut filled = bufs.iter().filter(|buf| !buf.is_empty());
+        if let (Some(only), None) = (filled.next(), filled.next()) {
+            return self.poll_write(cx, only);
+        }
+        if self.drain(cx)?.is_pending() {
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
