@@ -176,10 +176,11 @@ impl EntityKey {
     /// Builds the key; the entity type is not part of it because each entity
     /// type has its own topic.
     pub fn new(provider: ProviderKind, account: Option<&str>, entity_id: &str) -> EntityKey {
-        match account {
-            Some(account) => EntityKey(format!("{provider}:{account}:{entity_id}")),
-            None => EntityKey(format!("{provider}:{entity_id}")),
-        }
+        // Joined, not formatted: built for every event.
+        EntityKey(match account {
+            Some(account) => [provider.as_str(), ":", account, ":", entity_id].concat(),
+            None => [provider.as_str(), ":", entity_id].concat(),
+        })
     }
 
     /// The UTF-8 key as written to Kafka.
@@ -222,7 +223,7 @@ pub struct DeliveryKey(String);
 impl DeliveryKey {
     /// Scopes a provider's delivery id to that provider.
     pub fn new(provider: ProviderKind, delivery_id: &str) -> DeliveryKey {
-        DeliveryKey(format!("{provider}:{delivery_id}"))
+        DeliveryKey([provider.as_str(), ":", delivery_id].concat())
     }
 
     /// The key of a signed body that carries no usable id of its own: its
@@ -286,24 +287,31 @@ impl Decimal {
         if int_part.is_empty() && frac_part.is_empty() {
             return None;
         }
-        let all_digits = format!("{int_part}{frac_part}");
-        if !all_digits.bytes().all(|b| b.is_ascii_digit()) {
+        // The digits of both parts, read in place (no joined copy: this runs
+        // for every amount of every event).
+        let digits = || int_part.bytes().chain(frac_part.bytes());
+        if !digits().all(|b| b.is_ascii_digit()) {
             return None;
         }
         // value = significant × 10^-places, with zeros on either side dropped
         // first, so `1.00000` or `100e-2` never overflow on their way to fitting.
-        let leading = all_digits.trim_start_matches('0');
-        let significant = leading.trim_end_matches('0');
-        if significant.is_empty() {
+        let count = int_part.len() + frac_part.len();
+        let leading_zeros = digits().take_while(|&b| b == b'0').count();
+        if leading_zeros == count {
             return Some(Decimal { unscaled: 0 });
         }
-        let trailing_zeros = i64::try_from(leading.len() - significant.len()).ok()?;
-        let places = i64::try_from(frac_part.len()).ok()? - i64::from(exponent) - trailing_zeros;
+        let trailing_zeros = digits().rev().take_while(|&b| b == b'0').count();
+        let significant = digits()
+            .skip(leading_zeros)
+            .take(count - leading_zeros - trailing_zeros)
+            .try_fold(0i128, |value, b| {
+                value.checked_mul(10)?.checked_add(i128::from(b - b'0'))
+            })?;
+        let places = i64::try_from(frac_part.len()).ok()?
+            - i64::from(exponent)
+            - i64::try_from(trailing_zeros).ok()?;
         let shift = u32::try_from(i64::from(Self::SCALE) - places).ok()?;
-        let value = significant
-            .parse::<i128>()
-            .ok()?
-            .checked_mul(10i128.checked_pow(shift)?)?;
+        let value = significant.checked_mul(10i128.checked_pow(shift)?)?;
         if value.unsigned_abs() >= 10u128.pow(Self::PRECISION) {
             return None;
         }
@@ -541,6 +549,12 @@ mod tests {
         assert_eq!(Decimal::parse("0.00001"), None);
         assert_eq!(Decimal::parse("abc"), None);
         assert_eq!(Decimal::parse(""), None);
+        assert_eq!(Decimal::parse("100e-2").unwrap().unscaled, 10_000);
+        assert_eq!(Decimal::parse("000.000").unwrap().unscaled, 0);
+        assert_eq!(Decimal::parse("+0012.3400").unwrap().unscaled, 123_400);
+        assert_eq!(Decimal::parse("1.2.3"), None);
+        assert_eq!(Decimal::parse("-"), None);
+        assert_eq!(Decimal::parse("."), None);
         assert_eq!(Decimal::parse("51000.5").unwrap().to_string(), "51000.5000");
         assert_eq!(Decimal::parse("-0.25").unwrap().to_string(), "-0.2500");
         // decimal(38, 4): 34 digits before the point at most.

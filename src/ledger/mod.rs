@@ -136,7 +136,7 @@ impl EntitySlot {
     /// Entity types have separate id spaces (an order and a product may share
     /// an id), so the slot names both.
     pub fn new(entity_type: EntityType, key: &EntityKey) -> EntitySlot {
-        EntitySlot(format!("{}/{}", entity_type.plural(), key))
+        EntitySlot([entity_type.plural(), "/", key.as_str()].concat())
     }
 
     /// Storage form.

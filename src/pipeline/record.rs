@@ -4,7 +4,7 @@
 
 use time::OffsetDateTime;
 
-use crate::event::{DeliveryKey, PosEvent, ProviderKind};
+use crate::event::{DeliveryKey, EntityKey, PosEvent, ProviderKind};
 use crate::publish::OutgoingRecord;
 
 /// Record header: the provider's delivery id.
@@ -57,12 +57,18 @@ impl<'a> DeadLetter<'a> {
     }
 }
 
-/// An entity's state on its topic, keyed by the entity; `payload` `None`
-/// writes a tombstone. Timestamped with when the change happened.
-pub fn entity_record(event: &PosEvent, topic: &str, payload: Option<Vec<u8>>) -> OutgoingRecord {
+/// An entity's state on its topic, keyed by the entity (`key`, the
+/// event's own, built once by the caller); `payload` `None` writes a
+/// tombstone. Timestamped with when the change happened.
+pub fn entity_record(
+    event: &PosEvent,
+    key: &EntityKey,
+    topic: &str,
+    payload: Option<Vec<u8>>,
+) -> OutgoingRecord {
     OutgoingRecord {
         topic: topic.to_owned(),
-        key: event.key().as_str().to_owned(),
+        key: key.as_str().to_owned(),
         payload,
         timestamp_ms: millis(event.occurred_at),
         headers: vec![
@@ -188,7 +194,7 @@ mod tests {
 
     #[test]
     fn an_entity_record_is_keyed_by_the_entity_and_stamped_when_it_happened() {
-        let record = entity_record(&event(), "pos.orders", Some(vec![1, 2]));
+        let record = entity_record(&event(), &event().key(), "pos.orders", Some(vec![1, 2]));
         assert_eq!(record.topic, "pos.orders");
         assert_eq!(record.key, "mekari:acme:O-1");
         assert_eq!(record.payload.as_deref(), Some(&[1u8, 2][..]));
@@ -204,7 +210,7 @@ mod tests {
 
     #[test]
     fn a_deleted_entity_is_a_tombstone_under_the_same_key() {
-        let record = entity_record(&event(), "pos.orders", None);
+        let record = entity_record(&event(), &event().key(), "pos.orders", None);
         assert_eq!(record.key, "mekari:acme:O-1");
         assert_eq!(record.payload, None);
     }
