@@ -259,15 +259,18 @@ impl Config {
             problem("server.body_limit_bytes", "must be above 0".into());
         }
         if let Some(listen) = &self.admin.listen {
-            if listen.parse::<std::net::SocketAddr>().is_err() {
+            let admin = listen.parse::<std::net::SocketAddr>();
+            if admin.is_err() {
                 problem(
                     "admin.listen",
                     format!("`{listen}` is not an address like 127.0.0.1:9090"),
                 );
-            } else if *listen == self.server.listen {
+            } else if let (Ok(admin), Ok(server)) = (admin, self.server.listen.parse())
+                && listeners_collide(admin, server)
+            {
                 problem(
                     "admin.listen",
-                    "must differ from server.listen: the status page has a listener of its own"
+                    "takes the same port as server.listen: the status page needs a listener of its own"
                         .into(),
                 );
             }
@@ -531,6 +534,15 @@ fn valid_topic_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
 }
 
+/// Whether two listeners would take the same port: the same address, or
+/// one of them on every address (`0.0.0.0`, `[::]`, which on Linux also
+/// takes the other family's). Port 0 lets the system pick, so never collides.
+fn listeners_collide(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
+    a.port() == b.port()
+        && a.port() != 0
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -565,6 +577,17 @@ mod tests {
             "same as server.listen"
         );
         assert_eq!(admin_problems("listen = \"nowhere\""), ["admin.listen"]);
+        // server.listen is 127.0.0.1:8080 here: every address includes it.
+        assert_eq!(
+            admin_problems("listen = \"0.0.0.0:8080\"\ntoken = \"t\""),
+            ["admin.listen"],
+            "every address takes server.listen's port too"
+        );
+        assert_eq!(
+            admin_problems("listen = \"[::]:8080\"\ntoken = \"t\""),
+            ["admin.listen"]
+        );
+        assert!(admin_problems("listen = \"127.0.0.2:8080\"").is_empty());
     }
 
     #[test]
