@@ -152,7 +152,8 @@ fn load_only(args: &[String]) {
             duration,
         ));
     println!(
-        "{:.0} req/s, p50 {:.1} ms, p99 {:.1} ms, {} errors",
+        "{} requests, {:.0} req/s, p50 {:.1} ms, p99 {:.1} ms, {} errors",
+        measured.requests,
         measured.rate(),
         measured.p50.as_secs_f64() * 1e3,
         measured.p99.as_secs_f64() * 1e3,
