@@ -65,7 +65,9 @@ pub struct AppState {
     pub board: Board,
 }
 
-/// The router; `App::serve` and the handler tests share it.
+/// The router; `App::serve` and the handler tests share it. The state is
+/// shared behind one `Arc`: axum clones it for every request, and one
+/// reference count is cheaper than one per handle.
 pub fn router(state: AppState) -> Router {
     let retry_after_secs = state.retry_after_secs;
     Router::new()
@@ -78,16 +80,16 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(ops::metrics))
         .fallback(|| async { WebhookError::NoRoute.into_response() })
         .method_not_allowed_fallback(|| async { WebhookError::MethodNotAllowed.into_response() })
-        .with_state(state)
+        .with_state(Arc::new(state))
 }
 
 /// The webhook route's answer rules: a panic becomes a 503 with a JSON body
 /// (never a connection closed without an answer), and every 503 carries
 /// `Retry-After`.
 fn guarded(
-    route: axum::routing::MethodRouter<AppState>,
+    route: axum::routing::MethodRouter<Arc<AppState>>,
     retry_after_secs: u64,
-) -> axum::routing::MethodRouter<AppState> {
+) -> axum::routing::MethodRouter<Arc<AppState>> {
     route
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             response::panicked,

@@ -1,5 +1,6 @@
 //! Operations endpoints: liveness, readiness and Prometheus metrics.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
@@ -79,7 +80,7 @@ impl Readiness {
 /// room, posbridge stays ready: sources that spool still accept (those that
 /// do not answer 503 until Kafka is back), and taking the pod out of service
 /// would fail every delivery instead.
-pub async fn readyz(State(state): State<AppState>) -> Response {
+pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let pipeline = &state.pipeline;
     let readiness = Readiness::of(pipeline, true).await;
     let Readiness {
@@ -120,7 +121,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 /// `GET /metrics`: Prometheus text format.
-pub async fn metrics(State(state): State<AppState>) -> Response {
+pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     (
         [(
             axum::http::header::CONTENT_TYPE,

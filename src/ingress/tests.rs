@@ -446,7 +446,7 @@ async fn a_panic_in_a_request_is_a_503_with_a_json_body() {
             "/boom",
             guarded(axum::routing::post(boom), RETRY_AFTER_SECS),
         )
-        .with_state(state);
+        .with_state(Arc::new(state));
     let response: Response = router
         .oneshot(Request::post("/boom").body(Body::empty()).unwrap())
         .await

@@ -4,6 +4,7 @@
 //! signature over the untouched bytes, read the delivery id, and only then
 //! hand the delivery to the pipeline.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
@@ -27,7 +28,7 @@ const UNKNOWN_SOURCE_LABEL: &str = "unknown";
 
 /// `POST /webhooks/{provider}/{source}`.
 pub async fn receive(
-    State(state): State<AppState>,
+    State(state): State<Arc<AppState>>,
     Path((provider_name, source_name)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
