@@ -535,12 +535,20 @@ fn valid_topic_name(name: &str) -> bool {
 }
 
 /// Whether two listeners would take the same port: the same address, or
-/// one of them on every address (`0.0.0.0`, `[::]`, which on Linux also
-/// takes the other family's). Port 0 lets the system pick, so never collides.
+/// one of them on every address of the other's family (`0.0.0.0` takes
+/// every IPv4 address; `[::]`, dual-stack on Linux, every address). Port 0
+/// lets the system pick, so never collides.
 fn listeners_collide(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
+    use std::net::IpAddr;
+    let covers = |wide: IpAddr, other: IpAddr| match wide {
+        IpAddr::V6(ip) => ip.is_unspecified(),
+        IpAddr::V4(ip) => ip.is_unspecified() && other.is_ipv4(),
+    };
+    // `[::ffff:127.0.0.1]` is 127.0.0.1.
+    let (a_ip, b_ip) = (a.ip().to_canonical(), b.ip().to_canonical());
     a.port() == b.port()
         && a.port() != 0
-        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+        && (a_ip == b_ip || covers(a_ip, b_ip) || covers(b_ip, a_ip))
 }
 
 #[cfg(test)]
@@ -588,6 +596,26 @@ mod tests {
             ["admin.listen"]
         );
         assert!(admin_problems("listen = \"127.0.0.2:8080\"").is_empty());
+        assert_eq!(
+            admin_problems("listen = \"[::ffff:127.0.0.1]:8080\"\ntoken = \"t\""),
+            ["admin.listen"]
+        );
+        assert!(admin_problems("listen = \"127.0.0.1:8081\"").is_empty());
+        assert!(listeners_collide(
+            "0.0.0.0:8080".parse().unwrap(),
+            "127.0.0.1:8080".parse().unwrap()
+        ));
+        assert!(
+            !listeners_collide(
+                "0.0.0.0:8080".parse().unwrap(),
+                "[::1]:8080".parse().unwrap()
+            ),
+            "0.0.0.0 takes IPv4 addresses only"
+        );
+        assert!(!listeners_collide(
+            "127.0.0.1:0".parse().unwrap(),
+            "127.0.0.1:0".parse().unwrap()
+        ));
     }
 
     #[test]
