@@ -289,19 +289,19 @@ impl Decimal {
         }
         // The digits of both parts, read in place (no joined copy: this runs
         // for every amount of every event).
-        let digits = || int_part.bytes().chain(frac_part.bytes());
-        if !digits().all(|b| b.is_ascii_digit()) {
+        let all_digits = || int_part.bytes().chain(frac_part.bytes());
+        if !all_digits().all(|b| b.is_ascii_digit()) {
             return None;
         }
         // value = significant × 10^-places, with zeros on either side dropped
         // first, so `1.00000` or `100e-2` never overflow on their way to fitting.
         let count = int_part.len() + frac_part.len();
-        let leading_zeros = digits().take_while(|&b| b == b'0').count();
+        let leading_zeros = all_digits().take_while(|&b| b == b'0').count();
         if leading_zeros == count {
             return Some(Decimal { unscaled: 0 });
         }
-        let trailing_zeros = digits().rev().take_while(|&b| b == b'0').count();
-        let significant = digits()
+        let trailing_zeros = all_digits().rev().take_while(|&b| b == b'0').count();
+        let significant = all_digits()
             .skip(leading_zeros)
             .take(count - leading_zeros - trailing_zeros)
             .try_fold(0i128, |value, b| {

@@ -66,6 +66,7 @@ pub fn entity_record(
     topic: &str,
     payload: Option<Vec<u8>>,
 ) -> OutgoingRecord {
+    debug_assert_eq!(*key, event.key(), "the record is keyed by its own entity");
     OutgoingRecord {
         topic: topic.to_owned(),
         key: key.as_str().to_owned(),
