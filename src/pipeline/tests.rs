@@ -20,6 +20,20 @@ async fn pipeline(dir: &Path, inflight_wait: Duration) -> Pipeline {
     Pipeline::without_broker(dir, inflight_wait).await
 }
 
+/// With no broker, the producer reports the failure, or the deadline runs
+/// out first, depending on when librdkafka notices that no broker answers:
+/// either way the answer is "try again".
+fn assert_kafka_did_not_take(error: &PipelineError) {
+    assert!(
+        matches!(
+            error,
+            PipelineError::Publish(_) | PipelineError::DeadlinePassed
+        ),
+        "{error}"
+    );
+    assert!(error.is_retryable());
+}
+
 fn source() -> Arc<Source> {
     Arc::new(Source {
         provider: ProviderKind::Mekari,
@@ -183,7 +197,7 @@ async fn a_record_kafka_did_not_take_leaves_the_delivery_retryable() {
         .deliver(delivery("d-new", "d-new", "2026-11-29T11:00:00Z"))
         .await
         .unwrap_err();
-    assert!(matches!(error, PipelineError::Publish(_)), "{error}");
+    assert_kafka_did_not_take(&error);
     assert!(error.is_retryable());
     // The lease was given back and nothing was marked: the retry is processed.
     assert_eq!(
@@ -205,7 +219,7 @@ async fn a_body_that_cannot_be_dead_lettered_stays_retryable() {
         .deliver(delivery_of("d-junk", b"not json".to_vec()))
         .await
         .unwrap_err();
-    assert!(matches!(error, PipelineError::Publish(_)), "{error}");
+    assert_kafka_did_not_take(&error);
     // Not JSON, so keyed by the body's hash: neither done nor still leased.
     let by_body = DeliveryKey::of_body(ProviderKind::Mekari, b"not json");
     assert_eq!(pipeline.ledger().begin(&by_body).await.unwrap(), Begin::New);
@@ -306,7 +320,7 @@ async fn a_replay_kafka_cannot_take_stays_retryable() {
         .replay(delivery("p-1", "p-1", "2026-11-29T11:00:00Z"))
         .await
         .unwrap_err();
-    assert!(matches!(error, PipelineError::Publish(_)), "{error}");
+    assert_kafka_did_not_take(&error);
     assert_eq!(
         pipeline.ledger().begin(&key("p-1")).await.unwrap(),
         Begin::New
@@ -425,7 +439,7 @@ async fn a_redelivery_kafka_cannot_take_stays_retryable_and_writes_nothing() {
         }
     ));
     let error = pipeline.redeliver(new).await.unwrap_err();
-    assert!(matches!(error, PipelineError::Publish(_)), "{error}");
+    assert_kafka_did_not_take(&error);
     let slot = EntitySlot::new(
         EntityType::Order,
         &crate::event::EntityKey::new(ProviderKind::Mekari, None, "ORD-1"),
@@ -440,7 +454,7 @@ async fn a_redelivery_kafka_cannot_take_stays_retryable_and_writes_nothing() {
 
 /// The webhook handler awaits `deliver`'s future inside its own, and each
 /// move of a future copies it whole: the processing runs in its own box, so
-/// this one stays small (unboxed it was about 12 KiB).
+/// this one stays small (unboxed, `deliver`'s future was about 12 KiB).
 #[tokio::test]
 async fn a_delivery_future_stays_small() {
     let dir = tempfile::tempdir().unwrap();
