@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::{Config, ConfigError, OnBrokerUnavailable, Problem, SourceEntry};
-use crate::ingress::WebhookSource;
+use crate::ingress::{RequestMeters, WebhookSource};
 use crate::providers;
 use crate::verify::{SecretError, Verifier};
 
@@ -98,10 +98,12 @@ fn signature(entry: SourceEntry<'_>) -> (crate::config::SchemeName, &str) {
 pub fn webhook_source(entry: SourceEntry<'_>) -> Result<WebhookSource, (usize, SecretError)> {
     let (scheme, header) = signature(entry);
     let config = entry.config;
+    let source = entry.source();
     Ok(WebhookSource {
-        source: Arc::new(entry.source()),
         verifier: Verifier::new(scheme, header, &config.secrets.0, config.tolerance_secs)?,
         spools: config.on_broker_unavailable == OnBrokerUnavailable::Spool,
+        meters: RequestMeters::register(&source),
+        source: Arc::new(source),
     })
 }
 

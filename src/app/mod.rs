@@ -20,7 +20,7 @@ use crate::config::{AdminConfig, Config};
 use crate::drain::Drainer;
 use crate::encode::{EncodeError, Encoder};
 use crate::event::ProviderKind;
-use crate::ingress::{self, AppState, ConnectionLimits, RequestOutcome, WebhookSource};
+use crate::ingress::{self, AppState, ConnectionLimits, WebhookSource};
 use crate::ledger::{self, LedgerError};
 use crate::pipeline::{Pipeline, Stages, Timing};
 use crate::publish::{PublishError, Publisher, Topics};
@@ -91,15 +91,6 @@ fn announce_series(
     for webhook in sources.values() {
         let provider = webhook.source.provider.as_str();
         let source = webhook.source.name.clone();
-        for outcome in RequestOutcome::all() {
-            metrics::counter!(
-                telemetry::WEBHOOK_REQUESTS,
-                telemetry::PROVIDER => provider,
-                telemetry::SOURCE => source.clone(),
-                telemetry::OUTCOME => outcome.as_str()
-            )
-            .increment(0);
-        }
         metrics::counter!(
             telemetry::SIGNATURE_FAILURES,
             telemetry::PROVIDER => provider,

@@ -7,6 +7,7 @@
 
 mod admin;
 mod listen;
+mod meters;
 mod ops;
 mod response;
 #[cfg(test)]
@@ -29,6 +30,7 @@ use crate::verify::Verifier;
 
 pub use admin::{AdminState, router as admin_router};
 pub use listen::ConnectionLimits;
+pub use meters::RequestMeters;
 pub use response::{RequestOutcome, WebhookError};
 
 /// One configured webhook, ready to verify.
@@ -40,6 +42,8 @@ pub struct WebhookSource {
     pub verifier: Verifier,
     /// Whether it spools what Kafka cannot take in time.
     pub spools: bool,
+    /// Its requests and their latency, by outcome.
+    pub meters: RequestMeters,
 }
 
 /// What every handler needs; cheap handles only, read-only after start-up.

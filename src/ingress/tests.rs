@@ -57,6 +57,8 @@ fn state(pipeline: Pipeline, sources: HashMap<(ProviderKind, String), WebhookSou
 }
 
 async fn harness() -> Harness {
+    // Before the meters are registered, so they record.
+    crate::telemetry::install();
     let dir = tempfile::tempdir().unwrap();
     let pipeline = Pipeline::without_broker(dir.path(), Duration::from_millis(100)).await;
     let secrets: Secrets = serde_json::from_value(json!([SECRET])).unwrap();
@@ -69,6 +71,7 @@ async fn harness() -> Harness {
             account: None,
         };
         let webhook = WebhookSource {
+            meters: super::RequestMeters::register(&source),
             source: Arc::new(source),
             verifier: verifier.clone(),
             spools,

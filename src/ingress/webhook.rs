@@ -61,19 +61,24 @@ pub async fn receive(
         Err(error) => error.outcome(),
     };
     let elapsed = started.elapsed();
-    metrics::counter!(
-        telemetry::WEBHOOK_REQUESTS,
-        telemetry::PROVIDER => provider.as_str(),
-        telemetry::SOURCE => source_label.to_owned(),
-        telemetry::OUTCOME => outcome.as_str()
-    )
-    .increment(1);
-    metrics::histogram!(
-        telemetry::WEBHOOK_DURATION,
-        telemetry::PROVIDER => provider.as_str(),
-        telemetry::OUTCOME => outcome.as_str()
-    )
-    .record(elapsed.as_secs_f64());
+    match source {
+        Some(source) => source.meters.record(outcome, elapsed),
+        None => {
+            metrics::counter!(
+                telemetry::WEBHOOK_REQUESTS,
+                telemetry::PROVIDER => provider.as_str(),
+                telemetry::SOURCE => UNKNOWN_SOURCE_LABEL,
+                telemetry::OUTCOME => outcome.as_str()
+            )
+            .increment(1);
+            metrics::histogram!(
+                telemetry::WEBHOOK_DURATION,
+                telemetry::PROVIDER => provider.as_str(),
+                telemetry::OUTCOME => outcome.as_str()
+            )
+            .record(elapsed.as_secs_f64());
+        }
+    }
     let (response, event_type, entity_key) = match result {
         Ok(handled) => (
             accepted(handled.outcome),
