@@ -474,8 +474,15 @@ fn settings_line(settings: &Settings, specs: &[Spec]) -> String {
             Under::Limit { .. } => None,
         })
         .collect();
+    // Set by `scripts/bench`, which pins the processes itself.
+    let pinned = std::env::var("POSBRIDGE_BENCH_PIN")
+        .ok()
+        .filter(|pin| !pin.is_empty())
+        .map_or_else(String::new, |pin| {
+            format!(", pinned (broker on CPUs {pin}, the rest after the colon)")
+        });
     format!(
-        "broker {}, {} s per phase, {} repetitions, {} partitions, posbridge ledger {}, librdkafka {:?}",
+        "broker {}, {} s per phase, {} repetitions, {} partitions, posbridge ledger {}, librdkafka {:?}{pinned}",
         settings.brokers,
         settings.phase.as_secs(),
         settings.repeat,
