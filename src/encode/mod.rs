@@ -145,43 +145,25 @@ impl Encoder {
             return Ok(Encoder::SingleObject { header });
         };
         let settings = RegistryClient::settings(config, url)?;
-        if !config.auto_register {
-            let client = RegistryClient::new(config, url)?;
-            let mut ids = std::collections::HashMap::new();
-            for topic in topics {
-                let subject = value_subject(topic);
-                let id = client
-                    .lookup(&subject, SCHEMA_JSON)
-                    .await?
-                    .ok_or(EncodeError::NotRegistered { subject })?;
-                ids.insert(topic.clone(), id);
-            }
-            return Ok(Encoder::Registered {
-                ids: std::sync::Arc::new(ids),
-                settings,
-            });
-        }
-        // Registered once here; every record then carries the id the
-        // registry gave, written without asking it again.
-        let encoder = EasyAvroEncoder::new(settings.clone());
+        // Each topic's id, registered (or only looked up) once here: every
+        // record then carries it, written without asking the registry again.
+        let registrar = config
+            .auto_register
+            .then(|| EasyAvroEncoder::new(settings.clone()));
+        let client = RegistryClient::new(config, url)?;
         let mut ids = std::collections::HashMap::new();
         for topic in topics {
-            let strategy = strategy(topic);
-            let subject = strategy.get_subject()?;
-            let schema = encoder
-                .get_schema_and_id(&subject, strategy)
-                .await
-                .map_err(|e| {
-                    if e.retriable {
-                        EncodeError::Registry(e)
-                    } else {
-                        EncodeError::Rejected {
-                            subject: subject.clone(),
-                            answer: e,
-                        }
-                    }
-                })?;
-            ids.insert(topic.clone(), schema.id);
+            let id = match &registrar {
+                Some(registrar) => register(registrar, topic).await?,
+                None => {
+                    let subject = value_subject(topic);
+                    client
+                        .lookup(&subject, SCHEMA_JSON)
+                        .await?
+                        .ok_or(EncodeError::NotRegistered { subject })?
+                }
+            };
+            ids.insert(topic.clone(), id);
         }
         Ok(Encoder::Registered {
             ids: std::sync::Arc::new(ids),
@@ -189,11 +171,13 @@ impl Encoder {
         })
     }
 
-    /// Encodes one event for `topic`.
+    /// Encodes one event for `topic`, without I/O: the registry's ids were
+    /// taken at start-up.
     ///
     /// # Errors
-    /// [`EncodeError::Registry`] when the registry is needed and unreachable.
-    pub async fn encode(&self, topic: &str, event: &PosEvent) -> Result<Vec<u8>, EncodeError> {
+    /// [`EncodeError::NotRegistered`] for a topic the encoder was not built
+    /// for.
+    pub fn encode(&self, topic: &str, event: &PosEvent) -> Result<Vec<u8>, EncodeError> {
         match self {
             Encoder::SingleObject { header } => Ok(framed(header, event)),
             Encoder::Registered { ids, .. } => {
@@ -237,6 +221,27 @@ fn framed(header: &[u8], event: &PosEvent) -> Vec<u8> {
     bytes.extend_from_slice(header);
     datum::write(event, &mut bytes);
     bytes
+}
+
+/// Registers the event schema under `topic`'s subject (or finds it
+/// registered) and gives its id.
+async fn register(registrar: &EasyAvroEncoder, topic: &str) -> Result<u32, EncodeError> {
+    let strategy = strategy(topic);
+    let subject = strategy.get_subject()?;
+    let schema = registrar
+        .get_schema_and_id(&subject, strategy)
+        .await
+        .map_err(|e| {
+            if e.retriable {
+                EncodeError::Registry(e)
+            } else {
+                EncodeError::Rejected {
+                    subject: subject.clone(),
+                    answer: e,
+                }
+            }
+        })?;
+    Ok(schema.id)
 }
 
 fn strategy(topic: &str) -> SubjectNameStrategy {
@@ -284,7 +289,7 @@ mod tests {
     #[tokio::test]
     async fn single_object_encoding_round_trips() {
         let encoder = Encoder::new(&RegistryConfig::default(), &[]).await.unwrap();
-        let bytes = encoder.encode("pos.returns", &event()).await.unwrap();
+        let bytes = encoder.encode("pos.returns", &event()).unwrap();
         assert_eq!(&bytes[..2], &SINGLE_OBJECT_MAGIC);
         assert_eq!(decode(&bytes).unwrap(), event());
         assert_eq!(&bytes[2..10], &fingerprint().to_le_bytes());
@@ -301,7 +306,7 @@ mod tests {
     #[tokio::test]
     async fn the_encoded_bytes_are_pinned() {
         let encoder = Encoder::new(&RegistryConfig::default(), &[]).await.unwrap();
-        let bytes = encoder.encode("pos.returns", &event()).await.unwrap();
+        let bytes = encoder.encode("pos.returns", &event()).unwrap();
         assert_eq!(
             hex::encode(bytes),
             "c30129ef1678077fa4da04643102086d61696e000606522d311c72657475726e2e6372656174656480dbadaaf2d9b00680dbadaaf2d9b0060680db98abf2d9b00600020a4f55542d39000002064944520202ff02061388000208e199f0f80208646f6e6500020202410002043a9802100de0b6b3a763ffff000000000000000000000000167b226964223a226431227d"

@@ -32,14 +32,12 @@ use crate::verify::{Verifier, sign};
 const SECRET: &str = "fuzz-secret";
 
 /// The single-object encoder (no registry), built once.
-static ENCODER: LazyLock<(tokio::runtime::Runtime, Encoder)> = LazyLock::new(|| {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+static ENCODER: LazyLock<Encoder> = LazyLock::new(|| {
+    tokio::runtime::Builder::new_current_thread()
         .build()
-        .unwrap();
-    let encoder = runtime
+        .unwrap()
         .block_on(Encoder::new(&RegistryConfig::default(), &[]))
-        .unwrap();
-    (runtime, encoder)
+        .unwrap()
 });
 
 fn provider() -> impl Strategy<Value = ProviderKind> {
@@ -299,9 +297,8 @@ fn run(provider: ProviderKind, body: &[u8], delivery_id: &str) -> Fate {
         // A deletion is written as a tombstone: there is nothing to encode.
         Ok(normalized) if normalized.event.deleted => Fate::Event(Box::new(normalized.event)),
         Ok(normalized) => {
-            let (runtime, encoder) = &*ENCODER;
-            let bytes = runtime
-                .block_on(encoder.encode("pos.fuzz", &normalized.event))
+            let bytes = ENCODER
+                .encode("pos.fuzz", &normalized.event)
                 .expect("a normalized event always encodes");
             let back = decode(&bytes).expect("what posbridge encodes decodes");
             assert_eq!(back, normalized.event, "the encoding round-trips");

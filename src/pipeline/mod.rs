@@ -130,7 +130,8 @@ pub enum PipelineError {
     /// The record was not acknowledged in time.
     #[error("publish: {0}")]
     Publish(#[from] PublishError),
-    /// The schema registry could not be reached.
+    /// The event could not be encoded for its topic (none the encoder was
+    /// built for: a bug, retried in case a restart mends it).
     #[error("encode: {0}")]
     Encode(#[from] EncodeError),
     /// The answer budget (`delivery_timeout_ms` + `inflight_wait_ms`) ran out.
@@ -640,7 +641,7 @@ impl Pipeline {
             Decision::Stale => Outcome::Stale,
             Decision::Unchanged => Outcome::Unchanged,
             Decision::Publish => {
-                self.payload(&event).await?;
+                self.payload(&event)?;
                 Outcome::Published
             }
         };
@@ -709,7 +710,7 @@ impl Pipeline {
             Decision::Publish => {}
         }
         let topic = self.inner.topics.entity(event.entity_type);
-        let payload = self.payload(&event).await?;
+        let payload = self.payload(&event)?;
         match self
             .inner
             .publisher
@@ -736,14 +737,13 @@ impl Pipeline {
     }
 
     /// An event's record value on its topic: none for a deleted entity (a
-    /// tombstone), else its encoding. Encoding fails only when the registry
-    /// cannot be asked, which is worth retrying.
-    async fn payload(&self, event: &PosEvent) -> Result<Option<Vec<u8>>, EncodeError> {
+    /// tombstone), else its encoding.
+    fn payload(&self, event: &PosEvent) -> Result<Option<Vec<u8>>, EncodeError> {
         if event.deleted {
             return Ok(None);
         }
         let topic = self.inner.topics.entity(event.entity_type);
-        self.inner.encoder.encode(topic, event).await.map(Some)
+        self.inner.encoder.encode(topic, event).map(Some)
     }
 
     async fn commit(

@@ -187,7 +187,7 @@ async fn fastavro_reads_records_across_schema_versions() {
         posbridge::encode::Encoder::new(&posbridge::config::RegistryConfig::default(), &[])
             .await
             .unwrap();
-    let message = encoder.encode("t", &event).await.unwrap();
+    let message = encoder.encode("t", &event).unwrap();
     let new = read(v2, v2, &message);
     assert_eq!(new["name"], "Teh Manis");
     assert_eq!(new["product_ids"][0], "P-1");
