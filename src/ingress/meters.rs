@@ -9,11 +9,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics::{Counter, Histogram};
+use metrics::{Counter, Histogram, SharedString};
 
 use super::RequestOutcome;
-use crate::event::Source;
+use crate::event::{ProviderKind, Source};
 use crate::telemetry;
+
+/// The `source` label of requests to a source that is not configured (labels
+/// stay bounded whatever paths clients send).
+pub(super) const UNKNOWN_SOURCE: &str = "unknown";
 
 /// The request meters of one source. Cheap to clone.
 #[derive(Clone)]
@@ -24,22 +28,12 @@ impl RequestMeters {
     /// from start-up (a `rate()` or an absence alert needs it). Call after
     /// [`telemetry::install`]: handles made before it record nowhere.
     pub fn register(source: &Source) -> RequestMeters {
-        let provider = source.provider.as_str();
         RequestMeters(
             RequestOutcome::all()
                 .map(|outcome| {
-                    let requests = metrics::counter!(
-                        telemetry::WEBHOOK_REQUESTS,
-                        telemetry::PROVIDER => provider,
-                        telemetry::SOURCE => source.name.clone(),
-                        telemetry::OUTCOME => outcome.as_str()
-                    );
+                    let (requests, duration) =
+                        series(source.provider, source.name.clone().into(), outcome);
                     requests.increment(0);
-                    let duration = metrics::histogram!(
-                        telemetry::WEBHOOK_DURATION,
-                        telemetry::PROVIDER => provider,
-                        telemetry::OUTCOME => outcome.as_str()
-                    );
                     (outcome, requests, duration)
                 })
                 .collect(),
@@ -49,10 +43,44 @@ impl RequestMeters {
     /// Counts one answered request and its latency.
     pub fn record(&self, outcome: RequestOutcome, elapsed: Duration) {
         if let Some((_, requests, duration)) = self.0.iter().find(|(o, ..)| *o == outcome) {
-            requests.increment(1);
-            duration.record(elapsed.as_secs_f64());
+            record(requests, duration, elapsed);
         }
     }
+}
+
+/// Counts a request to a source that is not configured, under
+/// [`UNKNOWN_SOURCE`] (its series made on the first such request).
+pub(super) fn record_unknown(provider: ProviderKind, outcome: RequestOutcome, elapsed: Duration) {
+    let (requests, duration) = series(provider, UNKNOWN_SOURCE.into(), outcome);
+    record(&requests, &duration, elapsed);
+}
+
+/// A source's request counter and the provider's latency histogram for
+/// one outcome.
+fn series(
+    provider: ProviderKind,
+    source: SharedString,
+    outcome: RequestOutcome,
+) -> (Counter, Histogram) {
+    (
+        metrics::counter!(
+            telemetry::WEBHOOK_REQUESTS,
+            telemetry::PROVIDER => provider.as_str(),
+            telemetry::SOURCE => source,
+            telemetry::OUTCOME => outcome.as_str()
+        ),
+        metrics::histogram!(
+            telemetry::WEBHOOK_DURATION,
+            telemetry::PROVIDER => provider.as_str(),
+            telemetry::OUTCOME => outcome.as_str()
+        ),
+    )
+}
+
+/// One answered request: counted, and its latency recorded.
+fn record(requests: &Counter, duration: &Histogram, elapsed: Duration) {
+    requests.increment(1);
+    duration.record(elapsed.as_secs_f64());
 }
 
 impl fmt::Debug for RequestMeters {

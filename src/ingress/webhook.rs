@@ -15,6 +15,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use time::OffsetDateTime;
 use tracing::{Instrument, error, info_span};
 
+use super::meters;
 use super::response::{RequestOutcome, WebhookError, accepted};
 use super::{AppState, WebhookSource};
 use crate::event::ProviderKind;
@@ -22,9 +23,6 @@ use crate::pipeline::{Delivery, Handled};
 use crate::providers;
 use crate::status::board;
 use crate::telemetry;
-
-/// Label used for requests whose source is not configured (bounded labels).
-const UNKNOWN_SOURCE_LABEL: &str = "unknown";
 
 /// `POST /webhooks/{provider}/{source}`.
 pub async fn receive(
@@ -39,7 +37,7 @@ pub async fn receive(
     };
     let key = (provider, source_name);
     let source = state.sources.get(&key);
-    let source_label = source.map_or(UNKNOWN_SOURCE_LABEL, |s| s.source.name.as_str());
+    let source_label = source.map_or(meters::UNKNOWN_SOURCE, |s| s.source.name.as_str());
     let span = info_span!("delivery", provider = %provider, source = %source_label, delivery_id = tracing::field::Empty);
     // Read once: the pipeline's key, and the status page's whatever becomes
     // of the request.
@@ -63,21 +61,7 @@ pub async fn receive(
     let elapsed = started.elapsed();
     match source {
         Some(source) => source.meters.record(outcome, elapsed),
-        None => {
-            metrics::counter!(
-                telemetry::WEBHOOK_REQUESTS,
-                telemetry::PROVIDER => provider.as_str(),
-                telemetry::SOURCE => UNKNOWN_SOURCE_LABEL,
-                telemetry::OUTCOME => outcome.as_str()
-            )
-            .increment(1);
-            metrics::histogram!(
-                telemetry::WEBHOOK_DURATION,
-                telemetry::PROVIDER => provider.as_str(),
-                telemetry::OUTCOME => outcome.as_str()
-            )
-            .record(elapsed.as_secs_f64());
-        }
+        None => meters::record_unknown(provider, outcome, elapsed),
     }
     let (response, event_type, entity_key) = match result {
         Ok(handled) => (
