@@ -219,14 +219,14 @@ mod tests {
     #[test]
     fn a_dead_letter_keeps_the_raw_body_and_says_why() {
         let event = event();
-        let letter = DeadLetter::of_event(&event, "encode_failed", "does not fit".into());
+        let letter = DeadLetter::of_event(&event, "publish_refused", "record too large".into());
         let record = dead_letter_record(letter, "pos.dead-letter");
         assert_eq!(record.topic, "pos.dead-letter");
         assert_eq!(record.key, "mekari:d1");
         assert_eq!(record.payload.as_deref(), Some(event.raw.as_bytes()));
         assert_eq!(record.timestamp_ms, 1_795_946_401_000);
-        assert_eq!(header(&record, HEADER_REASON), Some("does not fit"));
-        assert_eq!(header(&record, HEADER_REASON_CODE), Some("encode_failed"));
+        assert_eq!(header(&record, HEADER_REASON), Some("record too large"));
+        assert_eq!(header(&record, HEADER_REASON_CODE), Some("publish_refused"));
         assert_eq!(header(&record, HEADER_SOURCE), Some("main"));
         assert_eq!(header(&record, HEADER_DELIVERY_ID), Some("d1"));
         assert_eq!(header(&record, HEADER_PROVIDER), Some("mekari"));
