@@ -541,20 +541,27 @@ mod tests {
 
     #[test]
     fn decimals_parse_exactly() {
-        assert_eq!(Decimal::parse("51000.5").unwrap().unscaled, 510_005_000);
-        assert_eq!(Decimal::parse("-3").unwrap().unscaled, -30_000);
-        assert_eq!(Decimal::parse("1e3").unwrap().unscaled, 10_000_000);
-        assert_eq!(Decimal::parse("0.0001").unwrap().unscaled, 1);
-        assert_eq!(Decimal::parse("1.50000").unwrap().unscaled, 15_000);
-        assert_eq!(Decimal::parse("0.00001"), None);
-        assert_eq!(Decimal::parse("abc"), None);
-        assert_eq!(Decimal::parse(""), None);
-        assert_eq!(Decimal::parse("100e-2").unwrap().unscaled, 10_000);
-        assert_eq!(Decimal::parse("000.000").unwrap().unscaled, 0);
-        assert_eq!(Decimal::parse("+0012.3400").unwrap().unscaled, 123_400);
-        assert_eq!(Decimal::parse("1.2.3"), None);
-        assert_eq!(Decimal::parse("-"), None);
-        assert_eq!(Decimal::parse("."), None);
+        for (text, unscaled) in [
+            ("51000.5", Some(510_005_000)),
+            ("-3", Some(-30_000)),
+            ("1e3", Some(10_000_000)),
+            ("0.0001", Some(1)),
+            ("1.50000", Some(15_000)),
+            ("0.00001", None),
+            ("abc", None),
+            ("", None),
+            ("000.000", Some(0)),
+            ("+0012.3400", Some(123_400)),
+            ("1.2.3", None),
+            ("-", None),
+            (".", None),
+        ] {
+            assert_eq!(
+                Decimal::parse(text).map(|d| d.unscaled),
+                unscaled,
+                "{text:?}"
+            );
+        }
         assert_eq!(Decimal::parse("51000.5").unwrap().to_string(), "51000.5000");
         assert_eq!(Decimal::parse("-0.25").unwrap().to_string(), "-0.2500");
         // decimal(38, 4): 34 digits before the point at most.
