@@ -187,6 +187,11 @@ impl EntityKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The key as an owned string, without a copy.
+    pub fn into_string(self) -> String {
+        self.0
+    }
 }
 
 impl fmt::Display for EntityKey {

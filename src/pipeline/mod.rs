@@ -547,12 +547,12 @@ impl Pipeline {
         match normalize(&delivery, envelope) {
             Ok(normalized) => {
                 let event_type = Some(normalized.event.event_type.clone());
-                let entity_key = Some(normalized.event.key().as_str().to_owned());
-                let outcome = self.apply(normalized, Some(key)).await?;
+                let entity = normalized.event.key();
+                let outcome = self.apply_as(normalized, &entity, Some(key)).await?;
                 Ok(Handled {
                     outcome,
                     event_type,
-                    entity_key,
+                    entity_key: Some(entity.into_string()),
                 })
             }
             Err(reason) => {
@@ -613,7 +613,7 @@ impl Pipeline {
             Err(reason) => return Ok(Redelivery::still_failing(reason.code(), reason)),
         };
         let entity = normalized.event.key();
-        Ok(match self.write(normalized, Some(key)).await? {
+        Ok(match self.write(normalized, &entity, Some(key)).await? {
             Written::Done(outcome) => Redelivery::Applied { outcome, entity },
             Written::Refused { code, reason, .. } => Redelivery::StillFailing { code, reason },
         })
@@ -660,7 +660,19 @@ impl Pipeline {
         normalized: Normalized,
         delivery: Option<DeliveryKey>,
     ) -> Result<Outcome, PipelineError> {
-        match self.write(normalized, delivery.clone()).await? {
+        let entity = normalized.event.key();
+        self.apply_as(normalized, &entity, delivery).await
+    }
+
+    /// [`Pipeline::apply`] with the event's entity key, built once by a
+    /// caller that needs it too.
+    async fn apply_as(
+        &self,
+        normalized: Normalized,
+        key: &EntityKey,
+        delivery: Option<DeliveryKey>,
+    ) -> Result<Outcome, PipelineError> {
+        match self.write(normalized, key, delivery.clone()).await? {
             Written::Done(outcome) => Ok(outcome),
             Written::Refused {
                 event,
@@ -676,15 +688,16 @@ impl Pipeline {
     }
 
     /// Guard → encode → publish → commit, under the entity's lock; a record
-    /// refused for good is handed back uncommitted.
+    /// refused for good is handed back uncommitted. `key` is the event's
+    /// entity key.
     async fn write(
         &self,
         normalized: Normalized,
+        key: &EntityKey,
         delivery: Option<DeliveryKey>,
     ) -> Result<Written, PipelineError> {
         let Normalized { event, content } = normalized;
-        let key = event.key();
-        let (slot, incoming) = entity_state(&event, &key, &content);
+        let (slot, incoming) = entity_state(&event, key, &content);
         let _lock = self.inner.ledger.lock_entity(&slot).await?;
         let written = self.inner.ledger.entity(&slot).await?;
         match guard::decide(written.as_ref(), &incoming, event.origin) {
@@ -714,7 +727,7 @@ impl Pipeline {
         match self
             .inner
             .publisher
-            .send(&entity_record(&event, &key, topic, payload))
+            .send(&entity_record(&event, key, topic, payload))
             .await
         {
             Ok(_) => {}
