@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::config::{AdminConfig, Config};
 use crate::drain::Drainer;
@@ -165,12 +165,22 @@ impl App {
 
         let topics = Topics::new(kafka);
         let publisher = Publisher::new(kafka, config.max_record_bytes())?;
+        // Wrong credentials or an untrusted certificate end start-up here,
+        // named; a broker that does not answer is an outage to ride out.
+        let reachable = publisher.check_access(kafka.delivery_timeout()).await?;
         if kafka.create_topics {
             let wanted = topics.all();
             publisher
                 .ensure_topics(&wanted, kafka.partitions, kafka.replication_factor)
                 .await?;
             info!(topics = ?wanted.keys().collect::<Vec<_>>(), "Topics ready.");
+        }
+        if reachable {
+            publisher.check_topic_settings(topics.entities()).await?;
+        } else {
+            warn!(
+                "No Kafka broker answered at start-up; the entity topics' settings are not checked."
+            );
         }
         let entity_topics: Vec<String> = topics.entities().map(str::to_owned).collect();
         let encoder = Encoder::new(&config.schema_registry, &entity_topics).await?;

@@ -78,6 +78,13 @@ pub struct KafkaConfig {
     /// answered 503; must leave room inside the providers' 10 s.
     #[serde(default = "default_delivery_timeout_ms")]
     pub delivery_timeout_ms: u64,
+    /// Replace the producer (a new producer id) after a timed-out record,
+    /// not only after a fatal error: for tansu 0.6, which panics on the
+    /// epoch librdkafka bumps instead. Off for Kafka and every broker that
+    /// implements KIP-360, where a new producer id could let a record in
+    /// doubt land after a newer record of the same key.
+    #[serde(default)]
+    pub new_producer_after_timeout: bool,
     /// Any other librdkafka producer property, passed through as is.
     #[serde(default)]
     pub librdkafka: BTreeMap<String, String>,
@@ -94,6 +101,7 @@ impl Default for KafkaConfig {
             replication_factor: default_replication_factor(),
             create_topics: true,
             delivery_timeout_ms: default_delivery_timeout_ms(),
+            new_producer_after_timeout: false,
             librdkafka: BTreeMap::new(),
         }
     }

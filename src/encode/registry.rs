@@ -137,6 +137,9 @@ impl RegistryClient {
 
     /// Whether `schema` may be registered under `subject` by the subject's
     /// compatibility rules; `None` for a subject that does not exist yet.
+    /// Whether it exists is asked first: Confluent's registry answers the
+    /// compatibility check of an unknown subject with 404, Apicurio's
+    /// Confluent-compatible API with "compatible".
     ///
     /// # Errors
     /// [`RegistryError`] when the registry cannot say.
@@ -145,6 +148,14 @@ impl RegistryClient {
         subject: &str,
         schema: &str,
     ) -> Result<Option<bool>, RegistryError> {
+        let versions = format!("{}/subjects/{subject}/versions", self.base);
+        if self
+            .answer(self.http.get(&versions), &versions)
+            .await?
+            .is_none()
+        {
+            return Ok(None);
+        }
         let url = format!(
             "{}/compatibility/subjects/{subject}/versions/latest",
             self.base
@@ -157,12 +168,22 @@ impl RegistryClient {
 
     /// POSTs a schema; `None` for 404 (no such subject or schema).
     async fn post(&self, url: &str, schema: &str) -> Result<Option<Value>, RegistryError> {
-        let mut request = self
+        let request = self
             .http
             .post(url)
             .header("content-type", "application/vnd.schemaregistry.v1+json")
             .json(&json!({ "schema": schema }));
-        request = match &self.auth {
+        self.answer(request, url).await
+    }
+
+    /// Sends a request with the configured credentials: its JSON body, or
+    /// `None` for 404.
+    async fn answer(
+        &self,
+        request: reqwest::RequestBuilder,
+        url: &str,
+    ) -> Result<Option<Value>, RegistryError> {
+        let request = match &self.auth {
             Auth::None => request,
             Auth::Basic(user, password) => {
                 request.basic_auth(user, password.as_ref().map(Secret::expose))

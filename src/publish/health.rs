@@ -21,6 +21,25 @@ use crate::telemetry;
 pub struct BrokerHealth {
     /// Since when no broker answers, while that is so.
     down_since: Mutex<Option<Instant>>,
+    /// The last refusal of the connection itself that librdkafka reported
+    /// (credentials, certificate): what start-up names when no broker answers.
+    refusal: Mutex<Option<Refusal>>,
+}
+
+/// Why a broker refused the connection: settings to fix, not an outage.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// SASL authentication failed: the user, the password or the mechanism.
+    #[error(
+        "Kafka refused the SASL credentials (kafka.librdkafka sasl.username, sasl.password, sasl.mechanism): {0}"
+    )]
+    Authentication(String),
+    /// The TLS handshake failed: most often a broker certificate no trusted
+    /// CA signed.
+    #[error(
+        "the TLS handshake with Kafka failed; is the broker's certificate signed by a CA in kafka.librdkafka ssl.ca.location? {0}"
+    )]
+    Tls(String),
 }
 
 impl BrokerHealth {
@@ -65,6 +84,18 @@ impl BrokerHealth {
         metrics::gauge!(telemetry::BROKER_UP).set(1.0);
     }
 
+    /// The last refusal librdkafka reported, if any.
+    pub fn refusal(&self) -> Option<Refusal> {
+        self.refusal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn refused(&self, refusal: Refusal) {
+        *self.refusal.lock().unwrap_or_else(PoisonError::into_inner) = Some(refusal);
+    }
+
     fn lock(&self) -> Option<Instant> {
         *self
             .down_since
@@ -98,6 +129,14 @@ impl ClientContext for BrokerContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        match error.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::Authentication) => {
+                self.health
+                    .refused(Refusal::Authentication(reason.to_owned()));
+            }
+            Some(RDKafkaErrorCode::SSL) => self.health.refused(Refusal::Tls(reason.to_owned())),
+            _ => {}
+        }
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
             self.health.mark_down(reason);
         } else if self.health.is_up() {

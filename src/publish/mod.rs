@@ -8,17 +8,20 @@
 //! deadline: past it the record fails, and the delivery is answered 503.
 //!
 //! An idempotent producer whose record timed out must bump its epoch before
-//! it produces again; librdkafka does that locally, which Kafka accepts but
-//! tansu 0.6 does not (its storage panics on the unknown epoch). A fresh
-//! producer with a new producer id is the recovery every broker accepts, so
-//! after a timeout, a fatal error or a producer-state refusal the producer is
-//! replaced; the failed delivery is answered 503 and its retry goes through
-//! the new one.
+//! it produces again. librdkafka does that itself once the requests in
+//! flight have finished (KIP-360), so a record in doubt lands, if at all,
+//! before anything produced after it: Kafka's order per key holds. Only a
+//! fatal error ends a producer, and only then is it replaced. tansu 0.6
+//! panics on the bumped epoch; for such a broker
+//! `kafka.new_producer_after_timeout` replaces the producer after a timeout
+//! or a producer-state refusal too, at the price of that order (a record in
+//! doubt from the old producer id may land after a newer one).
 //!
 //! `health.rs` keeps whether any broker answers: while none does, `send`
 //! fails at once instead of waiting out the deadline, and a probe once a
 //! second notices the broker's return.
 
+mod admin;
 mod health;
 
 use std::collections::BTreeMap;
@@ -26,8 +29,6 @@ use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
@@ -38,7 +39,7 @@ use crate::event::EntityType;
 use crate::telemetry;
 
 use health::BrokerContext;
-pub use health::BrokerHealth;
+pub use health::{BrokerHealth, Refusal};
 
 /// How often the probe asks for metadata while no broker answers.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
@@ -77,6 +78,17 @@ pub enum PublishError {
         topic: String,
         /// The broker's answer.
         code: RDKafkaErrorCode,
+    },
+    /// The broker refused the connection itself: credentials or certificate.
+    #[error(transparent)]
+    Connection(#[from] Refusal),
+    /// An existing entity topic's settings break a promise posbridge makes.
+    #[error("topic `{topic}`: {problem}")]
+    TopicSettings {
+        /// The topic.
+        topic: String,
+        /// What is wrong, and how to fix it.
+        problem: String,
     },
 }
 
@@ -196,6 +208,8 @@ pub struct Publisher {
     max_record_bytes: usize,
     /// Whether a broker answers; shared by every producer this handle makes.
     health: Arc<BrokerHealth>,
+    /// Replace the producer after a timeout too (`kafka.new_producer_after_timeout`).
+    new_producer_after_timeout: bool,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -234,6 +248,7 @@ impl Publisher {
             delivery_timeout: config.delivery_timeout(),
             max_record_bytes,
             health,
+            new_producer_after_timeout: config.new_producer_after_timeout,
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(probe(
@@ -242,49 +257,6 @@ impl Publisher {
             ));
         }
         Ok(publisher)
-    }
-
-    /// Creates the missing topics: `compact` for entity topics (each maps to
-    /// `true`), `delete` for the dead-letter topic. Existing topics are left alone.
-    ///
-    /// # Errors
-    /// [`PublishError::CreateTopic`] naming the topic and the broker's answer,
-    /// or [`PublishError::CreateTopics`] when the broker cannot be reached.
-    pub async fn ensure_topics(
-        &self,
-        topics: &BTreeMap<String, bool>,
-        partitions: i32,
-        replication: i32,
-    ) -> Result<(), PublishError> {
-        let admin: AdminClient<DefaultClientContext> =
-            self.admin_config.create().map_err(PublishError::Config)?;
-        let topic_max_bytes = (self.max_record_bytes + BATCH_OVERHEAD_BYTES).to_string();
-        let new_topics: Vec<NewTopic<'_>> = topics
-            .iter()
-            .map(|(name, compact)| {
-                NewTopic::new(name, partitions, TopicReplication::Fixed(replication))
-                    .set(
-                        "cleanup.policy",
-                        if *compact { "compact" } else { "delete" },
-                    )
-                    // A batch of one record: the record plus the batch header.
-                    .set("max.message.bytes", &topic_max_bytes)
-            })
-            .collect();
-        let options = AdminOptions::new()
-            .request_timeout(Some(Timeout::After(Duration::from_secs(15))))
-            .operation_timeout(Some(Timeout::After(Duration::from_secs(15))));
-        let results = admin
-            .create_topics(new_topics.iter(), &options)
-            .await
-            .map_err(PublishError::CreateTopics)?;
-        for result in results {
-            match result {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((topic, code)) => return Err(PublishError::CreateTopic { topic, code }),
-            }
-        }
-        Ok(())
     }
 
     /// Produces one record and waits for the broker's acknowledgement, at
@@ -319,10 +291,13 @@ impl Publisher {
         )
         .await;
         let result = match result {
-            Err(_) => Err((PublishError::DeadlinePassed, true)),
+            Err(_) => Err((
+                PublishError::DeadlinePassed,
+                self.new_producer_after_timeout,
+            )),
             Ok(Ok(_)) => Ok(()),
             Ok(Err((error, _))) => {
-                let replace = must_replace(&error, &producer);
+                let replace = must_replace(&error, &producer, self.new_producer_after_timeout);
                 Err((classify(error), replace))
             }
         };
@@ -409,9 +384,6 @@ impl Publisher {
     }
 }
 
-/// Room for a record batch's header beside its one record.
-const BATCH_OVERHEAD_BYTES: usize = 1024;
-
 /// The admin and the producer client configurations: the pass-through
 /// properties, the brokers, and (for the producer) what posbridge fixes and
 /// the record size.
@@ -478,20 +450,23 @@ async fn metadata_answers(producer: KafkaProducer, timeout: Duration) -> bool {
     .unwrap_or(false)
 }
 
-/// Whether a failed send leaves this producer needing a new producer id.
-fn must_replace(error: &KafkaError, producer: &KafkaProducer) -> bool {
+/// Whether a failed send leaves this producer needing a new producer id: a
+/// fatal error always; a timeout or a producer-state refusal only where
+/// the broker cannot take librdkafka's epoch bump (`after_timeout`).
+fn must_replace(error: &KafkaError, producer: &KafkaProducer, after_timeout: bool) -> bool {
     producer.client().fatal_error().is_some()
-        || matches!(
-            error.rdkafka_error_code(),
-            Some(
-                RDKafkaErrorCode::Unknown
-                    | RDKafkaErrorCode::OutOfOrderSequenceNumber
-                    | RDKafkaErrorCode::UnknownProducerId
-                    | RDKafkaErrorCode::InvalidProducerEpoch
-                    | RDKafkaErrorCode::Fatal
-                    | RDKafkaErrorCode::MessageTimedOut
+        || after_timeout
+            && matches!(
+                error.rdkafka_error_code(),
+                Some(
+                    RDKafkaErrorCode::Unknown
+                        | RDKafkaErrorCode::OutOfOrderSequenceNumber
+                        | RDKafkaErrorCode::UnknownProducerId
+                        | RDKafkaErrorCode::InvalidProducerEpoch
+                        | RDKafkaErrorCode::Fatal
+                        | RDKafkaErrorCode::MessageTimedOut
+                )
             )
-        )
 }
 
 /// Sorts a produce error: what a later attempt may fix is retryable.

@@ -1,10 +1,12 @@
 //! The consumer examples a downstream team copies (`examples/consumer.rs`
-//! with rdkafka + apache-avro, `examples/consumer.py` with confluent-kafka)
-//! read both framings posbridge writes and keep the latest state per key.
+//! with rdkafka + apache-avro, `examples/consumer.py` with confluent-kafka,
+//! `examples/java` with kafka-clients, Apache Avro and Apicurio's serde, run
+//! by `scripts/java-consumer`) read both framings posbridge writes, the
+//! Confluent one through the real registry, and keep the latest state per key.
 
 use serde_json::Value;
 
-use crate::support::registry_fake::RegistryFake;
+use crate::support::registry::Registry;
 use crate::support::{TestApp, brokers, config, example_binary, rr_sale, unique};
 
 /// Publishes two sales, then a newer state of the first, and returns the topic.
@@ -62,6 +64,10 @@ async fn the_consumer_examples_read_both_framings_into_the_latest_state() {
     let python = std::env::var("POSBRIDGE_TEST_PYTHON")
         .expect("POSBRIDGE_TEST_PYTHON (Confluent's client) is set by scripts/test");
     let python_example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/consumer.py");
+    let java = std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/java-consumer"
+    ));
     let brokers = brokers();
 
     // Single-object encoding (no registry).
@@ -75,10 +81,11 @@ async fn the_consumer_examples_read_both_framings_into_the_latest_state() {
         &run(std::path::Path::new(&python), &py_args).await.stdout,
         "python, single-object",
     );
+    assert_view(&run(java, &args).await.stdout, "java, single-object");
     app.stop().await;
 
     // Confluent wire format (a registry).
-    let registry = RegistryFake::start(&[]).await;
+    let registry = Registry::shared();
     let dir = tempfile::tempdir().unwrap();
     let mut config = config(&brokers, &unique("consumers"), dir.path());
     config.schema_registry.url = Some(registry.url.clone());
@@ -99,5 +106,6 @@ async fn the_consumer_examples_read_both_framings_into_the_latest_state() {
         &run(std::path::Path::new(&python), &py_args).await.stdout,
         "python, confluent",
     );
+    assert_view(&run(java, &args).await.stdout, "java, confluent");
     app.stop().await;
 }

@@ -1,18 +1,22 @@
-//! Integration tests against a real Kafka-protocol broker (tansu), real HTTP
-//! over loopback and the real embedded ledger. Run them with `scripts/test`,
-//! which starts the broker and sets `POSBRIDGE_TEST_BROKERS`.
+//! Integration tests against real servers: Apache Kafka (or tansu with
+//! `POSBRIDGE_TEST_BROKER=tansu`), Apicurio Registry, Redis, real HTTP over
+//! loopback and the real embedded ledger. Run them with `scripts/test`,
+//! which starts the servers and names them in `POSBRIDGE_TEST_*` variables.
 
 mod support;
 
 mod broker_outage;
 mod catch_up;
+mod compaction;
 mod consumers;
 mod crash;
 mod damaged_files;
 mod dedup;
+mod kafka_security;
 mod ledger_full;
 mod ordering;
 mod registry;
+mod registry_auth;
 mod rejects;
 mod replay;
 mod round_trip;

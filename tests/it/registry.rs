@@ -1,27 +1,44 @@
 //! Registry mode: Confluent wire format, schema registered under
-//! TopicNameStrategy, bytes decoded by Confluent's own Python client.
+//! TopicNameStrategy in the real registry (Apicurio, through its
+//! Confluent-compatible API), bytes decoded by Confluent's own Python client.
 
 use posbridge::app::App;
 use posbridge::encode::decode;
 use posbridge::event::EntityType;
 
-use crate::support::registry_fake::RegistryFake;
+use crate::support::registry::Registry;
 use crate::support::{TestApp, brokers, config, decode_with_python, read_topic, rr_sale, unique};
 
-/// A registry fake refusing `refused` topics' subjects, and a config with
-/// fresh topics (`{prefix}.…`) and its ledger in `dir` that uses it.
+/// The first release's schema, as consumers' registries hold it.
+const V1_SCHEMA: &str = include_str!("../../schemas/history/pos_event.v1.avsc");
+
+/// The first release's schema with a numeric `event_id`: a schema this
+/// version cannot read, so the registry refuses this version over it.
+fn numeric_event_id_schema() -> String {
+    let mut numeric: serde_json::Value = serde_json::from_str(V1_SCHEMA).unwrap();
+    numeric["fields"][0]["type"] = "long".into();
+    numeric.to_string()
+}
+
+/// The registry, with `refused` topics' subjects holding a schema this
+/// version cannot read, and a config with fresh topics (`{prefix}.…`) and
+/// its ledger in `dir` that uses it.
 async fn with_registry(
     tag: &str,
     refused: &[&str],
     dir: &tempfile::TempDir,
-) -> (RegistryFake, String, posbridge::config::Config) {
+) -> (Registry, String, posbridge::config::Config) {
     let prefix = unique(tag);
-    let subjects: Vec<String> = refused
-        .iter()
-        .map(|topic| format!("{prefix}.{topic}-value"))
-        .collect();
-    let subjects: Vec<&str> = subjects.iter().map(String::as_str).collect();
-    let registry = RegistryFake::start(&subjects).await;
+    let registry = Registry::shared();
+    for topic in refused {
+        let subject = format!("{prefix}.{topic}-value");
+        assert_eq!(
+            registry
+                .register(&subject, &numeric_event_id_schema())
+                .await,
+            200
+        );
+    }
     let mut config = config(&brokers(), &prefix, dir.path());
     config.schema_registry.url = Some(registry.url.clone());
     (registry, prefix, config)
@@ -35,6 +52,7 @@ async fn registry_mode_writes_confluent_wire_format_that_confluents_client_decod
     let topic = app.topic("sales");
     let subject_id = registry
         .id_of(&format!("{topic}-value"))
+        .await
         .expect("registered at start-up");
 
     let body = rr_sale(
@@ -86,9 +104,6 @@ async fn start_up_fails_clearly_when_the_registry_rejects_the_schema() {
     assert!(error.contains(&format!("{prefix}.orders-value")), "{error}");
 }
 
-/// The first release's schema, as consumers' registries hold it.
-const V1_SCHEMA: &str = include_str!("../../schemas/history/pos_event.v1.avsc");
-
 /// A registry holding the previous schema version for every subject takes
 /// this version (BACKWARD), and refuses one that could not read it.
 #[tokio::test]
@@ -104,7 +119,7 @@ async fn the_registry_accepts_this_schema_over_the_previous_version() {
     }
     App::build(&config).await.expect("v2 registers over v1");
     for subject in &subjects {
-        assert_eq!(registry.versions(subject), 2, "{subject}");
+        assert_eq!(registry.versions(subject).await, 2, "{subject}");
     }
     // A schema with a new field and no default cannot read v1's records.
     let mut breaking: serde_json::Value =
@@ -210,7 +225,7 @@ async fn without_auto_register_posbridge_starts_only_once_ci_registered_the_sche
     };
     assert!(error.contains("not registered"), "{error}");
     assert_eq!(
-        registry.versions(&format!("{prefix}.sales-value")),
+        registry.versions(&format!("{prefix}.sales-value")).await,
         0,
         "it registered nothing"
     );
@@ -239,7 +254,7 @@ async fn without_auto_register_posbridge_starts_only_once_ci_registered_the_sche
     assert_eq!(payload[0], 0, "Confluent framing");
     assert_eq!(
         Some(u32::from_be_bytes(payload[1..5].try_into().unwrap())),
-        registry.id_of(&format!("{topic}-value"))
+        registry.id_of(&format!("{topic}-value")).await
     );
     let line = decode_with_python(&topic, Some(&registry.url)).await;
     assert_eq!(line["value"]["entity_id"], "T1|2026-11|0777");
@@ -251,7 +266,7 @@ async fn without_auto_register_posbridge_starts_only_once_ci_registered_the_sche
 /// refusal; Confluent's client, asking the same registry, agrees.
 #[tokio::test]
 async fn schema_check_says_which_subjects_take_this_schema() {
-    let registry = RegistryFake::start(&[]).await;
+    let registry = Registry::shared();
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("check");
     let subject = |topic: &str| format!("{prefix}.{topic}-value");
@@ -264,11 +279,9 @@ async fn schema_check_says_which_subjects_take_this_schema() {
             .await,
         200
     );
-    let mut numeric: serde_json::Value = serde_json::from_str(V1_SCHEMA).unwrap();
-    numeric["fields"][0]["type"] = "long".into();
     assert_eq!(
         registry
-            .register(&subject("returns"), &numeric.to_string())
+            .register(&subject("returns"), &numeric_event_id_schema())
             .await,
         200
     );
@@ -280,7 +293,6 @@ async fn schema_check_says_which_subjects_take_this_schema() {
         );
     let path = dir.path().join("posbridge.toml");
     std::fs::write(&path, text).unwrap();
-    // Awaited: the registry fake answers on this test's runtime.
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_posbridge"))
         .args(["schema", "check", "--config"])
         .arg(&path)

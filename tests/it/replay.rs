@@ -52,10 +52,17 @@ async fn dead_letters_are_published_once_their_cause_is_cleared_and_never_twice(
 
     // The cause: a record limit below what a sale's record needs, so the
     // record is refused for good and the body dead-lettered (whole: it is
-    // half the record). Set on the producer (check-config refuses it there):
-    // tansu 0.6 does not enforce a topic's `max.message.bytes`, which is how
-    // a real cluster refuses such a record, with the same error.
+    // half the record). Set on the producer (check-config refuses it there),
+    // after the topics were made with room for every record by the file's
+    // own settings: Kafka enforces a topic's `max.message.bytes` (tansu 0.6
+    // does not), so the topics must outlast the cause.
+    drop(
+        posbridge::app::App::build(&Config::from_toml(&text).unwrap())
+            .await
+            .unwrap(),
+    );
     let mut limited = Config::from_toml(&text).unwrap();
+    limited.kafka.create_topics = false;
     limited
         .kafka
         .librdkafka

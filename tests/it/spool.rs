@@ -308,3 +308,90 @@ async fn a_spool_survives_sigkill_and_drains_on_the_next_start() {
     second.kill().unwrap();
     second.wait().unwrap();
 }
+
+/// Apache Kafka SIGKILLed under steady traffic and restarted on its own
+/// data: every delivery answered 2xx is in its topic afterwards (the
+/// spooling source's from the spool, the other's from the provider's
+/// retries of its 503s). Kafka only (`kafka_only` in its name): tansu 0.6
+/// cannot restart on its data (its storage panics on the first idempotent
+/// produce afterwards).
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_only_a_broker_killed_under_load_and_restarted_on_its_data_loses_nothing() {
+    if crate::support::broker_kind() == crate::support::BrokerKind::Tansu {
+        eprintln!("restart: Apache Kafka only (tansu cannot restart on its data)");
+        return;
+    }
+    let mut broker = OwnBroker::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tag = "restart";
+    let app = TestApp::start_with(spool_config(&broker.address(), &unique(tag), dir.path())).await;
+    let ((slowest, answers), ()) =
+        tokio::join!(traffic_during(&app, tag, Duration::from_secs(14)), async {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            broker.kill();
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            broker.restart().await;
+        });
+    assert!(slowest <= BUDGET + SLACK, "slowest answer {slowest:?}");
+    // `traffic_during` sends the pair n as answers 2n-2 (ReceiptRoller) and
+    // 2n-1 (Mekari); a 503 is retried as the provider would.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut retried = 0;
+    for (index, (provider, status, what)) in answers.iter().enumerate() {
+        let n = index / 2 + 1;
+        if provider == "receiptroller" {
+            assert_eq!((*status, what.as_str() != "error"), (200, true), "{what}");
+            continue;
+        }
+        if *status == 200 {
+            continue;
+        }
+        assert_eq!(*status, 503, "{what}");
+        retried += 1;
+        let body = mekari_order(
+            &format!("{tag}-mk-{n}"),
+            "order.updated",
+            "2026-11-29T17:15:30+07:00",
+            &format!("{tag}-ORD-{n}"),
+            "new",
+        );
+        while app.send("mekari", "main", &body).await.status() != 200 {
+            assert!(
+                Instant::now() < deadline,
+                "the retry of {n} never published"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    drained(&app).await;
+    let sales: std::collections::HashSet<String> =
+        read_topic(&broker.address(), &app.topic("sales"))
+            .into_iter()
+            .map(|r| r.key)
+            .collect();
+    let orders: std::collections::HashSet<String> =
+        read_topic(&broker.address(), &app.topic("orders"))
+            .into_iter()
+            .map(|r| r.key)
+            .collect();
+    let pairs = answers.len() / 2;
+    for n in 1..=pairs {
+        assert!(
+            sales.contains(&format!("receiptroller:{tag}|2026-11|{n:04}")),
+            "sale {n} answered 2xx is in its topic"
+        );
+        assert!(
+            orders.contains(&format!("mekari:{tag}-ORD-{n}")),
+            "order {n} is in its topic"
+        );
+    }
+    let spooled = answers
+        .iter()
+        .filter(|(_, _, what)| what == "spooled")
+        .count();
+    println!(
+        "restart: {pairs} pairs, {spooled} spooled, {retried} answered 503 then retried, slowest answer {slowest:?}"
+    );
+    assert!(spooled > 0, "the outage was seen");
+    app.stop().await;
+}

@@ -1,23 +1,38 @@
-//! TLS on the way out: to a Kafka listener that speaks TLS (a
-//! TLS-terminating proxy in front of the test broker, with a CA the test
-//! makes) and to Redis over `rediss://`, each trusting only that CA.
+//! TLS on the way out: to a Kafka listener that speaks TLS and to Redis
+//! over `rediss://`, each trusting only a CA the test made. On Apache Kafka
+//! the listener is the broker's own (`scripts/kafka`'s SSL listener); tansu
+//! has no TLS, so there it is a TLS-terminating proxy in front of it.
 
 use std::time::Duration;
 
 use posbridge::event::{DeliveryKey, ProviderKind};
 use posbridge::ledger::{Begin, Commit, Ledger, RedisLedger};
 
-use crate::support::registry_fake::RegistryFake;
 use crate::support::tls::TestCa;
-use crate::support::{OwnBroker, TestApp, brokers, config, read_topic_with, rr_sale, unique};
+use crate::support::{
+    BrokerKind, OwnBroker, TestApp, broker_kind, config, kafka_security, read_topic_with, rr_sale,
+    unique,
+};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn posbridge_publishes_through_a_tls_listener_it_verifies() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new(dir.path());
-    let broker = OwnBroker::start_tls(ca.acceptor()).await;
-    let mut config = config(&broker.address(), &unique("tls"), dir.path());
-    let ca_file = ca.ca_file.display().to_string();
+    // Kept alive for the test on tansu.
+    let mut _proxy = None;
+    let (address, ca_file) = match broker_kind() {
+        BrokerKind::Kafka => {
+            let ssl = kafka_security().expect("scripts/test names Kafka's SSL listener");
+            (ssl.ssl, ssl.ca_file)
+        }
+        BrokerKind::Tansu => {
+            let broker = OwnBroker::start_tls(ca.acceptor()).await;
+            let address = broker.address();
+            _proxy = Some(broker);
+            (address, ca.ca_file.display().to_string())
+        }
+    };
+    let mut config = config(&address, &unique("tls"), dir.path());
     let tls = [
         ("security.protocol", "SSL"),
         ("ssl.ca.location", ca_file.as_str()),
@@ -36,7 +51,7 @@ async fn posbridge_publishes_through_a_tls_listener_it_verifies() {
     );
     let response = app.send("receiptroller", "main", &body).await;
     assert_eq!(response.status(), 200);
-    let records = read_topic_with(&broker.address(), &app.topic("sales"), &tls);
+    let records = read_topic_with(&address, &app.topic("sales"), &tls);
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].key, "receiptroller:T1|2026-11|0500");
     app.stop().await;
@@ -122,43 +137,4 @@ async fn the_redis_ledger_speaks_tls_to_a_server_signed_by_the_configured_ca() {
     );
     let _ = server.kill();
     let _ = server.wait();
-}
-
-/// The Schema Registry over HTTPS with a private CA and a bearer token:
-/// posbridge registers with both set, and is refused without the CA or with
-/// the wrong token.
-#[tokio::test(flavor = "multi_thread")]
-async fn the_registry_client_trusts_the_configured_ca_and_sends_the_token() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = TestCa::new(dir.path());
-    let registry = RegistryFake::start_tls(ca.acceptor(), "registry-token").await;
-    let prefix = unique("registry-tls");
-    let mut config = config(&brokers(), &prefix, dir.path());
-    config.schema_registry.url = Some(registry.url.clone());
-    config.schema_registry.ca_file = Some(ca.ca_file.clone());
-    config.schema_registry.token =
-        Some(serde_json::from_value(serde_json::json!("registry-token")).unwrap());
-    assert_eq!(posbridge::app::problems(&config), vec![]);
-    posbridge::app::App::build(&config)
-        .await
-        .expect("registers over TLS with the token");
-    assert!(registry.id_of(&format!("{prefix}.sales-value")).is_some());
-
-    // Each attempt with a ledger of its own: the first app's is still closing.
-    let mut untrusting = config.clone();
-    untrusting.ledger.path = dir.path().join("untrusting.redb");
-    untrusting.schema_registry.ca_file = None;
-    assert!(
-        posbridge::app::App::build(&untrusting).await.is_err(),
-        "an unknown CA is refused"
-    );
-    let mut wrong = config.clone();
-    wrong.ledger.path = dir.path().join("wrong.redb");
-    wrong.schema_registry.token =
-        Some(serde_json::from_value(serde_json::json!("not-the-token")).unwrap());
-    let error = match posbridge::app::App::build(&wrong).await {
-        Ok(_) => panic!("a wrong token is refused"),
-        Err(error) => format!("{:#}", anyhow::Error::new(error)),
-    };
-    assert!(error.contains("schema registry"), "{error}");
 }

@@ -26,7 +26,11 @@ def main():
         if error.http_status_code != 404:
             raise
         registered = False
+    # Whether the subject exists is asked first: Confluent's registry answers
+    # the compatibility check of an unknown subject with 404, Apicurio's
+    # Confluent-compatible API with "compatible".
     try:
+        client.get_versions(subject)
         compatible = client.test_compatibility(subject, schema)
     except SchemaRegistryError as error:
         if error.http_status_code != 404:

@@ -1,8 +1,12 @@
 //! Shared test plumbing: start the real app on port 0, sign like the
 //! providers, read topics back with a real Kafka consumer.
 
-pub mod registry_fake;
+pub mod apicurio;
+mod broker;
+pub mod registry;
 pub mod tls;
+
+pub use broker::{BrokerKind, KafkaSecurity, OwnBroker, broker_kind, kafka_security};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -17,10 +21,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::{Value, json};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// ReceiptRoller secret of the `main` and `backup` test sources.
@@ -85,6 +87,7 @@ pub fn config_text(brokers: &str, prefix: &str, dir: &Path) -> String {
         topic_prefix = "{prefix}."
         partitions = 1
         delivery_timeout_ms = 3000
+        new_producer_after_timeout = {tansu}
         [ledger]
         path = "{ledger}"
         [receiptroller.sources.main]
@@ -97,7 +100,9 @@ pub fn config_text(brokers: &str, prefix: &str, dir: &Path) -> String {
         secrets = ["{MEKARI_SECRET}"]
         account = "acme"
         "#,
-        ledger = dir.join("ledger.redb").display()
+        ledger = dir.join("ledger.redb").display(),
+        // tansu 0.6 panics on the epoch librdkafka bumps after a timeout.
+        tansu = broker_kind() == BrokerKind::Tansu,
     )
 }
 
@@ -421,176 +426,6 @@ pub fn read_topic_with(brokers: &str, topic: &str, properties: &[(&str, &str)]) 
 /// The compacted view: the last record per key.
 pub fn latest_per_key(records: &[Record]) -> HashMap<String, Record> {
     records.iter().map(|r| (r.key.clone(), r.clone())).collect()
-}
-
-/// Path of the tansu binary `scripts/test` found.
-pub fn tansu_binary() -> PathBuf {
-    std::env::var_os("POSBRIDGE_TEST_TANSU")
-        .map(PathBuf::from)
-        .expect("POSBRIDGE_TEST_TANSU is set by scripts/test")
-}
-
-/// A private tansu broker behind a TCP proxy the test can cut, as a
-/// crashed broker or a network partition looks to posbridge: connections
-/// drop and new ones are refused until `heal`. (tansu 0.6.0 itself cannot be
-/// restarted on its own data: its SQLite engine panics on the first
-/// idempotent produce afterwards.) Killed on drop.
-pub struct OwnBroker {
-    proxy_port: u16,
-    open: Arc<AtomicBool>,
-    cut: watch::Sender<u64>,
-    _dir: tempfile::TempDir,
-    child: std::process::Child,
-}
-
-impl OwnBroker {
-    /// Starts tansu on a free port, advertising the proxy's port.
-    pub async fn start() -> OwnBroker {
-        Self::start_with(None).await
-    }
-
-    /// The same behind a TLS-terminating proxy presenting `acceptor`'s
-    /// certificate: clients speak TLS to the advertised address.
-    pub async fn start_tls(acceptor: tokio_native_tls::TlsAcceptor) -> OwnBroker {
-        Self::start_with(Some(acceptor)).await
-    }
-
-    async fn start_with(tls: Option<tokio_native_tls::TlsAcceptor>) -> OwnBroker {
-        let free_port = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        };
-        let broker_port = free_port();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let proxy_port = listener.local_addr().unwrap().port();
-        let dir = tempfile::tempdir().unwrap();
-        let listen = format!("tcp://127.0.0.1:{broker_port}");
-        let advertise = format!("tcp://127.0.0.1:{proxy_port}");
-        let child = std::process::Command::new(tansu_binary())
-            .current_dir(dir.path())
-            .args([
-                "broker",
-                "--listener-url",
-                &listen,
-                "--advertised-listener-url",
-                &advertise,
-            ])
-            .args([
-                "--storage-engine",
-                "sqlite://tansu.db?maintenance_interval=5s",
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", broker_port)).is_err() {
-            assert!(Instant::now() < deadline, "tansu did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let open = Arc::new(AtomicBool::new(true));
-        let (cut, cuts) = watch::channel(0u64);
-        tokio::spawn(proxy(listener, broker_port, open.clone(), cuts, tls));
-        OwnBroker {
-            proxy_port,
-            open,
-            cut,
-            _dir: dir,
-            child,
-        }
-    }
-
-    /// What posbridge connects to.
-    pub fn address(&self) -> String {
-        format!("127.0.0.1:{}", self.proxy_port)
-    }
-
-    /// Drops every connection and refuses new ones.
-    pub fn cut(&self) {
-        self.open.store(false, Ordering::SeqCst);
-        self.cut.send_modify(|n| *n += 1);
-    }
-
-    /// Accepts connections again.
-    pub fn heal(&self) {
-        self.open.store(true, Ordering::SeqCst);
-    }
-
-    /// Freezes the broker (SIGSTOP): connections stay open, nothing answers.
-    pub fn freeze(&self) {
-        self.signal("-STOP");
-    }
-
-    /// Lets a frozen broker run again (SIGCONT).
-    pub fn thaw(&self) {
-        self.signal("-CONT");
-    }
-
-    /// Kills the broker (SIGKILL); it does not come back.
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn signal(&self, which: &str) {
-        let status = std::process::Command::new("kill")
-            .args([which, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {which}");
-    }
-}
-
-impl Drop for OwnBroker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn proxy(
-    listener: tokio::net::TcpListener,
-    broker_port: u16,
-    open: Arc<AtomicBool>,
-    cuts: watch::Receiver<u64>,
-    tls: Option<tokio_native_tls::TlsAcceptor>,
-) {
-    while let Ok((client, _)) = listener.accept().await {
-        if !open.load(Ordering::SeqCst) {
-            drop(client);
-            continue;
-        }
-        let mut cuts = cuts.clone();
-        cuts.mark_unchanged();
-        let tls = tls.clone();
-        tokio::spawn(async move {
-            let Ok(mut upstream) = tokio::net::TcpStream::connect(("127.0.0.1", broker_port)).await
-            else {
-                return;
-            };
-            match tls {
-                None => {
-                    let mut client = client;
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
-                        _ = cuts.changed() => {}
-                    }
-                }
-                Some(acceptor) => {
-                    let Ok(mut client) = acceptor.accept(client).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
-                        _ = cuts.changed() => {}
-                    }
-                }
-            }
-        });
-    }
 }
 
 /// Fails when a file a binary was built from (as cargo's dep-info file

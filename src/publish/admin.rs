@@ -1,0 +1,201 @@
+//! What start-up asks of the cluster before the first webhook: that the
+//! connection is accepted (credentials, certificate), that the topics
+//! exist, and that existing entity topics keep the compaction promise.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::util::Timeout;
+
+use super::{PublishError, Publisher};
+
+/// Room for a record batch's header beside its one record.
+const BATCH_OVERHEAD_BYTES: usize = 1024;
+
+/// How long an admin request may take at start-up.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How often start-up asks for metadata while waiting for the first answer.
+const CONNECT_POLL: Duration = Duration::from_millis(250);
+
+impl Publisher {
+    /// Waits up to `limit` for a broker to answer a metadata request, and
+    /// fails at once when the broker refuses the connection itself (SASL
+    /// credentials, the TLS certificate): a setting to fix, said in those
+    /// words, instead of a time-out. A broker that does not answer at all is
+    /// an outage, not an error here: `Ok(false)`, and start-up goes on where
+    /// it can (a spooling source accepts webhooks meanwhile).
+    ///
+    /// # Errors
+    /// [`PublishError::Connection`] naming the refusal.
+    pub async fn check_access(&self, limit: Duration) -> Result<bool, PublishError> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let answered = super::metadata_answers(self.producer().0, CONNECT_POLL).await;
+            if let Some(refusal) = self.health.refusal() {
+                return Err(PublishError::Connection(refusal));
+            }
+            if answered {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(CONNECT_POLL).await;
+        }
+    }
+
+    fn admin(&self) -> Result<AdminClient<DefaultClientContext>, PublishError> {
+        self.admin_config.create().map_err(PublishError::Config)
+    }
+
+    /// The `max.message.bytes` a topic needs: the largest record plus a
+    /// batch header (a batch of one record).
+    fn topic_max_bytes(&self) -> usize {
+        self.max_record_bytes + BATCH_OVERHEAD_BYTES
+    }
+
+    /// Creates the missing topics: `compact` for entity topics (each maps to
+    /// `true`), `delete` for the dead-letter topic. Existing topics are left alone.
+    ///
+    /// # Errors
+    /// [`PublishError::CreateTopic`] naming the topic and the broker's answer,
+    /// or [`PublishError::CreateTopics`] when the broker cannot be reached.
+    pub async fn ensure_topics(
+        &self,
+        topics: &BTreeMap<String, bool>,
+        partitions: i32,
+        replication: i32,
+    ) -> Result<(), PublishError> {
+        let admin = self.admin()?;
+        let topic_max_bytes = self.topic_max_bytes().to_string();
+        let new_topics: Vec<NewTopic<'_>> = topics
+            .iter()
+            .map(|(name, compact)| {
+                NewTopic::new(name, partitions, TopicReplication::Fixed(replication))
+                    .set(
+                        "cleanup.policy",
+                        if *compact { "compact" } else { "delete" },
+                    )
+                    .set("max.message.bytes", &topic_max_bytes)
+            })
+            .collect();
+        let options = AdminOptions::new()
+            .request_timeout(Some(Timeout::After(ADMIN_TIMEOUT)))
+            .operation_timeout(Some(Timeout::After(ADMIN_TIMEOUT)));
+        let results = admin
+            .create_topics(new_topics.iter(), &options)
+            .await
+            .map_err(PublishError::CreateTopics)?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((topic, code)) => return Err(PublishError::CreateTopic { topic, code }),
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the entity topics that exist against what consumers are
+    /// promised, and refuses to start on a `cleanup.policy` without
+    /// `compact`: the broker would delete entities' latest states by age
+    /// instead of keeping one per key. A `max.message.bytes` below the
+    /// largest record posbridge writes is said loudly (once, at start-up)
+    /// but does not stop it: such a record is refused by the broker and
+    /// dead-lettered, cut if need be, as for any broker limit. posbridge
+    /// never alters a topic it did not create.
+    ///
+    /// A broker that does not describe topic configs or a topic that does
+    /// not exist yet passes: nothing to check.
+    ///
+    /// # Errors
+    /// [`PublishError::TopicSettings`] for the first topic that is not compacted.
+    pub async fn check_topic_settings<'a>(
+        &self,
+        entity_topics: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), PublishError> {
+        let admin = self.admin()?;
+        let specifiers: Vec<ResourceSpecifier<'_>> = entity_topics
+            .into_iter()
+            .map(ResourceSpecifier::Topic)
+            .collect();
+        let options = AdminOptions::new().request_timeout(Some(Timeout::After(ADMIN_TIMEOUT)));
+        let results = match admin.describe_configs(specifiers.iter(), &options).await {
+            Ok(results) => results,
+            Err(error) => {
+                tracing::warn!(%error, "Could not read the entity topics' settings; not checked.");
+                return Ok(());
+            }
+        };
+        let needed = self.topic_max_bytes();
+        for resource in results.into_iter().flatten() {
+            let rdkafka::admin::OwnedResourceSpecifier::Topic(topic) = &resource.specifier else {
+                continue;
+            };
+            let value = |name: &str| {
+                resource
+                    .entries
+                    .iter()
+                    .find(|entry| entry.name == name)
+                    .and_then(|entry| entry.value.clone())
+            };
+            if let Some(problem) = policy_problem(value("cleanup.policy").as_deref()) {
+                return Err(PublishError::TopicSettings {
+                    topic: topic.clone(),
+                    problem,
+                });
+            }
+            if let Some(problem) = size_problem(value("max.message.bytes").as_deref(), needed) {
+                tracing::warn!(topic, "{problem}");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What is wrong with an entity topic's `cleanup.policy`, with the fix.
+fn policy_problem(cleanup_policy: Option<&str>) -> Option<String> {
+    let policy = cleanup_policy?;
+    (!policy.split(',').any(|p| p.trim() == "compact")).then(|| {
+        format!(
+            "cleanup.policy is `{policy}`: an entity topic must be compacted (`compact`, or `compact,delete`), or the broker drops entities' latest states by age; fix it with `kafka-configs --alter --entity-type topics --entity-name TOPIC --add-config cleanup.policy=compact`"
+        )
+    })
+}
+
+/// What is wrong with an entity topic's `max.message.bytes`, with the fix.
+fn size_problem(max_message_bytes: Option<&str>, needed: usize) -> Option<String> {
+    let max = max_message_bytes?.parse::<usize>().ok()?;
+    (max < needed).then(|| {
+        format!(
+            "The topic's max.message.bytes is {max}, below the {needed} bytes posbridge's largest record may need (server.body_limit_bytes sets it): the broker refuses such records and posbridge dead-letters them, cut; raise it with `kafka-configs --alter --entity-type topics --entity-name TOPIC --add-config max.message.bytes={needed}`"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{policy_problem, size_problem};
+
+    #[test]
+    fn a_compacted_topic_with_room_for_every_record_passes() {
+        assert_eq!(policy_problem(Some("compact")), None);
+        assert_eq!(policy_problem(Some("compact, delete")), None);
+        assert_eq!(size_problem(Some("2000000"), 1_000_000), None);
+        assert_eq!(policy_problem(None), None, "nothing described");
+        assert_eq!(size_problem(None, 1_000_000), None, "nothing described");
+    }
+
+    #[test]
+    fn a_deleting_topic_or_one_too_small_is_named_with_its_fix() {
+        let delete = policy_problem(Some("delete")).unwrap();
+        assert!(delete.contains("cleanup.policy is `delete`"), "{delete}");
+        assert!(delete.contains("cleanup.policy=compact"), "{delete}");
+        let small = size_problem(Some("1048588"), 2_000_000).unwrap();
+        assert!(small.contains("max.message.bytes is 1048588"), "{small}");
+        assert!(small.contains("max.message.bytes=2000000"), "{small}");
+    }
+}

@@ -1,0 +1,307 @@
+//! The brokers the tests run on: the shared one `scripts/test` started
+//! (Apache Kafka by default, tansu with `POSBRIDGE_TEST_BROKER=tansu`), and a
+//! private one of the same kind for a test that kills, freezes or cuts it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::watch;
+
+/// Which broker the suite runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerKind {
+    /// Apache Kafka 4.x (`scripts/kafka`): the default.
+    Kafka,
+    /// tansu 0.6 (`scripts/broker`): the broker a user without Java runs.
+    Tansu,
+}
+
+/// The broker `scripts/test` started (`POSBRIDGE_TEST_BROKER`).
+pub fn broker_kind() -> BrokerKind {
+    match std::env::var("POSBRIDGE_TEST_BROKER").as_deref() {
+        Ok("tansu") => BrokerKind::Tansu,
+        _ => BrokerKind::Kafka,
+    }
+}
+
+/// Path of the tansu binary `scripts/test` found.
+fn tansu_binary() -> PathBuf {
+    std::env::var_os("POSBRIDGE_TEST_TANSU")
+        .map(PathBuf::from)
+        .expect("POSBRIDGE_TEST_TANSU is set by scripts/test on tansu")
+}
+
+/// A script of this repository.
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts")
+        .join(name)
+}
+
+/// A loopback port nothing listens on.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A first port of `count` free consecutive ones (`scripts/kafka` takes
+/// four from its first).
+fn free_ports(count: u16) -> u16 {
+    loop {
+        let first = free_port();
+        if first < u16::MAX - count
+            && (1..count).all(|i| std::net::TcpListener::bind(("127.0.0.1", first + i)).is_ok())
+        {
+            return first;
+        }
+    }
+}
+
+/// A private broker behind a TCP proxy the test can cut, as a crashed
+/// broker or a network partition looks to posbridge: connections drop and
+/// new ones are refused until `heal`. The broker advertises the proxy's
+/// address. Killed on drop.
+///
+/// On Kafka it can also be killed and restarted on its data; tansu 0.6.0
+/// cannot be (its SQLite engine panics on the first idempotent produce
+/// afterwards), so there `kill` is for good.
+pub struct OwnBroker {
+    kind: BrokerKind,
+    proxy_port: u16,
+    /// Kafka's first port (its PLAINTEXT listener) or tansu's one.
+    broker_port: u16,
+    open: Arc<AtomicBool>,
+    cut: watch::Sender<u64>,
+    dir: tempfile::TempDir,
+    child: Option<std::process::Child>,
+}
+
+impl OwnBroker {
+    /// Starts a broker of the suite's kind on free ports.
+    pub async fn start() -> OwnBroker {
+        Self::start_with(broker_kind(), None).await
+    }
+
+    /// The same behind a TLS-terminating proxy presenting `acceptor`'s
+    /// certificate: clients speak TLS to the advertised address. For tansu,
+    /// which has no TLS of its own.
+    pub async fn start_tls(acceptor: tokio_native_tls::TlsAcceptor) -> OwnBroker {
+        Self::start_with(BrokerKind::Tansu, Some(acceptor)).await
+    }
+
+    async fn start_with(kind: BrokerKind, tls: Option<tokio_native_tls::TlsAcceptor>) -> OwnBroker {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy_port = listener.local_addr().unwrap().port();
+        let broker_port = match kind {
+            BrokerKind::Kafka => free_ports(4),
+            BrokerKind::Tansu => free_port(),
+        };
+        let open = Arc::new(AtomicBool::new(true));
+        let (cut, cuts) = watch::channel(0u64);
+        let mut broker = OwnBroker {
+            kind,
+            proxy_port,
+            broker_port,
+            open: open.clone(),
+            cut,
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+        };
+        broker.run().await;
+        tokio::spawn(proxy(listener, broker_port, open, cuts, tls));
+        broker
+    }
+
+    /// Starts the broker process on the broker's folder and waits until it
+    /// answers.
+    async fn run(&mut self) {
+        let advertise = format!("127.0.0.1:{}", self.proxy_port);
+        let child = match self.kind {
+            BrokerKind::Kafka => {
+                let first = self.broker_port;
+                let log = std::fs::File::create(self.dir.path().join("kafka.out")).unwrap();
+                std::process::Command::new(script("kafka"))
+                    .arg(first.to_string())
+                    .arg(self.dir.path().join("kafka"))
+                    .arg(format!(
+                        "advertised.listeners=PLAINTEXT://{advertise},SSL://127.0.0.1:{},SASL_SSL://127.0.0.1:{}",
+                        first + 1,
+                        first + 2
+                    ))
+                    .env("POSBRIDGE_KAFKA_HEAP", "320m")
+                    .stdout(log.try_clone().unwrap())
+                    .stderr(log)
+                    .spawn()
+                    .unwrap()
+            }
+            BrokerKind::Tansu => std::process::Command::new(tansu_binary())
+                .current_dir(self.dir.path())
+                .args([
+                    "broker",
+                    "--listener-url",
+                    &format!("tcp://127.0.0.1:{}", self.broker_port),
+                    "--advertised-listener-url",
+                    &format!("tcp://{advertise}"),
+                ])
+                .args([
+                    "--storage-engine",
+                    "sqlite://tansu.db?maintenance_interval=5s",
+                ])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        };
+        self.child = Some(child);
+        let status = tokio::process::Command::new(script("kafka-wait"))
+            .args([self.broker_port.to_string(), "120".into()])
+            .status()
+            .await
+            .unwrap();
+        assert!(
+            status.success(),
+            "the private {:?} broker did not start: {}",
+            self.kind,
+            std::fs::read_to_string(self.dir.path().join("kafka/logs/server.log"))
+                .unwrap_or_default()
+        );
+    }
+
+    /// What posbridge connects to.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.proxy_port)
+    }
+
+    /// Drops every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.open.store(false, Ordering::SeqCst);
+        self.cut.send_modify(|n| *n += 1);
+    }
+
+    /// Accepts connections again.
+    pub fn heal(&self) {
+        self.open.store(true, Ordering::SeqCst);
+    }
+
+    /// Freezes the broker (SIGSTOP): connections stay open, nothing answers.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen broker run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    /// Kills the broker (SIGKILL).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts a killed Kafka again on its data, as a restarted broker is.
+    pub async fn restart(&mut self) {
+        assert_eq!(
+            self.kind,
+            BrokerKind::Kafka,
+            "tansu 0.6 cannot restart on its data"
+        );
+        self.kill();
+        self.run().await;
+    }
+
+    fn signal(&self, which: &str) {
+        let pid = self.child.as_ref().expect("the broker runs").id();
+        let status = std::process::Command::new("kill")
+            .args([which, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {which}");
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        // A frozen JVM ignores nothing but SIGKILL; thaw it anyway so that
+        // its threads do not linger stopped.
+        if self.child.is_some() {
+            self.signal("-CONT");
+        }
+        self.kill();
+    }
+}
+
+async fn proxy(
+    listener: tokio::net::TcpListener,
+    broker_port: u16,
+    open: Arc<AtomicBool>,
+    cuts: watch::Receiver<u64>,
+    tls: Option<tokio_native_tls::TlsAcceptor>,
+) {
+    while let Ok((client, _)) = listener.accept().await {
+        if !open.load(Ordering::SeqCst) {
+            drop(client);
+            continue;
+        }
+        let mut cuts = cuts.clone();
+        cuts.mark_unchanged();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let Ok(mut upstream) = tokio::net::TcpStream::connect(("127.0.0.1", broker_port)).await
+            else {
+                return;
+            };
+            match tls {
+                None => {
+                    let mut client = client;
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                        _ = cuts.changed() => {}
+                    }
+                }
+                Some(acceptor) => {
+                    let Ok(mut client) = acceptor.accept(client).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                        _ = cuts.changed() => {}
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// The shared Kafka's TLS listeners and SCRAM user, as `scripts/test` names
+/// them (`scripts/kafka` makes the CA and the credentials); `None` on tansu.
+pub struct KafkaSecurity {
+    /// The SSL listener.
+    pub ssl: String,
+    /// The SASL_SSL listener (SCRAM-SHA-512).
+    pub sasl: String,
+    /// The CA that signed the broker's certificate.
+    pub ca_file: String,
+    /// posbridge's SCRAM user.
+    pub user: &'static str,
+    /// Its password.
+    pub password: &'static str,
+}
+
+/// See [`KafkaSecurity`].
+pub fn kafka_security() -> Option<KafkaSecurity> {
+    let var = |name: &str| std::env::var(name).ok();
+    Some(KafkaSecurity {
+        ssl: var("POSBRIDGE_TEST_KAFKA_SSL")?,
+        sasl: var("POSBRIDGE_TEST_KAFKA_SASL")?,
+        ca_file: var("POSBRIDGE_TEST_KAFKA_CA")?,
+        user: "posbridge",
+        password: "posbridge-scram-secret",
+    })
+}
