@@ -64,15 +64,20 @@ alive() { kill -0 "$1" 2>/dev/null; }
 
 
 # --- build and tools ---------------------------------------------------------
-# prepare_tools: builds posbridge and posbridge-sim (release), gets the tansu
-# broker and the Python client for reading topics (into $venv, once).
+# prepare_tools: builds posbridge and posbridge-sim (release), gets the
+# broker (Apache Kafka's jars from Maven Central, or tansu) and the Python
+# client for reading topics (into $venv, once).
 prepare_tools() {
   section "Building posbridge and posbridge-sim (release)"
   cargo build --release --workspace --bins
 
   section "Getting the tools"
-  # Once per machine: unpacked from ../shared/bin, or built with cargo install (16-35 min).
-  say "tansu broker: $("$here/scripts/ensure-tansu")"
+  if [ "$("$here/scripts/local-broker" --which)" = kafka ]; then
+    say "Apache Kafka: $("$here/scripts/ensure-kafka")"
+  else
+    # Once per machine: unpacked from ../shared/bin, or built with cargo install (16-35 min).
+    say "tansu broker (no Java 17 + Maven for Apache Kafka): $("$here/scripts/ensure-tansu")"
+  fi
   if ! "$venv/bin/python" -c 'import confluent_kafka.schema_registry.avro' 2>/dev/null; then
     say "creating $venv with Confluent's Python client (once)"
     python3 -m venv "$venv"

@@ -3,11 +3,15 @@
 //! `examples/java` with kafka-clients, Apache Avro and Apicurio's serde, run
 //! by `scripts/java-consumer`) read both framings posbridge writes, the
 //! Confluent one through the real registry, and keep the latest state per key.
+//! The Java example runs on Apache Kafka only: kafka-clients 4.4's
+//! `endOffsets` (ListOffsets) times out against tansu 0.6.
 
 use serde_json::Value;
 
 use crate::support::registry::Registry;
-use crate::support::{TestApp, brokers, config, example_binary, rr_sale, unique};
+use crate::support::{
+    BrokerKind, TestApp, broker_kind, brokers, config, example_binary, rr_sale, unique,
+};
 
 /// Publishes two sales, then a newer state of the first, and returns the topic.
 async fn three_records(app: &TestApp) -> String {
@@ -58,6 +62,15 @@ async fn run(program: &std::path::Path, args: &[&str]) -> std::process::Output {
     output
 }
 
+/// The Java example's view, on Apache Kafka (see the module's doc).
+async fn java_view(java: &std::path::Path, args: &[&str], who: &str) {
+    if broker_kind() == BrokerKind::Tansu {
+        eprintln!("{who}: not run on tansu (kafka-clients' ListOffsets times out there)");
+        return;
+    }
+    assert_view(&run(java, args).await.stdout, who);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_consumer_examples_read_both_framings_into_the_latest_state() {
     let rust = example_binary("consumer");
@@ -81,7 +94,7 @@ async fn the_consumer_examples_read_both_framings_into_the_latest_state() {
         &run(std::path::Path::new(&python), &py_args).await.stdout,
         "python, single-object",
     );
-    assert_view(&run(java, &args).await.stdout, "java, single-object");
+    java_view(java, &args, "java, single-object").await;
     app.stop().await;
 
     // Confluent wire format (a registry).
@@ -106,6 +119,6 @@ async fn the_consumer_examples_read_both_framings_into_the_latest_state() {
         &run(std::path::Path::new(&python), &py_args).await.stdout,
         "python, confluent",
     );
-    assert_view(&run(java, &args).await.stdout, "java, confluent");
+    java_view(java, &args, "java, confluent").await;
     app.stop().await;
 }

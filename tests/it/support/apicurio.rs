@@ -46,7 +46,7 @@ impl PrivateRegistry {
     pub async fn start(tls: Option<&TestCa>, settings: &[(String, String)]) -> PrivateRegistry {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("apicurio.log");
-        let port = free_port_pair();
+        let port = super::broker::free_ports(2);
         let mut args: Vec<String> = Vec::new();
         if let Some(ca) = tls {
             // The HTTPS port is the one scripts/apicurio gives the plain
@@ -145,22 +145,6 @@ impl Drop for PrivateRegistry {
         // answered as it did.
         if std::thread::panicking() {
             eprintln!("private Apicurio's log ends:\n{}", self.log_tail());
-        }
-    }
-}
-
-/// A loopback port free with the one after it (the management interface),
-/// away from the fixed ports of `scripts/test` and the dev stacks.
-fn free_port_pair() -> u16 {
-    const TAKEN: [u16; 3] = [18081, 38081, 48081];
-    loop {
-        let first = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = first.local_addr().unwrap().port();
-        if port == u16::MAX || TAKEN.iter().any(|taken| port.abs_diff(*taken) <= 1) {
-            continue;
-        }
-        if std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
-            return port;
         }
     }
 }
