@@ -316,7 +316,11 @@ impl App {
             let _ = drainer.await;
         }
         served?;
-        info!("Stopped accepting; flushing the producer.");
+        info!("Stopped accepting; finishing deliveries and flushing the producer.");
+        app.state
+            .pipeline
+            .finish_deliveries(app.shutdown_timeout)
+            .await;
         app.flush().await;
         Ok(())
     }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use time::OffsetDateTime;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use crate::encode::{EncodeError, Encoder};
 use crate::event::{
@@ -264,6 +264,9 @@ struct Inner {
     spool: Option<Spool>,
     /// Dead letters written since start, whichever path wrote them.
     dead_letters: std::sync::atomic::AtomicU64,
+    /// The webhook deliveries running, each on a task of its own; shutdown
+    /// waits for them.
+    deliveries: tokio_util::task::TaskTracker,
 }
 
 /// The part of the answer budget kept for the spool's fsync (at most a
@@ -314,6 +317,7 @@ impl Pipeline {
                 answer_budget: timing.answer_budget,
                 spool,
                 dead_letters: std::sync::atomic::AtomicU64::new(0),
+                deliveries: tokio_util::task::TaskTracker::new(),
             }),
         }
     }
@@ -392,6 +396,41 @@ impl Pipeline {
     /// match the body; any other [`PipelineError`] when the outcome could not
     /// be made durable (the provider should retry).
     pub async fn deliver(&self, delivery: Delivery) -> Result<Handled, PipelineError> {
+        // On a task of its own: hyper drops the request's future when the
+        // client goes away or shutdown aborts the connection, and a delivery
+        // cancelled between Kafka's acknowledgement and the ledger commit
+        // would lose the entity's version (an older event would then
+        // publish) and its delivery id (the retry would publish again).
+        let pipeline = self.clone();
+        let span = tracing::Span::current();
+        let task = self
+            .inner
+            .deliveries
+            .spawn(async move { pipeline.deliver_here(delivery).await }.instrument(span));
+        match task.await {
+            Ok(result) => result,
+            // A panic in the delivery: the ingress answers a panic 503.
+            Err(error) => std::panic::resume_unwind(error.into_panic()),
+        }
+    }
+
+    /// Waits, at most `timeout`, for the deliveries still running (those
+    /// whose requests went away included) to reach their outcome.
+    pub async fn finish_deliveries(&self, timeout: Duration) {
+        self.inner.deliveries.close();
+        if tokio::time::timeout(timeout, self.inner.deliveries.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                running = self.inner.deliveries.len(),
+                "Deliveries still running at the end of the shutdown budget."
+            );
+        }
+    }
+
+    /// [`Pipeline::deliver`] on the caller's task.
+    async fn deliver_here(&self, delivery: Delivery) -> Result<Handled, PipelineError> {
         let (key, envelope) = identify(&delivery)?;
         let deadline = delivery.arrived + self.inner.answer_budget;
         let spool = self.inner.spool.as_ref().filter(|_| delivery.spools);

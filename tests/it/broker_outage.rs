@@ -120,3 +120,83 @@ async fn readiness_follows_the_broker_and_shutdown_finishes_in_flight_deliveries
     assert_eq!(answer.status(), 503);
     assert!(started.elapsed() < Duration::from_secs(9));
 }
+
+/// A client that goes away while its record is on the way to Kafka does
+/// not cancel the delivery: the record the broker acknowledges afterwards
+/// is committed to the ledger all the same, so an older event of the same
+/// entity is held back as stale and the provider's retry of the delivery is
+/// a duplicate. The broker is frozen for a moment to hold the record in
+/// flight while the client gives up.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_disconnects_mid_publish_does_not_cancel_the_ledger_commit() {
+    let broker = OwnBroker::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("disconnect");
+    let app = TestApp::start_with(config(&broker.address(), &prefix, dir.path())).await;
+    let warm = rr_sale(
+        "dc-0",
+        "sale.created",
+        "2026-11-29T10:00:00Z",
+        "T1|2026-11|300",
+        100,
+    );
+    assert_eq!(app.send("receiptroller", "main", &warm).await.status(), 200);
+
+    let newer = rr_sale(
+        "dc-1",
+        "sale.updated",
+        "2026-11-29T10:20:00Z",
+        "T1|2026-11|301",
+        900,
+    );
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    broker.freeze();
+    let gave_up = signed_request(
+        &impatient,
+        &app.base,
+        "receiptroller",
+        "main",
+        "dc-1",
+        serde_json::to_vec(&newer).unwrap(),
+        None,
+    )
+    .send()
+    .await;
+    assert!(gave_up.is_err(), "the client gave up before the answer");
+    // Well inside the 3 s delivery deadline: the record is acknowledged.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    broker.thaw();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let older = rr_sale(
+        "dc-2",
+        "sale.created",
+        "2026-11-29T10:10:00Z",
+        "T1|2026-11|301",
+        500,
+    );
+    let late = app.send("receiptroller", "main", &older).await;
+    assert_eq!(late.status(), 200);
+    assert_eq!(
+        late.json::<serde_json::Value>().await.unwrap()["status"],
+        "stale",
+        "the acknowledged newer state was committed"
+    );
+    let retry = app.send("receiptroller", "main", &newer).await;
+    assert_eq!(retry.status(), 200);
+    assert_eq!(
+        retry.json::<serde_json::Value>().await.unwrap()["status"],
+        "duplicate",
+        "the delivery id was remembered"
+    );
+    let records = read_topic(&broker.address(), &app.topic("sales"));
+    let for_key = records
+        .iter()
+        .filter(|r| r.key == "receiptroller:T1|2026-11|301")
+        .count();
+    assert_eq!(for_key, 1, "one record for the entity");
+    app.stop().await;
+}
