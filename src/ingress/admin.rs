@@ -144,6 +144,7 @@ async fn gather(state: &AdminState) -> Status {
             },
             spool: readiness.spool,
             dead_letters_since_start: pipeline.dead_letters_written(),
+            failing_topics: pipeline.publisher().health().failing_topics(),
         },
         sources: state.board.snapshot(now),
     }

@@ -79,7 +79,9 @@ impl Readiness {
 /// stop sending traffic while this is 503. With Kafka down but a spool with
 /// room, posbridge stays ready: sources that spool still accept (those that
 /// do not answer 503 until Kafka is back), and taking the pod out of service
-/// would fail every delivery instead.
+/// would fail every delivery instead. A topic Kafka refuses while the
+/// cluster answers is listed under `failing_topics` with the broker's
+/// reason, and does not make the pod unready: every other topic publishes.
 pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let pipeline = &state.pipeline;
     let readiness = Readiness::of(pipeline, true).await;
@@ -115,6 +117,7 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
             "schema_registry": word(registry),
             "ledger": readiness.ledger_text(),
             "spool": spool,
+            "failing_topics": pipeline.publisher().health().failing_topics(),
         })),
     )
         .into_response()

@@ -3,8 +3,11 @@
 //!
 //! While no broker answers, every delivery is answered at once (503, or the
 //! spool) instead of waiting out the delivery deadline; a probe (see
-//! `Publisher`) notices when a broker answers again.
+//! `Publisher`) notices when a broker answers again. A failure of one topic
+//! while the cluster answers (a denied write, a partition without a leader)
+//! is that topic's alone: it is kept per topic, and Kafka stays up.
 
+use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -24,6 +27,10 @@ pub struct BrokerHealth {
     /// The last refusal of the connection itself that librdkafka reported
     /// (credentials, certificate): what start-up names when no broker answers.
     refusal: Mutex<Option<Refusal>>,
+    /// Topics whose last send failed while the cluster answered (a denied
+    /// write, a partition without a leader), with the broker's reason: that
+    /// topic's deliveries fail, the others go on.
+    failing_topics: Mutex<BTreeMap<String, String>>,
 }
 
 /// Why a broker refused the connection: settings to fix, not an outage.
@@ -82,6 +89,42 @@ impl BrokerHealth {
             );
         }
         metrics::gauge!(telemetry::BROKER_UP).set(1.0);
+    }
+
+    /// A send to `topic` failed while the cluster answers; says so once per
+    /// change of reason.
+    pub fn topic_failed(&self, topic: &str, why: &str) {
+        let mut failing = self
+            .failing_topics
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if failing.get(topic).is_none_or(|known| known != why) {
+            warn!(
+                topic,
+                reason = why,
+                "Kafka refuses this topic's records while the cluster answers: its deliveries are answered 503 (or spooled), the other topics publish."
+            );
+            failing.insert(topic.to_owned(), why.to_owned());
+        }
+    }
+
+    /// A send to `topic` succeeded; says so once if it was failing.
+    pub fn topic_ok(&self, topic: &str) {
+        let mut failing = self
+            .failing_topics
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if failing.remove(topic).is_some() {
+            info!(topic, "Kafka takes this topic's records again.");
+        }
+    }
+
+    /// The topics whose last send failed, with the reason.
+    pub fn failing_topics(&self) -> BTreeMap<String, String> {
+        self.failing_topics
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The last refusal librdkafka reported, if any.

@@ -44,6 +44,10 @@ pub use health::{BrokerHealth, Refusal};
 /// How often the probe asks for metadata while no broker answers.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a failed send's question "does the cluster answer at all?" may
+/// take.
+const CLUSTER_PROBE: Duration = Duration::from_millis(500);
+
 /// The producer type: librdkafka's errors and logs go through [`BrokerContext`].
 type KafkaProducer = FutureProducer<BrokerContext>;
 
@@ -313,8 +317,18 @@ impl Publisher {
             tokio::task::spawn_blocking(move || drop(producer));
         }
         match &result {
-            Ok(_) => self.health.mark_up(),
-            Err(error) if error.is_retryable() => self.health.mark_down(&error.to_string()),
+            Ok(_) => {
+                self.health.mark_up();
+                self.health.topic_ok(&record.topic);
+            }
+            Err(PublishError::BrokerDown) => {}
+            Err(error) if error.is_retryable() => {
+                if self.cluster_unreachable(error).await {
+                    self.health.mark_down(&error.to_string());
+                } else {
+                    self.health.topic_failed(&record.topic, &error.to_string());
+                }
+            }
             Err(_) => {}
         }
         match &result {
@@ -332,6 +346,30 @@ impl Publisher {
             .increment(1),
         }
         result
+    }
+
+    /// Whether a retryable send error means the whole cluster is away (no
+    /// broker reachable), rather than this record's topic or partition
+    /// (a denied write, a partition without a leader, too few in-sync
+    /// replicas). A timeout says neither, so the cluster is asked.
+    async fn cluster_unreachable(&self, error: &PublishError) -> bool {
+        let code = match error {
+            PublishError::Unavailable(error) => error.rdkafka_error_code(),
+            _ => None,
+        };
+        match code {
+            Some(
+                RDKafkaErrorCode::AllBrokersDown
+                | RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::Resolve
+                | RDKafkaErrorCode::Authentication
+                | RDKafkaErrorCode::SSL,
+            ) => true,
+            None | Some(RDKafkaErrorCode::MessageTimedOut | RDKafkaErrorCode::RequestTimedOut) => {
+                !metadata_answers(self.producer().0, CLUSTER_PROBE).await
+            }
+            Some(_) => false,
+        }
     }
 
     fn producer(&self) -> (KafkaProducer, u64) {

@@ -54,6 +54,8 @@ pub struct Health {
     pub spool: Option<SpoolStats>,
     /// Dead letters written since start.
     pub dead_letters_since_start: u64,
+    /// Topics Kafka refuses while the cluster answers, with the reason.
+    pub failing_topics: std::collections::BTreeMap<String, String>,
 }
 
 /// The HTML page.
@@ -106,6 +108,20 @@ fn health(html: &mut String, health: &Health) {
         },
         health.dead_letters_since_start
     );
+    if !health.failing_topics.is_empty() {
+        html.push_str(
+            "<table id=\"failing-topics\"><tr><th>topic Kafka refuses</th><th>why</th></tr>",
+        );
+        for (topic, why) in &health.failing_topics {
+            let _ = write!(
+                html,
+                "<tr><td class=\"bad\">{}</td><td>{}</td></tr>",
+                escape(topic),
+                escape(why)
+            );
+        }
+        html.push_str("</table>");
+    }
 }
 
 fn state_cell(state: &str) -> String {

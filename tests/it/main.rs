@@ -25,3 +25,4 @@ mod slow_clients;
 mod spool;
 mod status_page;
 mod tls;
+mod topic_failure;

@@ -78,22 +78,35 @@ pub struct OwnBroker {
     cut: watch::Sender<u64>,
     dir: tempfile::TempDir,
     child: Option<std::process::Child>,
+    /// Kafka's authorizer on (`POSBRIDGE_KAFKA_ACLS=1`).
+    acls: bool,
 }
 
 impl OwnBroker {
     /// Starts a broker of the suite's kind on free ports.
     pub async fn start() -> OwnBroker {
-        Self::start_with(broker_kind(), None).await
+        Self::start_with(broker_kind(), None, false).await
+    }
+
+    /// A Kafka with its authorizer on: the SCRAM users may do only what
+    /// ACLs allow; PLAINTEXT clients (the proxy's, the test's) are super
+    /// users.
+    pub async fn start_with_acls() -> OwnBroker {
+        Self::start_with(BrokerKind::Kafka, None, true).await
     }
 
     /// The same behind a TLS-terminating proxy presenting `acceptor`'s
     /// certificate: clients speak TLS to the advertised address. For tansu,
     /// which has no TLS of its own.
     pub async fn start_tls(acceptor: tokio_native_tls::TlsAcceptor) -> OwnBroker {
-        Self::start_with(BrokerKind::Tansu, Some(acceptor)).await
+        Self::start_with(BrokerKind::Tansu, Some(acceptor), false).await
     }
 
-    async fn start_with(kind: BrokerKind, tls: Option<tokio_native_tls::TlsAcceptor>) -> OwnBroker {
+    async fn start_with(
+        kind: BrokerKind,
+        tls: Option<tokio_native_tls::TlsAcceptor>,
+        acls: bool,
+    ) -> OwnBroker {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let proxy_port = listener.local_addr().unwrap().port();
         let broker_port = match kind {
@@ -110,6 +123,7 @@ impl OwnBroker {
             cut,
             dir: tempfile::tempdir().unwrap(),
             child: None,
+            acls,
         };
         broker.run().await;
         tokio::spawn(proxy(listener, broker_port, open, cuts, tls));
@@ -133,6 +147,7 @@ impl OwnBroker {
                         first + 2
                     ))
                     .env("POSBRIDGE_KAFKA_HEAP", "320m")
+                    .env("POSBRIDGE_KAFKA_ACLS", if self.acls { "1" } else { "0" })
                     .stdout(log.try_clone().unwrap())
                     .stderr(log)
                     .spawn()
@@ -174,6 +189,20 @@ impl OwnBroker {
     /// What posbridge connects to.
     pub fn address(&self) -> String {
         format!("127.0.0.1:{}", self.proxy_port)
+    }
+
+    /// A private Kafka's SASL_SSL listener (SCRAM-SHA-512, not proxied) and
+    /// the CA that signed its certificate.
+    pub fn sasl(&self) -> (String, String) {
+        assert_eq!(self.kind, BrokerKind::Kafka, "tansu has no SASL");
+        (
+            format!("127.0.0.1:{}", self.broker_port + 2),
+            self.dir
+                .path()
+                .join("kafka/tls/ca.pem")
+                .display()
+                .to_string(),
+        )
     }
 
     /// Drops every connection and refuses new ones.
