@@ -68,9 +68,12 @@ pub struct KafkaConfig {
     /// Partitions for topics posbridge creates.
     #[serde(default = "default_partitions")]
     pub partitions: i32,
-    /// Replication factor for topics posbridge creates.
-    #[serde(default = "default_replication_factor")]
-    pub replication_factor: i32,
+    /// Replication factor for topics posbridge creates; by default as many
+    /// replicas as the cluster has brokers, at most 3. Created topics get
+    /// `min.insync.replicas` one less (at least 1), so `acks=all` means a
+    /// record on at least two brokers wherever there are three.
+    #[serde(default)]
+    pub replication_factor: Option<i32>,
     /// Create missing topics at start-up (compact for entities, delete for dead letters).
     #[serde(default = "default_true")]
     pub create_topics: bool,
@@ -98,7 +101,7 @@ impl Default for KafkaConfig {
             topics: BTreeMap::new(),
             dead_letter_topic: None,
             partitions: default_partitions(),
-            replication_factor: default_replication_factor(),
+            replication_factor: None,
             create_topics: true,
             delivery_timeout_ms: default_delivery_timeout_ms(),
             new_producer_after_timeout: false,
@@ -115,9 +118,6 @@ fn default_topic_prefix() -> String {
 }
 const fn default_partitions() -> i32 {
     6
-}
-const fn default_replication_factor() -> i32 {
-    1
 }
 const fn default_true() -> bool {
     true

@@ -358,7 +358,7 @@ impl Config {
         if self.kafka.partitions < 1 {
             problem("kafka.partitions", "must be at least 1".into());
         }
-        if self.kafka.replication_factor < 1 {
+        if self.kafka.replication_factor.is_some_and(|rf| rf < 1) {
             problem("kafka.replication_factor", "must be at least 1".into());
         }
         for name in self.kafka.topics.keys() {

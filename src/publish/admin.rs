@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::producer::Producer as _;
 use rdkafka::util::Timeout;
 
 use super::{PublishError, Publisher};
@@ -59,7 +60,11 @@ impl Publisher {
     }
 
     /// Creates the missing topics: `compact` for entity topics (each maps to
-    /// `true`), `delete` for the dead-letter topic. Existing topics are left alone.
+    /// `true`), `delete` for the dead-letter topic, with `replication`
+    /// replicas (by default as many as the cluster has brokers, at most 3)
+    /// and `min.insync.replicas` one less (at least 1): so `acks=all` waits
+    /// for two brokers of three, and one broker may be lost without
+    /// refusing writes. Existing topics are left alone.
     ///
     /// # Errors
     /// [`PublishError::CreateTopic`] naming the topic and the broker's answer,
@@ -68,9 +73,14 @@ impl Publisher {
         &self,
         topics: &BTreeMap<String, bool>,
         partitions: i32,
-        replication: i32,
+        replication: Option<i32>,
     ) -> Result<(), PublishError> {
         let admin = self.admin()?;
+        let replication = match replication {
+            Some(replication) => replication,
+            None => self.cluster().await?.brokers.clamp(1, 3),
+        };
+        let min_insync = (replication - 1).max(1).to_string();
         let topic_max_bytes = self.topic_max_bytes().to_string();
         let new_topics: Vec<NewTopic<'_>> = topics
             .iter()
@@ -81,6 +91,7 @@ impl Publisher {
                         if *compact { "compact" } else { "delete" },
                     )
                     .set("max.message.bytes", &topic_max_bytes)
+                    .set("min.insync.replicas", &min_insync)
             })
             .collect();
         let options = AdminOptions::new()
@@ -97,6 +108,31 @@ impl Publisher {
             }
         }
         Ok(())
+    }
+
+    /// The cluster as its metadata shows it: how many brokers, and each
+    /// topic's replication factor.
+    async fn cluster(&self) -> Result<Cluster, PublishError> {
+        let producer = self.producer().0;
+        tokio::task::spawn_blocking(move || {
+            let metadata = producer
+                .client()
+                .fetch_metadata(None, Timeout::After(ADMIN_TIMEOUT))
+                .map_err(PublishError::CreateTopics)?;
+            Ok(Cluster {
+                brokers: i32::try_from(metadata.brokers().len()).unwrap_or(i32::MAX),
+                replication: metadata
+                    .topics()
+                    .iter()
+                    .filter_map(|topic| {
+                        let replicas = topic.partitions().first()?.replicas().len();
+                        Some((topic.name().to_owned(), replicas))
+                    })
+                    .collect(),
+            })
+        })
+        .await
+        .unwrap_or_else(|_| Ok(Cluster::default()))
     }
 
     /// Checks the entity topics that exist against what consumers are
@@ -131,6 +167,7 @@ impl Publisher {
             }
         };
         let needed = self.topic_max_bytes();
+        let cluster = self.cluster().await.unwrap_or_default();
         for resource in results.into_iter().flatten() {
             let rdkafka::admin::OwnedResourceSpecifier::Topic(topic) = &resource.specifier else {
                 continue;
@@ -151,8 +188,47 @@ impl Publisher {
             if let Some(problem) = size_problem(value("max.message.bytes").as_deref(), needed) {
                 tracing::warn!(topic, "{problem}");
             }
+            let replicas = cluster.replication.get(topic.as_str()).copied();
+            let min_insync = value("min.insync.replicas").and_then(|v| v.parse().ok());
+            if let Some(problem) = durability_problem(cluster.brokers, replicas, min_insync) {
+                tracing::warn!(topic, "{problem}");
+            }
         }
         Ok(())
+    }
+}
+
+/// What the metadata says of the cluster.
+#[derive(Debug, Default)]
+struct Cluster {
+    /// Brokers in the cluster.
+    brokers: i32,
+    /// Replicas of each topic's first partition.
+    replication: BTreeMap<String, usize>,
+}
+
+/// Why an entity topic's records may be acknowledged by fewer brokers than
+/// the cluster could give, on a cluster of several: one replica (a lost
+/// broker loses the topic), or `min.insync.replicas` 1 (`acks=all` may then
+/// mean one broker that has not synced).
+fn durability_problem(
+    brokers: i32,
+    replicas: Option<usize>,
+    min_insync: Option<usize>,
+) -> Option<String> {
+    if brokers <= 1 {
+        return None;
+    }
+    match (replicas, min_insync) {
+        (Some(1), _) => Some(format!(
+            "The topic has one replica on a cluster of {brokers} brokers: the broker that holds it is a single point of loss; recreate it with replication factor 3 (kafka.replication_factor)"
+        )),
+        (Some(replicas), Some(1)) => Some(format!(
+            "The topic has {replicas} replicas but min.insync.replicas 1: an acknowledged record may be on one broker only; set it to {} with `kafka-configs --alter --entity-type topics --entity-name TOPIC --add-config min.insync.replicas={}`",
+            (replicas - 1).max(1),
+            (replicas - 1).max(1)
+        )),
+        _ => None,
     }
 }
 
@@ -178,7 +254,7 @@ fn size_problem(max_message_bytes: Option<&str>, needed: usize) -> Option<String
 
 #[cfg(test)]
 mod tests {
-    use super::{policy_problem, size_problem};
+    use super::{durability_problem, policy_problem, size_problem};
 
     #[test]
     fn a_compacted_topic_with_room_for_every_record_passes() {
@@ -187,6 +263,16 @@ mod tests {
         assert_eq!(size_problem(Some("2000000"), 1_000_000), None);
         assert_eq!(policy_problem(None), None, "nothing described");
         assert_eq!(size_problem(None, 1_000_000), None, "nothing described");
+    }
+
+    #[test]
+    fn one_replica_or_one_in_sync_replica_is_named_only_on_a_cluster() {
+        assert_eq!(durability_problem(1, Some(1), Some(1)), None, "one broker");
+        assert_eq!(durability_problem(3, Some(3), Some(2)), None);
+        let single = durability_problem(3, Some(1), Some(1)).unwrap();
+        assert!(single.contains("one replica on a cluster of 3"), "{single}");
+        let isr = durability_problem(3, Some(3), Some(1)).unwrap();
+        assert!(isr.contains("min.insync.replicas=2"), "{isr}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod crash;
 mod damaged_files;
 mod dedup;
 mod kafka_security;
+mod leader_loss;
 mod ledger_full;
 mod ordering;
 mod registry;

@@ -3,6 +3,7 @@
 
 pub mod apicurio;
 mod broker;
+pub mod cluster;
 pub mod registry;
 pub mod tls;
 
