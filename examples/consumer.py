@@ -68,7 +68,9 @@ def main():
         from confluent_kafka.schema_registry.avro import AvroDeserializer
         from confluent_kafka.serialization import MessageField, SerializationContext
 
-        deserializer = AvroDeserializer(SchemaRegistryClient({"url": args.registry}))
+        # Confluent's client waits forever for an answer by default; with a
+        # timeout it retries a request the registry left unanswered (seen once).
+        deserializer = AvroDeserializer(SchemaRegistryClient({"url": args.registry, "timeout": 10}))
         context = SerializationContext(args.topic, MessageField.VALUE)
         confluent = lambda value: deserializer(value, context)  # noqa: E731
 

@@ -35,7 +35,9 @@ def main() -> None:
         from confluent_kafka.schema_registry import SchemaRegistryClient
         from confluent_kafka.schema_registry.avro import AvroDeserializer
 
-        deserializer = AvroDeserializer(SchemaRegistryClient({"url": registry}))
+        # Confluent's client waits forever for an answer by default; with a
+        # timeout it retries a request the registry left unanswered (seen once).
+        deserializer = AvroDeserializer(SchemaRegistryClient({"url": registry, "timeout": 10}))
 
     consumer = Consumer({
         "bootstrap.servers": brokers,

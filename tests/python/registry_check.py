@@ -17,7 +17,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 def main():
     url, subject, path = sys.argv[1:4]
-    client = SchemaRegistryClient({"url": url})
+    client = SchemaRegistryClient({"url": url, "timeout": 10})
     schema = Schema(open(path).read(), "AVRO")
     try:
         client.lookup_schema(subject, schema)
