@@ -6,6 +6,7 @@
 //! holds the checks that need provider knowledge, shared with `check-config`.
 
 mod check;
+mod known;
 pub mod schema;
 
 use std::collections::HashMap;
@@ -120,6 +121,36 @@ fn announce_series(
     .set(1.0);
 }
 
+/// The encoder: the registry's ids, or (the registry not answering) the
+/// ids an earlier start took for this schema; `known` is updated with
+/// fresh ones.
+async fn encoder(
+    config: &Config,
+    topics: &[String],
+    known: &mut known::Known,
+) -> Result<Encoder, EncodeError> {
+    let schema = format!("{:016x}", crate::encode::fingerprint());
+    match Encoder::new(&config.schema_registry, topics).await {
+        Ok(encoder) => {
+            if let (Some(url), Some(ids)) = (&config.schema_registry.url, encoder.ids()) {
+                known.registry = Some(url.clone());
+                known.schema = Some(schema);
+                known.ids = ids.iter().map(|(t, id)| (t.clone(), *id)).collect();
+            }
+            Ok(encoder)
+        }
+        Err(error) if error.is_unreachable() => {
+            let url = config.schema_registry.url.as_deref().unwrap_or_default();
+            let Some(ids) = known.ids_for(url, &schema, topics) else {
+                return Err(error);
+            };
+            warn!(%error, "The schema registry does not answer: starting with the schema ids an earlier start took.");
+            Encoder::with_known_ids(&config.schema_registry, url, ids)
+        }
+        Err(error) => Err(error),
+    }
+}
+
 /// A built service: the pieces `serve` runs.
 #[derive(Clone)]
 pub struct App {
@@ -165,30 +196,43 @@ impl App {
 
         let topics = Topics::new(kafka);
         let publisher = Publisher::new(kafka, config.max_record_bytes())?;
+        let known_path = known::path(config);
+        let mut known = known_path.as_deref().map(known::load).unwrap_or_default();
+        let wanted = topics.all();
         // Wrong credentials or an untrusted certificate end start-up here,
         // named; a broker that does not answer is an outage to ride out.
         let reachable = publisher.check_access(kafka.delivery_timeout()).await?;
-        if kafka.create_topics {
-            let wanted = topics.all();
-            publisher
-                .ensure_topics(&wanted, kafka.partitions, kafka.replication_factor)
-                .await?;
-            info!(topics = ?wanted.keys().collect::<Vec<_>>(), "Topics ready.");
-        }
-        if reachable {
-            publisher.check_topic_settings(topics.entities()).await?;
+        if reachable || !known.has_topics(&kafka.brokers, wanted.keys()) {
+            if kafka.create_topics {
+                publisher
+                    .ensure_topics(&wanted, kafka.partitions, kafka.replication_factor)
+                    .await?;
+                info!(topics = ?wanted.keys().collect::<Vec<_>>(), "Topics ready.");
+            }
+            if reachable {
+                publisher.check_topic_settings(topics.entities()).await?;
+                known.brokers.clone_from(&kafka.brokers);
+                known.topics = wanted.keys().cloned().collect();
+            } else {
+                warn!(
+                    "No Kafka broker answered at start-up; the entity topics' settings are not checked."
+                );
+            }
         } else {
             warn!(
-                "No Kafka broker answered at start-up; the entity topics' settings are not checked."
+                "No Kafka broker answers: starting on the topics an earlier start found; sources that spool accept webhooks, the others answer 503 until Kafka answers."
             );
         }
         let entity_topics: Vec<String> = topics.entities().map(str::to_owned).collect();
-        let encoder = Encoder::new(&config.schema_registry, &entity_topics).await?;
+        let encoder = encoder(config, &entity_topics, &mut known).await?;
         info!(
             encoding = encoder.name(),
             "Encoder ready: records are Avro in the {} framing.",
             encoder.name()
         );
+        if let Some(path) = &known_path {
+            known::save(path, &known);
+        }
 
         let mut sources = HashMap::new();
         for entry in config.sources() {

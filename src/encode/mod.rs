@@ -125,6 +125,17 @@ pub enum Encoder {
     },
 }
 
+impl EncodeError {
+    /// Whether the registry did not answer at all (not a refusal, not a
+    /// missing registration): an outage a start may ride out.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            EncodeError::Registry(_) | EncodeError::Client(RegistryError::Unreachable { .. })
+        )
+    }
+}
+
 impl std::fmt::Debug for Encoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -169,6 +180,31 @@ impl Encoder {
             ids: std::sync::Arc::new(ids),
             settings,
         })
+    }
+
+    /// The Confluent-framing encoder with ids an earlier start took from
+    /// the registry (for this very schema), for a start while the registry
+    /// is away: records need no registry once their ids are known.
+    ///
+    /// # Errors
+    /// [`EncodeError::Client`] when the registry settings cannot be built.
+    pub fn with_known_ids(
+        config: &RegistryConfig,
+        url: &str,
+        ids: std::collections::HashMap<String, u32>,
+    ) -> Result<Encoder, EncodeError> {
+        Ok(Encoder::Registered {
+            ids: std::sync::Arc::new(ids),
+            settings: RegistryClient::settings(config, url)?,
+        })
+    }
+
+    /// Each topic's schema id, in the Confluent framing.
+    pub fn ids(&self) -> Option<&std::collections::HashMap<String, u32>> {
+        match self {
+            Encoder::SingleObject { .. } => None,
+            Encoder::Registered { ids, .. } => Some(ids),
+        }
     }
 
     /// Encodes one event for `topic`, without I/O: the registry's ids were

@@ -79,7 +79,9 @@ impl Readiness {
 /// stop sending traffic while this is 503. With Kafka down but a spool with
 /// room, posbridge stays ready: sources that spool still accept (those that
 /// do not answer 503 until Kafka is back), and taking the pod out of service
-/// would fail every delivery instead. A topic Kafka refuses while the
+/// would fail every delivery instead, and says `degraded`; so it does while
+/// the registry does not answer (records carry the schema ids taken at
+/// start-up). A topic Kafka refuses while the
 /// cluster answers is listed under `failing_topics` with the broker's
 /// reason, and does not make the pod unready: every other topic publishes.
 pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
@@ -92,13 +94,20 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
         ..
     } = readiness;
     let spool_takes_it = spool.is_some_and(|stats| stats.has_room);
-    let ready = (broker || spool_takes_it) && registry && readiness.ledger.is_ok();
+    // Records carry the schema ids taken at start-up: a registry that stops
+    // answering later (or was away at a start on known ids) delays nothing.
+    let ready = (broker || spool_takes_it) && readiness.ledger.is_ok();
     let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
     let word = |ok: bool| if ok { "ok" } else { "unavailable" };
+    let overall = match (ready, broker && registry) {
+        (false, _) => "unavailable",
+        (true, true) => "ok",
+        (true, false) => "degraded",
+    };
     let spool = match spool {
         None => json!("disabled"),
         Some(stats) => json!({
@@ -111,7 +120,7 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     (
         status,
         Json(json!({
-            "status": word(ready),
+            "status": overall,
             "encoding": pipeline.encoder().name(),
             "broker": word(broker),
             "schema_registry": word(registry),

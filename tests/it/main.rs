@@ -16,6 +16,7 @@ mod kafka_security;
 mod leader_loss;
 mod ledger_full;
 mod ordering;
+mod outage_start;
 mod registry;
 mod registry_auth;
 mod rejects;

@@ -2,11 +2,8 @@
 //! (Apache Kafka by default, tansu with `POSBRIDGE_TEST_BROKER=tansu`), and a
 //! private one of the same kind for a test that kills, freezes or cuts it.
 
+use super::proxy::CutProxy;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use tokio::sync::watch;
 
 /// Which broker the suite runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,11 +68,9 @@ pub(super) fn free_ports(count: u16) -> u16 {
 /// afterwards), so there `kill` is for good.
 pub struct OwnBroker {
     kind: BrokerKind,
-    proxy_port: u16,
+    proxy: CutProxy,
     /// Kafka's first port (its PLAINTEXT listener) or tansu's one.
     broker_port: u16,
-    open: Arc<AtomicBool>,
-    cut: watch::Sender<u64>,
     dir: tempfile::TempDir,
     child: Option<std::process::Child>,
     /// Kafka's authorizer on (`POSBRIDGE_KAFKA_ACLS=1`).
@@ -107,33 +102,26 @@ impl OwnBroker {
         tls: Option<tokio_native_tls::TlsAcceptor>,
         acls: bool,
     ) -> OwnBroker {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let proxy_port = listener.local_addr().unwrap().port();
         let broker_port = match kind {
             BrokerKind::Kafka => free_ports(4),
             BrokerKind::Tansu => free_port(),
         };
-        let open = Arc::new(AtomicBool::new(true));
-        let (cut, cuts) = watch::channel(0u64);
         let mut broker = OwnBroker {
             kind,
-            proxy_port,
+            proxy: CutProxy::start(broker_port, tls).await,
             broker_port,
-            open: open.clone(),
-            cut,
             dir: tempfile::tempdir().unwrap(),
             child: None,
             acls,
         };
         broker.run().await;
-        tokio::spawn(proxy(listener, broker_port, open, cuts, tls));
         broker
     }
 
     /// Starts the broker process on the broker's folder and waits until it
     /// answers.
     async fn run(&mut self) {
-        let advertise = format!("127.0.0.1:{}", self.proxy_port);
+        let advertise = self.proxy.address();
         let child = match self.kind {
             BrokerKind::Kafka => {
                 let first = self.broker_port;
@@ -188,7 +176,7 @@ impl OwnBroker {
 
     /// What posbridge connects to.
     pub fn address(&self) -> String {
-        format!("127.0.0.1:{}", self.proxy_port)
+        self.proxy.address()
     }
 
     /// A private Kafka's SASL_SSL listener (SCRAM-SHA-512, not proxied) and
@@ -207,13 +195,12 @@ impl OwnBroker {
 
     /// Drops every connection and refuses new ones.
     pub fn cut(&self) {
-        self.open.store(false, Ordering::SeqCst);
-        self.cut.send_modify(|n| *n += 1);
+        self.proxy.cut();
     }
 
     /// Accepts connections again.
     pub fn heal(&self) {
-        self.open.store(true, Ordering::SeqCst);
+        self.proxy.heal();
     }
 
     /// Freezes the broker (SIGSTOP): connections stay open, nothing answers.
@@ -263,48 +250,6 @@ impl Drop for OwnBroker {
             self.signal("-CONT");
         }
         self.kill();
-    }
-}
-
-async fn proxy(
-    listener: tokio::net::TcpListener,
-    broker_port: u16,
-    open: Arc<AtomicBool>,
-    cuts: watch::Receiver<u64>,
-    tls: Option<tokio_native_tls::TlsAcceptor>,
-) {
-    while let Ok((client, _)) = listener.accept().await {
-        if !open.load(Ordering::SeqCst) {
-            drop(client);
-            continue;
-        }
-        let mut cuts = cuts.clone();
-        cuts.mark_unchanged();
-        let tls = tls.clone();
-        tokio::spawn(async move {
-            let Ok(mut upstream) = tokio::net::TcpStream::connect(("127.0.0.1", broker_port)).await
-            else {
-                return;
-            };
-            match tls {
-                None => {
-                    let mut client = client;
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
-                        _ = cuts.changed() => {}
-                    }
-                }
-                Some(acceptor) => {
-                    let Ok(mut client) = acceptor.accept(client).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
-                        _ = cuts.changed() => {}
-                    }
-                }
-            }
-        });
     }
 }
 
