@@ -1,29 +1,54 @@
 //! The drainer: publishes spooled deliveries through the pipeline once Kafka
-//! answers again, oldest first, one at a time (so two deliveries about one
-//! entity are replayed in the order they arrived), and removes each from the
-//! spool only after its outcome is durable in the ledger.
+//! answers again, oldest first, and removes each from the spool only after
+//! its outcome is durable in the ledger.
+//!
+//! A pass replays up to a batch of the oldest entries in parallel lanes,
+//! one lane per entity (by a hash of its key), each lane in spool order: two
+//! deliveries about one entity are replayed in the order they arrived, and
+//! a slow or refused entity holds up only its own lane.
+//!
+//! An entry that keeps failing while Kafka answers (its topic refuses it)
+//! is tried in [`MAX_ATTEMPTS`] passes over [`SET_ASIDE_AFTER`] at least, then goes aside to the dead-letter
+//! topic with its raw body (reason code `spool_unpublishable`), where the
+//! status page counts it and `posbridge replay` publishes it once the cause
+//! is cleared; the entries behind it drain meanwhile. While no broker
+//! answers, nothing counts as an attempt.
 //!
 //! It runs inside `serve` from start-up, so a spool left by a crash is
 //! drained as soon as the broker answers. A replayed delivery whose id the
 //! ledger already knows as done (published just before a crash) is a
 //! duplicate and is simply removed.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::pipeline::{Delivery, Outcome, Pipeline, PipelineError};
-use crate::spool::{Spool, SpoolError};
+use crate::event::DeliveryKey;
+use crate::pipeline::{DeadLetter, Delivery, Outcome, Pipeline, PipelineError};
+use crate::spool::{Spool, SpoolError, SpooledDelivery};
 use crate::telemetry;
 use crate::verify::VerifiedBody;
 
 /// How many entries one pass reads from the spool.
-const BATCH: usize = 64;
+const BATCH: usize = 256;
+/// How many lanes a pass replays in parallel.
+const LANES: usize = 8;
+/// Passes an entry may fail while Kafka answers before it goes to the
+/// dead-letter topic...
+pub const MAX_ATTEMPTS: u32 = 5;
+/// ...and how long after its first such failure at least: a cluster that
+/// answers metadata but is still electing leaders must not send an entry
+/// aside that a minute later would publish.
+pub const SET_ASIDE_AFTER: Duration = Duration::from_secs(30);
 /// How often an idle drainer looks again (and refreshes the age gauge).
 const IDLE: Duration = Duration::from_millis(250);
+/// Reason code of a spooled delivery set aside after [`MAX_ATTEMPTS`].
+const SPOOL_UNPUBLISHABLE: &str = "spool_unpublishable";
 
 /// What a drain pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -51,12 +76,23 @@ pub struct Drainer {
     pipeline: Pipeline,
     /// What is replayed.
     spool: Spool,
+    /// Failed passes per spool entry (by sequence number) while Kafka
+    /// answered, and when the first was.
+    attempts: Arc<Mutex<HashMap<u64, (u32, Instant)>>>,
 }
+
+/// What one lane of a pass did: the entries to remove, and the error that
+/// stopped it, if one did.
+type LaneResult = (Vec<(u64, DeliveryKey)>, Option<PipelineError>);
 
 impl Drainer {
     /// A drainer of `spool` into `pipeline`.
     pub fn new(pipeline: Pipeline, spool: Spool) -> Drainer {
-        Drainer { pipeline, spool }
+        Drainer {
+            pipeline,
+            spool,
+            attempts: Arc::default(),
+        }
     }
 
     /// Drains whenever the spool holds entries and Kafka answers, until
@@ -124,24 +160,51 @@ impl Drainer {
         }
     }
 
-    /// Replays up to one batch of the oldest entries, in order, removing
-    /// those whose outcome is durable (in one write) before returning.
+    /// Replays up to one batch of the oldest entries in lanes by entity,
+    /// removing those whose outcome is durable (in one write) before
+    /// returning.
     async fn pass(&self) -> Result<Drained, DrainError> {
-        let batch = self.spool.oldest(BATCH)?;
-        let mut done = Vec::with_capacity(batch.len());
+        let mut lanes: Vec<Vec<(u64, SpooledDelivery)>> = (0..LANES).map(|_| Vec::new()).collect();
+        for (seq, spooled) in self.spool.oldest(BATCH)? {
+            let lane = lane_of(&delivery_of(&spooled));
+            lanes[lane].push((seq, spooled));
+        }
+        let results: Vec<LaneResult> =
+            futures::future::join_all(lanes.into_iter().map(|lane| self.replay_lane(lane))).await;
+        let mut done = Vec::new();
         let mut stopped = None;
-        for (seq, spooled) in batch {
+        for (lane_done, lane_stopped) in results {
+            done.extend(lane_done);
+            stopped = stopped.or(lane_stopped);
+        }
+        let drained = Drained {
+            entries: done.len() as u64,
+        };
+        if !done.is_empty() {
+            {
+                let mut attempts = self.attempts.lock().unwrap_or_else(PoisonError::into_inner);
+                for (seq, _) in &done {
+                    attempts.remove(seq);
+                }
+            }
+            self.spool.remove(done).await?;
+        }
+        self.refresh_age();
+        match stopped {
+            Some(error) => Err(error.into()),
+            None => Ok(drained),
+        }
+    }
+
+    /// Replays one lane's entries in order, up to the first that cannot
+    /// be made durable (which, after [`MAX_ATTEMPTS`] failed passes while
+    /// Kafka answers, goes to the dead-letter topic instead).
+    async fn replay_lane(&self, lane: Vec<(u64, SpooledDelivery)>) -> LaneResult {
+        let mut done = Vec::with_capacity(lane.len());
+        for (seq, spooled) in lane {
             let key = spooled.key.clone();
             let provider = spooled.source.provider;
-            let delivery = Delivery {
-                source: Arc::new(spooled.source),
-                delivery_id: spooled.delivery_id,
-                body: VerifiedBody::from_spool(spooled.body),
-                received_at: spooled.received_at,
-                arrived: Instant::now(),
-                spools: false,
-            };
-            match self.pipeline.replay(delivery).await {
+            match self.pipeline.replay(delivery_of(&spooled)).await {
                 Ok(outcome) => {
                     count(provider.as_str(), outcome);
                     done.push((seq, key));
@@ -153,22 +216,45 @@ impl Drainer {
                     done.push((seq, key));
                 }
                 Err(error) => {
-                    stopped = Some(error);
-                    break;
+                    if self.pipeline.publisher().health().is_up()
+                        && self.failed_too_often(seq)
+                        && self.set_aside(&spooled, &error).await
+                    {
+                        count(provider.as_str(), Outcome::DeadLettered);
+                        done.push((seq, key));
+                        continue;
+                    }
+                    return (done, Some(error));
                 }
             }
         }
-        let drained = Drained {
-            entries: done.len() as u64,
+        (done, None)
+    }
+
+    /// Counts a failed pass of entry `seq` while Kafka answers; whether it
+    /// has now failed [`MAX_ATTEMPTS`] times over [`SET_ASIDE_AFTER`] at least.
+    fn failed_too_often(&self, seq: u64) -> bool {
+        let mut attempts = self.attempts.lock().unwrap_or_else(PoisonError::into_inner);
+        let (tries, first) = attempts.entry(seq).or_insert((0, Instant::now()));
+        *tries += 1;
+        *tries >= MAX_ATTEMPTS && first.elapsed() >= SET_ASIDE_AFTER
+    }
+
+    /// Writes a spooled delivery that keeps failing to the dead-letter
+    /// topic; whether that was durable (else it stays in the spool).
+    async fn set_aside(&self, spooled: &SpooledDelivery, error: &PipelineError) -> bool {
+        let letter = DeadLetter {
+            provider: spooled.source.provider,
+            source: &spooled.source.name,
+            delivery_id: &spooled.delivery_id,
+            received_at: spooled.received_at,
+            body: spooled.body.to_vec(),
+            code: SPOOL_UNPUBLISHABLE,
+            reason: format!(
+                "spooled delivery failed {MAX_ATTEMPTS} drain passes while Kafka answered: {error}"
+            ),
         };
-        if !done.is_empty() {
-            self.spool.remove(done).await?;
-        }
-        self.refresh_age();
-        match stopped {
-            Some(error) => Err(error.into()),
-            None => Ok(drained),
-        }
+        self.pipeline.dead_letter(letter).await.is_ok()
     }
 
     fn refresh_age(&self) {
@@ -182,6 +268,28 @@ impl Drainer {
             });
         metrics::gauge!(telemetry::SPOOL_OLDEST_AGE).set(age);
     }
+}
+
+/// A spooled delivery as the pipeline replays it.
+fn delivery_of(spooled: &SpooledDelivery) -> Delivery {
+    Delivery {
+        source: Arc::new(spooled.source.clone()),
+        delivery_id: spooled.delivery_id.clone(),
+        body: VerifiedBody::from_spool(spooled.body.clone()),
+        received_at: spooled.received_at,
+        arrived: Instant::now(),
+        spools: false,
+    }
+}
+
+/// The lane of a delivery: by its entity, so one entity's deliveries keep
+/// their order; one that does not normalize goes to the first lane.
+fn lane_of(delivery: &Delivery) -> usize {
+    Pipeline::entity_of(delivery).map_or(0, |entity| {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        entity.to_string().hash(&mut hasher);
+        (hasher.finish() % LANES as u64) as usize
+    })
 }
 
 fn count(provider: &'static str, outcome: Outcome) {

@@ -863,6 +863,15 @@ impl Pipeline {
             .dead_letters
             .load(std::sync::atomic::Ordering::Relaxed)
     }
+
+    /// The entity a delivery is about, when its body normalizes: what the
+    /// spool's drainer orders its lanes by.
+    pub fn entity_of(delivery: &Delivery) -> Option<EntityKey> {
+        let (_, envelope) = identify(delivery).ok()?;
+        normalize(delivery, envelope)
+            .ok()
+            .map(|normalized| normalized.event.key())
+    }
 }
 
 /// Reason code of a record the broker refused for good.
