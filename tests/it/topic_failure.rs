@@ -245,3 +245,62 @@ async fn kafka_only_a_spooled_delivery_its_topic_refuses_goes_aside_and_the_rest
     );
     app.stop().await;
 }
+
+/// A dead letter Kafka refuses for good (its topic's write denied): the
+/// event cannot be lost and cannot be written, so each provider gets what
+/// keeps it within its retry rules. ReceiptRoller (which switches the
+/// webhook off after four failures) spools it: 200 `spooled`, kept until the
+/// dead-letter topic takes it. Mekari (which retries for ~11 h, and pauses
+/// only after ten failures in a row) gets 503 + Retry-After, while its
+/// other deliveries publish, so its run of failures never grows. `/readyz`
+/// names the dead-letter topic and the broker's reason.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_only_a_dead_letter_kafka_refuses_is_spooled_or_retried_and_named() {
+    if broker_kind() == BrokerKind::Tansu {
+        eprintln!("dead letter refused: Apache Kafka only (tansu has no authorizer)");
+        return;
+    }
+    let broker = OwnBroker::start_with_acls().await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("dlq");
+    let dead_letters = format!("{prefix}-dead-letter");
+    set_acls(&broker.address(), &prefix, &dead_letters).await;
+    let app = TestApp::start_with(scram_config(&broker, &prefix, dir.path(), true)).await;
+    assert_eq!(app.config.kafka.dead_letter_topic(), dead_letters);
+
+    let rr_unknown = serde_json::json!({"id": "dl-rr-1", "type": "shift.closed",
+        "timestamp": "2026-11-29T10:16:00Z", "data": {"id": "S-1"}});
+    let answer = app.send("receiptroller", "main", &rr_unknown).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.json::<Value>().await.unwrap()["status"], "spooled");
+
+    let mk_unknown = serde_json::json!({"id": "dl-mk-1", "event": "shift.closed",
+        "occurred_at": "2026-11-29T17:16:00+07:00", "outlet_id": "OUT-9", "data": {"id": "S-1"}});
+    let answer = app.send("mekari", "main", &mk_unknown).await;
+    assert_eq!(answer.status(), 503, "Mekari retries it");
+    assert!(answer.headers().contains_key("retry-after"));
+    let order = mekari_order(
+        "dl-mk-2",
+        "order.created",
+        "2026-11-29T17:15:30+07:00",
+        "ORD-DL",
+        "new",
+    );
+    assert_eq!(
+        app.send("mekari", "main", &order).await.status(),
+        200,
+        "its other deliveries publish"
+    );
+
+    let ready: Value = app.get("/readyz").await.json().await.unwrap();
+    let why = ready["failing_topics"][&dead_letters]
+        .as_str()
+        .unwrap_or_else(|| panic!("{dead_letters} is named: {ready}"));
+    assert!(why.to_lowercase().contains("authoriz"), "{why}");
+    assert_eq!(
+        app.pipeline.spool().unwrap().stats().entries,
+        1,
+        "ReceiptRoller's event is kept"
+    );
+    app.stop().await;
+}
