@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::support::cluster::KafkaCluster;
 use crate::support::{
     BrokerKind, TestApp, broker_kind, latest_per_key, mekari_order, read_topic, rr_sale,
-    signed_request, spool_config, unique,
+    spool_config, timed, unique,
 };
 
 /// `delivery_timeout_ms` + `inflight_wait_ms` of the test configuration,
@@ -81,27 +81,15 @@ async fn kafka_only_losing_a_partition_leader_under_load_loses_nothing_and_keeps
     let mut n = 0;
     while started.elapsed() < Duration::from_secs(20) {
         for (provider, body) in events(tag, n) {
-            let request = signed_request(
-                &app.http,
-                &app.base,
-                provider,
-                "main",
-                body["id"].as_str().unwrap(),
-                serde_json::to_vec(&body).unwrap(),
-                None,
-            );
+            let request = app.request(provider, "main", &body);
             requests.push(tokio::spawn(async move {
-                let sent = Instant::now();
-                let response = request.send().await.expect("an answer");
-                let took = sent.elapsed();
-                let status = response.status().as_u16();
-                let answer: Value = response.json().await.unwrap_or(Value::Null);
+                let answer = timed(request).await;
                 Sent {
                     provider,
                     body,
-                    status,
-                    what: answer["status"].as_str().unwrap_or("error").to_owned(),
-                    took,
+                    status: answer.status,
+                    what: answer.what(),
+                    took: answer.took,
                 }
             }));
         }

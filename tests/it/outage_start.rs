@@ -12,8 +12,8 @@ use serde_json::Value;
 use crate::support::proxy::CutProxy;
 use crate::support::registry::registry_url;
 use crate::support::{
-    OwnBroker, config_text, free_port, mekari_order, read_topic, rr_sale, signed_request,
-    wait_healthy,
+    OwnBroker, free_port, listening_on, mekari_order, read_topic, rr_sale, signed_request,
+    spool_config_text, timed, wait_healthy,
 };
 
 /// The shared registry behind a proxy the test can cut, and the URL
@@ -30,19 +30,9 @@ async fn registry_proxy() -> (CutProxy, String) {
 
 /// A spooling configuration with the registry, listening on `port`.
 fn outage_config(brokers: &str, registry: &str, dir: &std::path::Path, port: u16) -> String {
-    config_text(brokers, &crate::support::unique("outage-start"), dir)
-        .replace(
-            "listen = \"127.0.0.1:0\"",
-            &format!("listen = \"127.0.0.1:{port}\""),
-        )
-        .replace(
-            "[receiptroller.sources.main]\n",
-            "[receiptroller.sources.main]\n        on_broker_unavailable = \"spool\"\n",
-        )
-        + &format!(
-            "\n[spool]\npath = \"{}\"\n[schema_registry]\nurl = \"{registry}\"\n",
-            dir.join("spool.redb").display()
-        )
+    let prefix = crate::support::unique("outage-start");
+    listening_on(&spool_config_text(brokers, &prefix, dir), port)
+        + &format!("[schema_registry]\nurl = \"{registry}\"\n")
 }
 
 /// `posbridge serve` on `config`, its stderr kept for a failed start.
@@ -58,7 +48,7 @@ fn serve(config: &std::path::Path) -> std::process::Child {
 }
 
 async fn send(http: &reqwest::Client, base: &str, provider: &str, body: &Value) -> (u16, Value) {
-    let response = signed_request(
+    let request = signed_request(
         http,
         base,
         provider,
@@ -66,12 +56,9 @@ async fn send(http: &reqwest::Client, base: &str, provider: &str, body: &Value) 
         body["id"].as_str().unwrap(),
         serde_json::to_vec(body).unwrap(),
         None,
-    )
-    .send()
-    .await
-    .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
+    );
+    let answer = timed(request).await;
+    (answer.status, answer.json)
 }
 
 async fn readiness(http: &reqwest::Client, base: &str) -> (u16, Value) {

@@ -319,29 +319,20 @@ async fn schema_check_says_which_subjects_take_this_schema() {
         );
     }
 
-    let python = std::env::var("POSBRIDGE_TEST_PYTHON")
-        .expect("POSBRIDGE_TEST_PYTHON (Confluent's client) is set by scripts/test");
     let schema_file = concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/pos_event.avsc");
+    let check = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/python/registry_check.py"
+    );
     for (topic, registered, compatible) in [
         ("sales", false, serde_json::json!(true)),
         ("orders", true, serde_json::json!(true)),
         ("returns", false, serde_json::json!(false)),
         ("products", false, serde_json::Value::Null),
     ] {
-        let output = tokio::process::Command::new(&python)
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/python/registry_check.py"
-            ))
-            .args([registry.url.as_str(), &subject(topic), schema_file])
-            .output()
-            .await
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let output =
+            crate::support::python(&[check, registry.url.as_str(), &subject(topic), schema_file])
+                .await;
         let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
         assert_eq!(answer["registered"], registered, "{topic}: {answer}");
         assert_eq!(answer["compatible"], compatible, "{topic}: {answer}");

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::support::{
-    OwnBroker, TestApp, config_text, free_port, latest_per_key, mekari_order, read_topic, rr_sale,
-    signed_request, spawn_serve, spool_config, unique, wait_healthy,
+    OwnBroker, TestApp, free_port, latest_per_key, listening_on, mekari_order, read_topic, rr_sale,
+    signed_request, spawn_serve, spool_config, spool_config_text, timed, unique, wait_healthy,
 };
 
 /// `delivery_timeout_ms` + `inflight_wait_ms` of the test configuration.
@@ -65,33 +65,22 @@ async fn traffic_during(
             "new",
         );
         for (provider, body) in [("receiptroller", rr), ("mekari", mk)] {
-            let request = signed_request(
-                &app.http,
-                &app.base,
-                provider,
-                "main",
-                body["id"].as_str().unwrap(),
-                serde_json::to_vec(&body).unwrap(),
-                None,
-            );
+            let request = app.request(provider, "main", &body);
             requests.push(tokio::spawn(async move {
-                let sent = Instant::now();
-                let response = request
-                    .send()
-                    .await
-                    .expect("an answer, not a cut connection");
-                let took = sent.elapsed();
-                let status = response.status().as_u16();
-                let retry_after = response
-                    .headers()
-                    .get("retry-after")
-                    .map(|v| v.to_str().unwrap().to_owned());
-                let json: Value = response.json().await.unwrap_or(Value::Null);
-                if status == 503 {
-                    assert_eq!(retry_after.as_deref(), Some("7"), "503 carries Retry-After");
+                let answer = timed(request).await;
+                if answer.status == 503 {
+                    assert_eq!(
+                        answer.retry_after.as_deref(),
+                        Some("7"),
+                        "503 carries Retry-After"
+                    );
                 }
-                let what = json["status"].as_str().unwrap_or("error").to_owned();
-                (provider.to_owned(), status, what, took)
+                (
+                    provider.to_owned(),
+                    answer.status,
+                    answer.what(),
+                    answer.took,
+                )
             }));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -236,19 +225,10 @@ async fn a_spool_survives_sigkill_and_drains_on_the_next_start() {
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("sigkill");
     let port = free_port();
-    let text = config_text(&broker.address(), &prefix, dir.path())
-        .replace(
-            "listen = \"127.0.0.1:0\"",
-            &format!("listen = \"127.0.0.1:{port}\""),
-        )
-        .replace(
-            "[receiptroller.sources.main]\n",
-            "[receiptroller.sources.main]\n        on_broker_unavailable = \"spool\"\n",
-        )
-        + &format!(
-            "\n[spool]\npath = \"{}\"\n",
-            dir.path().join("spool.redb").display()
-        );
+    let text = listening_on(
+        &spool_config_text(&broker.address(), &prefix, dir.path()),
+        port,
+    );
     let config_path = dir.path().join("posbridge.toml");
     std::fs::write(&config_path, text).unwrap();
     let base = format!("http://127.0.0.1:{port}");

@@ -16,8 +16,6 @@ use crate::support::{
 /// denies it WRITE on `denied`, with Confluent's Python admin client over
 /// the PLAINTEXT listener (a super user).
 async fn set_acls(plaintext: &str, prefix: &str, denied: &str) {
-    let python = std::env::var("POSBRIDGE_TEST_PYTHON")
-        .expect("POSBRIDGE_TEST_PYTHON (Confluent's client) is set by scripts/test");
     let script = r#"
 import sys
 from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType,
@@ -33,16 +31,7 @@ bindings = [
 for future in admin.create_acls(bindings).values():
     future.result()
 "#;
-    let output = tokio::process::Command::new(python)
-        .args(["-c", script, plaintext, prefix, denied])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    crate::support::python(&["-c", script, plaintext, prefix, denied]).await;
 }
 
 /// A config for `broker`'s SASL_SSL listener as posbridge's SCRAM user.

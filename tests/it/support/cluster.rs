@@ -68,8 +68,8 @@ impl KafkaCluster {
             .join(",")
     }
 
-    /// The node id that leads `topic`'s partition 0.
-    pub fn leader_of(&self, topic: &str) -> u32 {
+    /// `topic`'s partition 0: its leader's node id and how many replicas it has.
+    fn partition(&self, topic: &str) -> (i32, usize) {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", self.bootstrap())
             .create()
@@ -77,20 +77,18 @@ impl KafkaCluster {
         let metadata = consumer
             .fetch_metadata(Some(topic), Duration::from_secs(10))
             .unwrap();
-        let leader = metadata.topics()[0].partitions()[0].leader();
-        u32::try_from(leader).expect("a leader")
+        let partition = &metadata.topics()[0].partitions()[0];
+        (partition.leader(), partition.replicas().len())
+    }
+
+    /// The node id that leads `topic`'s partition 0.
+    pub fn leader_of(&self, topic: &str) -> u32 {
+        u32::try_from(self.partition(topic).0).expect("a leader")
     }
 
     /// `topic`'s replicas (of partition 0) and its `min.insync.replicas`.
     pub async fn durability_of(&self, topic: &str) -> (usize, String) {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .create()
-            .unwrap();
-        let metadata = consumer
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .unwrap();
-        let replicas = metadata.topics()[0].partitions()[0].replicas().len();
+        let replicas = self.partition(topic).1;
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
             .set("bootstrap.servers", self.bootstrap())
             .create()

@@ -63,17 +63,29 @@ pub fn config(brokers: &str, prefix: &str, dir: &Path) -> Config {
 
 /// The same with the ReceiptRoller `main` source spooling (its spool in `dir`).
 pub fn spool_config(brokers: &str, prefix: &str, dir: &Path) -> Config {
-    let text = config_text(brokers, prefix, dir).replace(
+    let config = Config::from_toml(&spool_config_text(brokers, prefix, dir)).unwrap();
+    assert!(config.spools());
+    assert_eq!(posbridge::app::problems(&config), vec![]);
+    config
+}
+
+/// The TOML of [`spool_config`], for a posbridge started as its own process.
+pub fn spool_config_text(brokers: &str, prefix: &str, dir: &Path) -> String {
+    config_text(brokers, prefix, dir).replace(
         "[receiptroller.sources.main]\n",
         "[receiptroller.sources.main]\n        on_broker_unavailable = \"spool\"\n",
     ) + &format!(
         "\n[spool]\npath = \"{}\"\n",
         dir.join("spool.redb").display()
-    );
-    let config = Config::from_toml(&text).unwrap();
-    assert!(config.spools());
-    assert_eq!(posbridge::app::problems(&config), vec![]);
-    config
+    )
+}
+
+/// `text` listening on `port` instead of any free port.
+pub fn listening_on(text: &str, port: u16) -> String {
+    text.replace(
+        "listen = \"127.0.0.1:0\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    )
 }
 
 /// The TOML of [`config`], for a posbridge started as its own process.
@@ -185,6 +197,20 @@ impl TestApp {
     /// Topic of an entity type's plural name.
     pub fn topic(&self, plural: &str) -> String {
         format!("{}.{plural}", self.prefix)
+    }
+
+    /// A request of `body` signed as the provider would, to
+    /// `/webhooks/{provider}/{source}`, not yet sent (to send on a task).
+    pub fn request(&self, provider: &str, source: &str, body: &Value) -> reqwest::RequestBuilder {
+        signed_request(
+            &self.http,
+            &self.base,
+            provider,
+            source,
+            body["id"].as_str().unwrap_or_default(),
+            serde_json::to_vec(body).unwrap(),
+            None,
+        )
     }
 
     /// Sends a body signed as the provider would, to `/webhooks/{provider}/{source}`.
@@ -327,15 +353,22 @@ pub fn mekari_order(
 /// The first record of `topic` as decoded by Confluent's Python client and
 /// fastavro (`tests/python/decode.py`), which also checks the framing.
 pub async fn decode_with_python(topic: &str, registry: Option<&str>) -> Value {
+    let decode = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/decode.py");
+    let brokers = brokers();
+    let mut args = vec![decode, brokers.as_str(), topic];
+    args.extend(registry);
+    let output = python(&args).await;
+    let first = output.stdout.split(|b| *b == b'\n').next().unwrap();
+    serde_json::from_slice(first).unwrap()
+}
+
+/// Runs the venv's Python (Confluent's client) with `args`; fails the test
+/// with its stderr unless it succeeds.
+pub async fn python(args: &[&str]) -> std::process::Output {
     let python = std::env::var("POSBRIDGE_TEST_PYTHON")
         .expect("POSBRIDGE_TEST_PYTHON (Confluent's client) is set by scripts/test");
     let output = tokio::process::Command::new(python)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/python/decode.py"
-        ))
-        .args([brokers().as_str(), topic])
-        .args(registry)
+        .args(args)
         .output()
         .await
         .unwrap();
@@ -344,8 +377,48 @@ pub async fn decode_with_python(topic: &str, registry: Option<&str>) -> Value {
         "python: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let first = output.stdout.split(|b| *b == b'\n').next().unwrap();
-    serde_json::from_slice(first).unwrap()
+    output
+}
+
+/// An answer to a request sent with [`timed`].
+pub struct Timed {
+    /// Its status.
+    pub status: u16,
+    /// Its JSON body, or null.
+    pub json: Value,
+    /// Its `Retry-After` header.
+    pub retry_after: Option<String>,
+    /// How long it took.
+    pub took: std::time::Duration,
+}
+
+impl Timed {
+    /// The `status` field of the body (`published`, `spooled`, …), or `error`.
+    pub fn what(&self) -> String {
+        self.json["status"].as_str().unwrap_or("error").to_owned()
+    }
+}
+
+/// Sends `request` and times its answer.
+pub async fn timed(request: reqwest::RequestBuilder) -> Timed {
+    let sent = Instant::now();
+    let response = request
+        .send()
+        .await
+        .expect("an answer, not a cut connection");
+    let took = sent.elapsed();
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let json = response.json().await.unwrap_or(Value::Null);
+    Timed {
+        status,
+        json,
+        retry_after,
+        took,
+    }
 }
 
 /// One record read back from a topic.
