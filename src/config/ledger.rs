@@ -31,7 +31,10 @@ pub struct LedgerConfig {
     /// is processed twice.
     #[serde(default = "default_dedup_ttl_secs")]
     pub dedup_ttl_secs: u64,
-    /// Redis backend: server URL.
+    /// Redis backend: the server's URL; for a Redis Cluster, any node's URL
+    /// (posbridge asks it for the rest) or several nodes' URLs separated by
+    /// commas, so start-up does not hang on one node being down. See
+    /// [`LedgerConfig::redis_nodes`].
     #[serde(default = "default_redis_url")]
     pub redis_url: String,
     /// Redis backend: prefix of every key, so deployments can share a server.
@@ -56,6 +59,61 @@ impl Default for LedgerConfig {
     }
 }
 
+/// Why `ledger.redis_url` names no usable list of nodes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RedisUrlError {
+    /// A node of a list that is not a Redis URL (with one URL, the Redis
+    /// client itself judges it, as before lists were read).
+    #[error("`{0}` must start with redis:// or rediss://")]
+    Scheme(String),
+    /// Some nodes with TLS and some without: one cluster's nodes are reached
+    /// the same way, and the cluster client takes one TLS mode for all.
+    #[error(
+        "mixes redis:// and rediss:// nodes; list the cluster's nodes all with TLS or all without"
+    )]
+    MixedTls,
+}
+
+/// The schemes a node of a list may use.
+const REDIS_SCHEMES: [&str; 2] = ["redis://", "rediss://"];
+
+impl LedgerConfig {
+    /// The nodes `redis_url` names: one URL, or several separated by commas.
+    /// A comma starts a new node only where a scheme follows it (spaces
+    /// allowed between), so a comma inside a password stays in its URL and
+    /// a single URL reads exactly as it did before lists existed.
+    ///
+    /// # Errors
+    /// [`RedisUrlError`] for a list whose first entry is not a Redis URL,
+    /// or that mixes TLS and plain nodes.
+    pub fn redis_nodes(redis_url: &str) -> Result<Vec<&str>, RedisUrlError> {
+        let mut nodes = Vec::new();
+        let mut start = 0;
+        for (comma, _) in redis_url.match_indices(',') {
+            let rest = redis_url[comma + 1..].trim_start();
+            if REDIS_SCHEMES.iter().any(|s| rest.starts_with(s)) {
+                nodes.push(redis_url[start..comma].trim());
+                start = comma + 1;
+            }
+        }
+        if nodes.is_empty() {
+            return Ok(vec![redis_url]);
+        }
+        nodes.push(redis_url[start..].trim());
+        if let Some(bad) = nodes
+            .iter()
+            .find(|n| !REDIS_SCHEMES.iter().any(|s| n.starts_with(s)))
+        {
+            return Err(RedisUrlError::Scheme((*bad).to_owned()));
+        }
+        let tls = nodes.iter().filter(|n| n.starts_with("rediss://")).count();
+        if tls != 0 && tls != nodes.len() {
+            return Err(RedisUrlError::MixedTls);
+        }
+        Ok(nodes)
+    }
+}
+
 fn default_redis_url() -> String {
     "redis://127.0.0.1:6379".into()
 }
@@ -68,4 +126,48 @@ fn default_ledger_path() -> PathBuf {
 // A day: twice Mekari's ~11 h retry window, "a few hours at least" for ReceiptRoller.
 const fn default_dedup_ttl_secs() -> u64 {
     24 * 3600
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LedgerConfig, RedisUrlError};
+
+    #[test]
+    fn one_url_is_one_node_whatever_its_commas() {
+        for url in [
+            "redis://127.0.0.1:6379",
+            "rediss://user:pa,ss@redis.example:6380/0",
+            "redis+unix:///run/redis.sock",
+        ] {
+            assert_eq!(LedgerConfig::redis_nodes(url), Ok(vec![url]));
+        }
+    }
+
+    #[test]
+    fn a_comma_before_a_scheme_starts_the_next_node() {
+        assert_eq!(
+            LedgerConfig::redis_nodes("redis://a:7000, redis://:p,w@b:7001 ,redis://c:7002"),
+            Ok(vec![
+                "redis://a:7000",
+                "redis://:p,w@b:7001",
+                "redis://c:7002"
+            ])
+        );
+    }
+
+    #[test]
+    fn a_list_of_anything_but_redis_urls_or_of_mixed_tls_is_refused() {
+        assert_eq!(
+            LedgerConfig::redis_nodes("a:7000,redis://b:7001"),
+            Err(RedisUrlError::Scheme("a:7000".into()))
+        );
+        assert_eq!(
+            LedgerConfig::redis_nodes(",redis://b:7001"),
+            Err(RedisUrlError::Scheme(String::new()))
+        );
+        assert_eq!(
+            LedgerConfig::redis_nodes("rediss://a:7000,redis://b:7001"),
+            Err(RedisUrlError::MixedTls)
+        );
+    }
 }

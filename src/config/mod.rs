@@ -428,17 +428,16 @@ impl Config {
                 format!("`{url}` must start with http:// or https://"),
             );
         }
-        if self.ledger.backend == LedgerBackend::Redis
-            && !(self.ledger.redis_url.starts_with("redis://")
-                || self.ledger.redis_url.starts_with("rediss://"))
-        {
-            problem(
-                "ledger.redis_url",
-                format!(
-                    "`{}` must start with redis:// or rediss://",
-                    self.ledger.redis_url
-                ),
-            );
+        if self.ledger.backend == LedgerBackend::Redis {
+            let url = &self.ledger.redis_url;
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                problem(
+                    "ledger.redis_url",
+                    format!("`{url}` must start with redis:// or rediss://"),
+                );
+            } else if let Err(error) = LedgerConfig::redis_nodes(url) {
+                problem("ledger.redis_url", error.to_string());
+            }
         }
         if Duration::from_secs(self.ledger.dedup_ttl_secs) <= LONGEST_RETRY_WINDOW {
             problem(
@@ -625,6 +624,22 @@ mod tests {
         assert_eq!(config.problems(), vec![]);
         assert_eq!(config.kafka.librdkafka.get("linger.ms").unwrap(), "5");
         assert_eq!(config.kafka.topic(EntityType::Sale), "pos.sales");
+    }
+
+    #[test]
+    fn a_redis_node_list_is_checked_node_by_node() {
+        let problems = |url: &str| {
+            parse(&format!(
+                "[ledger]\nbackend = \"redis\"\nredis_url = \"{url}\"\n"
+            ))
+            .problems()
+            .into_iter()
+            .filter(|p| p.key == "ledger.redis_url")
+            .count()
+        };
+        assert_eq!(problems("redis://a:7000,redis://b:7001"), 0);
+        assert_eq!(problems("http://a:7000"), 1);
+        assert_eq!(problems("redis://a:7000,rediss://b:7001"), 1, "mixed TLS");
     }
 
     #[test]

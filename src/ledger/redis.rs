@@ -1,25 +1,50 @@
 //! The shared ledger: Redis, for several posbridge processes (replicas
-//! behind a load balancer, or `posbridge reconciler` beside `serve`).
+//! behind a load balancer, or `posbridge reconciler` beside `serve`), on one
+//! server or on a Redis Cluster.
 //!
-//! Every key lives under a configurable prefix:
-//! * `lease:{delivery}`: `SET NX PX`, so one replica processes a delivery;
-//! * `done:{delivery}`: set with the dedup TTL when the outcome is durable;
-//! * `lock:{slot}`: the per-entity lock, `SET NX PX` with a random token,
-//!   released only by its holder (a crashed holder's lock lapses);
-//! * `entity:{slot}`: the written state, replaced only by a version at least
-//!   as new, so even a holder whose lock lapsed cannot roll it back;
-//! * `checkpoint:{name}`.
+//! Every key starts with a configurable prefix (`P`):
+//! * `P{d:<delivery>}:lease`: `SET NX PX`, so one replica processes a delivery;
+//! * `P{d:<delivery>}:done`: set with the dedup TTL when the outcome is durable;
+//! * `Plock:<entity slot>`: the per-entity lock, `SET NX PX` with a random
+//!   token, released only by its holder (a crashed holder's lock lapses);
+//! * `Pentity:<entity slot>`: the written state, replaced only by a version at
+//!   least as new, so even a holder whose lock lapsed cannot roll it back;
+//! * `Pcheckpoint:<name>`.
 //!
-//! `commit` runs as one Lua script, so a delivery is marked done in the same
-//! step as its entity's state.
+//! **One hash slot per script.** A Redis Cluster refuses (`CROSSSLOT`) a
+//! script whose keys hash to different slots, and a key's slot is that of
+//! its hash tag, the text between its first `{` and the next `}`. The two
+//! keys of one delivery, which `begin` and the done mark touch together,
+//! share the tag `{d:<delivery>}`, placed after the prefix (prefix ACLs and
+//! `SCAN` patterns keep working) and before the key's kind, so the two keys
+//! are equal up to and including the tag's `}` and share a slot whatever the
+//! delivery id or the prefix holds (only a prefix whose first `{` is
+//! followed at once by `}` defeats the tag). Entity, lock and checkpoint
+//! keys are only ever touched one at a time, so they need no tag and keep
+//! the names they had before clusters were supported.
+//!
+//! **A commit is three writes, in order**: the entity's state, the
+//! checkpoint, then the done mark with the end of the lease. It used to be
+//! one script, but an entity's key and a delivery's keys lie in different
+//! slots, and moving the done mark into the entity's slot would make `begin`
+//! (which knows no entity yet) unable to find it. The order makes a
+//! crash between the writes harmless: the record is already in Kafka, and
+//! if its state is recorded but the done mark is not, the provider's retry
+//! finds that state and is `Unchanged` (or `Stale`), so it publishes
+//! nothing; a done mark without its state (the other order) would let an
+//! older event roll the entity back. Each write is idempotent, so the fence
+//! writing a failed commit again is safe.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
-use redis::{AsyncCommands, Script};
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, Value};
 
 use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
+use crate::config::LedgerConfig;
 use crate::event::DeliveryKey;
 
 /// How often a waiter retries a taken entity lock.
@@ -32,11 +57,10 @@ if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return 0 end
 return 1
 ";
 
-/// `commit`: entity state only if not older (its first 12 bytes are the
-/// version, big-endian, compared byte by byte: Lua's `<` on strings follows
-/// the server's locale), then done, checkpoint, and the end of the lease.
-/// ARGV: done TTL s, state or '', checkpoint or ''.
-const COMMIT: &str = r"
+/// A commit's entity state, written only if not older (its first 12 bytes
+/// are the version, big-endian, compared byte by byte: Lua's `<` on strings
+/// follows the server's locale). KEYS: the state. ARGV: the new state.
+const SET_STATE: &str = r"
 local function not_older(new, old)
   for i = 1, 12 do
     local a, b = string.byte(new, i), string.byte(old, i)
@@ -44,17 +68,18 @@ local function not_older(new, old)
   end
   return true
 end
-if ARGV[2] ~= '' then
-  local current = redis.call('GET', KEYS[3])
-  if (not current) or not_older(ARGV[2], current) then
-    redis.call('SET', KEYS[3], ARGV[2])
-  end
+local current = redis.call('GET', KEYS[1])
+if (not current) or not_older(ARGV[1], current) then
+  redis.call('SET', KEYS[1], ARGV[1])
 end
-if KEYS[1] ~= '' then
-  redis.call('SET', KEYS[1], '1', 'EX', ARGV[1])
-  redis.call('DEL', KEYS[2])
-end
-if ARGV[3] ~= '' then redis.call('SET', KEYS[4], ARGV[3]) end
+return 1
+";
+
+/// A commit's last write: the delivery is done, and its lease ends.
+/// KEYS: done, lease (one slot). ARGV: done TTL s.
+const MARK_DONE: &str = r"
+redis.call('SET', KEYS[1], '1', 'EX', ARGV[1])
+redis.call('DEL', KEYS[2])
 return 1
 ";
 
@@ -64,11 +89,65 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 ";
 
+/// A connection to one server or to a cluster; both reconnect by themselves
+/// and commands wait for them.
+#[derive(Clone)]
+enum Connection {
+    /// One server.
+    Single(ConnectionManager),
+    /// A Redis Cluster: each command goes to the master of its keys' slot,
+    /// following `MOVED`/`ASK` and the new slot map after a failover.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(conn) => conn.req_packed_command(cmd),
+            Connection::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(conn) => conn.get_db(),
+            Connection::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// Why a Redis Cluster could not be used.
+#[derive(Debug, thiserror::Error)]
+enum ClusterError {
+    /// redis-rs's cluster client takes a CA only with rustls; posbridge's
+    /// Redis TLS is native-tls (the same OpenSSL as its Kafka TLS).
+    #[error(
+        "ledger.redis_ca_file cannot be used with a Redis Cluster: its nodes are verified against the system's trust store only; add the CA there and remove redis_ca_file"
+    )]
+    CaFile,
+}
+
+/// How long to wait for a node to connect or answer: a command against a
+/// server that is gone fails (the delivery is answered 503) instead of hanging.
+const TIMEOUT: Duration = Duration::from_secs(3);
+
 /// The Redis ledger. Cheap to clone.
 #[derive(Clone)]
 pub struct RedisLedger {
-    /// Reconnects by itself; commands wait for it.
-    conn: ConnectionManager,
+    /// One server or a cluster; reconnects by itself.
+    conn: Connection,
     /// Namespace of every key, so several deployments can share one Redis.
     prefix: String,
     /// How long done ids are kept.
@@ -81,12 +160,18 @@ impl std::fmt::Debug for RedisLedger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisLedger")
             .field("prefix", &self.prefix)
+            .field("cluster", &matches!(self.conn, Connection::Cluster(_)))
             .finish_non_exhaustive()
     }
 }
 
 impl RedisLedger {
-    /// Connects and checks the connection with a `PING`.
+    /// Connects and checks the connection with a `PING`. `url` is one URL
+    /// or a comma-separated list of a cluster's nodes
+    /// ([`LedgerConfig::redis_nodes`]). A list is a cluster; so is one URL
+    /// whose server says `cluster_enabled:1` (`INFO cluster`), so pointing
+    /// at any node of a cluster, or at a managed cluster's one configuration
+    /// endpoint, works too. Anything else is used as one server, as before.
     ///
     /// # Errors
     /// [`LedgerError::Open`] when the URL or CA file is unusable or Redis
@@ -98,67 +183,164 @@ impl RedisLedger {
         lease: Duration,
         ca_file: Option<&std::path::Path>,
     ) -> Result<RedisLedger, LedgerError> {
-        let open_error = |e: redis::RedisError| LedgerError::Open {
+        let open_error = |e: Box<dyn std::error::Error + Send + Sync>| LedgerError::Open {
             path: url.to_owned(),
-            source: Box::new(e),
+            source: e,
         };
-        // `rediss://` uses the system's trust store, or `ca_file` when given.
-        let client = match ca_file {
-            None => redis::Client::open(url).map_err(open_error)?,
-            Some(path) => {
-                let root_cert = std::fs::read(path).map_err(|e| LedgerError::Open {
-                    path: path.display().to_string(),
-                    source: Box::new(e),
-                })?;
-                redis::Client::build_with_tls(
-                    url,
-                    redis::TlsCertificates {
-                        client_tls: None,
-                        root_cert: Some(root_cert),
-                    },
-                )
-                .map_err(open_error)?
+        let nodes = LedgerConfig::redis_nodes(url).map_err(|e| open_error(Box::new(e)))?;
+        let conn = if nodes.len() > 1 {
+            Connection::Cluster(connect_cluster(&nodes, ca_file).await?)
+        } else {
+            let single = connect_single(url, ca_file).await?;
+            if is_cluster_node(single.clone()).await {
+                Connection::Cluster(connect_cluster(&nodes, ca_file).await?)
+            } else {
+                Connection::Single(single)
             }
         };
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(3)))
-            .set_response_timeout(Some(Duration::from_secs(3)))
-            .set_number_of_retries(2);
-        let conn = tokio::time::timeout(
-            Duration::from_secs(10),
-            ConnectionManager::new_with_config(client, config),
-        )
-        .await
-        .map_err(|_| LedgerError::Open {
-            path: url.to_owned(),
-            source: "no answer within 10 s".into(),
-        })?
-        .map_err(open_error)?;
         let ledger = RedisLedger {
             conn,
             prefix: prefix.to_owned(),
             dedup_ttl,
             lease,
         };
-        ledger.check().await.map_err(|e| LedgerError::Open {
-            path: url.to_owned(),
-            source: Box::new(e),
-        })?;
+        ledger.check().await.map_err(|e| open_error(Box::new(e)))?;
         Ok(ledger)
     }
 
+    /// An entity's, a lock's or a checkpoint's key: each is touched alone.
     fn key(&self, kind: &str, name: &str) -> String {
         format!("{}{kind}:{name}", self.prefix)
+    }
+
+    /// One of a delivery's two keys (`lease`, `done`), in its own slot.
+    fn delivery_key(&self, delivery: &DeliveryKey, kind: &str) -> String {
+        delivery_key(&self.prefix, delivery.as_str(), kind)
     }
 
     fn lease_ms(&self) -> u64 {
         u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
     }
+
+    /// A commit's three writes, in the order the module documentation explains.
+    async fn write(&self, commit: &Commit) -> Result<(), LedgerError> {
+        let mut conn = self.conn.clone();
+        if let Some((slot, state)) = &commit.entity {
+            let _: i32 = Script::new(SET_STATE)
+                .key(self.key("entity", slot.as_str()))
+                .arg(state.to_bytes().as_slice())
+                .invoke_async(&mut conn)
+                .await?;
+        }
+        if let Some((name, at)) = &commit.checkpoint {
+            let () = conn.set(self.key("checkpoint", name), at).await?;
+        }
+        if let Some(delivery) = &commit.delivery {
+            let _: i32 = Script::new(MARK_DONE)
+                .key(self.delivery_key(delivery, "done"))
+                .key(self.delivery_key(delivery, "lease"))
+                .arg(self.dedup_ttl.as_secs().max(1))
+                .invoke_async(&mut conn)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// `P{d:<delivery>}:<kind>`: see the module documentation for why the tag
+/// comes first.
+fn delivery_key(prefix: &str, delivery: &str, kind: &str) -> String {
+    format!("{prefix}{{d:{delivery}}}:{kind}")
+}
+
+/// One server, as before clusters were supported: `rediss://` uses the
+/// system's trust store, or `ca_file` when given.
+async fn connect_single(
+    url: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Result<ConnectionManager, LedgerError> {
+    let open_error = |e: redis::RedisError| LedgerError::Open {
+        path: url.to_owned(),
+        source: Box::new(e),
+    };
+    let client = match ca_file {
+        None => redis::Client::open(url).map_err(open_error)?,
+        Some(path) => {
+            let root_cert = std::fs::read(path).map_err(|e| LedgerError::Open {
+                path: path.display().to_string(),
+                source: Box::new(e),
+            })?;
+            redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                },
+            )
+            .map_err(open_error)?
+        }
+    };
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(TIMEOUT))
+        .set_response_timeout(Some(TIMEOUT))
+        .set_number_of_retries(2);
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        ConnectionManager::new_with_config(client, config),
+    )
+    .await
+    .map_err(|_| LedgerError::Open {
+        path: url.to_owned(),
+        source: "no answer within 10 s".into(),
+    })?
+    .map_err(open_error)
+}
+
+/// Whether a server is a node of a Redis Cluster. A server that refuses
+/// `INFO` (some managed ones restrict it) is taken for one server, as
+/// before clusters were supported.
+async fn is_cluster_node(mut conn: ConnectionManager) -> bool {
+    let info: redis::RedisResult<String> = redis::cmd("INFO")
+        .arg("cluster")
+        .query_async(&mut conn)
+        .await;
+    info.is_ok_and(|info| info.lines().any(|line| line.trim() == "cluster_enabled:1"))
+}
+
+/// A Redis Cluster from its seed nodes; the client asks them for the slot
+/// map and every other node.
+async fn connect_cluster(
+    nodes: &[&str],
+    ca_file: Option<&std::path::Path>,
+) -> Result<ClusterConnection, LedgerError> {
+    let path = nodes.join(",");
+    if ca_file.is_some() {
+        return Err(LedgerError::Open {
+            path,
+            source: Box::new(ClusterError::CaFile),
+        });
+    }
+    let open_error = |e: redis::RedisError| LedgerError::Open {
+        path: path.clone(),
+        source: Box::new(e),
+    };
+    let client = ClusterClient::builder(nodes.iter().copied())
+        .connection_timeout(TIMEOUT)
+        .response_timeout(TIMEOUT)
+        .build()
+        .map_err(open_error)?;
+    tokio::time::timeout(Duration::from_secs(10), client.get_async_connection())
+        .await
+        .map_err(|_| LedgerError::Open {
+            path: path.clone(),
+            source: "no answer within 10 s".into(),
+        })?
+        .map_err(open_error)
 }
 
 /// Held entity lock; dropping it releases the lock in the background.
 struct RedisLock {
-    conn: ConnectionManager,
+    conn: Connection,
     key: String,
     token: String,
 }
@@ -188,8 +370,8 @@ impl Drop for RedisLock {
 impl Ledger for RedisLedger {
     async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
         let answer: i32 = Script::new(BEGIN)
-            .key(self.key("done", delivery.as_str()))
-            .key(self.key("lease", delivery.as_str()))
+            .key(self.delivery_key(delivery, "done"))
+            .key(self.delivery_key(delivery, "lease"))
             .arg(self.lease_ms())
             .invoke_async(&mut self.conn.clone())
             .await?;
@@ -207,7 +389,7 @@ impl Ledger for RedisLedger {
         let taken: Option<String> = self
             .conn
             .clone()
-            .set_options(self.key("lease", delivery.as_str()), "1", options)
+            .set_options(self.delivery_key(delivery, "lease"), "1", options)
             .await?;
         Ok(if taken.is_some() {
             Begin::New
@@ -220,7 +402,7 @@ impl Ledger for RedisLedger {
         let released: redis::RedisResult<i32> = self
             .conn
             .clone()
-            .del(self.key("lease", delivery.as_str()))
+            .del(self.delivery_key(delivery, "lease"))
             .await;
         if let Err(error) = released {
             tracing::warn!(%error, "Lease not released; it lapses by itself.");
@@ -261,38 +443,13 @@ impl Ledger for RedisLedger {
     }
 
     async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
-        let delivery = commit.delivery.as_ref().map(DeliveryKey::as_str);
-        let (slot, state) = match &commit.entity {
-            Some((slot, state)) => (slot.as_str(), state.to_bytes().to_vec()),
-            None => ("", Vec::new()),
-        };
-        let (checkpoint, at) = match &commit.checkpoint {
-            Some((name, at)) => (name.as_str(), at.to_string()),
-            None => ("", String::new()),
-        };
-        let key_or_empty = |kind: &str, name: &str| {
-            if name.is_empty() {
-                String::new()
-            } else {
-                self.key(kind, name)
-            }
-        };
-        let result: redis::RedisResult<i32> = Script::new(COMMIT)
-            .key(key_or_empty("done", delivery.unwrap_or_default()))
-            .key(key_or_empty("lease", delivery.unwrap_or_default()))
-            .key(key_or_empty("entity", slot))
-            .key(key_or_empty("checkpoint", checkpoint))
-            .arg(self.dedup_ttl.as_secs().max(1))
-            .arg(state)
-            .arg(at)
-            .invoke_async(&mut self.conn.clone())
-            .await;
+        let result = self.write(&commit).await;
         if result.is_err()
             && let Some(delivery) = &commit.delivery
         {
             self.release(delivery).await;
         }
-        result.map(|_| ()).map_err(LedgerError::from)
+        result
     }
 
     async fn check(&self) -> Result<(), LedgerError> {
@@ -304,5 +461,38 @@ impl Ledger for RedisLedger {
         } else {
             Err(LedgerError::UnexpectedPing(pong))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::cluster_routing::Slot;
+
+    use super::delivery_key;
+
+    #[test]
+    fn a_deliverys_keys_share_one_slot_whatever_its_id_or_prefix() {
+        for prefix in ["posbridge:", "", "a{b:", "x}", "{posbridge}:", "p{q}r{"] {
+            for id in ["mekari:e1", "receiptroller:}", "x:{y}", "z:{", "", "x:}}{{"] {
+                let (done, lease) = (
+                    delivery_key(prefix, id, "done"),
+                    delivery_key(prefix, id, "lease"),
+                );
+                assert_ne!(done, lease);
+                assert_eq!(
+                    Slot::for_key(&done),
+                    Slot::for_key(&lease),
+                    "{done} and {lease}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn deliveries_spread_over_slots() {
+        let slots: std::collections::HashSet<_> = (0..100)
+            .map(|i| Slot::for_key(delivery_key("posbridge:", &format!("mekari:e{i}"), "done")))
+            .collect();
+        assert!(slots.len() > 90, "{} slots", slots.len());
     }
 }

@@ -17,6 +17,7 @@ mod leader_loss;
 mod ledger_full;
 mod ordering;
 mod outage_start;
+mod redis_cluster;
 mod registry;
 mod registry_auth;
 mod rejects;

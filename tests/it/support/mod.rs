@@ -177,7 +177,13 @@ impl TestApp {
             prefix,
             stop: Some(stop),
             task: Some(task),
-            http: reqwest::Client::new(),
+            // Idle connections are dropped before posbridge closes them
+            // (`header_read_timeout_ms`, 2 s), so that a request never goes
+            // out on a connection the server is closing at that moment.
+            http: reqwest::Client::builder()
+                .pool_idle_timeout(Duration::from_millis(1000))
+                .build()
+                .unwrap(),
             _dir: None,
         }
     }
