@@ -395,7 +395,7 @@ mod tests {
             delivery_timeout_ms = 300
             [ledger]
             path = "{}"
-            [mekari.sources.main]
+            [mekari.sources.assembled]
             secrets = ["mekari-secret-1"]
             "#,
             dir.path().join("ledger.redb").display()
@@ -403,10 +403,48 @@ mod tests {
         .unwrap();
         assert_eq!(problems(&config), vec![]);
         let app = App::build(&config).await.unwrap();
+        // Read before any request: the series alerts watch exist from
+        // start-up (the source's name is this test's alone, so no other test
+        // of the process made them), and the build says its version and
+        // wire format.
+        let started = crate::telemetry::install().render();
+        let line = |text: &str, name: &str, labels: &[&str]| {
+            text.lines()
+                .any(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
+        };
+        for outcome in ["published", "spooled", "unauthorized"] {
+            assert!(
+                line(
+                    &started,
+                    "posbridge_webhook_requests_total",
+                    &[
+                        "provider=\"mekari\"",
+                        "source=\"assembled\"",
+                        &format!("outcome=\"{outcome}\"")
+                    ]
+                ),
+                "{outcome}"
+            );
+        }
+        let failures = |text: &str| {
+            text.lines()
+                .find(|l| {
+                    l.starts_with("posbridge_signature_failures_total")
+                        && l.contains("source=\"assembled\"")
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        };
+        assert_eq!(failures(&started), Some(0.0));
+        let version = format!("version=\"{}\"", env!("CARGO_PKG_VERSION"));
+        assert!(line(
+            &started,
+            "posbridge_build_info",
+            &["encoding=\"avro-single-object\"", &version]
+        ));
         let body = br#"{"id":"d-1","event":"order.created","occurred_at":"2026-11-29T10:00:00Z","data":{"id":"O-1"}}"#;
         let request = |secret: &str| {
             let mut request =
-                Request::post("/webhooks/mekari/main").header("X-Mekari-Event-ID", "d-1");
+                Request::post("/webhooks/mekari/assembled").header("X-Mekari-Event-ID", "d-1");
             for (name, value) in sign(
                 SchemeName::Base64,
                 "X-Mekari-Signature",
@@ -431,30 +469,8 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(right.status(), StatusCode::SERVICE_UNAVAILABLE);
-
-        // The series alerts watch exist from start-up, and the build says
-        // its version and wire format.
-        let text = crate::telemetry::install().render();
-        let line = |name: &str, labels: &[&str]| {
-            text.lines()
-                .any(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
-        };
-        assert!(line(
-            "posbridge_webhook_requests_total",
-            &[
-                "provider=\"mekari\"",
-                "source=\"main\"",
-                "outcome=\"spooled\""
-            ]
-        ));
-        assert!(line(
-            "posbridge_signature_failures_total",
-            &["source=\"main\""]
-        ));
-        let version = format!("version=\"{}\"", env!("CARGO_PKG_VERSION"));
-        assert!(line(
-            "posbridge_build_info",
-            &["encoding=\"avro-single-object\"", &version]
-        ));
+        // The wrongly signed one, counted once.
+        let failures_after = failures(&crate::telemetry::install().render());
+        assert_eq!(failures_after, Some(1.0));
     }
 }

@@ -15,8 +15,8 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::support::{
-    MEKARI_SECRET, OwnBroker, RR_SECRET, Record, TestApp, config, latest_per_key, metric,
-    read_topic, unique,
+    MEKARI_SECRET, Meter, OwnBroker, RR_SECRET, Record, TestApp, config, latest_per_key,
+    own_source, read_topic, unique,
 };
 
 const RR_TOKEN: &str = "rr-api-token";
@@ -507,15 +507,22 @@ async fn an_outage_longer_than_receiptrollers_retries_loses_nothing_with_the_spo
         let broker = OwnBroker::start().await;
         let dir = tempfile::tempdir().unwrap();
         let prefix = unique(if spools { "long-spool" } else { "long-retry" });
-        let config = if spools {
+        let mut config = if spools {
             crate::support::spool_config(&broker.address(), &prefix, dir.path())
         } else {
             config(&broker.address(), &prefix, dir.path())
         };
+        // A ReceiptRoller source of its own, so the series labelled with it
+        // count this test's deliveries alone.
+        let rr_source = unique("long");
+        own_source(&mut config, "receiptroller", "main", &rr_source);
         let app = TestApp::start_with(config).await;
+        let before = Meter::read(&app).await;
         let sim = Sim::start(
             &app.base,
             &[
+                "--rr-source",
+                &rr_source,
                 "--events",
                 "40",
                 "--seed",
@@ -557,12 +564,15 @@ async fn an_outage_longer_than_receiptrollers_retries_loses_nothing_with_the_spo
         }
         let compared = assert_view_equals_truth(&app, &broker.address(), &sim).await;
         assert!(compared > 0);
-        let metrics = app.metrics().await;
+        let after = Meter::read(&app).await;
         assert!(
-            metric(
-                &metrics,
+            after.delta(
+                &before,
                 "posbridge_spooled_total",
-                &[("provider", "receiptroller")]
+                &[
+                    ("provider", "receiptroller"),
+                    ("source", rr_source.as_str())
+                ]
             ) > 0.0,
             "the outage was spooled"
         );

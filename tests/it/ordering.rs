@@ -2,20 +2,35 @@
 
 use posbridge::encode::decode;
 
-use crate::support::{TestApp, brokers, latest_per_key, mekari_order, metric, read_topic};
+use crate::support::{
+    Meter, TestApp, brokers, config, latest_per_key, mekari_order, own_source, read_topic, unique,
+};
 
 #[tokio::test]
 async fn out_of_order_pair_leaves_the_newer_state_in_the_compacted_view() {
-    let app = TestApp::start().await;
+    // A source of its own, so the series labelled with it are this test's.
+    let source = unique("ordering");
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&brokers(), &unique("ordering"), dir.path());
+    own_source(&mut cfg, "receiptroller", "main", &source);
+    let mut app = TestApp::start_with(cfg).await;
+    app.keep(dir);
     let newer = serde_json::json!({"id": "o-2", "type": "order.updated",
         "timestamp": "2026-11-29T10:20:00Z", "data": {"order_id": "O-77", "status": "paid"}});
     let older = serde_json::json!({"id": "o-1", "type": "order.created",
         "timestamp": "2026-11-29T10:10:00Z", "data": {"order_id": "O-77", "status": "open"}});
+    // The newer state is written before the older event arrives.
+    let first = app.send("receiptroller", &source, &newer).await;
+    assert_eq!(first.status(), 200);
     assert_eq!(
-        app.send("receiptroller", "main", &newer).await.status(),
-        200
+        first.json::<serde_json::Value>().await.unwrap()["status"],
+        "published"
     );
-    let late = app.send("receiptroller", "main", &older).await;
+    let topic = app.topic("orders");
+    assert_eq!(read_topic(&brokers(), &topic).len(), 1);
+
+    let before = Meter::read(&app).await;
+    let late = app.send("receiptroller", &source, &older).await;
     assert_eq!(
         late.status(),
         200,
@@ -25,20 +40,46 @@ async fn out_of_order_pair_leaves_the_newer_state_in_the_compacted_view() {
         late.json::<serde_json::Value>().await.unwrap()["status"],
         "stale"
     );
+    let after = Meter::read(&app).await;
 
-    let records = read_topic(&brokers(), &app.topic("orders"));
+    let records = read_topic(&brokers(), &topic);
     let view = latest_per_key(&records);
     let latest = decode(view["receiptroller:O-77"].payload.as_deref().unwrap()).unwrap();
     assert_eq!(latest.status.as_deref(), Some("paid"));
     assert_eq!(records.len(), 1, "the older state was never written");
 
-    let metrics = app.metrics().await;
+    // This test's source and topic: exactly the late event, answered stale,
+    // and nothing acknowledged on the topic meanwhile.
+    assert_eq!(
+        after.delta(
+            &before,
+            "posbridge_webhook_requests_total",
+            &[
+                ("provider", "receiptroller"),
+                ("source", source.as_str()),
+                ("outcome", "stale")
+            ]
+        ),
+        1.0
+    );
+    assert_eq!(
+        after.delta(
+            &before,
+            "posbridge_publish_duration_seconds_count",
+            &[("topic", topic.as_str())]
+        ),
+        0.0
+    );
+    // By provider and entity type only: the simulator's runs in the
+    // catch-up tests hold back ReceiptRoller orders too, so this is at
+    // least the late event.
     assert!(
-        metric(
-            &metrics,
+        after.delta(
+            &before,
             "posbridge_stale_events_total",
             &[("provider", "receiptroller"), ("entity_type", "order")]
-        ) >= 1.0
+        ) >= 1.0,
+        "the held-back event is counted"
     );
     app.stop().await;
 }
@@ -67,32 +108,67 @@ async fn kitchen_status_breaks_a_tie_at_the_same_occurred_at() {
     app.stop().await;
 }
 
+/// Ten states of one order: the middle one is written first, then the
+/// other nine arrive at once, older and newer ones interleaved. Each older
+/// one arrives after a newer state was written, so it is held back; of the
+/// newer ones, whatever order the entity's lock lets them through in, only
+/// states newer than the last written one are written.
 #[tokio::test]
 async fn concurrent_events_for_one_key_end_with_the_newest() {
     let app = TestApp::start().await;
-    let bodies: Vec<_> = (0..10)
-        .map(|i| {
-            mekari_order(
-                &format!("c-{i}"),
-                "order.updated",
-                &format!("2026-11-29T17:15:{i:02}+07:00"),
-                "ORD-C",
-                "preparing",
-            )
-        })
-        .collect();
-    let sends = bodies.iter().rev().map(|b| app.send("mekari", "main", b));
-    for response in futures::future::join_all(sends).await {
+    let body = |i: usize| {
+        mekari_order(
+            &format!("c-{i}"),
+            "order.updated",
+            &format!("2026-11-29T17:15:{i:02}+07:00"),
+            "ORD-C",
+            "preparing",
+        )
+    };
+    let outcome = |response: reqwest::Response| async move {
         assert_eq!(response.status(), 200);
+        let json: serde_json::Value = response.json().await.unwrap();
+        json["status"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(
+        outcome(app.send("mekari", "main", &body(5)).await).await,
+        "published"
+    );
+    let order = [8, 2, 9, 0, 6, 4, 1, 7, 3];
+    let bodies: Vec<_> = order.iter().map(|&i| body(i)).collect();
+    let sends = bodies.iter().map(|b| app.send("mekari", "main", b));
+    let mut outcomes = std::collections::BTreeMap::new();
+    for (i, response) in order.iter().zip(futures::future::join_all(sends).await) {
+        outcomes.insert(*i, outcome(response).await);
     }
-    let records = read_topic(&brokers(), &app.topic("orders"));
-    let versions: Vec<_> = records
-        .iter()
-        .map(|r| decode(r.payload.as_deref().unwrap()).unwrap().version)
-        .collect();
+    for i in 0..5 {
+        assert_eq!(
+            outcomes[&i], "stale",
+            "c-{i} is older than c-5, written before it was sent: {outcomes:?}"
+        );
+    }
+    assert_eq!(outcomes[&9], "published", "nothing newer: {outcomes:?}");
     assert!(
-        versions.windows(2).all(|w| w[0] < w[1]),
-        "written in increasing version order"
+        outcomes.values().all(|o| o == "published" || o == "stale"),
+        "{outcomes:?}"
+    );
+
+    let records = read_topic(&brokers(), &app.topic("orders"));
+    let written: Vec<_> = records
+        .iter()
+        .map(|r| decode(r.payload.as_deref().unwrap()).unwrap().event_id)
+        .collect();
+    let published: Vec<_> = std::iter::once("c-5".to_owned())
+        .chain(
+            outcomes
+                .iter()
+                .filter(|(_, o)| *o == "published")
+                .map(|(i, _)| format!("c-{i}")),
+        )
+        .collect();
+    assert_eq!(
+        written, published,
+        "written once each, in increasing version order, exactly the states answered published"
     );
     let latest = decode(
         latest_per_key(&records)["mekari:ORD-C"]

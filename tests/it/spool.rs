@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::support::{
-    OwnBroker, TestApp, free_port, latest_per_key, listening_on, mekari_order, read_topic, rr_sale,
-    signed_request, spawn_serve, spool_config, spool_config_text, timed, unique, wait_healthy,
+    Meter, OwnBroker, TestApp, free_port, latest_per_key, listening_on, mekari_order, own_source,
+    read_topic, rr_sale, signed_request, spawn_serve, spool_config, spool_config_text, timed,
+    unique, wait_healthy,
 };
 
 /// `delivery_timeout_ms` + `inflight_wait_ms` of the test configuration.
@@ -154,9 +155,13 @@ async fn spooled_deliveries_are_deduplicated_bounded_and_drained_once() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = spool_config(&broker.address(), &unique("spool"), dir.path());
     config.spool.max_entries = 2;
+    // A source of its own, so the series labelled with it are this test's.
+    let source = unique("spool");
+    own_source(&mut config, "receiptroller", "main", &source);
     let app = TestApp::start_with(config).await;
+    let before = Meter::read(&app).await;
     assert_eq!(
-        app.send("receiptroller", "main", &sale(0)).await.status(),
+        app.send("receiptroller", &source, &sale(0)).await.status(),
         200
     );
 
@@ -167,19 +172,19 @@ async fn spooled_deliveries_are_deduplicated_bounded_and_drained_once() {
         (code, json["status"].as_str().unwrap_or("error").to_owned())
     };
     assert_eq!(
-        status(app.send("receiptroller", "main", &sale(1)).await).await,
+        status(app.send("receiptroller", &source, &sale(1)).await).await,
         (200, "spooled".into())
     );
     assert_eq!(
-        status(app.send("receiptroller", "main", &sale(1)).await).await,
+        status(app.send("receiptroller", &source, &sale(1)).await).await,
         (200, "duplicate".into())
     );
     assert_eq!(
-        status(app.send("receiptroller", "main", &sale(2)).await).await,
+        status(app.send("receiptroller", &source, &sale(2)).await).await,
         (200, "spooled".into())
     );
     assert_eq!(
-        status(app.send("receiptroller", "main", &sale(3)).await).await,
+        status(app.send("receiptroller", &source, &sale(3)).await).await,
         (503, "error".into())
     );
     assert_eq!(app.pipeline.spool().unwrap().stats().entries, 2);
@@ -187,11 +192,11 @@ async fn spooled_deliveries_are_deduplicated_bounded_and_drained_once() {
     broker.heal();
     drained(&app).await;
     assert_eq!(
-        status(app.send("receiptroller", "main", &sale(1)).await).await,
+        status(app.send("receiptroller", &source, &sale(1)).await).await,
         (200, "duplicate".into())
     );
     assert_eq!(
-        status(app.send("receiptroller", "main", &sale(3)).await).await,
+        status(app.send("receiptroller", &source, &sale(3)).await).await,
         (200, "published".into())
     );
 
@@ -208,11 +213,41 @@ async fn spooled_deliveries_are_deduplicated_bounded_and_drained_once() {
         ],
         "each delivery exactly once"
     );
-    let metrics = app.metrics().await;
-    assert!(metrics.contains("posbridge_spooled_total"), "{metrics}");
+    let after = Meter::read(&app).await;
+    let source_labels = [("provider", "receiptroller"), ("source", source.as_str())];
+    assert_eq!(
+        after.delta(&before, "posbridge_spooled_total", &source_labels),
+        2.0,
+        "sales 1 and 2 spooled"
+    );
+    let requests = |outcome: &str| {
+        let labels = [source_labels[0], source_labels[1], ("outcome", outcome)];
+        after.delta(&before, "posbridge_webhook_requests_total", &labels)
+    };
+    assert_eq!(
+        ["published", "spooled", "duplicate", "unavailable"].map(requests),
+        [2.0, 2.0, 2.0, 1.0],
+        "published, spooled, duplicate, unavailable"
+    );
+    // Sale 0, the two drained and sale 3: acknowledged on this test's topic.
+    let topic = app.topic("sales");
+    assert_eq!(
+        after.delta(
+            &before,
+            "posbridge_publish_duration_seconds_count",
+            &[("topic", topic.as_str())]
+        ),
+        4.0
+    );
+    // By provider and outcome only, so other tests' drains count here too:
+    // at least this test's two.
     assert!(
-        metrics.contains("posbridge_spool_drained_total"),
-        "{metrics}"
+        after.delta(
+            &before,
+            "posbridge_spool_drained_total",
+            &[("provider", "receiptroller"), ("outcome", "published")]
+        ) >= 2.0,
+        "the two spooled sales drained"
     );
     app.stop().await;
 }

@@ -578,3 +578,37 @@ pub async fn wait_healthy(http: &reqwest::Client, base: &str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The `/metrics` text at one moment. Every app of the test process records
+/// into one registry, so a test asserts the change it caused between two
+/// readings ([`Meter::delta`]), exactly on series whose labels only it uses:
+/// its own topics, or a source it renamed with [`own_source`].
+pub struct Meter(String);
+
+impl Meter {
+    /// Reads `app`'s `/metrics` now.
+    pub async fn read(app: &TestApp) -> Meter {
+        Meter(app.metrics().await)
+    }
+
+    /// How much `name{labels}` (summed over the matching lines, as
+    /// [`metric`]) grew from `before` to this reading.
+    pub fn delta(&self, before: &Meter, name: &str, labels: &[(&str, &str)]) -> f64 {
+        metric(&self.0, name, labels) - metric(&before.0, name, labels)
+    }
+}
+
+/// Renames `provider`'s source `from` to `to` (a [`unique`] name), so that
+/// the series labelled `source="{to}"` count this test's requests alone.
+pub fn own_source(config: &mut Config, provider: &str, from: &str, to: &str) {
+    let sources = match provider {
+        "receiptroller" => &mut config.receiptroller.sources,
+        "mekari" => &mut config.mekari.sources,
+        _ => panic!("no provider {provider}"),
+    };
+    let source = sources
+        .remove(from)
+        .unwrap_or_else(|| panic!("no source {provider}.{from}"));
+    sources.insert(to.to_owned(), source);
+    assert_eq!(posbridge::app::problems(config), vec![]);
+}
