@@ -20,7 +20,7 @@
 //! duplicate and is simply removed.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::{Hash as _, Hasher as _};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -164,10 +164,12 @@ impl Drainer {
     /// removing those whose outcome is durable (in one write) before
     /// returning.
     async fn pass(&self) -> Result<Drained, DrainError> {
-        let mut lanes: Vec<Vec<(u64, SpooledDelivery)>> = (0..LANES).map(|_| Vec::new()).collect();
+        let mut lanes: Vec<Vec<(u64, DeliveryKey, Delivery)>> =
+            (0..LANES).map(|_| Vec::new()).collect();
         for (seq, spooled) in self.spool.oldest(BATCH)? {
-            let lane = lane_of(&delivery_of(&spooled));
-            lanes[lane].push((seq, spooled));
+            let key = spooled.key.clone();
+            let delivery = delivery_of(spooled);
+            lanes[lane_of(&delivery)].push((seq, key, delivery));
         }
         let results: Vec<LaneResult> =
             futures::future::join_all(lanes.into_iter().map(|lane| self.replay_lane(lane))).await;
@@ -199,12 +201,12 @@ impl Drainer {
     /// Replays one lane's entries in order, up to the first that cannot
     /// be made durable (which, after [`MAX_ATTEMPTS`] failed passes while
     /// Kafka answers, goes to the dead-letter topic instead).
-    async fn replay_lane(&self, lane: Vec<(u64, SpooledDelivery)>) -> LaneResult {
+    async fn replay_lane(&self, lane: Vec<(u64, DeliveryKey, Delivery)>) -> LaneResult {
         let mut done = Vec::with_capacity(lane.len());
-        for (seq, spooled) in lane {
-            let key = spooled.key.clone();
-            let provider = spooled.source.provider;
-            match self.pipeline.replay(delivery_of(&spooled)).await {
+        for (seq, key, delivery) in lane {
+            let provider = delivery.source.provider;
+            // A cheap clone (shared source and body): set_aside needs it after.
+            match self.pipeline.replay(delivery.clone()).await {
                 Ok(outcome) => {
                     count(provider.as_str(), outcome);
                     done.push((seq, key));
@@ -218,7 +220,7 @@ impl Drainer {
                 Err(error) => {
                     if self.pipeline.publisher().health().is_up()
                         && self.failed_too_often(seq)
-                        && self.set_aside(&spooled, &error).await
+                        && self.set_aside(&delivery, &error).await
                     {
                         count(provider.as_str(), Outcome::DeadLettered);
                         done.push((seq, key));
@@ -242,13 +244,13 @@ impl Drainer {
 
     /// Writes a spooled delivery that keeps failing to the dead-letter
     /// topic; whether that was durable (else it stays in the spool).
-    async fn set_aside(&self, spooled: &SpooledDelivery, error: &PipelineError) -> bool {
+    async fn set_aside(&self, delivery: &Delivery, error: &PipelineError) -> bool {
         let letter = DeadLetter {
-            provider: spooled.source.provider,
-            source: &spooled.source.name,
-            delivery_id: &spooled.delivery_id,
-            received_at: spooled.received_at,
-            body: spooled.body.to_vec(),
+            provider: delivery.source.provider,
+            source: &delivery.source.name,
+            delivery_id: &delivery.delivery_id,
+            received_at: delivery.received_at,
+            body: delivery.body.bytes().to_vec(),
             code: SPOOL_UNPUBLISHABLE,
             reason: format!(
                 "spooled delivery failed {MAX_ATTEMPTS} drain passes while Kafka answered: {error}"
@@ -271,11 +273,11 @@ impl Drainer {
 }
 
 /// A spooled delivery as the pipeline replays it.
-fn delivery_of(spooled: &SpooledDelivery) -> Delivery {
+fn delivery_of(spooled: SpooledDelivery) -> Delivery {
     Delivery {
-        source: Arc::new(spooled.source.clone()),
-        delivery_id: spooled.delivery_id.clone(),
-        body: VerifiedBody::from_spool(spooled.body.clone()),
+        source: Arc::new(spooled.source),
+        delivery_id: spooled.delivery_id,
+        body: VerifiedBody::from_spool(spooled.body),
         received_at: spooled.received_at,
         arrived: Instant::now(),
         spools: false,
@@ -283,11 +285,12 @@ fn delivery_of(spooled: &SpooledDelivery) -> Delivery {
 }
 
 /// The lane of a delivery: by its entity, so one entity's deliveries keep
-/// their order; one that does not normalize goes to the first lane.
+/// their order; one that does not normalize goes to the first lane. (It is
+/// normalized again when replayed: the pipeline takes the raw delivery.)
 fn lane_of(delivery: &Delivery) -> usize {
     Pipeline::entity_of(delivery).map_or(0, |entity| {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        entity.to_string().hash(&mut hasher);
+        entity.hash(&mut hasher);
         (hasher.finish() % LANES as u64) as usize
     })
 }

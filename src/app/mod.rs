@@ -202,25 +202,29 @@ impl App {
         // Wrong credentials or an untrusted certificate end start-up here,
         // named; a broker that does not answer is an outage to ride out.
         let reachable = publisher.check_access(kafka.delivery_timeout()).await?;
-        if reachable || !known.has_topics(&kafka.brokers, wanted.keys()) {
+        if reachable {
             if kafka.create_topics {
                 publisher
                     .ensure_topics(&wanted, kafka.partitions, kafka.replication_factor)
                     .await?;
                 info!(topics = ?wanted.keys().collect::<Vec<_>>(), "Topics ready.");
             }
-            if reachable {
-                publisher.check_topic_settings(topics.entities()).await?;
-                known.brokers.clone_from(&kafka.brokers);
-                known.topics = wanted.keys().cloned().collect();
-            } else {
-                warn!(
-                    "No Kafka broker answered at start-up; the entity topics' settings are not checked."
-                );
-            }
-        } else {
+            publisher.check_topic_settings(topics.entities()).await?;
+            known.brokers.clone_from(&kafka.brokers);
+            known.topics = wanted.keys().cloned().collect();
+        } else if known.has_topics(&kafka.brokers, wanted.keys()) {
             warn!(
                 "No Kafka broker answers: starting on the topics an earlier start found; sources that spool accept webhooks, the others answer 503 until Kafka answers."
+            );
+        } else if kafka.create_topics {
+            // Nothing known to start on: unless Kafka came back meanwhile,
+            // this fails, naming it.
+            publisher
+                .ensure_topics(&wanted, kafka.partitions, kafka.replication_factor)
+                .await?;
+        } else {
+            warn!(
+                "No Kafka broker answered at start-up; the entity topics' settings are not checked."
             );
         }
         let entity_topics: Vec<String> = topics.entities().map(str::to_owned).collect();

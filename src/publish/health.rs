@@ -8,6 +8,7 @@
 //! is that topic's alone: it is kept per topic, and Kafka stays up.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,9 @@ pub struct BrokerHealth {
     /// write, a partition without a leader), with the broker's reason: that
     /// topic's deliveries fail, the others go on.
     failing_topics: Mutex<BTreeMap<String, String>>,
+    /// Whether `failing_topics` holds any: every successful send asks, and
+    /// must not take the lock for it.
+    any_failing: AtomicBool,
 }
 
 /// Why a broker refused the connection: settings to fix, not an outage.
@@ -105,11 +109,15 @@ impl BrokerHealth {
                 "Kafka refuses this topic's records while the cluster answers: its deliveries are answered 503 (or spooled), the other topics publish."
             );
             failing.insert(topic.to_owned(), why.to_owned());
+            self.any_failing.store(true, Ordering::Release);
         }
     }
 
     /// A send to `topic` succeeded; says so once if it was failing.
     pub fn topic_ok(&self, topic: &str) {
+        if !self.any_failing.load(Ordering::Acquire) {
+            return;
+        }
         let mut failing = self
             .failing_topics
             .lock()
@@ -117,6 +125,8 @@ impl BrokerHealth {
         if failing.remove(topic).is_some() {
             info!(topic, "Kafka takes this topic's records again.");
         }
+        self.any_failing
+            .store(!failing.is_empty(), Ordering::Release);
     }
 
     /// The topics whose last send failed, with the reason.
@@ -193,6 +203,19 @@ impl ClientContext for BrokerContext {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failing_topic_is_kept_until_a_send_to_it_succeeds() {
+        let health = BrokerHealth::default();
+        health.topic_ok("pos.sales");
+        assert!(health.failing_topics().is_empty());
+        health.topic_failed("pos.orders", "denied");
+        health.topic_ok("pos.sales");
+        assert_eq!(health.failing_topics()["pos.orders"], "denied");
+        health.topic_ok("pos.orders");
+        assert!(health.failing_topics().is_empty());
+        assert!(health.is_up(), "a topic's failure is not Kafka's");
+    }
 
     #[test]
     fn down_until_marked_up_and_each_change_once() {

@@ -59,18 +59,28 @@ fn scram_config(
     config
 }
 
+/// A private Kafka with its authorizer on, the topic `{prefix}{denied}`
+/// denied to posbridge's SCRAM user (everything else of the prefix
+/// allowed), and posbridge on it (ReceiptRoller spooling with `spool`):
+/// the broker, the app and the denied topic.
+async fn with_denied_topic(tag: &str, denied: &str, spool: bool) -> (OwnBroker, TestApp, String) {
+    let broker = OwnBroker::start_with_acls().await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique(tag);
+    let topic = format!("{prefix}{denied}");
+    set_acls(&broker.address(), &prefix, &topic).await;
+    let mut app = TestApp::start_with(scram_config(&broker, &prefix, dir.path(), spool)).await;
+    app.keep(dir);
+    (broker, app, topic)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_only_a_topic_kafka_refuses_fails_alone_and_is_named() {
     if broker_kind() == BrokerKind::Tansu {
         eprintln!("topic failure: Apache Kafka only (tansu has no authorizer)");
         return;
     }
-    let broker = OwnBroker::start_with_acls().await;
-    let dir = tempfile::tempdir().unwrap();
-    let prefix = unique("denied");
-    let orders = format!("{prefix}.orders");
-    set_acls(&broker.address(), &prefix, &orders).await;
-    let app = TestApp::start_with(scram_config(&broker, &prefix, dir.path(), false)).await;
+    let (broker, app, orders) = with_denied_topic("denied", ".orders", false).await;
 
     // Denied, then at once a sale: the sale is not refused for the order's sake.
     for round in 0..3 {
@@ -164,12 +174,7 @@ async fn kafka_only_a_spooled_delivery_its_topic_refuses_goes_aside_and_the_rest
         eprintln!("spool set-aside: Apache Kafka only (tansu has no authorizer)");
         return;
     }
-    let broker = OwnBroker::start_with_acls().await;
-    let dir = tempfile::tempdir().unwrap();
-    let prefix = unique("aside");
-    let orders = format!("{prefix}.orders");
-    set_acls(&broker.address(), &prefix, &orders).await;
-    let app = TestApp::start_with(scram_config(&broker, &prefix, dir.path(), true)).await;
+    let (broker, app, _orders) = with_denied_topic("aside", ".orders", true).await;
 
     // ReceiptRoller spools: the refused order first, then sales while the
     // broker is frozen (so they spool behind it).
@@ -249,12 +254,7 @@ async fn kafka_only_a_dead_letter_kafka_refuses_is_spooled_or_retried_and_named(
         eprintln!("dead letter refused: Apache Kafka only (tansu has no authorizer)");
         return;
     }
-    let broker = OwnBroker::start_with_acls().await;
-    let dir = tempfile::tempdir().unwrap();
-    let prefix = unique("dlq");
-    let dead_letters = format!("{prefix}-dead-letter");
-    set_acls(&broker.address(), &prefix, &dead_letters).await;
-    let app = TestApp::start_with(scram_config(&broker, &prefix, dir.path(), true)).await;
+    let (_broker, app, dead_letters) = with_denied_topic("dlq", "-dead-letter", true).await;
     assert_eq!(app.config.kafka.dead_letter_topic(), dead_letters);
 
     let rr_unknown = serde_json::json!({"id": "dl-rr-1", "type": "shift.closed",

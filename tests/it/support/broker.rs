@@ -246,8 +246,12 @@ impl Drop for OwnBroker {
     fn drop(&mut self) {
         // A frozen JVM ignores nothing but SIGKILL; thaw it anyway so that
         // its threads do not linger stopped.
-        if self.child.is_some() {
-            self.signal("-CONT");
+        if let Some(child) = &self.child {
+            // Not `signal`: a broker that died by itself must not make the
+            // drop panic.
+            let _ = std::process::Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
         }
         self.kill();
     }
