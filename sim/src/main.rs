@@ -80,6 +80,11 @@ struct Cli {
     /// Probability that a delivery is sent twice (the copy a bit later).
     #[arg(long, default_value_t = 0.1, value_parser = probability)]
     duplicates: f64,
+    /// Send each duplicate copy at the same moment as the first attempt
+    /// (two requests in flight at once: behind a load balancer, on two
+    /// replicas) instead of 100–800 ms later.
+    #[arg(long)]
+    duplicates_at_once: bool,
     /// Probability that a delivery is held back until after a later one.
     #[arg(long, default_value_t = 0.1, value_parser = probability)]
     reorder: f64,
@@ -219,6 +224,7 @@ async fn main() -> anyhow::Result<()> {
             events: cli.events,
             outlets,
             duplicates: cli.duplicates,
+            duplicates_at_once: cli.duplicates_at_once,
             reorder: cli.reorder,
             drop: cli.drop,
             offline: cli.offline,

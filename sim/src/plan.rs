@@ -25,6 +25,10 @@ pub struct PlanConfig {
     pub outlets: Vec<String>,
     /// Probability that a delivery is sent twice.
     pub duplicates: f64,
+    /// The second copy goes out at the same moment as the first attempt
+    /// (behind a load balancer: to another replica while the first is in
+    /// flight), not 100–800 ms later.
+    pub duplicates_at_once: bool,
     /// Probability that a delivery is held back until after a later one.
     pub reorder: f64,
     /// Probability that an event is never sent (only events the APIs can show).
@@ -284,7 +288,14 @@ impl Generator<'_> {
     fn faults(&mut self, can_drop: bool) -> Faults {
         let drop = self.rng.random_bool(self.config.drop);
         let duplicate = self.rng.random_bool(self.config.duplicates);
+        // Drawn either way, so a seed plans the same events with or
+        // without `duplicates_at_once`.
         let delay = Duration::from_millis(self.rng.random_range(100..800));
+        let delay = if self.config.duplicates_at_once {
+            Duration::ZERO
+        } else {
+            delay
+        };
         let reorder = self.rng.random_bool(self.config.reorder);
         if drop && can_drop {
             return Faults {
@@ -603,6 +614,7 @@ mod tests {
             events,
             outlets: vec!["OUT-1".into(), "OUT-2".into()],
             duplicates: 0.1,
+            duplicates_at_once: false,
             reorder: 0.1,
             drop: 0.1,
             offline: 0.1,
@@ -632,6 +644,35 @@ mod tests {
         };
         assert_eq!(script(&a), script(&b));
         assert_ne!(script(&a), script(&plan(200, 43)));
+    }
+
+    #[test]
+    fn duplicates_at_once_sends_the_copy_with_the_first_attempt_and_changes_nothing_else() {
+        let later = plan(300, 9);
+        let mut together = config(300);
+        together.duplicates_at_once = true;
+        let together = generate(&together, &mut StdRng::seed_from_u64(9));
+        let copies = later
+            .steps
+            .iter()
+            .zip(&together.steps)
+            .filter(|(l, t)| {
+                assert_eq!(
+                    (l.entity, l.event_type, l.id_random),
+                    (t.entity, t.event_type, t.id_random)
+                );
+                assert_eq!(
+                    l.faults.duplicate_after.is_some(),
+                    t.faults.duplicate_after.is_some()
+                );
+                t.faults.duplicate_after.is_some()
+            })
+            .inspect(|(l, t)| {
+                assert!(l.faults.duplicate_after > Some(Duration::ZERO));
+                assert_eq!(t.faults.duplicate_after, Some(Duration::ZERO));
+            })
+            .count();
+        assert!(copies > 0, "the plan duplicates some deliveries");
     }
 
     #[test]

@@ -100,6 +100,7 @@ fn plan_config(events: usize) -> PlanConfig {
         events,
         outlets: vec!["OUT-1".into(), "OUT-2".into()],
         duplicates: 0.0,
+        duplicates_at_once: false,
         reorder: 0.0,
         drop: 0.0,
         offline: 0.0,

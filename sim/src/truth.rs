@@ -258,6 +258,7 @@ mod tests {
             events: 600,
             outlets: vec!["OUT-1".into(), "OUT-2".into()],
             duplicates: 0.0,
+            duplicates_at_once: false,
             reorder: 0.0,
             drop: 0.0,
             offline: 0.1,

@@ -22,6 +22,7 @@ mod registry;
 mod registry_auth;
 mod rejects;
 mod replay;
+mod replicas;
 mod round_trip;
 mod shared_ledger;
 mod slow_clients;

@@ -47,7 +47,7 @@ fn free_port() -> u16 {
 
 /// A first port of `count` free consecutive ones (`scripts/kafka` takes
 /// four from its first, `scripts/apicurio` two).
-pub(super) fn free_ports(count: u16) -> u16 {
+pub fn free_ports(count: u16) -> u16 {
     loop {
         let first = free_port();
         if first < u16::MAX - count

@@ -8,7 +8,7 @@ pub mod proxy;
 pub mod registry;
 pub mod tls;
 
-pub use broker::{BrokerKind, KafkaSecurity, OwnBroker, broker_kind, kafka_security};
+pub use broker::{BrokerKind, KafkaSecurity, OwnBroker, broker_kind, free_ports, kafka_security};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
