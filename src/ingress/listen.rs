@@ -8,7 +8,8 @@
 //! idle), the number of open connections is capped (one more is answered 503
 //! and closed), and shutdown waits for open connections at most
 //! `shutdown_timeout_ms`, then closes them. The answers hyper gives by itself
-//! (400, 414, 431) get the JSON body every other answer has. Body read
+//! (400, 414, 431) get the JSON body every other answer has, and so does an
+//! HTTP/2 preface, which hyper's HTTP/1 server would close unanswered. Body read
 //! timeouts and the cap on body bytes in flight live in the webhook handler,
 //! which knows the body.
 
@@ -88,22 +89,36 @@ pub async fn serve(
             info!("Accepting connections again.");
         }
         let Ok(permit) = permits.clone().try_acquire_owned() else {
-            // Answering holds a descriptor for up to a second: under a flood,
-            // past REFUSALS at once, the connection is closed unanswered.
-            if let Ok(refusal) = refusals.clone().try_acquire_owned() {
-                connections.spawn(async move {
-                    refuse(stream, limits.retry_after_secs).await;
-                    drop(refusal);
-                });
-            }
+            // Answering holds a descriptor for up to a second: past REFUSALS
+            // at once, accepting waits for one to end, and new connections
+            // wait in the kernel's backlog instead of being reset unanswered.
+            let refusal = tokio::select! {
+                () = &mut shutdown => break,
+                refusal = refusals.clone().acquire_owned() => refusal,
+            };
+            connections.spawn(async move {
+                refuse(stream, limits.retry_after_secs).await;
+                drop(refusal);
+            });
             continue;
         };
         let service = TowerToHyperService::new(router.clone());
-        let connection =
-            graceful.watch(http.serve_connection(TokioIo::new(JsonErrors::new(stream)), service));
+        let http = http.clone();
+        let watcher = graceful.watcher();
         connections.spawn(async move {
-            if let Err(error) = connection.await {
-                debug!(%error, "Connection ended with an error.");
+            match opening(&stream, limits.header_read_timeout).await {
+                Opening::Http2 => answer_and_close(stream, HTTP2_ANSWER.as_bytes()).await,
+                // Nothing within the header read timeout: closed, as hyper
+                // closes a connection whose head does not come.
+                Opening::Silent => {}
+                Opening::Http1 => {
+                    let connection = watcher.watch(
+                        http.serve_connection(TokioIo::new(JsonErrors::new(stream)), service),
+                    );
+                    if let Err(error) = connection.await {
+                        debug!(%error, "Connection ended with an error.");
+                    }
+                }
             }
             drop(permit);
         });
@@ -267,21 +282,80 @@ fn json_error_answer(head: &[u8]) -> Option<Vec<u8>> {
     )
 }
 
-/// Answers a connection over `max_connections` without reading its request:
-/// 503 with `Retry-After` and the usual JSON body, then closes it. What the
-/// client already sent is read and dropped first, so closing does not reset
-/// the connection before the client reads the answer.
-async fn refuse(mut stream: TcpStream, retry_after_secs: u64) {
+/// How long a refused connection's request head is waited for, and how
+/// long what follows the answer is read: a client that sends its request
+/// at once gets its answer at once; an idle one holds a refusal this long.
+const REFUSAL_READ: Duration = Duration::from_millis(500);
+
+/// The first bytes of an HTTP/2 connection with prior knowledge
+/// (`PRI * HTTP/2.0…`), which hyper's HTTP/1 server closes without a word.
+const HTTP2_PREFACE: &[u8] = b"PRI ";
+
+/// The answer to an HTTP/2 preface: the 400 the README promises for
+/// anything that is not HTTP/1.1.
+const HTTP2_ANSWER: &str = "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 34\r\n\r\n{\"error\":\"malformed HTTP request\"}";
+
+/// How a connection opens.
+enum Opening {
+    /// With the HTTP/2 preface.
+    Http2,
+    /// With anything else: hyper's HTTP/1 server takes it.
+    Http1,
+    /// With nothing: no byte came in time, or the client closed.
+    Silent,
+}
+
+/// How the connection opens, peeked (nothing is consumed) for at most
+/// `wait`. Decided on the first bytes that differ from the preface, so an
+/// HTTP/1.1 request is handed on as soon as its first byte arrives.
+async fn opening(stream: &TcpStream, wait: Duration) -> Opening {
+    let mut first = [0u8; HTTP2_PREFACE.len()];
+    let peeked = tokio::time::timeout(wait, async {
+        loop {
+            match stream.peek(&mut first).await {
+                Ok(0) | Err(_) => return Opening::Silent,
+                Ok(n) if first[..n] != HTTP2_PREFACE[..n] => return Opening::Http1,
+                Ok(n) if n == HTTP2_PREFACE.len() => return Opening::Http2,
+                // A prefix of the preface so far: wait for the rest.
+                Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+    })
+    .await;
+    peeked.unwrap_or(Opening::Silent)
+}
+
+/// Answers a connection over `max_connections`: 503 with `Retry-After` and
+/// the usual JSON body, then closes it.
+async fn refuse(stream: TcpStream, retry_after_secs: u64) {
     let body = r#"{"error":"too many open connections, retry later"}"#;
     let answer = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: {retry_after_secs}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        let _ = stream.write_all(answer.as_bytes()).await;
+    answer_and_close(stream, answer.as_bytes()).await;
+}
+
+/// Writes `answer` on a connection no handler serves and closes it. The
+/// request's head is read first (for at most [`REFUSAL_READ`]) and what
+/// follows the answer is read and dropped: closing a socket with unread
+/// bytes resets the connection, and the client would never read the answer.
+async fn answer_and_close(mut stream: TcpStream, answer: &[u8]) {
+    let mut buffer = [0u8; 4096];
+    let mut head = Vec::new();
+    let _ = tokio::time::timeout(REFUSAL_READ, async {
+        while let Ok(n @ 1..) = stream.read(&mut buffer).await {
+            head.extend_from_slice(&buffer[..n]);
+            if head.windows(4).any(|w| w == b"\r\n\r\n") || head.len() > 64 * 1024 {
+                break;
+            }
+        }
+    })
+    .await;
+    let _ = tokio::time::timeout(REFUSAL_READ, async {
+        let _ = stream.write_all(answer).await;
         let _ = stream.shutdown().await;
-        let mut sink = [0u8; 4096];
-        while stream.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+        while stream.read(&mut buffer).await.is_ok_and(|n| n > 0) {}
     })
     .await;
 }
@@ -293,11 +367,17 @@ mod tests {
 
     /// Serves a one-route router on a loopback port until the test ends.
     async fn serving() -> std::net::SocketAddr {
+        serving_with(Duration::from_secs(2)).await
+    }
+
+    /// [`serving`] closing idle connections after `header_read_timeout`;
+    /// at most 8 open.
+    async fn serving_with(header_read_timeout: Duration) -> std::net::SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let router = axum::Router::new().route("/ok", axum::routing::get(|| async { "ok" }));
         let limits = ConnectionLimits {
-            header_read_timeout: Duration::from_secs(2),
+            header_read_timeout,
             max_connections: 8,
             shutdown_timeout: Duration::from_secs(1),
             retry_after_secs: 7,
@@ -368,5 +448,65 @@ mod tests {
             let json: serde_json::Value = serde_json::from_str(body).unwrap();
             assert!(json["error"].is_string(), "{answer}");
         }
+    }
+
+    /// The JSON error body of an answer, asserting the head says JSON.
+    fn json_body(answer: &str) -> serde_json::Value {
+        assert!(
+            answer.contains("content-type: application/json"),
+            "{answer}"
+        );
+        let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+        serde_json::from_str(body).unwrap_or_else(|_| panic!("not JSON: {answer}"))
+    }
+
+    #[tokio::test]
+    async fn an_http2_preface_gets_the_json_400_not_a_closed_connection() {
+        let address = serving().await;
+        for request in [
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec(),
+            // The preface and the client's first SETTINGS frame, as curl
+            // --http2-prior-knowledge sends them.
+            [
+                b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".as_slice(),
+                &[0, 0, 0, 4, 0, 0, 0, 0, 0],
+            ]
+            .concat(),
+        ] {
+            let answer = exchange(address, request).await;
+            assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+            assert_eq!(json_body(&answer)["error"], "malformed HTTP request");
+        }
+        let fine = exchange(
+            address,
+            b"GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec(),
+        )
+        .await;
+        assert!(fine.starts_with("HTTP/1.1 200"), "{fine}");
+    }
+
+    /// Every connection past the cap gets the JSON 503, however many idle
+    /// ones hold the cap and the refusals: none is reset unanswered and
+    /// none is let in while the cap is held.
+    #[tokio::test]
+    async fn every_request_past_max_connections_gets_the_json_503() {
+        let address = serving_with(Duration::from_secs(20)).await;
+        let mut held = Vec::new();
+        for _ in 0..8 + REFUSALS + 10 {
+            held.push(TcpStream::connect(address).await.unwrap());
+        }
+        // Let the server accept them all (the cap, then the refusals).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for _ in 0..3 {
+            let answer = exchange(
+                address,
+                b"GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec(),
+            )
+            .await;
+            assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+            assert!(answer.contains("retry-after: 7"), "{answer}");
+            assert!(json_body(&answer)["error"].is_string());
+        }
+        drop(held);
     }
 }
