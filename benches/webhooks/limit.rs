@@ -6,11 +6,22 @@
 //! the broker acknowledged it. Nothing else: no ledger, no dedup, no guard,
 //! no schema, no metrics.
 //!
-//! With `produce = false` it answers right after verify + parse: the limit
-//! of the duplicate path, where posbridge also produces nothing.
+//! With [`LimitKind::VerifyOnly`] it answers right after verify + parse: the
+//! limit of the duplicate path, where posbridge also produces nothing. With
+//! [`LimitKind::Dedup`] it is the **dedup limit**: before the produce, the
+//! delivery id is inserted if absent into a durable store, and the insert is
+//! on disk before the answer: the least any bridge that drops duplicates
+//! across restarts must do. The store is the cheapest durable one there is:
+//! an in-memory set and an append-only file, group-committed (every id that
+//! arrived while the last `fdatasync` ran is written and synced by the next
+//! one, as posbridge's ledger journal does). A known id is answered 200
+//! without producing.
 
+use std::collections::HashSet;
+use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::mpsc;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -40,17 +51,91 @@ pub struct LimitSettings {
     pub topic: String,
     /// The webhook secret.
     pub secret: String,
-    /// Whether to produce (false: the duplicate path's limit).
-    pub produce: bool,
+    /// What it does per request.
+    pub kind: LimitKind,
     /// librdkafka properties given to posbridge as well.
     pub librdkafka: Vec<(String, String)>,
+}
+
+/// What the limit server does per request, beyond verify + parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitKind {
+    /// Nothing more: the duplicate path's limit.
+    VerifyOnly,
+    /// One produce, awaiting the ack: the bare limit.
+    Produce,
+    /// A durable insert-if-absent of the delivery id, then the produce.
+    Dedup,
+}
+
+impl LimitKind {
+    /// Its name on the limit server's command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitKind::VerifyOnly => "verify",
+            LimitKind::Produce => "produce",
+            LimitKind::Dedup => "dedup",
+        }
+    }
+
+    /// The kind a command line names.
+    pub fn parse(name: &str) -> LimitKind {
+        match name {
+            "verify" => LimitKind::VerifyOnly,
+            "produce" => LimitKind::Produce,
+            "dedup" => LimitKind::Dedup,
+            other => panic!("limit kind verify|produce|dedup, not {other}"),
+        }
+    }
 }
 
 struct Limit {
     producer: FutureProducer,
     topic: String,
     secret: Vec<u8>,
-    produce: bool,
+    kind: LimitKind,
+    /// The dedup store's writer (with [`LimitKind::Dedup`]).
+    dedup: Option<mpsc::Sender<Insert>>,
+}
+
+/// One insert-if-absent: the id, and where to say whether it was new once
+/// it is durable.
+type Insert = (String, tokio::sync::oneshot::Sender<bool>);
+
+/// Starts the dedup store's writer thread on a file in `dir`: it takes
+/// every insert waiting, appends the new ids, syncs once, then answers them.
+fn dedup_store(dir: &std::path::Path) -> mpsc::Sender<Insert> {
+    let (send, inserts) = mpsc::channel::<Insert>();
+    let mut file = std::fs::File::create(dir.join("delivery-ids")).expect("dedup file");
+    std::thread::spawn(move || {
+        let mut seen = HashSet::new();
+        let mut batch = Vec::new();
+        let mut bytes = Vec::new();
+        while let Ok(first) = inserts.recv() {
+            batch.push(first);
+            batch.extend(inserts.try_iter());
+            let fresh: Vec<bool> = batch
+                .iter()
+                .map(|(id, _)| {
+                    let new = seen.insert(id.clone());
+                    if new {
+                        bytes.extend_from_slice(id.as_bytes());
+                        bytes.push(b'\n');
+                    }
+                    new
+                })
+                .collect();
+            if !bytes.is_empty() {
+                file.write_all(&bytes).expect("dedup append");
+                file.sync_data().expect("dedup sync");
+                bytes.clear();
+            }
+            for ((_, answer), new) in batch.drain(..).zip(fresh) {
+                let _ = answer.send(new);
+            }
+        }
+    });
+    send
 }
 
 /// Serves until killed.
@@ -72,11 +157,14 @@ pub async fn serve(settings: LimitSettings) {
         "message.max.bytes",
         Config::default().max_record_bytes().to_string(),
     );
+    // Kept for the process's life: the dedup store's file is in it.
+    let dir = tempfile::tempdir().expect("limit dir");
     let limit = Arc::new(Limit {
         producer: client.create().expect("limit producer"),
         topic: settings.topic,
         secret: settings.secret.into_bytes(),
-        produce: settings.produce,
+        kind: settings.kind,
+        dedup: (settings.kind == LimitKind::Dedup).then(|| dedup_store(dir.path())),
     });
     let app = Router::new()
         .route("/webhooks/receiptroller/main", post(handle))
@@ -104,8 +192,20 @@ async fn handle(State(limit): State<Arc<Limit>>, headers: HeaderMap, body: Bytes
     let Ok(json) = serde_json::from_slice::<serde_json::Value>(&body) else {
         return StatusCode::BAD_REQUEST;
     };
-    if !limit.produce {
+    if limit.kind == LimitKind::VerifyOnly {
         return StatusCode::OK;
+    }
+    if let Some(store) = &limit.dedup {
+        let Some(id) = headers.get("x-rr-delivery").and_then(|v| v.to_str().ok()) else {
+            return StatusCode::BAD_REQUEST;
+        };
+        let (answer, new) = tokio::sync::oneshot::channel();
+        store.send((id.to_owned(), answer)).expect("dedup writer");
+        match new.await {
+            Ok(true) => {}
+            Ok(false) => return StatusCode::OK,
+            Err(_) => return StatusCode::SERVICE_UNAVAILABLE,
+        }
     }
     let field = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
     let key = field(&json["data"]["id"]);

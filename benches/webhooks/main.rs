@@ -1,19 +1,23 @@
-//! posbridge beside the limit, in one run on one broker.
+//! posbridge beside two limits, in one run on one broker.
 //!
 //! The limit server (`limit.rs`) does the least any bridge must do per
 //! webhook: verify, parse, produce with posbridge's producer settings, await
-//! the ack. The release posbridge runs with its default settings. Both are
+//! the ack (the bare limit); as the dedup limit it also makes one durable
+//! insert-if-absent of the delivery id before the produce, the least a
+//! bridge that drops duplicates across restarts must do. The release
+//! posbridge runs with its default settings. All are
 //! child processes of this bench, loaded by the same generator (`load.rs`),
-//! alternately and repeatedly, so drift on a shared machine hits both:
+//! alternately and repeatedly, so drift on a shared machine hits all:
 //!
 //! 1. closed loop on 64 connections, then on 256, every request a new
 //!    delivery of a new entity (every request produces);
-//! 2. a fixed rate of half the limit's closed-loop rate of that repetition;
+//! 2. a fixed rate of half the bare limit's closed-loop rate of that repetition;
 //! 3. duplicates: deliveries already answered, replayed (nothing produced),
 //!    beside the limit server with producing turned off.
 //!
-//! It prints a row per phase and then the ratios posbridge/limit with the
-//! targets. Run it with `scripts/bench` (starts a fresh tansu broker).
+//! It prints a row per phase and then the ratios posbridge/limits with the
+//! aims. Run it with `scripts/bench` (starts a fresh broker, Apache Kafka by
+//! default, pinned to a core of its own).
 //! Settings, by environment: `POSBRIDGE_BENCH_BROKERS`, `POSBRIDGE_BENCH_SECS`
 //! (per phase, default 8), `POSBRIDGE_BENCH_REPEAT` (default 2),
 //! `POSBRIDGE_BENCH_REDIS` (a Redis URL: posbridge uses the Redis ledger),
@@ -161,17 +165,17 @@ fn load_only(args: &[String]) {
     );
 }
 
-/// `limit-server LISTEN BROKERS TOPIC PRODUCE [key=value…]`.
+/// `limit-server LISTEN BROKERS TOPIC verify|produce|dedup [key=value…]`.
 fn limit_server(args: &[String]) {
-    let [listen, brokers, topic, produce, librdkafka @ ..] = args else {
-        panic!("limit-server LISTEN BROKERS TOPIC PRODUCE [key=value…]");
+    let [listen, brokers, topic, kind, librdkafka @ ..] = args else {
+        panic!("limit-server LISTEN BROKERS TOPIC verify|produce|dedup [key=value…]");
     };
     let settings = limit::LimitSettings {
         listen: listen.parse().expect("listen address"),
         brokers: brokers.clone(),
         topic: topic.clone(),
         secret: load::SECRET.to_owned(),
-        produce: produce == "true",
+        kind: limit::LimitKind::parse(kind),
         librdkafka: librdkafka
             .iter()
             .filter_map(|kv| kv.split_once('='))
@@ -200,8 +204,8 @@ pub enum LedgerChoice {
 /// What a server process runs.
 #[derive(Debug, Clone)]
 enum Under {
-    /// The limit server; with `produce` false it answers after verify + parse.
-    Limit { produce: bool },
+    /// The limit server of this kind.
+    Limit(limit::LimitKind),
     /// The release posbridge.
     Posbridge(LedgerChoice),
     /// Another posbridge binary, with the same settings.
@@ -226,8 +230,8 @@ struct Spec {
     phases: Vec<Phase>,
 }
 
-/// The side-by-side run: the limit, the limit without producing (for the
-/// duplicates), posbridge.
+/// The side-by-side run: the bare limit, the dedup limit, the limit
+/// without producing (for the duplicates), posbridge.
 fn side_by_side(settings: &Settings) -> Vec<Spec> {
     let ledger = match &settings.redis {
         Some(url) => LedgerChoice::Redis {
@@ -250,12 +254,22 @@ fn side_by_side(settings: &Settings) -> Vec<Spec> {
     [
         Spec {
             name: report::LIMIT,
-            under: Under::Limit { produce: true },
+            under: Under::Limit(limit::LimitKind::Produce),
             phases: vec![Phase::Closed(64), Phase::Closed(256), Phase::Fixed],
         },
         Spec {
+            name: report::DEDUP_LIMIT,
+            under: Under::Limit(limit::LimitKind::Dedup),
+            phases: vec![
+                Phase::Closed(64),
+                Phase::Closed(256),
+                Phase::Fixed,
+                Phase::Duplicates,
+            ],
+        },
+        Spec {
             name: report::LIMIT_NO_PRODUCE,
-            under: Under::Limit { produce: false },
+            under: Under::Limit(limit::LimitKind::VerifyOnly),
             phases: vec![Phase::Duplicates],
         },
         Spec {
@@ -311,7 +325,7 @@ async fn bench(settings: &Settings, run: &str, specs: &[Spec]) -> Vec<Row> {
             let tag = format!("{rep}-{index}");
             let log = work.path().join(format!("server-{tag}.log"));
             let command = match &spec.under {
-                Under::Limit { produce } => limit_command(settings, addr, &limit_topic, *produce),
+                Under::Limit(kind) => limit_command(settings, addr, &limit_topic, *kind),
                 Under::Posbridge(ledger) | Under::Baseline(ledger, _) => {
                     let dir = work.path().join(format!("posbridge-{tag}"));
                     posbridge_command(settings, addr, run, ledger, &dir, spec.under.binary())
@@ -400,14 +414,19 @@ where
     }
 }
 
-fn limit_command(settings: &Settings, addr: SocketAddr, topic: &str, produce: bool) -> Command {
+fn limit_command(
+    settings: &Settings,
+    addr: SocketAddr,
+    topic: &str,
+    kind: limit::LimitKind,
+) -> Command {
     let mut command = Command::new(std::env::current_exe().expect("bench binary"));
     command
         .arg(LIMIT_SERVER)
         .arg(addr.to_string())
         .arg(&settings.brokers)
         .arg(topic)
-        .arg(produce.to_string())
+        .arg(kind.as_str())
         .args(settings.librdkafka.iter().map(|(k, v)| format!("{k}={v}")));
     command
 }
@@ -471,18 +490,23 @@ fn settings_line(settings: &Settings, specs: &[Spec]) -> String {
                 if prefix.is_some() { ", filled" } else { "" }
             )),
             Under::Baseline(_, binary) => Some(format!("baseline {}", binary.display())),
-            Under::Limit { .. } => None,
+            Under::Limit(_) => None,
         })
         .collect();
     // Set by `scripts/bench`, which pins the processes itself.
     let pinned = std::env::var("POSBRIDGE_BENCH_PIN")
         .ok()
         .filter(|pin| !pin.is_empty())
-        .map_or_else(String::new, |pin| {
-            format!(", pinned (broker on CPUs {pin}, the rest after the colon)")
-        });
+        .and_then(|pin| {
+            let (broker, rest) = pin.split_once(':')?;
+            Some(format!(
+                ", pinned: broker on CPU {broker}, servers and load on CPU {rest}"
+            ))
+        })
+        .unwrap_or_else(|| ", not pinned".into());
+    let kind = std::env::var("POSBRIDGE_BENCH_BROKER").unwrap_or_else(|_| "a broker".into());
     format!(
-        "broker {}, {} s per phase, {} repetitions, {} partitions, posbridge ledger {}, librdkafka {:?}{pinned}",
+        "{kind} at {}, {} s per phase, {} repetitions, {} partitions, posbridge ledger {}, librdkafka {:?}{pinned}",
         settings.brokers,
         settings.phase.as_secs(),
         settings.repeat,
@@ -501,7 +525,7 @@ async fn scale(settings: &Settings, run: &str) {
     let mut specs = vec![
         Spec {
             name: report::LIMIT,
-            under: Under::Limit { produce: true },
+            under: Under::Limit(limit::LimitKind::Produce),
             phases: vec![Phase::Closed(64), Phase::Closed(256)],
         },
         posbridge_spec(report::POSBRIDGE, LedgerChoice::Embedded(None)),

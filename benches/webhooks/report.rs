@@ -1,5 +1,6 @@
 //! The bench's table: a row per phase as it ends, then posbridge's figures
-//! as ratios to the limit's of the same repetition, beside the targets.
+//! as ratios to the bare limit's and the dedup limit's of the same
+//! repetition, beside the aims.
 
 use std::time::Duration;
 
@@ -7,6 +8,8 @@ use crate::load::Measured;
 
 /// The limit server's name in the table.
 pub const LIMIT: &str = "limit";
+/// The limit server with a durable dedup record per delivery id.
+pub const DEDUP_LIMIT: &str = "dedup limit";
 /// The limit server without producing.
 pub const LIMIT_NO_PRODUCE: &str = "limit (no produce)";
 /// posbridge on a new ledger.
@@ -116,12 +119,13 @@ pub fn row(row: &Row) {
     );
 }
 
-/// posbridge against the limit in one repetition.
+/// posbridge against the limits in one repetition: `(bare, dedup)` pairs
+/// of ratios.
 struct Ratios {
-    throughput_64: f64,
-    throughput_256: f64,
-    p99_fixed_ms: f64,
-    cpu_per_request: f64,
+    throughput_64: (f64, f64),
+    throughput_256: (f64, f64),
+    p99_fixed_ms: (f64, f64),
+    cpu_per_request: (f64, f64),
     peak_rss_mib: f64,
     duplicates: f64,
 }
@@ -132,25 +136,36 @@ impl Ratios {
             rows.iter()
                 .find(|r| r.rep == rep && r.server == server && r.phase == phase)
         };
-        let (p64, l64) = (
-            find(posbridge, Phase::Closed(64))?,
-            find("limit", Phase::Closed(64))?,
-        );
-        let (p256, l256) = (
-            find(posbridge, Phase::Closed(256))?,
-            find("limit", Phase::Closed(256))?,
-        );
-        let (pf, lf) = (find(posbridge, Phase::Fixed)?, find("limit", Phase::Fixed)?);
+        let cpu = |r: &Row| r.cpu_per_request().as_secs_f64();
+        // posbridge over a limit, in one phase or summed over both loops.
+        let against = |limit: &str| -> Option<(f64, f64, f64, f64)> {
+            let (p64, l64) = (
+                find(posbridge, Phase::Closed(64))?,
+                find(limit, Phase::Closed(64))?,
+            );
+            let (p256, l256) = (
+                find(posbridge, Phase::Closed(256))?,
+                find(limit, Phase::Closed(256))?,
+            );
+            let (pf, lf) = (find(posbridge, Phase::Fixed)?, find(limit, Phase::Fixed)?);
+            Some((
+                p64.measured.rate() / l64.measured.rate(),
+                p256.measured.rate() / l256.measured.rate(),
+                ms(pf.measured.p99) - ms(lf.measured.p99),
+                (cpu(p64) + cpu(p256)) / (cpu(l64) + cpu(l256)),
+            ))
+        };
+        let bare = against(LIMIT)?;
+        let dedup = against(DEDUP_LIMIT)?;
         let (pd, ld) = (
             find(posbridge, Phase::Duplicates)?,
             find(LIMIT_NO_PRODUCE, Phase::Duplicates)?,
         );
-        let cpu = |r: &Row| r.cpu_per_request().as_secs_f64();
         Some(Ratios {
-            throughput_64: p64.measured.rate() / l64.measured.rate(),
-            throughput_256: p256.measured.rate() / l256.measured.rate(),
-            p99_fixed_ms: ms(pf.measured.p99) - ms(lf.measured.p99),
-            cpu_per_request: (cpu(p64) + cpu(p256)) / (cpu(l64) + cpu(l256)),
+            throughput_64: (bare.0, dedup.0),
+            throughput_256: (bare.1, dedup.1),
+            p99_fixed_ms: (bare.2, dedup.2),
+            cpu_per_request: (bare.3, dedup.3),
             peak_rss_mib: rows
                 .iter()
                 .filter(|r| r.rep == rep && r.server == posbridge)
@@ -163,21 +178,26 @@ impl Ratios {
     }
 }
 
-/// Prints the ratios of each repetition and the targets.
+/// A pair of ratios, bare / dedup.
+fn pair((bare, dedup): (f64, f64)) -> String {
+    format!("{bare:.2}× / {dedup:.2}×")
+}
+
+/// Prints the ratios of each repetition and the aims.
 pub fn ratios(rows: &[Row]) {
     println!();
     println!(
-        "posbridge against the limit, per repetition (CPU per request over both closed loops; duplicates against the limit without producing):"
+        "posbridge against the bare limit / the dedup limit, per repetition (CPU per request over both closed loops; duplicates against the limit without producing):"
     );
     println!(
-        "{:>3}  {:>16} {:>17} {:>20} {:>16} {:>10} {:>18}",
+        "{:>3}  {:>17} {:>17} {:>21} {:>17} {:>10} {:>11}",
         "rep",
-        "req/s @64 conns",
-        "req/s @256 conns",
+        "req/s @64",
+        "req/s @256",
         "p99 diff @fixed",
         "CPU per request",
         "peak RSS",
-        "duplicates req/s"
+        "duplicates"
     );
     let reps = rows.iter().map(|r| r.rep).max().unwrap_or(0);
     for rep in 1..=reps {
@@ -186,19 +206,25 @@ pub fn ratios(rows: &[Row]) {
                 continue;
             };
             println!(
-                "{rep:>3}  {:>15.2}× {:>16.2}× {:>17.1} ms {:>15.2}× {:>6.0} MiB {:>17.2}×{mark}",
-                r.throughput_64,
-                r.throughput_256,
-                r.p99_fixed_ms,
-                r.cpu_per_request,
+                "{rep:>3}  {:>17} {:>17} {:>21} {:>17} {:>6.0} MiB {:>10.2}×{mark}",
+                pair(r.throughput_64),
+                pair(r.throughput_256),
+                format!("{:.1} / {:.1} ms", r.p99_fixed_ms.0, r.p99_fixed_ms.1),
+                pair(r.cpu_per_request),
                 r.peak_rss_mib,
                 r.duplicates
             );
         }
     }
     println!(
-        "{:>3}  {:>16} {:>17} {:>20} {:>16} {:>10} {:>18}",
-        "aim", "≥ 0.90×", "≥ 1.00×", "≤ 3.0 ms", "≤ 1.50×", "≤ 64 MiB", "-"
+        "{:>3}  {:>17} {:>17} {:>21} {:>17} {:>10} {:>11}",
+        "aim",
+        "≥ 0.95× bare",
+        "≥ 1.00× bare",
+        "≤ 2.0 ms bare",
+        "≤ 1.25× dedup",
+        "≤ 64 MiB",
+        "≥ 0.80×"
     );
 }
 
