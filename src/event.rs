@@ -254,17 +254,6 @@ impl DeliveryKey {
         DeliveryKey([provider.as_str(), ":", delivery_id].concat())
     }
 
-    /// The key of a signed body that carries no usable id of its own: its
-    /// SHA-256, so the same captured body replayed under other delivery-id
-    /// headers is still one delivery.
-    pub fn of_body(provider: ProviderKind, body: &[u8]) -> DeliveryKey {
-        use sha2::{Digest, Sha256};
-        DeliveryKey(format!(
-            "{provider}:body:{}",
-            hex::encode(Sha256::digest(body))
-        ))
-    }
-
     /// A key as stored (the spool keeps it beside its entry).
     pub fn from_stored(stored: String) -> DeliveryKey {
         DeliveryKey(stored)
