@@ -166,9 +166,15 @@ pub fn from_micros(us: i64) -> Option<OffsetDateTime> {
     OffsetDateTime::from_unix_timestamp_nanos(i128::from(us) * 1000).ok()
 }
 
-/// The record key: `{provider}:{entity_id}`, or `{provider}:{account}:{entity_id}`
-/// when a deployment serves several merchant accounts of one provider.
-/// Compaction keeps the latest record per key, so this is an entity's identity.
+/// The record key: `{provider}:{id}`, or `{provider}:{account}:{id}` when a
+/// deployment serves several merchant accounts of one provider, where `{id}`
+/// is the entity id with each `%` written `%25` and each `:` written `%3A`.
+/// Compaction keeps the latest record per key, so this is an entity's
+/// identity, and two entities must never share one: accounts hold no `:`
+/// (config refuses one) and an escaped id holds none either, so the key's
+/// colons say whether an account is in it and where it ends. Ids without
+/// `%` or `:` (every documented id format) are written as sent.
+/// docs/SCHEMA.md has the format and the migration of keys written before.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EntityKey(String);
 
@@ -176,11 +182,28 @@ impl EntityKey {
     /// Builds the key; the entity type is not part of it because each entity
     /// type has its own topic.
     pub fn new(provider: ProviderKind, account: Option<&str>, entity_id: &str) -> EntityKey {
-        // Joined, not formatted: built for every event.
-        EntityKey(match account {
-            Some(account) => [provider.as_str(), ":", account, ":", entity_id].concat(),
-            None => [provider.as_str(), ":", entity_id].concat(),
-        })
+        // Pushed, not formatted: built for every event.
+        let mut key = String::with_capacity(
+            provider.as_str().len() + account.map_or(0, |a| a.len() + 1) + entity_id.len() + 1,
+        );
+        key.push_str(provider.as_str());
+        key.push(':');
+        if let Some(account) = account {
+            key.push_str(account);
+            key.push(':');
+        }
+        if entity_id.contains([':', '%']) {
+            for c in entity_id.chars() {
+                match c {
+                    ':' => key.push_str("%3A"),
+                    '%' => key.push_str("%25"),
+                    c => key.push(c),
+                }
+            }
+        } else {
+            key.push_str(entity_id);
+        }
+        EntityKey(key)
     }
 
     /// The UTF-8 key as written to Kafka.
@@ -229,17 +252,6 @@ impl DeliveryKey {
     /// Scopes a provider's delivery id to that provider.
     pub fn new(provider: ProviderKind, delivery_id: &str) -> DeliveryKey {
         DeliveryKey([provider.as_str(), ":", delivery_id].concat())
-    }
-
-    /// The key of a signed body that carries no usable id of its own: its
-    /// SHA-256, so the same captured body replayed under other delivery-id
-    /// headers is still one delivery.
-    pub fn of_body(provider: ProviderKind, body: &[u8]) -> DeliveryKey {
-        use sha2::{Digest, Sha256};
-        DeliveryKey(format!(
-            "{provider}:body:{}",
-            hex::encode(Sha256::digest(body))
-        ))
     }
 
     /// A key as stored (the spool keeps it beside its entry).
@@ -605,6 +617,62 @@ mod tests {
         let scoped = EntityKey::new(ProviderKind::Mekari, Some("acme"), "ORD-1");
         assert_eq!(plain.as_str(), "mekari:ORD-1");
         assert_eq!(scoped.as_str(), "mekari:acme:ORD-1");
+    }
+
+    /// An id with a `:` on a source without an account must not take the key
+    /// of another merchant's id on a source with one: compaction would keep
+    /// one of the two entities, and the guard would call the other stale.
+    #[test]
+    fn an_id_with_a_colon_never_takes_another_accounts_key() {
+        let unscoped = EntityKey::new(ProviderKind::Mekari, None, "acme:ORD-1");
+        let scoped = EntityKey::new(ProviderKind::Mekari, Some("acme"), "ORD-1");
+        assert_ne!(unscoped, scoped);
+        assert_eq!(unscoped.as_str(), "mekari:acme%3AORD-1");
+        assert_eq!(scoped.as_str(), "mekari:acme:ORD-1");
+        assert_eq!(
+            EntityKey::new(ProviderKind::Mekari, Some("acme"), "a:b%c").as_str(),
+            "mekari:acme:a%3Ab%25c"
+        );
+    }
+
+    /// Every pair of account and id gets its own key: the escape itself is
+    /// injective (`%` is escaped too, so `%3A` sent as an id stays apart from
+    /// `:`), and an escaped id holds no `:`, so the key's colons say where
+    /// the account ends.
+    #[test]
+    fn keys_are_distinct_for_every_account_and_id() {
+        let accounts = [None, Some("a"), Some("acme"), Some("a%3Ab"), Some("%")];
+        let ids = [
+            "",
+            ":",
+            "%",
+            "%3A",
+            "%3a",
+            "%253A",
+            "a:b",
+            "a%3Ab",
+            "acme:ORD-1",
+            "ORD-1",
+            "a:b:ORD-1",
+            "b:ORD-1",
+            "::",
+            "%25",
+            "T1|2026-11|302",
+        ];
+        let mut seen = std::collections::HashMap::new();
+        for account in accounts {
+            for id in ids {
+                let key = EntityKey::new(ProviderKind::Mekari, account, id);
+                if let Some(other) = seen.insert(key.clone(), (account, id)) {
+                    panic!("{key} is the key of both {other:?} and {:?}", (account, id));
+                }
+            }
+        }
+        assert_eq!(
+            EntityKey::new(ProviderKind::ReceiptRoller, None, "T1|2026-11|302").as_str(),
+            "receiptroller:T1|2026-11|302",
+            "an id without `:` or `%` keeps its key"
+        );
     }
 
     #[test]

@@ -67,8 +67,8 @@ fn storage(error: impl Into<redb::Error>) -> SpoolError {
 /// One spooled delivery: everything the pipeline needs to process it later.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpooledDelivery {
-    /// Its dedup key in the ledger (the delivery id, or the body's hash for
-    /// a body without a usable id).
+    /// Its dedup key in the ledger (the provider and its delivery id); kept
+    /// as stored, so an entry is removed under the key it was added with.
     pub key: DeliveryKey,
     /// The source it came through (its account is part of record keys).
     pub source: Source,

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
 use super::ops::Readiness;
+use super::response::WebhookError;
 use crate::config::AdminConfig;
 use crate::pipeline::Pipeline;
 use crate::status::{Board, Health, Status};
@@ -74,12 +75,17 @@ impl Credentials {
     }
 }
 
-/// The admin router.
+/// The admin router. An unknown path or method gets the webhook listener's
+/// JSON error (one mapping, `WebhookError`'s), so a script reading the page
+/// meets one error shape on both listeners; the fallbacks sit inside the
+/// credentials check, so a stranger learns nothing of the routes.
 pub fn router(state: AdminState, config: &AdminConfig) -> Router {
     let credentials = Credentials::from_config(config);
     Router::new()
         .route("/status", get(status_page))
         .route("/status.json", get(status_json))
+        .fallback(|| async { WebhookError::NoRoute.into_response() })
+        .method_not_allowed_fallback(|| async { WebhookError::MethodNotAllowed.into_response() })
         .layer(middleware::from_fn_with_state(credentials, authorize))
         .with_state(state)
 }
@@ -147,5 +153,90 @@ async fn gather(state: &AdminState) -> Status {
             failing_topics: pipeline.publisher().health().failing_topics(),
         },
         sources: state.board.snapshot(now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use axum::body::Body;
+    use axum::http::{Method, Request};
+    use http_body_util::BodyExt;
+    use serde_json::Value;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    /// The status, content type and body of one request to the admin router.
+    async fn answer(
+        router: &Router,
+        method: Method,
+        path: &str,
+        authorization: Option<&str>,
+    ) -> (StatusCode, Option<String>, Value) {
+        let mut request = Request::builder().method(method).uri(path);
+        if let Some(value) = authorization {
+            request = request.header(header::AUTHORIZATION, value);
+        }
+        let response = router
+            .clone()
+            .oneshot(request.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned());
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            content_type,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    /// An unknown path and a wrong method get the webhook listener's JSON
+    /// error, not an empty answer; behind credentials only once admitted, so
+    /// the listener tells a stranger nothing of its routes.
+    #[tokio::test]
+    async fn unknown_paths_and_methods_are_json_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = AdminState {
+            pipeline: Pipeline::without_broker(dir.path(), Duration::from_millis(100)).await,
+            board: Board::new([]),
+        };
+        let json = Some("application/json".to_owned());
+        let open = router(state.clone(), &AdminConfig::default());
+        for path in ["/nothing", "/status/", "/"] {
+            assert_eq!(
+                answer(&open, Method::GET, path, None).await,
+                (
+                    StatusCode::NOT_FOUND,
+                    json.clone(),
+                    json!({"error": "no such route"})
+                ),
+                "{path}"
+            );
+        }
+        for path in ["/status", "/status.json"] {
+            assert_eq!(
+                answer(&open, Method::POST, path, None).await,
+                (
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    json.clone(),
+                    json!({"error": "method not allowed"})
+                ),
+                "{path}"
+            );
+        }
+        let config: AdminConfig = serde_json::from_value(json!({"token": "t0ken"})).unwrap();
+        let guarded = router(state, &config);
+        let (status, _, _) = answer(&guarded, Method::GET, "/nothing", None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        let (status, content_type, _) =
+            answer(&guarded, Method::GET, "/nothing", Some("Bearer t0ken")).await;
+        assert_eq!((status, content_type), (StatusCode::NOT_FOUND, json));
     }
 }

@@ -916,39 +916,30 @@ enum Envelope {
     Unusable(NormalizeError),
 }
 
-/// A delivery's dedup key and envelope. A body whose `id` is the
-/// delivery-id header is keyed by it; a body without a usable `id` by its
-/// hash, since the header is then tied to nothing signed (one captured body
-/// replayed under other ids stays one delivery).
+/// A delivery's dedup key and envelope. Every delivery is keyed by the id
+/// its provider sent in the header, whatever its body: the provider repeats
+/// that id on each retry of one delivery and only there, so a body without a
+/// usable `id` is dead-lettered once per delivery and its retries are
+/// duplicates, while two deliveries that happen to carry the same bytes (an
+/// empty body, the same junk) stay two, each dead-lettered under its own id.
 ///
 /// # Errors
 /// [`PipelineError::DeliveryIdMismatch`] when the body names another id.
 fn identify(delivery: &Delivery) -> Result<(DeliveryKey, Envelope), PipelineError> {
-    let provider = delivery.source.provider;
-    let by_body = || DeliveryKey::of_body(provider, delivery.body.bytes());
-    match serde_json::from_slice::<Value>(delivery.body.bytes()) {
-        Err(error) => Ok((
-            by_body(),
-            Envelope::Unusable(NormalizeError::InvalidJson(error)),
-        )),
+    let key = DeliveryKey::new(delivery.source.provider, &delivery.delivery_id);
+    let envelope = match serde_json::from_slice::<Value>(delivery.body.bytes()) {
+        Err(error) => Envelope::Unusable(NormalizeError::InvalidJson(error)),
         Ok(json) => match json.get("id") {
-            Some(Value::String(id)) if *id == delivery.delivery_id => {
-                Ok((DeliveryKey::new(provider, id), Envelope::Event(json)))
-            }
-            Some(Value::String(_)) => Err(PipelineError::DeliveryIdMismatch),
-            None => Ok((
-                by_body(),
-                Envelope::Unusable(NormalizeError::MissingField("id")),
-            )),
-            Some(_) => Ok((
-                by_body(),
-                Envelope::Unusable(NormalizeError::InvalidField {
-                    field: "id",
-                    reason: "is not a string",
-                }),
-            )),
+            Some(Value::String(id)) if *id == delivery.delivery_id => Envelope::Event(json),
+            Some(Value::String(_)) => return Err(PipelineError::DeliveryIdMismatch),
+            None => Envelope::Unusable(NormalizeError::MissingField("id")),
+            Some(_) => Envelope::Unusable(NormalizeError::InvalidField {
+                field: "id",
+                reason: "is not a string",
+            }),
         },
-    }
+    };
+    Ok((key, envelope))
 }
 
 /// Counts a delivery in `posbridge_deliveries_in_flight` while it lives, so

@@ -225,9 +225,11 @@ async fn a_body_that_cannot_be_dead_lettered_stays_retryable() {
         .await
         .unwrap_err();
     assert_kafka_did_not_take(&error);
-    // Not JSON, so keyed by the body's hash: neither done nor still leased.
-    let by_body = DeliveryKey::of_body(ProviderKind::Mekari, b"not json");
-    assert_eq!(pipeline.ledger().begin(&by_body).await.unwrap(), Begin::New);
+    // Not JSON, still keyed by its delivery id: neither done nor still leased.
+    assert_eq!(
+        pipeline.ledger().begin(&key("d-junk")).await.unwrap(),
+        Begin::New
+    );
 }
 
 #[tokio::test]
@@ -340,36 +342,58 @@ async fn a_replay_kafka_cannot_take_stays_retryable() {
 }
 
 /// A signed body with no usable `id` is dead-lettered, not refused, and is
-/// keyed by its own hash: replayed under other delivery ids it is one
-/// delivery. A string `id` unlike the header is still the request's mistake.
+/// remembered by the delivery id its provider sent in the header, like any
+/// other delivery: two ids are two deliveries (two dead letters, each with
+/// its id), whatever their bodies, and an id never seen is never a
+/// duplicate. A string `id` unlike the header is still the request's mistake.
 #[test]
-fn a_body_without_a_usable_id_is_keyed_by_its_hash_and_cannot_become_an_event() {
-    let of = |delivery_id: &str, body: &[u8]| identify(&delivery_of(delivery_id, body.to_vec()));
-    for (body, code) in [
-        (&b"[1, 2]"[..], "missing_field"),
-        (&b"5"[..], "missing_field"),
-        (
-            &br#"{"id": 5, "event": "order.created"}"#[..],
-            "invalid_field",
-        ),
-        (&b"not json"[..], "invalid_json"),
-    ] {
-        let (key, envelope) = of("d-x", body).unwrap();
-        let Envelope::Unusable(reason) = envelope else {
-            panic!("{} is not an event", String::from_utf8_lossy(body));
+fn a_body_without_a_usable_id_is_keyed_by_its_delivery_id_and_cannot_become_an_event() {
+    for provider in ProviderKind::ALL {
+        let of = |delivery_id: &str, body: &[u8]| {
+            let mut delivery = delivery_of(delivery_id, body.to_vec());
+            delivery.source = Arc::new(Source {
+                provider,
+                ..source().as_ref().clone()
+            });
+            identify(&delivery)
         };
-        assert_eq!(reason.code(), code);
-        let (again, _) = of("d-y", body).unwrap();
-        assert_eq!(key, again, "another header, the same body: one delivery");
-        assert_eq!(key, DeliveryKey::of_body(ProviderKind::Mekari, body));
+        for (body, code) in [
+            (&b"[1,3]"[..], "missing_field"),
+            (&b"[1, 2]"[..], "missing_field"),
+            (&b"5"[..], "missing_field"),
+            (
+                &br#"{"id": 5, "event": "order.created"}"#[..],
+                "invalid_field",
+            ),
+            (&b"not json"[..], "invalid_json"),
+            (&b""[..], "invalid_json"),
+        ] {
+            let text = String::from_utf8_lossy(body);
+            let (key, envelope) = of("d-x", body).unwrap();
+            let Envelope::Unusable(reason) = envelope else {
+                panic!("{text:?} is not an event");
+            };
+            assert_eq!(reason.code(), code, "{text:?}");
+            assert_eq!(
+                key,
+                DeliveryKey::new(provider, "d-x"),
+                "{provider} {text:?}"
+            );
+            let (other, _) = of("d-y", body).unwrap();
+            assert_eq!(
+                other,
+                DeliveryKey::new(provider, "d-y"),
+                "{provider} {text:?}"
+            );
+        }
+        let (key, envelope) = of("d-1", br#"{"id": "d-1"}"#).unwrap();
+        assert_eq!(key, DeliveryKey::new(provider, "d-1"));
+        assert!(matches!(envelope, Envelope::Event(_)));
+        assert!(matches!(
+            of("d-1", br#"{"id": "d-2"}"#),
+            Err(PipelineError::DeliveryIdMismatch)
+        ));
     }
-    let (key, envelope) = of("d-1", br#"{"id": "d-1"}"#).unwrap();
-    assert_eq!(key, DeliveryKey::new(ProviderKind::Mekari, "d-1"));
-    assert!(matches!(envelope, Envelope::Event(_)));
-    assert!(matches!(
-        of("d-1", br#"{"id": "d-2"}"#),
-        Err(PipelineError::DeliveryIdMismatch)
-    ));
 }
 
 /// Marks a delivery done, as dead-lettering it did.

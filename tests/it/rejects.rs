@@ -241,44 +241,55 @@ async fn unknown_event_goes_to_dead_letter_with_raw_body_and_is_200() {
     app.stop().await;
 }
 
-/// Signed JSON that is not an event envelope (an array, a number, a numeric
-/// `id`) is dead-lettered with its raw body and answered 2xx, like any body
-/// that cannot be normalized; replayed under other delivery ids it is one
-/// dead letter (keyed by the body's hash).
+/// A signed body that cannot be an event (not JSON, empty, an array, a
+/// number, a numeric `id`) is dead-lettered with its raw body and answered
+/// 2xx, like any body that cannot be normalized, and remembered by the
+/// delivery id its provider sent: a retry under that id is a duplicate, the
+/// same bytes under another id are another delivery with a dead letter of
+/// its own. Both providers send the id in a header.
 #[tokio::test]
-async fn signed_json_without_a_string_id_is_dead_lettered_once() {
+async fn a_body_that_cannot_be_an_event_is_dead_lettered_once_per_delivery_id() {
     let app = TestApp::start().await;
-    for (n, body) in [
-        &b"[1, 2]"[..],
+    let bodies = [
+        &b"[1,3]"[..],
+        b"",
+        b"[1, 2]",
         b"5",
         br#"{"id": 5, "type": "sale.created"}"#,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        for replay in 0..3 {
-            let response = app
-                .send_raw(
-                    "receiptroller",
-                    "main",
-                    &format!("odd-{n}-{replay}"),
-                    body.to_vec(),
-                    None,
-                )
-                .await;
-            assert_eq!(response.status(), 200);
-            let status = response.json::<serde_json::Value>().await.unwrap()["status"].clone();
-            let expected = if replay == 0 {
-                "dead_lettered"
-            } else {
-                "duplicate"
-            };
-            assert_eq!(status, expected, "{}", String::from_utf8_lossy(body));
+    ];
+    let mut expected_letters = Vec::new();
+    for provider in ["receiptroller", "mekari"] {
+        for (n, body) in bodies.into_iter().enumerate() {
+            let text = String::from_utf8_lossy(body);
+            for (id, expected) in [
+                (format!("odd-{n}-a"), "dead_lettered"),
+                (format!("odd-{n}-a"), "duplicate"),
+                (format!("odd-{n}-b"), "dead_lettered"),
+            ] {
+                let response = app
+                    .send_raw(provider, "main", &id, body.to_vec(), None)
+                    .await;
+                assert_eq!(response.status(), 200, "{provider} {text:?} {id}");
+                let status = response.json::<serde_json::Value>().await.unwrap()["status"].clone();
+                assert_eq!(status, expected, "{provider} {text:?} {id}");
+                if expected == "dead_lettered" {
+                    expected_letters.push((provider.to_owned(), id, body.to_vec()));
+                }
+            }
         }
     }
-    let letters = read_topic(&brokers(), &app.config.kafka.dead_letter_topic());
-    assert_eq!(letters.len(), 3, "one dead letter per body");
-    assert_eq!(letters[0].payload.as_deref(), Some(&b"[1, 2]"[..]));
+    let letters: Vec<(String, String, Vec<u8>)> =
+        read_topic(&brokers(), &app.config.kafka.dead_letter_topic())
+            .into_iter()
+            .map(|letter| {
+                (
+                    letter.headers["posbridge-provider"].clone(),
+                    letter.headers["posbridge-delivery-id"].clone(),
+                    letter.payload.unwrap_or_default(),
+                )
+            })
+            .collect();
+    assert_eq!(letters, expected_letters, "one dead letter per delivery id");
     app.stop().await;
 }
 

@@ -79,6 +79,51 @@ async fn mekari_order_lands_keyed_by_account_and_keeps_fractional_money() {
     app.stop().await;
 }
 
+/// Two merchants' orders whose account and id read alike once joined with
+/// `:` (`acme:ORD-1` on a source without an account, `ORD-1` on the source
+/// of account `acme`) are two entities: both are published, under two keys,
+/// the second not held back as stale by the first's state.
+#[tokio::test]
+async fn an_id_with_a_colon_and_another_accounts_id_publish_under_two_keys() {
+    let app = TestApp::start().await;
+    let unscoped = mekari_order(
+        "colon-1",
+        "order.updated",
+        "2026-11-29T17:15:30+07:00",
+        "acme:ORD-1",
+        "preparing",
+    );
+    let scoped = mekari_order(
+        "colon-2",
+        "order.updated",
+        "2026-11-29T17:00:00+07:00",
+        "ORD-1",
+        "new",
+    );
+    for (source, body) in [("main", &unscoped), ("acme", &scoped)] {
+        let response = app.send("mekari", source, body).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            response.json::<serde_json::Value>().await.unwrap()["status"],
+            "published",
+            "{source}"
+        );
+    }
+    let records = read_topic(&brokers(), &app.topic("orders"));
+    let keys: Vec<&str> = records.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["mekari:acme%3AORD-1", "mekari:acme:ORD-1"]);
+    let ids: Vec<String> = records
+        .iter()
+        .map(|r| decode(r.payload.as_deref().unwrap()).unwrap().entity_id)
+        .collect();
+    assert_eq!(
+        ids,
+        ["acme:ORD-1", "ORD-1"],
+        "the value keeps the id as sent"
+    );
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn mekari_product_deleted_writes_a_tombstone() {
     let app = TestApp::start().await;
