@@ -10,8 +10,9 @@ use crate::event::{Content, Decimal, LineItem, micros};
 
 /// The earliest event time accepted, 1970-01-01T00:00:00.001Z in
 /// nanoseconds since the epoch: the first instant whose Kafka record
-/// timestamp (milliseconds since the epoch) is positive. Kafka refuses a
-/// negative one, and librdkafka sends 0 as "the time of sending".
+/// timestamp (milliseconds since the epoch) is positive. A negative one is
+/// outside what Kafka defines (a broker that stores it may then fail every
+/// fetch of its partition), and librdkafka sends 0 as "the time of sending".
 const EARLIEST_EVENT_NANOS: i128 = 1_000_000;
 
 pub(super) fn required_str<'a>(
@@ -73,8 +74,8 @@ fn parse_time(text: &str, field: &'static str) -> Result<OffsetDateTime, Normali
 
 /// A webhook's event time: the entity's version and its Kafka record
 /// timestamp. Accepted from 1970-01-01T00:00:00.001Z (the first instant a
-/// record timestamp can carry: a negative one makes Kafka refuse the record)
-/// to `ctx.max_event_ahead` after the arrival. The upper bound is kept well
+/// record timestamp can carry, [`EARLIEST_EVENT_NANOS`]) to
+/// `ctx.max_event_ahead` after the arrival. The upper bound is kept well
 /// under the hour Kafka's `message.timestamp.after.max.ms` allows by default
 /// because a version from a clock running ahead would hold every genuine
 /// later state of its entity back as stale until that time came.

@@ -49,8 +49,9 @@ pub enum NormalizeError {
         reason: &'static str,
     },
     /// The event time lies before the first millisecond after the Unix
-    /// epoch: a Kafka record timestamp cannot carry it (Kafka refuses
-    /// negative ones, librdkafka replaces 0 with the time of sending).
+    /// epoch: a Kafka record timestamp cannot carry it (a negative one can
+    /// make its partition unreadable, and librdkafka replaces 0 with the
+    /// time of sending).
     #[error(
         "field `{field}` is `{sent}`, before 1970-01-01T00:00:00.001Z (a Kafka record timestamp cannot hold it)"
     )]
