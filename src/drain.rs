@@ -169,7 +169,7 @@ impl Drainer {
         for (seq, spooled) in self.spool.oldest(BATCH)? {
             let key = spooled.key.clone();
             let delivery = delivery_of(spooled);
-            lanes[lane_of(&delivery)].push((seq, key, delivery));
+            lanes[lane_of(&self.pipeline, &delivery)].push((seq, key, delivery));
         }
         let results: Vec<LaneResult> =
             futures::future::join_all(lanes.into_iter().map(|lane| self.replay_lane(lane))).await;
@@ -287,8 +287,8 @@ fn delivery_of(spooled: SpooledDelivery) -> Delivery {
 /// The lane of a delivery: by its entity, so one entity's deliveries keep
 /// their order; one that does not normalize goes to the first lane. (It is
 /// normalized again when replayed: the pipeline takes the raw delivery.)
-fn lane_of(delivery: &Delivery) -> usize {
-    Pipeline::entity_of(delivery).map_or(0, |entity| {
+fn lane_of(pipeline: &Pipeline, delivery: &Delivery) -> usize {
+    pipeline.entity_of(delivery).map_or(0, |entity| {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         entity.hash(&mut hasher);
         (hasher.finish() % LANES as u64) as usize

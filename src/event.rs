@@ -135,21 +135,37 @@ impl Origin {
 ///
 /// `at` is the provider's own time for the state (ReceiptRoller `timestamp`,
 /// Mekari `occurred_at`, the fetch time for reconciled records); `rank` breaks
-/// ties where the provider says to (Mekari's `kitchen_status` progression).
+/// ties within its microsecond: first by the nanoseconds below it, then where
+/// the provider says to (Mekari's `kitchen_status` progression).
+///
+/// Times are compared at the precision the provider sent (RFC 3339 carries
+/// up to nanoseconds), not at the microseconds `at_micros` keeps: otherwise
+/// `…30.0000009Z` and `…30.0000001Z` would be one version, and whichever
+/// arrived second would win. Treating equal microseconds as "not newer"
+/// instead would only move the mistake to the other arrival order (the newer
+/// held back as stale). The nanoseconds go into `rank`, above the provider's
+/// own tie-breaker, so the stored form (the ledger's 12 bytes, the schema's
+/// `version_at` and `version_rank`) stays as it was: every version stored
+/// before had no sub-microsecond part and still compares as it did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Version {
     /// Microseconds since the Unix epoch, UTC.
     pub at_micros: i64,
-    /// Tie-breaker within one instant; 0 where the provider has none.
+    /// Tie-breaker within one microsecond: the nanoseconds below it times
+    /// [`Version::RANK_SPAN`], plus the provider's rank; 0 where neither.
     pub rank: u32,
 }
 
 impl Version {
-    /// A version at a provider time, with a tie-breaking rank.
+    /// The provider ranks a version keeps apart (Mekari's kitchen
+    /// progression has ten); a larger one counts as the largest.
+    pub const RANK_SPAN: u32 = 1000;
+
+    /// A version at a provider time, with the provider's tie-breaking rank.
     pub fn new(at: OffsetDateTime, rank: u32) -> Version {
         Version {
             at_micros: micros(at),
-            rank,
+            rank: at.nanosecond() % 1000 * Self::RANK_SPAN + rank.min(Self::RANK_SPAN - 1),
         }
     }
 }

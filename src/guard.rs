@@ -23,6 +23,11 @@ pub enum Decision {
 
 /// Compares an incoming state with the written one.
 ///
+/// Versions keep the precision the provider sent (nanoseconds below the
+/// stored microsecond order first within it; see [`crate::event::Version`]),
+/// so equal versions are one instant as the provider sent it, never two
+/// instants truncated together.
+///
 /// A reconciled record is the provider's current state at fetch time, its
 /// version the fetch time: it is published only when its content differs
 /// from what the topic holds, so re-running a window publishes nothing, and
@@ -180,6 +185,35 @@ mod tests {
         assert_eq!(decide(Some(&written), &state(100, 1, 2)), Decision::Publish);
         assert_eq!(decide(Some(&written), &state(100, 2, 1)), Decision::Publish);
         assert_eq!(decide(Some(&written), &state(101, 0, 1)), Decision::Publish);
+    }
+
+    /// Two sales sent with nanoseconds inside one microsecond: the older is
+    /// stale whichever arrives second, and the newer publishes, because
+    /// versions keep the precision the provider sent. A provider's own
+    /// tie-breaker (Mekari's kitchen stage) orders only within one instant.
+    #[test]
+    fn times_inside_one_microsecond_compare_at_the_precision_sent() {
+        use time::OffsetDateTime;
+        use time::format_description::well_known::Rfc3339;
+        let at = |text: &str, rank: u32, hash: u8| EntityState {
+            version: Version::new(OffsetDateTime::parse(text, &Rfc3339).unwrap(), rank),
+            state_hash: [hash; 16],
+        };
+        let newer = at("2026-11-29T10:15:30.0000009Z", 0, 1);
+        let older = at("2026-11-29T10:15:30.0000001Z", 0, 2);
+        let decide = |w: &EntityState, i: &EntityState| decide(Some(w), i, Origin::Webhook);
+        assert_eq!(decide(&newer, &older), Decision::Stale);
+        assert_eq!(decide(&older, &newer), Decision::Publish);
+        let ready_earlier = at("2026-11-29T10:15:30.0000001Z", 6, 3);
+        let preparing_later = at("2026-11-29T10:15:30.0000002Z", 5, 4);
+        assert_eq!(decide(&preparing_later, &ready_earlier), Decision::Stale);
+        let preparing = at("2026-11-29T10:15:30.0000001Z", 5, 5);
+        assert_eq!(decide(&preparing, &ready_earlier), Decision::Publish);
+        assert_eq!(
+            decide(&newer, &at("2026-11-29T10:15:30.000001Z", 0, 6)),
+            Decision::Publish,
+            "the next microsecond is newer than any nanosecond before it"
+        );
     }
 
     #[test]

@@ -289,6 +289,7 @@ mod tests {
                 received_at: at,
                 raw: "{}",
                 origin: Origin::Webhook,
+                max_event_ahead: posbridge::config::ServerConfig::default().max_event_ahead(),
             };
             let provider = for_kind(happened.provider);
             let pushed = provider

@@ -264,6 +264,7 @@ impl App {
                     Timing {
                         inflight_wait,
                         answer_budget: kafka.delivery_timeout() + inflight_wait,
+                        max_event_ahead: config.server.max_event_ahead(),
                     },
                 ),
                 body_limit: config.server.body_limit_bytes,

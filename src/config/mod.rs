@@ -329,6 +329,15 @@ impl Config {
                 ),
             );
         }
+        if self.server.max_event_ahead_ms >= ServerConfig::MAX_EVENT_AHEAD_LIMIT_MS {
+            problem(
+                "server.max_event_ahead_ms",
+                format!(
+                    "must be below {} (Kafka refuses record timestamps more than an hour ahead by default, message.timestamp.after.max.ms)",
+                    ServerConfig::MAX_EVENT_AHEAD_LIMIT_MS
+                ),
+            );
+        }
         if self.server.retry_after_secs == 0 || self.server.retry_after_secs > 3600 {
             problem(
                 "server.retry_after_secs",
@@ -722,6 +731,11 @@ mod tests {
             problems("max_body_bytes_in_flight = 1000", ""),
             vec!["server.max_body_bytes_in_flight"]
         );
+        assert_eq!(
+            problems("max_event_ahead_ms = 3600000", ""),
+            vec!["server.max_event_ahead_ms"]
+        );
+        assert_eq!(problems("max_event_ahead_ms = 0", ""), Vec::<String>::new());
         assert_eq!(
             problems(
                 "header_read_timeout_ms = 10000\nbody_read_timeout_ms = 0",

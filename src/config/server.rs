@@ -1,5 +1,7 @@
 //! The `[server]` section: the HTTP listener and the answer policy.
 
+use std::time::Duration;
+
 use serde::Deserialize;
 
 /// HTTP listener and answer policy.
@@ -47,6 +49,26 @@ pub struct ServerConfig {
     /// before its body is read, so slow senders cannot hold memory.
     #[serde(default = "default_max_body_bytes_in_flight")]
     pub max_body_bytes_in_flight: usize,
+    /// How far ahead of posbridge's clock (the event's arrival) a webhook's
+    /// event time may lie; later ones are dead-lettered. A terminal whose
+    /// clock runs ahead would otherwise version its entity in the future and
+    /// every genuine later update would be held back as stale; and Kafka
+    /// refuses record timestamps more than an hour ahead by default
+    /// (`message.timestamp.after.max.ms`), so this stays below that.
+    #[serde(default = "default_max_event_ahead_ms")]
+    pub max_event_ahead_ms: u64,
+}
+
+impl ServerConfig {
+    /// The most Kafka accepts by default ahead of its clock
+    /// (`message.timestamp.after.max.ms`), and so the most
+    /// `max_event_ahead_ms` may be.
+    pub const MAX_EVENT_AHEAD_LIMIT_MS: u64 = 3_600_000;
+
+    /// [`ServerConfig::max_event_ahead_ms`] as a duration.
+    pub fn max_event_ahead(&self) -> Duration {
+        Duration::from_millis(self.max_event_ahead_ms)
+    }
 }
 
 impl Default for ServerConfig {
@@ -61,6 +83,7 @@ impl Default for ServerConfig {
             body_read_timeout_ms: default_body_read_timeout_ms(),
             max_connections: default_max_connections(),
             max_body_bytes_in_flight: default_max_body_bytes_in_flight(),
+            max_event_ahead_ms: default_max_event_ahead_ms(),
         }
     }
 }
@@ -94,4 +117,8 @@ const fn default_max_connections() -> usize {
 }
 const fn default_max_body_bytes_in_flight() -> usize {
     64 * 1024 * 1024
+}
+// Room for a provider clock a few minutes fast, far from Kafka's hour.
+const fn default_max_event_ahead_ms() -> u64 {
+    5 * 60 * 1000
 }

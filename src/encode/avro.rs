@@ -6,10 +6,8 @@ use apache_avro::types::Value;
 use time::OffsetDateTime;
 
 use super::DecodeError;
-#[cfg(test)]
-use crate::event::micros;
 use crate::event::{
-    Decimal, EntityType, LineItem, Origin, PosEvent, ProviderKind, Version, from_micros,
+    Decimal, EntityType, LineItem, Origin, PosEvent, ProviderKind, Version, from_micros, micros,
 };
 
 #[cfg(test)]
@@ -361,7 +359,10 @@ pub fn from_avro(value: Value) -> Result<PosEvent, DecodeError> {
         entity_id: f.string("entity_id")?,
         event_type: f.string("event_type")?,
         occurred_at: f.time("occurred_at")?,
-        version: Version::new(version_at, rank),
+        version: Version {
+            at_micros: micros(version_at),
+            rank,
+        },
         received_at: f.time("received_at")?,
         origin: f.symbol("origin", |s| ORIGINS.into_iter().find(|o| o.as_str() == s))?,
         outlet_id: f.optional_string("outlet_id")?,

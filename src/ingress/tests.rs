@@ -330,6 +330,7 @@ async fn the_same_state_again_is_200_unchanged() {
         received_at: time::OffsetDateTime::now_utc(),
         raw: "{}",
         origin: crate::event::Origin::Webhook,
+        max_event_ahead: std::time::Duration::from_secs(300),
     };
     let crate::event::Normalized { event, content } =
         crate::providers::for_kind(ProviderKind::Mekari)

@@ -63,13 +63,14 @@ pub async fn receive(
         Some(source) => source.meters.record(outcome, elapsed),
         None => meters::record_unknown(provider, outcome, elapsed),
     }
-    let (response, event_type, entity_key) = match result {
+    let (response, event_type, entity_key, dead_letter_reason) = match result {
         Ok(handled) => (
             accepted(handled.outcome),
             handled.event_type,
             handled.entity_key,
+            handled.dead_letter_reason,
         ),
-        Err(error) => (error.into_response(), None, None),
+        Err(error) => (error.into_response(), None, None, None),
     };
     if source.is_some() {
         state.board.delivered(
@@ -80,6 +81,7 @@ pub async fn receive(
                 delivery_id,
                 event_type,
                 entity_key,
+                dead_letter_reason,
                 answer: board::Answer {
                     outcome: outcome.as_str(),
                     status: response.status().as_u16(),

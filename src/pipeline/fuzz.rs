@@ -20,7 +20,6 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use time::OffsetDateTime;
 
 use super::{Delivery, Envelope, PipelineError, identify};
 use crate::config::{RegistryConfig, Secret};
@@ -266,7 +265,8 @@ fn run(provider: ProviderKind, body: &[u8], delivery_id: &str) -> Fate {
         name: "main".into(),
         account: None,
     };
-    let received_at = OffsetDateTime::UNIX_EPOCH + time::Duration::days(20_000);
+    // Just after the valid events' time, which must not lie ahead of it.
+    let received_at = time::macros::datetime!(2026-11-29 10:15:31 UTC);
     let delivery = Delivery {
         source: Arc::new(source),
         delivery_id: delivery_id.to_owned(),
@@ -287,6 +287,7 @@ fn run(provider: ProviderKind, body: &[u8], delivery_id: &str) -> Fate {
         received_at,
         raw: &raw,
         origin: Origin::Webhook,
+        max_event_ahead: std::time::Duration::from_secs(300),
     };
     let normalized = match envelope {
         Envelope::Unusable(reason) => return Fate::DeadLetter(reason.code()),

@@ -100,6 +100,9 @@ pub struct Handled {
     pub event_type: Option<String>,
     /// The entity's record key, once the event was normalized.
     pub entity_key: Option<String>,
+    /// A dead letter's reason code, so the operator sees why without
+    /// reading the dead-letter topic.
+    pub dead_letter_reason: Option<&'static str>,
 }
 
 impl Handled {
@@ -109,6 +112,7 @@ impl Handled {
             outcome,
             event_type: None,
             entity_key: None,
+            dead_letter_reason: None,
         }
     }
 }
@@ -260,6 +264,8 @@ struct Inner {
     inflight_wait: Duration,
     /// How long a webhook may take from its request to its answer.
     answer_budget: Duration,
+    /// How far ahead of its arrival a webhook's event time may lie.
+    max_event_ahead: Duration,
     /// The outage spool, when any source spools.
     spool: Option<Spool>,
     /// Dead letters written since start, whichever path wrote them.
@@ -288,13 +294,16 @@ pub struct Stages {
     pub spool: Option<Spool>,
 }
 
-/// How long the pipeline may wait, from the configuration.
+/// The pipeline's time limits, from the configuration.
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
     /// How long a duplicate waits for the same delivery in flight.
     pub inflight_wait: Duration,
     /// How long a webhook may take from its request to its answer.
     pub answer_budget: Duration,
+    /// How far ahead of its arrival a webhook's event time may lie
+    /// (`server.max_event_ahead_ms`); later ones are dead-lettered.
+    pub max_event_ahead: Duration,
 }
 
 impl Pipeline {
@@ -315,6 +324,7 @@ impl Pipeline {
                 topics,
                 inflight_wait: timing.inflight_wait,
                 answer_budget: timing.answer_budget,
+                max_event_ahead: timing.max_event_ahead,
                 spool,
                 dead_letters: std::sync::atomic::AtomicU64::new(0),
                 deliveries: tokio_util::task::TaskTracker::new(),
@@ -362,6 +372,7 @@ impl Pipeline {
             Timing {
                 inflight_wait,
                 answer_budget: Duration::from_millis(300) + inflight_wait,
+                max_event_ahead: crate::config::ServerConfig::default().max_event_ahead(),
             },
         )
     }
@@ -583,30 +594,36 @@ impl Pipeline {
         envelope: Envelope,
         key: DeliveryKey,
     ) -> Result<Handled, PipelineError> {
-        match normalize(&delivery, envelope) {
+        match self.normalize(&delivery, envelope) {
             Ok(normalized) => {
                 let event_type = Some(normalized.event.event_type.clone());
                 let entity = normalized.event.key();
-                let outcome = self.apply_as(normalized, &entity, Some(key)).await?;
+                let (outcome, dead_letter_reason) =
+                    self.apply_as(normalized, &entity, Some(key)).await?;
                 Ok(Handled {
                     outcome,
                     event_type,
                     entity_key: Some(entity.into_string()),
+                    dead_letter_reason,
                 })
             }
             Err(reason) => {
+                let code = reason.code();
                 self.dead_letter(DeadLetter {
                     provider: delivery.source.provider,
                     source: &delivery.source.name,
                     delivery_id: &delivery.delivery_id,
                     received_at: delivery.received_at,
                     body: delivery.body.bytes().to_vec(),
-                    code: reason.code(),
+                    code,
                     reason: reason.to_string(),
                 })
                 .await?;
                 self.commit(Some(key), None).await?;
-                Ok(Handled::bare(Outcome::DeadLettered))
+                Ok(Handled {
+                    dead_letter_reason: Some(code),
+                    ..Handled::bare(Outcome::DeadLettered)
+                })
             }
         }
     }
@@ -647,7 +664,7 @@ impl Pipeline {
         envelope: Envelope,
         key: DeliveryKey,
     ) -> Result<Redelivery, PipelineError> {
-        let normalized = match normalize(delivery, envelope) {
+        let normalized = match self.normalize(delivery, envelope) {
             Ok(normalized) => normalized,
             Err(reason) => return Ok(Redelivery::still_failing(reason.code(), reason)),
         };
@@ -669,7 +686,7 @@ impl Pipeline {
             Ok((_, envelope)) => envelope,
             Err(error) => return Ok(Redelivery::still_failing(MISMATCH_CODE, error)),
         };
-        let Normalized { event, content } = match normalize(delivery, envelope) {
+        let Normalized { event, content } = match self.normalize(delivery, envelope) {
             Ok(normalized) => normalized,
             Err(reason) => return Ok(Redelivery::still_failing(reason.code(), reason)),
         };
@@ -700,19 +717,20 @@ impl Pipeline {
         delivery: Option<DeliveryKey>,
     ) -> Result<Outcome, PipelineError> {
         let entity = normalized.event.key();
-        self.apply_as(normalized, &entity, delivery).await
+        let (outcome, _) = self.apply_as(normalized, &entity, delivery).await?;
+        Ok(outcome)
     }
 
     /// [`Pipeline::apply`] with the event's entity key, built once by a
-    /// caller that needs it too.
+    /// caller that needs it too; a dead letter's reason code with the outcome.
     async fn apply_as(
         &self,
         normalized: Normalized,
         key: &EntityKey,
         delivery: Option<DeliveryKey>,
-    ) -> Result<Outcome, PipelineError> {
+    ) -> Result<(Outcome, Option<&'static str>), PipelineError> {
         match self.write(normalized, key, delivery.clone()).await? {
-            Written::Done(outcome) => Ok(outcome),
+            Written::Done(outcome) => Ok((outcome, None)),
             Written::Refused {
                 event,
                 code,
@@ -721,7 +739,7 @@ impl Pipeline {
                 self.dead_letter(DeadLetter::of_event(&event, code, reason))
                     .await?;
                 self.commit(delivery, None).await?;
-                Ok(Outcome::DeadLettered)
+                Ok((Outcome::DeadLettered, Some(code)))
             }
         }
     }
@@ -773,7 +791,7 @@ impl Pipeline {
             Err(PublishError::Refused(reason)) => {
                 return Ok(Written::Refused {
                     event: Box::new(event),
-                    code: PUBLISH_REFUSED,
+                    code: PublishError::refusal_code(&reason),
                     reason: reason.to_string(),
                 });
             }
@@ -866,16 +884,36 @@ impl Pipeline {
 
     /// The entity a delivery is about, when its body normalizes: what the
     /// spool's drainer orders its lanes by.
-    pub fn entity_of(delivery: &Delivery) -> Option<EntityKey> {
+    pub fn entity_of(&self, delivery: &Delivery) -> Option<EntityKey> {
         let (_, envelope) = identify(delivery).ok()?;
-        normalize(delivery, envelope)
+        self.normalize(delivery, envelope)
             .ok()
             .map(|normalized| normalized.event.key())
     }
-}
 
-/// Reason code of a record the broker refused for good.
-const PUBLISH_REFUSED: &str = "publish_refused";
+    /// The provider's event for a delivery, or why there is none.
+    fn normalize(
+        &self,
+        delivery: &Delivery,
+        envelope: Envelope,
+    ) -> Result<Normalized, NormalizeError> {
+        let raw = String::from_utf8_lossy(delivery.body.bytes());
+        let ctx = Context {
+            event_id: &delivery.delivery_id,
+            source: &delivery.source,
+            received_at: delivery.received_at,
+            raw: &raw,
+            origin: Origin::Webhook,
+            max_event_ahead: self.inner.max_event_ahead,
+        };
+        match envelope {
+            Envelope::Event(json) => {
+                providers::for_kind(delivery.source.provider).normalize(&json, &ctx)
+            }
+            Envelope::Unusable(reason) => Err(reason),
+        }
+    }
+}
 
 /// The slot an event's entity is kept under, and the state it would write.
 fn entity_state(event: &PosEvent, key: &EntityKey, content: &Content) -> (EntitySlot, EntityState) {
@@ -886,24 +924,6 @@ fn entity_state(event: &PosEvent, key: &EntityKey, content: &Content) -> (Entity
             state_hash: guard::state_hash(event, content),
         },
     )
-}
-
-/// The provider's event for a delivery, or why there is none.
-fn normalize(delivery: &Delivery, envelope: Envelope) -> Result<Normalized, NormalizeError> {
-    let raw = String::from_utf8_lossy(delivery.body.bytes());
-    let ctx = Context {
-        event_id: &delivery.delivery_id,
-        source: &delivery.source,
-        received_at: delivery.received_at,
-        raw: &raw,
-        origin: Origin::Webhook,
-    };
-    match envelope {
-        Envelope::Event(json) => {
-            providers::for_kind(delivery.source.provider).normalize(&json, &ctx)
-        }
-        Envelope::Unusable(reason) => Err(reason),
-    }
 }
 
 /// What a signed body says of itself, before it is normalized.

@@ -5,8 +5,15 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use super::NormalizeError;
+use super::{Context, NormalizeError};
 use crate::event::{Content, Decimal, LineItem, micros};
+
+/// The earliest event time accepted, 1970-01-01T00:00:00.001Z in
+/// nanoseconds since the epoch: the first instant whose Kafka record
+/// timestamp (milliseconds since the epoch) is positive. A negative one is
+/// outside what Kafka defines (a broker that stores it may then fail every
+/// fetch of its partition), and librdkafka sends 0 as "the time of sending".
+const EARLIEST_EVENT_NANOS: i128 = 1_000_000;
 
 pub(super) fn required_str<'a>(
     value: &'a Value,
@@ -27,14 +34,15 @@ pub(super) fn required_str<'a>(
 }
 
 /// A webhook body's envelope: the event name at `name_field`, the version
-/// time at `time_field`, and the entity's `data`.
+/// time at `time_field` (checked by [`event_time`]), and the entity's `data`.
 pub(super) fn envelope<'a>(
     body: &'a Value,
     name_field: &'static str,
     time_field: &'static str,
+    ctx: &Context<'_>,
 ) -> Result<(&'a str, OffsetDateTime, &'a Value), NormalizeError> {
     let name = required_str(body, name_field)?;
-    let at = required_time(body, time_field)?;
+    let at = event_time(body, time_field, ctx)?;
     let data = body
         .get("data")
         .ok_or(NormalizeError::MissingField("data"))?;
@@ -54,12 +62,50 @@ pub(super) fn required_time(
     value: &Value,
     field: &'static str,
 ) -> Result<OffsetDateTime, NormalizeError> {
-    OffsetDateTime::parse(required_str(value, field)?, &Rfc3339).map_err(|_| {
-        NormalizeError::InvalidField {
-            field,
-            reason: "is not an RFC 3339 time",
-        }
+    parse_time(required_str(value, field)?, field)
+}
+
+fn parse_time(text: &str, field: &'static str) -> Result<OffsetDateTime, NormalizeError> {
+    OffsetDateTime::parse(text, &Rfc3339).map_err(|_| NormalizeError::InvalidField {
+        field,
+        reason: "is not an RFC 3339 time",
     })
+}
+
+/// A webhook's event time: the entity's version and its Kafka record
+/// timestamp. Accepted from 1970-01-01T00:00:00.001Z (the first instant a
+/// record timestamp can carry, [`EARLIEST_EVENT_NANOS`]) to
+/// `ctx.max_event_ahead` after the arrival. The upper bound is kept well
+/// under the hour Kafka's `message.timestamp.after.max.ms` allows by default
+/// because a version from a clock running ahead would hold every genuine
+/// later state of its entity back as stale until that time came.
+///
+/// # Errors
+/// [`NormalizeError::TimeBeforeEpoch`] and [`NormalizeError::TimeInFuture`]
+/// for a time outside those bounds, with the field as sent.
+pub(super) fn event_time(
+    value: &Value,
+    field: &'static str,
+    ctx: &Context<'_>,
+) -> Result<OffsetDateTime, NormalizeError> {
+    let text = required_str(value, field)?;
+    let at = parse_time(text, field)?;
+    if at.unix_timestamp_nanos() < EARLIEST_EVENT_NANOS {
+        return Err(NormalizeError::TimeBeforeEpoch {
+            field,
+            sent: text.to_owned(),
+        });
+    }
+    let ahead = at - ctx.received_at;
+    if ahead > ctx.max_event_ahead {
+        return Err(NormalizeError::TimeInFuture {
+            field,
+            sent: text.to_owned(),
+            ahead_ms: ahead.whole_milliseconds(),
+            limit_ms: ctx.max_event_ahead.as_millis(),
+        });
+    }
+    Ok(at)
 }
 
 pub(super) fn optional_decimal(
@@ -275,7 +321,65 @@ fn leaf(field: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::{Origin, ProviderKind};
     use serde_json::json;
+    use std::time::Duration;
+    use time::macros::datetime;
+
+    /// The event time is the record timestamp and the version: one a Kafka
+    /// record cannot carry, or one further ahead of the arrival than the
+    /// bound, is refused with a code of its own, named with the field.
+    #[test]
+    fn event_times_before_1970_or_too_far_ahead_are_refused() {
+        let ctx = Context {
+            event_id: "e-1",
+            source: crate::providers::test_source(ProviderKind::Mekari, None),
+            received_at: datetime!(2026-11-29 10:00 UTC),
+            raw: "{}",
+            origin: Origin::Webhook,
+            max_event_ahead: Duration::from_secs(300),
+        };
+        let at = |text: &str| event_time(&json!({ "occurred_at": text }), "occurred_at", &ctx);
+        let code = |text: &str| at(text).map_err(|error| error.code());
+        for before in [
+            "1969-12-31T23:59:59Z",
+            "1969-12-31T23:59:59.999Z",
+            "1970-01-01T06:59:59+07:00",
+            "1970-01-01T00:00:00Z",
+            "1970-01-01T00:00:00.000999999Z",
+            "1900-01-01T00:00:00Z",
+            "0001-01-01T00:00:00Z",
+            "0000-01-01T00:00:00Z",
+        ] {
+            assert_eq!(code(before), Err("time_before_epoch"), "{before}");
+        }
+        assert_eq!(
+            at("1970-01-01T00:00:00.001Z").unwrap(),
+            datetime!(1970-01-01 00:00:00.001 UTC)
+        );
+        assert_eq!(
+            at("2026-11-29T10:05:00Z").unwrap(),
+            datetime!(2026-11-29 10:05 UTC),
+            "the bound itself is accepted"
+        );
+        for ahead in [
+            "2026-11-29T10:05:00.000000001Z",
+            "2026-11-29T17:05:01+07:00",
+            "2099-01-01T00:00:00Z",
+            "9999-12-31T23:59:59Z",
+        ] {
+            assert_eq!(code(ahead), Err("time_in_future"), "{ahead}");
+        }
+        assert_eq!(code("1969-13-01T00:00:00Z"), Err("invalid_field"));
+        assert_eq!(
+            at("1969-12-31T23:59:59Z").unwrap_err().to_string(),
+            "field `occurred_at` is `1969-12-31T23:59:59Z`, before 1970-01-01T00:00:00.001Z (a Kafka record timestamp cannot hold it)"
+        );
+        assert_eq!(
+            at("2026-11-29T11:00:00Z").unwrap_err().to_string(),
+            "field `occurred_at` is `2026-11-29T11:00:00Z`, 3600000 ms ahead of posbridge's clock; at most 300000 ms is accepted (server.max_event_ahead_ms)"
+        );
+    }
 
     /// JSON numbers are read from their text, not through f64: no amount is
     /// rounded, and one the schema cannot hold exactly is refused.

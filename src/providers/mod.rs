@@ -17,6 +17,8 @@ mod json;
 pub mod mekari;
 pub mod receiptroller;
 
+use std::time::Duration;
+
 use serde_json::Value;
 use time::OffsetDateTime;
 
@@ -46,6 +48,35 @@ pub enum NormalizeError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// The event time lies before the first millisecond after the Unix
+    /// epoch: a Kafka record timestamp cannot carry it (a negative one can
+    /// make its partition unreadable, and librdkafka replaces 0 with the
+    /// time of sending).
+    #[error(
+        "field `{field}` is `{sent}`, before 1970-01-01T00:00:00.001Z (a Kafka record timestamp cannot hold it)"
+    )]
+    TimeBeforeEpoch {
+        /// The field's path.
+        field: &'static str,
+        /// The time as the provider sent it.
+        sent: String,
+    },
+    /// The event time lies further ahead of posbridge's clock than
+    /// `server.max_event_ahead_ms`: a wrong clock, whose version would hold
+    /// every genuine later state of the entity back as stale.
+    #[error(
+        "field `{field}` is `{sent}`, {ahead_ms} ms ahead of posbridge's clock; at most {limit_ms} ms is accepted (server.max_event_ahead_ms)"
+    )]
+    TimeInFuture {
+        /// The field's path.
+        field: &'static str,
+        /// The time as the provider sent it.
+        sent: String,
+        /// How far ahead of the time posbridge received the event.
+        ahead_ms: i128,
+        /// The bound it passed.
+        limit_ms: u128,
+    },
 }
 
 impl NormalizeError {
@@ -56,6 +87,8 @@ impl NormalizeError {
             NormalizeError::UnknownEventType(_) => "unknown_event_type",
             NormalizeError::MissingField(_) => "missing_field",
             NormalizeError::InvalidField { .. } => "invalid_field",
+            NormalizeError::TimeBeforeEpoch { .. } => "time_before_epoch",
+            NormalizeError::TimeInFuture { .. } => "time_in_future",
         }
     }
 }
@@ -78,6 +111,11 @@ pub struct Context<'a> {
     pub raw: &'a str,
     /// Webhook or reconciler; reconciled records are versioned by `received_at`.
     pub origin: Origin,
+    /// How far after `received_at` a webhook's event time may lie
+    /// (`server.max_event_ahead_ms`). Judged against the arrival, not the
+    /// moment of normalizing, so a spooled delivery or a dead letter put
+    /// through again is decided as it was on arrival.
+    pub max_event_ahead: Duration,
 }
 
 /// One provider: its wire format, its API settings and its API.

@@ -116,6 +116,7 @@ fn ctx<'a>(source: &'a Source, origin: Origin) -> Context<'a> {
         received_at: datetime!(2026-11-29 10:20 UTC),
         raw: "{}",
         origin,
+        max_event_ahead: std::time::Duration::from_secs(300),
     }
 }
 

@@ -51,6 +51,11 @@ const CLUSTER_PROBE: Duration = Duration::from_millis(500);
 /// The producer type: librdkafka's errors and logs go through [`BrokerContext`].
 type KafkaProducer = FutureProducer<BrokerContext>;
 
+/// Dead-letter reason code of a record the broker refused for good.
+pub const PUBLISH_REFUSED: &str = "publish_refused";
+/// Dead-letter reason code of a record whose timestamp the topic refuses.
+pub const TIMESTAMP_REFUSED: &str = "timestamp_refused";
+
 /// Why a record was not acknowledged, or the producer could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -107,6 +112,17 @@ impl PublishError {
                 Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize)
             )
         )
+    }
+
+    /// The dead-letter reason code of a record refused for good:
+    /// [`TIMESTAMP_REFUSED`] when its timestamp lies outside what the topic
+    /// takes (a cluster's `message.timestamp.before.max.ms` or
+    /// `after.max.ms`), else [`PUBLISH_REFUSED`].
+    pub fn refusal_code(error: &KafkaError) -> &'static str {
+        match error.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::InvalidTimestamp) => TIMESTAMP_REFUSED,
+            _ => PUBLISH_REFUSED,
+        }
     }
 
     /// Whether a later attempt may succeed; the `kind` metric label says the same.
@@ -521,6 +537,7 @@ fn classify(error: KafkaError) -> PublishError {
                 | RDKafkaErrorCode::InvalidMessageSize
                 | RDKafkaErrorCode::InvalidMessage
                 | RDKafkaErrorCode::InvalidRecord
+                | RDKafkaErrorCode::InvalidTimestamp
         )
     );
     if permanent {

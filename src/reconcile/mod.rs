@@ -493,6 +493,8 @@ impl Reconciler {
             received_at: fetched_at,
             raw: &raw,
             origin: Origin::Reconciler,
+            // An API record's version is its fetch time: no event time to bound.
+            max_event_ahead: std::time::Duration::ZERO,
         };
         match providers::for_kind(source.provider).normalize_record(entity_type, record, &ctx) {
             Ok(mut normalized) => {

@@ -59,6 +59,8 @@ pub struct Delivery {
     pub event_type: Option<String>,
     /// The entity's record key, when it was normalized.
     pub entity_key: Option<String>,
+    /// A dead letter's reason code (`time_in_future`, `invalid_field`, …).
+    pub dead_letter_reason: Option<&'static str>,
     /// What was answered.
     pub answer: Answer,
     /// From arrival to answer, milliseconds.
@@ -393,6 +395,7 @@ mod tests {
             delivery_id: Some("d".into()),
             event_type: None,
             entity_key: None,
+            dead_letter_reason: None,
             answer: Answer { outcome, status },
             latency_ms: ms,
         }

@@ -201,7 +201,11 @@ fn source_section(html: &mut String, source: &SourceSnapshot) {
     }
     for delivery in &source.recent {
         let outcome = if (200..300).contains(&delivery.answer.status) {
-            delivery.answer.outcome.replace('_', "-")
+            let outcome = delivery.answer.outcome.replace('_', "-");
+            match delivery.dead_letter_reason {
+                Some(reason) => format!("{outcome} ({})", escape(reason)),
+                None => outcome,
+            }
         } else {
             format!("{} {}", delivery.answer.status, delivery.answer.outcome)
         };

@@ -30,7 +30,7 @@ const ROLLER: &str = "test:segment-roller";
 
 /// Creates `topic` with one partition and `settings`, as someone other
 /// than posbridge would.
-async fn create_topic(topic: &str, settings: &[(&str, &str)]) {
+pub async fn create_topic(topic: &str, settings: &[(&str, &str)]) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .create()

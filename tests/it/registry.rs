@@ -191,6 +191,7 @@ async fn fastavro_reads_records_across_schema_versions() {
         received_at: time::OffsetDateTime::now_utc(),
         raw: "{}",
         origin: posbridge::event::Origin::Webhook,
+        max_event_ahead: posbridge::config::ServerConfig::default().max_event_ahead(),
     };
     let mut event = posbridge::providers::for_kind(posbridge::event::ProviderKind::Mekari)
         .normalize(&body, &ctx)

@@ -176,6 +176,7 @@ async fn a_reconciled_rename_reaches_the_topic_and_a_second_read_writes_nothing(
                 received_at: time::OffsetDateTime::now_utc(),
                 raw: &raw,
                 origin: Origin::Reconciler,
+                max_event_ahead: std::time::Duration::ZERO,
             };
             let normalized = for_kind(ProviderKind::Mekari)
                 .normalize_record(EntityType::Product, &record, &ctx)

@@ -211,7 +211,7 @@ async fn an_operator_sees_the_sources_their_deliveries_and_a_switched_off_webhoo
         "ops-new order.updated mekari:ORD-OPS published",
         "ops-new duplicate",
         "ops-old order.updated mekari:ORD-OPS stale",
-        "ops-broken dead-lettered",
+        "ops-broken dead-lettered (missing_field)",
         "ops-b 400 rejected",
         "ops-forged 401 unauthorized",
         "ops-huge 413 rejected",

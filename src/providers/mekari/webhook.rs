@@ -39,7 +39,7 @@ const KITCHEN_PROGRESS: [&str; 9] = [
 /// A webhook body: `event`, `occurred_at` (the version), the entity's
 /// `data`, and the envelope's `outlet_id` where the data has none.
 pub fn normalize(body: &Value, ctx: &Context<'_>) -> Result<Normalized, NormalizeError> {
-    let (event_type, occurred_at, data) = envelope(body, "event", "occurred_at")?;
+    let (event_type, occurred_at, data) = envelope(body, "event", "occurred_at", ctx)?;
     let mut normalized = entity_event(event_type, occurred_at, data, ctx)?;
     if normalized.event.outlet_id.is_none() {
         normalized.event.outlet_id = optional_text(body, "outlet_id");
@@ -180,6 +180,7 @@ mod tests {
             received_at: datetime!(2026-11-29 10:15:31 UTC),
             raw: "{}",
             origin: Origin::Webhook,
+            max_event_ahead: std::time::Duration::from_secs(300),
         }
     }
 
@@ -210,6 +211,24 @@ mod tests {
         let unknown = Mekari.normalize(&order("juggling"), &ctx()).unwrap().event;
         assert!(ready.version > preparing.version);
         assert!(unknown.version < preparing.version);
+    }
+
+    /// An order stamped by a terminal with a wrong clock (2099) is refused,
+    /// so it cannot version its order ahead of every genuine update; so is
+    /// one before 1970, which a Kafka record timestamp cannot carry.
+    #[test]
+    fn an_order_before_1970_or_far_ahead_is_refused() {
+        for (occurred_at, code) in [
+            ("1970-01-01T06:59:59+07:00", "time_before_epoch"),
+            ("1900-01-01T00:00:00Z", "time_before_epoch"),
+            ("2099-01-01T00:00:00+07:00", "time_in_future"),
+        ] {
+            let mut body = order("preparing");
+            body["occurred_at"] = json!(occurred_at);
+            let error = Mekari.normalize(&body, &ctx()).unwrap_err();
+            assert_eq!(error.code(), code, "{occurred_at}");
+            assert!(error.to_string().contains("`occurred_at`"), "{error}");
+        }
     }
 
     #[test]

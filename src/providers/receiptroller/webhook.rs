@@ -15,7 +15,7 @@ use crate::providers::{Context, NormalizeError, RECONCILED_VERB};
 
 /// A webhook body: `type`, `timestamp` (the version) and the entity's `data`.
 pub fn normalize(body: &Value, ctx: &Context<'_>) -> Result<Normalized, NormalizeError> {
-    let (event_type, sent_at, data) = envelope(body, "type", "timestamp")?;
+    let (event_type, sent_at, data) = envelope(body, "type", "timestamp", ctx)?;
     entity_event(event_type, sent_at, data, ctx)
 }
 
@@ -106,6 +106,7 @@ mod tests {
             received_at: datetime!(2026-11-29 10:15:31 UTC),
             raw,
             origin: Origin::Webhook,
+            max_event_ahead: std::time::Duration::from_secs(300),
         }
     }
 
@@ -149,6 +150,28 @@ mod tests {
         assert_eq!(record.origin, Origin::Reconciler);
         assert_eq!(record.version, Version::new(fetched.received_at, 0));
         assert_eq!(record.total, webhook.total);
+    }
+
+    /// The body's `timestamp` becomes the record timestamp and the version:
+    /// before 1970, or further ahead of the arrival than the bound, the sale
+    /// is refused with the field named.
+    #[test]
+    fn a_sale_sent_before_1970_or_far_ahead_is_refused() {
+        for (timestamp, code) in [
+            ("1969-12-31T23:59:59Z", "time_before_epoch"),
+            ("0000-01-01T00:00:00Z", "time_before_epoch"),
+            ("2026-11-29T10:20:32Z", "time_in_future"),
+            ("2099-01-01T00:00:00Z", "time_in_future"),
+        ] {
+            let mut body = sale();
+            body["timestamp"] = json!(timestamp);
+            let error = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap_err();
+            assert_eq!(error.code(), code, "{timestamp}");
+            assert!(error.to_string().contains("`timestamp`"), "{error}");
+        }
+        let mut body = sale();
+        body["timestamp"] = json!("2026-11-29T10:20:31Z");
+        assert!(ReceiptRoller.normalize(&body, &ctx("{}")).is_ok());
     }
 
     #[test]
