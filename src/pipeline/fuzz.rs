@@ -21,7 +21,8 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-use super::{Delivery, Envelope, PipelineError, identify};
+use super::intake::{Envelope, identify};
+use super::{Delivery, PipelineError};
 use crate::config::{RegistryConfig, Secret};
 use crate::encode::{Encoder, decode};
 use crate::event::{Origin, ProviderKind, Source};

@@ -9,9 +9,15 @@ use bytes::Bytes;
 use serde_json::json;
 use time::macros::datetime;
 
+use super::intake::{Envelope, identify};
 use super::*;
 use crate::config::{SchemeName, Secrets};
-use crate::event::{Content, EntityType, Normalized, Version};
+use crate::event::{
+    Content, DeliveryKey, EntityType, Normalized, Origin, PosEvent, ProviderKind, Version,
+};
+use crate::guard;
+use crate::ledger::{Begin, Commit, EntitySlot, EntityState};
+use crate::publish::PublishError;
 use crate::verify::{Verifier, sign};
 
 const SECRET: &str = "pipeline-test-secret";

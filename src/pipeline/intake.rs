@@ -1,0 +1,346 @@
+//! A webhook delivery's way in: its own task, the lease on its delivery
+//! id (a duplicate waits for the attempt in flight), the spool when Kafka
+//! cannot take it in time, normalization; and the spool's replay.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tracing::{Instrument, debug, warn};
+
+use super::{DeadLetter, Delivery, Handled, Outcome, Pipeline, PipelineError};
+use crate::event::{DeliveryKey, EntityKey, Normalized, Origin, ProviderKind};
+use crate::ledger::Begin;
+use crate::providers::{self, Context, NormalizeError};
+use crate::spool::SpooledDelivery;
+use crate::telemetry;
+
+/// How often a duplicate re-checks the ledger while the first attempt runs.
+const IN_FLIGHT_POLL: Duration = Duration::from_millis(20);
+
+/// The part of the answer budget kept for the spool's fsync (at most a
+/// quarter of the budget): a delivery that spools stops waiting for Kafka
+/// this long before its deadline.
+const SPOOL_MARGIN: Duration = Duration::from_millis(1000);
+
+impl Pipeline {
+    /// Handles one webhook delivery from start to durable outcome, within
+    /// the answer budget counted from `delivery.arrived`. A delivery of a
+    /// source that spools goes to the spool when Kafka (or the ledger)
+    /// cannot make its outcome durable in time.
+    ///
+    /// # Errors
+    /// [`PipelineError::DeliveryIdMismatch`] when the delivery id does not
+    /// match the body; any other [`PipelineError`] when the outcome could not
+    /// be made durable (the provider should retry).
+    pub async fn deliver(&self, delivery: Delivery) -> Result<Handled, PipelineError> {
+        // On a task of its own: hyper drops the request's future when the
+        // client goes away or shutdown aborts the connection, and a delivery
+        // cancelled between Kafka's acknowledgement and the ledger commit
+        // would lose the entity's version (an older event would then
+        // publish) and its delivery id (the retry would publish again).
+        let pipeline = self.clone();
+        let span = tracing::Span::current();
+        let task = self
+            .inner
+            .deliveries
+            .spawn(async move { pipeline.deliver_here(delivery).await }.instrument(span));
+        match task.await {
+            Ok(result) => result,
+            // A panic in the delivery: the ingress answers a panic 503.
+            Err(error) => std::panic::resume_unwind(error.into_panic()),
+        }
+    }
+
+    /// Waits, at most `timeout`, for the deliveries still running (those
+    /// whose requests went away included) to reach their outcome.
+    pub async fn finish_deliveries(&self, timeout: Duration) {
+        self.inner.deliveries.close();
+        if tokio::time::timeout(timeout, self.inner.deliveries.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                running = self.inner.deliveries.len(),
+                "Deliveries still running at the end of the shutdown budget."
+            );
+        }
+    }
+
+    /// [`Pipeline::deliver`] on the caller's task.
+    pub(super) async fn deliver_here(&self, delivery: Delivery) -> Result<Handled, PipelineError> {
+        let (key, envelope) = identify(&delivery)?;
+        let deadline = delivery.arrived + self.inner.answer_budget;
+        let spool = self.inner.spool.as_ref().filter(|_| delivery.spools);
+        // A delivery that may spool stops waiting for Kafka early enough to
+        // make the append durable before its deadline.
+        let work_deadline = match spool {
+            Some(_) => deadline - SPOOL_MARGIN.min(self.inner.answer_budget / 4),
+            None => deadline,
+        };
+        let result = self
+            .run(delivery.clone(), envelope, &key, work_deadline, true)
+            .await;
+        match (result, spool) {
+            (Err(error), Some(spool)) if error.spoolable() => {
+                let spooled = SpooledDelivery {
+                    key,
+                    source: delivery.source.as_ref().clone(),
+                    delivery_id: delivery.delivery_id,
+                    received_at: delivery.received_at,
+                    body: delivery.body.bytes().clone(),
+                };
+                match tokio::time::timeout_at(deadline.into(), spool.append(&spooled)).await {
+                    Ok(Ok(())) => {
+                        debug!(%error, "Delivery spooled.");
+                        metrics::counter!(
+                            telemetry::SPOOLED,
+                            telemetry::PROVIDER => spooled.source.provider.as_str(),
+                            telemetry::SOURCE => spooled.source.name.clone()
+                        )
+                        .increment(1);
+                        Ok(Handled::bare(Outcome::Spooled))
+                    }
+                    Ok(Err(spool_error)) => Err(spool_error.into()),
+                    Err(_) => Err(PipelineError::DeadlinePassed),
+                }
+            }
+            (result, _) => result,
+        }
+    }
+
+    /// Replays one spooled delivery: the same line as [`Pipeline::deliver`],
+    /// without the spool and without an answer budget (nobody waits for an
+    /// answer; the producer's own deadline still bounds each record).
+    ///
+    /// # Errors
+    /// As [`Pipeline::deliver`]; the drainer keeps the entry and tries again.
+    pub async fn replay(&self, delivery: Delivery) -> Result<Outcome, PipelineError> {
+        let (key, envelope) = identify(&delivery)?;
+        let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;
+        let handled = self.run(delivery, envelope, &key, deadline, false).await?;
+        Ok(handled.outcome)
+    }
+
+    /// Takes the lease, processes, and gives the lease back on failure; all
+    /// before `deadline`. With `spooled_is_duplicate` (a provider's delivery,
+    /// not a replay), a delivery id the spool holds is a duplicate.
+    pub(super) async fn run(
+        &self,
+        delivery: Delivery,
+        envelope: Envelope,
+        key: &DeliveryKey,
+        deadline: Instant,
+        spooled_is_duplicate: bool,
+    ) -> Result<Handled, PipelineError> {
+        let provider = delivery.source.provider;
+        let acquired = tokio::time::timeout_at(deadline.into(), self.acquire(key, false))
+            .await
+            .unwrap_or(Err(PipelineError::DeadlinePassed));
+        if !acquired? {
+            return Ok(Handled::bare(self.duplicate(provider)));
+        }
+        if let Some(spool) = &self.inner.spool
+            && spooled_is_duplicate
+        {
+            match spool.contains(key) {
+                Ok(false) => {}
+                Ok(true) => {
+                    self.inner.ledger.release(key).await;
+                    return Ok(Handled::bare(self.duplicate(provider)));
+                }
+                Err(error) => {
+                    self.inner.ledger.release(key).await;
+                    return Err(error.into());
+                }
+            }
+        }
+        // Boxed: the processing future is a few KiB, and `leased` would
+        // otherwise hold it twice (its argument and its timeout) inside every
+        // future above it, each copied whole whenever the webhook handler's
+        // future moves.
+        let work = Box::pin(self.process(delivery, envelope, key.clone()));
+        self.leased(key, provider, deadline, work, Result::is_ok)
+            .await
+    }
+
+    /// Runs `work` for a delivery whose lease the caller took, before
+    /// `deadline`, counted in flight; gives the lease back unless `ended`
+    /// says the outcome's commit ended it.
+    pub(super) async fn leased<T>(
+        &self,
+        key: &DeliveryKey,
+        provider: ProviderKind,
+        deadline: Instant,
+        work: impl Future<Output = Result<T, PipelineError>>,
+        ended: impl FnOnce(&Result<T, PipelineError>) -> bool,
+    ) -> Result<T, PipelineError> {
+        let _in_flight = InFlight::count(provider);
+        let result = tokio::time::timeout_at(deadline.into(), work)
+            .await
+            .unwrap_or(Err(PipelineError::DeadlinePassed));
+        if !ended(&result) {
+            self.inner.ledger.release(key).await;
+        }
+        result
+    }
+
+    pub(super) fn duplicate(&self, provider: ProviderKind) -> Outcome {
+        metrics::counter!(telemetry::DUPLICATES, telemetry::PROVIDER => provider.as_str())
+            .increment(1);
+        debug!("Duplicate delivery answered without producing.");
+        Outcome::Duplicate
+    }
+
+    /// Takes the delivery's lease. `Ok(false)` means it is already done
+    /// (never with `again`, which leases a done delivery too). A duplicate of
+    /// an attempt in flight waits for it: if that attempt fails and releases,
+    /// this one takes over.
+    pub(super) async fn acquire(
+        &self,
+        key: &DeliveryKey,
+        again: bool,
+    ) -> Result<bool, PipelineError> {
+        let deadline = Instant::now() + self.inner.inflight_wait;
+        loop {
+            let begun = if again {
+                self.inner.ledger.begin_again(key).await?
+            } else {
+                self.inner.ledger.begin(key).await?
+            };
+            match begun {
+                Begin::New => return Ok(true),
+                Begin::Done => return Ok(false),
+                Begin::InFlight if Instant::now() >= deadline => {
+                    return Err(PipelineError::InFlight);
+                }
+                Begin::InFlight => tokio::time::sleep(IN_FLIGHT_POLL).await,
+            }
+        }
+    }
+
+    pub(super) async fn process(
+        &self,
+        delivery: Delivery,
+        envelope: Envelope,
+        key: DeliveryKey,
+    ) -> Result<Handled, PipelineError> {
+        match self.normalize(&delivery, envelope) {
+            Ok(normalized) => {
+                let event_type = Some(normalized.event.event_type.clone());
+                let entity = normalized.event.key();
+                let (outcome, dead_letter_reason) =
+                    self.apply_as(normalized, &entity, Some(key)).await?;
+                Ok(Handled {
+                    outcome,
+                    event_type,
+                    entity_key: Some(entity.into_string()),
+                    dead_letter_reason,
+                })
+            }
+            Err(reason) => {
+                let code = reason.code();
+                self.dead_letter(DeadLetter {
+                    provider: delivery.source.provider,
+                    source: &delivery.source.name,
+                    delivery_id: &delivery.delivery_id,
+                    received_at: delivery.received_at,
+                    body: delivery.body.bytes().to_vec(),
+                    code,
+                    reason: reason.to_string(),
+                })
+                .await?;
+                self.commit(Some(key), None).await?;
+                Ok(Handled {
+                    dead_letter_reason: Some(code),
+                    ..Handled::bare(Outcome::DeadLettered)
+                })
+            }
+        }
+    }
+
+    /// The entity a delivery is about, when its body normalizes: what the
+    /// spool's drainer orders its lanes by.
+    pub fn entity_of(&self, delivery: &Delivery) -> Option<EntityKey> {
+        let (_, envelope) = identify(delivery).ok()?;
+        self.normalize(delivery, envelope)
+            .ok()
+            .map(|normalized| normalized.event.key())
+    }
+
+    /// The provider's event for a delivery, or why there is none.
+    pub(super) fn normalize(
+        &self,
+        delivery: &Delivery,
+        envelope: Envelope,
+    ) -> Result<Normalized, NormalizeError> {
+        let raw = String::from_utf8_lossy(delivery.body.bytes());
+        let ctx = Context {
+            event_id: &delivery.delivery_id,
+            source: &delivery.source,
+            received_at: delivery.received_at,
+            raw: &raw,
+            origin: Origin::Webhook,
+            max_event_ahead: self.inner.max_event_ahead,
+        };
+        match envelope {
+            Envelope::Event(json) => {
+                providers::for_kind(delivery.source.provider).normalize(&json, &ctx)
+            }
+            Envelope::Unusable(reason) => Err(reason),
+        }
+    }
+}
+
+/// What a signed body says of itself, before it is normalized.
+pub(super) enum Envelope {
+    /// JSON whose `id` is the delivery id.
+    Event(Value),
+    /// It cannot become an event, and why: not JSON, or no string `id`. It is
+    /// dead-lettered (2xx), never refused: retrying the same signed bytes
+    /// cannot help, and a refusal counts toward switching the webhook off.
+    Unusable(NormalizeError),
+}
+
+/// A delivery's dedup key and envelope. Every delivery is keyed by the id
+/// its provider sent in the header, whatever its body: the provider repeats
+/// that id on each retry of one delivery and only there, so a body without a
+/// usable `id` is dead-lettered once per delivery and its retries are
+/// duplicates, while two deliveries that happen to carry the same bytes (an
+/// empty body, the same junk) stay two, each dead-lettered under its own id.
+///
+/// # Errors
+/// [`PipelineError::DeliveryIdMismatch`] when the body names another id.
+pub(super) fn identify(delivery: &Delivery) -> Result<(DeliveryKey, Envelope), PipelineError> {
+    let key = DeliveryKey::new(delivery.source.provider, &delivery.delivery_id);
+    let envelope = match serde_json::from_slice::<Value>(delivery.body.bytes()) {
+        Err(error) => Envelope::Unusable(NormalizeError::InvalidJson(error)),
+        Ok(json) => match json.get("id") {
+            Some(Value::String(id)) if *id == delivery.delivery_id => Envelope::Event(json),
+            Some(Value::String(_)) => return Err(PipelineError::DeliveryIdMismatch),
+            None => Envelope::Unusable(NormalizeError::MissingField("id")),
+            Some(_) => Envelope::Unusable(NormalizeError::InvalidField {
+                field: "id",
+                reason: "is not a string",
+            }),
+        },
+    };
+    Ok((key, envelope))
+}
+
+/// Counts a delivery in `posbridge_deliveries_in_flight` while it lives, so
+/// the gauge stays right when a client hangs up and its request is dropped.
+struct InFlight(metrics::Gauge);
+
+impl InFlight {
+    pub(super) fn count(provider: ProviderKind) -> InFlight {
+        let gauge = metrics::gauge!(telemetry::IN_FLIGHT, telemetry::PROVIDER => provider.as_str());
+        gauge.increment(1.0);
+        InFlight(gauge)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}

@@ -1,0 +1,188 @@
+//! What the pipeline answers: the outcome of a delivery, why one was not
+//! handled, and what a redelivered dead letter came to.
+
+use crate::encode::EncodeError;
+use crate::event::{EntityKey, PosEvent};
+use crate::ledger::LedgerError;
+use crate::publish::PublishError;
+use crate::spool::SpoolError;
+
+/// What the pipeline did with an event; the `outcome` metric label of a
+/// handled request and of a reconciled record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Produced and acknowledged (including tombstones).
+    Published,
+    /// Already handled, nothing produced.
+    Duplicate,
+    /// Older than the entity's written state, not produced.
+    Stale,
+    /// Same content as written, not produced.
+    Unchanged,
+    /// Written to the dead-letter topic.
+    DeadLettered,
+    /// Kafka could not take it in time: kept in the outage spool, to be
+    /// published by the drainer.
+    Spooled,
+}
+
+impl Outcome {
+    /// Every outcome, for series that exist from start-up.
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Published,
+        Outcome::Duplicate,
+        Outcome::Stale,
+        Outcome::Unchanged,
+        Outcome::DeadLettered,
+        Outcome::Spooled,
+    ];
+
+    /// The label value, and the `status` of the 2xx answer.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Published => "published",
+            Outcome::Duplicate => "duplicate",
+            Outcome::Stale => "stale",
+            Outcome::Unchanged => "unchanged",
+            Outcome::DeadLettered => "dead_lettered",
+            Outcome::Spooled => "spooled",
+        }
+    }
+}
+
+/// What became of a webhook delivery, with what the operator's page shows
+/// of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handled {
+    /// The outcome, answered 2xx.
+    pub outcome: Outcome,
+    /// The provider's event type, once the body was read as an event.
+    pub event_type: Option<String>,
+    /// The entity's record key, once the event was normalized.
+    pub entity_key: Option<String>,
+    /// A dead letter's reason code, so the operator sees why without
+    /// reading the dead-letter topic.
+    pub dead_letter_reason: Option<&'static str>,
+}
+
+impl Handled {
+    /// An outcome decided before the body was read as an event.
+    pub(super) fn bare(outcome: Outcome) -> Handled {
+        Handled {
+            outcome,
+            event_type: None,
+            entity_key: None,
+            dead_letter_reason: None,
+        }
+    }
+}
+
+/// Why a delivery was not handled. The ingress turns each into a status.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The delivery id header does not equal the body's `id`: retrying the
+    /// same bytes cannot help.
+    #[error("the delivery id header does not equal the body's `id`")]
+    DeliveryIdMismatch,
+    /// A duplicate waited for the same delivery in flight, and it is still
+    /// running.
+    #[error("the same delivery is still being processed")]
+    InFlight,
+    /// The ledger could not be read or written.
+    #[error("ledger: {0}")]
+    Ledger(#[from] LedgerError),
+    /// The record was not acknowledged in time.
+    #[error("publish: {0}")]
+    Publish(#[from] PublishError),
+    /// The event could not be encoded for its topic (none the encoder was
+    /// built for: a bug, retried in case a restart mends it).
+    #[error("encode: {0}")]
+    Encode(#[from] EncodeError),
+    /// The answer budget (`delivery_timeout_ms` + `inflight_wait_ms`) ran out.
+    #[error("no durable outcome within the answer budget")]
+    DeadlinePassed,
+    /// The outage spool could not take the delivery (full, or its disk failed).
+    #[error("spool: {0}")]
+    Spool(#[from] SpoolError),
+}
+
+impl PipelineError {
+    /// Whether the provider's retry may succeed: everything but a request
+    /// that is wrong in itself.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, PipelineError::DeliveryIdMismatch)
+    }
+
+    /// Whether the cause is a state already logged once when it began (no
+    /// broker answers, ledger writes failing), so each refused delivery need
+    /// not say it again.
+    pub fn is_announced(&self) -> bool {
+        matches!(
+            self,
+            PipelineError::Publish(PublishError::BrokerDown)
+                | PipelineError::Ledger(LedgerError::Unwritable { .. })
+        )
+    }
+
+    /// Whether the spool may take the delivery instead: Kafka, the registry
+    /// or the ledger could not make its outcome durable in time (not a wrong
+    /// request, and not the same delivery still being processed).
+    pub(super) fn spoolable(&self) -> bool {
+        !matches!(
+            self,
+            PipelineError::DeliveryIdMismatch | PipelineError::InFlight | PipelineError::Spool(_)
+        )
+    }
+}
+
+/// What putting a dead letter through again came to, or on a dry run would
+/// come to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redelivery {
+    /// Through the guard: `Published`, `Stale` or `Unchanged` (on a dry run,
+    /// what the guard decides against the ledger now).
+    Applied {
+        /// What the guard decided, and for a redelivery what was done.
+        outcome: Outcome,
+        /// The entity it is about.
+        entity: EntityKey,
+    },
+    /// It still cannot be normalized, encoded or taken by the broker. It is
+    /// not dead-lettered again: its dead letter is still on the topic.
+    StillFailing {
+        /// A bounded reason code, as on a dead letter.
+        code: &'static str,
+        /// The reason in words.
+        reason: String,
+    },
+}
+
+impl Redelivery {
+    pub(super) fn still_failing(code: &'static str, reason: impl ToString) -> Redelivery {
+        Redelivery::StillFailing {
+            code,
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// The reason code of a body whose `id` names another delivery than its
+/// dead letter's header: only a foreign record can look like that.
+pub(super) const MISMATCH_CODE: &str = "delivery_id_mismatch";
+
+/// What guard → encode → publish → commit came to.
+pub(super) enum Written {
+    /// A durable outcome.
+    Done(Outcome),
+    /// Refused for good before it reached its topic (the broker will not
+    /// take it). Nothing is committed: the
+    /// caller dead-letters it or reports it.
+    Refused {
+        /// The event, for its dead letter.
+        event: Box<PosEvent>,
+        /// A bounded reason code.
+        code: &'static str,
+        /// The reason in words.
+        reason: String,
+    },
+}

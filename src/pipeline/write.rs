@@ -1,0 +1,211 @@
+//! Guard → encode → publish → commit under the entity's lock, and the
+//! dead-letter topic: where every path (webhook, reconciler, replay) ends.
+
+use tracing::{debug, info, warn};
+
+use super::outcome::Written;
+use super::{
+    DeadLetter, Outcome, Pipeline, PipelineError, cut_dead_letter, dead_letter_record,
+    entity_record,
+};
+use crate::encode::EncodeError;
+use crate::event::{Content, DeliveryKey, EntityKey, Normalized, PosEvent};
+use crate::guard::{self, Decision};
+use crate::ledger::{Commit, EntitySlot, EntityState, LedgerError};
+use crate::publish::PublishError;
+use crate::telemetry;
+
+impl Pipeline {
+    /// Guards, encodes and publishes one normalized event, then records the
+    /// outcome (and `delivery`, when there is one) in the ledger; what cannot
+    /// be written goes to the dead-letter topic. The reconciler's entry point.
+    ///
+    /// # Errors
+    /// [`PipelineError`] when the record could not be acknowledged or the
+    /// ledger could not be read.
+    pub async fn apply(
+        &self,
+        normalized: Normalized,
+        delivery: Option<DeliveryKey>,
+    ) -> Result<Outcome, PipelineError> {
+        let entity = normalized.event.key();
+        let (outcome, _) = self.apply_as(normalized, &entity, delivery).await?;
+        Ok(outcome)
+    }
+
+    /// [`Pipeline::apply`] with the event's entity key, built once by a
+    /// caller that needs it too; a dead letter's reason code with the outcome.
+    pub(super) async fn apply_as(
+        &self,
+        normalized: Normalized,
+        key: &EntityKey,
+        delivery: Option<DeliveryKey>,
+    ) -> Result<(Outcome, Option<&'static str>), PipelineError> {
+        match self.write(normalized, key, delivery.clone()).await? {
+            Written::Done(outcome) => Ok((outcome, None)),
+            Written::Refused {
+                event,
+                code,
+                reason,
+            } => {
+                self.dead_letter(DeadLetter::of_event(&event, code, reason))
+                    .await?;
+                self.commit(delivery, None).await?;
+                Ok((Outcome::DeadLettered, Some(code)))
+            }
+        }
+    }
+
+    /// Guard → encode → publish → commit, under the entity's lock; a record
+    /// refused for good is handed back uncommitted. `key` is the event's
+    /// entity key.
+    pub(super) async fn write(
+        &self,
+        normalized: Normalized,
+        key: &EntityKey,
+        delivery: Option<DeliveryKey>,
+    ) -> Result<Written, PipelineError> {
+        let Normalized { event, content } = normalized;
+        let (slot, incoming) = entity_state(&event, key, &content);
+        let _lock = self.inner.ledger.lock_entity(&slot).await?;
+        let written = self.inner.ledger.entity(&slot).await?;
+        match guard::decide(written.as_ref(), &incoming, event.origin) {
+            Decision::Stale => {
+                metrics::counter!(
+                    telemetry::STALE_EVENTS,
+                    telemetry::PROVIDER => event.provider.as_str(),
+                    telemetry::ENTITY_TYPE => event.entity_type.as_str()
+                )
+                .increment(1);
+                info!(
+                    entity = %key,
+                    event_type = %event.event_type,
+                    "Stale event held back: the topic already has a newer state."
+                );
+                self.commit(delivery, None).await?;
+                return Ok(Written::Done(Outcome::Stale));
+            }
+            Decision::Unchanged => {
+                self.commit(delivery, None).await?;
+                return Ok(Written::Done(Outcome::Unchanged));
+            }
+            Decision::Publish => {}
+        }
+        let topic = self.inner.topics.entity(event.entity_type);
+        let payload = self.payload(&event)?;
+        match self
+            .inner
+            .publisher
+            .send(&entity_record(&event, key, topic, payload))
+            .await
+        {
+            Ok(_) => {}
+            Err(PublishError::Refused(reason)) => {
+                return Ok(Written::Refused {
+                    event: Box::new(event),
+                    code: PublishError::refusal_code(&reason),
+                    reason: reason.to_string(),
+                });
+            }
+            Err(error) => return Err(error.into()),
+        }
+        // The record is in Kafka, so the delivery is answered 2xx. A failed
+        // write raised the ledger's fence, which keeps it and writes it
+        // before the ledger is read again; the fence logs the failure.
+        if let Err(error) = self.commit(delivery, Some((slot, incoming))).await {
+            debug!(entity = %key, %error, "Published; its ledger write waits behind the fence.");
+        }
+        Ok(Written::Done(Outcome::Published))
+    }
+
+    /// An event's record value on its topic: none for a deleted entity (a
+    /// tombstone), else its encoding.
+    pub(super) fn payload(&self, event: &PosEvent) -> Result<Option<Vec<u8>>, EncodeError> {
+        if event.deleted {
+            return Ok(None);
+        }
+        let topic = self.inner.topics.entity(event.entity_type);
+        self.inner.encoder.encode(topic, event).map(Some)
+    }
+
+    pub(super) async fn commit(
+        &self,
+        delivery: Option<DeliveryKey>,
+        entity: Option<(EntitySlot, EntityState)>,
+    ) -> Result<(), LedgerError> {
+        if delivery.is_none() && entity.is_none() {
+            return Ok(());
+        }
+        self.inner
+            .ledger
+            .commit(Commit {
+                delivery,
+                entity,
+                checkpoint: None,
+            })
+            .await
+    }
+
+    /// Writes what could not become an event to the dead-letter topic, with
+    /// the reason in a header; also the reconciler's entry point for records
+    /// it cannot normalize.
+    ///
+    /// # Errors
+    /// [`PipelineError::Publish`] when the broker did not acknowledge it.
+    pub async fn dead_letter(&self, letter: DeadLetter<'_>) -> Result<(), PipelineError> {
+        // The one log line of a dead letter, whichever stage could not go on.
+        warn!(
+            provider = %letter.provider,
+            source = letter.source,
+            delivery_id = letter.delivery_id,
+            code = letter.code,
+            reason = %letter.reason,
+            "Event dead-lettered with its raw body."
+        );
+        let (provider, code) = (letter.provider, letter.code);
+        let record = dead_letter_record(letter, self.inner.topics.dead_letter());
+        match self.inner.publisher.send(&record).await {
+            Ok(_) => {}
+            // Too large whole: a cut copy is still a permanent outcome, where
+            // refusing would ask the provider to retry what can never fit.
+            Err(error) if error.is_too_large() => {
+                warn!(%error, "Dead letter refused whole; writing its head with the body's length and hash.");
+                self.inner.publisher.send(&cut_dead_letter(record)).await?;
+            }
+            Err(error) => return Err(error.into()),
+        }
+        metrics::counter!(
+            telemetry::DEAD_LETTERS,
+            telemetry::PROVIDER => provider.as_str(),
+            telemetry::REASON => code
+        )
+        .increment(1);
+        self.inner
+            .dead_letters
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Dead letters written since start (webhooks, the reconciler, the
+    /// spool's drain), for the status page.
+    pub fn dead_letters_written(&self) -> u64 {
+        self.inner
+            .dead_letters
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// The slot an event's entity is kept under, and the state it would write.
+pub(super) fn entity_state(
+    event: &PosEvent,
+    key: &EntityKey,
+    content: &Content,
+) -> (EntitySlot, EntityState) {
+    (
+        EntitySlot::new(event.entity_type, key),
+        EntityState {
+            version: event.version,
+            state_hash: guard::state_hash(event, content),
+        },
+    )
+}
