@@ -76,29 +76,31 @@ struct ItemView<'a> {
     unit_price: Option<Vec<u8>>,
 }
 
+/// The schema's enums: serde writes a unit variant as the symbol of its name.
 #[derive(Serialize)]
-#[allow(clippy::upper_case_acronyms)]
+#[serde(rename_all = "UPPERCASE")]
 enum ProviderSymbol {
-    RECEIPTROLLER,
-    MEKARI,
+    ReceiptRoller,
+    Mekari,
 }
 
 #[derive(Serialize)]
+#[serde(rename_all = "UPPERCASE")]
 enum EntitySymbol {
-    SALE,
-    ORDER,
-    REFUND,
-    RETURN,
-    EXCHANGE,
-    PRODUCT,
-    COLLECTION,
+    Sale,
+    Order,
+    Refund,
+    Return,
+    Exchange,
+    Product,
+    Collection,
 }
 
 #[derive(Serialize)]
-#[allow(clippy::upper_case_acronyms)]
+#[serde(rename_all = "UPPERCASE")]
 enum OriginSymbol {
-    WEBHOOK,
-    RECONCILER,
+    Webhook,
+    Reconciler,
 }
 
 /// A decimal's `bytes`: the shortest big-endian two's complement.
@@ -130,19 +132,19 @@ fn view(event: &PosEvent) -> View<'_> {
     View {
         event_id: &event.event_id,
         provider: match event.provider {
-            ProviderKind::ReceiptRoller => ProviderSymbol::RECEIPTROLLER,
-            ProviderKind::Mekari => ProviderSymbol::MEKARI,
+            ProviderKind::ReceiptRoller => ProviderSymbol::ReceiptRoller,
+            ProviderKind::Mekari => ProviderSymbol::Mekari,
         },
         source: &event.source,
         account: event.account.as_deref(),
         entity_type: match event.entity_type {
-            EntityType::Sale => EntitySymbol::SALE,
-            EntityType::Order => EntitySymbol::ORDER,
-            EntityType::Refund => EntitySymbol::REFUND,
-            EntityType::Return => EntitySymbol::RETURN,
-            EntityType::Exchange => EntitySymbol::EXCHANGE,
-            EntityType::Product => EntitySymbol::PRODUCT,
-            EntityType::Collection => EntitySymbol::COLLECTION,
+            EntityType::Sale => EntitySymbol::Sale,
+            EntityType::Order => EntitySymbol::Order,
+            EntityType::Refund => EntitySymbol::Refund,
+            EntityType::Return => EntitySymbol::Return,
+            EntityType::Exchange => EntitySymbol::Exchange,
+            EntityType::Product => EntitySymbol::Product,
+            EntityType::Collection => EntitySymbol::Collection,
         },
         entity_id: &event.entity_id,
         event_type: &event.event_type,
@@ -151,8 +153,8 @@ fn view(event: &PosEvent) -> View<'_> {
         version_rank: i32::try_from(event.version.rank).unwrap_or(i32::MAX),
         received_at: micros(event.received_at),
         origin: match event.origin {
-            Origin::Webhook => OriginSymbol::WEBHOOK,
-            Origin::Reconciler => OriginSymbol::RECONCILER,
+            Origin::Webhook => OriginSymbol::Webhook,
+            Origin::Reconciler => OriginSymbol::Reconciler,
         },
         outlet_id: event.outlet_id.as_deref(),
         store_id: event.store_id.as_deref(),
