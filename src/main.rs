@@ -27,6 +27,12 @@ use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
+/// mimalloc instead of glibc's allocator: a webhook's short-lived buffers
+/// (body, JSON, event, record) made glibc's malloc and free about 16% of
+/// posbridge's CPU under load on Kafka (docs/BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Point-of-sale webhooks in, one clean Kafka stream per entity type out.
 #[derive(Parser)]
 #[command(version, about)]
