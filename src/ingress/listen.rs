@@ -107,7 +107,12 @@ pub async fn serve(
         let watcher = graceful.watcher();
         connections.spawn(async move {
             match opening(&stream, limits.header_read_timeout).await {
-                Opening::Http2 => answer_and_close(stream, HTTP2_ANSWER.as_bytes()).await,
+                // The 400 the README promises for anything not HTTP/1.1.
+                Opening::Http2 => {
+                    let answer =
+                        closing_json_answer("400 Bad Request", "", "malformed HTTP request");
+                    answer_and_close(stream, &answer).await;
+                }
                 // Nothing within the header read timeout: closed, as hyper
                 // closes a connection whose head does not come.
                 Opening::Silent => {}
@@ -272,14 +277,19 @@ fn json_error_answer(head: &[u8]) -> Option<Vec<u8>> {
     if !bodiless {
         return None;
     }
+    Some(closing_json_answer(status, "", message))
+}
+
+/// A whole answer written by hand (where no handler runs): `status` (code
+/// and reason), `extra` header lines (each ending in CRLF), the JSON body
+/// `{"error": message}`, and `connection: close`.
+fn closing_json_answer(status: &str, extra: &str, message: &str) -> Vec<u8> {
     let body = format!(r#"{{"error":"{message}"}}"#);
-    Some(
-        format!(
-            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .into_bytes(),
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
     )
+    .into_bytes()
 }
 
 /// How long a refused connection's request head is waited for, and how
@@ -290,10 +300,6 @@ const REFUSAL_READ: Duration = Duration::from_millis(500);
 /// The first bytes of an HTTP/2 connection with prior knowledge
 /// (`PRI * HTTP/2.0…`), which hyper's HTTP/1 server closes without a word.
 const HTTP2_PREFACE: &[u8] = b"PRI ";
-
-/// The answer to an HTTP/2 preface: the 400 the README promises for
-/// anything that is not HTTP/1.1.
-const HTTP2_ANSWER: &str = "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 34\r\n\r\n{\"error\":\"malformed HTTP request\"}";
 
 /// How a connection opens.
 enum Opening {
@@ -328,12 +334,12 @@ async fn opening(stream: &TcpStream, wait: Duration) -> Opening {
 /// Answers a connection over `max_connections`: 503 with `Retry-After` and
 /// the usual JSON body, then closes it.
 async fn refuse(stream: TcpStream, retry_after_secs: u64) {
-    let body = r#"{"error":"too many open connections, retry later"}"#;
-    let answer = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: {retry_after_secs}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
+    let answer = closing_json_answer(
+        "503 Service Unavailable",
+        &format!("retry-after: {retry_after_secs}\r\n"),
+        "too many open connections, retry later",
     );
-    answer_and_close(stream, answer.as_bytes()).await;
+    answer_and_close(stream, &answer).await;
 }
 
 /// Writes `answer` on a connection no handler serves and closes it. The
