@@ -103,16 +103,9 @@ enum OriginSymbol {
     Reconciler,
 }
 
-/// A decimal's `bytes`: the shortest big-endian two's complement.
+/// A decimal's `bytes`, owned, as the view carries them.
 fn decimal(value: Decimal) -> Vec<u8> {
-    let all = value.unscaled.to_be_bytes();
-    let mut start = 0;
-    while start < all.len() - 1
-        && ((all[start] == 0x00 && all[start + 1] & 0x80 == 0)
-            || (all[start] == 0xff && all[start + 1] & 0x80 != 0))
-    {
-        start += 1;
-    }
+    let (all, start) = value.twos_complement();
     all[start..].to_vec()
 }
 

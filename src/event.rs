@@ -304,6 +304,21 @@ impl Decimal {
     /// refused, never rounded.
     pub const PRECISION: u32 = 38;
 
+    /// The bytes of an Avro `decimal`: the unscaled value's shortest
+    /// big-endian two's complement (leading bytes that only repeat the sign
+    /// dropped), as a buffer and where in it they start.
+    pub fn twos_complement(self) -> ([u8; 16], usize) {
+        let all = self.unscaled.to_be_bytes();
+        let mut start = 0;
+        while start < all.len() - 1
+            && ((all[start] == 0x00 && all[start + 1] & 0x80 == 0)
+                || (all[start] == 0xff && all[start + 1] & 0x80 != 0))
+        {
+            start += 1;
+        }
+        (all, start)
+    }
+
     /// Parses a decimal literal such as `51000.5`, `-3` or `1e3`, exactly.
     /// Returns `None` when it has more than [`Decimal::SCALE`] places or more
     /// than [`Decimal::PRECISION`] digits in all.

@@ -24,7 +24,8 @@ fn optional_decimal(value: Option<Decimal>) -> Value {
         Some(decimal) => {
             let bytes = decimal.unscaled.to_be_bytes();
             // Shortest two's-complement form: drop leading bytes that only
-            // repeat the sign.
+            // repeat the sign. Written apart from `Decimal::twos_complement`
+            // on purpose: this is the reference the datum writer is held to.
             let mut start = 0;
             while start < bytes.len() - 1
                 && ((bytes[start] == 0x00 && bytes[start + 1] & 0x80 == 0)

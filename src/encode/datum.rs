@@ -51,15 +51,7 @@ fn optional_string(out: &mut Vec<u8>, value: Option<&str>) {
 
 /// The `bytes` of a `decimal`: the shortest big-endian two's complement.
 fn decimal(out: &mut Vec<u8>, value: Decimal) {
-    let all = value.unscaled.to_be_bytes();
-    // Drop leading bytes that only repeat the sign.
-    let mut start = 0;
-    while start < all.len() - 1
-        && ((all[start] == 0x00 && all[start + 1] & 0x80 == 0)
-            || (all[start] == 0xff && all[start + 1] & 0x80 != 0))
-    {
-        start += 1;
-    }
+    let (all, start) = value.twos_complement();
     bytes(out, &all[start..]);
 }
 

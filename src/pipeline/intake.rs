@@ -67,7 +67,7 @@ impl Pipeline {
     }
 
     /// [`Pipeline::deliver`] on the caller's task.
-    pub(super) async fn deliver_here(&self, delivery: Delivery) -> Result<Handled, PipelineError> {
+    async fn deliver_here(&self, delivery: Delivery) -> Result<Handled, PipelineError> {
         let (key, envelope) = identify(&delivery)?;
         let deadline = delivery.arrived + self.inner.answer_budget;
         let spool = self.inner.spool.as_ref().filter(|_| delivery.spools);
@@ -218,7 +218,7 @@ impl Pipeline {
         }
     }
 
-    pub(super) async fn process(
+    async fn process(
         &self,
         delivery: Delivery,
         envelope: Envelope,

@@ -40,7 +40,7 @@ impl Pipeline {
     }
 
     /// Normalize → guard → encode → publish → commit, a refusal reported.
-    pub(super) async fn redeliver_leased(
+    async fn redeliver_leased(
         &self,
         delivery: &Delivery,
         envelope: Envelope,
