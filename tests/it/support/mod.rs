@@ -454,9 +454,7 @@ pub fn read_topic_with(brokers: &str, topic: &str, properties: &[(&str, &str)]) 
         .set("enable.auto.commit", "false")
         .create()
         .unwrap();
-    let (_, high) = consumer
-        .fetch_watermarks(topic, 0, Duration::from_secs(10))
-        .unwrap();
+    let high = high_watermark(&consumer, topic);
     let mut records: std::collections::BTreeMap<i64, Record> = Default::default();
     if high == 0 {
         return Vec::new();
@@ -502,6 +500,24 @@ pub fn read_topic_with(brokers: &str, topic: &str, properties: &[(&str, &str)]) 
         "read {topic} up to {last_offset}, high watermark {high}"
     );
     records.into_values().collect()
+}
+
+/// The partition's high watermark. A partition may be without a leader for
+/// a moment (a broker just thawed from SIGSTOP is fenced until its next
+/// heartbeat, a topic just created has not elected one yet): that is waited
+/// out for up to 20 s; any other error fails the test.
+fn high_watermark(consumer: &BaseConsumer, topic: &str) -> i64 {
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match consumer.fetch_watermarks(topic, 0, Duration::from_secs(10)) {
+            Ok((_, high)) => return high,
+            Err(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::NotLeaderForPartition | RDKafkaErrorCode::LeaderNotAvailable,
+            )) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(250)),
+            Err(error) => panic!("the high watermark of {topic}: {error}"),
+        }
+    }
 }
 
 /// The compacted view: the last record per key.
