@@ -149,6 +149,10 @@ async fn gather(state: &AdminState) -> Status {
                 (true, false) => "unavailable",
             },
             spool: readiness.spool,
+            spool_depth_per_minute: pipeline
+                .spool()
+                .map(|spool| spool.depth_per_minute(now))
+                .unwrap_or_default(),
             dead_letters_since_start: pipeline.dead_letters_written(),
             failing_topics: pipeline.publisher().health().failing_topics(),
         },

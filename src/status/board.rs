@@ -266,17 +266,12 @@ impl Board {
             })
             .map(|(provider, source, state)| {
                 let window = |minutes: i64| {
-                    let mut counts = BTreeMap::new();
-                    for m in state
-                        .minutes
-                        .iter()
-                        .filter(|m| m.minute > now_minute - minutes)
-                    {
-                        for (answer, n) in &m.counts {
-                            *counts.entry(answer.count_key()).or_insert(0) += n;
-                        }
-                    }
-                    counts
+                    tally(
+                        state
+                            .minutes
+                            .iter()
+                            .filter(|m| m.minute > now_minute - minutes),
+                    )
                 };
                 let per_minute: Vec<MinuteSnapshot> = (0..MINUTES as i64)
                     .rev()
@@ -286,6 +281,7 @@ impl Board {
                         MinuteSnapshot {
                             minutes_ago: ago,
                             requests: found.map_or(0, Minute::requests),
+                            answers: tally(found),
                             p99_ms: found.and_then(|m| p99_secs(&m.latencies)).map(|s| s * 1e3),
                         }
                     })
@@ -340,8 +336,21 @@ pub struct MinuteSnapshot {
     pub minutes_ago: i64,
     /// Requests answered.
     pub requests: u64,
+    /// The same by [`Answer::count_key`].
+    pub answers: BTreeMap<String, u64>,
     /// Their p99 latency (a histogram bucket's upper bound), when there were any.
     pub p99_ms: Option<f64>,
+}
+
+/// Answers of `minutes` by [`Answer::count_key`].
+fn tally<'a>(minutes: impl IntoIterator<Item = &'a Minute>) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for minute in minutes {
+        for (answer, n) in &minute.counts {
+            *counts.entry(answer.count_key()).or_insert(0) += n;
+        }
+    }
+    counts
 }
 
 fn unix_minute(at: OffsetDateTime) -> i64 {

@@ -1,8 +1,9 @@
 //! The operator's view: the in-memory board of recent deliveries, webhook
 //! checks and reconcile runs (`board.rs`), and the page drawn from it
-//! (`page.rs`). Served by `ingress::admin` on the admin listener.
+//! (`page.rs`, its charts in `chart.rs`). Served by `ingress::admin` on the admin listener.
 
 pub mod board;
+pub mod chart;
 pub mod page;
 
 pub use board::Board;

@@ -10,7 +10,8 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use time::macros::format_description;
 
-use super::board::{MinuteSnapshot, SourceSnapshot};
+use super::board::SourceSnapshot;
+use super::chart;
 use crate::spool::SpoolStats;
 
 /// How the page groups answers, in its column order: outcome keys of 2xx
@@ -52,6 +53,9 @@ pub struct Health {
     pub schema_registry: &'static str,
     /// The spool's entries and bytes, when a source spools.
     pub spool: Option<SpoolStats>,
+    /// The spool's deepest depth per minute, the last hour, oldest first
+    /// (empty when no source spools).
+    pub spool_depth_per_minute: Vec<u64>,
     /// Dead letters written since start.
     pub dead_letters_since_start: u64,
     /// Topics Kafka refuses while the cluster answers, with the reason.
@@ -69,7 +73,9 @@ pub fn render(status: &Status) -> String {
         "h1{font-size:1.4em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ccc}",
         "table{border-collapse:collapse;margin:.5em 0}td,th{padding:.2em .6em;border:1px solid #ddd;text-align:left}",
         "th{background:#f4f4f4}td.n{text-align:right}.ok{color:#176f2c}.bad{color:#b00020;font-weight:bold}",
-        ".charts svg{border:1px solid #ddd;margin-right:1em;background:#fcfcfc}",
+        ".charts .chart{display:inline-block;vertical-align:top;margin:0 1em .5em 0;max-width:542px}.charts svg{border:1px solid #ddd;background:#fcfcfc}",
+        ".legend{margin:.2em 0}",
+        ".legend span{margin-right:1em}.legend i{display:inline-block;width:.8em;height:.8em;margin-right:.3em;vertical-align:-.05em}",
         "</style></head><body>"
     ));
     let _ = write!(
@@ -108,6 +114,11 @@ fn health(html: &mut String, health: &Health) {
         },
         health.dead_letters_since_start
     );
+    if health.spool.is_some() {
+        html.push_str("<div class=\"charts\">");
+        chart::spool(html, &health.spool_depth_per_minute);
+        html.push_str("</div>");
+    }
     if !health.failing_topics.is_empty() {
         html.push_str(
             "<table id=\"failing-topics\"><tr><th>topic Kafka refuses</th><th>why</th></tr>",
@@ -194,7 +205,10 @@ fn source_section(html: &mut String, source: &SourceSnapshot) {
             .map(|at| format!(", the last at {}", time_text(at)))
             .unwrap_or_default()
     );
-    charts(html, &source.per_minute);
+    html.push_str("<div class=\"charts\">");
+    chart::answers(html, &source.per_minute);
+    chart::p99(html, &source.per_minute);
+    html.push_str("</div>");
     html.push_str("<table class=\"recent\"><tr><th>time</th><th>delivery id</th><th>event type</th><th>entity key</th><th>outcome</th><th>latency</th></tr>");
     if source.recent.is_empty() {
         html.push_str("<tr><td colspan=\"6\">No deliveries since start.</td></tr>");
@@ -241,61 +255,6 @@ fn source_section(html: &mut String, source: &SourceSnapshot) {
         }
     }
     html.push_str("</section>");
-}
-
-/// Two small charts: requests per minute (bars) and p99 latency (a line),
-/// the last hour, oldest on the left.
-fn charts(html: &mut String, minutes: &[MinuteSnapshot]) {
-    const W: f64 = 360.0;
-    const H: f64 = 70.0;
-    let step = W / minutes.len().max(1) as f64;
-    let most = minutes.iter().map(|m| m.requests).max().unwrap_or(0).max(1) as f64;
-    let slowest = minutes
-        .iter()
-        .filter_map(|m| m.p99_ms)
-        .fold(1.0_f64, f64::max);
-    html.push_str("<div class=\"charts\">");
-    let _ = write!(
-        html,
-        "<svg width=\"{W}\" height=\"{}\" role=\"img\" aria-label=\"requests per minute\"><title>requests per minute, last hour (peak {most})</title>",
-        H + 14.0
-    );
-    for (i, minute) in minutes.iter().enumerate() {
-        let h = minute.requests as f64 / most * H;
-        let _ = write!(
-            html,
-            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h:.1}\" fill=\"#4a78c2\"/>",
-            i as f64 * step,
-            H - h,
-            (step - 1.0).max(1.0)
-        );
-    }
-    let _ = write!(
-        html,
-        "<text x=\"2\" y=\"{}\" font-size=\"11\">requests/min, peak {most}</text></svg>",
-        H + 12.0
-    );
-    let points: Vec<String> = minutes
-        .iter()
-        .enumerate()
-        .filter_map(|(i, m)| {
-            m.p99_ms.map(|p| {
-                format!(
-                    "{:.1},{:.1}",
-                    i as f64 * step + step / 2.0,
-                    H - p / slowest * H
-                )
-            })
-        })
-        .collect();
-    let _ = write!(
-        html,
-        "<svg width=\"{W}\" height=\"{}\" role=\"img\" aria-label=\"p99 latency\"><title>p99 latency per minute, last hour</title><polyline fill=\"none\" stroke=\"#c2554a\" stroke-width=\"2\" points=\"{}\"/><text x=\"2\" y=\"{}\" font-size=\"11\">p99 ms, peak {slowest:.1}</text></svg>",
-        H + 14.0,
-        points.join(" "),
-        H + 12.0
-    );
-    html.push_str("</div>");
 }
 
 /// A time to the second, UTC (`/status.json` has them whole, RFC 3339).

@@ -15,7 +15,7 @@ use posbridge::watchdog::Watchdog;
 use serde_json::json;
 
 use crate::catch_up::{MEKARI_CLIENT_SECRET, switched_off_receiptroller};
-use crate::support::mekari_order;
+use crate::support::{OwnBroker, TestApp, mekari_order, rr_sale, spool_config, unique};
 
 /// Which Chromium to drive: `POSBRIDGE_TEST_CHROMIUM`, else `chromium`
 /// (Debian's package, which `.ci/run` installs).
@@ -88,6 +88,92 @@ fn section<'a>(text: &'a str, title: &str) -> &'a str {
     &rest[..end]
 }
 
+/// Serves `app`'s admin router on a free loopback port as `serve` serves
+/// it (the admin listener's connection rules) and returns the page's URL.
+async fn serve_status(app: &TestApp) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = listener.local_addr().unwrap();
+    let router = posbridge::ingress::admin_router(
+        posbridge::ingress::AdminState {
+            pipeline: app.pipeline.clone(),
+            board: app.board.clone(),
+        },
+        &AdminConfig::default(),
+    );
+    // Served as `serve` serves it: the admin listener's connection rules.
+    let limits = posbridge::ingress::ConnectionLimits {
+        header_read_timeout: std::time::Duration::from_secs(2),
+        max_connections: 512,
+        shutdown_timeout: std::time::Duration::from_secs(1),
+        retry_after_secs: 1,
+    };
+    tokio::spawn(posbridge::ingress::serve_admin(
+        listener,
+        router,
+        limits,
+        std::future::pending(),
+    ));
+    format!("http://{admin}/status")
+}
+
+/// Chromium's screenshot of `url`, decoded: width, height, RGB pixels.
+async fn screenshot(url: &str, name: &str) -> (usize, usize, Vec<[u8; 3]>) {
+    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_file(&shot);
+    let arg = format!("--screenshot={}", shot.display());
+    let url = url.to_owned();
+    tokio::task::spawn_blocking(move || run_chromium(&[&arg, "--window-size=1280,2600", &url]))
+        .await
+        .unwrap();
+    let file = std::fs::File::open(&shot).expect("chromium wrote the screenshot");
+    let mut decoder = png::Decoder::new(std::io::BufReader::new(file));
+    decoder.set_transformations(png::Transformations::normalize_to_color8());
+    let mut reader = decoder.read_info().unwrap();
+    let mut buffer = vec![0; reader.output_buffer_size().unwrap()];
+    let frame = reader.next_frame(&mut buffer).unwrap();
+    let channels = frame.color_type.samples();
+    let pixels = buffer[..frame.buffer_size()]
+        .chunks(channels)
+        .map(|p| [p[0], p[1], p[2]])
+        .collect();
+    (frame.width as usize, frame.height as usize, pixels)
+}
+
+/// The separate places (4-connected blobs) a screenshot shows exactly the
+/// colour `hex` (`#rrggbb`) in, by their size in pixels.
+fn blobs_of(shot: &(usize, usize, Vec<[u8; 3]>), hex: &str) -> Vec<usize> {
+    let (width, height, pixels) = shot;
+    let channel = |i: usize| u8::from_str_radix(&hex[i..i + 2], 16).unwrap();
+    let colour = [channel(1), channel(3), channel(5)];
+    let mut seen: Vec<bool> = pixels.iter().map(|p| *p != colour).collect();
+    let mut blobs = Vec::new();
+    for start in 0..pixels.len() {
+        if seen[start] {
+            continue;
+        }
+        seen[start] = true;
+        let (mut size, mut stack) = (0, vec![start]);
+        while let Some(at) = stack.pop() {
+            size += 1;
+            let (x, y) = (at % width, at / width);
+            let neighbours = [
+                (x > 0).then(|| at - 1),
+                (x + 1 < *width).then(|| at + 1),
+                (y > 0).then(|| at - width),
+                (y + 1 < *height).then(|| at + width),
+            ];
+            for next in neighbours.into_iter().flatten() {
+                if !seen[next] {
+                    seen[next] = true;
+                    stack.push(next);
+                }
+            }
+        }
+        blobs.push(size);
+    }
+    blobs
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_operator_sees_the_sources_their_deliveries_and_a_switched_off_webhook() {
     // The simulator's ReceiptRoller deliveries are refused (401s on the
@@ -152,29 +238,7 @@ async fn an_operator_sees_the_sources_their_deliveries_and_a_switched_off_webhoo
         "{findings:?}"
     );
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = listener.local_addr().unwrap();
-    let router = posbridge::ingress::admin_router(
-        posbridge::ingress::AdminState {
-            pipeline: app.pipeline.clone(),
-            board: app.board.clone(),
-        },
-        &AdminConfig::default(),
-    );
-    // Served as `serve` serves it: the admin listener's connection rules.
-    let limits = posbridge::ingress::ConnectionLimits {
-        header_read_timeout: std::time::Duration::from_secs(2),
-        max_connections: 512,
-        shutdown_timeout: std::time::Duration::from_secs(1),
-        retry_after_secs: 1,
-    };
-    tokio::spawn(posbridge::ingress::serve_admin(
-        listener,
-        router,
-        limits,
-        std::future::pending(),
-    ));
-    let url = format!("http://{admin}/status");
+    let url = serve_status(&app).await;
 
     let dom = tokio::task::spawn_blocking({
         let url = url.clone();
@@ -238,13 +302,75 @@ async fn an_operator_sees_the_sources_their_deliveries_and_a_switched_off_webhoo
         "one 401, one 400, one 413: {row:?}"
     );
 
-    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
-    let _ = std::fs::remove_file(&shot);
-    let arg = format!("--screenshot={}", shot.display());
-    tokio::task::spawn_blocking(move || run_chromium(&[&arg, "--window-size=1280,2600", &url]))
-        .await
-        .unwrap();
-    let png = std::fs::read(&shot).expect("chromium wrote the screenshot");
-    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    let (width, height, _) = screenshot(&url, "status-page.png").await;
+    assert!(width > 0 && height > 0);
+    app.stop().await;
+}
+
+/// The charts as a new user first reads them: a sale published and its
+/// duplicate in the last minute, then two sales spooled while the broker
+/// is frozen. What Chromium drew (its screenshot, decoded) holds each of
+/// those outcomes' colour twice, in its legend and as a bar in the answers
+/// chart, the p99 chart's dot, and the spool chart's bar; and nothing in
+/// the colours of what did not happen (503, refused, dead-lettered).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_users_first_deliveries_are_drawn_in_the_charts() {
+    use posbridge::status::chart::{P99_COLOUR, SERIES, SPOOL_COLOUR};
+
+    let broker = OwnBroker::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let app = TestApp::start_with(spool_config(
+        &broker.address(),
+        &unique("charts"),
+        dir.path(),
+    ))
+    .await;
+    let sale = |n: u32| {
+        rr_sale(
+            &format!("charts-{n}"),
+            "sale.created",
+            "2026-11-30T10:15:30Z",
+            &format!("T1|2026-11|{n:04}"),
+            100,
+        )
+    };
+    let outcome = |body: serde_json::Value| {
+        let app = &app;
+        async move {
+            let answer: serde_json::Value = app
+                .send("receiptroller", "main", &body)
+                .await
+                .json()
+                .await
+                .unwrap();
+            answer["status"].as_str().unwrap_or_default().to_owned()
+        }
+    };
+    assert_eq!(outcome(sale(1)).await, "published");
+    assert_eq!(outcome(sale(1)).await, "duplicate");
+    broker.freeze();
+    assert_eq!(outcome(sale(2)).await, "spooled");
+    assert_eq!(outcome(sale(3)).await, "spooled");
+
+    let url = serve_status(&app).await;
+    let shot = screenshot(&url, "status-charts.png").await;
+    broker.thaw();
+    let colour = |title: &str| SERIES.iter().find(|s| s.0 == title).unwrap().1;
+    for drawn in ["published", "duplicate", "spooled"] {
+        let blobs = blobs_of(&shot, colour(drawn));
+        assert!(
+            blobs.len() >= 2,
+            "`{drawn}` in the legend and as a bar: {blobs:?}"
+        );
+    }
+    assert!(!blobs_of(&shot, P99_COLOUR).is_empty(), "the p99 dot");
+    assert!(!blobs_of(&shot, SPOOL_COLOUR).is_empty(), "the spool's bar");
+    for absent in ["503", "refused", "dead-lettered"] {
+        assert_eq!(
+            blobs_of(&shot, colour(absent)),
+            Vec::<usize>::new(),
+            "{absent}"
+        );
+    }
     app.stop().await;
 }

@@ -20,6 +20,11 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
+mod depth;
+
+use depth::DepthHistory;
+pub use depth::MINUTES as DEPTH_MINUTES;
+
 use crate::config::SpoolConfig;
 use crate::event::{DeliveryKey, ProviderKind, Source, from_micros, micros};
 use crate::telemetry;
@@ -162,6 +167,7 @@ struct Counts {
     entries: u64,
     bytes: u64,
     next_seq: u64,
+    depth: DepthHistory,
 }
 
 impl std::fmt::Debug for Spool {
@@ -372,11 +378,25 @@ impl Spool {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The deepest the spool was in each of the last [`DEPTH_MINUTES`]
+    /// minutes up to `now`, oldest first: the status page's chart.
+    pub fn depth_per_minute(&self, now: OffsetDateTime) -> Vec<u64> {
+        self.counts().depth.per_minute(unix_minute(now))
+    }
+
+    /// The gauges and the depth history, after every change.
     fn publish_gauges(&self) {
         let stats = self.stats();
+        self.counts()
+            .depth
+            .note(unix_minute(OffsetDateTime::now_utc()), stats.entries);
         metrics::gauge!(telemetry::SPOOL_ENTRIES).set(stats.entries as f64);
         metrics::gauge!(telemetry::SPOOL_BYTES).set(stats.bytes as f64);
     }
+}
+
+fn unix_minute(at: OffsetDateTime) -> i64 {
+    at.unix_timestamp().div_euclid(60)
 }
 
 #[cfg(test)]
