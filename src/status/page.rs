@@ -75,7 +75,7 @@ pub fn render(status: &Status) -> String {
         "th{background:#f4f4f4}td.n{text-align:right}.ok{color:#176f2c}.bad{color:#b00020;font-weight:bold}",
         ".charts .chart{display:inline-block;vertical-align:top;margin:0 1em .5em 0;max-width:542px}.charts svg{border:1px solid #ddd;background:#fcfcfc}",
         ".legend{margin:.2em 0}",
-        ".legend span{margin-right:1em}.legend i{display:inline-block;width:.8em;height:.8em;margin-right:.3em;vertical-align:-.05em}",
+        ".legend span{margin-right:1em;white-space:nowrap}.legend i{display:inline-block;width:.8em;height:.8em;margin-right:.3em;vertical-align:-.05em}",
         "</style></head><body>"
     ));
     let _ = write!(
