@@ -118,7 +118,13 @@ chart decides (listeners, paths), rendered with toToml.
 {{- if $source.secrets -}}
 {{- fail (printf "config.%s.secrets would put webhook secrets in a ConfigMap: keep them in a Secret and name it under secretEnv (key: %s.secrets)" $key $key) -}}
 {{- end -}}
-{{- if not (has (printf "%s.secrets" $key) $secretKeys) -}}
+{{- /* A source may name its secrets another way (a key such as secrets_files,
+       for a posbridge that reads them from files mounted with secretFiles). */ -}}
+{{- $otherWay := false -}}
+{{- range $field, $_ := $source -}}
+{{- if hasPrefix "secrets_" $field -}}{{- $otherWay = true -}}{{- end -}}
+{{- end -}}
+{{- if not (or $otherWay (has (printf "%s.secrets" $key) $secretKeys)) -}}
 {{- fail (printf "source %s has no secrets: add a secretEnv entry with key: %s.secrets naming the Secret that holds them" $key $key) -}}
 {{- end -}}
 {{- range $field := list "token" "client_secret" -}}
