@@ -37,6 +37,13 @@ pub use spool::SpoolConfig;
 pub const ENV_PREFIX: &str = "POSBRIDGE";
 /// Separates the prefix and the path segments of an override.
 pub const ENV_SEPARATOR: &str = "__";
+/// Variables that start so (in any case) set one `kafka.librdkafka`
+/// property each, named by the rest of the variable's name as librdkafka
+/// spells it, dots and all (`…__sasl.password`; lower-cased). The config
+/// crate would read those dots as a deeper path, so they are taken apart
+/// from the other overrides: an orchestrator's secret (a Kubernetes Secret)
+/// can then hold the Kafka password without a file.
+pub const LIBRDKAFKA_ENV_PREFIX: &str = "POSBRIDGE__KAFKA__LIBRDKAFKA__";
 
 /// Mekari's last retry comes about 11 hours after the first attempt (plus up
 /// to a minute of jitter); a done delivery id must be remembered longer.
@@ -158,6 +165,32 @@ impl Config {
     /// [`ConfigError::Read`] when the file cannot be read or has a key of the
     /// wrong type or an unknown key.
     pub fn read(path: Option<&Path>) -> Result<Config, ConfigError> {
+        Config::read_with_env(path, std::env::vars_os())
+    }
+
+    /// [`Config::read`] with the given variables instead of the process's
+    /// environment: the one reader, so tests see what the service does.
+    fn read_with_env(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    ) -> Result<Config, ConfigError> {
+        let mut overrides = config::Map::new();
+        let mut librdkafka = Vec::new();
+        for (name, value) in env {
+            // The config crate skips names that are not Unicode, too.
+            let (Ok(name), Some(value)) = (name.into_string(), value.to_str()) else {
+                continue;
+            };
+            match name.get(..LIBRDKAFKA_ENV_PREFIX.len()) {
+                Some(head) if head.eq_ignore_ascii_case(LIBRDKAFKA_ENV_PREFIX) => {
+                    let property = name[LIBRDKAFKA_ENV_PREFIX.len()..].to_lowercase();
+                    librdkafka.push((property, value.to_owned()));
+                }
+                _ => {
+                    overrides.insert(name, value.to_owned());
+                }
+            }
+        }
         let mut builder = config::Config::builder();
         if let Some(path) = path {
             builder = builder.add_source(
@@ -170,10 +203,13 @@ impl Config {
             .add_source(
                 config::Environment::with_prefix(ENV_PREFIX)
                     .prefix_separator(ENV_SEPARATOR)
-                    .separator(ENV_SEPARATOR),
+                    .separator(ENV_SEPARATOR)
+                    .source(Some(overrides)),
             )
             .build()?;
-        Ok(built.try_deserialize()?)
+        let mut config: Config = built.try_deserialize()?;
+        config.kafka.librdkafka.extend(librdkafka);
+        Ok(config)
     }
 
     /// Reads a configuration from TOML text alone, without environment
@@ -760,6 +796,43 @@ mod tests {
         assert_eq!(secrets.len(), 2);
         assert_eq!(secrets[1].expose(), "two");
         assert_eq!(format!("{:?}", secrets[0]), "[redacted]");
+    }
+
+    #[test]
+    fn a_librdkafka_property_comes_from_the_environment_dots_and_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("posbridge.toml");
+        std::fs::write(
+            &file,
+            "[kafka.librdkafka]\n\"sasl.username\" = \"posbridge\"\n\"sasl.password\" = \"old\"\n",
+        )
+        .unwrap();
+        let env = [
+            (
+                "POSBRIDGE__KAFKA__LIBRDKAFKA__sasl.password",
+                "from-a-secret",
+            ),
+            ("POSBRIDGE__KAFKA__LIBRDKAFKA__SSL.KEY.PASSWORD", "key"),
+            ("posbridge__kafka__brokers", "kafka:9093"),
+            ("OTHER__KAFKA__LIBRDKAFKA__linger.ms", "99"),
+        ]
+        .map(|(name, value)| (name.into(), value.into()));
+        let config = Config::read_with_env(Some(&file), env).unwrap();
+        let librdkafka: Vec<(&str, &str)> = config
+            .kafka
+            .librdkafka
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            librdkafka,
+            [
+                ("sasl.password", "from-a-secret"),
+                ("sasl.username", "posbridge"),
+                ("ssl.key.password", "key"),
+            ]
+        );
+        assert_eq!(config.kafka.brokers, "kafka:9093");
     }
 
     #[test]

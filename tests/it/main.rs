@@ -12,6 +12,7 @@ mod consumers;
 mod crash;
 mod damaged_files;
 mod dedup;
+mod deploy;
 mod event_times;
 mod kafka_security;
 mod leader_loss;

@@ -1,0 +1,322 @@
+//! The Helm chart (`deploy/helm/posbridge`) in both shapes, offline:
+//! `helm lint` and `helm template` with the values files in its `ci/`,
+//! every rendered document decoded strictly into Kubernetes' own API types
+//! by `deploy/check`, and the config file the chart writes read by
+//! `posbridge check-config` with the environment the chart gives the
+//! container. scripts/test builds helm and the check (scripts/ensure-helm,
+//! scripts/ensure-manifest-check) and names them in `POSBRIDGE_TEST_HELM`
+//! and `POSBRIDGE_TEST_MANIFEST_CHECK`. No cluster is involved: what only a
+//! cluster shows (the pods starting, probes, rotation of mounted files) is
+//! not tested here.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use posbridge::config::{Config, LedgerBackend};
+use serde_json::Value;
+
+/// The two shapes, each with `deploy/helm/posbridge/ci/<shape>-values.yaml`.
+const SHAPES: [&str; 2] = ["embedded", "shared"];
+
+fn tool(variable: &str, script: &str) -> PathBuf {
+    std::env::var_os(variable)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!("{variable} is not set: scripts/test sets it to what scripts/{script} prints")
+        })
+}
+
+fn chart() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/helm/posbridge")
+}
+
+fn values(shape: &str) -> String {
+    chart()
+        .join("ci")
+        .join(format!("{shape}-values.yaml"))
+        .display()
+        .to_string()
+}
+
+/// Runs `program args` with `input` on its standard input: its standard
+/// output, or what it said on standard error when it failed.
+fn run(program: &Path, args: &[&str], input: &str) -> Result<String, String> {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    if output.status.success() {
+        Ok(stdout)
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned() + &stdout)
+    }
+}
+
+fn helm(args: &[&str]) -> Result<String, String> {
+    run(&tool("POSBRIDGE_TEST_HELM", "ensure-helm"), args, "")
+}
+
+/// `helm template` of one shape, with more `helm` arguments.
+fn render(shape: &str, more: &[&str]) -> Result<String, String> {
+    let chart = chart().display().to_string();
+    let values = values(shape);
+    let mut args = vec![
+        "template",
+        "pb",
+        &chart,
+        "--namespace",
+        "pos",
+        "--values",
+        &values,
+    ];
+    args.extend_from_slice(more);
+    helm(&args)
+}
+
+/// One shape rendered and passed through deploy/check: the decoded objects.
+fn rendered(shape: &str) -> Vec<Value> {
+    let manifests = render(shape, &[]).unwrap_or_else(|e| panic!("helm template {shape}: {e}"));
+    let json = run(
+        &tool("POSBRIDGE_TEST_MANIFEST_CHECK", "ensure-manifest-check"),
+        &["-json"],
+        &manifests,
+    )
+    .unwrap_or_else(|e| {
+        panic!("the {shape} shape's manifests are not what Kubernetes takes:\n{e}")
+    });
+    serde_json::from_str(&json).unwrap()
+}
+
+fn object<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
+
+fn has(objects: &[Value], kind: &str, name: &str) -> bool {
+    objects
+        .iter()
+        .any(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+}
+
+/// The config file the chart writes into its ConfigMap.
+fn config_file(objects: &[Value]) -> String {
+    object(objects, "ConfigMap", "pb-posbridge")["data"]["posbridge.toml"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn container(workload: &Value) -> &Value {
+    &workload["spec"]["template"]["spec"]["containers"][0]
+}
+
+/// `posbridge check-config` on the chart's config file with `container`'s
+/// environment and nothing else: its plain values as they are, each value
+/// from a Secret replaced by a stand-in of the kind that key holds.
+fn check_config(objects: &[Value], container: &Value) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("posbridge.toml");
+    std::fs::write(&file, config_file(objects)).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_posbridge"));
+    command
+        .env_clear()
+        .args(["check-config", "--config"])
+        .arg(&file);
+    for var in container["env"].as_array().unwrap() {
+        let name = var["name"].as_str().unwrap();
+        let value = match var["value"].as_str() {
+            Some(value) => value,
+            None if name.ends_with("__REDIS_URL") => "redis://:stand-in@redis:6379",
+            None => "stand-in-secret-1",
+        };
+        command.env(name, value);
+    }
+    command.output().unwrap()
+}
+
+#[test]
+fn the_chart_lints_in_both_shapes() {
+    let chart = chart().display().to_string();
+    for shape in SHAPES {
+        let values = values(shape);
+        if let Err(e) = helm(&["lint", "--strict", &chart, "--values", &values]) {
+            panic!("helm lint, {shape} shape:\n{e}");
+        }
+    }
+}
+
+/// The embedded shape: one replica whose one volume holds ledger and spool,
+/// the reconciler inside it; the shared shape: replicas on Redis, a volume
+/// each for its spool, the reconciler in a Deployment of one.
+#[test]
+fn both_shapes_render_what_kubernetes_accepts() {
+    for shape in SHAPES {
+        let objects = rendered(shape);
+        let set = object(&objects, "StatefulSet", "pb-posbridge");
+        let config = Config::from_toml(&config_file(&objects)).unwrap();
+        let pod = &set["spec"]["template"]["spec"];
+        let posbridge = container(set);
+        let claims = set["spec"]["volumeClaimTemplates"].as_array().unwrap();
+        assert_eq!(claims.len(), 1, "{shape}: one volume per replica");
+        assert_eq!(claims[0]["metadata"]["name"], "data");
+        let data_mount = posbridge["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == "data")
+            .unwrap();
+        assert_eq!(data_mount["mountPath"], "/var/lib/posbridge");
+        assert!(config.spool.path.starts_with("/var/lib/posbridge"));
+
+        match shape {
+            "embedded" => {
+                assert_eq!(set["spec"]["replicas"], 1);
+                assert_eq!(config.ledger.backend, LedgerBackend::Embedded);
+                assert!(config.ledger.path.starts_with("/var/lib/posbridge"));
+                assert!(config.reconcile.enabled, "inside the one replica");
+                assert!(!has(&objects, "Deployment", "pb-posbridge-reconciler"));
+                assert!(has(&objects, "ServiceMonitor", "pb-posbridge"));
+                // Helm reads numbers as floats; the file has them as written.
+                assert!(config_file(&objects).contains("body_limit_bytes = 2097152\n"));
+                // shutdown_timeout_ms = 20000: 5 s preStop + 3 × 20 s + 5 s.
+                assert_eq!(pod["terminationGracePeriodSeconds"], 70);
+            }
+            _ => {
+                assert_eq!(set["spec"]["replicas"], 3);
+                assert_eq!(config.ledger.backend, LedgerBackend::Redis);
+                assert!(has(&objects, "Deployment", "pb-posbridge-reconciler"));
+                // The default shutdown_timeout_ms, 10000.
+                assert_eq!(pod["terminationGracePeriodSeconds"], 40);
+            }
+        }
+
+        assert_eq!(posbridge["livenessProbe"]["httpGet"]["path"], "/healthz");
+        assert_eq!(posbridge["readinessProbe"]["httpGet"]["path"], "/readyz");
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+        let security = &posbridge["securityContext"];
+        assert_eq!(security["readOnlyRootFilesystem"], true);
+        assert_eq!(security["allowPrivilegeEscalation"], false);
+        assert_eq!(security["capabilities"]["drop"][0], "ALL");
+        assert!(has(&objects, "PodDisruptionBudget", "pb-posbridge"));
+        assert!(has(&objects, "Service", "pb-posbridge"));
+    }
+}
+
+/// The status page has a listener of its own: on loopback unless exposed,
+/// and then with a Service of its own, never on the webhook Service.
+#[test]
+fn the_admin_listener_is_reached_only_when_exposed() {
+    let ports = |set: &Value| -> Vec<String> {
+        container(set)["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let embedded = rendered("embedded");
+    let config = Config::from_toml(&config_file(&embedded)).unwrap();
+    assert_eq!(config.admin.listen.as_deref(), Some("127.0.0.1:9090"));
+    assert_eq!(config.server.listen, "0.0.0.0:8080");
+    assert_eq!(
+        ports(object(&embedded, "StatefulSet", "pb-posbridge")),
+        ["http"]
+    );
+    assert!(!has(&embedded, "Service", "pb-posbridge-admin"));
+
+    let shared = rendered("shared");
+    let config = Config::from_toml(&config_file(&shared)).unwrap();
+    assert_eq!(config.admin.listen.as_deref(), Some("0.0.0.0:9090"));
+    assert_eq!(
+        ports(object(&shared, "StatefulSet", "pb-posbridge")),
+        ["http", "admin"]
+    );
+    assert_eq!(
+        object(&shared, "Service", "pb-posbridge-admin")["spec"]["ports"][0]["targetPort"],
+        "admin"
+    );
+    for service in ["pb-posbridge", "pb-posbridge-headless"] {
+        let ports = &object(&shared, "Service", service)["spec"]["ports"];
+        assert_eq!(ports.as_array().unwrap().len(), 1, "{service}");
+        assert_eq!(ports[0]["targetPort"], "http", "{service}");
+    }
+}
+
+/// What the chart writes, with the environment it sets (secrets from
+/// Kubernetes Secrets as `POSBRIDGE__…` overrides), is a configuration
+/// posbridge takes, for every process of both shapes.
+#[test]
+fn posbridge_accepts_the_config_the_chart_writes() {
+    for shape in SHAPES {
+        let objects = rendered(shape);
+        let workloads: Vec<&Value> = objects
+            .iter()
+            .filter(|o| o["kind"] == "StatefulSet" || o["kind"] == "Deployment")
+            .collect();
+        assert_eq!(workloads.len(), 2 - usize::from(shape == "embedded"));
+        for workload in workloads {
+            let output = check_config(&objects, container(workload));
+            let said = String::from_utf8_lossy(&output.stdout).into_owned()
+                + &String::from_utf8_lossy(&output.stderr);
+            assert!(
+                output.status.success() && said.contains("configuration is valid"),
+                "posbridge check-config refuses the {shape} shape's config with the environment of {}:\n{said}\n{}",
+                workload["metadata"]["name"],
+                config_file(&objects)
+            );
+        }
+    }
+}
+
+/// Mistakes posbridge would only find after the pods start, or that would
+/// leak a secret into a ConfigMap, stop `helm install` with the fix.
+#[test]
+fn the_chart_refuses_what_posbridge_cannot_run_or_should_not_hold() {
+    for (shape, set, expected) in [
+        (
+            "embedded",
+            "replicas=2",
+            "the embedded ledger is a file one process alone may hold",
+        ),
+        (
+            "embedded",
+            "config.mekari.sources.main.secrets=in-the-configmap",
+            "would put webhook secrets in a ConfigMap",
+        ),
+        (
+            "embedded",
+            "config.kafka.librdkafka.sasl\\.password=plain",
+            "is a credential",
+        ),
+        ("embedded", "admin.expose=true", "name admin.token"),
+        (
+            "shared",
+            "config.server.listen=0.0.0.0:9999",
+            "config.server.listen is set by the chart",
+        ),
+        (
+            "shared",
+            "replicass=3",
+            "additional properties 'replicass' not allowed",
+        ),
+    ] {
+        match render(shape, &["--set", set]) {
+            Ok(_) => panic!("{shape} with {set} rendered"),
+            Err(said) => assert!(said.contains(expected), "{shape} with {set}: {said}"),
+        }
+    }
+}
