@@ -472,10 +472,10 @@ impl Config {
                     "source names go into URLs: use a-z, 0-9, - and _".into(),
                 );
             }
-            if source.secrets.0.is_empty() {
+            if source.secrets.0.is_empty() && !source.reads_secret_files() {
                 problem(
                     &format!("{key}.secrets"),
-                    "at least one secret is needed to verify signatures".into(),
+                    "at least one secret is needed to verify signatures: set secrets, secrets_files or secrets_dir".into(),
                 );
             }
             if let Some(account) = &source.account
@@ -488,6 +488,10 @@ impl Config {
             }
         }
         for (key, value) in [
+            (
+                "server.secrets_recheck_secs",
+                self.server.secrets_recheck_secs,
+            ),
             ("reconcile.interval_secs", self.reconcile.interval_secs),
             ("reconcile.step_secs", self.reconcile.step_secs),
             ("watchdog.interval_secs", self.watchdog.interval_secs),
@@ -505,6 +509,10 @@ impl Config {
                 self.reconcile.initial_window_secs,
             ),
             ("watchdog.interval_secs", self.watchdog.interval_secs),
+            (
+                "server.secrets_recheck_secs",
+                self.server.secrets_recheck_secs,
+            ),
         ] {
             if value > LONGEST_WINDOW.as_secs() {
                 problem(

@@ -25,6 +25,7 @@ mod rejects;
 mod replay;
 mod replicas;
 mod round_trip;
+mod secret_rotation;
 mod shared_ledger;
 mod slow_clients;
 mod spool;
