@@ -766,6 +766,15 @@ mod tests {
         );
         let secrets = &config.receiptroller.sources["a"].secrets.0;
         assert_eq!(secrets.len(), 2);
+        // As an environment override gives them: one string.
+        let files = parse("[receiptroller.sources.a]\nsecrets_files = \"/run/a, /run/b\"\n");
+        assert_eq!(
+            files.receiptroller.sources["a"].secrets_files,
+            [
+                std::path::Path::new("/run/a"),
+                std::path::Path::new("/run/b")
+            ]
+        );
         assert_eq!(secrets[1].expose(), "two");
         assert_eq!(format!("{:?}", secrets[0]), "[redacted]");
     }
