@@ -22,6 +22,7 @@
 //! * [`telemetry`]: every metric name and label key; the Prometheus recorder.
 //! * [`ticker`]: the tick of background loops that stop with the service.
 //! * [`verify`]: signature schemes, constant-time, several secrets.
+//! * [`secrets`]: secrets from files, read again when they change.
 //! * [`panics`]: the text of a caught panic.
 //! * [`store_file`]: opening the redb files, refusing damaged ones.
 //! * [`ledger`]: delivery ids, entity versions, per-entity locks, checkpoints.
@@ -53,6 +54,7 @@ pub mod providers;
 pub mod publish;
 pub mod reconcile;
 pub mod replay;
+pub mod secrets;
 pub mod spool;
 pub mod status;
 pub mod store_file;

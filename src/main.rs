@@ -222,6 +222,7 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", config.server.listen))?;
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
+    reload_secrets_on_hangup(&app)?;
     let background = spawn_background(&config, &app, &shutdown, false)?;
     if let Some(admin) = &config.admin.listen {
         let listener = tokio::net::TcpListener::bind(admin)
@@ -434,6 +435,26 @@ fn check_config(path: PathBuf) -> anyhow::Result<()> {
         println!("{problem}");
     }
     anyhow::bail!("{} problem(s) in {}", problems.len(), path.display())
+}
+
+/// Reads the secret files again on every SIGHUP. Listening starts before
+/// posbridge accepts webhooks: a SIGHUP nobody listens for ends the process.
+fn reload_secrets_on_hangup(app: &App) -> anyhow::Result<()> {
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("listening for SIGHUP")?;
+    let request = app.secrets_reload();
+    let reads = app.reads_secret_files();
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            if reads {
+                info!("SIGHUP: reading the secret files again.");
+                request.request();
+            } else {
+                info!("SIGHUP: no source reads secret files; nothing to read again.");
+            }
+        }
+    });
+    Ok(())
 }
 
 /// Cancels `token` on Ctrl-C or SIGTERM.

@@ -38,6 +38,12 @@ pub const WEBHOOK_ACTIVE: &str = "posbridge_webhook_active";
 /// Webhooks the watchdog switched back on, by provider and source.
 pub const WEBHOOK_RESUMES: &str = "posbridge_webhook_resumes_total";
 
+/// Secrets in use, by provider and source: 2 during a rotation's overlap.
+pub const SECRETS: &str = "posbridge_secrets";
+/// 1 while a source's secret files read, 0 while the last read failed and
+/// the secrets read before stay in use, by provider and source.
+pub const SECRET_FILES_READABLE: &str = "posbridge_secret_files_readable";
+
 /// Always 1, labelled with the version and the wire format (`encoding`).
 pub const BUILD_INFO: &str = "posbridge_build_info";
 /// 1 while ledger writes work, 0 while the fence refuses deliveries.

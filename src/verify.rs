@@ -4,7 +4,14 @@
 //! and every secret that may sign (several during a rotation). Comparisons are
 //! constant-time (`Mac::verify_slice`). Only a verified body becomes a
 //! [`VerifiedBody`], so no later stage can be reached without passing here.
+//!
+//! The secrets can change while serving ([`Verifier::replace`], from
+//! `secrets::watch`): the set is swapped whole (`arc-swap`), so a request
+//! takes no lock and a check in progress keeps the set it began with.
 
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use axum::http::HeaderMap;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -100,8 +107,9 @@ pub struct Verifier {
     scheme: SchemeName,
     /// Lower-cased signature header name (hex/base64/stripe).
     header: String,
-    /// HMAC keys, one per configured secret, already decoded.
-    keys: Vec<Vec<u8>>,
+    /// HMAC keys, one per secret in use, already decoded; shared by every
+    /// clone, so the secret files' watcher replaces them for the handler.
+    keys: Arc<ArcSwap<Vec<Vec<u8>>>>,
     /// Allowed distance between a signed timestamp and now, in seconds.
     tolerance_secs: i64,
 }
@@ -111,7 +119,10 @@ impl std::fmt::Debug for Verifier {
         f.debug_struct("Verifier")
             .field("scheme", &self.scheme)
             .field("header", &self.header)
-            .field("keys", &format_args!("[{} redacted]", self.keys.len()))
+            .field(
+                "keys",
+                &format_args!("[{} redacted]", self.keys.load().len()),
+            )
             .finish()
     }
 }
@@ -153,17 +164,37 @@ impl Verifier {
         secrets: &[Secret],
         tolerance_secs: u64,
     ) -> Result<Verifier, (usize, SecretError)> {
-        let keys = secrets
-            .iter()
-            .enumerate()
-            .map(|(i, s)| scheme.key(s.expose()).map_err(|e| (i, e)))
-            .collect::<Result<_, _>>()?;
         Ok(Verifier {
             scheme,
             header: header.to_ascii_lowercase(),
-            keys,
+            keys: Arc::new(ArcSwap::from_pointee(keys(scheme, secrets)?)),
             tolerance_secs: i64::try_from(tolerance_secs).unwrap_or(i64::MAX),
         })
+    }
+
+    /// Puts `secrets` in use instead of the current ones, for this verifier
+    /// and all its clones: a delivery checked from now on may be signed by
+    /// any of them and by no other. Nothing changes when one does not fit.
+    ///
+    /// # Errors
+    /// As [`Verifier::new`].
+    pub fn replace(&self, secrets: &[Secret]) -> Result<KeyChange, (usize, SecretError)> {
+        let new = keys(self.scheme, secrets)?;
+        let old = self.keys.load();
+        let change = KeyChange {
+            added: new.iter().filter(|key| !old.contains(key)).count(),
+            removed: old.iter().filter(|key| !new.contains(key)).count(),
+            in_use: new.len(),
+        };
+        if change.changed() {
+            self.keys.store(Arc::new(new));
+        }
+        Ok(change)
+    }
+
+    /// How many secrets are in use.
+    pub fn secrets_in_use(&self) -> usize {
+        self.keys.load().len()
     }
 
     /// Checks the signature of `body` against every configured secret.
@@ -241,7 +272,7 @@ impl Verifier {
 
     /// Accepts when any key's MAC over `parts` equals any candidate signature.
     fn check(&self, parts: &[&[u8]], candidates: &[Vec<u8>]) -> Result<(), VerifyError> {
-        for key in &self.keys {
+        for key in self.keys.load().iter() {
             let mut mac = mac(key);
             for part in parts {
                 mac.update(part);
@@ -254,6 +285,33 @@ impl Verifier {
             }
         }
         Err(VerifyError::Mismatch)
+    }
+}
+
+/// The keys `secrets` stand for under `scheme`, in order.
+fn keys(scheme: SchemeName, secrets: &[Secret]) -> Result<Vec<Vec<u8>>, (usize, SecretError)> {
+    secrets
+        .iter()
+        .enumerate()
+        .map(|(i, s)| scheme.key(s.expose()).map_err(|e| (i, e)))
+        .collect()
+}
+
+/// What [`Verifier::replace`] changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyChange {
+    /// Secrets that were not in use before.
+    pub added: usize,
+    /// Secrets no longer in use.
+    pub removed: usize,
+    /// Secrets in use now.
+    pub in_use: usize,
+}
+
+impl KeyChange {
+    /// Whether any secret came or went.
+    pub fn changed(&self) -> bool {
+        self.added + self.removed > 0
     }
 }
 

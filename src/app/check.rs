@@ -9,7 +9,8 @@ use std::sync::Arc;
 use crate::config::{Config, ConfigError, OnBrokerUnavailable, Problem, SourceEntry};
 use crate::ingress::{RequestMeters, WebhookSource};
 use crate::providers;
-use crate::verify::{SecretError, Verifier};
+use crate::secrets::{self, LoadError};
+use crate::verify::Verifier;
 
 /// Reads a configuration file with its environment overrides and checks it
 /// completely: what the data alone shows and what the providers need.
@@ -51,12 +52,25 @@ pub fn problems(config: &Config) -> Vec<Problem> {
     for entry in config.sources() {
         let key = entry.key();
         let (scheme, _) = signature(entry);
-        for (i, secret) in entry.config.secrets.0.iter().enumerate() {
-            if let Err(error) = scheme.key(secret.expose()) {
-                problems.push(Problem::new(
-                    format!("{key}.secrets[{i}]"),
-                    error.to_string(),
-                ));
+        // The files are read as start-up reads them: a missing one stops it.
+        match secrets::read(entry.config) {
+            Err(error) => problems.push(Problem::new(
+                format!("{key}.{}", error.key()),
+                error.to_string(),
+            )),
+            Ok(found) => {
+                for found in found {
+                    if let Err(error) = scheme.key(found.secret.expose()) {
+                        let message = match &found.origin {
+                            secrets::Origin::Inline(_) => error.to_string(),
+                            origin => format!("{origin}: {error}"),
+                        };
+                        problems.push(Problem::new(
+                            format!("{key}.{}", found.origin.key()),
+                            message,
+                        ));
+                    }
+                }
             }
         }
         if let Some(api) = &entry.config.api {
@@ -75,7 +89,7 @@ pub fn problems(config: &Config) -> Vec<Problem> {
 
 /// A source's scheme and signature header: its own, else the scheme's fixed
 /// header, else the provider's defaults.
-fn signature(entry: SourceEntry<'_>) -> (crate::config::SchemeName, &str) {
+pub(super) fn signature(entry: SourceEntry<'_>) -> (crate::config::SchemeName, &str) {
     let defaults = providers::for_kind(entry.provider);
     let scheme = entry
         .config
@@ -90,17 +104,26 @@ fn signature(entry: SourceEntry<'_>) -> (crate::config::SchemeName, &str) {
     (scheme, header)
 }
 
-/// Builds a source's webhook side: its identity and its verifier.
+/// Builds a source's webhook side: its identity and its verifier, with
+/// the secrets of its configuration and its secret files.
 ///
 /// # Errors
-/// The index and [`SecretError`] of the first secret that does not fit the
-/// scheme ([`problems`] reports all of them beforehand).
-pub fn webhook_source(entry: SourceEntry<'_>) -> Result<WebhookSource, (usize, SecretError)> {
+/// A [`LoadError`]: a secret file that cannot be read, or the first secret
+/// that does not fit the scheme ([`problems`] reports all of them beforehand).
+pub fn webhook_source(entry: SourceEntry<'_>) -> Result<WebhookSource, LoadError> {
     let (scheme, header) = signature(entry);
     let config = entry.config;
     let source = entry.source();
+    let found = secrets::load(config, scheme)?;
+    let secrets: Vec<_> = found.iter().map(|f| f.secret.clone()).collect();
+    let verifier = Verifier::new(scheme, header, &secrets, config.tolerance_secs).map_err(
+        |(index, source)| LoadError::Unfit {
+            origin: found[index].origin.clone(),
+            source,
+        },
+    )?;
     Ok(WebhookSource {
-        verifier: Verifier::new(scheme, header, &config.secrets.0, config.tolerance_secs)?,
+        verifier,
         spools: config.on_broker_unavailable == OnBrokerUnavailable::Spool,
         meters: RequestMeters::register(&source),
         source: Arc::new(source),
@@ -141,6 +164,52 @@ mod tests {
                 serde_json::from_value(serde_json::json!(["set-from-the-environment"])).unwrap();
         }
         assert_eq!(problems(&config), vec![]);
+    }
+
+    /// Secrets may come from files only; a source needs them from somewhere,
+    /// and its files are read and checked as start-up reads them.
+    #[test]
+    fn a_source_may_take_its_secrets_from_files_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("secret");
+        std::fs::write(&file, "rr-secret-1\n").unwrap();
+        let short = dir.path().join("short");
+        std::fs::write(&short, "rr-secret-1\nshort\n").unwrap();
+        let mount = dir.path().join("mount");
+        std::fs::create_dir(&mount).unwrap();
+        std::fs::write(mount.join("current"), "rr-secret-2").unwrap();
+        let keys = |source: &str| -> Vec<(String, String)> {
+            let config = Config::from_toml(&format!(
+                "[receiptroller.sources.main]\n{source}\n[mekari.sources.main]\nsecrets = [\"mekari-secret-1\"]\n"
+            ))
+            .unwrap();
+            problems(&config)
+                .into_iter()
+                .map(|p| (p.key, p.message))
+                .collect()
+        };
+        let path = |path: &std::path::Path| format!("{:?}", path.display().to_string());
+        assert_eq!(keys(&format!("secrets_files = [{}]", path(&file))), []);
+        assert_eq!(keys(&format!("secrets_dir = {}", path(&mount))), []);
+        let refused = keys("scheme = \"hex\"");
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(refused[0].0, "receiptroller.sources.main.secrets");
+        assert!(refused[0].1.contains("secrets_files"), "{refused:?}");
+
+        let missing = keys(&format!(
+            "secrets_files = [{}, {}]",
+            path(&file),
+            path(&dir.path().join("missing"))
+        ));
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert_eq!(missing[0].0, "receiptroller.sources.main.secrets_files[1]");
+        let unfit = keys(&format!("secrets_files = [{}]", path(&short)));
+        assert_eq!(unfit.len(), 1, "{unfit:?}");
+        assert_eq!(unfit[0].0, "receiptroller.sources.main.secrets_files[0]");
+        assert!(
+            unfit[0].1.contains(&short.display().to_string()),
+            "names the file: {unfit:?}"
+        );
     }
 
     #[test]

@@ -25,10 +25,10 @@ use crate::ingress::{self, AppState, ConnectionLimits, WebhookSource};
 use crate::ledger::{self, LedgerError};
 use crate::pipeline::{Pipeline, Stages, Timing};
 use crate::publish::{PublishError, Publisher, Topics};
+use crate::secrets::{LoadError, ReloadRequest, SecretFiles};
 use crate::spool::{Spool, SpoolError};
 use crate::status::Board;
 use crate::telemetry;
-use crate::verify::SecretError;
 
 pub use check::{load, problems, webhook_source};
 
@@ -47,16 +47,15 @@ pub enum BuildError {
     /// The outage spool could not be opened.
     #[error("cannot open the spool")]
     Spool(#[from] SpoolError),
-    /// A source's secret does not fit its signature scheme.
-    #[error("{key}.secrets[{index}]: {source}")]
+    /// A source's secret file cannot be read, or a secret does not fit its
+    /// signature scheme.
+    #[error("{key}.{}: {source}", .source.key())]
     Secret {
         /// Config key of the source.
         key: String,
-        /// Which secret.
-        index: usize,
-        /// What is wrong with it.
+        /// What is wrong.
         #[source]
-        source: SecretError,
+        source: LoadError,
     },
 }
 
@@ -77,7 +76,11 @@ impl BuildError {
                 "check schema_registry.url and its credentials; a refused schema must be made compatible with the subject's latest version (posbridge schema check)"
             }
             BuildError::Spool(_) => "check spool.path; one posbridge process per spool file",
-            BuildError::Secret { .. } => "fix the secret in the configuration",
+            BuildError::Secret {
+                source: LoadError::Read(_),
+                ..
+            } => "check that the secret files exist and posbridge may read them",
+            BuildError::Secret { .. } => "fix the secret in the configuration or its file",
         }
     }
 }
@@ -92,6 +95,12 @@ fn announce_series(
     for webhook in sources.values() {
         let provider = webhook.source.provider.as_str();
         let source = webhook.source.name.clone();
+        metrics::gauge!(
+            telemetry::SECRETS,
+            telemetry::PROVIDER => provider,
+            telemetry::SOURCE => source.clone()
+        )
+        .set(webhook.verifier.secrets_in_use() as f64);
         metrics::counter!(
             telemetry::SIGNATURE_FAILURES,
             telemetry::PROVIDER => provider,
@@ -158,6 +167,8 @@ pub struct App {
     state: AppState,
     /// Shutdown budget for the producer flush.
     shutdown_timeout: Duration,
+    /// The sources whose secrets come from files, read again while serving.
+    secret_files: SecretFiles,
 }
 
 impl App {
@@ -239,12 +250,13 @@ impl App {
         }
 
         let mut sources = HashMap::new();
+        let mut secret_files = SecretFiles::new(config.server.secrets_recheck());
         for entry in config.sources() {
-            let webhook = webhook_source(entry).map_err(|(index, source)| BuildError::Secret {
+            let webhook = webhook_source(entry).map_err(|source| BuildError::Secret {
                 key: entry.key(),
-                index,
                 source,
             })?;
+            secret_files.add(entry, check::signature(entry).0, &webhook.verifier);
             sources.insert((entry.provider, entry.name.to_owned()), webhook);
         }
 
@@ -285,7 +297,19 @@ impl App {
                 board,
             },
             shutdown_timeout: Duration::from_millis(config.server.shutdown_timeout_ms),
+            secret_files,
         })
+    }
+
+    /// Asks the running `serve` to read every source's secret files again
+    /// (`main` asks on SIGHUP).
+    pub fn secrets_reload(&self) -> ReloadRequest {
+        self.secret_files.reload_request()
+    }
+
+    /// Whether any source reads secret files.
+    pub fn reads_secret_files(&self) -> bool {
+        !self.secret_files.is_empty()
     }
 
     /// The pipeline, for callers other than the HTTP handler (the reconciler).
@@ -344,7 +368,8 @@ impl App {
     }
 
     /// Serves on `listener` until `shutdown` resolves, draining the spool
-    /// meanwhile, then lets in-flight deliveries finish and flushes the producer.
+    /// and watching the secret files meanwhile, then lets in-flight
+    /// deliveries finish and flushes the producer.
     ///
     /// # Errors
     /// When the listener fails.
@@ -354,12 +379,15 @@ impl App {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let app = self.clone();
-        let stop_draining = CancellationToken::new();
+        let stop_background = CancellationToken::new();
         let drainer = self
             .drainer()
-            .map(|drainer| tokio::spawn(drainer.run(stop_draining.clone())));
+            .map(|drainer| tokio::spawn(drainer.run(stop_background.clone())));
+        let secret_files = tokio::spawn(self.secret_files.watch(stop_background.clone()));
         let served = ingress::serve(listener, self.state, shutdown).await;
-        stop_draining.cancel();
+        stop_background.cancel();
+        // It stops between reads; a read in progress finishes on its own.
+        let _ = secret_files.await;
         if let Some(drainer) = drainer {
             // The drainer stops between entries or mid-entry; either is safe.
             let _ = drainer.await;

@@ -508,10 +508,10 @@ impl Config {
                     "source names go into URLs: use a-z, 0-9, - and _".into(),
                 );
             }
-            if source.secrets.0.is_empty() {
+            if source.secrets.0.is_empty() && !source.reads_secret_files() {
                 problem(
                     &format!("{key}.secrets"),
-                    "at least one secret is needed to verify signatures".into(),
+                    "at least one secret is needed to verify signatures: set secrets, secrets_files or secrets_dir".into(),
                 );
             }
             if let Some(account) = &source.account
@@ -524,6 +524,10 @@ impl Config {
             }
         }
         for (key, value) in [
+            (
+                "server.secrets_recheck_secs",
+                self.server.secrets_recheck_secs,
+            ),
             ("reconcile.interval_secs", self.reconcile.interval_secs),
             ("reconcile.step_secs", self.reconcile.step_secs),
             ("watchdog.interval_secs", self.watchdog.interval_secs),
@@ -541,6 +545,10 @@ impl Config {
                 self.reconcile.initial_window_secs,
             ),
             ("watchdog.interval_secs", self.watchdog.interval_secs),
+            (
+                "server.secrets_recheck_secs",
+                self.server.secrets_recheck_secs,
+            ),
         ] {
             if value > LONGEST_WINDOW.as_secs() {
                 problem(
@@ -794,6 +802,15 @@ mod tests {
         );
         let secrets = &config.receiptroller.sources["a"].secrets.0;
         assert_eq!(secrets.len(), 2);
+        // As an environment override gives them: one string.
+        let files = parse("[receiptroller.sources.a]\nsecrets_files = \"/run/a, /run/b\"\n");
+        assert_eq!(
+            files.receiptroller.sources["a"].secrets_files,
+            [
+                std::path::Path::new("/run/a"),
+                std::path::Path::new("/run/b")
+            ]
+        );
         assert_eq!(secrets[1].expose(), "two");
         assert_eq!(format!("{:?}", secrets[0]), "[redacted]");
     }

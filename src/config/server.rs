@@ -57,6 +57,12 @@ pub struct ServerConfig {
     /// (`message.timestamp.after.max.ms`), so this stays below that.
     #[serde(default = "default_max_event_ahead_ms")]
     pub max_event_ahead_ms: u64,
+    /// How often the sources' `secrets_files` and `secrets_dir` are read
+    /// again whatever the file watcher said: the safety net for a change it
+    /// cannot see (a watch lost with its directory, a file system without
+    /// inotify, the inotify limit reached). Changes seen are read at once.
+    #[serde(default = "default_secrets_recheck_secs")]
+    pub secrets_recheck_secs: u64,
 }
 
 impl ServerConfig {
@@ -68,6 +74,11 @@ impl ServerConfig {
     /// [`ServerConfig::max_event_ahead_ms`] as a duration.
     pub fn max_event_ahead(&self) -> Duration {
         Duration::from_millis(self.max_event_ahead_ms)
+    }
+
+    /// [`ServerConfig::secrets_recheck_secs`] as a duration.
+    pub fn secrets_recheck(&self) -> Duration {
+        Duration::from_secs(self.secrets_recheck_secs)
     }
 }
 
@@ -84,6 +95,7 @@ impl Default for ServerConfig {
             max_connections: default_max_connections(),
             max_body_bytes_in_flight: default_max_body_bytes_in_flight(),
             max_event_ahead_ms: default_max_event_ahead_ms(),
+            secrets_recheck_secs: default_secrets_recheck_secs(),
         }
     }
 }
@@ -121,4 +133,8 @@ const fn default_max_body_bytes_in_flight() -> usize {
 // Room for a provider clock a few minutes fast, far from Kafka's hour.
 const fn default_max_event_ahead_ms() -> u64 {
     5 * 60 * 1000
+}
+// Kubernetes itself takes up to about a minute to update a mounted Secret.
+const fn default_secrets_recheck_secs() -> u64 {
+    60
 }

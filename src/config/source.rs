@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer};
 
@@ -24,7 +25,19 @@ pub struct ProviderConfig {
 pub struct SourceConfig {
     /// Secrets that may sign a delivery; any one matching accepts it, so a
     /// new secret can be added before the provider switches to it.
+    #[serde(default)]
     pub secrets: Secrets,
+    /// Files holding more secrets, one a line, read again when they change
+    /// (and on SIGHUP), so a secret rotates without a restart. A file named
+    /// here that cannot be read keeps the secrets in use.
+    #[serde(default, deserialize_with = "list_or_joined")]
+    pub secrets_files: Vec<PathBuf>,
+    /// A directory whose every file (but those whose names start with `.`)
+    /// holds more secrets, read like `secrets_files`: a Kubernetes Secret
+    /// mounted as a volume, whose keys are files there. A file taken out of
+    /// it takes its secrets out of use.
+    #[serde(default)]
+    pub secrets_dir: Option<PathBuf>,
     /// Signature scheme; the provider's default when absent.
     #[serde(default)]
     pub scheme: Option<SchemeName>,
@@ -111,6 +124,11 @@ impl fmt::Debug for ApiSection {
 pub struct Secret(String);
 
 impl Secret {
+    /// A secret read from elsewhere than the configuration (a secrets file).
+    pub fn new(secret: String) -> Secret {
+        Secret(secret)
+    }
+
     /// The secret itself; call only where it is used.
     pub fn expose(&self) -> &str {
         &self.0
@@ -123,31 +141,48 @@ impl fmt::Debug for Secret {
     }
 }
 
+impl SourceConfig {
+    /// Whether some of its secrets come from files, to be read again.
+    pub fn reads_secret_files(&self) -> bool {
+        !self.secrets_files.is_empty() || self.secrets_dir.is_some()
+    }
+}
+
 /// A list of secrets, from a TOML array or, for environment overrides, one
 /// comma-separated string.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Secrets(pub Vec<Secret>);
 
 impl<'de> Deserialize<'de> for Secrets {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Form {
-            List(Vec<String>),
-            Joined(String),
-        }
-        let list = match Form::deserialize(deserializer)? {
-            Form::List(list) => list,
-            Form::Joined(joined) => joined.split(',').map(str::to_owned).collect(),
-        };
-        Ok(Secrets(
-            list.into_iter()
-                .map(|s| s.trim().to_owned())
-                .filter(|s| !s.is_empty())
-                .map(Secret)
-                .collect(),
-        ))
+        let list: Vec<String> = list_or_joined(deserializer)?;
+        Ok(Secrets(list.into_iter().map(Secret).collect()))
     }
+}
+
+/// A list from a TOML array or, for environment overrides, one
+/// comma-separated string; items trimmed, empty ones dropped.
+fn list_or_joined<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: From<String>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Form {
+        List(Vec<String>),
+        Joined(String),
+    }
+    let list = match Form::deserialize(deserializer)? {
+        Form::List(list) => list,
+        Form::Joined(joined) => joined.split(',').map(str::to_owned).collect(),
+    };
+    Ok(list
+        .into_iter()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .map(T::from)
+        .collect())
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ mod rejects;
 mod replay;
 mod replicas;
 mod round_trip;
+mod secret_rotation;
 mod shared_ledger;
 mod slow_clients;
 mod spool;

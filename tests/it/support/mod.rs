@@ -6,6 +6,7 @@ mod broker;
 pub mod cluster;
 pub mod proxy;
 pub mod registry;
+pub mod secret_mount;
 pub mod tls;
 
 pub use broker::{BrokerKind, KafkaSecurity, OwnBroker, broker_kind, free_ports, kafka_security};
