@@ -48,7 +48,7 @@ pub const SET_ASIDE_AFTER: Duration = Duration::from_secs(30);
 /// How often an idle drainer looks again (and refreshes the age gauge).
 const IDLE: Duration = Duration::from_millis(250);
 /// Reason code of a spooled delivery set aside after [`MAX_ATTEMPTS`].
-const SPOOL_UNPUBLISHABLE: &str = "spool_unpublishable";
+pub const SPOOL_UNPUBLISHABLE: &str = "spool_unpublishable";
 
 /// What a drain pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

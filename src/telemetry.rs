@@ -33,7 +33,8 @@ pub const DEAD_LETTERS: &str = "posbridge_dead_letters_total";
 pub const RECONCILE_RUNS: &str = "posbridge_reconcile_runs_total";
 /// Records read by the reconciler, by provider and outcome.
 pub const RECONCILE_RECORDS: &str = "posbridge_reconcile_records_total";
-/// 1 while a watched webhook is delivering, 0 while it is off, by provider and source.
+/// 1 while a watched webhook is on (found on, or switched back on by the
+/// watchdog), 0 while it stays off, by provider and source; set at each check.
 pub const WEBHOOK_ACTIVE: &str = "posbridge_webhook_active";
 /// Webhooks the watchdog switched back on, by provider and source.
 pub const WEBHOOK_RESUMES: &str = "posbridge_webhook_resumes_total";
@@ -54,6 +55,11 @@ pub const BROKER_UP: &str = "posbridge_broker_up";
 pub const SPOOL_ENTRIES: &str = "posbridge_spool_entries";
 /// Bytes of the bodies in the outage spool now.
 pub const SPOOL_BYTES: &str = "posbridge_spool_bytes";
+/// `spool.max_bytes`, set at start: what `posbridge_spool_bytes` is compared
+/// with to tell the time until the spool is full.
+pub const SPOOL_MAX_BYTES: &str = "posbridge_spool_max_bytes";
+/// `spool.max_entries`, set at start, beside `posbridge_spool_entries`.
+pub const SPOOL_MAX_ENTRIES: &str = "posbridge_spool_max_entries";
 /// Age of the oldest spooled delivery (0 when the spool is empty).
 pub const SPOOL_OLDEST_AGE: &str = "posbridge_spool_oldest_age_seconds";
 /// Deliveries answered 2xx from the spool, by provider and source.

@@ -43,8 +43,17 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
-    /// A watchdog over the reconciler's sources.
+    /// A watchdog over the reconciler's sources. Each source's resume
+    /// counter exists from here on at 0, so a first resume shows in a `rate()`.
     pub fn new(reconciler: Reconciler) -> Watchdog {
+        for (watched, _) in reconciler.watched() {
+            metrics::counter!(
+                telemetry::WEBHOOK_RESUMES,
+                telemetry::PROVIDER => watched.provider.as_str(),
+                telemetry::SOURCE => watched.name.clone()
+            )
+            .increment(0);
+        }
         Watchdog {
             reconciler,
             started: OffsetDateTime::now_utc(),
@@ -99,6 +108,9 @@ impl Watchdog {
                     match api.resume().await {
                         Ok(true) => {
                             resumed = true;
+                            // On again: 0 stays for a webhook that is still
+                            // off, which is what needs a person.
+                            metrics::gauge!(telemetry::WEBHOOK_ACTIVE, &labels).set(1.0);
                             metrics::counter!(telemetry::WEBHOOK_RESUMES, &labels).increment(1);
                             info!(%provider, source, "Webhook switched back on.");
                         }

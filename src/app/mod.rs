@@ -24,6 +24,7 @@ use crate::event::ProviderKind;
 use crate::ingress::{self, AppState, ConnectionLimits, WebhookSource};
 use crate::ledger::{self, LedgerError};
 use crate::pipeline::{Pipeline, Stages, Timing};
+use crate::providers::NormalizeError;
 use crate::publish::{PublishError, Publisher, Topics};
 use crate::secrets::{LoadError, ReloadRequest, SecretFiles};
 use crate::spool::{Spool, SpoolError};
@@ -116,9 +117,21 @@ fn announce_series(
             .increment(0);
         }
     }
+    let dead_letter_codes = NormalizeError::CODES
+        .into_iter()
+        .chain(crate::publish::REFUSAL_CODES)
+        .chain([crate::drain::SPOOL_UNPUBLISHABLE]);
     for provider in ProviderKind::ALL {
         metrics::counter!(telemetry::DUPLICATES, telemetry::PROVIDER => provider.as_str())
             .increment(0);
+        for code in dead_letter_codes.clone() {
+            metrics::counter!(
+                telemetry::DEAD_LETTERS,
+                telemetry::PROVIDER => provider.as_str(),
+                telemetry::REASON => code
+            )
+            .increment(0);
+        }
         metrics::counter!(telemetry::PUBLISH_FAILURES, telemetry::PROVIDER => provider.as_str(), telemetry::KIND => "retryable")
             .increment(0);
     }
@@ -179,6 +192,8 @@ impl App {
     /// # Errors
     /// A [`BuildError`] naming what failed.
     pub async fn build(config: &Config) -> Result<App, BuildError> {
+        // Before the spool opens: the gauges it sets then are kept.
+        crate::telemetry::install();
         let spool = config
             .spools()
             .then(|| Spool::open(&config.spool))

@@ -80,6 +80,17 @@ pub enum NormalizeError {
 }
 
 impl NormalizeError {
+    /// Every code [`NormalizeError::code`] gives, for series that exist from
+    /// start-up (an alert on dead letters sees the first of each reason).
+    pub const CODES: [&'static str; 6] = [
+        "invalid_json",
+        "unknown_event_type",
+        "missing_field",
+        "invalid_field",
+        "time_before_epoch",
+        "time_in_future",
+    ];
+
     /// A bounded metric label for the reason.
     pub fn code(&self) -> &'static str {
         match self {

@@ -18,6 +18,46 @@ fn every_provider_kind_is_registered_once() {
     assert_eq!(ALL.len(), ProviderKind::ALL.len());
 }
 
+/// The dead-letter series registered at start-up name every reason a
+/// normalizer can give: a code missing from the list would be a series an
+/// alert on dead letters only meets at its second event.
+#[test]
+fn every_normalize_error_code_is_listed() {
+    let field = "data.sold_at";
+    let every = [
+        NormalizeError::InvalidJson(serde_json::from_str::<Value>("{").unwrap_err()),
+        NormalizeError::UnknownEventType("shift.closed".into()),
+        NormalizeError::MissingField(field),
+        NormalizeError::InvalidField {
+            field,
+            reason: "is not a time",
+        },
+        NormalizeError::TimeBeforeEpoch {
+            field,
+            sent: "1969-12-31T23:59:59Z".into(),
+        },
+        NormalizeError::TimeInFuture {
+            field,
+            sent: "2999-01-01T00:00:00Z".into(),
+            ahead_ms: 1,
+            limit_ms: 0,
+        },
+    ];
+    // No wildcard: a new variant does not compile here until it is listed above.
+    for error in &every {
+        match error {
+            NormalizeError::InvalidJson(_)
+            | NormalizeError::UnknownEventType(_)
+            | NormalizeError::MissingField(_)
+            | NormalizeError::InvalidField { .. }
+            | NormalizeError::TimeBeforeEpoch { .. }
+            | NormalizeError::TimeInFuture { .. } => {}
+        }
+    }
+    let codes: Vec<&str> = every.iter().map(NormalizeError::code).collect();
+    assert_eq!(codes, NormalizeError::CODES);
+}
+
 /// One entity of each type: its provider, webhook event name and data.
 fn entities() -> Vec<(ProviderKind, EntityType, &'static str, Value)> {
     let lines = json!([{"product_id": "P-1", "name": "Teh", "qty": 2, "price": 8000.5}]);

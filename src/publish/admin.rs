@@ -39,10 +39,14 @@ impl Publisher {
             if let Some(refusal) = self.health.refusal() {
                 return Err(PublishError::Connection(refusal));
             }
+            // Said either way, so `posbridge_broker_up` exists from start-up
+            // (an alert on it sees a posbridge that never reached Kafka).
             if answered {
+                self.health.mark_up();
                 return Ok(true);
             }
             if Instant::now() >= deadline {
+                self.health.mark_down("no broker answered at start-up");
                 return Ok(false);
             }
             tokio::time::sleep(CONNECT_POLL).await;

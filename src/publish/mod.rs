@@ -55,6 +55,9 @@ type KafkaProducer = FutureProducer<BrokerContext>;
 pub const PUBLISH_REFUSED: &str = "publish_refused";
 /// Dead-letter reason code of a record whose timestamp the topic refuses.
 pub const TIMESTAMP_REFUSED: &str = "timestamp_refused";
+/// Every reason code [`PublishError::refusal_code`] gives, for series that
+/// exist from start-up.
+pub const REFUSAL_CODES: [&str; 2] = [PUBLISH_REFUSED, TIMESTAMP_REFUSED];
 
 /// Why a record was not acknowledged, or the producer could not start.
 #[derive(Debug, thiserror::Error)]

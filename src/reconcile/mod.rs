@@ -45,6 +45,19 @@ use crate::progress::Progress;
 /// next reconcile of its window).
 pub(crate) const RECONCILED_ID_PREFIX: &str = "reconcile:";
 
+/// The `outcome` of a run that read its whole window.
+const RUN_OK: &str = "ok";
+/// The `outcome` of a run that stopped on an error (its checkpoint kept).
+const RUN_FAILED: &str = "failed";
+/// What a reconciled record can come to (the guard never sees a duplicate
+/// delivery or spools a record read from an API).
+const RECORD_OUTCOMES: [Outcome; 4] = [
+    Outcome::Published,
+    Outcome::Unchanged,
+    Outcome::Stale,
+    Outcome::DeadLettered,
+];
+
 /// Why a reconcile run failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
@@ -297,6 +310,7 @@ impl Reconciler {
     /// Runs [`Reconciler::run_due`] every `interval_secs` until `shutdown`.
     /// A failed source keeps its checkpoint and is read again next time.
     pub async fn run_scheduled(self, shutdown: CancellationToken) {
+        self.announce_series();
         let interval = std::time::Duration::from_secs(self.config.interval_secs);
         let mut every = Every::new(interval, shutdown);
         while every.tick().await {
@@ -306,6 +320,32 @@ impl Reconciler {
                     error!(%error, "Reconcile run failed; its checkpoint did not move.");
                 }
                 Some(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// Makes each source's run and record counters exist at 0 before the
+    /// first run, so that a first failed run shows in a `rate()`.
+    fn announce_series(&self) {
+        for source in self.sources.iter() {
+            let (provider, name) = (source.source.provider.as_str(), &source.source.name);
+            for outcome in [RUN_OK, RUN_FAILED] {
+                metrics::counter!(
+                    telemetry::RECONCILE_RUNS,
+                    telemetry::PROVIDER => provider,
+                    telemetry::SOURCE => name.clone(),
+                    telemetry::OUTCOME => outcome
+                )
+                .increment(0);
+            }
+            for outcome in RECORD_OUTCOMES {
+                metrics::counter!(
+                    telemetry::RECONCILE_RECORDS,
+                    telemetry::PROVIDER => provider,
+                    telemetry::SOURCE => name.clone(),
+                    telemetry::OUTCOME => outcome.as_str()
+                )
+                .increment(0);
             }
         }
     }
@@ -342,7 +382,7 @@ impl Reconciler {
             Ok(())
         }
         .await;
-        let outcome = if result.is_ok() { "ok" } else { "failed" };
+        let outcome = if result.is_ok() { RUN_OK } else { RUN_FAILED };
         let provider = source.source.provider;
         metrics::counter!(
             telemetry::RECONCILE_RUNS,

@@ -226,6 +226,8 @@ impl Spool {
                 max_entries: config.max_entries,
             }),
         };
+        metrics::gauge!(telemetry::SPOOL_MAX_BYTES).set(config.max_bytes as f64);
+        metrics::gauge!(telemetry::SPOOL_MAX_ENTRIES).set(config.max_entries as f64);
         spool.publish_gauges();
         Ok(spool)
     }

@@ -143,7 +143,8 @@ impl Sim {
         resume: bool,
     ) -> Config {
         let mut config = config.clone();
-        let api = |text: String| -> ApiSection {
+        let api = |provider| -> ApiSection {
+            let text = self.api_toml(provider, mekari_secret, resume);
             config::Config::builder()
                 .add_source(config::File::from_str(&text, config::FileFormat::Toml))
                 .build()
@@ -151,16 +152,31 @@ impl Sim {
                 .try_deserialize()
                 .unwrap()
         };
-        config.receiptroller.sources.get_mut("main").unwrap().api = Some(api(format!(
-            "base_url = \"{}/receiptroller\"\ntoken = \"{RR_TOKEN}\"\nwebhook_id = \"wh_sim\"\nresume_when_off = {resume}\nper_page = 7",
-            self.api
-        )));
-        config.mekari.sources.get_mut("main").unwrap().api = Some(api(format!(
-            "base_url = \"{}/mekari\"\nclient_id = \"{MEKARI_CLIENT}\"\nclient_secret = \"{mekari_secret}\"\noutlets = [\"OUT-1\", \"OUT-2\"]\nendpoint_key = \"ep_sim\"\nresume_when_off = {resume}\nper_page = 5",
-            self.api
-        )));
+        config.receiptroller.sources.get_mut("main").unwrap().api =
+            Some(api(ProviderKind::ReceiptRoller));
+        config.mekari.sources.get_mut("main").unwrap().api = Some(api(ProviderKind::Mekari));
         config.reconcile.max_attempts = 3;
         config
+    }
+
+    /// The `api` table (its keys, as TOML) of a `main` source of `provider`
+    /// that reads this simulator's API and lets the watchdog watch its webhook.
+    pub(crate) fn api_toml(
+        &self,
+        provider: ProviderKind,
+        mekari_secret: &str,
+        resume: bool,
+    ) -> String {
+        match provider {
+            ProviderKind::ReceiptRoller => format!(
+                "base_url = \"{}/receiptroller\"\ntoken = \"{RR_TOKEN}\"\nwebhook_id = \"wh_sim\"\nresume_when_off = {resume}\nper_page = 7",
+                self.api
+            ),
+            ProviderKind::Mekari => format!(
+                "base_url = \"{}/mekari\"\nclient_id = \"{MEKARI_CLIENT}\"\nclient_secret = \"{mekari_secret}\"\noutlets = [\"OUT-1\", \"OUT-2\"]\nendpoint_key = \"ep_sim\"\nresume_when_off = {resume}\nper_page = 5",
+                self.api
+            ),
+        }
     }
 }
 

@@ -17,6 +17,7 @@ mod event_times;
 mod kafka_security;
 mod leader_loss;
 mod ledger_full;
+mod monitoring;
 mod ordering;
 mod outage_start;
 mod redis_cluster;
