@@ -405,15 +405,20 @@ async fn every_series_the_rules_and_the_dashboard_read_is_on_a_running_posbridge
     let base = format!("http://127.0.0.1:{port}");
     let sim = Sim::start(&base, &["--events", "0"]).await;
     let dir = tempfile::tempdir().unwrap();
+    // A source whose secret comes from a file: the secret files' gauges.
+    let secret_file = dir.path().join("mekari.secret");
+    std::fs::write(&secret_file, "from-a-file\n").unwrap();
     let text = listening_on(
         &spool_config_text(&brokers(), &unique("monitoring"), dir.path()),
         port,
     ) + &format!(
         "\n[receiptroller.sources.main.api]\n{}\n[mekari.sources.main.api]\n{}\n\
          [reconcile]\nenabled = true\ninterval_secs = 1\ninitial_window_secs = 3600\n\
-         [watchdog]\nenabled = true\ninterval_secs = 1\n",
+         [watchdog]\nenabled = true\ninterval_secs = 1\n\
+         [mekari.sources.from_files]\nsecrets_files = [\"{}\"]\n",
         sim.api_toml(ProviderKind::ReceiptRoller, MEKARI_CLIENT_SECRET, false),
         sim.api_toml(ProviderKind::Mekari, MEKARI_CLIENT_SECRET, false),
+        secret_file.display(),
     );
     let config = dir.path().join("posbridge.toml");
     std::fs::write(&config, text).unwrap();
