@@ -115,13 +115,13 @@ pub fn webhook_source(entry: SourceEntry<'_>) -> Result<WebhookSource, LoadError
     let config = entry.config;
     let source = entry.source();
     let found = secrets::load(config, scheme)?;
-    let secrets: Vec<_> = found.iter().map(|f| f.secret.clone()).collect();
-    let verifier = Verifier::new(scheme, header, &secrets, config.tolerance_secs).map_err(
-        |(index, source)| LoadError::Unfit {
-            origin: found[index].origin.clone(),
-            source,
-        },
-    )?;
+    let verifier = Verifier::new(
+        scheme,
+        header,
+        &secrets::secrets_of(&found),
+        config.tolerance_secs,
+    )
+    .map_err(|refused| secrets::unfit(&found, refused))?;
     Ok(WebhookSource {
         verifier,
         spools: config.on_broker_unavailable == OnBrokerUnavailable::Spool,

@@ -401,8 +401,10 @@ impl App {
         let secret_files = tokio::spawn(self.secret_files.watch(stop_background.clone()));
         let served = ingress::serve(listener, self.state, shutdown).await;
         stop_background.cancel();
-        // It stops between reads; a read in progress finishes on its own.
-        let _ = secret_files.await;
+        // A read of the secret files may hang on a stuck mount; it only
+        // replaces the verifier's secrets, so it is abandoned rather than
+        // waited for ahead of the in-flight deliveries and the flush.
+        secret_files.abort();
         if let Some(drainer) = drainer {
             // The drainer stops between entries or mid-entry; either is safe.
             let _ = drainer.await;

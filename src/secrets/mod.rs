@@ -178,6 +178,22 @@ pub fn read(source: &SourceConfig) -> Result<Vec<Found>, ReadError> {
     Ok(found)
 }
 
+/// The secrets of `found`, in its order: what a [`crate::verify::Verifier`]
+/// is built from or given.
+pub fn secrets_of(found: &[Found]) -> Vec<Secret> {
+    found.iter().map(|f| f.secret.clone()).collect()
+}
+
+/// A secret of `found` the verifier refused (by its index), named by where
+/// it was read. [`load`] checked each against the scheme already, so the
+/// verifier refusing one means the two disagree.
+pub fn unfit(found: &[Found], (index, source): (usize, SecretError)) -> LoadError {
+    LoadError::Unfit {
+        origin: found[index].origin.clone(),
+        source,
+    }
+}
+
 /// Reads a source's secrets and checks each against its scheme.
 ///
 /// # Errors

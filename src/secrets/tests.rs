@@ -14,57 +14,15 @@ use super::*;
 use crate::config::Config;
 use crate::verify::{KeyChange, Verifier, sign};
 
-/// A directory laid out as the kubelet mounts a Secret: each key a link
-/// `key -> ..data/key`, `..data` a link to the version directory that holds
-/// the files.
-pub(crate) struct Mount {
-    dir: tempfile::TempDir,
-    version: u32,
-}
+#[path = "../../tests/it/support/secret_mount.rs"]
+mod secret_mount;
+use secret_mount::SecretMount;
 
-impl Mount {
-    pub(crate) fn new(keys: &[(&str, &str)]) -> Mount {
-        let mut mount = Mount {
-            dir: tempfile::tempdir().unwrap(),
-            version: 0,
-        };
-        mount.update(keys);
-        mount
-    }
-
-    pub(crate) fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// Updates it as the kubelet does: the new version written beside the
-    /// old, `..data` swapped to it in one rename, links made for new keys,
-    /// then the links of removed keys and the old version deleted.
-    pub(crate) fn update(&mut self, keys: &[(&str, &str)]) {
-        let dir = self.dir.path();
-        let old = format!("..v{}", self.version);
-        self.version += 1;
-        let new = format!("..v{}", self.version);
-        std::fs::create_dir(dir.join(&new)).unwrap();
-        for (key, value) in keys {
-            std::fs::write(dir.join(&new).join(key), value).unwrap();
-        }
-        symlink(&new, dir.join("..data_tmp")).unwrap();
-        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
-        for (key, _) in keys {
-            if std::fs::symlink_metadata(dir.join(key)).is_err() {
-                symlink(Path::new("..data").join(key), dir.join(key)).unwrap();
-            }
-        }
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let name = entry.unwrap().file_name().into_string().unwrap();
-            if !name.starts_with('.') && !keys.iter().any(|(key, _)| *key == name) {
-                std::fs::remove_file(dir.join(name)).unwrap();
-            }
-        }
-        if dir.join(&old).exists() {
-            std::fs::remove_dir_all(dir.join(old)).unwrap();
-        }
-    }
+/// A Secret mount in a temporary directory that lives as long as it.
+fn new_mount(keys: &[(&str, &str)]) -> (tempfile::TempDir, SecretMount) {
+    let dir = tempfile::tempdir().unwrap();
+    let mount = SecretMount::new(&dir.path().join("secret"), keys);
+    (dir, mount)
 }
 
 /// A ReceiptRoller source `main` with these secret settings (TOML lines).
@@ -107,7 +65,7 @@ fn secrets(found: &[Found]) -> Vec<&str> {
 
 #[test]
 fn a_kubernetes_mount_reads_as_its_keys_through_the_data_link() {
-    let mount = Mount::new(&[("current", "new-secret-2\n"), ("previous", "old-secret-1")]);
+    let (_dir, mount) = new_mount(&[("current", "new-secret-2\n"), ("previous", "old-secret-1")]);
     std::fs::write(mount.path().join(".hidden"), "not-a-key-3").unwrap();
     let config = config(&format!(
         "secrets = [\"inline-secret\"]\nsecrets_dir = {}",
@@ -184,7 +142,7 @@ fn what_cannot_be_read_is_an_error_at_its_key() {
 
 #[test]
 fn a_reload_puts_new_secrets_in_use_and_takes_removed_ones_out() {
-    let mut mount = Mount::new(&[("previous", "old-secret-1")]);
+    let (_dir, mut mount) = new_mount(&[("previous", "old-secret-1")]);
     let config = config(&format!("secrets_dir = {}", toml_path(mount.path())));
     let (verifier, files) = assembled(&config);
     let mut state = vec![None];
@@ -253,7 +211,7 @@ fn a_failed_read_keeps_the_secrets_in_use_and_is_said_once() {
 
 #[test]
 fn a_key_whose_link_points_nowhere_is_being_taken_out() {
-    let mount = Mount::new(&[("current", "new-secret-2")]);
+    let (_dir, mount) = new_mount(&[("current", "new-secret-2")]);
     // The kubelet swapped `..data` to a version without `previous` and has
     // not yet removed its link.
     symlink("..data/previous", mount.path().join("previous")).unwrap();
@@ -277,7 +235,7 @@ async fn eventually_within(within: Duration, what: &str, check: impl Fn() -> boo
 
 #[tokio::test]
 async fn the_watch_reads_a_kubernetes_update_it_sees() {
-    let mut mount = Mount::new(&[("previous", "old-secret-1")]);
+    let (_dir, mut mount) = new_mount(&[("previous", "old-secret-1")]);
     let config = config(&format!("secrets_dir = {}", toml_path(mount.path())));
     let (verifier, files) = assembled(&config);
     let stop = CancellationToken::new();

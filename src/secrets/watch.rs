@@ -26,7 +26,6 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::LoadError;
 use crate::config::{SchemeName, SourceEntry};
 use crate::telemetry;
 use crate::verify::{KeyChange, Verifier};
@@ -248,14 +247,9 @@ impl FileSource {
     /// use when the read fails; `failing` as in [`SecretFiles::reload`].
     fn reload(&self, failing: &mut Option<String>) -> Reloaded {
         let loaded = super::load(&self.config, self.scheme).and_then(|found| {
-            let secrets: Vec<_> = found.iter().map(|f| f.secret.clone()).collect();
-            // `load` checked each against the scheme, so this cannot refuse one.
             self.verifier
-                .replace(&secrets)
-                .map_err(|(index, source)| LoadError::Unfit {
-                    origin: found[index].origin.clone(),
-                    source,
-                })
+                .replace(&super::secrets_of(&found))
+                .map_err(|refused| super::unfit(&found, refused))
         });
         match loaded {
             Ok(change) => {

@@ -1,5 +1,6 @@
 //! A directory laid out as the kubelet mounts a Kubernetes Secret, and
-//! updated as the kubelet updates it.
+//! updated as the kubelet updates it. The secret files' unit tests
+//! (`src/secrets/tests.rs`) use this file too.
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
@@ -13,7 +14,7 @@ pub struct SecretMount {
 
 impl SecretMount {
     /// Creates the mount at `dir` (which must not exist) with `keys`.
-    pub fn new(dir: &Path, keys: &[(&str, &[u8])]) -> SecretMount {
+    pub fn new<V: AsRef<[u8]>>(dir: &Path, keys: &[(&str, V)]) -> SecretMount {
         std::fs::create_dir(dir).unwrap();
         let mut mount = SecretMount {
             dir: dir.to_owned(),
@@ -31,7 +32,7 @@ impl SecretMount {
     /// The kubelet's update: the new version written beside the old, `..data`
     /// swapped to it in one rename, links made for new keys, then the links
     /// of removed keys and the old version deleted.
-    pub fn update(&mut self, keys: &[(&str, &[u8])]) {
+    pub fn update<V: AsRef<[u8]>>(&mut self, keys: &[(&str, V)]) {
         let dir = &self.dir;
         let old = format!("..v{}", self.version);
         self.version += 1;
