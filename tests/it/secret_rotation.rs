@@ -20,9 +20,9 @@ use crate::support::{
 const OLD: &str = "rr-old-secret-1";
 const NEW: &str = "rr-new-secret-2";
 
-/// A sale delivery to `source`, signed with `secret`, with an id of its own.
-async fn deliver(app: &TestApp, source: &str, secret: &str) -> u16 {
-    let id = unique("rotate");
+/// A new sale of its own (a fresh delivery id): the id and the body.
+fn fresh_sale(tag: &str) -> (String, Vec<u8>) {
+    let id = unique(tag);
     let body = serde_json::to_vec(&rr_sale(
         &id,
         "sale.created",
@@ -31,6 +31,12 @@ async fn deliver(app: &TestApp, source: &str, secret: &str) -> u16 {
         1100,
     ))
     .unwrap();
+    (id, body)
+}
+
+/// A sale delivery to `source`, signed with `secret`, with an id of its own.
+async fn deliver(app: &TestApp, source: &str, secret: &str) -> u16 {
+    let (id, body) = fresh_sale("rotate");
     app.send_raw("receiptroller", source, &id, body, Some(secret))
         .await
         .status()
@@ -211,15 +217,7 @@ async fn sighup_reads_the_secret_files_again() {
     let send = |secret: &'static str| {
         let (http, base) = (http.clone(), base.clone());
         async move {
-            let id = unique("sighup");
-            let body = serde_json::to_vec(&rr_sale(
-                &id,
-                "sale.created",
-                "2026-11-30T08:00:00Z",
-                &format!("T1|2026-11|{id}"),
-                1100,
-            ))
-            .unwrap();
+            let (id, body) = fresh_sale("sighup");
             // None when posbridge does not answer at all.
             signed_request(
                 &http,
