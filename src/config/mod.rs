@@ -14,6 +14,7 @@ mod reconcile;
 mod server;
 mod source;
 mod spool;
+mod telemetry;
 
 use std::fmt;
 use std::path::Path;
@@ -32,6 +33,7 @@ pub use source::{
     ApiSection, OnBrokerUnavailable, ProviderConfig, SchemeName, Secret, Secrets, SourceConfig,
 };
 pub use spool::SpoolConfig;
+pub use telemetry::{OtlpConfig, TelemetryConfig};
 
 /// Environment variables with this prefix override file keys.
 pub const ENV_PREFIX: &str = "POSBRIDGE";
@@ -120,6 +122,9 @@ pub struct Config {
     /// The operator's status page.
     #[serde(default)]
     pub admin: AdminConfig,
+    /// Traces (OpenTelemetry over OTLP); off by default.
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
 }
 
 /// One configured source, as [`Config::sources`] yields it.
@@ -275,7 +280,12 @@ impl Config {
                 );
             }
         }
-        for (key, message) in self.admin.problems() {
+        for (key, message) in self
+            .admin
+            .problems()
+            .into_iter()
+            .chain(self.telemetry.otlp.problems())
+        {
             problem(&key, message);
         }
         for (key, ms) in [

@@ -31,3 +31,4 @@ mod spool;
 mod status_page;
 mod tls;
 mod topic_failure;
+mod traces;
