@@ -219,6 +219,7 @@ impl Traces {
 
     /// A webhook delivery's span, from its request: a child of the
     /// request's `traceparent` when it carries a valid one, else a new trace.
+    #[inline]
     pub fn delivery(
         &self,
         headers: &axum::http::HeaderMap,
@@ -226,21 +227,10 @@ impl Traces {
         source: &str,
         delivery_id: Option<&str>,
     ) -> DeliveryTrace {
-        let Some(exporting) = &self.0 else {
-            return DeliveryTrace(None);
-        };
-        let parent =
-            TraceContextPropagator::new().extract(&opentelemetry_http::HeaderExtractor(headers));
-        let mut attributes = vec![
-            KeyValue::new(PROVIDER, provider.as_str()),
-            KeyValue::new(SOURCE, source.to_owned()),
-            KeyValue::new(HTTP_METHOD, "POST"),
-            KeyValue::new(HTTP_ROUTE, WEBHOOK_ROUTE),
-        ];
-        if let Some(id) = delivery_id {
-            attributes.push(KeyValue::new(DELIVERY_ID, id.to_owned()));
+        match &self.0 {
+            None => DeliveryTrace(None),
+            Some(exporting) => exporting.delivery(headers, provider, source, delivery_id),
         }
-        exporting.root("delivery", SpanKind::Server, attributes, &parent)
     }
 
     /// The span of work no request started: a new trace.
@@ -284,6 +274,27 @@ impl Traces {
 }
 
 impl Exporting {
+    fn delivery(
+        &self,
+        headers: &axum::http::HeaderMap,
+        provider: ProviderKind,
+        source: &str,
+        delivery_id: Option<&str>,
+    ) -> DeliveryTrace {
+        let parent =
+            TraceContextPropagator::new().extract(&opentelemetry_http::HeaderExtractor(headers));
+        let mut attributes = vec![
+            KeyValue::new(PROVIDER, provider.as_str()),
+            KeyValue::new(SOURCE, source.to_owned()),
+            KeyValue::new(HTTP_METHOD, "POST"),
+            KeyValue::new(HTTP_ROUTE, WEBHOOK_ROUTE),
+        ];
+        if let Some(id) = delivery_id {
+            attributes.push(KeyValue::new(DELIVERY_ID, id.to_owned()));
+        }
+        self.root("delivery", SpanKind::Server, attributes, &parent)
+    }
+
     fn root(
         &self,
         name: &'static str,
@@ -318,6 +329,51 @@ struct Traced {
     context: Context,
 }
 
+impl Traced {
+    fn child(&self, name: &'static str, kind: SpanKind, attributes: Vec<KeyValue>) -> StageSpan {
+        let span = self
+            .tracer
+            .span_builder(name)
+            .with_kind(kind)
+            .with_attributes(attributes)
+            .start_with_context(&self.tracer, &self.context);
+        StageSpan(Some(Box::new(span)))
+    }
+
+    fn event(&self, event: &PosEvent, key: &EntityKey) {
+        let span = self.context.span();
+        span.set_attribute(KeyValue::new(ENTITY_TYPE, event.entity_type.as_str()));
+        span.set_attribute(KeyValue::new(ENTITY_KEY, key.as_str().to_owned()));
+        span.set_attribute(KeyValue::new(EVENT_TYPE, event.event_type.clone()));
+    }
+
+    fn outcome(&self, outcome: &'static str, dead_letter_reason: Option<&'static str>) {
+        let span = self.context.span();
+        span.set_attribute(KeyValue::new(OUTCOME, outcome));
+        if let Some(code) = dead_letter_reason {
+            span.set_attribute(KeyValue::new(DEAD_LETTER_REASON, code));
+        }
+    }
+
+    fn answered(
+        &self,
+        outcome: &'static str,
+        dead_letter_reason: Option<&'static str>,
+        status: u16,
+        error: Option<&dyn Display>,
+    ) {
+        self.outcome(outcome, dead_letter_reason);
+        let span = self.context.span();
+        span.set_attribute(KeyValue::new(HTTP_STATUS, i64::from(status)));
+        match error {
+            Some(error) if status >= 500 => span.set_status(Status::error(error.to_string())),
+            Some(error) => span.set_attribute(KeyValue::new(REFUSAL, error.to_string())),
+            None => {}
+        }
+        span.end();
+    }
+}
+
 impl std::fmt::Debug for DeliveryTrace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.0 {
@@ -333,47 +389,39 @@ impl std::fmt::Debug for DeliveryTrace {
 
 impl DeliveryTrace {
     /// A stage's span, a child of the delivery's, ended when dropped.
+    /// Inlined, as the other calls on the way of every delivery: off, each
+    /// is the one branch on `None`.
+    #[inline]
     pub fn stage(&self, stage: Stage) -> StageSpan {
-        self.child(stage.as_str(), SpanKind::Internal, Vec::new())
+        match &self.0 {
+            None => StageSpan(None),
+            Some(traced) => traced.child(stage.as_str(), SpanKind::Internal, Vec::new()),
+        }
     }
 
     /// The produce stage's span for a record to `topic`: the span whose
     /// context the record's `traceparent` carries.
+    #[inline]
     pub fn produce(&self, topic: &str) -> StageSpan {
-        if self.0.is_none() {
-            return StageSpan(None);
+        match &self.0 {
+            None => StageSpan(None),
+            Some(traced) => traced.child(
+                Stage::Produce.as_str(),
+                SpanKind::Producer,
+                vec![
+                    KeyValue::new(MESSAGING_SYSTEM, "kafka"),
+                    KeyValue::new(MESSAGING_DESTINATION, topic.to_owned()),
+                    KeyValue::new(MESSAGING_OPERATION, "send"),
+                ],
+            ),
         }
-        self.child(
-            Stage::Produce.as_str(),
-            SpanKind::Producer,
-            vec![
-                KeyValue::new(MESSAGING_SYSTEM, "kafka"),
-                KeyValue::new(MESSAGING_DESTINATION, topic.to_owned()),
-                KeyValue::new(MESSAGING_OPERATION, "send"),
-            ],
-        )
-    }
-
-    fn child(&self, name: &'static str, kind: SpanKind, attributes: Vec<KeyValue>) -> StageSpan {
-        let Some(traced) = &self.0 else {
-            return StageSpan(None);
-        };
-        let span = traced
-            .tracer
-            .span_builder(name)
-            .with_kind(kind)
-            .with_attributes(attributes)
-            .start_with_context(&traced.tracer, &traced.context);
-        StageSpan(Some(Box::new(span)))
     }
 
     /// The event the delivery became: its entity and event type.
+    #[inline]
     pub fn event(&self, event: &PosEvent, key: &EntityKey) {
         if let Some(traced) = &self.0 {
-            let span = traced.context.span();
-            span.set_attribute(KeyValue::new(ENTITY_TYPE, event.entity_type.as_str()));
-            span.set_attribute(KeyValue::new(ENTITY_KEY, key.as_str().to_owned()));
-            span.set_attribute(KeyValue::new(EVENT_TYPE, event.event_type.clone()));
+            traced.event(event, key);
         }
     }
 
@@ -381,11 +429,7 @@ impl DeliveryTrace {
     /// spooled delivery's replay, a redelivery, a reconciled record).
     pub fn outcome(&self, outcome: &'static str, dead_letter_reason: Option<&'static str>) {
         if let Some(traced) = &self.0 {
-            let span = traced.context.span();
-            span.set_attribute(KeyValue::new(OUTCOME, outcome));
-            if let Some(code) = dead_letter_reason {
-                span.set_attribute(KeyValue::new(DEAD_LETTER_REASON, code));
-            }
+            traced.outcome(outcome, dead_letter_reason);
         }
     }
 
@@ -403,6 +447,7 @@ impl DeliveryTrace {
     /// outcome (the metric label), the status, and what went wrong for a
     /// refusal (an attribute for 4xx, the span's error status for 5xx, as
     /// OpenTelemetry's HTTP conventions have it).
+    #[inline]
     pub fn answered(
         &self,
         outcome: &'static str,
@@ -410,18 +455,9 @@ impl DeliveryTrace {
         status: u16,
         error: Option<&dyn Display>,
     ) {
-        let Some(traced) = &self.0 else {
-            return;
-        };
-        self.outcome(outcome, dead_letter_reason);
-        let span = traced.context.span();
-        span.set_attribute(KeyValue::new(HTTP_STATUS, i64::from(status)));
-        match error {
-            Some(error) if status >= 500 => span.set_status(Status::error(error.to_string())),
-            Some(error) => span.set_attribute(KeyValue::new(REFUSAL, error.to_string())),
-            None => {}
+        if let Some(traced) = &self.0 {
+            traced.answered(outcome, dead_letter_reason, status, error);
         }
-        span.end();
     }
 }
 
@@ -431,6 +467,7 @@ pub struct StageSpan(Option<Box<Span>>);
 
 impl StageSpan {
     /// Marks the stage failed, with why.
+    #[inline]
     pub fn failed(&mut self, error: &dyn Display) {
         if let Some(span) = &mut self.0 {
             span.set_status(Status::error(error.to_string()));
@@ -438,8 +475,9 @@ impl StageSpan {
     }
 
     /// Marks the stage failed when `result` is an error; hands it back.
+    #[inline]
     pub fn result<T, E: Display>(mut self, result: Result<T, E>) -> Result<T, E> {
-        if let Err(error) = &result {
+        if let (Some(_), Err(error)) = (&self.0, &result) {
             self.failed(error);
         }
         result
@@ -449,15 +487,21 @@ impl StageSpan {
     /// and `tracestate` when the trace has one); none when traces are off.
     /// A trace that is not sampled is propagated too (flags `00`), so the
     /// consumer does not sample it either.
+    #[inline]
     pub fn record_headers(&self) -> Vec<(&'static str, String)> {
-        let Some(span) = &self.0 else {
-            return Vec::new();
-        };
-        let context = Context::new().with_remote_span_context(span.span_context().clone());
-        let mut headers = RecordHeaders(Vec::with_capacity(1));
-        TraceContextPropagator::new().inject_context(&context, &mut headers);
-        headers.0
+        match &self.0 {
+            None => Vec::new(),
+            Some(span) => context_headers(span),
+        }
     }
+}
+
+/// The W3C headers of a span's context.
+fn context_headers(span: &Span) -> Vec<(&'static str, String)> {
+    let context = Context::new().with_remote_span_context(span.span_context().clone());
+    let mut headers = RecordHeaders(Vec::with_capacity(1));
+    TraceContextPropagator::new().inject_context(&context, &mut headers);
+    headers.0
 }
 
 /// Collects the propagator's headers under their constant names.

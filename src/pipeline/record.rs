@@ -71,15 +71,14 @@ pub fn entity_record(
     trace: Vec<(&'static str, String)>,
 ) -> OutgoingRecord {
     debug_assert_eq!(*key, event.key(), "the record is keyed by its own entity");
-    let mut headers = Vec::with_capacity(5 + trace.len());
-    headers.extend([
+    let mut headers = vec![
         (HEADER_DELIVERY_ID, event.event_id.clone()),
         (HEADER_PROVIDER, event.provider.as_str().to_owned()),
         (HEADER_EVENT_TYPE, event.event_type.clone()),
         (HEADER_SOURCE, event.source.clone()),
         (HEADER_ORIGIN, event.origin.as_str().to_owned()),
-    ]);
-    headers.extend(trace);
+    ];
+    with_trace(&mut headers, trace);
     OutgoingRecord {
         topic: topic.to_owned(),
         key: key.as_str().to_owned(),
@@ -97,15 +96,14 @@ pub fn dead_letter_record(
     topic: &str,
     trace: Vec<(&'static str, String)>,
 ) -> OutgoingRecord {
-    let mut headers = Vec::with_capacity(5 + trace.len());
-    headers.extend([
+    let mut headers = vec![
         (HEADER_DELIVERY_ID, letter.delivery_id.to_owned()),
         (HEADER_PROVIDER, letter.provider.as_str().to_owned()),
         (HEADER_SOURCE, letter.source.to_owned()),
         (HEADER_REASON, letter.reason),
         (HEADER_REASON_CODE, letter.code.to_owned()),
-    ]);
-    headers.extend(trace);
+    ];
+    with_trace(&mut headers, trace);
     OutgoingRecord {
         topic: topic.to_owned(),
         key: DeliveryKey::new(letter.provider, letter.delivery_id)
@@ -115,6 +113,14 @@ pub fn dead_letter_record(
         timestamp_ms: millis(letter.received_at),
         headers,
         provider: letter.provider.as_str(),
+    }
+}
+
+/// Adds the trace context headers, when traces are on; off, the headers
+/// stay as allocated.
+fn with_trace(headers: &mut Vec<(&'static str, String)>, trace: Vec<(&'static str, String)>) {
+    if !trace.is_empty() {
+        headers.extend(trace);
     }
 }
 
