@@ -32,6 +32,7 @@ use crate::event::DeliveryKey;
 use crate::pipeline::{DeadLetter, Delivery, Outcome, Pipeline, PipelineError};
 use crate::spool::{Spool, SpoolError, SpooledDelivery};
 use crate::telemetry;
+use crate::traces::DeliveryTrace;
 use crate::verify::VerifiedBody;
 
 /// How many entries one pass reads from the spool.
@@ -281,6 +282,8 @@ fn delivery_of(spooled: SpooledDelivery) -> Delivery {
         received_at: spooled.received_at,
         arrived: Instant::now(),
         spools: false,
+        // The pipeline starts the span of its replay.
+        trace: DeliveryTrace::default(),
     }
 }
 

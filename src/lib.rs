@@ -20,6 +20,7 @@
 //! * [`event`]: the normalized event and its identifiers.
 //! * [`config`]: the configuration file as plain data, and the checks the data alone allows.
 //! * [`telemetry`]: every metric name and label key; the Prometheus recorder.
+//! * [`traces`]: a span per delivery and its stages over OTLP, the records' `traceparent`.
 //! * [`ticker`]: the tick of background loops that stop with the service.
 //! * [`verify`]: signature schemes, constant-time, several secrets.
 //! * [`secrets`]: secrets from files, read again when they change.
@@ -60,5 +61,6 @@ pub mod status;
 pub mod store_file;
 pub mod telemetry;
 pub mod ticker;
+pub mod traces;
 pub mod verify;
 pub mod watchdog;

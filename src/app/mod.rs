@@ -30,6 +30,7 @@ use crate::secrets::{LoadError, ReloadRequest, SecretFiles};
 use crate::spool::{Spool, SpoolError};
 use crate::status::Board;
 use crate::telemetry;
+use crate::traces::{TraceError, Traces};
 
 pub use check::{load, problems, webhook_source};
 
@@ -48,6 +49,9 @@ pub enum BuildError {
     /// The outage spool could not be opened.
     #[error("cannot open the spool")]
     Spool(#[from] SpoolError),
+    /// The trace exporter refused its settings.
+    #[error("cannot export traces")]
+    Traces(#[from] TraceError),
     /// A source's secret file cannot be read, or a secret does not fit its
     /// signature scheme.
     #[error("{key}.{}: {source}", .source.key())]
@@ -77,6 +81,7 @@ impl BuildError {
                 "check schema_registry.url and its credentials; a refused schema must be made compatible with the subject's latest version (posbridge schema check)"
             }
             BuildError::Spool(_) => "check spool.path; one posbridge process per spool file",
+            BuildError::Traces(_) => "check telemetry.otlp (endpoint, headers)",
             BuildError::Secret {
                 source: LoadError::Read(_),
                 ..
@@ -275,6 +280,10 @@ impl App {
             sources.insert((entry.provider, entry.name.to_owned()), webhook);
         }
 
+        let traces = Traces::start(&config.telemetry.otlp)?;
+        if let Some(url) = config.telemetry.otlp.traces_url() {
+            info!(%url, "Exporting a trace of every delivery over OTLP.");
+        }
         announce_series(&sources, encoder.name());
         let board = Board::new(sources.keys().cloned());
         Ok(App {
@@ -287,6 +296,7 @@ impl App {
                         publisher,
                         topics,
                         spool,
+                        traces,
                     },
                     Timing {
                         inflight_wait,
@@ -366,13 +376,13 @@ impl App {
         ingress::router(self.state.clone())
     }
 
-    /// Waits for queued records to be delivered, at most `server.shutdown_timeout_ms`.
+    /// The end of a run: waits for queued records to be delivered, then
+    /// exports the spans still batched and stops the exporter, each at most
+    /// `server.shutdown_timeout_ms`.
     pub async fn flush(&self) {
-        self.state
-            .pipeline
-            .publisher()
-            .flush(self.shutdown_timeout)
-            .await;
+        let pipeline = &self.state.pipeline;
+        pipeline.publisher().flush(self.shutdown_timeout).await;
+        pipeline.traces().shutdown(self.shutdown_timeout).await;
     }
 
     /// The drainer of the spool, when a source spools.

@@ -15,6 +15,7 @@ mod reconcile;
 mod server;
 mod source;
 mod spool;
+mod telemetry;
 
 use std::fmt;
 use std::time::Duration;
@@ -33,6 +34,7 @@ pub use source::{
     ApiSection, OnBrokerUnavailable, ProviderConfig, SchemeName, Secret, Secrets, SourceConfig,
 };
 pub use spool::SpoolConfig;
+pub use telemetry::{OtlpConfig, TelemetryConfig};
 
 /// Mekari's last retry comes about 11 hours after the first attempt (plus up
 /// to a minute of jitter); a done delivery id must be remembered longer.
@@ -116,6 +118,9 @@ pub struct Config {
     /// The operator's status page.
     #[serde(default)]
     pub admin: AdminConfig,
+    /// Traces (OpenTelemetry over OTLP); off by default.
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
 }
 
 /// One configured source, as [`Config::sources`] yields it.
@@ -233,7 +238,12 @@ impl Config {
                 );
             }
         }
-        for (key, message) in self.admin.problems() {
+        for (key, message) in self
+            .admin
+            .problems()
+            .into_iter()
+            .chain(self.telemetry.otlp.problems())
+        {
             problem(&key, message);
         }
         for (key, ms) in [

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use time::OffsetDateTime;
@@ -23,6 +23,7 @@ use crate::pipeline::{Delivery, Handled};
 use crate::providers;
 use crate::status::board;
 use crate::telemetry;
+use crate::traces::{DeliveryTrace, Stage};
 
 /// `POST /webhooks/{provider}/{source}`.
 pub async fn receive(
@@ -46,11 +47,27 @@ pub async fn receive(
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty())
         .map(str::to_owned);
+    // A configured source's request is a delivery, traced from here,
+    // continuing the request's own trace when it names one.
+    let trace = match source {
+        Some(source) => state.pipeline.traces().delivery(
+            &headers,
+            provider,
+            &source.source.name,
+            delivery_id.as_deref(),
+        ),
+        None => DeliveryTrace::default(),
+    };
     let result = match source {
         Some(source) => {
-            handle(&state, source, headers, body, delivery_id.clone(), started)
-                .instrument(span)
-                .await
+            let delivery = Request {
+                headers,
+                body,
+                delivery_id: delivery_id.clone(),
+                arrived: started,
+                trace: trace.clone(),
+            };
+            handle(&state, source, delivery).instrument(span).await
         }
         None => Err(WebhookError::UnknownSource(key.1)),
     };
@@ -58,6 +75,15 @@ pub async fn receive(
         Ok(handled) => RequestOutcome::Handled(handled.outcome),
         Err(error) => error.outcome(),
     };
+    match &result {
+        Ok(handled) => trace.answered(
+            outcome.as_str(),
+            handled.dead_letter_reason,
+            StatusCode::OK.as_u16(),
+            None,
+        ),
+        Err(error) => trace.answered(outcome.as_str(), None, error.status().as_u16(), Some(error)),
+    }
     let elapsed = started.elapsed();
     match source {
         Some(source) => source.meters.record(outcome, elapsed),
@@ -93,14 +119,32 @@ pub async fn receive(
     response
 }
 
+/// A webhook request as it came, for [`handle`].
+struct Request {
+    /// Its headers: signature, delivery id.
+    headers: HeaderMap,
+    /// Its body, not read yet.
+    body: Body,
+    /// The delivery-id header's value, when it has one.
+    delivery_id: Option<String>,
+    /// When it started: the answer budget counts from here.
+    arrived: Instant,
+    /// Its delivery's span.
+    trace: DeliveryTrace,
+}
+
 async fn handle(
     state: &AppState,
     webhook: &WebhookSource,
-    headers: HeaderMap,
-    body: Body,
-    delivery_id: Option<String>,
-    arrived: Instant,
+    request: Request,
 ) -> Result<Handled, WebhookError> {
+    let Request {
+        headers,
+        body,
+        delivery_id,
+        arrived,
+        trace,
+    } = request;
     let provider = webhook.source.provider;
     let declared = headers
         .get(axum::http::header::CONTENT_LENGTH)
@@ -127,20 +171,23 @@ async fn handle(
         Err(_) => return Err(WebhookError::BodyTimeout(state.body_read_timeout)),
     };
     let now = OffsetDateTime::now_utc();
-    let body = webhook
-        .verifier
-        .verify(&headers, bytes, now.unix_timestamp())
-        .inspect_err(|e| {
-            metrics::counter!(
-                telemetry::SIGNATURE_FAILURES,
-                telemetry::PROVIDER => provider.as_str(),
-                telemetry::SOURCE => webhook.source.name.clone()
-            )
-            .increment(1);
-            // Loud on purpose: a wrong secret silences a ReceiptRoller webhook
-            // after four refused attempts, and pauses a Mekari endpoint after ten.
-            error!(error = %e, "Webhook signature refused; check this source's secrets and scheme.");
-        })?;
+    let verifying = trace.stage(Stage::Verify);
+    let verified = verifying.result(
+        webhook
+            .verifier
+            .verify(&headers, bytes, now.unix_timestamp()),
+    );
+    let body = verified.inspect_err(|e| {
+        metrics::counter!(
+            telemetry::SIGNATURE_FAILURES,
+            telemetry::PROVIDER => provider.as_str(),
+            telemetry::SOURCE => webhook.source.name.clone()
+        )
+        .increment(1);
+        // Loud on purpose: a wrong secret silences a ReceiptRoller webhook
+        // after four refused attempts, and pauses a Mekari endpoint after ten.
+        error!(error = %e, "Webhook signature refused; check this source's secrets and scheme.");
+    })?;
     // Checked only now: a request that is not signed is a 401 first.
     let delivery_id = delivery_id.ok_or_else(|| {
         WebhookError::MissingDeliveryId(providers::for_kind(provider).delivery_id_header())
@@ -153,6 +200,7 @@ async fn handle(
         received_at: now,
         arrived,
         spools: webhook.spools,
+        trace,
     };
     Ok(state.pipeline.deliver(delivery).await?)
 }

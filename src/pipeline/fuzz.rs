@@ -27,6 +27,7 @@ use crate::config::{RegistryConfig, Secret};
 use crate::encode::{Encoder, decode};
 use crate::event::{Origin, ProviderKind, Source};
 use crate::providers::{self, Context};
+use crate::traces::DeliveryTrace;
 use crate::verify::{Verifier, sign};
 
 const SECRET: &str = "fuzz-secret";
@@ -275,6 +276,7 @@ fn run(provider: ProviderKind, body: &[u8], delivery_id: &str) -> Fate {
         received_at,
         arrived: Instant::now(),
         spools: false,
+        trace: DeliveryTrace::default(),
     };
     let envelope = match identify(&delivery) {
         Ok((_, envelope)) => envelope,

@@ -13,6 +13,7 @@ use crate::ledger::Begin;
 use crate::providers::{self, Context, NormalizeError};
 use crate::spool::SpooledDelivery;
 use crate::telemetry;
+use crate::traces::{DeliveryTrace, Origin as TraceOrigin, Stage};
 
 /// How often a duplicate re-checks the ledger while the first attempt runs.
 const IN_FLIGHT_POLL: Duration = Duration::from_millis(20);
@@ -89,8 +90,17 @@ impl Pipeline {
                     received_at: delivery.received_at,
                     body: delivery.body.bytes().clone(),
                 };
-                match tokio::time::timeout_at(deadline.into(), spool.append(&spooled)).await {
-                    Ok(Ok(())) => {
+                let mut stage = delivery.trace.stage(Stage::Spool);
+                let appended = tokio::time::timeout_at(deadline.into(), spool.append(&spooled))
+                    .await
+                    .map_err(|_| PipelineError::DeadlinePassed)
+                    .and_then(|appended| appended.map_err(PipelineError::from));
+                if let Err(error) = &appended {
+                    stage.failed(error);
+                }
+                drop(stage);
+                match appended {
+                    Ok(()) => {
                         debug!(%error, "Delivery spooled.");
                         metrics::counter!(
                             telemetry::SPOOLED,
@@ -100,8 +110,7 @@ impl Pipeline {
                         .increment(1);
                         Ok(Handled::bare(Outcome::Spooled))
                     }
-                    Ok(Err(spool_error)) => Err(spool_error.into()),
-                    Err(_) => Err(PipelineError::DeadlinePassed),
+                    Err(error) => Err(error),
                 }
             }
             (result, _) => result,
@@ -114,11 +123,24 @@ impl Pipeline {
     ///
     /// # Errors
     /// As [`Pipeline::deliver`]; the drainer keeps the entry and tries again.
-    pub async fn replay(&self, delivery: Delivery) -> Result<Outcome, PipelineError> {
-        let (key, envelope) = identify(&delivery)?;
-        let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;
-        let handled = self.run(delivery, envelope, &key, deadline, false).await?;
-        Ok(handled.outcome)
+    pub async fn replay(&self, mut delivery: Delivery) -> Result<Outcome, PipelineError> {
+        let source = &delivery.source;
+        let trace = self.inner.traces.start_root(
+            TraceOrigin::SpoolReplay,
+            source.provider,
+            &source.name,
+            &delivery.delivery_id,
+        );
+        delivery.trace = trace.clone();
+        let replayed = async {
+            let (key, envelope) = identify(&delivery)?;
+            let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;
+            self.run(delivery, envelope, &key, deadline, false).await
+        }
+        .await;
+        let outcome = replayed.map(|handled| handled.outcome);
+        ended(&trace, &outcome);
+        outcome
     }
 
     /// Takes the lease, processes, and gives the lease back on failure; all
@@ -133,26 +155,9 @@ impl Pipeline {
         spooled_is_duplicate: bool,
     ) -> Result<Handled, PipelineError> {
         let provider = delivery.source.provider;
-        let acquired = tokio::time::timeout_at(deadline.into(), self.acquire(key, false))
-            .await
-            .unwrap_or(Err(PipelineError::DeadlinePassed));
-        if !acquired? {
+        let dedup = delivery.trace.stage(Stage::Dedup);
+        if !dedup.result(self.lease(key, deadline, spooled_is_duplicate).await)? {
             return Ok(Handled::bare(self.duplicate(provider)));
-        }
-        if let Some(spool) = &self.inner.spool
-            && spooled_is_duplicate
-        {
-            match spool.contains(key) {
-                Ok(false) => {}
-                Ok(true) => {
-                    self.inner.ledger.release(key).await;
-                    return Ok(Handled::bare(self.duplicate(provider)));
-                }
-                Err(error) => {
-                    self.inner.ledger.release(key).await;
-                    return Err(error.into());
-                }
-            }
         }
         // Boxed: the processing future is a few KiB, and `leased` would
         // otherwise hold it twice (its argument and its timeout) inside every
@@ -161,6 +166,39 @@ impl Pipeline {
         let work = Box::pin(self.process(delivery, envelope, key.clone()));
         self.leased(key, provider, deadline, work, Result::is_ok)
             .await
+    }
+
+    /// Takes the lease of a new delivery before `deadline`; `Ok(false)`
+    /// when it is a duplicate (done, or with `spooled_is_duplicate` in the
+    /// spool), and then no lease is held.
+    async fn lease(
+        &self,
+        key: &DeliveryKey,
+        deadline: Instant,
+        spooled_is_duplicate: bool,
+    ) -> Result<bool, PipelineError> {
+        let acquired = tokio::time::timeout_at(deadline.into(), self.acquire(key, false))
+            .await
+            .unwrap_or(Err(PipelineError::DeadlinePassed));
+        if !acquired? {
+            return Ok(false);
+        }
+        if let Some(spool) = &self.inner.spool
+            && spooled_is_duplicate
+        {
+            match spool.contains(key) {
+                Ok(false) => {}
+                Ok(true) => {
+                    self.inner.ledger.release(key).await;
+                    return Ok(false);
+                }
+                Err(error) => {
+                    self.inner.ledger.release(key).await;
+                    return Err(error.into());
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Runs `work` for a delivery whose lease the caller took, before
@@ -224,12 +262,17 @@ impl Pipeline {
         envelope: Envelope,
         key: DeliveryKey,
     ) -> Result<Handled, PipelineError> {
-        match self.normalize(&delivery, envelope) {
+        let trace = &delivery.trace;
+        let normalized = trace
+            .stage(Stage::Normalize)
+            .result(self.normalize(&delivery, envelope));
+        match normalized {
             Ok(normalized) => {
                 let event_type = Some(normalized.event.event_type.clone());
                 let entity = normalized.event.key();
+                trace.event(&normalized.event, &entity);
                 let (outcome, dead_letter_reason) =
-                    self.apply_as(normalized, &entity, Some(key)).await?;
+                    self.apply_as(normalized, &entity, Some(key), trace).await?;
                 Ok(Handled {
                     outcome,
                     event_type,
@@ -239,7 +282,7 @@ impl Pipeline {
             }
             Err(reason) => {
                 let code = reason.code();
-                self.dead_letter(DeadLetter {
+                let letter = DeadLetter {
                     provider: delivery.source.provider,
                     source: &delivery.source.name,
                     delivery_id: &delivery.delivery_id,
@@ -247,9 +290,9 @@ impl Pipeline {
                     body: delivery.body.bytes().to_vec(),
                     code,
                     reason: reason.to_string(),
-                })
-                .await?;
-                self.commit(Some(key), None).await?;
+                };
+                self.dead_letter_in(letter, trace).await?;
+                self.commit(Some(key), None, trace).await?;
                 Ok(Handled {
                     dead_letter_reason: Some(code),
                     ..Handled::bare(Outcome::DeadLettered)
@@ -288,6 +331,15 @@ impl Pipeline {
             }
             Envelope::Unusable(reason) => Err(reason),
         }
+    }
+}
+
+/// Puts how work no request waits for ended on its span (for a webhook,
+/// the request's answer does that).
+pub(super) fn ended(trace: &DeliveryTrace, result: &Result<Outcome, PipelineError>) {
+    match result {
+        Ok(outcome) => trace.outcome(outcome.as_str(), None),
+        Err(error) => trace.failed(error),
     }
 }
 

@@ -38,6 +38,7 @@ use crate::event::Source;
 use crate::ledger::Ledger;
 use crate::publish::{Publisher, Topics};
 use crate::spool::Spool;
+use crate::traces::{DeliveryTrace, Traces};
 use crate::verify::VerifiedBody;
 
 pub use outcome::{Handled, Outcome, PipelineError, Redelivery};
@@ -63,6 +64,9 @@ pub struct Delivery {
     /// Whether its source spools what Kafka cannot take in time
     /// (`on_broker_unavailable = "spool"`).
     pub spools: bool,
+    /// Its span, under which each stage opens its own; off unless traces
+    /// are on.
+    pub trace: DeliveryTrace,
 }
 
 /// The pipeline handle, shared by the ingress and the reconciler. Cheap to clone.
@@ -88,6 +92,8 @@ struct Inner {
     max_event_ahead: Duration,
     /// The outage spool, when any source spools.
     spool: Option<Spool>,
+    /// The span exporter, when traces are on.
+    traces: Traces,
     /// Dead letters written since start, whichever path wrote them.
     dead_letters: std::sync::atomic::AtomicU64,
     /// The webhook deliveries running, each on a task of its own; shutdown
@@ -107,6 +113,8 @@ pub struct Stages {
     pub topics: Topics,
     /// The outage spool, when any source spools.
     pub spool: Option<Spool>,
+    /// The span exporter, when traces are on.
+    pub traces: Traces,
 }
 
 /// The pipeline's time limits, from the configuration.
@@ -130,6 +138,7 @@ impl Pipeline {
             publisher,
             topics,
             spool,
+            traces,
         } = stages;
         Pipeline {
             inner: Arc::new(Inner {
@@ -141,6 +150,7 @@ impl Pipeline {
                 answer_budget: timing.answer_budget,
                 max_event_ahead: timing.max_event_ahead,
                 spool,
+                traces,
                 dead_letters: std::sync::atomic::AtomicU64::new(0),
                 deliveries: tokio_util::task::TaskTracker::new(),
             }),
@@ -183,6 +193,7 @@ impl Pipeline {
                     })
                     .expect("a fresh spool file opens"),
                 ),
+                traces: Traces::default(),
             },
             Timing {
                 inflight_wait,
@@ -205,6 +216,12 @@ impl Pipeline {
     /// The encoder, for readiness checks.
     pub fn encoder(&self) -> &Encoder {
         &self.inner.encoder
+    }
+
+    /// The span exporter: the ingress starts each delivery's span with it,
+    /// and shutdown exports what is batched.
+    pub fn traces(&self) -> &Traces {
+        &self.inner.traces
     }
 
     /// The ledger, for readiness checks and the reconciler's checkpoints.

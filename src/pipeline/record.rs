@@ -1,6 +1,8 @@
 //! The records the pipeline produces, built without I/O: an entity's state
 //! (or tombstone) on its compacted topic, and a raw body on the dead-letter
-//! topic. Key, headers and timestamp are decided here and nowhere else.
+//! topic. Key, headers and timestamp are decided here and nowhere else;
+//! the trace context a record carries (`traceparent`, when traces are on)
+//! comes in as headers of the producing span (`traces::StageSpan::record_headers`).
 
 use time::OffsetDateTime;
 
@@ -59,33 +61,49 @@ impl<'a> DeadLetter<'a> {
 
 /// An entity's state on its topic, keyed by the entity (`key`, the
 /// event's own, built once by the caller); `payload` `None` writes a
-/// tombstone. Timestamped with when the change happened.
+/// tombstone. Timestamped with when the change happened. `trace`: the
+/// producing span's context headers (none when traces are off).
 pub fn entity_record(
     event: &PosEvent,
     key: &EntityKey,
     topic: &str,
     payload: Option<Vec<u8>>,
+    trace: Vec<(&'static str, String)>,
 ) -> OutgoingRecord {
     debug_assert_eq!(*key, event.key(), "the record is keyed by its own entity");
+    let mut headers = vec![
+        (HEADER_DELIVERY_ID, event.event_id.clone()),
+        (HEADER_PROVIDER, event.provider.as_str().to_owned()),
+        (HEADER_EVENT_TYPE, event.event_type.clone()),
+        (HEADER_SOURCE, event.source.clone()),
+        (HEADER_ORIGIN, event.origin.as_str().to_owned()),
+    ];
+    with_trace(&mut headers, trace);
     OutgoingRecord {
         topic: topic.to_owned(),
         key: key.as_str().to_owned(),
         payload,
         timestamp_ms: millis(event.occurred_at),
-        headers: vec![
-            (HEADER_DELIVERY_ID, event.event_id.clone()),
-            (HEADER_PROVIDER, event.provider.as_str().to_owned()),
-            (HEADER_EVENT_TYPE, event.event_type.clone()),
-            (HEADER_SOURCE, event.source.clone()),
-            (HEADER_ORIGIN, event.origin.as_str().to_owned()),
-        ],
+        headers,
         provider: event.provider.as_str(),
     }
 }
 
 /// A dead letter on the dead-letter topic, keyed by its delivery and
-/// timestamped with its arrival.
-pub fn dead_letter_record(letter: DeadLetter<'_>, topic: &str) -> OutgoingRecord {
+/// timestamped with its arrival; `trace` as for [`entity_record`].
+pub fn dead_letter_record(
+    letter: DeadLetter<'_>,
+    topic: &str,
+    trace: Vec<(&'static str, String)>,
+) -> OutgoingRecord {
+    let mut headers = vec![
+        (HEADER_DELIVERY_ID, letter.delivery_id.to_owned()),
+        (HEADER_PROVIDER, letter.provider.as_str().to_owned()),
+        (HEADER_SOURCE, letter.source.to_owned()),
+        (HEADER_REASON, letter.reason),
+        (HEADER_REASON_CODE, letter.code.to_owned()),
+    ];
+    with_trace(&mut headers, trace);
     OutgoingRecord {
         topic: topic.to_owned(),
         key: DeliveryKey::new(letter.provider, letter.delivery_id)
@@ -93,14 +111,16 @@ pub fn dead_letter_record(letter: DeadLetter<'_>, topic: &str) -> OutgoingRecord
             .to_owned(),
         payload: Some(letter.body),
         timestamp_ms: millis(letter.received_at),
-        headers: vec![
-            (HEADER_DELIVERY_ID, letter.delivery_id.to_owned()),
-            (HEADER_PROVIDER, letter.provider.as_str().to_owned()),
-            (HEADER_SOURCE, letter.source.to_owned()),
-            (HEADER_REASON, letter.reason),
-            (HEADER_REASON_CODE, letter.code.to_owned()),
-        ],
+        headers,
         provider: letter.provider.as_str(),
+    }
+}
+
+/// Adds the trace context headers, when traces are on; off, the headers
+/// stay as allocated.
+fn with_trace(headers: &mut Vec<(&'static str, String)>, trace: Vec<(&'static str, String)>) {
+    if !trace.is_empty() {
+        headers.extend(trace);
     }
 }
 
@@ -156,11 +176,13 @@ mod tests {
         let record = cut_dead_letter(dead_letter_record(
             DeadLetter::of_event(&event(), "publish_refused", "too large".into()),
             "dlq",
+            Vec::new(),
         ));
         assert_eq!(header(&record, HEADER_BODY_BYTES), Some("12"));
         let mut big = dead_letter_record(
             DeadLetter::of_event(&event(), "publish_refused", "too large".into()),
             "dlq",
+            vec![("traceparent", TRACEPARENT.to_owned())],
         );
         big.payload = Some(body.clone());
         let cut = cut_dead_letter(big);
@@ -179,6 +201,11 @@ mod tests {
         );
         assert_eq!(header(&cut, HEADER_REASON), Some("too large"));
         assert_eq!(
+            header(&cut, "traceparent"),
+            Some(TRACEPARENT),
+            "the cut copy is the same record"
+        );
+        assert_eq!(
             record.payload.map(|p| p.len()),
             Some(12),
             "a short body stays whole"
@@ -195,7 +222,13 @@ mod tests {
 
     #[test]
     fn an_entity_record_is_keyed_by_the_entity_and_stamped_when_it_happened() {
-        let record = entity_record(&event(), &event().key(), "pos.orders", Some(vec![1, 2]));
+        let record = entity_record(
+            &event(),
+            &event().key(),
+            "pos.orders",
+            Some(vec![1, 2]),
+            Vec::new(),
+        );
         assert_eq!(record.topic, "pos.orders");
         assert_eq!(record.key, "mekari:acme:O-1");
         assert_eq!(record.payload.as_deref(), Some(&[1u8, 2][..]));
@@ -206,12 +239,28 @@ mod tests {
         assert_eq!(header(&record, HEADER_SOURCE), Some("main"));
         assert_eq!(header(&record, HEADER_ORIGIN), Some("reconciler"));
         assert_eq!(header(&record, HEADER_REASON), None);
-        assert_eq!(record.headers.len(), 5);
+        assert_eq!(
+            record.headers.len(),
+            5,
+            "no trace context while traces are off"
+        );
+        let traced = entity_record(
+            &event(),
+            &event().key(),
+            "pos.orders",
+            None,
+            vec![("traceparent", TRACEPARENT.to_owned())],
+        );
+        assert_eq!(header(&traced, "traceparent"), Some(TRACEPARENT));
+        assert_eq!(traced.headers.len(), 6);
     }
+
+    /// A W3C trace context (the specification's own example).
+    const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
     #[test]
     fn a_deleted_entity_is_a_tombstone_under_the_same_key() {
-        let record = entity_record(&event(), &event().key(), "pos.orders", None);
+        let record = entity_record(&event(), &event().key(), "pos.orders", None, Vec::new());
         assert_eq!(record.key, "mekari:acme:O-1");
         assert_eq!(record.payload, None);
     }
@@ -220,7 +269,11 @@ mod tests {
     fn a_dead_letter_keeps_the_raw_body_and_says_why() {
         let event = event();
         let letter = DeadLetter::of_event(&event, "publish_refused", "record too large".into());
-        let record = dead_letter_record(letter, "pos.dead-letter");
+        let record = dead_letter_record(
+            letter,
+            "pos.dead-letter",
+            vec![("traceparent", TRACEPARENT.to_owned())],
+        );
         assert_eq!(record.topic, "pos.dead-letter");
         assert_eq!(record.key, "mekari:d1");
         assert_eq!(record.payload.as_deref(), Some(event.raw.as_bytes()));
@@ -232,6 +285,7 @@ mod tests {
         assert_eq!(header(&record, HEADER_PROVIDER), Some("mekari"));
         assert_eq!(header(&record, HEADER_EVENT_TYPE), None);
         assert_eq!(header(&record, HEADER_ORIGIN), None);
-        assert_eq!(record.headers.len(), 5);
+        assert_eq!(header(&record, "traceparent"), Some(TRACEPARENT));
+        assert_eq!(record.headers.len(), 6);
     }
 }

@@ -8,6 +8,7 @@ use super::write::entity_state;
 use super::{Delivery, Outcome, Pipeline, PipelineError, Redelivery};
 use crate::event::{DeliveryKey, Normalized};
 use crate::guard::{self, Decision};
+use crate::traces::{Origin as TraceOrigin, Stage};
 
 impl Pipeline {
     /// Puts a dead letter's body through the line again as its original
@@ -21,15 +22,37 @@ impl Pipeline {
     /// # Errors
     /// [`PipelineError`] when the outcome could not be made durable (Kafka,
     /// registry or ledger unavailable; the same id in flight): worth trying again.
-    pub async fn redeliver(&self, delivery: Delivery) -> Result<Redelivery, PipelineError> {
+    pub async fn redeliver(&self, mut delivery: Delivery) -> Result<Redelivery, PipelineError> {
+        let source = &delivery.source;
+        let trace = self.inner.traces.start_root(
+            TraceOrigin::Redelivery,
+            source.provider,
+            &source.name,
+            &delivery.delivery_id,
+        );
+        delivery.trace = trace.clone();
+        let redelivered = self.redeliver_traced(delivery).await;
+        match &redelivered {
+            Ok(Redelivery::Applied { outcome, .. }) => trace.outcome(outcome.as_str(), None),
+            Ok(Redelivery::StillFailing { code, .. }) => trace.outcome("still_failing", Some(code)),
+            Err(error) => trace.failed(error),
+        }
+        redelivered
+    }
+
+    /// [`Pipeline::redeliver`] under the delivery's span.
+    async fn redeliver_traced(&self, delivery: Delivery) -> Result<Redelivery, PipelineError> {
         let (key, envelope) = match identify(&delivery) {
             Ok(identified) => identified,
             Err(error) => return Ok(Redelivery::still_failing(MISMATCH_CODE, error)),
         };
         let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;
-        tokio::time::timeout_at(deadline.into(), self.acquire(&key, true))
-            .await
-            .unwrap_or(Err(PipelineError::DeadlinePassed))?;
+        let dedup = delivery.trace.stage(Stage::Dedup);
+        dedup.result(
+            tokio::time::timeout_at(deadline.into(), self.acquire(&key, true))
+                .await
+                .unwrap_or(Err(PipelineError::DeadlinePassed)),
+        )?;
         let work = self.redeliver_leased(&delivery, envelope, key.clone());
         // A durable outcome ended the lease with its commit.
         let applied = |result: &Result<Redelivery, PipelineError>| {
@@ -46,15 +69,22 @@ impl Pipeline {
         envelope: Envelope,
         key: DeliveryKey,
     ) -> Result<Redelivery, PipelineError> {
-        let normalized = match self.normalize(delivery, envelope) {
+        let trace = &delivery.trace;
+        let normalized = match trace
+            .stage(Stage::Normalize)
+            .result(self.normalize(delivery, envelope))
+        {
             Ok(normalized) => normalized,
             Err(reason) => return Ok(Redelivery::still_failing(reason.code(), reason)),
         };
         let entity = normalized.event.key();
-        Ok(match self.write(normalized, &entity, Some(key)).await? {
-            Written::Done(outcome) => Redelivery::Applied { outcome, entity },
-            Written::Refused { code, reason, .. } => Redelivery::StillFailing { code, reason },
-        })
+        trace.event(&normalized.event, &entity);
+        Ok(
+            match self.write(normalized, &entity, Some(key), trace).await? {
+                Written::Done(outcome) => Redelivery::Applied { outcome, entity },
+                Written::Refused { code, reason, .. } => Redelivery::StillFailing { code, reason },
+            },
+        )
     }
 
     /// What [`Pipeline::redeliver`] would do with a dead letter now, without

@@ -81,6 +81,7 @@ fn delivery_of(delivery_id: &str, body: Vec<u8>) -> Delivery {
         received_at: datetime!(2026-11-29 12:00 UTC),
         arrived: Instant::now(),
         spools: false,
+        trace: DeliveryTrace::default(),
     }
 }
 

@@ -3,17 +3,19 @@
 
 use tracing::{debug, info, warn};
 
+use super::intake::ended;
 use super::outcome::Written;
 use super::{
     DeadLetter, Outcome, Pipeline, PipelineError, cut_dead_letter, dead_letter_record,
     entity_record,
 };
 use crate::encode::EncodeError;
-use crate::event::{Content, DeliveryKey, EntityKey, Normalized, PosEvent};
+use crate::event::{Content, DeliveryKey, EntityKey, Normalized, Origin, PosEvent};
 use crate::guard::{self, Decision};
-use crate::ledger::{Commit, EntitySlot, EntityState, LedgerError};
+use crate::ledger::{Commit, EntityLock, EntitySlot, EntityState, LedgerError};
 use crate::publish::PublishError;
 use crate::telemetry;
+use crate::traces::{DeliveryTrace, Origin as TraceOrigin, Stage};
 
 impl Pipeline {
     /// Guards, encodes and publishes one normalized event, then records the
@@ -29,28 +31,42 @@ impl Pipeline {
         delivery: Option<DeliveryKey>,
     ) -> Result<Outcome, PipelineError> {
         let entity = normalized.event.key();
-        let (outcome, _) = self.apply_as(normalized, &entity, delivery).await?;
-        Ok(outcome)
+        let event = &normalized.event;
+        let trace = self.inner.traces.start_root(
+            TraceOrigin::Reconcile,
+            event.provider,
+            &event.source,
+            &event.event_id,
+        );
+        trace.event(event, &entity);
+        let applied = self
+            .apply_as(normalized, &entity, delivery, &trace)
+            .await
+            .map(|(outcome, _)| outcome);
+        ended(&trace, &applied);
+        applied
     }
 
     /// [`Pipeline::apply`] with the event's entity key, built once by a
-    /// caller that needs it too; a dead letter's reason code with the outcome.
+    /// caller that needs it too, under the span `trace`; a dead letter's
+    /// reason code with the outcome.
     pub(super) async fn apply_as(
         &self,
         normalized: Normalized,
         key: &EntityKey,
         delivery: Option<DeliveryKey>,
+        trace: &DeliveryTrace,
     ) -> Result<(Outcome, Option<&'static str>), PipelineError> {
-        match self.write(normalized, key, delivery.clone()).await? {
+        match self.write(normalized, key, delivery.clone(), trace).await? {
             Written::Done(outcome) => Ok((outcome, None)),
             Written::Refused {
                 event,
                 code,
                 reason,
             } => {
-                self.dead_letter(DeadLetter::of_event(&event, code, reason))
+                self.dead_letter_in(DeadLetter::of_event(&event, code, reason), trace)
                     .await?;
-                self.commit(delivery, None).await?;
+                self.commit(delivery, None, trace).await?;
                 Ok((Outcome::DeadLettered, Some(code)))
             }
         }
@@ -58,18 +74,20 @@ impl Pipeline {
 
     /// Guard → encode → publish → commit, under the entity's lock; a record
     /// refused for good is handed back uncommitted. `key` is the event's
-    /// entity key.
+    /// entity key; each stage opens its span under `trace`.
     pub(super) async fn write(
         &self,
         normalized: Normalized,
         key: &EntityKey,
         delivery: Option<DeliveryKey>,
+        trace: &DeliveryTrace,
     ) -> Result<Written, PipelineError> {
         let Normalized { event, content } = normalized;
         let (slot, incoming) = entity_state(&event, key, &content);
-        let _lock = self.inner.ledger.lock_entity(&slot).await?;
-        let written = self.inner.ledger.entity(&slot).await?;
-        match guard::decide(written.as_ref(), &incoming, event.origin) {
+        let guarding = trace.stage(Stage::Guard);
+        let (_lock, decision) =
+            guarding.result(self.guard(&slot, &incoming, event.origin).await)?;
+        match decision {
             Decision::Stale => {
                 metrics::counter!(
                     telemetry::STALE_EVENTS,
@@ -82,23 +100,20 @@ impl Pipeline {
                     event_type = %event.event_type,
                     "Stale event held back: the topic already has a newer state."
                 );
-                self.commit(delivery, None).await?;
+                self.commit(delivery, None, trace).await?;
                 return Ok(Written::Done(Outcome::Stale));
             }
             Decision::Unchanged => {
-                self.commit(delivery, None).await?;
+                self.commit(delivery, None, trace).await?;
                 return Ok(Written::Done(Outcome::Unchanged));
             }
             Decision::Publish => {}
         }
         let topic = self.inner.topics.entity(event.entity_type);
-        let payload = self.payload(&event)?;
-        match self
-            .inner
-            .publisher
-            .send(&entity_record(&event, key, topic, payload))
-            .await
-        {
+        let payload = trace.stage(Stage::Encode).result(self.payload(&event))?;
+        let producing = trace.produce(topic);
+        let record = entity_record(&event, key, topic, payload, producing.record_headers());
+        match producing.result(self.inner.publisher.send(&record).await) {
             Ok(_) => {}
             Err(PublishError::Refused(reason)) => {
                 return Ok(Written::Refused {
@@ -112,10 +127,23 @@ impl Pipeline {
         // The record is in Kafka, so the delivery is answered 2xx. A failed
         // write raised the ledger's fence, which keeps it and writes it
         // before the ledger is read again; the fence logs the failure.
-        if let Err(error) = self.commit(delivery, Some((slot, incoming))).await {
+        if let Err(error) = self.commit(delivery, Some((slot, incoming)), trace).await {
             debug!(entity = %key, %error, "Published; its ledger write waits behind the fence.");
         }
         Ok(Written::Done(Outcome::Published))
+    }
+
+    /// The guard's decision under the entity's lock, which the caller holds
+    /// until the decision is carried out.
+    async fn guard(
+        &self,
+        slot: &EntitySlot,
+        incoming: &EntityState,
+        origin: Origin,
+    ) -> Result<(EntityLock, Decision), LedgerError> {
+        let lock = self.inner.ledger.lock_entity(slot).await?;
+        let written = self.inner.ledger.entity(slot).await?;
+        Ok((lock, guard::decide(written.as_ref(), incoming, origin)))
     }
 
     /// An event's record value on its topic: none for a deleted entity (a
@@ -128,31 +156,59 @@ impl Pipeline {
         self.inner.encoder.encode(topic, event).map(Some)
     }
 
+    /// Records a durable outcome in the ledger: the delivery done, the
+    /// entity's new state, or both; nothing to write, nothing done.
     pub(super) async fn commit(
         &self,
         delivery: Option<DeliveryKey>,
         entity: Option<(EntitySlot, EntityState)>,
+        trace: &DeliveryTrace,
     ) -> Result<(), LedgerError> {
         if delivery.is_none() && entity.is_none() {
             return Ok(());
         }
-        self.inner
-            .ledger
-            .commit(Commit {
-                delivery,
-                entity,
-                checkpoint: None,
-            })
-            .await
+        let committing = trace.stage(Stage::Commit);
+        committing.result(
+            self.inner
+                .ledger
+                .commit(Commit {
+                    delivery,
+                    entity,
+                    checkpoint: None,
+                })
+                .await,
+        )
     }
 
     /// Writes what could not become an event to the dead-letter topic, with
-    /// the reason in a header; also the reconciler's entry point for records
-    /// it cannot normalize.
+    /// the reason in a header: the entry point of the reconciler (records it
+    /// cannot normalize) and the drainer (deliveries it sets aside), a trace
+    /// of its own.
     ///
     /// # Errors
     /// [`PipelineError::Publish`] when the broker did not acknowledge it.
     pub async fn dead_letter(&self, letter: DeadLetter<'_>) -> Result<(), PipelineError> {
+        let trace = self.inner.traces.start_root(
+            TraceOrigin::DeadLetter,
+            letter.provider,
+            letter.source,
+            letter.delivery_id,
+        );
+        let code = letter.code;
+        let written = self.dead_letter_in(letter, &trace).await;
+        match &written {
+            Ok(()) => trace.outcome(Outcome::DeadLettered.as_str(), Some(code)),
+            Err(error) => trace.failed(error),
+        }
+        written
+    }
+
+    /// [`Pipeline::dead_letter`] under the span `trace`.
+    pub(super) async fn dead_letter_in(
+        &self,
+        letter: DeadLetter<'_>,
+        trace: &DeliveryTrace,
+    ) -> Result<(), PipelineError> {
         // The one log line of a dead letter, whichever stage could not go on.
         warn!(
             provider = %letter.provider,
@@ -163,17 +219,19 @@ impl Pipeline {
             "Event dead-lettered with its raw body."
         );
         let (provider, code) = (letter.provider, letter.code);
-        let record = dead_letter_record(letter, self.inner.topics.dead_letter());
-        match self.inner.publisher.send(&record).await {
-            Ok(_) => {}
+        let topic = self.inner.topics.dead_letter();
+        let producing = trace.produce(topic);
+        let record = dead_letter_record(letter, topic, producing.record_headers());
+        let sent = match self.inner.publisher.send(&record).await {
             // Too large whole: a cut copy is still a permanent outcome, where
             // refusing would ask the provider to retry what can never fit.
             Err(error) if error.is_too_large() => {
                 warn!(%error, "Dead letter refused whole; writing its head with the body's length and hash.");
-                self.inner.publisher.send(&cut_dead_letter(record)).await?;
+                self.inner.publisher.send(&cut_dead_letter(record)).await
             }
-            Err(error) => return Err(error.into()),
-        }
+            sent => sent,
+        };
+        producing.result(sent)?;
         metrics::counter!(
             telemetry::DEAD_LETTERS,
             telemetry::PROVIDER => provider.as_str(),

@@ -15,6 +15,7 @@ use crate::pipeline::{
     HEADER_REASON_CODE, HEADER_SOURCE,
 };
 use crate::reconcile::RECONCILED_ID_PREFIX;
+use crate::traces::DeliveryTrace;
 use crate::verify::VerifiedBody;
 
 /// One record of the dead-letter topic, owned.
@@ -192,6 +193,8 @@ pub fn select(letter: &Letter, filter: &Filter, sources: &Sources) -> Selection 
         received_at,
         arrived: Instant::now(),
         spools: false,
+        // The pipeline starts the span of its replay.
+        trace: DeliveryTrace::default(),
     })
 }
 

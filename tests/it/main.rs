@@ -34,3 +34,4 @@ mod spool;
 mod status_page;
 mod tls;
 mod topic_failure;
+mod traces;
