@@ -1,7 +1,8 @@
 //! The `posbridge` command: `serve` runs the bridge (and, where enabled, the
 //! scheduled reconciler and the webhook watchdog), `reconcile` reads one
-//! window from a provider's API, `reconciler` runs the catch-up side alone,
-//! `replay-dead-letters` puts dead letters through again, `check-config`
+//! window from a provider's API, `reconciler` runs the catch-up side alone
+//! (with `/healthz`, `/readyz` and `/metrics` on `server.listen`, no
+//! webhooks), `replay-dead-letters` puts dead letters through again, `check-config`
 //! explains every mistake in a configuration file. `anyhow` lives here only.
 
 use std::path::PathBuf;
@@ -97,7 +98,8 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Run the scheduled reconciler and the webhook watchdog without the HTTP ingress.
+    /// Run the scheduled reconciler and the webhook watchdog without the webhook
+    /// route: only /healthz, /readyz and /metrics on server.listen.
     Reconciler {
         /// TOML configuration file.
         #[arg(long, short, env = "POSBRIDGE_CONFIG")]
@@ -316,9 +318,19 @@ async fn reconciler(path: PathBuf) -> anyhow::Result<()> {
     let app = App::build_for_catch_up(&config)
         .await
         .map_err(start_error)?;
+    let listener = tokio::net::TcpListener::bind(&config.server.listen)
+        .await
+        .with_context(|| format!("binding {}", config.server.listen))?;
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let background = spawn_background(&config, &app, &shutdown, true)?;
+    let ops = app.serve_ops(listener, shutdown.clone().cancelled_owned());
+    background.spawn(async move {
+        if let Err(error) = ops.await {
+            error!(%error, "The operations listener failed; /healthz, /readyz and /metrics are gone.");
+        }
+    });
+    info!(listen = %config.server.listen, "Probes and /metrics on the server listener; no webhooks.");
     background.wait().await;
     app.flush().await;
     Ok(())

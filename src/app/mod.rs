@@ -371,6 +371,21 @@ impl App {
         )
     }
 
+    /// Serves the operations endpoints alone (`/healthz`, `/readyz`,
+    /// `/metrics`) on `listener` until `shutdown` resolves: what
+    /// `posbridge reconciler`, which takes no webhooks, is probed and
+    /// scraped on (see [`ingress::serve_ops`]).
+    ///
+    /// # Errors
+    /// When the listener fails.
+    pub fn serve_ops(
+        &self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> impl Future<Output = std::io::Result<()>> + Send + 'static {
+        ingress::serve_ops(listener, self.state.clone(), shutdown)
+    }
+
     /// The router, for handler tests without a socket.
     pub fn router(&self) -> axum::Router {
         ingress::router(self.state.clone())

@@ -74,14 +74,33 @@ pub struct AppState {
 /// reference count is cheaper than one per handle.
 pub fn router(state: AppState) -> Router {
     let retry_after_secs = state.retry_after_secs;
-    Router::new()
-        .route(
+    answered(
+        ops_routes().route(
             "/webhooks/{provider}/{source}",
             guarded(post(webhook::receive), retry_after_secs),
-        )
+        ),
+        state,
+    )
+}
+
+/// The operations endpoints alone (`/healthz`, `/readyz`, `/metrics`), for
+/// `posbridge reconciler`: its probes and its scrape, and no webhook route,
+/// since it takes no deliveries.
+pub fn ops_router(state: AppState) -> Router {
+    answered(ops_routes(), state)
+}
+
+/// The operations routes both routers hold.
+fn ops_routes() -> Router<Arc<AppState>> {
+    Router::new()
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
+}
+
+/// `routes` with the JSON answers for what they do not route, and the state.
+fn answered(routes: Router<Arc<AppState>>, state: AppState) -> Router {
+    routes
         .fallback(|| async { WebhookError::NoRoute.into_response() })
         .method_not_allowed_fallback(|| async { WebhookError::MethodNotAllowed.into_response() })
         .with_state(Arc::new(state))
@@ -140,4 +159,18 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let limits = state.connections;
     listen::serve(listener, router(state), limits, shutdown).await
+}
+
+/// Serves [`ops_router`] under the same rules as [`serve`], until
+/// `shutdown` resolves.
+///
+/// # Errors
+/// When the listener fails.
+pub async fn serve_ops(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let limits = state.connections;
+    listen::serve(listener, ops_router(state), limits, shutdown).await
 }

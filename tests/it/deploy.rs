@@ -120,6 +120,43 @@ fn config_file(objects: &[Value]) -> String {
         .to_owned()
 }
 
+/// The Services the ServiceMonitor scrapes `/metrics` of on their http
+/// port, by name.
+fn scraped(objects: &[Value]) -> Vec<&str> {
+    let monitor = &object(objects, "ServiceMonitor", "pb-posbridge")["spec"];
+    assert_eq!(monitor["endpoints"][0]["port"], "http");
+    assert_eq!(monitor["endpoints"][0]["path"], "/metrics");
+    let mut names: Vec<&str> = objects
+        .iter()
+        .filter(|o| o["kind"] == "Service" && monitor_selects(monitor, o))
+        .map(|o| o["metadata"]["name"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    names
+}
+
+/// Whether a ServiceMonitor's `selector` (its `matchLabels` and
+/// `matchExpressions` with `In`) picks `service` by its labels.
+fn monitor_selects(monitor: &Value, service: &Value) -> bool {
+    let labels = &service["metadata"]["labels"];
+    let selector = &monitor["selector"];
+    let matched = selector["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .all(|(key, value)| labels[key] == *value);
+    let expressed = selector["matchExpressions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|expression| {
+            assert_eq!(expression["operator"], "In", "only In is read here");
+            let values = expression["values"].as_array().unwrap();
+            values.contains(&labels[expression["key"].as_str().unwrap()])
+        });
+    matched && expressed
+}
+
 fn container(workload: &Value) -> &Value {
     &workload["spec"]["template"]["spec"]["containers"][0]
 }
@@ -161,7 +198,9 @@ fn the_chart_lints_in_both_shapes() {
 
 /// The embedded shape: one replica whose one volume holds ledger and spool,
 /// the reconciler inside it; the shared shape: replicas on Redis, a volume
-/// each for its spool, the reconciler in a Deployment of one.
+/// each for its spool, the reconciler in a Deployment of one, probed like
+/// the replicas and scraped through a Service of its own that the webhook
+/// Service never routes to.
 #[test]
 fn both_shapes_render_what_kubernetes_accepts() {
     for shape in SHAPES {
@@ -189,7 +228,7 @@ fn both_shapes_render_what_kubernetes_accepts() {
                 assert!(config.ledger.path.starts_with("/var/lib/posbridge"));
                 assert!(config.reconcile.enabled, "inside the one replica");
                 assert!(!has(&objects, "Deployment", "pb-posbridge-reconciler"));
-                assert!(has(&objects, "ServiceMonitor", "pb-posbridge"));
+                assert_eq!(scraped(&objects), ["pb-posbridge"]);
                 // Helm reads numbers as floats; the file has them as written.
                 assert!(config_file(&objects).contains("body_limit_bytes = 2097152\n"));
                 // shutdown_timeout_ms = 20000: 5 s preStop + 3 × 20 s + 5 s.
@@ -198,7 +237,36 @@ fn both_shapes_render_what_kubernetes_accepts() {
             _ => {
                 assert_eq!(set["spec"]["replicas"], 3);
                 assert_eq!(config.ledger.backend, LedgerBackend::Redis);
-                assert!(has(&objects, "Deployment", "pb-posbridge-reconciler"));
+                let reconciler = object(&objects, "Deployment", "pb-posbridge-reconciler");
+                let process = container(reconciler);
+                assert_eq!(process["args"][0], "reconciler");
+                assert_eq!(process["ports"][0]["name"], "http");
+                assert_eq!(process["ports"][0]["containerPort"], 8080);
+                for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+                    assert_eq!(process[probe], posbridge[probe], "{probe}");
+                }
+                let pod_labels = |workload: &Value| {
+                    workload["spec"]["template"]["metadata"]["labels"]
+                        .as_object()
+                        .unwrap()
+                        .clone()
+                };
+                let selects = |service: &str, labels: &serde_json::Map<String, Value>| {
+                    object(&objects, "Service", service)["spec"]["selector"]
+                        .as_object()
+                        .unwrap()
+                        .iter()
+                        .all(|(key, value)| labels.get(key) == Some(value))
+                };
+                let (replica, reconciler) = (pod_labels(set), pod_labels(reconciler));
+                assert!(selects("pb-posbridge", &replica));
+                assert!(!selects("pb-posbridge", &reconciler), "providers reach it");
+                assert!(selects("pb-posbridge-reconciler", &reconciler));
+                assert!(!selects("pb-posbridge-reconciler", &replica));
+                assert_eq!(
+                    scraped(&objects),
+                    ["pb-posbridge", "pb-posbridge-reconciler"]
+                );
                 // The default shutdown_timeout_ms, 10000.
                 assert_eq!(pod["terminationGracePeriodSeconds"], 40);
             }

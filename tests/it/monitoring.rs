@@ -19,8 +19,8 @@ use yaml_rust2::{Yaml, YamlLoader};
 
 use crate::catch_up::{MEKARI_CLIENT_SECRET, Sim};
 use crate::support::{
-    brokers, free_port, listening_on, mekari_order, rr_sale, signed_request, spawn_serve,
-    spool_config_text, unique, wait_healthy,
+    brokers, config_text, free_port, listening_on, mekari_order, rr_sale, signed_request,
+    spawn_posbridge, spawn_serve, spool_config_text, unique, wait_healthy,
 };
 
 /// The alerting rules.
@@ -377,7 +377,7 @@ fn assert_exported(read: &BTreeMap<String, Vec<String>>, metrics: &str, when: &s
     );
 }
 
-/// A `posbridge serve` process, killed on drop (a failed assertion too).
+/// A `posbridge` process, killed on drop (a failed assertion too).
 struct Serving(std::process::Child);
 
 impl Drop for Serving {
@@ -527,4 +527,70 @@ async fn every_series_the_rules_and_the_dashboard_read_is_on_a_running_posbridge
         .filter(|le| le.is_finite())
         .fold(0.0, f64::max);
     assert!(highest >= 10.0, "the highest finite bucket is {highest} s");
+}
+
+/// `posbridge reconciler` as a process of its own (the Helm chart's shared
+/// shape) is scraped too: the watchdog's and the reconciler's series, which
+/// the webhook-off, resumed and reconcile-failing alerts read, are on its
+/// `/metrics` on `server.listen`, beside its probes, and it has no webhook
+/// route, so a provider pointed at it is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reconciler_of_its_own_serves_its_probes_and_the_watchdogs_metrics() {
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let sim = Sim::start(&base, &["--events", "0"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = listening_on(
+        &config_text(&brokers(), &unique("reconciler-ops"), dir.path()),
+        port,
+    ) + &format!(
+        "\n[receiptroller.sources.main.api]\n{}\n[mekari.sources.main.api]\n{}\n\
+         [reconcile]\ninterval_secs = 1\ninitial_window_secs = 3600\n\
+         [watchdog]\ninterval_secs = 1\n",
+        sim.api_toml(ProviderKind::ReceiptRoller, MEKARI_CLIENT_SECRET, false),
+        sim.api_toml(ProviderKind::Mekari, MEKARI_CLIENT_SECRET, false),
+    );
+    let config = dir.path().join("posbridge.toml");
+    std::fs::write(&config, text).unwrap();
+    let _reconciler = Serving(spawn_posbridge("reconciler", &config));
+    let http = reqwest::Client::new();
+    wait_healthy(&http, &base).await;
+    let get = |path: &str| http.get(format!("{base}{path}")).send();
+
+    assert_eq!(get("/healthz").await.unwrap().status(), 200);
+    let ready = get("/readyz").await.unwrap();
+    assert_eq!(ready.status(), 200, "{:?}", ready.text().await);
+    let webhook = http
+        .post(format!("{base}/webhooks/mekari/main"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(webhook.status(), 404);
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let text = get("/metrics").await.unwrap().text().await.unwrap();
+        let has = |name: &str, provider: ProviderKind| {
+            text.lines().any(|l| {
+                l.starts_with(&format!("{name}{{"))
+                    && l.contains(&format!("provider=\"{provider}\""))
+            })
+        };
+        if ProviderKind::ALL
+            .into_iter()
+            .all(|p| has("posbridge_webhook_active", p) && has("posbridge_reconcile_runs_total", p))
+        {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the reconciler's /metrics never showed both webhooks checked and reconciled:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        text.contains("posbridge_webhook_resumes_total{"),
+        "no resume counter:\n{text}"
+    );
 }

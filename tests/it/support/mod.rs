@@ -577,8 +577,13 @@ pub fn free_port() -> u16 {
 
 /// `posbridge serve` as its own process, quiet; kill it to crash it.
 pub fn spawn_serve(config: &Path) -> std::process::Child {
+    spawn_posbridge("serve", config)
+}
+
+/// `posbridge <command> --config <config>` as its own process, quiet.
+pub fn spawn_posbridge(command: &str, config: &Path) -> std::process::Child {
     std::process::Command::new(env!("CARGO_BIN_EXE_posbridge"))
-        .args(["serve", "--config"])
+        .args([command, "--config"])
         .arg(config)
         .env("POSBRIDGE_LOG", "off")
         .stdout(std::process::Stdio::null())
