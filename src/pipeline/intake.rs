@@ -90,15 +90,13 @@ impl Pipeline {
                     received_at: delivery.received_at,
                     body: delivery.body.bytes().clone(),
                 };
-                let mut stage = delivery.trace.stage(Stage::Spool);
-                let appended = tokio::time::timeout_at(deadline.into(), spool.append(&spooled))
-                    .await
-                    .map_err(|_| PipelineError::DeadlinePassed)
-                    .and_then(|appended| appended.map_err(PipelineError::from));
-                if let Err(error) = &appended {
-                    stage.failed(error);
-                }
-                drop(stage);
+                let spooling = delivery.trace.stage(Stage::Spool);
+                let appended = spooling.result(
+                    tokio::time::timeout_at(deadline.into(), spool.append(&spooled))
+                        .await
+                        .map_err(|_| PipelineError::DeadlinePassed)
+                        .and_then(|appended| appended.map_err(PipelineError::from)),
+                );
                 match appended {
                     Ok(()) => {
                         debug!(%error, "Delivery spooled.");
