@@ -122,14 +122,7 @@ impl Pipeline {
     /// # Errors
     /// As [`Pipeline::deliver`]; the drainer keeps the entry and tries again.
     pub async fn replay(&self, mut delivery: Delivery) -> Result<Outcome, PipelineError> {
-        let source = &delivery.source;
-        let trace = self.inner.traces.start_root(
-            TraceOrigin::SpoolReplay,
-            source.provider,
-            &source.name,
-            &delivery.delivery_id,
-        );
-        delivery.trace = trace.clone();
+        let trace = self.trace_of_its_own(TraceOrigin::SpoolReplay, &mut delivery);
         let replayed = async {
             let (key, envelope) = identify(&delivery)?;
             let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;

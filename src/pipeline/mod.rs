@@ -38,7 +38,7 @@ use crate::event::Source;
 use crate::ledger::Ledger;
 use crate::publish::{Publisher, Topics};
 use crate::spool::Spool;
-use crate::traces::{DeliveryTrace, Traces};
+use crate::traces::{DeliveryTrace, Origin as TraceOrigin, Traces};
 use crate::verify::VerifiedBody;
 
 pub use outcome::{Handled, Outcome, PipelineError, Redelivery};
@@ -130,6 +130,19 @@ pub struct Timing {
 }
 
 impl Pipeline {
+    /// Gives `delivery`, which no request started (a spooled delivery
+    /// replayed, a dead letter redelivered), a trace of its own, and
+    /// returns it.
+    fn trace_of_its_own(&self, origin: TraceOrigin, delivery: &mut Delivery) -> DeliveryTrace {
+        delivery.trace = self.inner.traces.start_root(
+            origin,
+            delivery.source.provider,
+            &delivery.source.name,
+            &delivery.delivery_id,
+        );
+        delivery.trace.clone()
+    }
+
     /// Joins the stages; each is built from config by `App::build`.
     pub fn new(stages: Stages, timing: Timing) -> Pipeline {
         let Stages {

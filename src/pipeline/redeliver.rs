@@ -23,14 +23,7 @@ impl Pipeline {
     /// [`PipelineError`] when the outcome could not be made durable (Kafka,
     /// registry or ledger unavailable; the same id in flight): worth trying again.
     pub async fn redeliver(&self, mut delivery: Delivery) -> Result<Redelivery, PipelineError> {
-        let source = &delivery.source;
-        let trace = self.inner.traces.start_root(
-            TraceOrigin::Redelivery,
-            source.provider,
-            &source.name,
-            &delivery.delivery_id,
-        );
-        delivery.trace = trace.clone();
+        let trace = self.trace_of_its_own(TraceOrigin::Redelivery, &mut delivery);
         let redelivered = self.redeliver_traced(delivery).await;
         match &redelivered {
             Ok(Redelivery::Applied { outcome, .. }) => trace.outcome(outcome.as_str(), None),
