@@ -88,6 +88,11 @@ pub struct EventRecord {
     pub attempts: u32,
     /// Of those, the ones not answered 2xx (no answer included).
     pub failed_attempts: u32,
+    /// Of those, the ones that got no answer at all (the connection broke or
+    /// timed out): the provider cannot know whether such an attempt wrote
+    /// its record, so a second record of this delivery is in doubt, not a
+    /// duplicate the receiver let through.
+    pub unanswered_attempts: u32,
     /// The last HTTP status it got (0: no answer).
     pub last_status: Option<u16>,
     /// A second copy was sent.

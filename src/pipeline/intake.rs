@@ -40,11 +40,21 @@ impl Pipeline {
         // would lose the entity's version (an older event would then
         // publish) and its delivery id (the retry would publish again).
         let pipeline = self.clone();
-        let span = tracing::Span::current();
+        self.to_the_end(async move { pipeline.deliver_here(delivery).await })
+            .await
+    }
+
+    /// Runs `work` on a task of its own, in the current span, which goes on
+    /// when the caller's future is dropped; shutdown waits for it
+    /// ([`Pipeline::finish_deliveries`]).
+    pub(super) async fn to_the_end<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = T> + Send + 'static,
+    ) -> T {
         let task = self
             .inner
             .deliveries
-            .spawn(async move { pipeline.deliver_here(delivery).await }.instrument(span));
+            .spawn(work.instrument(tracing::Span::current()));
         match task.await {
             Ok(result) => result,
             // A panic in the delivery: the ingress answers a panic 503.

@@ -85,8 +85,7 @@ impl Pipeline {
         let Normalized { event, content } = normalized;
         let (slot, incoming) = entity_state(&event, key, &content);
         let guarding = trace.stage(Stage::Guard);
-        let (_lock, decision) =
-            guarding.result(self.guard(&slot, &incoming, event.origin).await)?;
+        let (lock, decision) = guarding.result(self.guard(&slot, &incoming, event.origin).await)?;
         match decision {
             Decision::Stale => {
                 metrics::counter!(
@@ -113,24 +112,40 @@ impl Pipeline {
         let payload = trace.stage(Stage::Encode).result(self.payload(&event))?;
         let producing = trace.produce(topic);
         let record = entity_record(&event, key, topic, payload, producing.record_headers());
-        match producing.result(self.inner.publisher.send(&record).await) {
-            Ok(_) => {}
-            Err(PublishError::Refused(reason)) => {
-                return Ok(Written::Refused {
-                    event: Box::new(event),
-                    code: PublishError::refusal_code(&reason),
-                    reason: reason.to_string(),
-                });
+        // From here on the record may reach Kafka, so its acknowledgement and
+        // the commit run to their end under the entity's lock even when the
+        // caller stops waiting (its answer deadline passed): a record Kafka
+        // takes after that, with no state in the ledger, would be written
+        // again by the provider's retry.
+        let pipeline = self.clone();
+        let trace = trace.clone();
+        let key = key.clone();
+        self.to_the_end(async move {
+            let _lock = lock;
+            match producing.result(pipeline.inner.publisher.send(&record).await) {
+                Ok(_) => {}
+                Err(PublishError::Refused(reason)) => {
+                    return Ok(Written::Refused {
+                        event: Box::new(event),
+                        code: PublishError::refusal_code(&reason),
+                        reason: reason.to_string(),
+                    });
+                }
+                Err(error) => return Err(error.into()),
             }
-            Err(error) => return Err(error.into()),
-        }
-        // The record is in Kafka, so the delivery is answered 2xx. A failed
-        // write raised the ledger's fence, which keeps it and writes it
-        // before the ledger is read again; the fence logs the failure.
-        if let Err(error) = self.commit(delivery, Some((slot, incoming)), trace).await {
-            debug!(entity = %key, %error, "Published; its ledger write waits behind the fence.");
-        }
-        Ok(Written::Done(Outcome::Published))
+            // The record is in Kafka, so the delivery is answered 2xx. A
+            // failed write raised the ledger's fence, which keeps it and
+            // writes it before the ledger is read again; the fence logs the
+            // failure.
+            let committed = pipeline
+                .commit(delivery, Some((slot, incoming)), &trace)
+                .await;
+            if let Err(error) = committed {
+                debug!(entity = %key, %error, "Published; its ledger write waits behind the fence.");
+            }
+            Ok(Written::Done(Outcome::Published))
+        })
+        .await
     }
 
     /// The guard's decision under the entity's lock, which the caller holds

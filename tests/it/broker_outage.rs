@@ -3,10 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use posbridge::event::{DeliveryKey, ProviderKind};
-use posbridge::ledger::Begin;
+use posbridge::event::{DeliveryKey, EntityKey, EntityType, ProviderKind};
+use posbridge::ledger::{Begin, EntitySlot};
+use posbridge::pipeline::HEADER_DELIVERY_ID;
 
-use crate::support::{OwnBroker, TestApp, config, read_topic, rr_sale, signed_request, unique};
+use crate::support::{
+    OwnBroker, TestApp, config, mekari_order, read_topic, rr_sale, signed_request, unique,
+};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn broker_stopped_gives_503_with_retry_after_then_the_retry_publishes_once() {
@@ -345,5 +348,79 @@ async fn a_client_that_disconnects_mid_publish_does_not_cancel_the_ledger_commit
         .filter(|r| r.key == "receiptroller:T1|2026-11|301")
         .count();
     assert_eq!(for_key, 1, "one record for the entity");
+    app.stop().await;
+}
+
+/// A delivery whose answer deadline passes while Kafka holds its record
+/// (here: it waited for the entity's lock, held by another delivery of the
+/// same order, then met a frozen broker) is answered 503, but its record is
+/// still acknowledged after the thaw. Its ledger commit must still happen,
+/// or the provider's retry finds neither the delivery done nor the state
+/// written and publishes the same state a second time.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_acknowledged_after_its_answer_deadline_is_not_written_again_by_the_retry() {
+    let broker = OwnBroker::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&broker.address(), &unique("late-ack"), dir.path());
+    // An answer budget of 4.5 s; the record itself may wait 4 s.
+    cfg.kafka.delivery_timeout_ms = 4000;
+    cfg.server.inflight_wait_ms = 500;
+    let app = TestApp::start_with(cfg).await;
+    let order = |id: &str, at: &str| mekari_order(id, "order.updated", at, "ORD-LATE", "queued");
+    let warm = order("late-0", "2026-11-29T10:00:00Z");
+    assert_eq!(app.send("mekari", "main", &warm).await.status(), 200);
+
+    let slot = EntitySlot::new(
+        EntityType::Order,
+        &EntityKey::new(ProviderKind::Mekari, None, "ORD-LATE"),
+    );
+    let lock = app.pipeline.ledger().lock_entity(&slot).await.unwrap();
+    let body = order("late-1", "2026-11-29T10:05:00Z");
+    let started = Instant::now();
+    let request = signed_request(
+        &app.http,
+        &app.base,
+        "mekari",
+        "main",
+        "late-1",
+        serde_json::to_vec(&body).unwrap(),
+        None,
+    );
+    let first = tokio::spawn(request.send());
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    broker.freeze();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The delivery takes the lock at 2.5 s and its record meets the frozen
+    // broker, 2 s before its answer deadline.
+    drop(lock);
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), 503, "the deadline passed in the produce");
+    assert!(started.elapsed() < Duration::from_secs(6));
+    broker.thaw();
+    // The record's own 4 s (from 2.5 s) end after the thaw: Kafka takes it.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let retried = loop {
+        let retry = app.send("mekari", "main", &body).await;
+        if retry.status() == 200 {
+            break retry.json::<serde_json::Value>().await.unwrap()["status"].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the retry was never answered 2xx"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let records = read_topic(&broker.address(), &app.topic("orders"));
+    let late: Vec<_> = records
+        .iter()
+        .filter(|r| r.headers.get(HEADER_DELIVERY_ID).map(String::as_str) == Some("late-1"))
+        .collect();
+    assert_eq!(
+        late.len(),
+        1,
+        "the late-acknowledged state once, not again by the retry (answered {retried})"
+    );
     app.stop().await;
 }

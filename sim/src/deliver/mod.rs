@@ -59,6 +59,7 @@ pub async fn run(sim: Sim, steps: Vec<Step>, spread: Duration) {
                 fate: Fate::Pending,
                 attempts: 0,
                 failed_attempts: 0,
+                unanswered_attempts: 0,
                 last_status: None,
                 duplicated: false,
                 reordered: step.faults.reorder && !step.faults.drop,

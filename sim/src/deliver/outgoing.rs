@@ -127,6 +127,7 @@ pub async fn attempt(sim: &Sim, out: &Outgoing) -> Answer {
     sim.record(out.index, |r| {
         r.attempts += 1;
         r.failed_attempts += u32::from(!answer.is_success());
+        r.unanswered_attempts += u32::from(answer == Answer::NoAnswer);
         r.last_status = Some(answer.code());
     });
     answer
