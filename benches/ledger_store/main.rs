@@ -7,7 +7,8 @@
 //! `POSBRIDGE_LEDGER_BENCH_SECS` (8) seconds, on fresh files on the real
 //! disk (under `target/`), then again on stores pre-filled with
 //! `POSBRIDGE_LEDGER_BENCH_IDS` (1 M) done ids and
-//! `POSBRIDGE_LEDGER_BENCH_ENTITIES` (100 k) entities. Every measurement
+//! `POSBRIDGE_LEDGER_BENCH_ENTITIES` (100 k) entities; the stores take turns,
+//! `POSBRIDGE_LEDGER_BENCH_REPEAT` (1) times. Every measurement
 //! runs in a child process of its own, so one store's background work and
 //! memory never count against another.
 //!
@@ -131,10 +132,11 @@ impl Figures {
 async fn bench() {
     let secs = env("POSBRIDGE_LEDGER_BENCH_SECS", 8);
     let ids = env("POSBRIDGE_LEDGER_BENCH_IDS", 1_000_000);
+    let repeat = env("POSBRIDGE_LEDGER_BENCH_REPEAT", 1);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load: Vec<&str> = load.split(' ').take(3).collect();
     println!(
-        "ledger_store: {secs} s per run, {} cores, load average {} at start; fjall 3.1.13",
+        "ledger_store: {secs} s per run, {repeat} repetition(s), {} cores, load average {} at start; fjall 3.1.13",
         std::thread::available_parallelism().map_or(0, usize::from),
         load.join(" "),
     );
@@ -175,39 +177,47 @@ async fn bench() {
                 "MiB disk",
                 "peak RSS"
             );
-            let mut floor: Option<Figures> = None;
-            for kind in Kind::ALL {
-                let dir = tempfile::tempdir_in(&base).expect("run dir");
-                if let Some((_, template)) = templates.iter().find(|(k, _)| *k == kind) {
-                    let status = Command::new("cp")
-                        .arg("-a")
-                        .arg(template.path().join("."))
-                        .arg(dir.path())
-                        .status()
-                        .expect("cp");
-                    assert!(status.success(), "copying the pre-filled store");
-                }
-                let figures = Figures::parse(&child(&[
-                    "child-run",
-                    kind.name(),
-                    &concurrency.to_string(),
-                    dir.path().to_str().expect("utf-8 path"),
-                ]));
-                let reference = *floor.get_or_insert(figures);
-                println!(
-                    "  {:<10} {:>10.0} {:>8.2}× {:>8.1} {:>7.2}× {:>9.2} {:>9.2} {:>9.1} {:>6.0} MiB",
-                    kind.name(),
-                    figures.rate(),
-                    figures.rate() / reference.rate(),
-                    figures.cpu_us(),
-                    figures.cpu_us() / reference.cpu_us(),
-                    figures.p50_us / 1e3,
-                    figures.p99_us / 1e3,
-                    figures.bytes / 1048576.0,
-                    figures.peak_rss_kib / 1024.0,
-                );
+            for _ in 0..repeat {
+                measure(&base, &templates, concurrency);
             }
         }
+    }
+}
+
+/// Each store once, in turn, on fresh files (or a copy of its pre-filled
+/// template); prints a row per store with its ratios to the floor's.
+fn measure(base: &Path, templates: &[(Kind, tempfile::TempDir)], concurrency: usize) {
+    let mut floor: Option<Figures> = None;
+    for kind in Kind::ALL {
+        let dir = tempfile::tempdir_in(base).expect("run dir");
+        if let Some((_, template)) = templates.iter().find(|(k, _)| *k == kind) {
+            let status = Command::new("cp")
+                .arg("-a")
+                .arg(template.path().join("."))
+                .arg(dir.path())
+                .status()
+                .expect("cp");
+            assert!(status.success(), "copying the pre-filled store");
+        }
+        let figures = Figures::parse(&child(&[
+            "child-run",
+            kind.name(),
+            &concurrency.to_string(),
+            dir.path().to_str().expect("utf-8 path"),
+        ]));
+        let reference = *floor.get_or_insert(figures);
+        println!(
+            "  {:<10} {:>10.0} {:>8.2}× {:>8.1} {:>7.2}× {:>9.2} {:>9.2} {:>9.1} {:>6.0} MiB",
+            kind.name(),
+            figures.rate(),
+            figures.rate() / reference.rate(),
+            figures.cpu_us(),
+            figures.cpu_us() / reference.cpu_us(),
+            figures.p50_us / 1e3,
+            figures.p99_us / 1e3,
+            figures.bytes / 1048576.0,
+            figures.peak_rss_kib / 1024.0,
+        );
     }
 }
 
