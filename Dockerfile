@@ -58,8 +58,5 @@ EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
   CMD curl -fsS http://127.0.0.1:8080/healthz || exit 1
 
-# mimalloc (the binary's allocator) commits its arenas lazily: peak RSS
-# under load ~48 MiB instead of ~60, at the same rate (docs/BENCHMARKS.md).
-ENV MIMALLOC_ARENA_EAGER_COMMIT=0
 ENTRYPOINT ["posbridge"]
 CMD ["serve", "--config", "/etc/posbridge/posbridge.toml"]
