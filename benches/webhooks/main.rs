@@ -66,6 +66,7 @@ struct Settings {
     partitions: i32,
     broker_pid: Option<u32>,
     baseline: Option<PathBuf>,
+    broker_warmup: Duration,
 }
 
 impl Settings {
@@ -92,6 +93,10 @@ impl Settings {
                 }),
             broker_pid: var("POSBRIDGE_BENCH_BROKER_PID").map(|v| v.parse().expect("pid")),
             baseline: var("POSBRIDGE_BENCH_BASELINE").map(PathBuf::from),
+            broker_warmup: Duration::from_secs(
+                var("POSBRIDGE_BENCH_BROKER_WARMUP_SECS")
+                    .map_or(20, |v| v.parse().expect("seconds")),
+            ),
         }
     }
 
@@ -317,6 +322,7 @@ async fn bench(settings: &Settings, run: &str, specs: &[Spec]) -> Vec<Row> {
     let limit_topic = limit_kafka.topic(posbridge::event::EntityType::Sale);
 
     report::header(&settings_line(settings, specs));
+    warm_broker(settings, &limit_topic, work.path()).await;
     let mut rows = Vec::new();
     for rep in 1..=settings.repeat {
         let mut half_limit = None;
@@ -370,6 +376,33 @@ async fn bench(settings: &Settings, run: &str, specs: &[Spec]) -> Vec<Row> {
         }
     }
     rows
+}
+
+/// Loads a fresh broker through the bare limit, unmeasured, before the
+/// first repetition: Apache Kafka's JVM compiles its hot paths in its first
+/// seconds under load, and without this the first server measured (the
+/// limit) ran against a slower broker than every later one (its closed-64
+/// rate was a third to a half of the second repetition's).
+async fn warm_broker(settings: &Settings, topic: &str, work: &Path) {
+    if settings.broker_warmup.is_zero() {
+        return;
+    }
+    let addr = free_addr();
+    let command = limit_command(settings, addr, topic, limit::LimitKind::Produce);
+    let _server = Server::start(command, addr, &work.join("broker-warmup.log"));
+    let ids = Ids::Fresh("broker-warmup".into());
+    let warmed = load::run(
+        addr,
+        Load::Closed { connections: 256 },
+        ids,
+        settings.broker_warmup,
+    )
+    .await;
+    println!(
+        "broker warmed up: {} s of the bare limit's load at 256 connections, not measured ({:.0} req/s)",
+        settings.broker_warmup.as_secs(),
+        warmed.rate()
+    );
 }
 
 /// Sends 2,000 new deliveries once, so they can be replayed as duplicates.
