@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::engine::{Engine, Kind};
+use crate::tmpfs::{Tmpfs, fill};
 
 /// Kills per store.
 const CRASH_ROUNDS: usize = 3;
@@ -90,47 +91,6 @@ pub async fn crash_writer(kind: Kind, dir: &Path) {
     }
 }
 
-/// A small tmpfs, unmounted when dropped (as tests/it/ledger_full.rs).
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().expect("mount point");
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .status()
-            .expect("mount");
-        assert!(status.success(), "mounting a tmpfs needs root");
-        Tmpfs { dir }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(self.dir.path())
-            .status();
-    }
-}
-
-/// Writes a file until the filesystem is full, then gives `room` bytes back.
-fn fill(path: &Path, room: u64) {
-    use std::io::Write;
-    let mut file = std::fs::File::create(path).expect("filler");
-    let chunk = vec![0u8; 64 * 1024];
-    while file
-        .write_all(&chunk)
-        .and_then(|()| file.sync_all())
-        .is_ok()
-    {}
-    let len = file.metadata().expect("filler").len();
-    file.set_len(len.saturating_sub(room)).expect("filler");
-}
-
 /// Commits with [`WRITERS`] tasks until each has seen a write fail (or
 /// `limit` passed, or `most` commits were started): the acknowledged ids,
 /// the first error, and how many tasks panicked.
@@ -179,10 +139,10 @@ async fn commit_until_full(
 pub async fn disk_full() {
     for kind in [Kind::Ours, Kind::Fjall] {
         let disk = Tmpfs::mount("8m");
-        let dir: PathBuf = disk.dir.path().join("store");
+        let dir: PathBuf = disk.path().join("store");
         std::fs::create_dir(&dir).expect("store dir");
         let engine = Arc::new(Engine::open_when_free(kind, &dir).await);
-        let filler = disk.dir.path().join("filler");
+        let filler = disk.path().join("filler");
         fill(&filler, 512 * 1024);
         let (mut acked, error, panics) =
             commit_until_full(&engine, "full", Duration::from_secs(30), u64::MAX).await;

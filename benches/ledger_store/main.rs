@@ -20,6 +20,8 @@ mod checks;
 mod engine;
 mod fjall_store;
 mod floor;
+#[path = "../../tests/it/support/tmpfs.rs"]
+mod tmpfs;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

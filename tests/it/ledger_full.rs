@@ -2,59 +2,10 @@
 //! being taken without a record, and everything works again once space is
 //! freed, without a restart. The disk is a real tmpfs of a few MiB.
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::support::tmpfs::{Tmpfs, fill};
 use crate::support::{TestApp, brokers, config, read_topic, rr_sale, unique};
-
-/// A small tmpfs mounted for one test, unmounted when dropped.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .status()
-            .unwrap();
-        assert!(
-            status.success(),
-            "mounting a tmpfs needs root (CI runs the suite as root)"
-        );
-        Tmpfs { dir }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(self.dir.path())
-            .status();
-    }
-}
-
-/// Writes a file until the filesystem is full, then gives `room` bytes back.
-fn fill(path: &Path, room: u64) {
-    use std::io::Write;
-    let mut file = std::fs::File::create(path).unwrap();
-    let chunk = vec![0u8; 4096];
-    while file
-        .write_all(&chunk)
-        .and_then(|()| file.sync_all())
-        .is_ok()
-    {}
-    let len = file.metadata().unwrap().len();
-    file.set_len(len.saturating_sub(room)).unwrap();
-}
 
 /// The `i`-th state of sale S-1: one second later each.
 fn sale(delivery: &str, i: u32) -> serde_json::Value {

@@ -8,6 +8,7 @@ pub mod proxy;
 pub mod registry;
 pub mod secret_mount;
 pub mod tls;
+pub mod tmpfs;
 
 pub use broker::{BrokerKind, KafkaSecurity, OwnBroker, broker_kind, free_ports, kafka_security};
 
