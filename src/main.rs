@@ -36,6 +36,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// mimalloc's `arena_eager_commit`: its number in mimalloc 3's option enum
 /// (`libmimalloc-sys` names only some options).
+#[cfg(target_os = "linux")]
 const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
 
 /// Runs before `main` and before the Rust runtime's first allocation (an
@@ -43,7 +44,9 @@ const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
 /// mimalloc commits its arenas lazily instead of eagerly, which keeps peak
 /// RSS under load ~48 MiB instead of ~60–70 at the same rate
 /// (docs/BENCHMARKS.md). `MIMALLOC_ARENA_EAGER_COMMIT` in the environment
-/// still decides when it is set.
+/// still decides when it is set. Linux only: `.init_array` is an ELF
+/// section (elsewhere the environment variable does the same).
+#[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 #[used]
 #[unsafe(link_section = ".init_array")]

@@ -119,7 +119,6 @@ impl Pipeline {
         // again by the provider's retry.
         let pipeline = self.clone();
         let trace = trace.clone();
-        let key = key.clone();
         self.to_the_end(async move {
             let _lock = lock;
             match producing.result(pipeline.inner.publisher.send(&record).await) {
@@ -141,7 +140,7 @@ impl Pipeline {
                 .commit(delivery, Some((slot, incoming)), &trace)
                 .await;
             if let Err(error) = committed {
-                debug!(entity = %key, %error, "Published; its ledger write waits behind the fence.");
+                debug!(entity = %record.key, %error, "Published; its ledger write waits behind the fence.");
             }
             Ok(Written::Done(Outcome::Published))
         })
