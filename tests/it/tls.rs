@@ -10,8 +10,8 @@ use posbridge::ledger::{Begin, Commit, Ledger, RedisLedger};
 
 use crate::support::tls::TestCa;
 use crate::support::{
-    BrokerKind, OwnBroker, TestApp, broker_kind, config, kafka_security, read_topic_with, rr_sale,
-    unique,
+    BrokerKind, OwnBroker, TestApp, broker_kind, config, free_port, kafka_security,
+    read_topic_with, rr_sale, unique,
 };
 
 #[tokio::test(flavor = "multi_thread")]
@@ -61,11 +61,7 @@ async fn posbridge_publishes_through_a_tls_listener_it_verifies() {
 async fn the_redis_ledger_speaks_tls_to_a_server_signed_by_the_configured_ca() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new(dir.path());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut server = std::process::Command::new("redis-server")
         .args([
             "--port",

@@ -46,7 +46,7 @@ impl PrivateRegistry {
     pub async fn start(tls: Option<&TestCa>, settings: &[(String, String)]) -> PrivateRegistry {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("apicurio.log");
-        let port = super::broker::free_ports(2);
+        let port = super::ports::free_ports(2);
         let mut args: Vec<String> = Vec::new();
         if let Some(ca) = tls {
             // The HTTPS port is the one scripts/apicurio gives the plain

@@ -2,6 +2,7 @@
 //! (Apache Kafka by default, tansu with `POSBRIDGE_TEST_BROKER=tansu`), and a
 //! private one of the same kind for a test that kills, freezes or cuts it.
 
+use super::ports::{free_port, free_ports};
 use super::proxy::CutProxy;
 use std::path::{Path, PathBuf};
 
@@ -34,28 +35,6 @@ fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("scripts")
         .join(name)
-}
-
-/// A loopback port nothing listens on.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A first port of `count` free consecutive ones (`scripts/kafka` takes
-/// four from its first, `scripts/apicurio` two).
-pub fn free_ports(count: u16) -> u16 {
-    loop {
-        let first = free_port();
-        if first < u16::MAX - count
-            && (1..count).all(|i| std::net::TcpListener::bind(("127.0.0.1", first + i)).is_ok())
-        {
-            return first;
-        }
-    }
 }
 
 /// A private broker behind a TCP proxy the test can cut, as a crashed
@@ -163,9 +142,10 @@ impl OwnBroker {
                 .spawn()
                 .unwrap(),
         };
+        let pid = child.id();
         self.child = Some(child);
         let status = tokio::process::Command::new(script("kafka-wait"))
-            .args([self.broker_port.to_string(), "120".into()])
+            .args([self.broker_port.to_string(), "120".into(), pid.to_string()])
             .status()
             .await
             .unwrap();

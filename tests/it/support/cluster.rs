@@ -28,7 +28,7 @@ struct Node {
 impl KafkaCluster {
     /// Starts `size` nodes and waits until each answers.
     pub async fn start(size: u32) -> KafkaCluster {
-        let ports: Vec<u16> = (0..size).map(|_| super::broker::free_ports(4)).collect();
+        let ports: Vec<u16> = (0..size).map(|_| super::ports::free_ports(4)).collect();
         let voters = ports
             .iter()
             .zip(1..)
@@ -161,7 +161,11 @@ impl KafkaCluster {
         let status = tokio::process::Command::new(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/kafka-wait"),
         )
-        .args([node.port.to_string(), "180".into()])
+        .args([
+            node.port.to_string(),
+            "180".into(),
+            node.child.as_ref().expect("started").id().to_string(),
+        ])
         .status()
         .await
         .unwrap();

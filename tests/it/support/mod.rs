@@ -4,13 +4,15 @@
 pub mod apicurio;
 mod broker;
 pub mod cluster;
+pub mod ports;
 pub mod proxy;
 pub mod registry;
 pub mod secret_mount;
 pub mod tls;
 pub mod tmpfs;
 
-pub use broker::{BrokerKind, KafkaSecurity, OwnBroker, broker_kind, free_ports, kafka_security};
+pub use broker::{BrokerKind, KafkaSecurity, OwnBroker, broker_kind, kafka_security};
+pub use ports::{free_port, free_ports};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -565,15 +567,6 @@ pub fn example_binary(name: &str) -> PathBuf {
     );
     assert_fresh(&path);
     path
-}
-
-/// A free loopback port, for a posbridge started as its own process.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `posbridge serve` as its own process, quiet; kill it to crash it.
