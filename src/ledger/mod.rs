@@ -17,7 +17,6 @@
 mod embedded;
 mod fence;
 mod redis;
-mod wal;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,10 +26,9 @@ use async_trait::async_trait;
 use crate::config::{LedgerBackend, LedgerConfig};
 use crate::event::{DeliveryKey, EntityKey, EntityType, Version};
 
-pub use embedded::{EmbeddedLedger, LedgerCounts};
+pub use embedded::{EmbeddedLedger, LedgerCounts, redo_log_path};
 pub use fence::Fenced;
 pub use redis::RedisLedger;
-pub use wal::path_of as redo_log_path;
 
 impl LedgerError {
     /// Whether another process holds the embedded ledger's file (redb

@@ -1,0 +1,154 @@
+//! What the ledger file holds, its tables as one read transaction sees
+//! them, and the one write transaction every durable commit goes through
+//! (with the sweep that forgets expired done ids a few at a time).
+
+use std::ops::Bound;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use super::wal::Write;
+use crate::ledger::EntityState;
+
+/// Done delivery ids → unix second they may be forgotten.
+pub(super) const DONE: TableDefinition<&str, u64> = TableDefinition::new("done_deliveries");
+/// An index of done ids by expiry that earlier versions kept for the purge;
+/// dropped when a file is opened (the sweep needs no index).
+pub(super) const OLD_DONE_BY_EXPIRY: TableDefinition<(u64, &str), ()> =
+    TableDefinition::new("done_by_expiry");
+/// Entity slot → version and state hash (`EntityState::to_bytes`).
+pub(super) const ENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entities");
+/// Reconciler checkpoint name → unix second its window is complete up to.
+pub(super) const CHECKPOINTS: TableDefinition<&str, i64> = TableDefinition::new("checkpoints");
+/// [`COVERED`] → the last redo log generation whose frames this file holds
+/// durably.
+pub(super) const REDO: TableDefinition<&str, u64> = TableDefinition::new("redo_log");
+pub(super) const COVERED: &str = "covered";
+
+/// How many done ids each commit looks at, in key order from where the last
+/// one stopped, deleting those expired: the sweep walks the whole table in
+/// turn, a few leaf pages per commit, so forgetting costs the same small
+/// amount on every commit instead of a long transaction now and then, and
+/// needs no second index by expiry (which cost a B-tree path per id on
+/// every commit and half the file).
+pub(super) const SWEEP_PER_COMMIT: usize = 128;
+
+/// The tables as one read transaction sees them.
+pub(super) struct Tables {
+    pub(super) done: redb::ReadOnlyTable<&'static str, u64>,
+    pub(super) entities: redb::ReadOnlyTable<&'static str, &'static [u8]>,
+    pub(super) checkpoints: redb::ReadOnlyTable<&'static str, i64>,
+}
+
+impl Tables {
+    pub(super) fn open(db: &Database) -> Result<Arc<Tables>, redb::Error> {
+        let txn = db.begin_read()?;
+        Ok(Arc::new(Tables {
+            done: txn.open_table(DONE)?,
+            entities: txn.open_table(ENTITIES)?,
+            checkpoints: txn.open_table(CHECKPOINTS)?,
+        }))
+    }
+}
+
+/// `writes` without the entity states older than the one the file holds.
+pub(super) fn not_older<'a>(
+    db: &Database,
+    writes: Vec<Write<'a>>,
+) -> Result<Vec<Write<'a>>, redb::Error> {
+    let txn = db.begin_read()?;
+    let entities = txn.open_table(ENTITIES)?;
+    let mut kept = Vec::with_capacity(writes.len());
+    for write in writes {
+        if let Write::Entity(slot, state) = &write {
+            let stored = entities.get(*slot)?;
+            let older = stored
+                .and_then(|v| EntityState::from_bytes(v.value()))
+                .zip(EntityState::from_bytes(state))
+                .is_some_and(|(stored, frame)| frame.version < stored.version);
+            if older {
+                continue;
+            }
+        }
+        kept.push(write);
+    }
+    Ok(kept)
+}
+
+/// Where the sweep of expired ids goes on.
+#[derive(Debug, Default)]
+pub(super) struct Sweep {
+    /// The last id the previous commit looked at; `None`: from the start.
+    after: Option<String>,
+}
+
+/// Writes `writes` in one durable transaction at unix second `now`, with
+/// the next step of the sweep, recording the redo log generation it
+/// `covers`; how many expired ids the sweep deleted. The sweep looks at
+/// [`SWEEP_PER_COMMIT`] ids and two more per id written, so it keeps up
+/// with what is added however many ids each commit holds.
+pub(super) fn write_batch(
+    db: &Database,
+    writes: &[Write<'_>],
+    covers: Option<u64>,
+    sweep: &mut Sweep,
+    now: u64,
+) -> Result<usize, redb::Error> {
+    let txn = db.begin_write()?;
+    let (swept, after) = {
+        let mut done = txn.open_table(DONE)?;
+        let mut entities = txn.open_table(ENTITIES)?;
+        let mut checkpoints = txn.open_table(CHECKPOINTS)?;
+        let mut added = 0;
+        for write in writes {
+            match write {
+                Write::Done(id, expires) => {
+                    done.insert(*id, *expires)?;
+                    added += 1;
+                }
+                Write::Entity(slot, state) => {
+                    entities.insert(*slot, state.as_slice())?;
+                }
+                Write::Checkpoint(name, at) => {
+                    checkpoints.insert(*name, *at)?;
+                }
+            }
+        }
+        if let Some(generation) = covers {
+            txn.open_table(REDO)?.insert(COVERED, generation)?;
+        }
+        let range = match &sweep.after {
+            Some(after) => {
+                done.range::<&str>((Bound::Excluded(after.as_str()), Bound::Unbounded))?
+            }
+            None => done.range::<&str>(..)?,
+        };
+        let look_at = SWEEP_PER_COMMIT + 2 * added;
+        let (mut looked_at, mut expired, mut last) = (0, Vec::new(), None);
+        for entry in range.take(look_at) {
+            let (id, at) = entry?;
+            looked_at += 1;
+            if at.value() <= now {
+                expired.push(id.value().to_owned());
+            }
+            if looked_at == look_at {
+                last = Some(id.value().to_owned());
+            }
+        }
+        for id in &expired {
+            done.remove(id.as_str())?;
+        }
+        // At the end of the table (`last` is none) the next sweep starts over.
+        (expired.len(), last)
+    };
+    txn.commit()?;
+    sweep.after = after;
+    Ok(swept)
+}
+
+pub(super) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
