@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tracing::{Instrument, debug, warn};
 
+use super::lease::{Lease, Released};
 use super::{DeadLetter, Delivery, Handled, Outcome, Pipeline, PipelineError};
 use crate::event::{DeliveryKey, EntityKey, Normalized, Origin, ProviderKind};
 use crate::ledger::Begin;
@@ -164,9 +165,18 @@ impl Pipeline {
         // otherwise hold it twice (its argument and its timeout) inside every
         // future above it, each copied whole whenever the webhook handler's
         // future moves.
-        let work = Box::pin(self.process(delivery, envelope, key.clone()));
-        self.leased(key, provider, deadline, work, Result::is_ok)
-            .await
+        let (lease, released) = self.held(key);
+        let work = Box::pin(self.process(delivery, envelope, lease));
+        self.leased(provider, deadline, work, released).await
+    }
+
+    /// The lease the ledger just gave for `key`, as a value.
+    pub(super) fn held(&self, key: &DeliveryKey) -> (Lease, Released) {
+        Lease::held(
+            key.clone(),
+            self.inner.ledger.clone(),
+            self.inner.deliveries.clone(),
+        )
     }
 
     /// Takes the lease of a new delivery before `deadline`; `Ok(false)`
@@ -202,24 +212,21 @@ impl Pipeline {
         Ok(true)
     }
 
-    /// Runs `work` for a delivery whose lease the caller took, before
-    /// `deadline`, counted in flight; gives the lease back unless `ended`
-    /// says the outcome's commit ended it.
+    /// Runs `work`, which holds a delivery's lease, before `deadline`,
+    /// counted in flight. Cut at the deadline, the work gives its lease back
+    /// unless a record of it is still in the producer ([`Lease`]).
     pub(super) async fn leased<T>(
         &self,
-        key: &DeliveryKey,
         provider: ProviderKind,
         deadline: Instant,
         work: impl Future<Output = Result<T, PipelineError>>,
-        ended: impl FnOnce(&Result<T, PipelineError>) -> bool,
+        released: Released,
     ) -> Result<T, PipelineError> {
         let _in_flight = InFlight::count(provider);
         let result = tokio::time::timeout_at(deadline.into(), work)
             .await
             .unwrap_or(Err(PipelineError::DeadlinePassed));
-        if !ended(&result) {
-            self.inner.ledger.release(key).await;
-        }
+        released.wait().await;
         result
     }
 
@@ -261,7 +268,7 @@ impl Pipeline {
         &self,
         delivery: Delivery,
         envelope: Envelope,
-        key: DeliveryKey,
+        lease: Lease,
     ) -> Result<Handled, PipelineError> {
         let trace = &delivery.trace;
         let normalized = trace
@@ -272,8 +279,9 @@ impl Pipeline {
                 let event_type = Some(normalized.event.event_type.clone());
                 let entity = normalized.event.key();
                 trace.event(&normalized.event, &entity);
-                let (outcome, dead_letter_reason) =
-                    self.apply_as(normalized, &entity, Some(key), trace).await?;
+                let (outcome, dead_letter_reason) = self
+                    .apply_as(normalized, &entity, Some(lease), trace)
+                    .await?;
                 Ok(Handled {
                     outcome,
                     event_type,
@@ -292,8 +300,7 @@ impl Pipeline {
                     code,
                     reason: reason.to_string(),
                 };
-                self.dead_letter_in(letter, trace).await?;
-                self.commit(Some(key), None, trace).await?;
+                self.dead_letter_in(letter, Some(lease), trace).await?;
                 Ok(Handled {
                     dead_letter_reason: Some(code),
                     ..Handled::bare(Outcome::DeadLettered)

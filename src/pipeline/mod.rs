@@ -21,6 +21,7 @@
 #[cfg(test)]
 mod fuzz;
 mod intake;
+mod lease;
 mod outcome;
 mod record;
 mod redeliver;

@@ -1,6 +1,7 @@
 //! What the pipeline answers: the outcome of a delivery, why one was not
 //! handled, and what a redelivered dead letter came to.
 
+use super::lease::Lease;
 use crate::encode::EncodeError;
 use crate::event::{EntityKey, PosEvent};
 use crate::ledger::LedgerError;
@@ -175,11 +176,13 @@ pub(super) enum Written {
     /// A durable outcome.
     Done(Outcome),
     /// Refused for good before it reached its topic (the broker will not
-    /// take it). Nothing is committed: the
-    /// caller dead-letters it or reports it.
+    /// take it). Nothing is committed: the caller dead-letters it or
+    /// reports it.
     Refused {
         /// The event, for its dead letter.
         event: Box<PosEvent>,
+        /// The delivery's lease, for the dead letter's commit.
+        lease: Option<Lease>,
         /// A bounded reason code.
         code: &'static str,
         /// The reason in words.

@@ -3,10 +3,11 @@
 use std::time::Instant;
 
 use super::intake::{Envelope, identify};
+use super::lease::Lease;
 use super::outcome::{MISMATCH_CODE, Written};
 use super::write::entity_state;
 use super::{Delivery, Outcome, Pipeline, PipelineError, Redelivery};
-use crate::event::{DeliveryKey, Normalized};
+use crate::event::Normalized;
 use crate::guard::{self, Decision};
 use crate::traces::{Origin as TraceOrigin, Stage};
 
@@ -46,12 +47,9 @@ impl Pipeline {
                 .await
                 .unwrap_or(Err(PipelineError::DeadlinePassed)),
         )?;
-        let work = self.redeliver_leased(&delivery, envelope, key.clone());
-        // A durable outcome ended the lease with its commit.
-        let applied = |result: &Result<Redelivery, PipelineError>| {
-            matches!(result, Ok(Redelivery::Applied { .. }))
-        };
-        self.leased(&key, delivery.source.provider, deadline, work, applied)
+        let (lease, released) = self.held(&key);
+        let work = self.redeliver_leased(&delivery, envelope, lease);
+        self.leased(delivery.source.provider, deadline, work, released)
             .await
     }
 
@@ -60,7 +58,7 @@ impl Pipeline {
         &self,
         delivery: &Delivery,
         envelope: Envelope,
-        key: DeliveryKey,
+        lease: Lease,
     ) -> Result<Redelivery, PipelineError> {
         let trace = &delivery.trace;
         let normalized = match trace
@@ -73,7 +71,7 @@ impl Pipeline {
         let entity = normalized.event.key();
         trace.event(&normalized.event, &entity);
         Ok(
-            match self.write(normalized, &entity, Some(key), trace).await? {
+            match self.write(normalized, &entity, Some(lease), trace).await? {
                 Written::Done(outcome) => Redelivery::Applied { outcome, entity },
                 Written::Refused { code, reason, .. } => Redelivery::StillFailing { code, reason },
             },

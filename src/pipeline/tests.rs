@@ -161,24 +161,18 @@ async fn the_same_state_again_is_unchanged_whatever_its_origin() {
     written(&pipeline, &order_event(Origin::Webhook, at)).await;
     let same = order_event(Origin::Webhook, at);
     assert_eq!(
-        pipeline.apply(unnormalized(same), None).await.unwrap(),
+        pipeline.apply(unnormalized(same)).await.unwrap(),
         Outcome::Unchanged
     );
     let fetched_later = order_event(Origin::Reconciler, datetime!(2026-11-30 00:00 UTC));
     assert_eq!(
-        pipeline
-            .apply(unnormalized(fetched_later), None)
-            .await
-            .unwrap(),
+        pipeline.apply(unnormalized(fetched_later)).await.unwrap(),
         Outcome::Unchanged
     );
     let mut older_fetch = order_event(Origin::Reconciler, datetime!(2026-11-29 06:00 UTC));
     older_fetch.status = Some("refunded".into());
     assert_eq!(
-        pipeline
-            .apply(unnormalized(older_fetch), None)
-            .await
-            .unwrap(),
+        pipeline.apply(unnormalized(older_fetch)).await.unwrap(),
         Outcome::Stale
     );
 }

@@ -4,13 +4,14 @@
 use tracing::{debug, info, warn};
 
 use super::intake::ended;
+use super::lease::Lease;
 use super::outcome::Written;
 use super::{
     DeadLetter, Outcome, Pipeline, PipelineError, cut_dead_letter, dead_letter_record,
     entity_record,
 };
 use crate::encode::EncodeError;
-use crate::event::{Content, DeliveryKey, EntityKey, Normalized, Origin, PosEvent};
+use crate::event::{Content, EntityKey, Normalized, Origin, PosEvent};
 use crate::guard::{self, Decision};
 use crate::ledger::{Commit, EntityLock, EntitySlot, EntityState, LedgerError};
 use crate::publish::PublishError;
@@ -19,17 +20,13 @@ use crate::traces::{DeliveryTrace, Origin as TraceOrigin, Stage};
 
 impl Pipeline {
     /// Guards, encodes and publishes one normalized event, then records the
-    /// outcome (and `delivery`, when there is one) in the ledger; what cannot
-    /// be written goes to the dead-letter topic. The reconciler's entry point.
+    /// outcome in the ledger; what cannot be written goes to the dead-letter
+    /// topic. The reconciler's entry point.
     ///
     /// # Errors
     /// [`PipelineError`] when the record could not be acknowledged or the
     /// ledger could not be read.
-    pub async fn apply(
-        &self,
-        normalized: Normalized,
-        delivery: Option<DeliveryKey>,
-    ) -> Result<Outcome, PipelineError> {
+    pub async fn apply(&self, normalized: Normalized) -> Result<Outcome, PipelineError> {
         let entity = normalized.event.key();
         let event = &normalized.event;
         let trace = self.inner.traces.start_root(
@@ -40,7 +37,7 @@ impl Pipeline {
         );
         trace.event(event, &entity);
         let applied = self
-            .apply_as(normalized, &entity, delivery, &trace)
+            .apply_as(normalized, &entity, None, &trace)
             .await
             .map(|(outcome, _)| outcome);
         ended(&trace, &applied);
@@ -54,32 +51,33 @@ impl Pipeline {
         &self,
         normalized: Normalized,
         key: &EntityKey,
-        delivery: Option<DeliveryKey>,
+        lease: Option<Lease>,
         trace: &DeliveryTrace,
     ) -> Result<(Outcome, Option<&'static str>), PipelineError> {
-        match self.write(normalized, key, delivery.clone(), trace).await? {
+        match self.write(normalized, key, lease, trace).await? {
             Written::Done(outcome) => Ok((outcome, None)),
             Written::Refused {
                 event,
+                lease,
                 code,
                 reason,
             } => {
-                self.dead_letter_in(DeadLetter::of_event(&event, code, reason), trace)
-                    .await?;
-                self.commit(delivery, None, trace).await?;
+                let letter = DeadLetter::of_event(&event, code, reason);
+                self.dead_letter_in(letter, lease, trace).await?;
                 Ok((Outcome::DeadLettered, Some(code)))
             }
         }
     }
 
     /// Guard → encode → publish → commit, under the entity's lock; a record
-    /// refused for good is handed back uncommitted. `key` is the event's
-    /// entity key; each stage opens its span under `trace`.
+    /// refused for good is handed back uncommitted, with the delivery's
+    /// `lease`. `key` is the event's entity key; each stage opens its span
+    /// under `trace`.
     pub(super) async fn write(
         &self,
         normalized: Normalized,
         key: &EntityKey,
-        delivery: Option<DeliveryKey>,
+        lease: Option<Lease>,
         trace: &DeliveryTrace,
     ) -> Result<Written, PipelineError> {
         let Normalized { event, content } = normalized;
@@ -99,11 +97,11 @@ impl Pipeline {
                     event_type = %event.event_type,
                     "Stale event held back: the topic already has a newer state."
                 );
-                self.commit(delivery, None, trace).await?;
+                self.commit(lease, None, trace).await?;
                 return Ok(Written::Done(Outcome::Stale));
             }
             Decision::Unchanged => {
-                self.commit(delivery, None, trace).await?;
+                self.commit(lease, None, trace).await?;
                 return Ok(Written::Done(Outcome::Unchanged));
             }
             Decision::Publish => {}
@@ -113,10 +111,10 @@ impl Pipeline {
         let producing = trace.produce(topic);
         let record = entity_record(&event, key, topic, payload, producing.record_headers());
         // From here on the record may reach Kafka, so its acknowledgement and
-        // the commit run to their end under the entity's lock even when the
-        // caller stops waiting (its answer deadline passed): a record Kafka
-        // takes after that, with no state in the ledger, would be written
-        // again by the provider's retry.
+        // the commit run to their end under the entity's lock, the delivery's
+        // lease held, even when the caller stops waiting (its answer deadline
+        // passed): a record Kafka takes after that, with no state in the
+        // ledger, would be written again by the provider's retry.
         let pipeline = self.clone();
         let trace = trace.clone();
         self.to_the_end(async move {
@@ -126,6 +124,7 @@ impl Pipeline {
                 Err(PublishError::Refused(reason)) => {
                     return Ok(Written::Refused {
                         event: Box::new(event),
+                        lease,
                         code: PublishError::refusal_code(&reason),
                         reason: reason.to_string(),
                     });
@@ -137,7 +136,7 @@ impl Pipeline {
             // writes it before the ledger is read again; the fence logs the
             // failure.
             let committed = pipeline
-                .commit(delivery, Some((slot, incoming)), &trace)
+                .commit(lease, Some((slot, incoming)), &trace)
                 .await;
             if let Err(error) = committed {
                 debug!(entity = %record.key, %error, "Published; its ledger write waits behind the fence.");
@@ -170,28 +169,33 @@ impl Pipeline {
         self.inner.encoder.encode(topic, event).map(Some)
     }
 
-    /// Records a durable outcome in the ledger: the delivery done, the
-    /// entity's new state, or both; nothing to write, nothing done.
+    /// Records a durable outcome in the ledger: the delivery done (which
+    /// ends its `lease`), the entity's new state, or both; nothing to write,
+    /// nothing done. A failed commit gives the lease back.
     pub(super) async fn commit(
         &self,
-        delivery: Option<DeliveryKey>,
+        lease: Option<Lease>,
         entity: Option<(EntitySlot, EntityState)>,
         trace: &DeliveryTrace,
     ) -> Result<(), LedgerError> {
-        if delivery.is_none() && entity.is_none() {
+        if lease.is_none() && entity.is_none() {
             return Ok(());
         }
         let committing = trace.stage(Stage::Commit);
-        committing.result(
+        let committed = committing.result(
             self.inner
                 .ledger
                 .commit(Commit {
-                    delivery,
+                    delivery: lease.as_ref().map(|lease| lease.key().clone()),
                     entity,
                     checkpoint: None,
                 })
                 .await,
-        )
+        );
+        if let (Ok(()), Some(lease)) = (&committed, lease) {
+            lease.ended();
+        }
+        committed
     }
 
     /// Writes what could not become an event to the dead-letter topic, with
@@ -209,7 +213,7 @@ impl Pipeline {
             letter.delivery_id,
         );
         let code = letter.code;
-        let written = self.dead_letter_in(letter, &trace).await;
+        let written = self.dead_letter_in(letter, None, &trace).await;
         match &written {
             Ok(()) => trace.outcome(Outcome::DeadLettered.as_str(), Some(code)),
             Err(error) => trace.failed(error),
@@ -217,10 +221,15 @@ impl Pipeline {
         written
     }
 
-    /// [`Pipeline::dead_letter`] under the span `trace`.
+    /// [`Pipeline::dead_letter`] under the span `trace`, then the delivery
+    /// of `lease` (when there is one) committed done. Like an entity's
+    /// record, the letter's acknowledgement and the commit run to their end
+    /// when the caller stops waiting, the lease held: a letter Kafka takes
+    /// after the answer deadline is not written again by the retry.
     pub(super) async fn dead_letter_in(
         &self,
         letter: DeadLetter<'_>,
+        lease: Option<Lease>,
         trace: &DeliveryTrace,
     ) -> Result<(), PipelineError> {
         // The one log line of a dead letter, whichever stage could not go on.
@@ -236,26 +245,35 @@ impl Pipeline {
         let topic = self.inner.topics.dead_letter();
         let producing = trace.produce(topic);
         let record = dead_letter_record(letter, topic, producing.record_headers());
-        let sent = match self.inner.publisher.send(&record).await {
-            // Too large whole: a cut copy is still a permanent outcome, where
-            // refusing would ask the provider to retry what can never fit.
-            Err(error) if error.is_too_large() => {
-                warn!(%error, "Dead letter refused whole; writing its head with the body's length and hash.");
-                self.inner.publisher.send(&cut_dead_letter(record)).await
-            }
-            sent => sent,
-        };
-        producing.result(sent)?;
-        metrics::counter!(
-            telemetry::DEAD_LETTERS,
-            telemetry::PROVIDER => provider.as_str(),
-            telemetry::REASON => code
-        )
-        .increment(1);
-        self.inner
-            .dead_letters
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
+        let pipeline = self.clone();
+        let trace = trace.clone();
+        self.to_the_end(async move {
+            let publisher = &pipeline.inner.publisher;
+            let sent = match publisher.send(&record).await {
+                // Too large whole: a cut copy is still a permanent outcome,
+                // where refusing would ask the provider to retry what can
+                // never fit.
+                Err(error) if error.is_too_large() => {
+                    warn!(%error, "Dead letter refused whole; writing its head with the body's length and hash.");
+                    publisher.send(&cut_dead_letter(record)).await
+                }
+                sent => sent,
+            };
+            producing.result(sent)?;
+            metrics::counter!(
+                telemetry::DEAD_LETTERS,
+                telemetry::PROVIDER => provider.as_str(),
+                telemetry::REASON => code
+            )
+            .increment(1);
+            pipeline
+                .inner
+                .dead_letters
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            pipeline.commit(lease, None, &trace).await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Dead letters written since start (webhooks, the reconciler, the

@@ -540,7 +540,7 @@ impl Reconciler {
             Ok(mut normalized) => {
                 let event = &mut normalized.event;
                 event.event_id = format!("{event_id}:{}", event.key());
-                self.pipeline.apply(normalized, None).await
+                self.pipeline.apply(normalized).await
             }
             Err(reason) => {
                 self.pipeline

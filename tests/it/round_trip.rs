@@ -181,7 +181,7 @@ async fn a_reconciled_rename_reaches_the_topic_and_a_second_read_writes_nothing(
             let normalized = for_kind(ProviderKind::Mekari)
                 .normalize_record(EntityType::Product, &record, &ctx)
                 .unwrap();
-            pipeline.apply(normalized, None).await.unwrap()
+            pipeline.apply(normalized).await.unwrap()
         }
     };
     assert_eq!(
