@@ -197,6 +197,14 @@ impl<L: Ledger> Ledger for Fenced<L> {
         self.inner.entity(slot).await
     }
 
+    async fn lock_and_read(
+        &self,
+        slot: &EntitySlot,
+    ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
+        self.open().await?;
+        self.inner.lock_and_read(slot).await
+    }
+
     async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
         self.open().await?;
         self.inner.checkpoint(name).await

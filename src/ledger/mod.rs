@@ -236,6 +236,20 @@ pub trait Ledger: Send + Sync + 'static {
     /// [`LedgerError`] when the store cannot be read.
     async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError>;
 
+    /// Takes the entity's lock, then reads its state under it: the guard's
+    /// two steps, which a backend may take in one round trip.
+    ///
+    /// # Errors
+    /// As [`Ledger::lock_entity`] and [`Ledger::entity`].
+    async fn lock_and_read(
+        &self,
+        slot: &EntitySlot,
+    ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
+        let lock = self.lock_entity(slot).await?;
+        let state = self.entity(slot).await?;
+        Ok((lock, state))
+    }
+
     /// A reconciler checkpoint: the unix second up to which a window was
     /// completely read, if any run finished a step yet.
     ///

@@ -35,6 +35,7 @@
 //! older event roll the entity back. Each write is idempotent, so the fence
 //! writing a failed commit again is safe.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -51,16 +52,22 @@ use crate::event::DeliveryKey;
 const LOCK_POLL: Duration = Duration::from_millis(5);
 
 /// `begin`: done → 2; lease taken now → 0; another holder's lease → 1.
-const BEGIN: &str = r"
+static BEGIN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 2 end
 if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return 0 end
 return 1
-";
+",
+    )
+});
 
-/// A commit's entity state, written only if not older (its first 12 bytes
-/// are the version, big-endian, compared byte by byte: Lua's `<` on strings
-/// follows the server's locale). KEYS: the state. ARGV: the new state.
-const SET_STATE: &str = r"
+/// Whether a state `new` is not older than `old`: their first 12 bytes are
+/// the version, big-endian, compared byte by byte (Lua's `<` on strings
+/// follows the server's locale).
+macro_rules! not_older_lua {
+    () => {
+        r"
 local function not_older(new, old)
   for i = 1, 12 do
     local a, b = string.byte(new, i), string.byte(old, i)
@@ -68,26 +75,84 @@ local function not_older(new, old)
   end
   return true
 end
-local current = redis.call('GET', KEYS[1])
-if (not current) or not_older(ARGV[1], current) then
-  redis.call('SET', KEYS[1], ARGV[1])
+local function set_state(key, new)
+  local current = redis.call('GET', key)
+  if (not current) or not_older(new, current) then
+    redis.call('SET', key, new)
+  end
 end
+"
+    };
+}
+
+/// A commit's entity state, written only if not older. KEYS: the state.
+/// ARGV: the new state.
+static SET_STATE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        not_older_lua!(),
+        r"
+set_state(KEYS[1], ARGV[1])
 return 1
-";
+"
+    ))
+});
 
 /// A commit's last write: the delivery is done, and its lease ends.
 /// KEYS: done, lease (one slot). ARGV: done TTL s.
-const MARK_DONE: &str = r"
+static MARK_DONE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
 redis.call('SET', KEYS[1], '1', 'EX', ARGV[1])
 redis.call('DEL', KEYS[2])
 return 1
-";
+",
+    )
+});
+
+/// A whole commit on one server, where a script may touch keys of any slot:
+/// the three writes of a cluster's commit, in the same order, in one round
+/// trip. KEYS: entity state, checkpoint, done, lease. ARGV: the new state,
+/// the checkpoint, the done TTL in seconds; an empty one is not written (a
+/// state is never empty).
+static COMMIT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        not_older_lua!(),
+        r"
+if ARGV[1] ~= '' then set_state(KEYS[1], ARGV[1]) end
+if ARGV[2] ~= '' then redis.call('SET', KEYS[2], ARGV[2]) end
+if ARGV[3] ~= '' then
+  redis.call('SET', KEYS[3], '1', 'EX', ARGV[3])
+  redis.call('DEL', KEYS[4])
+end
+return 1
+"
+    ))
+});
+
+/// An entity's lock and, when taken, its state, in one round trip on one
+/// server: `{1, state}` when taken (nil for a state not yet written),
+/// `{0, nil}` when another holds it.
+/// KEYS: lock, state. ARGV: token, lock lease ms.
+static LOCK_AND_READ: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('GET', KEYS[2])}
+end
+return {0, false}
+",
+    )
+});
 
 /// Releases a lock only if it still holds our token.
-const UNLOCK: &str = r"
+static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
-";
+",
+    )
+});
 
 /// A connection to one server or to a cluster; both reconnect by themselves
 /// and commands wait for them.
@@ -222,11 +287,51 @@ impl RedisLedger {
         u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// A commit's three writes, in the order the module documentation explains.
+    /// A commit's three writes, in the order the module documentation
+    /// explains: in one script on one server, one by one on a cluster.
     async fn write(&self, commit: &Commit) -> Result<(), LedgerError> {
         let mut conn = self.conn.clone();
+        if let Connection::Single(_) = conn {
+            let (slot, state) = commit
+                .entity
+                .as_ref()
+                .map_or((None, Vec::new()), |(slot, state)| {
+                    (Some(slot.as_str()), state.to_bytes().to_vec())
+                });
+            let (name, at) = commit
+                .checkpoint
+                .as_ref()
+                .map_or((None, String::new()), |(name, at)| {
+                    (Some(name.as_str()), at.to_string())
+                });
+            let key =
+                |kind, name: Option<&str>| name.map(|n| self.key(kind, n)).unwrap_or_default();
+            let delivery_key = |kind| {
+                commit
+                    .delivery
+                    .as_ref()
+                    .map(|d| self.delivery_key(d, kind))
+                    .unwrap_or_default()
+            };
+            let ttl = commit
+                .delivery
+                .as_ref()
+                .map(|_| self.dedup_ttl.as_secs().max(1).to_string())
+                .unwrap_or_default();
+            let _: i32 = COMMIT
+                .key(key("entity", slot))
+                .key(key("checkpoint", name))
+                .key(delivery_key("done"))
+                .key(delivery_key("lease"))
+                .arg(state)
+                .arg(at)
+                .arg(ttl)
+                .invoke_async(&mut conn)
+                .await?;
+            return Ok(());
+        }
         if let Some((slot, state)) = &commit.entity {
-            let _: i32 = Script::new(SET_STATE)
+            let _: i32 = SET_STATE
                 .key(self.key("entity", slot.as_str()))
                 .arg(state.to_bytes().as_slice())
                 .invoke_async(&mut conn)
@@ -236,7 +341,7 @@ impl RedisLedger {
             let () = conn.set(self.key("checkpoint", name), at).await?;
         }
         if let Some(delivery) = &commit.delivery {
-            let _: i32 = Script::new(MARK_DONE)
+            let _: i32 = MARK_DONE
                 .key(self.delivery_key(delivery, "done"))
                 .key(self.delivery_key(delivery, "lease"))
                 .arg(self.dedup_ttl.as_secs().max(1))
@@ -354,11 +459,8 @@ impl Drop for RedisLock {
         );
         // Drop cannot await; a lock that fails to release lapses with its lease.
         tokio::spawn(async move {
-            let released: redis::RedisResult<i32> = Script::new(UNLOCK)
-                .key(key)
-                .arg(token)
-                .invoke_async(&mut conn)
-                .await;
+            let released: redis::RedisResult<i32> =
+                UNLOCK.key(key).arg(token).invoke_async(&mut conn).await;
             if let Err(error) = released {
                 tracing::warn!(%error, "Entity lock not released; it lapses with its lease.");
             }
@@ -369,7 +471,7 @@ impl Drop for RedisLock {
 #[async_trait]
 impl Ledger for RedisLedger {
     async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
-        let answer: i32 = Script::new(BEGIN)
+        let answer: i32 = BEGIN
             .key(self.delivery_key(delivery, "done"))
             .key(self.delivery_key(delivery, "lease"))
             .arg(self.lease_ms())
@@ -406,6 +508,35 @@ impl Ledger for RedisLedger {
             .await;
         if let Err(error) = released {
             tracing::warn!(%error, "Lease not released; it lapses by itself.");
+        }
+    }
+
+    async fn lock_and_read(
+        &self,
+        slot: &EntitySlot,
+    ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
+        let Connection::Single(_) = self.conn else {
+            // A lock's and a state's keys lie in different slots.
+            let lock = self.lock_entity(slot).await?;
+            return Ok((lock, self.entity(slot).await?));
+        };
+        let key = self.key("lock", slot.as_str());
+        let token = format!("{:032x}", rand::random::<u128>());
+        let mut conn = self.conn.clone();
+        loop {
+            let (taken, state): (i32, Option<Vec<u8>>) = LOCK_AND_READ
+                .key(&key)
+                .key(self.key("entity", slot.as_str()))
+                .arg(&token)
+                .arg(self.lease_ms())
+                .invoke_async(&mut conn)
+                .await?;
+            if taken == 1 {
+                let state = state.map(|b| EntityState::decode(slot, &b)).transpose();
+                let lock: EntityLock = Box::new(RedisLock { conn, key, token });
+                return Ok((lock, state?));
+            }
+            tokio::time::sleep(LOCK_POLL).await;
         }
     }
 

@@ -154,8 +154,7 @@ impl Pipeline {
         incoming: &EntityState,
         origin: Origin,
     ) -> Result<(EntityLock, Decision), LedgerError> {
-        let lock = self.inner.ledger.lock_entity(slot).await?;
-        let written = self.inner.ledger.entity(slot).await?;
+        let (lock, written) = self.inner.ledger.lock_and_read(slot).await?;
         Ok((lock, guard::decide(written.as_ref(), incoming, origin)))
     }
 

@@ -84,7 +84,7 @@ async fn the_redis_ledger_keeps_the_delivery_protocol() {
 }
 
 #[tokio::test]
-async fn an_entity_lock_excludes_a_second_holder_until_released() {
+async fn an_entity_lock_excludes_a_second_holder_until_released_and_reads_the_state_under_it() {
     let prefix = format!("{}:", unique("lock"));
     let (a, b) = (ledger(&prefix).await, ledger(&prefix).await);
     let slot = EntitySlot::new(
@@ -92,13 +92,27 @@ async fn an_entity_lock_excludes_a_second_holder_until_released() {
         &EntityKey::new(ProviderKind::Mekari, None, "P-1"),
     );
     let held = a.lock_entity(&slot).await.unwrap();
-    let waiting = tokio::time::timeout(Duration::from_millis(300), b.lock_entity(&slot)).await;
+    let waiting = tokio::time::timeout(Duration::from_millis(300), b.lock_and_read(&slot)).await;
     assert!(
         waiting.is_err(),
         "the second process waits while the first holds the lock"
     );
+    a.commit(Commit {
+        entity: Some((slot.clone(), state(300, 3))),
+        ..Commit::default()
+    })
+    .await
+    .unwrap();
     drop(held);
-    tokio::time::timeout(Duration::from_secs(2), b.lock_entity(&slot))
+    let (held, read) = tokio::time::timeout(Duration::from_secs(2), b.lock_and_read(&slot))
+        .await
+        .expect("released locks can be taken")
+        .unwrap();
+    assert_eq!(read, Some(state(300, 3)), "the state read under the lock");
+    let waiting = tokio::time::timeout(Duration::from_millis(300), a.lock_entity(&slot)).await;
+    assert!(waiting.is_err(), "a lock taken with its state excludes too");
+    drop(held);
+    tokio::time::timeout(Duration::from_secs(2), a.lock_entity(&slot))
         .await
         .expect("released locks can be taken")
         .unwrap();
