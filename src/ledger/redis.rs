@@ -24,10 +24,14 @@
 //! the names they had before clusters were supported.
 //!
 //! **A commit is three writes, in order**: the entity's state, the
-//! checkpoint, then the done mark with the end of the lease. It used to be
-//! one script, but an entity's key and a delivery's keys lie in different
-//! slots, and moving the done mark into the entity's slot would make `begin`
-//! (which knows no entity yet) unable to find it. The order makes a
+//! checkpoint, then the done mark with the end of the lease. On a cluster
+//! they are three scripts or commands, because an entity's key and a
+//! delivery's keys lie in different slots, and moving the done mark into the
+//! entity's slot would make `begin` (which knows no entity yet) unable to
+//! find it; on one server, which takes a script over any keys, they are one
+//! script (`COMMIT`), as the guard's lock and read are (`LOCK_AND_READ`): a
+//! new delivery costs four round trips there (begin, lock and read, commit,
+//! unlock after the answer) instead of a cluster's six. The order makes a
 //! crash between the writes harmless: the record is already in Kafka, and
 //! if its state is recorded but the done mark is not, the provider's retry
 //! finds that state and is `Unchanged` (or `Stale`), so it publishes
