@@ -46,14 +46,15 @@ fn env(name: &str, default: u64) -> u64 {
 fn main() {
     // `cargo test` runs every bench target once, without `--bench`: the
     // figures take minutes and mean nothing in a debug build.
-    if std::env::args().len() == 1 {
-        println!("ledger_store bench: run it with `cargo bench --bench ledger_store`");
-        return;
-    }
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
+    let child = args.first().is_some_and(|a| a.starts_with("child-"));
+    if !child && !std::env::args().any(|a| a == "--bench") {
+        println!("ledger_store bench: run it with `cargo bench --bench ledger_store`");
+        return;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

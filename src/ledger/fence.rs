@@ -16,7 +16,7 @@
 //! state before anything else is read keeps the stale guard exact.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -38,6 +38,9 @@ pub struct Fenced<L> {
     up: AtomicBool,
     /// Serializes healing, so one attempt runs at a time.
     healing: tokio::sync::Mutex<()>,
+    /// Failed commits so far: a read that waited for an entity's lock knows
+    /// from it whether a commit failed meanwhile ([`Ledger::lock_and_read`]).
+    raised: AtomicU64,
 }
 
 /// Why the fence is up, since when, and what waits to be written.
@@ -57,6 +60,7 @@ impl<L: Ledger> Fenced<L> {
             fence: Mutex::new(None),
             up: AtomicBool::new(false),
             healing: tokio::sync::Mutex::new(()),
+            raised: AtomicU64::new(0),
         }
     }
 
@@ -83,6 +87,7 @@ impl<L: Ledger> Fenced<L> {
     /// Raises the fence (once) and keeps `commit` to be written on healing.
     fn raise(&self, commit: Commit, error: &LedgerError) {
         let mut fence = self.fence();
+        self.raised.fetch_add(1, Ordering::AcqRel);
         match fence.as_mut() {
             Some(fence) => fence.pending.push(commit),
             None => {
@@ -201,8 +206,20 @@ impl<L: Ledger> Ledger for Fenced<L> {
         &self,
         slot: &EntitySlot,
     ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
+        // The state must be read after the fence was seen down *and* under
+        // the lock: the holder this call waited for may have published and
+        // failed to commit, its newer state kept only in the fence. Checked
+        // before the lock (one round trip for both on Redis), then again
+        // once it is held, reading the state anew if a commit failed meanwhile.
+        let raised = self.raised.load(Ordering::Acquire);
         self.open().await?;
-        self.inner.lock_and_read(slot).await
+        let (lock, state) = self.inner.lock_and_read(slot).await?;
+        if self.raised.load(Ordering::Acquire) == raised {
+            return Ok((lock, state));
+        }
+        self.open().await?;
+        let state = self.inner.entity(slot).await?;
+        Ok((lock, state))
     }
 
     async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
@@ -236,5 +253,111 @@ impl<L: Ledger> Ledger for Fenced<L> {
     async fn check(&self) -> Result<(), LedgerError> {
         self.open().await?;
         self.inner.check().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+
+    use super::Fenced;
+    use crate::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
+    use crate::ledger::{
+        Begin, Commit, EmbeddedLedger, EntityLock, EntitySlot, EntityState, Ledger, LedgerError,
+    };
+
+    /// A real embedded ledger whose commits fail while `failing` is set: the
+    /// full disk of `tests/it/ledger_full.rs`, at the one moment this test needs.
+    struct FailingCommits {
+        ledger: EmbeddedLedger,
+        failing: AtomicBool,
+    }
+
+    #[async_trait]
+    impl Ledger for FailingCommits {
+        async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
+            self.ledger.begin(delivery).await
+        }
+        async fn begin_again(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
+            self.ledger.begin_again(delivery).await
+        }
+        async fn release(&self, delivery: &DeliveryKey) {
+            self.ledger.release(delivery).await;
+        }
+        async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
+            self.ledger.lock_entity(slot).await
+        }
+        async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
+            self.ledger.entity(slot).await
+        }
+        async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
+            self.ledger.checkpoint(name).await
+        }
+        async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
+            if self.failing.load(Ordering::Acquire) {
+                return Err(LedgerError::Closed);
+            }
+            self.ledger.commit(commit).await
+        }
+        async fn reopen(&self) -> Result<(), LedgerError> {
+            self.ledger.reopen().await
+        }
+        async fn check(&self) -> Result<(), LedgerError> {
+            self.ledger.check().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_read_that_waited_for_the_lock_of_a_holder_whose_commit_failed_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = EmbeddedLedger::open(
+            &dir.path().join("ledger.redb"),
+            Duration::from_secs(3600),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        let fenced = Arc::new(Fenced::new(FailingCommits {
+            ledger,
+            failing: AtomicBool::new(false),
+        }));
+        let slot = EntitySlot::new(
+            EntityType::Sale,
+            &EntityKey::new(ProviderKind::ReceiptRoller, None, "S-1"),
+        );
+        // The holder of the lock publishes a newer state...
+        let held = fenced.lock_entity(&slot).await.unwrap();
+        let waiter = tokio::spawn({
+            let (fenced, slot) = (fenced.clone(), slot.clone());
+            async move { fenced.lock_and_read(&slot).await.map(|(_, state)| state) }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // ...and fails to record it, then lets go of the lock.
+        fenced.inner.failing.store(true, Ordering::Release);
+        let newer = EntityState {
+            version: Version {
+                at_micros: 1_700_000_000_000_000,
+                rank: 0,
+            },
+            state_hash: [7; 16],
+        };
+        assert!(
+            fenced
+                .commit(Commit {
+                    entity: Some((slot.clone(), newer)),
+                    ..Commit::default()
+                })
+                .await
+                .is_err()
+        );
+        drop(held);
+        let read = waiter.await.unwrap();
+        assert!(
+            matches!(read, Err(LedgerError::Unwritable { .. })),
+            "the state read under the lock misses the newer one the fence keeps: {read:?}"
+        );
     }
 }

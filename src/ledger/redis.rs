@@ -46,7 +46,7 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, Value};
+use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 
 use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
 use crate::config::LedgerConfig;
@@ -291,47 +291,40 @@ impl RedisLedger {
         u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// [`COMMIT`] for `commit`. An absent part's key is still a key under
+    /// the prefix (never written: its argument is empty), so a user whose
+    /// ACL allows the prefix's keys alone may run the script.
+    fn commit_script(&self, commit: &Commit) -> ScriptInvocation<'static> {
+        let mut script = COMMIT.prepare_invoke();
+        match &commit.entity {
+            Some((slot, state)) => script
+                .key(self.key("entity", slot.as_str()))
+                .arg(state.to_bytes().as_slice()),
+            None => script.key(self.key("entity", "")).arg(""),
+        };
+        match &commit.checkpoint {
+            Some((name, at)) => script.key(self.key("checkpoint", name)).arg(at),
+            None => script.key(self.key("checkpoint", "")).arg(""),
+        };
+        match &commit.delivery {
+            Some(delivery) => script
+                .key(self.delivery_key(delivery, "done"))
+                .key(self.delivery_key(delivery, "lease"))
+                .arg(self.dedup_ttl.as_secs().max(1)),
+            None => script
+                .key(delivery_key(&self.prefix, "", "done"))
+                .key(delivery_key(&self.prefix, "", "lease"))
+                .arg(""),
+        };
+        script
+    }
+
     /// A commit's three writes, in the order the module documentation
     /// explains: in one script on one server, one by one on a cluster.
     async fn write(&self, commit: &Commit) -> Result<(), LedgerError> {
         let mut conn = self.conn.clone();
         if let Connection::Single(_) = conn {
-            let (slot, state) = commit
-                .entity
-                .as_ref()
-                .map_or((None, Vec::new()), |(slot, state)| {
-                    (Some(slot.as_str()), state.to_bytes().to_vec())
-                });
-            let (name, at) = commit
-                .checkpoint
-                .as_ref()
-                .map_or((None, String::new()), |(name, at)| {
-                    (Some(name.as_str()), at.to_string())
-                });
-            let key =
-                |kind, name: Option<&str>| name.map(|n| self.key(kind, n)).unwrap_or_default();
-            let delivery_key = |kind| {
-                commit
-                    .delivery
-                    .as_ref()
-                    .map(|d| self.delivery_key(d, kind))
-                    .unwrap_or_default()
-            };
-            let ttl = commit
-                .delivery
-                .as_ref()
-                .map(|_| self.dedup_ttl.as_secs().max(1).to_string())
-                .unwrap_or_default();
-            let _: i32 = COMMIT
-                .key(key("entity", slot))
-                .key(key("checkpoint", name))
-                .key(delivery_key("done"))
-                .key(delivery_key("lease"))
-                .arg(state)
-                .arg(at)
-                .arg(ttl)
-                .invoke_async(&mut conn)
-                .await?;
+            let _: i32 = self.commit_script(commit).invoke_async(&mut conn).await?;
             return Ok(());
         }
         if let Some((slot, state)) = &commit.entity {

@@ -145,8 +145,8 @@ impl Pipeline {
         outcome
     }
 
-    /// Takes the lease, processes, and gives the lease back on failure; all
-    /// before `deadline`. With `spooled_is_duplicate` (a provider's delivery,
+    /// Takes the lease and processes before `deadline`; the lease goes down
+    /// the line with the delivery ([`Lease`]). With `spooled_is_duplicate` (a provider's delivery,
     /// not a replay), a delivery id the spool holds is a duplicate.
     pub(super) async fn run(
         &self,

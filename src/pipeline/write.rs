@@ -170,7 +170,8 @@ impl Pipeline {
 
     /// Records a durable outcome in the ledger: the delivery done (which
     /// ends its `lease`), the entity's new state, or both; nothing to write,
-    /// nothing done. A failed commit gives the lease back.
+    /// nothing done. A commit that fails gives the lease back itself
+    /// ([`crate::ledger::Ledger::commit`]): the lease is ended either way.
     pub(super) async fn commit(
         &self,
         lease: Option<Lease>,
@@ -191,7 +192,7 @@ impl Pipeline {
                 })
                 .await,
         );
-        if let (Ok(()), Some(lease)) = (&committed, lease) {
+        if let Some(lease) = lease {
             lease.ended();
         }
         committed
