@@ -86,3 +86,42 @@ impl Released {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::event::ProviderKind;
+    use crate::ledger::{Begin, EmbeddedLedger};
+
+    #[tokio::test]
+    async fn a_dropped_lease_is_given_back_before_wait_returns_and_an_ended_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger: Arc<dyn Ledger> = Arc::new(
+            EmbeddedLedger::open(
+                &dir.path().join("ledger.redb"),
+                Duration::from_secs(3600),
+                Duration::from_secs(30),
+            )
+            .unwrap(),
+        );
+        let tasks = TaskTracker::new();
+        let key = DeliveryKey::new(ProviderKind::Mekari, "e1");
+
+        assert_eq!(ledger.begin(&key).await.unwrap(), Begin::New);
+        let (lease, released) = Lease::held(key.clone(), ledger.clone(), tasks.clone());
+        drop(lease);
+        released.wait().await;
+        assert_eq!(ledger.begin(&key).await.unwrap(), Begin::New, "given back");
+
+        let (lease, released) = Lease::held(key.clone(), ledger.clone(), tasks.clone());
+        lease.ended();
+        released.wait().await;
+        assert_eq!(
+            ledger.begin(&key).await.unwrap(),
+            Begin::InFlight,
+            "an ended lease is the commit's to end, not given back"
+        );
+    }
+}
