@@ -508,49 +508,50 @@ impl Ledger for RedisLedger {
         }
     }
 
+    /// Polls until the lock is taken: on one server with the state read in
+    /// the same script (`LOCK_AND_READ`), on a cluster with `SET NX PX` and
+    /// then a `GET` (the lock's and the state's keys lie in different slots).
     async fn lock_and_read(
         &self,
         slot: &EntitySlot,
     ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
-        let Connection::Single(_) = self.conn else {
-            // A lock's and a state's keys lie in different slots.
-            let lock = self.lock_entity(slot).await?;
-            return Ok((lock, self.entity(slot).await?));
-        };
         let key = self.key("lock", slot.as_str());
-        let token = format!("{:032x}", rand::random::<u128>());
-        let mut conn = self.conn.clone();
-        loop {
-            let (taken, state): (i32, Option<Vec<u8>>) = LOCK_AND_READ
-                .key(&key)
-                .key(self.key("entity", slot.as_str()))
-                .arg(&token)
-                .arg(self.lease_ms())
-                .invoke_async(&mut conn)
-                .await?;
-            if taken == 1 {
-                let state = state.map(|b| EntityState::decode(slot, &b)).transpose();
-                let lock: EntityLock = Box::new(RedisLock { conn, key, token });
-                return Ok((lock, state?));
-            }
-            tokio::time::sleep(LOCK_POLL).await;
-        }
-    }
-
-    async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
-        let key = self.key("lock", slot.as_str());
+        let state_key = self.key("entity", slot.as_str());
         let token = format!("{:032x}", rand::random::<u128>());
         let mut conn = self.conn.clone();
         let options = redis::SetOptions::default()
             .conditional_set(redis::ExistenceCheck::NX)
             .with_expiration(redis::SetExpiry::PX(self.lease_ms()));
-        loop {
-            let taken: Option<String> = conn.set_options(&key, &token, options.clone()).await?;
-            if taken.is_some() {
-                return Ok(Box::new(RedisLock { conn, key, token }));
+        let state: Option<Vec<u8>> = loop {
+            if let Connection::Single(_) = conn {
+                let (taken, state): (i32, Option<Vec<u8>>) = LOCK_AND_READ
+                    .key(&key)
+                    .key(&state_key)
+                    .arg(&token)
+                    .arg(self.lease_ms())
+                    .invoke_async(&mut conn)
+                    .await?;
+                if taken == 1 {
+                    break state;
+                }
+            } else {
+                let taken: Option<String> = conn.set_options(&key, &token, options.clone()).await?;
+                if taken.is_some() {
+                    break conn.get(&state_key).await?;
+                }
             }
             tokio::time::sleep(LOCK_POLL).await;
-        }
+        };
+        let lock: EntityLock = Box::new(RedisLock { conn, key, token });
+        let state = state.map(|b| EntityState::decode(slot, &b)).transpose()?;
+        Ok((lock, state))
+    }
+
+    /// [`Ledger::lock_and_read`] with the state left unread by the caller:
+    /// one polling loop for both (the delivery path takes the lock only with
+    /// its state).
+    async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
+        Ok(self.lock_and_read(slot).await?.0)
     }
 
     async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
