@@ -34,7 +34,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::util::Timeout;
 
-use crate::config::KafkaConfig;
+use crate::config::{DEFAULT_CLIENT_PROPERTIES, KafkaConfig};
 use crate::event::EntityType;
 use crate::telemetry;
 
@@ -441,11 +441,14 @@ impl Publisher {
     }
 }
 
-/// The admin and the producer client configurations: the pass-through
-/// properties, the brokers, and (for the producer) what posbridge fixes and
+/// The admin and the producer client configurations: posbridge's defaults,
+/// the pass-through properties over them, the brokers, and (for the producer) what posbridge fixes and
 /// the record size.
 fn client_configs(config: &KafkaConfig, max_record_bytes: usize) -> (ClientConfig, ClientConfig) {
     let mut admin_config = ClientConfig::new();
+    for (key, value) in DEFAULT_CLIENT_PROPERTIES {
+        admin_config.set(key, value);
+    }
     for (key, value) in &config.librdkafka {
         admin_config.set(key, value);
     }
@@ -547,5 +550,26 @@ fn classify(error: KafkaError) -> PublishError {
         PublishError::Refused(error)
     } else {
         PublishError::Unavailable(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::client_configs;
+    use crate::config::KafkaConfig;
+
+    #[test]
+    fn posbridges_defaults_apply_unless_the_pass_through_table_sets_them() {
+        let mut config = KafkaConfig::default();
+        let (admin, producer) = client_configs(&config, 1_000);
+        assert_eq!(admin.get("reconnect.backoff.max.ms"), Some("1000"));
+        assert_eq!(producer.get("reconnect.backoff.max.ms"), Some("1000"));
+        config
+            .librdkafka
+            .insert("reconnect.backoff.max.ms".into(), "10000".into());
+        let (admin, producer) = client_configs(&config, 1_000);
+        assert_eq!(admin.get("reconnect.backoff.max.ms"), Some("10000"));
+        assert_eq!(producer.get("reconnect.backoff.max.ms"), Some("10000"));
+        assert_eq!(producer.get("enable.idempotence"), Some("true"));
     }
 }
