@@ -80,7 +80,7 @@ impl Pipeline {
 
     /// [`Pipeline::deliver`] on the caller's task.
     async fn deliver_here(&self, delivery: Delivery) -> Result<Handled, PipelineError> {
-        let (key, envelope) = identify(&delivery)?;
+        let key = key_of(&delivery);
         let deadline = delivery.arrived + self.inner.answer_budget;
         let spool = self.inner.spool.as_ref().filter(|_| delivery.spools);
         // A delivery that may spool stops waiting for Kafka early enough to
@@ -89,9 +89,7 @@ impl Pipeline {
             Some(_) => deadline - SPOOL_MARGIN.min(self.inner.answer_budget / 4),
             None => deadline,
         };
-        let result = self
-            .run(delivery.clone(), envelope, &key, work_deadline, true)
-            .await;
+        let result = self.run(delivery.clone(), &key, work_deadline, true).await;
         match (result, spool) {
             (Err(error), Some(spool)) if error.spoolable() => {
                 let spooled = SpooledDelivery {
@@ -135,9 +133,9 @@ impl Pipeline {
     pub async fn replay(&self, mut delivery: Delivery) -> Result<Outcome, PipelineError> {
         let trace = self.trace_of_its_own(TraceOrigin::SpoolReplay, &mut delivery);
         let replayed = async {
-            let (key, envelope) = identify(&delivery)?;
+            let key = key_of(&delivery);
             let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;
-            self.run(delivery, envelope, &key, deadline, false).await
+            self.run(delivery, &key, deadline, false).await
         }
         .await;
         let outcome = replayed.map(|handled| handled.outcome);
@@ -148,10 +146,13 @@ impl Pipeline {
     /// Takes the lease and processes before `deadline`; the lease goes down
     /// the line with the delivery ([`Lease`]). With `spooled_is_duplicate` (a provider's delivery,
     /// not a replay), a delivery id the spool holds is a duplicate.
+    ///
+    /// The body is parsed only once the lease is held: a delivery id already
+    /// done is answered from the ledger alone, as both providers advise (a
+    /// retry repeats the signed bytes of a delivery already checked).
     pub(super) async fn run(
         &self,
         delivery: Delivery,
-        envelope: Envelope,
         key: &DeliveryKey,
         deadline: Instant,
         spooled_is_duplicate: bool,
@@ -166,7 +167,7 @@ impl Pipeline {
         // future above it, each copied whole whenever the webhook handler's
         // future moves.
         let (lease, released) = self.held(key);
-        let work = Box::pin(self.process(delivery, envelope, lease));
+        let work = Box::pin(self.process(delivery, lease));
         self.leased(provider, deadline, work, released).await
     }
 
@@ -264,12 +265,10 @@ impl Pipeline {
         }
     }
 
-    async fn process(
-        &self,
-        delivery: Delivery,
-        envelope: Envelope,
-        lease: Lease,
-    ) -> Result<Handled, PipelineError> {
+    /// Parses, normalizes and writes a leased delivery; a body naming
+    /// another id than its header gives the lease back unused.
+    async fn process(&self, delivery: Delivery, lease: Lease) -> Result<Handled, PipelineError> {
+        let envelope = envelope_of(&delivery)?;
         let trace = &delivery.trace;
         let normalized = trace
             .stage(Stage::Normalize)
@@ -371,20 +370,30 @@ pub(super) enum Envelope {
 /// # Errors
 /// [`PipelineError::DeliveryIdMismatch`] when the body names another id.
 pub(super) fn identify(delivery: &Delivery) -> Result<(DeliveryKey, Envelope), PipelineError> {
-    let key = DeliveryKey::new(delivery.source.provider, &delivery.delivery_id);
-    let envelope = match serde_json::from_slice::<Value>(delivery.body.bytes()) {
-        Err(error) => Envelope::Unusable(NormalizeError::InvalidJson(error)),
-        Ok(json) => match json.get("id") {
-            Some(Value::String(id)) if *id == delivery.delivery_id => Envelope::Event(json),
-            Some(Value::String(_)) => return Err(PipelineError::DeliveryIdMismatch),
-            None => Envelope::Unusable(NormalizeError::MissingField("id")),
-            Some(_) => Envelope::Unusable(NormalizeError::InvalidField {
-                field: "id",
-                reason: "is not a string",
-            }),
+    Ok((key_of(delivery), envelope_of(delivery)?))
+}
+
+/// A delivery's dedup key: its provider and the id in its header.
+fn key_of(delivery: &Delivery) -> DeliveryKey {
+    DeliveryKey::new(delivery.source.provider, &delivery.delivery_id)
+}
+
+/// What a delivery's body says of itself ([`identify`]).
+fn envelope_of(delivery: &Delivery) -> Result<Envelope, PipelineError> {
+    Ok(
+        match serde_json::from_slice::<Value>(delivery.body.bytes()) {
+            Err(error) => Envelope::Unusable(NormalizeError::InvalidJson(error)),
+            Ok(json) => match json.get("id") {
+                Some(Value::String(id)) if *id == delivery.delivery_id => Envelope::Event(json),
+                Some(Value::String(_)) => return Err(PipelineError::DeliveryIdMismatch),
+                None => Envelope::Unusable(NormalizeError::MissingField("id")),
+                Some(_) => Envelope::Unusable(NormalizeError::InvalidField {
+                    field: "id",
+                    reason: "is not a string",
+                }),
+            },
         },
-    };
-    Ok((key, envelope))
+    )
 }
 
 /// Counts a delivery in `posbridge_deliveries_in_flight` while it lives, so

@@ -197,6 +197,19 @@ async fn a_delivery_id_unlike_the_bodys_is_refused_and_not_recorded() {
 }
 
 #[tokio::test]
+async fn a_retry_of_a_done_delivery_is_answered_from_the_ledger_without_its_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = pipeline(dir.path(), Duration::from_millis(100)).await;
+    done(&pipeline, "d-1").await;
+    // A body naming another id would be refused, were it read at all.
+    let handled = pipeline
+        .deliver(delivery("d-1", "d-2", "2026-11-29T11:00:00Z"))
+        .await
+        .unwrap();
+    assert_eq!(handled.outcome, Outcome::Duplicate);
+}
+
+#[tokio::test]
 async fn a_record_kafka_did_not_take_leaves_the_delivery_retryable() {
     let dir = tempfile::tempdir().unwrap();
     let pipeline = pipeline(dir.path(), Duration::from_millis(100)).await;
