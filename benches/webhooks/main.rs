@@ -141,25 +141,30 @@ const LIMIT_SERVER: &str = "limit-server";
 /// profiling a server someone else started.
 const LOAD_ONLY: &str = "load";
 
-/// `load ADDR CONNECTIONS SECONDS`: new deliveries on a closed loop, then
-/// the client's figures.
+/// `load ADDR CONNECTIONS SECONDS [duplicates]`: new deliveries on a closed
+/// loop (with `duplicates`, 2,000 deliveries sent once and then replayed),
+/// then the client's figures.
 fn load_only(args: &[String]) {
-    let [addr, connections, seconds] = args else {
-        panic!("load ADDR CONNECTIONS SECONDS");
+    let (addr, connections, seconds, duplicates) = match args {
+        [addr, connections, seconds] => (addr, connections, seconds, false),
+        [addr, connections, seconds, mode] if mode == "duplicates" => {
+            (addr, connections, seconds, true)
+        }
+        _ => panic!("load ADDR CONNECTIONS SECONDS [duplicates]"),
     };
+    let addr: SocketAddr = addr.parse().expect("address");
     let load = Load::Closed {
         connections: connections.parse().expect("connections"),
     };
-    let ids = Ids::Fresh(format!("load{}", std::process::id()));
     let duration = Duration::from_secs(seconds.parse().expect("seconds"));
-    let measured = tokio::runtime::Runtime::new()
-        .expect("runtime")
-        .block_on(load::run(
-            addr.parse().expect("address"),
-            load,
-            ids,
-            duration,
-        ));
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let prefix = format!("load{}", std::process::id());
+    let ids = if duplicates {
+        Ids::Replay(runtime.block_on(prime(addr, &prefix)))
+    } else {
+        Ids::Fresh(prefix)
+    };
+    let measured = runtime.block_on(load::run(addr, load, ids, duration));
     println!(
         "{} requests, {:.0} req/s, p50 {:.1} ms, p99 {:.1} ms, {} errors",
         measured.requests,
