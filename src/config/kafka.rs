@@ -47,14 +47,14 @@ const PRODUCER_ONLY_PROPERTIES: [&str; 30] = [
     "transactional.id",
 ];
 
-/// librdkafka properties posbridge sets unless `[kafka.librdkafka]` sets
-/// them too. `reconnect.backoff.max.ms`: librdkafka doubles its wait
-/// between connection attempts up to 10 s by default, so a broker back
-/// after a few seconds' outage was seen again only up to 5 s later
-/// (measured), while every delivery was refused 503 at once; one attempt a
-/// second at most finds it within a second, for a connection attempt per
-/// broker per second during an outage.
-pub const DEFAULT_CLIENT_PROPERTIES: [(&str, &str); 1] = [("reconnect.backoff.max.ms", "1000")];
+/// The longest wait between two connection attempts to a broker, unless
+/// `[kafka.librdkafka]` sets `reconnect.backoff.max.ms`. librdkafka doubles
+/// its wait up to 10 s by default, so a broker back after a few seconds'
+/// outage was seen again only up to 5 s later (measured), while every
+/// delivery was refused 503 at once; one attempt a second at most finds it
+/// within a second, for a connection attempt per broker per second during
+/// an outage.
+const RECONNECT_BACKOFF_MAX_MS: u64 = 1000;
 
 /// Broker, topics and producer settings.
 #[derive(Debug, Clone, Deserialize)]
@@ -163,6 +163,22 @@ impl KafkaConfig {
     /// The produce deadline as a duration.
     pub fn delivery_timeout(&self) -> Duration {
         Duration::from_millis(self.delivery_timeout_ms)
+    }
+
+    /// The librdkafka properties posbridge sets unless `[kafka.librdkafka]`
+    /// sets them too. librdkafka refuses a `reconnect.backoff.max.ms` below
+    /// `reconnect.backoff.ms`, so a first wait set longer than the default
+    /// maximum raises the maximum with it.
+    pub fn default_client_properties(&self) -> [(&'static str, String); 1] {
+        let first_wait = self
+            .librdkafka
+            .get("reconnect.backoff.ms")
+            .and_then(|ms| ms.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        [(
+            "reconnect.backoff.max.ms",
+            RECONNECT_BACKOFF_MAX_MS.max(first_wait).to_string(),
+        )]
     }
 
     /// The producer properties posbridge sets itself, the one list of them:

@@ -25,7 +25,7 @@ use serde::Deserialize;
 use crate::event::{EntityType, ProviderKind, Source};
 
 pub use admin::AdminConfig;
-pub use kafka::{DEFAULT_CLIENT_PROPERTIES, KafkaConfig, RegistryConfig};
+pub use kafka::{KafkaConfig, RegistryConfig};
 pub use ledger::{LedgerBackend, LedgerConfig};
 pub use read::{ENV_PREFIX, ENV_SEPARATOR, LIBRDKAFKA_ENV_PREFIX};
 pub use reconcile::{ReconcileConfig, WatchdogConfig};

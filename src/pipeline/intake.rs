@@ -92,6 +92,9 @@ impl Pipeline {
         let result = self.run(delivery.clone(), &key, work_deadline, true).await;
         match (result, spool) {
             (Err(error), Some(spool)) if error.spoolable() => {
+                // The lease may have failed before the body was read: a body
+                // naming another id is the request's mistake, never spooled.
+                envelope_of(&delivery)?;
                 let spooled = SpooledDelivery {
                     key,
                     source: delivery.source.as_ref().clone(),

@@ -264,6 +264,42 @@ async fn a_duplicate_of_a_delivery_in_flight_waits_then_asks_for_a_retry() {
 }
 
 #[tokio::test]
+async fn a_body_naming_another_id_is_refused_not_spooled_when_its_lease_cannot_be_had() {
+    let dir = tempfile::tempdir().unwrap();
+    // The work's deadline (the budget less the spool's margin) comes before
+    // the in-flight wait ends: taking the lease fails before the body is read.
+    let pipeline = pipeline(dir.path(), Duration::from_secs(2)).await;
+    let spool = pipeline.spool().unwrap().clone();
+    assert_eq!(
+        pipeline.ledger().begin(&key("d-held")).await.unwrap(),
+        Begin::New
+    );
+    let error = pipeline
+        .deliver(spooling(delivery(
+            "d-held",
+            "d-other",
+            "2026-11-29T11:00:00Z",
+        )))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, PipelineError::DeliveryIdMismatch),
+        "{error}"
+    );
+    assert_eq!(spool.stats().entries, 0);
+    // The same delivery with its own id is spooled in that case.
+    let spooled = pipeline
+        .deliver(spooling(delivery(
+            "d-held",
+            "d-held",
+            "2026-11-29T11:00:00Z",
+        )))
+        .await
+        .unwrap();
+    assert_eq!(spooled.outcome, Outcome::Spooled);
+}
+
+#[tokio::test]
 async fn what_kafka_cannot_take_is_spooled_once_and_answered_in_time() {
     let dir = tempfile::tempdir().unwrap();
     let pipeline = pipeline(dir.path(), Duration::from_millis(100)).await;

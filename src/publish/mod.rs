@@ -34,7 +34,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::util::Timeout;
 
-use crate::config::{DEFAULT_CLIENT_PROPERTIES, KafkaConfig};
+use crate::config::KafkaConfig;
 use crate::event::EntityType;
 use crate::telemetry;
 
@@ -446,7 +446,7 @@ impl Publisher {
 /// the record size.
 fn client_configs(config: &KafkaConfig, max_record_bytes: usize) -> (ClientConfig, ClientConfig) {
     let mut admin_config = ClientConfig::new();
-    for (key, value) in DEFAULT_CLIENT_PROPERTIES {
+    for (key, value) in config.default_client_properties() {
         admin_config.set(key, value);
     }
     for (key, value) in &config.librdkafka {
@@ -571,5 +571,19 @@ mod tests {
         assert_eq!(admin.get("reconnect.backoff.max.ms"), Some("10000"));
         assert_eq!(producer.get("reconnect.backoff.max.ms"), Some("10000"));
         assert_eq!(producer.get("enable.idempotence"), Some("true"));
+    }
+
+    #[test]
+    fn a_first_reconnect_wait_longer_than_the_default_maximum_raises_it() {
+        let mut config = KafkaConfig::default();
+        config
+            .librdkafka
+            .insert("reconnect.backoff.ms".into(), "2000".into());
+        let (_, producer) = client_configs(&config, 1_000);
+        assert_eq!(producer.get("reconnect.backoff.max.ms"), Some("2000"));
+        assert_eq!(
+            super::validate(&config, 1_000).map_err(|e| e.to_string()),
+            Ok(())
+        );
     }
 }
