@@ -28,6 +28,15 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     }
 }
 
+/// Where librdkafka's message names `name`: in double quotes (a single
+/// property's refusal) or in backticks (a refusal weighing two).
+fn named_at(message: &str, name: &str) -> Option<usize> {
+    [format!("\"{name}\""), format!("`{name}`")]
+        .iter()
+        .filter_map(|quoted| message.find(quoted.as_str()))
+        .min()
+}
+
 /// Every mistake in `config`, each with its key path. Empty means valid.
 pub fn problems(config: &Config) -> Vec<Problem> {
     let mut problems = config.problems();
@@ -40,8 +49,9 @@ pub fn problems(config: &Config) -> Vec<Problem> {
                 .kafka
                 .librdkafka
                 .keys()
-                .find(|name| message.contains(&format!("\"{name}\"")))
-                .cloned(),
+                .filter_map(|name| named_at(&message, name).map(|at| (at, name)))
+                .min()
+                .map(|(_, name)| name.clone()),
         };
         let key = refused.map_or_else(
             || "kafka.librdkafka".to_owned(),
@@ -302,6 +312,34 @@ mod tests {
                 "{found:?}"
             );
         }
+    }
+
+    /// A refusal that weighs two properties (librdkafka quotes them in
+    /// backticks) points at the first it names.
+    #[test]
+    fn a_refusal_naming_two_properties_is_at_the_first_it_names() {
+        let mut config = Config::from_toml(
+            r#"
+            [mekari.sources.main]
+            secrets = ["mekari-secret-1"]
+            "#,
+        )
+        .unwrap();
+        for (property, value) in [
+            ("reconnect.backoff.ms", "2000"),
+            ("reconnect.backoff.max.ms", "1500"),
+        ] {
+            config
+                .kafka
+                .librdkafka
+                .insert(property.into(), value.into());
+        }
+        let found = problems(&config);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(
+            found[0].key, "kafka.librdkafka.\"reconnect.backoff.max.ms\"",
+            "{found:?}"
+        );
     }
 
     #[test]
