@@ -304,14 +304,18 @@ mod tests {
                 .kafka
                 .librdkafka
                 .insert(property.into(), value.into());
-            let found = problems(&config);
-            assert_eq!(found.len(), 1, "{found:?}");
             assert_eq!(
-                found[0].key,
-                format!("kafka.librdkafka.\"{property}\""),
-                "{found:?}"
+                the_one_problems_key(&config),
+                format!("kafka.librdkafka.\"{property}\"")
             );
         }
+    }
+
+    /// The key of the one problem `config` has.
+    fn the_one_problems_key(config: &Config) -> String {
+        let found = problems(config);
+        assert_eq!(found.len(), 1, "{found:?}");
+        found[0].key.clone()
     }
 
     /// A refusal that weighs two properties (librdkafka quotes them in
@@ -334,11 +338,9 @@ mod tests {
                 .librdkafka
                 .insert(property.into(), value.into());
         }
-        let found = problems(&config);
-        assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(
-            found[0].key, "kafka.librdkafka.\"reconnect.backoff.max.ms\"",
-            "{found:?}"
+            the_one_problems_key(&config),
+            "kafka.librdkafka.\"reconnect.backoff.max.ms\""
         );
     }
 
