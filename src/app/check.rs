@@ -299,16 +299,23 @@ mod tests {
             "TLS, SCRAM and zstd are built in"
         );
         for (property, value) in [("compression.type", "brotli"), ("no.such.property", "1")] {
-            let mut config = config.clone();
-            config
-                .kafka
-                .librdkafka
-                .insert(property.into(), value.into());
             assert_eq!(
-                the_one_problems_key(&config),
+                the_one_problems_key(&with_librdkafka(&config, &[(property, value)])),
                 format!("kafka.librdkafka.\"{property}\"")
             );
         }
+    }
+
+    /// `config` with these pass-through properties added.
+    fn with_librdkafka(config: &Config, properties: &[(&str, &str)]) -> Config {
+        let mut config = config.clone();
+        for (property, value) in properties {
+            config
+                .kafka
+                .librdkafka
+                .insert((*property).into(), (*value).into());
+        }
+        config
     }
 
     /// The key of the one problem `config` has.
@@ -322,22 +329,20 @@ mod tests {
     /// backticks) points at the first it names.
     #[test]
     fn a_refusal_naming_two_properties_is_at_the_first_it_names() {
-        let mut config = Config::from_toml(
+        let config = Config::from_toml(
             r#"
             [mekari.sources.main]
             secrets = ["mekari-secret-1"]
             "#,
         )
         .unwrap();
-        for (property, value) in [
-            ("reconnect.backoff.ms", "2000"),
-            ("reconnect.backoff.max.ms", "1500"),
-        ] {
-            config
-                .kafka
-                .librdkafka
-                .insert(property.into(), value.into());
-        }
+        let config = with_librdkafka(
+            &config,
+            &[
+                ("reconnect.backoff.ms", "2000"),
+                ("reconnect.backoff.max.ms", "1500"),
+            ],
+        );
         assert_eq!(
             the_one_problems_key(&config),
             "kafka.librdkafka.\"reconnect.backoff.max.ms\""

@@ -442,8 +442,8 @@ impl Publisher {
 }
 
 /// The admin and the producer client configurations: posbridge's defaults,
-/// the pass-through properties over them, the brokers, and (for the producer) what posbridge fixes and
-/// the record size.
+/// the pass-through properties over them, the brokers, and (for the
+/// producer) what posbridge fixes and the record size.
 fn client_configs(config: &KafkaConfig, max_record_bytes: usize) -> (ClientConfig, ClientConfig) {
     let mut admin_config = ClientConfig::new();
     for (key, value) in config.default_client_properties() {
