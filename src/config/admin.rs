@@ -5,6 +5,10 @@ use serde::Deserialize;
 
 use super::source::Secret;
 
+/// The shortest token or password a status page beyond loopback takes:
+/// the page shows the whole pipeline and its replay actions.
+const MIN_SECRET_CHARS: usize = 16;
+
 /// The admin listener; off unless `listen` is set.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -27,7 +31,8 @@ pub struct AdminConfig {
 impl AdminConfig {
     /// What the data alone shows is wrong: a user name without a password
     /// or the other way round, an empty credential, or a page anyone on the
-    /// network could read (a listener beyond loopback without credentials).
+    /// network could read (a listener beyond loopback without credentials,
+    /// or with one short enough to guess).
     pub fn problems(&self) -> Vec<(String, String)> {
         let mut problems = Vec::new();
         let open = self.token.is_none() && self.username.is_none();
@@ -35,7 +40,7 @@ impl AdminConfig {
             .listen
             .as_deref()
             .and_then(|l| l.parse::<std::net::SocketAddr>().ok())
-            .is_some_and(|addr| !addr.ip().is_loopback());
+            .is_some_and(|addr| !addr.ip().to_canonical().is_loopback());
         if open && beyond_loopback {
             problems.push((
                 "admin.listen".to_owned(),
@@ -62,6 +67,22 @@ impl AdminConfig {
         ] {
             if empty {
                 problems.push((key.to_owned(), "must not be empty".to_owned()));
+            }
+        }
+        if beyond_loopback {
+            for (key, secret) in [
+                ("admin.token", &self.token),
+                ("admin.password", &self.password),
+            ] {
+                let chars = secret.as_ref().map_or(0, |s| s.expose().chars().count());
+                if (1..MIN_SECRET_CHARS).contains(&chars) {
+                    problems.push((
+                        key.to_owned(),
+                        format!(
+                            "is {chars} character(s) long on a listener beyond loopback, where anyone on the network can try it: use at least {MIN_SECRET_CHARS} random characters (`openssl rand -hex 16` gives 32)"
+                        ),
+                    ));
+                }
             }
         }
         problems

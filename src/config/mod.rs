@@ -23,6 +23,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::event::{EntityType, ProviderKind, Source};
+use source::MIN_TOLERANCE_SECS;
 
 pub use admin::AdminConfig;
 pub use kafka::{KafkaConfig, RegistryConfig};
@@ -274,15 +275,23 @@ impl Config {
                 "kafka.librdkafka.\"message.max.bytes\"",
                 "must be a number of bytes".into(),
             ),
-            Some(Ok(max)) if needed > max => problem(
-                "kafka.librdkafka.\"message.max.bytes\"",
-                format!(
-                    "{max} cannot hold every accepted event: a record holds its body at most twice (raw and normalized) plus up to {} bytes of envelope, so server.body_limit_bytes = {} needs {needed}; leave message.max.bytes unset (posbridge then sets it, and the created topics' max.message.bytes, to that) or lower body_limit_bytes to {}",
-                    kafka::RECORD_ENVELOPE_BYTES,
-                    self.server.body_limit_bytes,
-                    max.saturating_sub(kafka::RECORD_ENVELOPE_BYTES) / 2,
-                ),
-            ),
+            Some(Ok(max)) if needed > max => {
+                // A body limit is only a fix when it would still take a body.
+                let fitting_body = max.saturating_sub(kafka::RECORD_ENVELOPE_BYTES) / 2;
+                let or_lower = if fitting_body > 0 {
+                    format!(" or lower server.body_limit_bytes to {fitting_body}")
+                } else {
+                    format!(" ({max} is not even room for the envelope, so no body limit fits it)")
+                };
+                problem(
+                    "kafka.librdkafka.\"message.max.bytes\"",
+                    format!(
+                        "{max} cannot hold every accepted event: a record holds its body at most twice (raw and normalized) plus up to {} bytes of envelope, so server.body_limit_bytes = {} needs {needed}; leave message.max.bytes unset (posbridge then sets it, and the created topics' max.message.bytes, to that){or_lower}",
+                        kafka::RECORD_ENVELOPE_BYTES,
+                        self.server.body_limit_bytes,
+                    ),
+                );
+            }
             Some(_) | None => {}
         }
         if self.server.max_connections == 0 {
@@ -294,6 +303,16 @@ impl Config {
                 format!(
                     "{} is below server.body_limit_bytes ({}): a body of the largest accepted size could never be read",
                     self.server.max_body_bytes_in_flight, self.server.body_limit_bytes
+                ),
+            );
+        }
+        if self.server.max_event_ahead_ms < ServerConfig::MIN_EVENT_AHEAD_MS {
+            problem(
+                "server.max_event_ahead_ms",
+                format!(
+                    "{} ms dead-letters good events as time_in_future whenever the provider's clock runs a little ahead of ours; use at least {} (the default is 300000)",
+                    self.server.max_event_ahead_ms,
+                    ServerConfig::MIN_EVENT_AHEAD_MS
                 ),
             );
         }
@@ -370,12 +389,31 @@ impl Config {
                 problem(key, format!("topic `{topic}` is used twice"));
             }
         }
-        for name in self.kafka.librdkafka.keys() {
-            if self.kafka.is_reserved(name) {
-                problem(
-                    &format!("kafka.librdkafka.\"{name}\""),
-                    "posbridge sets this itself (idempotent, acks=all, murmur2_random, delivery deadline); use kafka.brokers / kafka.delivery_timeout_ms or remove it".into(),
-                );
+        if let Some(letters) = &self.kafka.dead_letter_topic
+            && !self.kafka.topic_prefix.is_empty()
+            && letters.starts_with(&self.kafka.topic_prefix)
+        {
+            let prefix = &self.kafka.topic_prefix;
+            let fix = KafkaConfig {
+                dead_letter_topic: None,
+                ..self.kafka.clone()
+            }
+            .dead_letter_topic();
+            let fix = if fix.starts_with(prefix.as_str()) {
+                "a name that does not start with it".to_owned()
+            } else {
+                format!("`{fix}` (the default: remove the setting)")
+            };
+            problem(
+                "kafka.dead_letter_topic",
+                format!(
+                    "`{letters}` starts with the entity topics' prefix `{prefix}`: a consumer subscribing to the entity topics by that prefix would get raw JSON letters among its Avro records; use {fix}"
+                ),
+            );
+        }
+        for (name, value) in &self.kafka.librdkafka {
+            if let Some(why) = self.kafka.refusal(name, value) {
+                problem(&format!("kafka.librdkafka.\"{name}\""), why);
             }
         }
         if self.schema_registry.token.is_some()
@@ -446,6 +484,25 @@ impl Config {
                     "at least one secret is needed to verify signatures: set secrets, secrets_files or secrets_dir".into(),
                 );
             }
+            if let Some(header) = &source.header
+                && axum::http::HeaderName::from_bytes(header.as_bytes()).is_err()
+            {
+                problem(
+                    &format!("{key}.header"),
+                    format!(
+                        "`{header}` is not an HTTP header name (letters, digits and - only, like X-Signature): no delivery could carry it, so every one would be refused 401"
+                    ),
+                );
+            }
+            if source.tolerance_secs < MIN_TOLERANCE_SECS {
+                problem(
+                    &format!("{key}.tolerance_secs"),
+                    format!(
+                        "{} s refuses good deliveries whose signed time is a moment off ours (clock drift, transit, a queue at the provider); use at least {MIN_TOLERANCE_SECS} (the default is 300)",
+                        source.tolerance_secs
+                    ),
+                );
+            }
             if let Some(account) = &source.account
                 && (account.is_empty() || account.contains(':'))
             {
@@ -463,6 +520,10 @@ impl Config {
             ("reconcile.interval_secs", self.reconcile.interval_secs),
             ("reconcile.step_secs", self.reconcile.step_secs),
             ("watchdog.interval_secs", self.watchdog.interval_secs),
+            (
+                "reconcile.request_timeout_ms",
+                self.reconcile.request_timeout_ms,
+            ),
         ] {
             if value == 0 {
                 problem(key, "must be above 0".into());
@@ -558,7 +619,14 @@ mod tests {
             admin_problems("listen = \"0.0.0.0:9090\""),
             ["admin.listen"]
         );
-        assert!(admin_problems("listen = \"0.0.0.0:9090\"\ntoken = \"t\"").is_empty());
+        assert!(
+            admin_problems("listen = \"0.0.0.0:9090\"\ntoken = \"0123456789abcdef\"").is_empty()
+        );
+        assert_eq!(
+            admin_problems("listen = \"0.0.0.0:9090\"\ntoken = \"t\""),
+            ["admin.token"],
+            "a one-character token beyond loopback"
+        );
         assert_eq!(
             admin_problems("listen = \"127.0.0.1:9090\"\nusername = \"ops\""),
             ["admin.username"]
@@ -571,17 +639,17 @@ mod tests {
         assert_eq!(admin_problems("listen = \"nowhere\""), ["admin.listen"]);
         // server.listen is 127.0.0.1:8080 here: every address includes it.
         assert_eq!(
-            admin_problems("listen = \"0.0.0.0:8080\"\ntoken = \"t\""),
+            admin_problems("listen = \"0.0.0.0:8080\"\ntoken = \"0123456789abcdef\""),
             ["admin.listen"],
             "every address takes server.listen's port too"
         );
         assert_eq!(
-            admin_problems("listen = \"[::]:8080\"\ntoken = \"t\""),
+            admin_problems("listen = \"[::]:8080\"\ntoken = \"0123456789abcdef\""),
             ["admin.listen"]
         );
         assert!(admin_problems("listen = \"127.0.0.2:8080\"").is_empty());
         assert_eq!(
-            admin_problems("listen = \"[::ffff:127.0.0.1]:8080\"\ntoken = \"t\""),
+            admin_problems("listen = \"[::ffff:127.0.0.1]:8080\"\ntoken = \"0123456789abcdef\""),
             ["admin.listen"]
         );
         assert!(admin_problems("listen = \"127.0.0.1:8081\"").is_empty());
@@ -658,6 +726,103 @@ mod tests {
         }
     }
 
+    /// The problems of a config with one Mekari source, whose section
+    /// gets `source`, the rest of the file `rest`.
+    fn problems_with_source(source: &str, rest: &str) -> Vec<Problem> {
+        parse(&format!(
+            "{rest}\n[mekari.sources.main]\nsecrets = [\"s\"]\n{source}\n"
+        ))
+        .problems()
+    }
+
+    fn keys(problems: &[Problem]) -> Vec<&str> {
+        problems.iter().map(|p| p.key.as_str()).collect()
+    }
+
+    #[test]
+    fn settings_that_would_make_every_delivery_fail_are_refused() {
+        let missed = [
+            (
+                "",
+                "[kafka.librdkafka]\n\"transactional.id\" = \"pb\"",
+                "kafka.librdkafka.\"transactional.id\"",
+            ),
+            (
+                "",
+                "[kafka.librdkafka]\n\"topic.partitioner\" = \"random\"",
+                "kafka.librdkafka.\"topic.partitioner\"",
+            ),
+            (
+                "",
+                "[kafka.librdkafka]\n\"metadata.broker.list\" = \"other:9092\"",
+                "kafka.librdkafka.\"metadata.broker.list\"",
+            ),
+            (
+                "",
+                "[kafka.librdkafka]\n\"request.required.acks\" = \"1\"",
+                "kafka.librdkafka.\"request.required.acks\"",
+            ),
+            (
+                "",
+                "[reconcile]\nrequest_timeout_ms = 0",
+                "reconcile.request_timeout_ms",
+            ),
+            ("header = \"X Signature\"", "", "mekari.sources.main.header"),
+            (
+                "tolerance_secs = 0",
+                "",
+                "mekari.sources.main.tolerance_secs",
+            ),
+            (
+                "",
+                "[admin]\nlisten = \"0.0.0.0:9090\"\ntoken = \"x\"",
+                "admin.token",
+            ),
+            (
+                "",
+                "[kafka]\ndead_letter_topic = \"pos.dead-letter\"",
+                "kafka.dead_letter_topic",
+            ),
+        ]
+        .into_iter()
+        .filter(|(source, rest, key)| keys(&problems_with_source(source, rest)) != [*key])
+        .map(|(_, _, key)| key)
+        .collect::<Vec<_>>();
+        assert_eq!(missed, Vec::<&str>::new(), "not refused alone");
+        for (source, rest) in [
+            ("", "[kafka.librdkafka]\nacks = \"-1\""),
+            ("header = \"X-Signature\"\ntolerance_secs = 30", ""),
+            ("", "[admin]\nlisten = \"127.0.0.1:9090\"\ntoken = \"x\""),
+            (
+                "",
+                "[admin]\nlisten = \"0.0.0.0:9090\"\ntoken = \"0123456789abcdef\"",
+            ),
+            ("", "[kafka]\ndead_letter_topic = \"pos-letters\""),
+        ] {
+            assert_eq!(
+                keys(&problems_with_source(source, rest)),
+                Vec::<&str>::new()
+            );
+        }
+    }
+
+    #[test]
+    fn a_message_size_below_the_envelope_is_not_answered_with_a_body_limit_of_zero() {
+        let found =
+            problems_with_source("", "[kafka.librdkafka]\n\"message.max.bytes\" = \"1000\"");
+        assert_eq!(keys(&found), ["kafka.librdkafka.\"message.max.bytes\""]);
+        assert!(!found[0].message.contains("to 0"), "{}", found[0].message);
+        let found = problems_with_source(
+            "",
+            "[server]\nbody_limit_bytes = 1048576\n[kafka.librdkafka]\n\"message.max.bytes\" = \"1000000\"",
+        );
+        assert!(
+            found[0].message.contains("body_limit_bytes to 467232"),
+            "{}",
+            found[0].message
+        );
+    }
+
     #[test]
     fn records_are_sized_for_the_largest_accepted_body() {
         let sized = |text: &str| parse(text).max_record_bytes();
@@ -711,7 +876,14 @@ mod tests {
             problems("max_event_ahead_ms = 3600000", ""),
             vec!["server.max_event_ahead_ms"]
         );
-        assert_eq!(problems("max_event_ahead_ms = 0", ""), Vec::<String>::new());
+        assert_eq!(
+            problems("max_event_ahead_ms = 0", ""),
+            vec!["server.max_event_ahead_ms"]
+        );
+        assert_eq!(
+            problems("max_event_ahead_ms = 10000", ""),
+            Vec::<String>::new()
+        );
         assert_eq!(
             problems(
                 "header_read_timeout_ms = 10000\nbody_read_timeout_ms = 0",

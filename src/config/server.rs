@@ -71,6 +71,11 @@ impl ServerConfig {
     /// `max_event_ahead_ms` may be.
     pub const MAX_EVENT_AHEAD_LIMIT_MS: u64 = 3_600_000;
 
+    /// The least `max_event_ahead_ms` may be: a provider's clock runs a few
+    /// seconds ahead of ours now and then, and below this its good events
+    /// would be dead-lettered as lying in the future.
+    pub const MIN_EVENT_AHEAD_MS: u64 = 10_000;
+
     /// [`ServerConfig::max_event_ahead_ms`] as a duration.
     pub fn max_event_ahead(&self) -> Duration {
         Duration::from_millis(self.max_event_ahead_ms)

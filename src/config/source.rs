@@ -74,6 +74,10 @@ pub enum OnBrokerUnavailable {
     Spool,
 }
 
+/// The least `tolerance_secs` may be: a signed time is seconds old by the
+/// time it arrives (clock drift, transit, the provider's own queue).
+pub const MIN_TOLERANCE_SECS: u64 = 30;
+
 const fn default_tolerance_secs() -> u64 {
     300
 }

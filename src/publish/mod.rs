@@ -449,7 +449,7 @@ fn client_configs(config: &KafkaConfig, max_record_bytes: usize) -> (ClientConfi
     for (key, value) in config.default_client_properties() {
         admin_config.set(key, value);
     }
-    for (key, value) in &config.librdkafka {
+    for (key, value) in config.passed_through() {
         admin_config.set(key, value);
     }
     admin_config.set("bootstrap.servers", &config.brokers);
