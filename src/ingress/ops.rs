@@ -76,12 +76,12 @@ impl Readiness {
 }
 
 /// `GET /readyz`: a delivery can be accepted now. A load balancer should
-/// stop sending traffic while this is 503. With Kafka down but a spool with
-/// room, posbridge stays ready: sources that spool still accept (those that
-/// do not answer 503 until Kafka is back), and taking the pod out of service
-/// would fail every delivery instead, and says `degraded`; so it does while
-/// the registry does not answer (records carry the schema ids taken at
-/// start-up). A topic Kafka refuses while the
+/// stop sending traffic while this is 503. With Kafka or the ledger down but
+/// a spool with room, posbridge stays ready: sources that spool still accept
+/// (those that do not answer 503 until both are back), and taking the pod
+/// out of service would fail every delivery instead, and says `degraded`;
+/// so it does while the registry does not answer (records carry the schema
+/// ids taken at start-up). A topic Kafka refuses while the
 /// cluster answers is listed under `failing_topics` with the broker's
 /// reason, and does not make the pod unready: every other topic publishes.
 pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
@@ -96,14 +96,15 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let spool_takes_it = spool.is_some_and(|stats| stats.has_room);
     // Records carry the schema ids taken at start-up: a registry that stops
     // answering later (or was away at a start on known ids) delays nothing.
-    let ready = (broker || spool_takes_it) && readiness.ledger.is_ok();
+    let ledger_ok = readiness.ledger.is_ok();
+    let ready = spool_takes_it || broker && ledger_ok;
     let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
     let word = |ok: bool| if ok { "ok" } else { "unavailable" };
-    let overall = match (ready, broker && registry) {
+    let overall = match (ready, broker && registry && ledger_ok) {
         (false, _) => "unavailable",
         (true, true) => "ok",
         (true, false) => "degraded",
@@ -114,7 +115,7 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
             "entries": stats.entries,
             "bytes": stats.bytes,
             "has_room": stats.has_room,
-            "draining": broker && stats.entries > 0,
+            "draining": broker && ledger_ok && stats.entries > 0,
         }),
     };
     (

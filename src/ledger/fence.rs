@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
 use crate::event::DeliveryKey;
@@ -41,6 +41,12 @@ pub struct Fenced<L> {
     /// Failed commits so far: a read that waited for an entity's lock knows
     /// from it whether a commit failed meanwhile ([`Ledger::lock_and_read`]).
     raised: AtomicU64,
+    /// Whether the store took the last write asked of it outside a commit:
+    /// a `begin` (a lease is a write) or the readiness check's probe. A
+    /// store that refuses writes (Redis at `maxmemory` under `noeviction`,
+    /// a read-only replica) fails every `begin` before a commit could raise
+    /// the fence, so this is what `/readyz` and the gauge read then.
+    takes_writes: AtomicBool,
 }
 
 /// Why the fence is up, since when, and what waits to be written.
@@ -61,7 +67,32 @@ impl<L: Ledger> Fenced<L> {
             up: AtomicBool::new(false),
             healing: tokio::sync::Mutex::new(()),
             raised: AtomicU64::new(0),
+            takes_writes: AtomicBool::new(true),
         }
+    }
+
+    /// The gauge: 1 while the fence is down and the store takes writes.
+    fn show_writable(&self) {
+        let writable =
+            !self.up.load(Ordering::Acquire) && self.takes_writes.load(Ordering::Acquire);
+        metrics::gauge!(telemetry::LEDGER_WRITABLE).set(if writable { 1.0 } else { 0.0 });
+    }
+
+    /// Notes whether a write outside a commit worked, saying so once when
+    /// that changes.
+    fn saw_write<T>(&self, result: &Result<T, LedgerError>) {
+        let works = result.is_ok();
+        if self.takes_writes.swap(works, Ordering::AcqRel) == works {
+            return;
+        }
+        match result {
+            Err(error) => warn!(
+                %error,
+                "The ledger refuses writes: deliveries are refused (or spooled) until it takes them again."
+            ),
+            Ok(_) => info!("The ledger takes writes again."),
+        }
+        self.show_writable();
     }
 
     fn fence(&self) -> std::sync::MutexGuard<'_, Option<Fence>> {
@@ -92,9 +123,9 @@ impl<L: Ledger> Fenced<L> {
             Some(fence) => fence.pending.push(commit),
             None => {
                 error!(%error, "Ledger writes are failing: refusing deliveries until a write works again.");
-                metrics::gauge!(telemetry::LEDGER_WRITABLE).set(0.0);
                 let now = Instant::now();
                 self.up.store(true, Ordering::Release);
+                self.show_writable();
                 *fence = Some(Fence {
                     reason: error.to_string(),
                     since: now,
@@ -149,7 +180,7 @@ impl<L: Ledger> Fenced<L> {
                         let since = fence.since;
                         *guard = None;
                         self.up.store(false, Ordering::Release);
-                        metrics::gauge!(telemetry::LEDGER_WRITABLE).set(1.0);
+                        self.show_writable();
                         info!(
                             after_secs = since.elapsed().as_secs(),
                             "Ledger writes work again; taking deliveries."
@@ -181,12 +212,16 @@ impl<L: Ledger> Fenced<L> {
 impl<L: Ledger> Ledger for Fenced<L> {
     async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
         self.open().await?;
-        self.inner.begin(delivery).await
+        let begun = self.inner.begin(delivery).await;
+        self.saw_write(&begun);
+        begun
     }
 
     async fn begin_again(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
         self.open().await?;
-        self.inner.begin_again(delivery).await
+        let begun = self.inner.begin_again(delivery).await;
+        self.saw_write(&begun);
+        begun
     }
 
     async fn release(&self, delivery: &DeliveryKey) {
@@ -250,9 +285,14 @@ impl<L: Ledger> Ledger for Fenced<L> {
         self.inner.reopen().await
     }
 
+    /// The store's own check. On Redis it writes, as `begin` does, so a
+    /// store that took writes again is seen at the next `/readyz` even
+    /// while no delivery arrives; on the embedded store both only read.
     async fn check(&self) -> Result<(), LedgerError> {
         self.open().await?;
-        self.inner.check().await
+        let checked = self.inner.check().await;
+        self.saw_write(&checked);
+        checked
     }
 }
 

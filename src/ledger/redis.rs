@@ -9,7 +9,8 @@
 //!   token, released only by its holder (a crashed holder's lock lapses);
 //! * `Pentity:<entity slot>`: the written state, replaced only by a version at
 //!   least as new, so even a holder whose lock lapsed cannot roll it back;
-//! * `Pcheckpoint:<name>`.
+//! * `Pcheckpoint:<name>`;
+//! * `Pprobe:writable`: the readiness check's write, lapsing after a minute.
 //!
 //! **One hash slot per script.** A Redis Cluster refuses (`CROSSSLOT`) a
 //! script whose keys hash to different slots, and a key's slot is that of
@@ -51,6 +52,10 @@ use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, ScriptInvocation,
 use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
 use crate::config::LedgerConfig;
 use crate::event::DeliveryKey;
+
+/// How long the readiness check's write probe (`Pprobe:writable`) lives:
+/// it holds nothing, and lapses soon after the last check.
+const PROBE_KEY_MS: u64 = 60_000;
 
 /// How often a waiter retries a taken entity lock.
 const LOCK_POLL: Duration = Duration::from_millis(5);
@@ -581,15 +586,24 @@ impl Ledger for RedisLedger {
         result
     }
 
+    /// A PING, then a write: a Redis at `maxmemory` under `noeviction`
+    /// (`OOM command not allowed`), a read-only replica after a failover
+    /// (`READONLY`) or an ACL without write rights answers PING and refuses
+    /// every delivery's lease.
     async fn check(&self) -> Result<(), LedgerError> {
-        let pong: String = redis::cmd("PING")
-            .query_async(&mut self.conn.clone())
-            .await?;
-        if pong == "PONG" {
-            Ok(())
-        } else {
-            Err(LedgerError::UnexpectedPing(pong))
+        let mut conn = self.conn.clone();
+        let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
+        if pong != "PONG" {
+            return Err(LedgerError::UnexpectedPing(pong));
         }
+        let () = redis::cmd("SET")
+            .arg(self.key("probe", "writable"))
+            .arg(1)
+            .arg("PX")
+            .arg(PROBE_KEY_MS)
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
     }
 }
 

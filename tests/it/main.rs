@@ -21,6 +21,7 @@ mod monitoring;
 mod ordering;
 mod outage_start;
 mod redis_cluster;
+mod redis_refusals;
 mod registry;
 mod registry_auth;
 mod rejects;

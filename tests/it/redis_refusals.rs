@@ -1,0 +1,194 @@
+//! A Redis ledger that answers but refuses writes, and one that is gone, on
+//! a `redis-server` of the test's own (its memory limit and its life are
+//! the test's to change; the suite's shared Redis serves other tests).
+//!
+//! * At `maxmemory` under `noeviction` Redis answers PING and refuses every
+//!   lease (`OOM command not allowed`): `/readyz`, the ledger gauge and the
+//!   answers must all say so, and all recover once Redis takes writes again.
+//! * With Redis gone, a replica whose ReceiptRoller source spools still
+//!   accepts (into the spool): `/readyz` stays 200 (`degraded`), so a load
+//!   balancer keeps sending it what it can take.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use posbridge::config::{Config, LedgerBackend};
+use serde_json::Value;
+
+use crate::support::ports::free_port;
+use crate::support::{
+    TestApp, brokers, config, mekari_order, metric, rr_sale, spool_config, unique,
+};
+
+/// A `redis-server` on a port of its own, killed when dropped.
+struct OwnRedis {
+    port: u16,
+    child: Child,
+}
+
+impl OwnRedis {
+    async fn start(port: u16) -> OwnRedis {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--maxmemory-policy", "noeviction"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server (scripts/test needs it anyway)");
+        let redis = OwnRedis { port, child };
+        wait_for("redis-server to answer", || async {
+            redis.cli(&["PING"]).trim() == "PONG"
+        })
+        .await;
+        redis
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let output = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn wait_for<F: Future<Output = bool>>(what: &str, mut done: impl FnMut() -> F) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `config` with its ledger on this Redis.
+fn on_redis(redis: &OwnRedis, prefix: &str, mut config: Config) -> Config {
+    config.ledger.backend = LedgerBackend::Redis;
+    config.ledger.redis_url = redis.url();
+    config.ledger.redis_prefix = format!("{prefix}:");
+    config
+}
+
+fn order(event_id: &str, order_id: &str) -> Value {
+    mekari_order(
+        event_id,
+        "order.created",
+        "2026-11-30T10:00:00Z",
+        order_id,
+        "pending",
+    )
+}
+
+async fn readiness(app: &TestApp) -> (u16, Value) {
+    let ready = app.get("/readyz").await;
+    let status = ready.status().as_u16();
+    (status, ready.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn a_redis_that_refuses_writes_is_shown_unwritable_and_heals_without_a_restart() {
+    let redis = OwnRedis::start(free_port()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("redisoom");
+    let app = TestApp::start_with(on_redis(
+        &redis,
+        &prefix,
+        config(&brokers(), &prefix, dir.path()),
+    ))
+    .await;
+    assert_eq!(readiness(&app).await.0, 200);
+
+    // Any memory in use is above one byte: every write is refused from now.
+    redis.cli(&["CONFIG", "SET", "maxmemory", "1"]);
+    let refused = app.send("mekari", "main", &order("oom-1", "ORD-1")).await;
+    assert_eq!(refused.status(), 503, "{}", refused.text().await.unwrap());
+    let (status, body) = readiness(&app).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["ledger"].as_str().unwrap_or_default().contains("OOM"),
+        "{body}"
+    );
+    assert_eq!(
+        metric(&app.metrics().await, "posbridge_ledger_writable", &[]),
+        0.0
+    );
+
+    // Room again: readiness, the gauge and the delivery's retry recover.
+    redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
+    wait_for("/readyz to be 200 again", || async {
+        readiness(&app).await.0 == 200
+    })
+    .await;
+    assert_eq!(
+        metric(&app.metrics().await, "posbridge_ledger_writable", &[]),
+        1.0
+    );
+    let retried = app.send("mekari", "main", &order("oom-1", "ORD-1")).await;
+    assert_eq!(
+        retried.json::<Value>().await.unwrap()["status"],
+        "published"
+    );
+}
+
+#[tokio::test]
+async fn with_redis_gone_a_replica_whose_source_spools_stays_ready_and_spools() {
+    let port = free_port();
+    let redis = OwnRedis::start(port).await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("redisgone");
+    let app = TestApp::start_with(on_redis(
+        &redis,
+        &prefix,
+        spool_config(&brokers(), &prefix, dir.path()),
+    ))
+    .await;
+    drop(redis);
+
+    let sale = rr_sale(
+        "gone-1",
+        "sale.created",
+        "2026-11-30T10:00:00Z",
+        "T1|2026-11|9",
+        1200,
+    );
+    let spooled = app.send("receiptroller", "main", &sale).await;
+    assert_eq!(
+        spooled.json::<Value>().await.unwrap()["status"],
+        "spooled",
+        "ReceiptRoller's delivery goes to the spool while the ledger is gone"
+    );
+    let refused = app.send("mekari", "main", &order("gone-2", "ORD-2")).await;
+    assert_eq!(refused.status(), 503, "Mekari (retry) is told to come back");
+    let (status, body) = readiness(&app).await;
+    assert_eq!(
+        status, 200,
+        "a load balancer must keep sending what the spool takes: {body}"
+    );
+    assert_eq!(body["status"], "degraded", "{body}");
+    assert_ne!(body["ledger"], "ok", "{body}");
+
+    // Redis back (empty, on the same port): the spool drains through it.
+    let _redis = OwnRedis::start(port).await;
+    wait_for("the spool to drain", || async {
+        readiness(&app).await.1["spool"]["entries"] == 0
+    })
+    .await;
+    let (status, body) = readiness(&app).await;
+    assert_eq!(
+        (status, &body["status"]),
+        (200, &Value::from("ok")),
+        "{body}"
+    );
+}
