@@ -245,10 +245,14 @@ async fn main() -> anyhow::Result<()> {
 
 async fn serve(path: PathBuf) -> anyhow::Result<()> {
     let config = load(&path)?;
-    let app = App::build(&config).await.map_err(start_error)?;
+    // Bound before the app is built: a delivery arriving while start-up
+    // waits for Kafka or the registry waits in the listen backlog and is
+    // answered once the app runs, instead of being refused a connection (a
+    // failed attempt that counts toward a provider switching the webhook off).
     let listener = tokio::net::TcpListener::bind(&config.server.listen)
         .await
         .with_context(|| format!("binding {}", config.server.listen))?;
+    let app = App::build(&config).await.map_err(start_error)?;
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     reload_secrets_on_hangup(&app)?;

@@ -34,6 +34,13 @@ use crate::traces::{TraceError, Traces};
 
 pub use check::{load, problems, webhook_source};
 
+/// How long start-up waits for a broker when an earlier start's topics let
+/// it start without one: deliveries wait for the app meanwhile (spooling
+/// sources could already be taking them), and a broker that answers at all
+/// answers a metadata request in milliseconds. Without that knowledge
+/// start-up waits the whole produce deadline, as it cannot start otherwise.
+const KAFKA_WAIT_WHEN_KNOWN: Duration = Duration::from_secs(1);
+
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -232,7 +239,13 @@ impl App {
         let wanted = topics.all();
         // Wrong credentials or an untrusted certificate end start-up here,
         // named; a broker that does not answer is an outage to ride out.
-        let reachable = publisher.check_access(kafka.delivery_timeout()).await?;
+        let can_start_on_known = known.has_topics(&kafka.brokers, wanted.keys());
+        let wait_for_kafka = if can_start_on_known {
+            kafka.delivery_timeout().min(KAFKA_WAIT_WHEN_KNOWN)
+        } else {
+            kafka.delivery_timeout()
+        };
+        let reachable = publisher.check_access(wait_for_kafka).await?;
         if reachable {
             if kafka.create_topics {
                 publisher
@@ -243,7 +256,7 @@ impl App {
             publisher.check_topic_settings(topics.entities()).await?;
             known.brokers.clone_from(&kafka.brokers);
             known.topics = wanted.keys().cloned().collect();
-        } else if known.has_topics(&kafka.brokers, wanted.keys()) {
+        } else if can_start_on_known {
             warn!(
                 "No Kafka broker answers: starting on the topics an earlier start found; sources that spool accept webhooks, the others answer 503 until Kafka answers."
             );

@@ -191,7 +191,11 @@ impl ClientContext for BrokerContext {
             _ => {}
         }
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
-            self.health.mark_down(reason);
+            // librdkafka's own words count brokers it has not tried yet as
+            // up ("0/1 brokers are down" while none answers).
+            debug!(target: "librdkafka", reason, "All brokers down.");
+            self.health
+                .mark_down("no broker of kafka.brokers answers a connection");
         } else if self.health.is_up() {
             warn!(target: "librdkafka", %error, reason, "Kafka client error.");
         } else {

@@ -2,8 +2,9 @@
 //! deploy or a node drain during an outage) starts on what an earlier start
 //! found (the topics, the schema ids), kept beside its spool: spooling
 //! sources accept, the others answer 503, `/readyz` says `degraded`, and
-//! once both are back it is fully ready and the spool drains. Without that
-//! knowledge it refuses to start, saying why.
+//! once both are back it is fully ready and the spool drains. It answers
+//! at once, not after waiting for Kafka. Without that knowledge it refuses
+//! to start, saying why.
 
 use std::time::{Duration, Instant};
 
@@ -28,11 +29,17 @@ async fn registry_proxy() -> (CutProxy, String) {
     (proxy, through)
 }
 
+/// The produce deadline of these tests: long, so that a start-up that
+/// waits for it stands out from one that does not.
+const DELIVERY_TIMEOUT: Duration = Duration::from_millis(6000);
+
 /// A spooling configuration with the registry, listening on `port`.
 fn outage_config(brokers: &str, registry: &str, dir: &std::path::Path, port: u16) -> String {
     let prefix = crate::support::unique("outage-start");
-    listening_on(&spool_config_text(brokers, &prefix, dir), port)
-        + &format!("[schema_registry]\nurl = \"{registry}\"\n")
+    listening_on(&spool_config_text(brokers, &prefix, dir), port).replace(
+        "delivery_timeout_ms = 3000",
+        &format!("delivery_timeout_ms = {}", DELIVERY_TIMEOUT.as_millis()),
+    ) + &format!("[schema_registry]\nurl = \"{registry}\"\n")
 }
 
 /// `posbridge serve` on `config`, its stderr kept for a failed start.
@@ -104,8 +111,16 @@ async fn a_restart_during_an_outage_starts_degraded_on_what_an_earlier_start_fou
     // Both away; posbridge restarted.
     broker.cut();
     registry.cut();
+    let restarted = Instant::now();
     let mut second = serve(&path);
     wait_healthy(&http, &base).await;
+    // Not a speed target: a start-up that waits for the produce deadline
+    // before it listens leaves every delivery of that time refused.
+    let answering_after = restarted.elapsed();
+    assert!(
+        answering_after < DELIVERY_TIMEOUT / 2,
+        "posbridge answered {answering_after:?} after its restart, as if it waited for the produce deadline ({DELIVERY_TIMEOUT:?})"
+    );
     let (status, ready) = readiness(&http, &base).await;
     assert_eq!(status, 200, "a spool with room takes deliveries: {ready}");
     assert_eq!(ready["status"], "degraded", "{ready}");
