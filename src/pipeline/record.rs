@@ -6,7 +6,8 @@
 
 use time::OffsetDateTime;
 
-use crate::event::{DeliveryKey, EntityKey, PosEvent, ProviderKind};
+use crate::event::{DeliveryKey, EntityKey, PosEvent, ProviderKind, Version};
+use crate::ledger::EntityState;
 use crate::publish::OutgoingRecord;
 
 /// Record header: the provider's delivery id.
@@ -19,6 +20,13 @@ pub const HEADER_EVENT_TYPE: &str = "posbridge-event-type";
 pub const HEADER_SOURCE: &str = "posbridge-source";
 /// Record header: webhook or reconciler.
 pub const HEADER_ORIGIN: &str = "posbridge-origin";
+/// Entity record header: the state's version, `<microseconds since the
+/// epoch>:<rank>` in decimal ([`Version`]): with the state hash, what the
+/// stale guard compares, so the ledger's entity states can be rebuilt from
+/// the topics.
+pub const HEADER_VERSION: &str = "posbridge-version";
+/// Entity record header: the state hash the guard compares, 32 hex digits.
+pub const HEADER_STATE_HASH: &str = "posbridge-state-hash";
 /// Dead-letter header: why the event could not be normalized or published.
 pub const HEADER_REASON: &str = "posbridge-reason";
 /// Dead-letter header: the reason as a bounded code (`invalid_field`,
@@ -61,11 +69,13 @@ impl<'a> DeadLetter<'a> {
 
 /// An entity's state on its topic, keyed by the entity (`key`, the
 /// event's own, built once by the caller); `payload` `None` writes a
-/// tombstone. Timestamped with when the change happened. `trace`: the
-/// producing span's context headers (none when traces are off).
+/// tombstone. Timestamped with when the change happened; `state` (the
+/// guard's view of it) goes into its headers. `trace`: the producing span's
+/// context headers (none when traces are off).
 pub fn entity_record(
     event: &PosEvent,
     key: &EntityKey,
+    state: &EntityState,
     topic: &str,
     payload: Option<Vec<u8>>,
     trace: Vec<(&'static str, String)>,
@@ -77,6 +87,11 @@ pub fn entity_record(
         (HEADER_EVENT_TYPE, event.event_type.clone()),
         (HEADER_SOURCE, event.source.clone()),
         (HEADER_ORIGIN, event.origin.as_str().to_owned()),
+        (
+            HEADER_VERSION,
+            format!("{}:{}", state.version.at_micros, state.version.rank),
+        ),
+        (HEADER_STATE_HASH, hex::encode(state.state_hash)),
     ];
     with_trace(&mut headers, trace);
     OutgoingRecord {
@@ -114,6 +129,23 @@ pub fn dead_letter_record(
         headers,
         provider: letter.provider.as_str(),
     }
+}
+
+/// The entity state an entity record's headers describe: what the ledger
+/// held for its key once the record was written. `None` for a record without
+/// both headers (written before they existed) or with values this version
+/// does not write: its state is unknown.
+pub fn state_from_headers(version: &[u8], state_hash: &[u8]) -> Option<EntityState> {
+    let (at_micros, rank) = std::str::from_utf8(version).ok()?.split_once(':')?;
+    let mut hash = [0u8; 16];
+    hex::decode_to_slice(state_hash, &mut hash).ok()?;
+    Some(EntityState {
+        version: Version {
+            at_micros: at_micros.parse().ok()?,
+            rank: rank.parse().ok()?,
+        },
+        state_hash: hash,
+    })
 }
 
 /// Adds the trace context headers, when traces are on; off, the headers
@@ -225,6 +257,7 @@ mod tests {
         let record = entity_record(
             &event(),
             &event().key(),
+            &STATE,
             "pos.orders",
             Some(vec![1, 2]),
             Vec::new(),
@@ -239,20 +272,58 @@ mod tests {
         assert_eq!(header(&record, HEADER_SOURCE), Some("main"));
         assert_eq!(header(&record, HEADER_ORIGIN), Some("reconciler"));
         assert_eq!(header(&record, HEADER_REASON), None);
+        assert_eq!(header(&record, HEADER_VERSION), Some("1795946400123000:42"));
+        assert_eq!(
+            header(&record, HEADER_STATE_HASH),
+            Some("0707070707070707070707070707070a")
+        );
         assert_eq!(
             record.headers.len(),
-            5,
+            7,
             "no trace context while traces are off"
         );
         let traced = entity_record(
             &event(),
             &event().key(),
+            &STATE,
             "pos.orders",
             None,
             vec![("traceparent", TRACEPARENT.to_owned())],
         );
         assert_eq!(header(&traced, "traceparent"), Some(TRACEPARENT));
-        assert_eq!(traced.headers.len(), 6);
+        assert_eq!(traced.headers.len(), 8);
+    }
+
+    /// An entity state, its hash ending apart from its other bytes.
+    const STATE: EntityState = EntityState {
+        version: Version {
+            at_micros: 1_795_946_400_123_000,
+            rank: 42,
+        },
+        state_hash: [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 10],
+    };
+
+    #[test]
+    fn an_entity_records_headers_give_back_the_state_the_guard_compared() {
+        let record = entity_record(&event(), &event().key(), &STATE, "t", None, Vec::new());
+        let read = |name| header(&record, name).unwrap().as_bytes();
+        assert_eq!(
+            state_from_headers(read(HEADER_VERSION), read(HEADER_STATE_HASH)),
+            Some(STATE)
+        );
+        for (version, hash) in [
+            ("1795946400123000", "0707070707070707070707070707070a"),
+            ("1795946400123000:x", "0707070707070707070707070707070a"),
+            ("1795946400123000:42", "07070707"),
+            ("1795946400123000:42", "not hex, not hex, not hex, not h"),
+            ("", ""),
+        ] {
+            assert_eq!(
+                state_from_headers(version.as_bytes(), hash.as_bytes()),
+                None,
+                "{version} {hash}"
+            );
+        }
     }
 
     /// A W3C trace context (the specification's own example).
@@ -260,7 +331,14 @@ mod tests {
 
     #[test]
     fn a_deleted_entity_is_a_tombstone_under_the_same_key() {
-        let record = entity_record(&event(), &event().key(), "pos.orders", None, Vec::new());
+        let record = entity_record(
+            &event(),
+            &event().key(),
+            &STATE,
+            "pos.orders",
+            None,
+            Vec::new(),
+        );
         assert_eq!(record.key, "mekari:acme:O-1");
         assert_eq!(record.payload, None);
     }

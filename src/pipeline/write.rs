@@ -109,7 +109,14 @@ impl Pipeline {
         let topic = self.inner.topics.entity(event.entity_type);
         let payload = trace.stage(Stage::Encode).result(self.payload(&event))?;
         let producing = trace.produce(topic);
-        let record = entity_record(&event, key, topic, payload, producing.record_headers());
+        let record = entity_record(
+            &event,
+            key,
+            &incoming,
+            topic,
+            payload,
+            producing.record_headers(),
+        );
         // From here on the record may reach Kafka, so its acknowledgement and
         // the commit run to their end under the entity's lock, the delivery's
         // lease held, even when the caller stops waiting (its answer deadline

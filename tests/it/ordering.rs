@@ -1,6 +1,7 @@
 //! Out-of-order deliveries never roll an entity back in the compacted view.
 
 use posbridge::encode::decode;
+use posbridge::pipeline::{HEADER_STATE_HASH, HEADER_VERSION, state_from_headers};
 
 use crate::support::{
     Meter, TestApp, brokers, config, latest_per_key, mekari_order, own_source, read_topic, unique,
@@ -169,6 +170,23 @@ async fn concurrent_events_for_one_key_end_with_the_newest() {
     assert_eq!(
         written, published,
         "written once each, in increasing version order, exactly the states answered published"
+    );
+    // Each record says the state the guard compared, in the order written:
+    // what a ledger rebuilt from the topic would hold.
+    let versions: Vec<_> = records
+        .iter()
+        .map(|r| {
+            state_from_headers(
+                r.headers[HEADER_VERSION].as_bytes(),
+                r.headers[HEADER_STATE_HASH].as_bytes(),
+            )
+            .expect("every record carries its state")
+            .version
+        })
+        .collect();
+    assert!(
+        versions.windows(2).all(|pair| pair[0] < pair[1]),
+        "{versions:?}"
     );
     let latest = decode(
         latest_per_key(&records)["mekari:ORD-C"]
