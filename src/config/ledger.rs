@@ -44,6 +44,13 @@ pub struct LedgerConfig {
     /// server's certificate, when it is not in the system's trust store.
     #[serde(default)]
     pub redis_ca_file: Option<PathBuf>,
+    /// Redis backend: take a server whose `maxmemory-policy` may evict
+    /// posbridge's keys (anything but `noeviction`). An evicted done id lets
+    /// a retry publish again, an evicted entity state lets an older event
+    /// overwrite the newer one; so such a server is refused unless this is
+    /// set, and then said at every start.
+    #[serde(default)]
+    pub redis_allow_eviction: bool,
 }
 
 impl Default for LedgerConfig {
@@ -55,6 +62,7 @@ impl Default for LedgerConfig {
             redis_url: default_redis_url(),
             redis_prefix: default_redis_prefix(),
             redis_ca_file: None,
+            redis_allow_eviction: false,
         }
     }
 }

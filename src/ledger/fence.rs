@@ -88,9 +88,9 @@ impl<L: Ledger> Fenced<L> {
         match result {
             Err(error) => warn!(
                 %error,
-                "The ledger refuses writes: deliveries are refused (or spooled) until it takes them again."
+                "A ledger write or check failed: deliveries are refused (or spooled) until one works again."
             ),
-            Ok(_) => info!("The ledger takes writes again."),
+            Ok(_) => info!("Ledger writes and checks work again."),
         }
         self.show_writable();
     }

@@ -83,6 +83,15 @@ pub enum LedgerError {
         /// The first failure's message.
         reason: String,
     },
+    /// Redis may evict posbridge's keys and `ledger.redis_allow_eviction`
+    /// is not set.
+    #[error(
+        "Redis has maxmemory-policy {policy}, which may evict posbridge's keys (a forgotten done id publishes a retry again, a forgotten entity state lets an older event overwrite a newer one): set maxmemory-policy noeviction, or ledger.redis_allow_eviction = true to take the risk"
+    )]
+    Evicting {
+        /// The server's policy.
+        policy: String,
+    },
     /// The ledger is shut down.
     #[error("ledger is closed")]
     Closed,
@@ -108,6 +117,7 @@ pub async fn open(config: &LedgerConfig, lease: Duration) -> Result<Arc<dyn Ledg
                 dedup_ttl,
                 lease,
                 config.redis_ca_file.as_deref(),
+                config.redis_allow_eviction,
             )
             .await?,
         )),

@@ -202,6 +202,28 @@ impl ConnectionLike for Connection {
     }
 }
 
+/// Every string in a reply, one after another: `INFO` answers one text
+/// from one server and a map of texts from a cluster's masters.
+fn collect_text(value: &Value, text: &mut String) {
+    match value {
+        Value::BulkString(bytes) => text.push_str(&String::from_utf8_lossy(bytes)),
+        Value::SimpleString(s) => text.push_str(s),
+        Value::VerbatimString { text: s, .. } => text.push_str(s),
+        Value::Array(values) | Value::Set(values) => {
+            for value in values {
+                collect_text(value, text);
+            }
+        }
+        Value::Map(pairs) => {
+            for (_, value) in pairs {
+                collect_text(value, text);
+            }
+        }
+        _ => {}
+    }
+    text.push('\n');
+}
+
 /// Why a Redis Cluster could not be used.
 #[derive(Debug, thiserror::Error)]
 enum ClusterError {
@@ -228,6 +250,8 @@ pub struct RedisLedger {
     dedup_ttl: Duration,
     /// How long a lease or lock holds if its holder never ends it.
     lease: Duration,
+    /// Whether a `maxmemory-policy` that may evict our keys is taken.
+    allow_eviction: bool,
 }
 
 impl std::fmt::Debug for RedisLedger {
@@ -247,15 +271,19 @@ impl RedisLedger {
     /// at any node of a cluster, or at a managed cluster's one configuration
     /// endpoint, works too. Anything else is used as one server, as before.
     ///
+    /// A server whose `maxmemory-policy` may evict posbridge's keys is
+    /// refused unless `allow_eviction`, and then said.
+    ///
     /// # Errors
-    /// [`LedgerError::Open`] when the URL or CA file is unusable or Redis
-    /// does not answer.
+    /// [`LedgerError::Open`] when the URL or CA file is unusable, Redis
+    /// does not answer or does not take writes, or may evict our keys.
     pub async fn connect(
         url: &str,
         prefix: &str,
         dedup_ttl: Duration,
         lease: Duration,
         ca_file: Option<&std::path::Path>,
+        allow_eviction: bool,
     ) -> Result<RedisLedger, LedgerError> {
         let open_error = |e: Box<dyn std::error::Error + Send + Sync>| LedgerError::Open {
             path: url.to_owned(),
@@ -277,9 +305,35 @@ impl RedisLedger {
             prefix: prefix.to_owned(),
             dedup_ttl,
             lease,
+            allow_eviction,
         };
         ledger.check().await.map_err(|e| open_error(Box::new(e)))?;
+        if allow_eviction && let Some(policy) = ledger.evicting_policy().await? {
+            tracing::warn!(
+                policy,
+                "Redis may evict posbridge's keys (ledger.redis_allow_eviction is set): under memory pressure a forgotten done id publishes a retry again and a forgotten entity state lets an older event overwrite a newer one. Set maxmemory-policy noeviction."
+            );
+        }
         Ok(ledger)
+    }
+
+    /// The `maxmemory-policy` of a server that may evict our keys, if any
+    /// does: every policy but `noeviction` may (the `volatile-*` ones too,
+    /// as done ids and leases carry a TTL). Read from `INFO memory`, which
+    /// managed services that rename `CONFIG` still answer; on a cluster,
+    /// every master's.
+    async fn evicting_policy(&self) -> Result<Option<String>, LedgerError> {
+        let info: Value = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let mut text = String::new();
+        collect_text(&info, &mut text);
+        Ok(text
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("maxmemory_policy:"))
+            .find(|policy| *policy != "noeviction")
+            .map(str::to_owned))
     }
 
     /// An entity's, a lock's or a checkpoint's key: each is touched alone.
@@ -603,7 +657,10 @@ impl Ledger for RedisLedger {
             .arg(PROBE_KEY_MS)
             .query_async(&mut conn)
             .await?;
-        Ok(())
+        match self.evicting_policy().await? {
+            Some(policy) if !self.allow_eviction => Err(LedgerError::Evicting { policy }),
+            _ => Ok(()),
+        }
     }
 }
 

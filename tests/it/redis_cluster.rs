@@ -185,6 +185,7 @@ async fn connect(url: &str, prefix: &str) -> RedisLedger {
         // Short, so a lease a lost reply left behind lapses within the test.
         Duration::from_secs(2),
         None,
+        false,
     )
     .await
     .expect("the test cluster")

@@ -8,6 +8,9 @@
 //! * With Redis gone, a replica whose ReceiptRoller source spools still
 //!   accepts (into the spool): `/readyz` stays 200 (`degraded`), so a load
 //!   balancer keeps sending it what it can take.
+//! * A Redis that may evict posbridge's keys (`maxmemory-policy` other than
+//!   `noeviction`) is refused at start and, set so later, on `/readyz`,
+//!   unless `ledger.redis_allow_eviction` takes the risk.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -28,10 +31,14 @@ struct OwnRedis {
 
 impl OwnRedis {
     async fn start(port: u16) -> OwnRedis {
+        OwnRedis::with_policy(port, "noeviction").await
+    }
+
+    async fn with_policy(port: u16, policy: &str) -> OwnRedis {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
-            .args(["--maxmemory-policy", "noeviction"])
+            .args(["--maxmemory-policy", policy])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -189,6 +196,45 @@ async fn with_redis_gone_a_replica_whose_source_spools_stays_ready_and_spools() 
     assert_eq!(
         (status, &body["status"]),
         (200, &Value::from("ok")),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn a_redis_that_may_evict_our_keys_is_refused_unless_the_risk_is_taken() {
+    let redis = OwnRedis::with_policy(free_port(), "allkeys-lru").await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("redisevict");
+    let mut config = on_redis(&redis, &prefix, config(&brokers(), &prefix, dir.path()));
+    let refused = posbridge::app::App::build(&config)
+        .await
+        .err()
+        .expect("an evicting Redis was taken");
+    // The whole chain, as `serve` prints it.
+    let refused = format!("{:#}", anyhow::Error::new(refused));
+    assert!(
+        refused.contains("maxmemory-policy allkeys-lru"),
+        "{refused}"
+    );
+
+    config.ledger.redis_allow_eviction = true;
+    let taken = TestApp::start_with(config.clone()).await;
+    assert_eq!(readiness(&taken).await.0, 200, "the risk, taken");
+    taken.stop().await;
+
+    // Set to evict under a running posbridge: /readyz says so.
+    redis.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    config.ledger.redis_allow_eviction = false;
+    let app = TestApp::start_with(config).await;
+    assert_eq!(readiness(&app).await.0, 200);
+    redis.cli(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"]);
+    let (status, body) = readiness(&app).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["ledger"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("maxmemory-policy volatile-lru"),
         "{body}"
     );
 }

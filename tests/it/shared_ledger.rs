@@ -25,6 +25,7 @@ async fn ledger(prefix: &str) -> RedisLedger {
         Duration::from_secs(3600),
         Duration::from_secs(10),
         None,
+        false,
     )
     .await
     .expect("a Redis server at POSBRIDGE_TEST_REDIS")

@@ -98,6 +98,7 @@ async fn the_redis_ledger_speaks_tls_to_a_server_signed_by_the_configured_ca() {
             Duration::from_secs(3600),
             Duration::from_secs(10),
             Some(&ca.ca_file),
+            false,
         )
         .await
         {
@@ -125,6 +126,7 @@ async fn the_redis_ledger_speaks_tls_to_a_server_signed_by_the_configured_ca() {
         Duration::from_secs(3600),
         Duration::from_secs(10),
         None,
+        false,
     )
     .await;
     assert!(
