@@ -53,6 +53,7 @@ pub mod pipeline;
 pub mod progress;
 pub mod providers;
 pub mod publish;
+pub mod rebuild;
 pub mod reconcile;
 pub mod replay;
 pub mod secrets;

@@ -47,6 +47,9 @@ pub enum BuildError {
     /// The ledger could not be opened.
     #[error("cannot open the ledger")]
     Ledger(#[from] LedgerError),
+    /// The ledger could not be rebuilt from the topics.
+    #[error("cannot rebuild the ledger from the topics")]
+    Rebuild(#[from] crate::rebuild::RebuildError),
     /// The producer could not be created or the topics could not be ensured.
     #[error("cannot reach Kafka")]
     Kafka(#[from] PublishError),
@@ -86,6 +89,9 @@ impl BuildError {
             }
             BuildError::Registry(_) => {
                 "check schema_registry.url and its credentials; a refused schema must be made compatible with the subject's latest version (posbridge schema check)"
+            }
+            BuildError::Rebuild(_) => {
+                "the ledger held no record of being filled from the topics (new, or lost) and reading them or writing it failed; it is tried again at the next start"
             }
             BuildError::Spool(_) => "check spool.path; one posbridge process per spool file",
             BuildError::Traces(_) => "check telemetry.otlp (endpoint, headers)",
@@ -269,6 +275,19 @@ impl App {
         } else {
             warn!(
                 "No Kafka broker answered at start-up; the entity topics' settings are not checked."
+            );
+        }
+        if reachable {
+            crate::rebuild::rebuild_if_lost(
+                kafka,
+                &topics,
+                ledger.as_ref(),
+                Duration::from_secs(config.ledger.dedup_ttl_secs),
+            )
+            .await?;
+        } else {
+            warn!(
+                "No Kafka broker answers: the ledger is not checked against the topics; a lost ledger is rebuilt at the next start with Kafka up."
             );
         }
         let entity_topics: Vec<String> = topics.entities().map(str::to_owned).collect();

@@ -144,7 +144,12 @@ impl EntitySlot {
     /// Entity types have separate id spaces (an order and a product may share
     /// an id), so the slot names both.
     pub fn new(entity_type: EntityType, key: &EntityKey) -> EntitySlot {
-        EntitySlot([entity_type.plural(), "/", key.as_str()].concat())
+        EntitySlot::of_record_key(entity_type, key.as_str())
+    }
+
+    /// The slot of a record read back from `entity_type`'s topic, by its key.
+    pub fn of_record_key(entity_type: EntityType, key: &str) -> EntitySlot {
+        EntitySlot([entity_type.plural(), "/", key].concat())
     }
 
     /// Storage form.

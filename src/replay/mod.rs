@@ -29,13 +29,13 @@ use crate::pipeline::{Pipeline, PipelineError};
 
 use crate::progress::Progress;
 use checkpoint::Cursor;
-use read::{Extent, Reader};
+use read::Extent;
 use report::{Line, Verdict};
 use select::{Selection, Sources};
 
-pub use read::ReadError;
+pub use read::{ReadError, Reader};
 pub use report::Summary;
-pub use select::Filter;
+pub use select::{Filter, Letter};
 
 /// Why a run stopped before the topic's end. Each is worth retrying: the
 /// checkpoints stay before the record that could not be finished.

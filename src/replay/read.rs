@@ -236,6 +236,9 @@ impl Reader {
                 partition,
                 offset: message.offset(),
                 timestamp_ms: message.timestamp().to_millis(),
+                key: message
+                    .key()
+                    .map(|key| String::from_utf8_lossy(key).into_owned()),
                 body: message.payload().map(Bytes::copy_from_slice),
                 headers,
             }));

@@ -164,6 +164,7 @@ mod tests {
             partition: 1,
             offset: 9,
             timestamp_ms: Some(0),
+            key: Some("receiptroller:d-1".into()),
             body: None,
             headers: [
                 (HEADER_DELIVERY_ID, "d-1"),

@@ -27,6 +27,9 @@ pub struct Letter {
     pub offset: i64,
     /// Its timestamp (the delivery's arrival), milliseconds since the epoch.
     pub timestamp_ms: Option<i64>,
+    /// Its key: a dead letter's delivery (`{provider}:{delivery id}`), an
+    /// entity record's entity.
+    pub key: Option<String>,
     /// The raw body; a dead letter always has one.
     pub body: Option<Bytes>,
     /// Its headers, as UTF-8.
@@ -226,6 +229,7 @@ mod tests {
             partition: 2,
             offset: 41,
             timestamp_ms: Some(datetime!(2026-11-29 10:00 UTC).unix_timestamp() * 1000 + 250),
+            key: Some("mekari:e-1".into()),
             body: Some(Bytes::from_static(br#"{"id":"e-1"}"#)),
             headers: [
                 (HEADER_DELIVERY_ID, "e-1"),

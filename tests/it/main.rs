@@ -20,6 +20,7 @@ mod ledger_full;
 mod monitoring;
 mod ordering;
 mod outage_start;
+mod rebuild;
 mod redis_cluster;
 mod redis_refusals;
 mod registry;

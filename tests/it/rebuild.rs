@@ -1,0 +1,113 @@
+//! A lost ledger is rebuilt from the topics at start: the embedded ledger's
+//! files deleted while posbridge was stopped (a lost volume), and a Redis
+//! ledger's keys gone (`FLUSHALL`, a failover to an empty replica). After
+//! the restart, the retry of a published delivery is a duplicate, an older
+//! event of the same sale is stale, and the retry of a dead-lettered
+//! delivery is a duplicate too: nothing is written twice, nothing rolled back.
+
+use posbridge::config::{Config, LedgerBackend};
+use serde_json::Value;
+
+use crate::support::{TestApp, brokers, config, read_topic, rr_sale, unique};
+
+/// What the first life of posbridge leaves: a sale's newer state published,
+/// a delivery dead-lettered. Returns the deliveries to send again.
+async fn first_life(config: Config) -> (Value, Value, (String, Vec<u8>)) {
+    let app = TestApp::start_with(config).await;
+    // Event times of now: a delivery id is restored when its record (stamped
+    // with the event's time) lies within the dedup window.
+    let ago = |minutes: i64| {
+        (time::OffsetDateTime::now_utc() - time::Duration::minutes(minutes))
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    let newer = rr_sale("rb-2", "sale.updated", &ago(1), "T1|2026-11|77", 2000);
+    let older = rr_sale("rb-1", "sale.created", &ago(2), "T1|2026-11|77", 1000);
+    let published = app.send("receiptroller", "main", &newer).await;
+    assert_eq!(
+        published.json::<Value>().await.unwrap()["status"],
+        "published"
+    );
+    let letter = ("rb-3".to_owned(), b"{\"id\":\"rb-3\", not json".to_vec());
+    let dead = app
+        .send_raw("receiptroller", "main", &letter.0, letter.1.clone(), None)
+        .await;
+    assert_eq!(
+        dead.json::<Value>().await.unwrap()["status"],
+        "dead_lettered"
+    );
+    app.stop().await;
+    (newer, older, letter)
+}
+
+/// The second life, on a ledger that forgot everything: each delivery gets
+/// what it would have got from the ledger the first life left.
+async fn second_life(config: Config, newer: &Value, older: &Value, letter: (String, Vec<u8>)) {
+    let app = TestApp::start_with(config).await;
+    let status = |response: reqwest::Response| async move {
+        response.json::<Value>().await.unwrap()["status"].clone()
+    };
+    assert_eq!(
+        status(app.send("receiptroller", "main", newer).await).await,
+        "duplicate",
+        "the retry of a published delivery"
+    );
+    assert_eq!(
+        status(app.send("receiptroller", "main", older).await).await,
+        "stale",
+        "an older event of the same sale"
+    );
+    assert_eq!(
+        status(
+            app.send_raw("receiptroller", "main", &letter.0, letter.1, None)
+                .await
+        )
+        .await,
+        "duplicate",
+        "the retry of a dead-lettered delivery"
+    );
+    let sales = read_topic(&brokers(), &app.topic("sales"));
+    assert_eq!(sales.len(), 1, "written once: {:?}", sales.len());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_lost_embedded_ledger_is_rebuilt_from_the_topics() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("rebuild");
+    let config = config(&brokers(), &prefix, dir.path());
+    let (newer, older, letter) = first_life(config.clone()).await;
+
+    // The volume is lost while posbridge is stopped.
+    std::fs::remove_file(&config.ledger.path).unwrap();
+    let _ = std::fs::remove_file(posbridge::ledger::redo_log_path(&config.ledger.path));
+
+    second_life(config, &newer, &older, letter).await;
+}
+
+#[tokio::test]
+async fn a_redis_ledger_that_lost_its_keys_is_rebuilt_from_the_topics() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("rebuild-redis");
+    let mut config = config(&brokers(), &prefix, dir.path());
+    config.ledger.backend = LedgerBackend::Redis;
+    config.ledger.redis_url =
+        std::env::var("POSBRIDGE_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    config.ledger.redis_prefix = format!("{prefix}:");
+    let (newer, older, letter) = first_life(config.clone()).await;
+
+    // Every key of this deployment gone, as a FLUSHALL leaves a shared
+    // server (the suite's Redis serves other tests, so only ours go).
+    let mut redis = redis::Client::open(config.ledger.redis_url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}*", config.ledger.redis_prefix))
+        .query(&mut redis)
+        .unwrap();
+    assert!(!keys.is_empty(), "the first life wrote nothing to Redis");
+    let () = redis::cmd("DEL").arg(&keys).query(&mut redis).unwrap();
+
+    second_life(config, &newer, &older, letter).await;
+}
