@@ -3,20 +3,35 @@
 //! first failure marks the spool unwritable: `/readyz` and
 //! `posbridge_spool_writable` say so, appends are refused at once (503)
 //! instead of each trying the disk, and at most once per [`RETRY_EVERY`]
-//! an append or the drainer heals it: reopens the file and writes a probe
-//! of an entry's size. Only a probe that is durable marks it writable again:
-//! a reopen alone succeeds on a disk that is still full.
+//! an append or the drainer heals it: tries the disk with a plain file of an
+//! entry's size, then reopens the spool file and writes a probe entry of
+//! that size into it. Only a probe that is durable marks it writable again:
+//! a reopen alone succeeds on a disk that is still full. Until then, reads
+//! go on through the handle there is, so the drainer still publishes what
+//! the spool holds.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use redb::{Database, TableDefinition};
 use tracing::{error, info};
 
+use super::Inner;
+use crate::store_file::{self, Integrity, ReopenError};
 use crate::telemetry;
 
 /// How often an unwritable spool tries to heal, as the ledger's fence does.
 pub const RETRY_EVERY: Duration = Duration::from_secs(1);
+
+/// The smallest probe a heal writes: a sale's body is a few KB. It writes
+/// the spool's average entry when that is larger, so "writable" means one
+/// more delivery of the usual size would be taken.
+pub(super) const PROBE_BYTES: u64 = 16 * 1024;
+
+/// One probe entry, written and removed by a heal to learn that writes work.
+const PROBE: TableDefinition<u8, &[u8]> = TableDefinition::new("probe");
 
 /// The spool's write health.
 pub(super) struct Health {
@@ -116,6 +131,71 @@ impl Health {
         }
         self.healing.store(false, Ordering::Release);
     }
+}
+
+impl Inner {
+    /// Reopens the file and writes (then removes) a probe of `probe_bytes`;
+    /// marks the spool writable when both are durable. Blocking.
+    pub(super) fn heal(&self, probe_bytes: u64) -> bool {
+        // The disk first, with a plain file: reopening on a disk that is
+        // still full can fail (redb repairs a file it could not close
+        // cleanly, which writes), and would leave no handle to read the
+        // spooled entries through while the drainer replays them.
+        if let Err(error) = probe_disk(&self.path, probe_bytes) {
+            self.health.not_healed(&error);
+            return false;
+        }
+        let reopened = self
+            .db
+            .reopen(
+                || store_file::open_with(&self.path, Integrity::Trust),
+                store_file::is_held,
+            )
+            .map_err(|error| match error {
+                ReopenError::Busy => "reads kept the spool file open past the wait".to_owned(),
+                ReopenError::Open(error) => error.to_string(),
+            });
+        let probed = reopened.and_then(|()| {
+            let db = self.db.get().ok_or("the spool file is not open")?;
+            probe(&db, probe_bytes).map_err(|error| error.to_string())
+        });
+        match probed {
+            Ok(()) => {
+                self.health.healed();
+                true
+            }
+            Err(why) => {
+                self.health.not_healed(&why);
+                false
+            }
+        }
+    }
+}
+
+/// Writes a file of `bytes` beside the spool file, durably, then removes it.
+fn probe_disk(spool: &Path, bytes: u64) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut name = spool.as_os_str().to_owned();
+    name.push(".probe");
+    let path = PathBuf::from(name);
+    let written = std::fs::File::create(&path).and_then(|mut file| {
+        file.write_all(&vec![0u8; usize::try_from(bytes).unwrap_or(usize::MAX)])?;
+        file.sync_all()
+    });
+    let removed = std::fs::remove_file(&path);
+    written.and(removed)
+}
+
+/// Writes `bytes` into the probe table, then removes them, each durably.
+fn probe(db: &Database, bytes: u64) -> Result<(), redb::Error> {
+    let filler = vec![0u8; usize::try_from(bytes).unwrap_or(usize::MAX)];
+    let txn = db.begin_write()?;
+    txn.open_table(PROBE)?.insert(0, filler.as_slice())?;
+    txn.commit()?;
+    let txn = db.begin_write()?;
+    txn.open_table(PROBE)?.remove(0)?;
+    txn.commit()?;
+    Ok(())
 }
 
 #[cfg(test)]

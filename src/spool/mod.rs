@@ -28,25 +28,18 @@ mod health;
 
 use depth::DepthHistory;
 pub use depth::MINUTES as DEPTH_MINUTES;
-use health::Health;
 pub use health::RETRY_EVERY;
+use health::{Health, PROBE_BYTES};
 
 use crate::config::SpoolConfig;
 use crate::event::{DeliveryKey, ProviderKind, Source, from_micros, micros};
-use crate::store_file::{self, Integrity, ReopenError, Reopenable};
+use crate::store_file::{self, Reopenable};
 use crate::telemetry;
 
 /// Sequence number → an encoded [`SpooledDelivery`]; oldest first.
 const ENTRIES: TableDefinition<u64, &[u8]> = TableDefinition::new("entries");
 /// Delivery key → its sequence number: the dedup check, and removal.
 const BY_DELIVERY: TableDefinition<&str, u64> = TableDefinition::new("by_delivery");
-/// One probe entry, written and removed by a heal to learn that writes work.
-const PROBE: TableDefinition<u8, &[u8]> = TableDefinition::new("probe");
-
-/// The smallest probe a heal writes: a sale's body is a few KB. It writes
-/// the spool's average entry when that is larger, so "writable" means one
-/// more delivery of the usual size would be taken.
-const PROBE_BYTES: u64 = 16 * 1024;
 
 /// Why the spool could not take or give back a delivery.
 #[derive(Debug, thiserror::Error)]
@@ -494,49 +487,6 @@ impl Spool {
         metrics::gauge!(telemetry::SPOOL_ENTRIES).set(stats.entries as f64);
         metrics::gauge!(telemetry::SPOOL_BYTES).set(stats.bytes as f64);
     }
-}
-
-impl Inner {
-    /// Reopens the file and writes (then removes) a probe of `probe_bytes`;
-    /// marks the spool writable when both are durable. Blocking.
-    fn heal(&self, probe_bytes: u64) -> bool {
-        let reopened = self
-            .db
-            .reopen(
-                || store_file::open_with(&self.path, Integrity::Trust),
-                store_file::is_held,
-            )
-            .map_err(|error| match error {
-                ReopenError::Busy => "reads kept the spool file open past the wait".to_owned(),
-                ReopenError::Open(error) => error.to_string(),
-            });
-        let probed = reopened.and_then(|()| {
-            let db = self.db.get().ok_or("the spool file is not open")?;
-            probe(&db, probe_bytes).map_err(|error| error.to_string())
-        });
-        match probed {
-            Ok(()) => {
-                self.health.healed();
-                true
-            }
-            Err(why) => {
-                self.health.not_healed(&why);
-                false
-            }
-        }
-    }
-}
-
-/// Writes `bytes` into the probe table, then removes them, each durably.
-fn probe(db: &Database, bytes: u64) -> Result<(), redb::Error> {
-    let filler = vec![0u8; usize::try_from(bytes).unwrap_or(usize::MAX)];
-    let txn = db.begin_write()?;
-    txn.open_table(PROBE)?.insert(0, filler.as_slice())?;
-    txn.commit()?;
-    let txn = db.begin_write()?;
-    txn.open_table(PROBE)?.remove(0)?;
-    txn.commit()?;
-    Ok(())
 }
 
 fn unix_minute(at: OffsetDateTime) -> i64 {

@@ -31,11 +31,17 @@ async fn spool_readiness(app: &TestApp) -> Value {
     body["spool"].clone()
 }
 
-/// Waits until `condition` holds of the app, 30 s at most.
-async fn until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+/// Waits until `condition` holds of the app, 60 s at most; says what the
+/// spool showed when it never did.
+async fn until(app: &TestApp, what: &str, mut condition: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
     while !condition().await {
-        assert!(Instant::now() < deadline, "{what} never happened");
+        if Instant::now() >= deadline {
+            panic!(
+                "{what} never happened; spool: {}",
+                spool_readiness(app).await
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -85,7 +91,7 @@ async fn a_spool_whose_disk_filled_takes_deliveries_again_once_it_has_room() {
     // keeps the spool from removing it.
     broker.heal();
     let topic = app.topic("sales");
-    until("the spooled sales reaching the topic", async || {
+    until(&app, "the spooled sales reaching the topic", async || {
         read_topic(&broker.address(), &topic).len() == spooled.len()
     })
     .await;
@@ -93,7 +99,7 @@ async fn a_spool_whose_disk_filled_takes_deliveries_again_once_it_has_room() {
     // The disk has room again: the spool heals by itself, removes what it
     // replayed, and says so.
     std::fs::remove_file(&filler).unwrap();
-    until("the spool healing and draining", async || {
+    until(&app, "the spool healing and draining", async || {
         spool.stats().writable && spool.stats().entries == 0
     })
     .await;
@@ -112,7 +118,7 @@ async fn a_spool_whose_disk_filled_takes_deliveries_again_once_it_has_room() {
         "the spool refused the next outage: {body}"
     );
     broker.heal();
-    until("the second outage draining", async || {
+    until(&app, "the second outage draining", async || {
         spool.stats().entries == 0
     })
     .await;
