@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::support::tmpfs::{Tmpfs, fill};
-use crate::support::{OwnBroker, TestApp, own_source, read_topic, rr_sale, spool_config, unique};
+use crate::support::{
+    Meter, OwnBroker, TestApp, own_source, read_topic, rr_sale, spool_config, unique,
+};
 
 /// A ReceiptRoller sale of about 50 KB (a long item name).
 fn big_sale(n: u32) -> Value {
@@ -90,6 +92,8 @@ async fn a_spool_whose_disk_filled_takes_deliveries_again_once_it_has_room() {
     // Kafka back: what was spooled reaches the topic, though the full disk
     // keeps the spool from removing it.
     broker.heal();
+    let kafka_back = Instant::now();
+    let before = Meter::read(&app).await;
     let topic = app.topic("sales");
     until(&app, "the spooled sales reaching the topic", async || {
         read_topic(&broker.address(), &topic).len() == spooled.len()
@@ -103,6 +107,17 @@ async fn a_spool_whose_disk_filled_takes_deliveries_again_once_it_has_room() {
         spool.stats().writable && spool.stats().entries == 0
     })
     .await;
+    // By provider and outcome only: other tests' drains count too when
+    // they run beside this one, so this is a figure, not an assertion.
+    let replays = Meter::read(&app).await.delta(
+        &before,
+        "posbridge_spool_drained_total",
+        &[("provider", "receiptroller"), ("outcome", "duplicate")],
+    );
+    println!(
+        "{replays} duplicate replays in the {:.1} s from Kafka's return to the heal",
+        kafka_back.elapsed().as_secs_f64()
+    );
     let shown = spool_readiness(&app).await;
     assert_eq!(shown["writable"], true, "{shown}");
     assert!(shown.get("unwritable").is_none(), "{shown}");
