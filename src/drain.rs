@@ -18,12 +18,19 @@
 //! drained as soon as the broker answers. A replayed delivery whose id the
 //! ledger already knows as done (published just before a crash) is a
 //! duplicate and is simply removed.
+//!
+//! A pass the spool stopped (its file cannot be written, so replayed entries
+//! cannot be removed and would come back as duplicates every pass) is
+//! retried after a capped exponential back-off ([`SPOOL_BACKOFF_MAX`]),
+//! while the drainer asks the spool to heal on every tick; once it has, the
+//! next pass runs at once.
 
 use std::collections::HashMap;
 use std::hash::{Hash as _, Hasher as _};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use backon::BackoffBuilder as _;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -48,6 +55,8 @@ pub const MAX_ATTEMPTS: u32 = 5;
 pub const SET_ASIDE_AFTER: Duration = Duration::from_secs(30);
 /// How often an idle drainer looks again (and refreshes the age gauge).
 const IDLE: Duration = Duration::from_millis(250);
+/// The longest wait between passes the spool stopped (jitter included).
+pub const SPOOL_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Reason code of a spooled delivery set aside after [`MAX_ATTEMPTS`].
 pub const SPOOL_UNPUBLISHABLE: &str = "spool_unpublishable";
 
@@ -100,8 +109,21 @@ impl Drainer {
     /// `shutdown`. Says once when it starts and once when the spool is empty.
     pub async fn run(self, shutdown: CancellationToken) {
         let mut draining: Option<(Instant, u64)> = None;
+        let mut stopped = SpoolStops::default();
+        let mut writable = true;
         loop {
             self.refresh_age();
+            // Cheap while the spool writes; else a heal when one is due.
+            let was_writable = std::mem::replace(&mut writable, self.spool.heal().await);
+            if writable && !was_writable {
+                stopped.healed();
+            }
+            if !stopped.may_pass() {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(IDLE) => continue,
+                }
+            }
             let ready =
                 self.spool.stats().entries > 0 && self.pipeline.publisher().health().is_up();
             if !ready {
@@ -131,15 +153,16 @@ impl Drainer {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 result = self.pass() => match result {
-                    Ok(done) => started.1 += done.entries,
+                    Ok(done) => {
+                        started.1 += done.entries;
+                        stopped.passed();
+                    }
                     Err(DrainError::Pipeline(error)) => {
+                        stopped.passed();
                         warn!(%error, "Spool drain paused: a spooled delivery cannot be made durable yet.");
                         tokio::time::sleep(IDLE).await;
                     }
-                    Err(error) => {
-                        error!(%error, "Spool drain failed; retrying.");
-                        tokio::time::sleep(IDLE).await;
-                    }
+                    Err(DrainError::Spool(error)) => stopped.stopped(&error),
                 },
             }
         }
@@ -273,6 +296,51 @@ impl Drainer {
     }
 }
 
+/// The back-off of passes the spool stopped: the first waits [`IDLE`],
+/// each next one twice as long, up to half [`SPOOL_BACKOFF_MAX`]; jitter
+/// adds up to as much again, so drainers of several pods do not keep step.
+#[derive(Default)]
+struct SpoolStops {
+    /// The waits still to come, while passes keep being stopped.
+    backoff: Option<backon::ExponentialBackoff>,
+    /// No pass before this.
+    next_pass: Option<Instant>,
+}
+
+impl SpoolStops {
+    fn may_pass(&self) -> bool {
+        self.next_pass.is_none_or(|at| Instant::now() >= at)
+    }
+
+    /// A pass the spool stopped: said once, then waited out longer each time.
+    fn stopped(&mut self, error: &SpoolError) {
+        let backoff = self.backoff.get_or_insert_with(|| {
+            error!(%error, "Spool drain stopped: the spool cannot be read or written; retrying with back-off.");
+            backon::ExponentialBuilder::default()
+                .with_min_delay(IDLE)
+                .with_max_delay(SPOOL_BACKOFF_MAX / 2)
+                .with_jitter()
+                .without_max_times()
+                .build()
+        });
+        let wait = backoff.next().unwrap_or(SPOOL_BACKOFF_MAX);
+        self.next_pass = Some(Instant::now() + wait);
+    }
+
+    /// A pass the spool did not stop.
+    fn passed(&mut self) {
+        if self.backoff.take().is_some() {
+            info!("Spool drain resumed.");
+        }
+        self.next_pass = None;
+    }
+
+    /// The spool heals (or never failed): the next pass need not wait.
+    fn healed(&mut self) {
+        self.next_pass = None;
+    }
+}
+
 /// A spooled delivery as the pipeline replays it.
 fn delivery_of(spooled: SpooledDelivery) -> Delivery {
     Delivery {
@@ -312,6 +380,36 @@ mod tests {
     use super::*;
     use crate::event::{ProviderKind, Source};
     use crate::spool::SpooledDelivery;
+
+    #[test]
+    fn passes_the_spool_stops_wait_twice_as_long_each_time_up_to_the_cap() {
+        let mut stops = SpoolStops::default();
+        assert!(stops.may_pass());
+        let error = SpoolError::Unwritable {
+            reason: "No space left on device".into(),
+        };
+        for attempt in 0..12 {
+            let before = Instant::now();
+            stops.stopped(&error);
+            let wait = stops.next_pass.unwrap() - before;
+            let base = (IDLE * 2u32.pow(attempt)).min(SPOOL_BACKOFF_MAX / 2);
+            assert!(
+                wait >= base && wait <= base * 2 + Duration::from_millis(50),
+                "attempt {attempt}: waited {wait:?}, base {base:?}"
+            );
+            assert!(!stops.may_pass());
+        }
+        stops.healed();
+        assert!(stops.may_pass(), "a healed spool is drained at once");
+        stops.stopped(&error);
+        stops.passed();
+        stops.stopped(&error);
+        let wait = stops.next_pass.unwrap() - Instant::now();
+        assert!(
+            wait <= IDLE * 2,
+            "a pass that worked starts the back-off over: {wait:?}"
+        );
+    }
 
     /// Without a broker a pass stops at the first entry and keeps it (and
     /// everything after it) for the next pass.

@@ -14,10 +14,8 @@ use std::time::Duration;
 use posbridge::app::{self, App};
 use posbridge::config::{Config, LedgerBackend};
 use posbridge::event::ProviderKind;
-use posbridge::ledger::EmbeddedLedger;
 use posbridge::reconcile::Reconciler;
 use posbridge::replay::{self, Replay};
-use posbridge::spool::Spool;
 use posbridge::watchdog::Watchdog;
 use std::io::IsTerminal;
 use time::OffsetDateTime;
@@ -166,8 +164,9 @@ enum SchemaCommand {
 #[derive(Subcommand)]
 enum LedgerCommand {
     /// Check every page of the embedded ledger (and the spool, when one is
-    /// configured) and print what they hold; exit status 1 if one is damaged.
-    /// Run it with posbridge stopped: the files admit one process at a time.
+    /// configured) and print what each holds, or why it cannot be read
+    /// (`damaged`, `in_use` by the named process); exit status 1 unless both
+    /// are `ok`. Run it with posbridge stopped: the files admit one process at a time.
     Check {
         /// TOML configuration file (its ledger and spool sections).
         #[arg(long, short, env = "POSBRIDGE_CONFIG")]
@@ -372,14 +371,11 @@ fn ledger_check(path: PathBuf) -> anyhow::Result<()> {
     if config.ledger.backend != LedgerBackend::Embedded {
         anyhow::bail!("ledger check reads the embedded ledger; this configuration uses Redis");
     }
-    let lease = std::time::Duration::from_secs(1);
-    let ledger = EmbeddedLedger::open(&config.ledger.path, lease, lease)?;
-    let mut report = serde_json::json!({ "ledger": ledger.counts()? });
-    if config.spools() {
-        let stats = Spool::open(&config.spool)?.stats();
-        report["spool"] = serde_json::json!({ "entries": stats.entries, "bytes": stats.bytes });
+    let checked = app::files::check(&config);
+    println!("{}", checked.report);
+    if !checked.problems.is_empty() {
+        anyhow::bail!("{}", checked.problems.join("\n"));
     }
-    println!("{report}");
     Ok(())
 }
 

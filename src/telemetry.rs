@@ -66,6 +66,9 @@ pub const SPOOL_OLDEST_AGE: &str = "posbridge_spool_oldest_age_seconds";
 pub const SPOOLED: &str = "posbridge_spooled_total";
 /// Spooled deliveries whose outcome became durable, by provider and outcome.
 pub const SPOOL_DRAINED: &str = "posbridge_spool_drained_total";
+/// 1 while spool writes work, 0 from a failed write (a full disk) until a
+/// heal's probe write works again.
+pub const SPOOL_WRITABLE: &str = "posbridge_spool_writable";
 
 /// Label keys.
 pub const PROVIDER: &str = "provider";

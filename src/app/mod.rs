@@ -6,6 +6,7 @@
 //! holds the checks that need provider knowledge, shared with `check-config`.
 
 mod check;
+pub mod files;
 mod known;
 pub mod schema;
 
@@ -29,6 +30,7 @@ use crate::publish::{PublishError, Publisher, Topics};
 use crate::secrets::{LoadError, ReloadRequest, SecretFiles};
 use crate::spool::{Spool, SpoolError};
 use crate::status::Board;
+use crate::store_file::StoreFileError;
 use crate::telemetry;
 use crate::traces::{TraceError, Traces};
 
@@ -78,6 +80,10 @@ impl BuildError {
     /// What to check, in the operator's terms, for the start-up message.
     pub fn hint(&self) -> &'static str {
         match self {
+            BuildError::Ledger(LedgerError::File(StoreFileError::Held { .. }))
+            | BuildError::Spool(SpoolError::File(StoreFileError::Held { .. })) => {
+                "another process has the file open: it is not damaged, do not move it aside; stop that process first (one posbridge process per ledger or spool file), or give this one files of its own"
+            }
             BuildError::Ledger(LedgerError::File(_)) | BuildError::Spool(SpoolError::File(_)) => {
                 "the file is damaged: `posbridge ledger check` reads both files; to start empty on purpose, move the file aside (an empty ledger forgets done deliveries and entity versions, so retried deliveries publish again; an empty spool loses what it held)"
             }

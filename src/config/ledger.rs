@@ -1,6 +1,6 @@
 //! The `[ledger]` section: where delivery ids and entity versions are kept.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -120,6 +120,20 @@ impl LedgerConfig {
         }
         Ok(nodes)
     }
+
+    /// Whether the embedded ledger's file is `path`, however either is
+    /// spelled (`./x` or `x`, relative or from the root). redb admits one
+    /// handle per file, so a spool on the ledger's file stops start-up with
+    /// the file "in use", and an operator may well move the ledger aside.
+    pub fn embedded_file_is(&self, path: &Path) -> bool {
+        let absolute = |p: &Path| {
+            std::path::absolute(p)
+                .unwrap_or_else(|_| p.to_owned())
+                .components()
+                .collect::<PathBuf>()
+        };
+        self.backend == LedgerBackend::Embedded && absolute(&self.path) == absolute(path)
+    }
 }
 
 fn default_redis_url() -> String {
@@ -138,7 +152,32 @@ const fn default_dedup_ttl_secs() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{LedgerConfig, RedisUrlError};
+    use std::path::Path;
+
+    use super::{LedgerBackend, LedgerConfig, RedisUrlError};
+
+    #[test]
+    fn the_ledgers_file_is_recognized_however_it_is_spelled() {
+        let ledger = LedgerConfig {
+            path: "var/ledger.redb".into(),
+            ..LedgerConfig::default()
+        };
+        let cwd = std::env::current_dir().unwrap();
+        for same in [
+            "var/ledger.redb",
+            "./var/ledger.redb",
+            "var//ledger.redb",
+            &cwd.join("var/ledger.redb").display().to_string(),
+        ] {
+            assert!(ledger.embedded_file_is(Path::new(same)), "{same}");
+        }
+        assert!(!ledger.embedded_file_is(Path::new("var/spool.redb")));
+        let redis = LedgerConfig {
+            backend: LedgerBackend::Redis,
+            ..ledger
+        };
+        assert!(!redis.embedded_file_is(Path::new("var/ledger.redb")));
+    }
 
     #[test]
     fn one_url_is_one_node_whatever_its_commas() {

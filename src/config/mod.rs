@@ -550,6 +550,15 @@ impl Config {
                 );
             }
         }
+        if self.spools() && self.ledger.embedded_file_is(&self.spool.path) {
+            problem(
+                "spool.path",
+                format!(
+                    "`{}` is ledger.path too; the spool and the embedded ledger need a file each (one process may hold a file once)",
+                    self.spool.path.display()
+                ),
+            );
+        }
         if self.spool.max_bytes == 0 {
             problem("spool.max_bytes", "must be above 0".into());
         }
@@ -693,6 +702,24 @@ mod tests {
         assert_eq!(problems("redis://a:7000,redis://b:7001"), 0);
         assert_eq!(problems("http://a:7000"), 1);
         assert_eq!(problems("redis://a:7000,rediss://b:7001"), 1, "mixed TLS");
+    }
+
+    #[test]
+    fn a_spool_on_the_ledgers_file_is_refused() {
+        let spool_keys = |spool: &str| -> Vec<String> {
+            parse(&format!(
+                "[ledger]\npath = \"var/posbridge.redb\"\n[spool]\npath = \"{spool}\"\n[receiptroller.sources.main]\nsecrets = [\"a-long-enough-secret\"]\non_broker_unavailable = \"spool\"\n"
+            ))
+            .problems()
+            .into_iter()
+            .filter(|p| p.key.starts_with("spool"))
+            .map(|p| format!("{}: {}", p.key, p.message))
+            .collect()
+        };
+        assert_eq!(spool_keys("var/spool.redb"), Vec::<String>::new());
+        let refused = spool_keys("./var/posbridge.redb");
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert!(refused[0].starts_with("spool.path: "), "{refused:?}");
     }
 
     #[test]

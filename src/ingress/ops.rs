@@ -84,6 +84,8 @@ impl Readiness {
 /// ids taken at start-up). A topic Kafka refuses while the
 /// cluster answers is listed under `failing_topics` with the broker's
 /// reason, and does not make the pod unready: every other topic publishes.
+/// A spool whose writes fail (its disk full) has no room, and says why
+/// under `spool.unwritable`.
 pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let pipeline = &state.pipeline;
     let readiness = Readiness::of(pipeline, true).await;
@@ -109,14 +111,21 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
         (true, true) => "ok",
         (true, false) => "degraded",
     };
-    let spool = match spool {
-        None => json!("disabled"),
-        Some(stats) => json!({
-            "entries": stats.entries,
-            "bytes": stats.bytes,
-            "has_room": stats.has_room,
-            "draining": broker && ledger_ok && stats.entries > 0,
-        }),
+    let spool = match (spool, pipeline.spool()) {
+        (Some(stats), Some(handle)) => {
+            let mut shown = json!({
+                "entries": stats.entries,
+                "bytes": stats.bytes,
+                "has_room": stats.has_room,
+                "writable": stats.writable,
+                "draining": broker && ledger_ok && stats.entries > 0,
+            });
+            if let Some(reason) = handle.unwritable_reason() {
+                shown["unwritable"] = json!(reason);
+            }
+            shown
+        }
+        _ => json!("disabled"),
     };
     (
         status,

@@ -36,10 +36,7 @@ impl LedgerError {
     pub fn is_held_elsewhere(&self) -> bool {
         matches!(
             self,
-            LedgerError::File(crate::store_file::StoreFileError::Database {
-                source: redb::DatabaseError::DatabaseAlreadyOpen,
-                ..
-            })
+            LedgerError::File(crate::store_file::StoreFileError::Held { .. })
         )
     }
 }

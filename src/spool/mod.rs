@@ -11,6 +11,9 @@
 //! A spooled delivery id is a duplicate for the dedup check: the pipeline
 //! asks [`Spool::contains`] before processing a delivery, so a provider's
 //! retry of a spooled delivery is answered 2xx and nothing is spooled twice.
+//!
+//! A failed write (its disk full) makes the spool unwritable until a heal
+//! reopens the file and a probe write works (`health.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -21,12 +24,16 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 mod depth;
+mod health;
 
 use depth::DepthHistory;
 pub use depth::MINUTES as DEPTH_MINUTES;
+pub use health::RETRY_EVERY;
+use health::{Health, PROBE_BYTES};
 
 use crate::config::SpoolConfig;
 use crate::event::{DeliveryKey, ProviderKind, Source, from_micros, micros};
+use crate::store_file::{self, Reopenable};
 use crate::telemetry;
 
 /// Sequence number → an encoded [`SpooledDelivery`]; oldest first.
@@ -63,6 +70,14 @@ pub enum SpoolError {
     /// An entry is not one this version wrote.
     #[error("spool entry {0} is corrupt")]
     Corrupt(u64),
+    /// A write failed and none has worked since (see `health.rs`).
+    #[error(
+        "spool writes are failing ({reason}); the spool takes nothing until a write works again"
+    )]
+    Unwritable {
+        /// The last failure's message.
+        reason: String,
+    },
 }
 
 fn storage(error: impl Into<redb::Error>) -> SpoolError {
@@ -141,8 +156,11 @@ pub struct SpoolStats {
     pub entries: u64,
     /// Bytes spooled (headers and bodies).
     pub bytes: u64,
-    /// Whether one more delivery of average size would still fit.
+    /// Whether one more delivery of average size would still fit (never
+    /// while the spool cannot write).
     pub has_room: bool,
+    /// Whether writes work (see `health.rs`).
+    pub writable: bool,
 }
 
 /// The spool handle. Cheap to clone.
@@ -152,8 +170,12 @@ pub struct Spool {
 }
 
 struct Inner {
-    /// The spool file.
-    db: Database,
+    /// The spool file's path, to reopen it.
+    path: PathBuf,
+    /// The spool file, reopened by a heal.
+    db: Reopenable<Database>,
+    /// Whether writes work.
+    health: Health,
     /// Counts kept beside the file, so the bound is checked without a scan.
     counts: Mutex<Counts>,
     /// `spool.max_bytes`.
@@ -201,14 +223,15 @@ impl Spool {
             path: path.to_owned(),
             source: e,
         };
-        let db = crate::store_file::open(path)?;
-        let txn = db.begin_write().map_err(|e| open_error(e.into()))?;
-        txn.open_table(ENTRIES).map_err(|e| open_error(e.into()))?;
-        txn.open_table(BY_DELIVERY)
-            .map_err(|e| open_error(e.into()))?;
-        txn.commit().map_err(|e| open_error(e.into()))?;
-        let mut counts = Counts::default();
-        {
+        let db = store_file::open(path)?;
+        // A damaged entry page the check let through makes redb panic here.
+        let counted = store_file::guarded(path, || -> Result<Counts, SpoolError> {
+            let txn = db.begin_write().map_err(|e| open_error(e.into()))?;
+            txn.open_table(ENTRIES).map_err(|e| open_error(e.into()))?;
+            txn.open_table(BY_DELIVERY)
+                .map_err(|e| open_error(e.into()))?;
+            txn.commit().map_err(|e| open_error(e.into()))?;
+            let mut counts = Counts::default();
             let read = db.begin_read().map_err(|e| open_error(e.into()))?;
             let entries = read.open_table(ENTRIES).map_err(|e| open_error(e.into()))?;
             counts.entries = entries.len().map_err(|e| open_error(e.into()))?;
@@ -217,10 +240,14 @@ impl Spool {
                 counts.bytes += value.value().len() as u64;
                 counts.next_seq = seq.value() + 1;
             }
-        }
+            Ok(counts)
+        });
+        let counts = counted??;
         let spool = Spool {
             inner: Arc::new(Inner {
-                db,
+                path: path.to_owned(),
+                db: Reopenable::new(db),
+                health: Health::new(),
                 counts: Mutex::new(counts),
                 max_bytes: config.max_bytes,
                 max_entries: config.max_entries,
@@ -236,8 +263,10 @@ impl Spool {
     ///
     /// # Errors
     /// [`SpoolError::Full`] beyond the configured bound; [`SpoolError::Storage`]
-    /// when the write fails.
+    /// when the write fails; [`SpoolError::Unwritable`] at once while an
+    /// earlier write failed and no heal has worked since.
     pub async fn append(&self, delivery: &SpooledDelivery) -> Result<(), SpoolError> {
+        let db = self.writable_db().await?;
         let bytes = delivery.encode();
         let size = bytes.len() as u64;
         let seq = {
@@ -257,9 +286,8 @@ impl Spool {
             counts.next_seq - 1
         };
         let key = delivery.key.clone();
-        let inner = self.inner.clone();
         let written = tokio::task::spawn_blocking(move || -> Result<(), SpoolError> {
-            let txn = inner.db.begin_write().map_err(storage)?;
+            let txn = db.begin_write().map_err(storage)?;
             {
                 let mut entries = txn.open_table(ENTRIES).map_err(storage)?;
                 entries.insert(seq, bytes.as_slice()).map_err(storage)?;
@@ -270,10 +298,13 @@ impl Spool {
         })
         .await
         .unwrap_or_else(|join| Err(storage(redb::StorageError::Io(std::io::Error::other(join)))));
-        if written.is_err() {
-            let mut counts = self.counts();
-            counts.entries -= 1;
-            counts.bytes -= size;
+        if let Err(error) = &written {
+            {
+                let mut counts = self.counts();
+                counts.entries -= 1;
+                counts.bytes -= size;
+            }
+            self.inner.health.failed(error);
         }
         self.publish_gauges();
         written
@@ -290,7 +321,13 @@ impl Spool {
         if self.counts().entries == 0 {
             return Ok(false);
         }
-        let txn = self.inner.db.begin_read().map_err(storage)?;
+        // While a heal reopens the file (or could not), nothing tells: not
+        // spooled, then. A delivery processed anew is published once, and its
+        // spooled copy is found done in the ledger when the drainer replays it.
+        let Some(db) = self.inner.db.get() else {
+            return Ok(false);
+        };
+        let txn = db.begin_read().map_err(storage)?;
         let table = txn.open_table(BY_DELIVERY).map_err(storage)?;
         Ok(table.get(delivery.as_str()).map_err(storage)?.is_some())
     }
@@ -300,7 +337,7 @@ impl Spool {
     /// # Errors
     /// [`SpoolError`] when the spool cannot be read or an entry is corrupt.
     pub fn oldest(&self, limit: usize) -> Result<Vec<(u64, SpooledDelivery)>, SpoolError> {
-        let txn = self.inner.db.begin_read().map_err(storage)?;
+        let txn = self.db()?.begin_read().map_err(storage)?;
         let table = txn.open_table(ENTRIES).map_err(storage)?;
         table
             .iter()
@@ -317,12 +354,13 @@ impl Spool {
     /// Removes entries whose outcome is durable, in one write.
     ///
     /// # Errors
-    /// [`SpoolError::Storage`] when the write fails (they are then replayed,
-    /// and found done in the ledger).
+    /// [`SpoolError::Storage`] when the write fails, [`SpoolError::Unwritable`]
+    /// while an earlier one did (they are then replayed, and found done in
+    /// the ledger).
     pub async fn remove(&self, done: Vec<(u64, DeliveryKey)>) -> Result<(), SpoolError> {
-        let inner = self.inner.clone();
+        let db = self.writable_db().await?;
         let freed = tokio::task::spawn_blocking(move || -> Result<(u64, u64), SpoolError> {
-            let txn = inner.db.begin_write().map_err(storage)?;
+            let txn = db.begin_write().map_err(storage)?;
             let (mut entries_freed, mut bytes_freed) = (0, 0);
             {
                 let mut entries = txn.open_table(ENTRIES).map_err(storage)?;
@@ -339,7 +377,8 @@ impl Spool {
             Ok((entries_freed, bytes_freed))
         })
         .await
-        .unwrap_or_else(|join| Err(storage(redb::StorageError::Io(std::io::Error::other(join)))))?;
+        .unwrap_or_else(|join| Err(storage(redb::StorageError::Io(std::io::Error::other(join)))))
+        .inspect_err(|error| self.inner.health.failed(error))?;
         {
             let mut counts = self.counts();
             counts.entries = counts.entries.saturating_sub(freed.0);
@@ -353,12 +392,65 @@ impl Spool {
     pub fn stats(&self) -> SpoolStats {
         let counts = self.counts();
         let average = counts.bytes.checked_div(counts.entries).unwrap_or(0);
+        let writable = self.inner.health.is_writable();
         SpoolStats {
             entries: counts.entries,
             bytes: counts.bytes,
-            has_room: counts.entries < self.inner.max_entries
+            has_room: writable
+                && counts.entries < self.inner.max_entries
                 && counts.bytes + average <= self.inner.max_bytes,
+            writable,
         }
+    }
+
+    /// Why writes fail, while they do: `/readyz` says it.
+    pub fn unwritable_reason(&self) -> Option<String> {
+        self.inner.health.reason()
+    }
+
+    /// Heals an unwritable spool when a heal is due ([`RETRY_EVERY`]):
+    /// reopens the file and writes a probe of an entry's size. Whether the
+    /// spool is writable now. Cheap while it is.
+    pub async fn heal(&self) -> bool {
+        if self.inner.health.is_writable() {
+            return true;
+        }
+        if !self.inner.health.start_heal() {
+            return false;
+        }
+        let probe_bytes = {
+            let counts = self.counts();
+            counts
+                .bytes
+                .checked_div(counts.entries)
+                .unwrap_or(0)
+                .max(PROBE_BYTES)
+        };
+        let inner = self.inner.clone();
+        // The heal ends itself on its thread: a caller that gives up
+        // waiting (a delivery's deadline) leaves it to finish.
+        let healed = tokio::task::spawn_blocking(move || inner.heal(probe_bytes))
+            .await
+            .unwrap_or(false);
+        self.publish_gauges();
+        healed
+    }
+
+    /// The file's handle, for a write: healed first when a heal is due.
+    async fn writable_db(&self) -> Result<Arc<Database>, SpoolError> {
+        if !self.heal().await {
+            return Err(SpoolError::Unwritable {
+                reason: self.inner.health.reason().unwrap_or_default(),
+            });
+        }
+        self.db()
+    }
+
+    /// The file's handle, unless a heal is reopening it (or could not).
+    fn db(&self) -> Result<Arc<Database>, SpoolError> {
+        self.inner.db.get().ok_or_else(|| SpoolError::Unwritable {
+            reason: self.inner.health.reason().unwrap_or_default(),
+        })
     }
 
     /// When the oldest spooled delivery arrived, if any is spooled.

@@ -105,10 +105,10 @@ fn health(html: &mut String, health: &Health) {
                 "{} waiting, {} bytes{}",
                 spool.entries,
                 spool.bytes,
-                if spool.has_room {
-                    ""
-                } else {
-                    ", <span class=\"bad\">full</span>"
+                match (spool.writable, spool.has_room) {
+                    (false, _) => ", <span class=\"bad\">cannot write</span>",
+                    (true, false) => ", <span class=\"bad\">full</span>",
+                    (true, true) => "",
                 }
             ),
         },

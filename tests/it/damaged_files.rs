@@ -54,3 +54,88 @@ async fn a_truncated_ledger_stops_start_up_and_ledger_check_reports_it() {
         assert!(stderr.contains("exists but is empty"), "{args:?}: {stderr}");
     }
 }
+
+/// A ledger a running posbridge holds is in use, not damaged: `ledger check`
+/// and a second `serve` name the process that holds it and say not to move
+/// the file, instead of calling it damaged and advising to move it aside.
+#[tokio::test]
+async fn a_ledger_held_by_a_running_posbridge_is_in_use_not_damaged() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("held");
+    let path = dir.path().join("posbridge.toml");
+    std::fs::write(&path, config_text(&brokers(), &prefix, dir.path())).unwrap();
+    let app = TestApp::start_with(crate::support::config(&brokers(), &prefix, dir.path())).await;
+
+    let holder = format!("in use by process {}", std::process::id());
+    for args in [&["ledger", "check"][..], &["serve"][..]] {
+        let output = posbridge(args, &path);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?} opened a held ledger");
+        assert!(stderr.contains(&holder), "{args:?}: {stderr}");
+        assert!(stderr.contains("is not damaged"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("is damaged"), "{args:?}: {stderr}");
+    }
+    let checked = posbridge(&["ledger", "check"], &path);
+    let report: serde_json::Value = serde_json::from_slice(&checked.stdout).unwrap();
+    assert_eq!(report["ledger"]["status"], "in_use", "{report}");
+    app.stop().await;
+}
+
+/// `ledger check` on a spool whose pages redb panics on reports it damaged,
+/// with the ledger's counts beside it, and prints no panic.
+#[tokio::test]
+async fn ledger_check_reports_a_damaged_spool_without_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("posbridge.toml");
+    let text = crate::support::spool_config_text(&brokers(), &unique("dspool"), dir.path());
+    std::fs::write(&path, &text).unwrap();
+    let config = posbridge::config::Config::from_toml(&text).unwrap();
+    {
+        let spool = posbridge::spool::Spool::open(&config.spool).unwrap();
+        for i in 0..3 {
+            let id = format!("dspool-{i}");
+            let body = serde_json::to_vec(&rr_sale(
+                &id,
+                "sale.created",
+                "2026-11-30T08:00:00Z",
+                "T1|2026-11|1",
+                100,
+            ))
+            .unwrap();
+            spool
+                .append(&posbridge::spool::SpooledDelivery {
+                    key: posbridge::event::DeliveryKey::new(
+                        posbridge::event::ProviderKind::ReceiptRoller,
+                        &id,
+                    ),
+                    source: posbridge::event::Source {
+                        provider: posbridge::event::ProviderKind::ReceiptRoller,
+                        name: "main".into(),
+                        account: None,
+                    },
+                    delivery_id: id,
+                    received_at: time::OffsetDateTime::now_utc(),
+                    body: body.into(),
+                })
+                .await
+                .unwrap();
+        }
+    }
+    // 16 KB overwritten after the header: redb panics reading its tables.
+    let spool_file = dir.path().join("spool.redb");
+    let mut bytes = std::fs::read(&spool_file).unwrap();
+    bytes[4096..4096 + 16384].fill(0xa5);
+    std::fs::write(&spool_file, bytes).unwrap();
+
+    let checked = posbridge(&["ledger", "check"], &path);
+    let stderr = String::from_utf8_lossy(&checked.stderr);
+    assert!(
+        !checked.status.success(),
+        "a damaged spool passed: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains("spool.redb is damaged"), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&checked.stdout).unwrap();
+    assert_eq!(report["spool"]["status"], "damaged", "{report}");
+    assert_eq!(report["ledger"]["status"], "ok", "{report}");
+}

@@ -33,6 +33,7 @@ mod secret_rotation;
 mod shared_ledger;
 mod slow_clients;
 mod spool;
+mod spool_full;
 mod status_page;
 mod tls;
 mod topic_failure;

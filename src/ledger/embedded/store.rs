@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{Duration, Instant};
 
 use redb::{Database, ReadableTable};
 use tracing::info;
@@ -16,14 +15,13 @@ use super::tables::{
 };
 use super::wal::{self, Wal, Write};
 use crate::ledger::LedgerError;
-use crate::store_file::{self, Integrity, StoreFileError};
+use crate::store_file::{self, Integrity, ReopenError, Reopenable};
 
 /// The open database and its redo log, replaced together by
 /// [`Store::reopen`] after a failure.
 pub(super) struct Store {
     pub(super) path: PathBuf,
-    /// `None` only while it is being reopened.
-    pub(super) db: RwLock<Option<Arc<Opened>>>,
+    pub(super) db: Reopenable<Opened>,
 }
 
 /// An open ledger file, the redo log beside it, and what the log holds
@@ -112,14 +110,11 @@ impl Recent {
 }
 
 impl Store {
-    /// How long a reopen waits for reads in progress to let go of the old handle.
-    const RELEASE_WAIT: Duration = Duration::from_secs(2);
-
     /// Opens (or creates) the ledger file at `path`, checked.
     pub(super) fn open(path: &Path) -> Result<Store, LedgerError> {
         Ok(Store {
             path: path.to_owned(),
-            db: RwLock::new(Some(Arc::new(Store::open_file(path, Integrity::Check)?))),
+            db: Reopenable::new(Store::open_file(path, Integrity::Check)?),
         })
     }
 
@@ -187,50 +182,19 @@ impl Store {
     }
 
     pub(super) fn get(&self) -> Result<Arc<Opened>, LedgerError> {
-        self.db
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or(LedgerError::Closed)
+        self.db.get().ok_or(LedgerError::Closed)
     }
 
     /// Closes the handle and opens the file again: redb refuses every write
     /// after one I/O error until then. Blocking.
     pub(super) fn reopen(&self) -> Result<(), LedgerError> {
-        let mut slot = self.db.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(mut old) = slot.take() {
-            // The file admits one handle: wait for reads in progress to end.
-            let deadline = Instant::now() + Self::RELEASE_WAIT;
-            loop {
-                match Arc::try_unwrap(old) {
-                    Ok(db) => break drop(db),
-                    Err(held) if Instant::now() < deadline => {
-                        old = held;
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                    Err(held) => {
-                        *slot = Some(held);
-                        return Err(LedgerError::Closed);
-                    }
-                }
-            }
-        }
-        // A read transaction that just ended may hold the file a moment longer.
-        let deadline = Instant::now() + Self::RELEASE_WAIT;
-        loop {
-            match Store::open_file(&self.path, Integrity::Trust) {
-                Ok(db) => {
-                    *slot = Some(Arc::new(db));
-                    return Ok(());
-                }
-                Err(LedgerError::File(StoreFileError::Database {
-                    source: redb::DatabaseError::DatabaseAlreadyOpen,
-                    ..
-                })) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(error) => return Err(error),
-            }
-        }
+        let held =
+            |error: &LedgerError| matches!(error, LedgerError::File(e) if store_file::is_held(e));
+        self.db
+            .reopen(|| Store::open_file(&self.path, Integrity::Trust), held)
+            .map_err(|error| match error {
+                ReopenError::Busy => LedgerError::Closed,
+                ReopenError::Open(error) => error,
+            })
     }
 }

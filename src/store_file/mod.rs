@@ -5,9 +5,20 @@
 //! every done delivery would be published again) and would open a file with
 //! damaged pages and panic later, in the middle of a request. So an existing
 //! file is checked page by page before use, and one that is empty or not a
-//! database stops start-up with a message naming it.
+//! database stops start-up with a message naming it. A file another process
+//! holds is not damaged, and the refusal says so and names the process
+//! (`holder.rs`).
 
+mod holder;
+mod reopen;
+
+use std::cell::Cell;
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
+use std::sync::Once;
+
+pub use holder::Holder;
+pub use reopen::{ReopenError, Reopenable, is_held};
 
 use redb::Database;
 use tracing::warn;
@@ -39,6 +50,22 @@ pub enum StoreFileError {
         /// The file.
         path: String,
     },
+    /// Another process (or this one) has it open: redb admits one handle.
+    /// The file is not damaged, and moving it aside under its holder would
+    /// lose what that process keeps in it.
+    #[error(
+        "{path} is in use by {}; the file is not damaged: do not move it aside while that process runs (stop it first, or give this one a file of its own)",
+        .holder.as_ref().map_or_else(|| "another process this one cannot see (one in another container, or of another user: look for a running posbridge with this file)".to_owned(), ToString::to_string)
+    )]
+    Held {
+        /// The file.
+        path: String,
+        /// The process found holding it, if one is visible.
+        holder: Option<Holder>,
+        /// redb's refusal.
+        #[source]
+        source: redb::DatabaseError,
+    },
     /// redb could not open it, or found it damaged beyond repair.
     #[error("{path} is not a usable database: {source}. Move it aside to start with an empty one")]
     Database {
@@ -49,7 +76,9 @@ pub enum StoreFileError {
         source: redb::DatabaseError,
     },
     /// redb failed on damaged pages while opening or checking it.
-    #[error("{path} is damaged ({detail}). Move it aside to start with an empty one")]
+    #[error(
+        "{path} is damaged (redb stopped on a damaged page: {detail}). Move it aside to start with an empty one"
+    )]
     Damaged {
         /// The file.
         path: String,
@@ -94,12 +123,19 @@ pub fn open_with(path: &Path, integrity: Integrity) -> Result<Database, StoreFil
         Ok(_) => true,
         Err(_) => false,
     };
-    let database = |source| StoreFileError::Database {
-        path: name(),
-        source,
+    let database = |source| match source {
+        redb::DatabaseError::DatabaseAlreadyOpen => StoreFileError::Held {
+            path: name(),
+            holder: holder::find(path),
+            source,
+        },
+        source => StoreFileError::Database {
+            path: name(),
+            source,
+        },
     };
     // redb panics on some damaged pages instead of returning an error.
-    let opened = std::panic::catch_unwind(|| {
+    let opened = quietly(|| {
         let mut db = redb::Builder::new()
             .set_cache_size(CACHE_BYTES)
             .create(path)?;
@@ -108,12 +144,7 @@ pub fn open_with(path: &Path, integrity: Integrity) -> Result<Database, StoreFil
     });
     let (db, intact) = match opened {
         Ok(result) => result.map_err(database)?,
-        Err(panic) => {
-            return Err(StoreFileError::Damaged {
-                path: name(),
-                detail: crate::panics::message(panic.as_ref()).to_owned(),
-            });
-        }
+        Err(panic) => return Err(damaged(path, panic.as_ref())),
     };
     if !intact {
         warn!(
@@ -122,6 +153,49 @@ pub fn open_with(path: &Path, integrity: Integrity) -> Result<Database, StoreFil
         );
     }
     Ok(db)
+}
+
+/// Runs `read`, a first read of the file at `path` just opened (counting
+/// what it holds), turning a panic of redb's on a damaged page into
+/// [`StoreFileError::Damaged`].
+///
+/// # Errors
+/// [`StoreFileError::Damaged`] when redb panicked.
+pub fn guarded<R>(path: &Path, read: impl FnOnce() -> R) -> Result<R, StoreFileError> {
+    quietly(read).map_err(|panic| damaged(path, panic.as_ref()))
+}
+
+fn damaged(path: &Path, panic: &(dyn std::any::Any + Send)) -> StoreFileError {
+    StoreFileError::Damaged {
+        path: path.display().to_string(),
+        detail: crate::panics::message(panic).to_owned(),
+    }
+}
+
+thread_local! {
+    /// Set while this thread runs redb under [`quietly`].
+    static QUIET: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f`, catching a panic without the panic hook's report: a damaged
+/// page makes redb panic, and that is reported as [`StoreFileError::Damaged`],
+/// not as a crash on stderr. Panics elsewhere, and on other threads, are
+/// reported as before.
+fn quietly<R>(f: impl FnOnce() -> R) -> std::thread::Result<R> {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.get() {
+                report(info);
+            }
+        }));
+    });
+    QUIET.set(true);
+    // Nothing of `f`'s outlives a panic: the half-opened database is dropped.
+    let result = std::panic::catch_unwind(AssertUnwindSafe(f));
+    QUIET.set(false);
+    result
 }
 
 #[cfg(test)]
