@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::event::DeliveryKey;
 use crate::pipeline::{DeadLetter, Delivery, Outcome, Pipeline, PipelineError};
@@ -100,6 +100,9 @@ impl Drainer {
     /// `shutdown`. Says once when it starts and once when the spool is empty.
     pub async fn run(self, shutdown: CancellationToken) {
         let mut draining: Option<(Instant, u64)> = None;
+        // Why the last pass paused, said once until a pass removes entries
+        // or the reason changes: a pass runs every 250 ms while it lasts.
+        let mut paused: Option<String> = None;
         loop {
             self.refresh_age();
             let ready =
@@ -131,9 +134,20 @@ impl Drainer {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 result = self.pass() => match result {
-                    Ok(done) => started.1 += done.entries,
+                    Ok(done) => {
+                        started.1 += done.entries;
+                        if done.entries > 0 {
+                            paused = None;
+                        }
+                    }
                     Err(DrainError::Pipeline(error)) => {
-                        warn!(%error, "Spool drain paused: a spooled delivery cannot be made durable yet.");
+                        let reason = error.to_string();
+                        if paused.as_ref() == Some(&reason) {
+                            debug!(%error, "Spool drain still paused.");
+                        } else {
+                            warn!(%error, "Spool drain paused: a spooled delivery cannot be made durable yet.");
+                            paused = Some(reason);
+                        }
                         tokio::time::sleep(IDLE).await;
                     }
                     Err(error) => {

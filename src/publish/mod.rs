@@ -23,8 +23,10 @@
 
 mod admin;
 mod health;
+mod watch;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -38,8 +40,10 @@ use crate::config::KafkaConfig;
 use crate::event::EntityType;
 use crate::telemetry;
 
+use backon::BackoffBuilder as _;
 use health::BrokerContext;
 pub use health::{BrokerHealth, Refusal};
+pub use watch::TopicChange;
 
 /// How often the probe asks for metadata while no broker answers.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
@@ -47,6 +51,16 @@ const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// How long a failed send's question "does the cluster answer at all?" may
 /// take.
 const CLUSTER_PROBE: Duration = Duration::from_millis(500);
+
+/// The first wait before replacing a producer again when the one before
+/// it failed for good too without a record acknowledged in between: a
+/// cause a new producer id does not fix (an ACL) is then tried at most
+/// once per wait, the wait doubling up to [`REPLACE_AGAIN_MAX`].
+const REPLACE_AGAIN_MIN: Duration = Duration::from_secs(1);
+
+/// The longest wait between two replacements of a producer that keeps
+/// failing for good.
+const REPLACE_AGAIN_MAX: Duration = Duration::from_secs(60);
 
 /// The producer type: librdkafka's errors and logs go through [`BrokerContext`].
 type KafkaProducer = FutureProducer<BrokerContext>;
@@ -77,6 +91,30 @@ pub enum PublishError {
     /// cannot help. The event goes to the dead-letter topic instead.
     #[error("record refused by the broker: {0}")]
     Refused(#[source] KafkaError),
+    /// Kafka's authorizer denies posbridge's user this write (an ACL is
+    /// missing): the operator's to fix, so retryable.
+    #[error("{cause}: {error}", cause = Cause(.0.rdkafka_error_code()), error = .0)]
+    Denied(#[source] KafkaError),
+    /// The producer failed for good (a librdkafka fatal error, the cause
+    /// named): every record it is given fails until it is replaced, which
+    /// fixes a lost producer id but not a denied one.
+    #[error("the producer failed for good: {}: {reason}", Cause(Some(*.code)))]
+    ProducerFailed {
+        /// librdkafka's fatal error code.
+        code: RDKafkaErrorCode,
+        /// librdkafka's words for it.
+        reason: String,
+    },
+    /// The entity topic changed under posbridge since start-up (its
+    /// partitions, its cleanup policy, or it is gone): its records are
+    /// refused until it is as it was.
+    #[error("topic `{topic}` {change}")]
+    TopicChanged {
+        /// The topic.
+        topic: String,
+        /// What changed.
+        change: TopicChange,
+    },
     /// librdkafka refused the producer or admin client configuration.
     #[error("kafka client configuration: {0}")]
     Config(#[source] KafkaError),
@@ -84,7 +122,7 @@ pub enum PublishError {
     #[error("creating topics: {0}")]
     CreateTopics(#[source] KafkaError),
     /// The broker refused to create a topic.
-    #[error("cannot create topic `{topic}`: {code}")]
+    #[error("cannot create topic `{topic}`: {}", Cause(Some(*.code)))]
     CreateTopic {
         /// The topic.
         topic: String,
@@ -131,6 +169,73 @@ impl PublishError {
     /// Whether a later attempt may succeed; the `kind` metric label says the same.
     pub fn is_retryable(&self) -> bool {
         !matches!(self, PublishError::Refused(_))
+    }
+
+    /// Whether the cause was said once when it began (a changed topic, a
+    /// producer that failed for good), so each refused record need not
+    /// say it again.
+    pub fn is_announced(&self) -> bool {
+        matches!(
+            self,
+            PublishError::BrokerDown
+                | PublishError::TopicChanged { .. }
+                | PublishError::ProducerFailed { .. }
+        )
+    }
+
+    /// The start-up message's headline: what Kafka did, in the words of the
+    /// cause, not "cannot reach" for a broker that answered with a refusal.
+    pub fn headline(&self) -> &'static str {
+        let code = match self {
+            PublishError::CreateTopic { code, .. } => Some(*code),
+            PublishError::CreateTopics(error) => error.rdkafka_error_code(),
+            PublishError::Connection(_) => return "Kafka refused the connection",
+            PublishError::TopicSettings { .. } => {
+                return "an existing topic breaks a promise posbridge makes";
+            }
+            PublishError::Config(_) => return "librdkafka refused the Kafka settings",
+            _ => None,
+        };
+        match code {
+            Some(code) if is_authorization(code) => "Kafka denies posbridge's user",
+            Some(RDKafkaErrorCode::InvalidReplicationFactor) => {
+                "Kafka refused the topics' replication factor"
+            }
+            Some(RDKafkaErrorCode::InvalidPartitions) => "Kafka refused the topics' partitions",
+            Some(RDKafkaErrorCode::PolicyViolation) => {
+                "Kafka's topic policy refused the topics' settings"
+            }
+            _ if matches!(self, PublishError::CreateTopic { .. }) => {
+                "Kafka refused to create a topic"
+            }
+            _ => "cannot reach Kafka",
+        }
+    }
+
+    /// What to check, for the start-up message.
+    pub fn hint(&self) -> &'static str {
+        let code = match self {
+            PublishError::CreateTopic { code, .. } => Some(*code),
+            PublishError::CreateTopics(error) => error.rdkafka_error_code(),
+            _ => None,
+        };
+        match code {
+            Some(code) if is_authorization(code) => {
+                "grant posbridge's user (kafka.librdkafka sasl.username) CREATE, DESCRIBE, DESCRIBE_CONFIGS and WRITE on its topics, or create them beforehand and set kafka.create_topics = false"
+            }
+            Some(RDKafkaErrorCode::InvalidReplicationFactor) => {
+                "kafka.replication_factor is more than the cluster's brokers: lower it, or leave it out (as many replicas as the cluster has brokers, at most 3)"
+            }
+            Some(RDKafkaErrorCode::InvalidPartitions) => {
+                "kafka.partitions must be at least 1 and within the cluster's limits"
+            }
+            Some(RDKafkaErrorCode::PolicyViolation) => {
+                "the cluster's create-topic policy refused the settings posbridge asks for (kafka.partitions, kafka.replication_factor): create the topics beforehand and set kafka.create_topics = false"
+            }
+            _ => {
+                "check kafka.brokers and that a broker answers (and the security settings under kafka.librdkafka); start-up creates the topics, so it needs the broker"
+            }
+        }
     }
 
     /// The `kind` metric label.
@@ -213,6 +318,36 @@ struct Current {
     producer: KafkaProducer,
     /// Bumped each time the producer is replaced.
     generation: u64,
+    /// Replacements after fatal errors since the last acknowledged record.
+    streak: Option<Streak>,
+}
+
+/// Producers replaced one after another, each failing for good before any
+/// record was acknowledged: a cause a new producer id does not fix (a
+/// denied ACL). Each next replacement waits longer, so the producer is not
+/// rebuilt once per delivery.
+struct Streak {
+    /// The waits between replacements (`backon`'s exponential backoff).
+    waits: backon::ExponentialBackoff,
+    /// No replacement before this.
+    not_before: Instant,
+    /// Replacements in this streak.
+    replacements: u32,
+}
+
+impl Streak {
+    fn new() -> Streak {
+        Streak {
+            waits: backon::ExponentialBuilder::default()
+                .with_min_delay(REPLACE_AGAIN_MIN)
+                .with_max_delay(REPLACE_AGAIN_MAX)
+                .with_factor(2.0)
+                .without_max_times()
+                .build(),
+            not_before: Instant::now(),
+            replacements: 0,
+        }
+    }
 }
 
 /// The producer handle. Cheap to clone.
@@ -233,6 +368,11 @@ pub struct Publisher {
     health: Arc<BrokerHealth>,
     /// Replace the producer after a timeout too (`kafka.new_producer_after_timeout`).
     new_producer_after_timeout: bool,
+    /// Whether a [`Streak`] of replacements is on: every acknowledged
+    /// record asks, and must not take the lock for it.
+    streak_on: Arc<AtomicBool>,
+    /// What each entity topic was at start-up, for the topic watch.
+    baseline: Arc<watch::Baseline>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -265,6 +405,7 @@ impl Publisher {
             current: Arc::new(RwLock::new(Current {
                 producer,
                 generation: 0,
+                streak: None,
             })),
             client_config,
             admin_config,
@@ -272,6 +413,8 @@ impl Publisher {
             max_record_bytes,
             health,
             new_producer_after_timeout: config.new_producer_after_timeout,
+            streak_on: Arc::default(),
+            baseline: Arc::default(),
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(probe(
@@ -286,10 +429,19 @@ impl Publisher {
     /// most the delivery deadline.
     ///
     /// # Errors
-    /// [`PublishError::Unavailable`] (retryable) or [`PublishError::Refused`] (permanent).
+    /// [`PublishError::Refused`] (permanent), or a retryable one:
+    /// [`PublishError::Unavailable`], [`PublishError::Denied`],
+    /// [`PublishError::ProducerFailed`], or at once
+    /// [`PublishError::BrokerDown`] and [`PublishError::TopicChanged`].
     pub async fn send(&self, record: &OutgoingRecord) -> Result<(), PublishError> {
         if !self.health.is_up() {
             return Err(PublishError::BrokerDown);
+        }
+        if let Some(change) = self.health.changed(&record.topic) {
+            return Err(PublishError::TopicChanged {
+                topic: record.topic.clone(),
+                change,
+            });
         }
         let started = Instant::now();
         let (producer, generation) = self.producer();
@@ -316,17 +468,28 @@ impl Publisher {
         let result = match result {
             Err(_) => Err((
                 PublishError::DeadlinePassed,
-                self.new_producer_after_timeout,
+                self.new_producer_after_timeout
+                    .then_some(Replace::AfterTimeout),
             )),
             Ok(Ok(_)) => Ok(()),
-            Ok(Err((error, _))) => {
-                let replace = must_replace(&error, &producer, self.new_producer_after_timeout);
-                Err((classify(error), replace))
-            }
+            Ok(Err((error, _))) => match producer.client().fatal_error() {
+                // Whatever this record's own error (often its purge), the
+                // producer's fatal error is the cause.
+                Some((code, reason)) => Err((
+                    PublishError::ProducerFailed { code, reason },
+                    Some(Replace::Fatal),
+                )),
+                None => {
+                    let replace = (self.new_producer_after_timeout
+                        && needs_new_producer_id(&error))
+                    .then_some(Replace::AfterTimeout);
+                    Err((classify(error), replace))
+                }
+            },
         };
         let result = result.map_err(|(error, replace)| {
-            if replace {
-                self.replace(generation);
+            if let Some(replace) = replace {
+                self.replace(generation, replace, &error);
             }
             error
         });
@@ -339,8 +502,15 @@ impl Publisher {
             Ok(_) => {
                 self.health.mark_up();
                 self.health.topic_ok(&record.topic);
+                self.end_streak();
             }
             Err(PublishError::BrokerDown) => {}
+            // Dropped with a producer posbridge replaced: not the topic's doing.
+            Err(PublishError::Unavailable(error))
+                if matches!(
+                    error.rdkafka_error_code(),
+                    Some(RDKafkaErrorCode::PurgeQueue | RDKafkaErrorCode::PurgeInflight)
+                ) => {}
             Err(error) if error.is_retryable() => {
                 if self.cluster_unreachable(error).await {
                     self.health.mark_down(&error.to_string());
@@ -374,7 +544,8 @@ impl Publisher {
     async fn cluster_unreachable(&self, error: &PublishError) -> bool {
         let code = match error {
             PublishError::Unavailable(error) => error.rdkafka_error_code(),
-            _ => None,
+            PublishError::DeadlinePassed => None,
+            _ => return false,
         };
         match code {
             Some(
@@ -397,26 +568,89 @@ impl Publisher {
     }
 
     /// Replaces the producer, unless another failure already did since
-    /// `generation` was read.
-    fn replace(&self, generation: u64) {
+    /// `generation` was read, or (after a fatal error) the streak's wait
+    /// is not over: `why` is the failure that asks, named in the log.
+    fn replace(&self, generation: u64, replace: Replace, why: &PublishError) {
         let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
         if current.generation != generation {
             return;
         }
-        match self.client_config.create_with_context(BrokerContext {
+        let now = Instant::now();
+        if replace == Replace::Fatal
+            && current
+                .streak
+                .as_ref()
+                .is_some_and(|streak| now < streak.not_before)
+        {
+            return;
+        }
+        let producer = match self.client_config.create_with_context(BrokerContext {
             health: self.health.clone(),
         }) {
-            Ok(producer) => {
-                let old = std::mem::replace(&mut current.producer, producer);
-                current.generation += 1;
-                tokio::task::spawn_blocking(move || drop(old));
-                tracing::warn!(
-                    generation = current.generation,
-                    "Replaced the producer after a failed send; the next one gets a fresh producer id."
-                );
+            Ok(producer) => producer,
+            Err(error) => {
+                tracing::error!(%error, "Could not replace a stuck producer.");
+                return;
             }
-            Err(error) => tracing::error!(%error, "Could not replace a stuck producer."),
+        };
+        let old = std::mem::replace(&mut current.producer, producer);
+        current.generation += 1;
+        tokio::task::spawn_blocking(move || drop(old));
+        metrics::counter!(telemetry::PRODUCER_REPLACEMENTS).increment(1);
+        let generation = current.generation;
+        if replace == Replace::AfterTimeout {
+            tracing::warn!(
+                generation,
+                reason = %why,
+                "Replaced the producer after a failed send; the next one gets a fresh producer id."
+            );
+            return;
         }
+        let streak = current.streak.get_or_insert_with(Streak::new);
+        let wait = streak.waits.next().unwrap_or(REPLACE_AGAIN_MAX);
+        streak.not_before = now + wait;
+        streak.replacements += 1;
+        self.streak_on.store(true, Ordering::Release);
+        match streak.replacements {
+            1 => tracing::warn!(
+                generation,
+                reason = %why,
+                "Replaced the producer after it failed for good; the next one gets a fresh producer id."
+            ),
+            2 => tracing::error!(
+                generation,
+                reason = %why,
+                next_in_secs = wait.as_secs_f64(),
+                "The new producer failed for good too, before any record was acknowledged: a new producer id does not fix this cause. Deliveries are answered 503 (or spooled); the producer is replaced again at most once per wait, doubling up to 60 s, until a record is acknowledged."
+            ),
+            _ => {
+                tracing::debug!(generation, reason = %why, next_in_secs = wait.as_secs_f64(), "Producer replaced again.");
+            }
+        }
+    }
+
+    /// A record was acknowledged: a streak of replacements is over.
+    fn end_streak(&self) {
+        if !self.streak_on.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(streak) = current.streak.take()
+            && streak.replacements > 1
+        {
+            tracing::info!(
+                replacements = streak.replacements,
+                "Kafka acknowledges records again after the producer was replaced."
+            );
+        }
+    }
+
+    /// How many times the producer was replaced since start.
+    pub fn replacements(&self) -> u64 {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .generation
     }
 
     /// Whether the broker answers a metadata request within `timeout`;
@@ -510,23 +744,76 @@ async fn metadata_answers(producer: KafkaProducer, timeout: Duration) -> bool {
     .unwrap_or(false)
 }
 
-/// Whether a failed send leaves this producer needing a new producer id: a
-/// fatal error always; a timeout or a producer-state refusal only where
-/// the broker cannot take librdkafka's epoch bump (`after_timeout`).
-fn must_replace(error: &KafkaError, producer: &KafkaProducer, after_timeout: bool) -> bool {
-    producer.client().fatal_error().is_some()
-        || after_timeout
-            && matches!(
-                error.rdkafka_error_code(),
-                Some(
-                    RDKafkaErrorCode::Unknown
-                        | RDKafkaErrorCode::OutOfOrderSequenceNumber
-                        | RDKafkaErrorCode::UnknownProducerId
-                        | RDKafkaErrorCode::InvalidProducerEpoch
-                        | RDKafkaErrorCode::Fatal
-                        | RDKafkaErrorCode::MessageTimedOut
-                )
-            )
+/// Why a failed send replaces the producer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replace {
+    /// librdkafka's fatal error: the producer takes no more records.
+    Fatal,
+    /// A timeout or a producer-state refusal, on a broker that cannot take
+    /// librdkafka's epoch bump (`kafka.new_producer_after_timeout`).
+    AfterTimeout,
+}
+
+/// Whether a send error (of a producer without a fatal error) is a timeout
+/// or a producer-state refusal: what a broker that cannot take
+/// librdkafka's epoch bump needs a new producer id for.
+fn needs_new_producer_id(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Unknown
+                | RDKafkaErrorCode::OutOfOrderSequenceNumber
+                | RDKafkaErrorCode::UnknownProducerId
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::Fatal
+                | RDKafkaErrorCode::MessageTimedOut
+        )
+    )
+}
+
+/// Whether a broker's answer is its authorizer's refusal.
+fn is_authorization(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+            | RDKafkaErrorCode::GroupAuthorizationFailed
+            | RDKafkaErrorCode::DelegationTokenAuthorizationFailed
+    )
+}
+
+/// A Kafka error code as the operator needs it: its name as Kafka's tools
+/// and documents spell it, librdkafka's words, and for a refusal what to
+/// grant or change.
+struct Cause(Option<RDKafkaErrorCode>);
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Some(code) = self.0 else {
+            return f.write_str("Kafka error");
+        };
+        write!(f, "{code:?} ({code})")?;
+        let fix = match code {
+            RDKafkaErrorCode::TopicAuthorizationFailed => {
+                "Kafka denies posbridge's user this topic: grant it WRITE and DESCRIBE on the topic (CREATE too where posbridge creates it)"
+            }
+            RDKafkaErrorCode::ClusterAuthorizationFailed => {
+                "Kafka denies posbridge's user the idempotent producer: grant it IdempotentWrite on the cluster (or WRITE on its topics); a new producer cannot help until then"
+            }
+            RDKafkaErrorCode::TransactionalIdAuthorizationFailed => {
+                "Kafka denies posbridge's user its transactional id: grant it WRITE and DESCRIBE on the transactional id"
+            }
+            RDKafkaErrorCode::GroupAuthorizationFailed => {
+                "Kafka denies posbridge's user the consumer group: grant it READ on the group"
+            }
+            RDKafkaErrorCode::InvalidReplicationFactor => {
+                "the replication factor is more than the cluster's brokers (kafka.replication_factor)"
+            }
+            _ => return Ok(()),
+        };
+        write!(f, ": {fix}")
+    }
 }
 
 /// Sorts a produce error: what a later attempt may fix is retryable.
@@ -548,6 +835,8 @@ fn classify(error: KafkaError) -> PublishError {
     );
     if permanent {
         PublishError::Refused(error)
+    } else if error.rdkafka_error_code().is_some_and(is_authorization) {
+        PublishError::Denied(error)
     } else {
         PublishError::Unavailable(error)
     }
