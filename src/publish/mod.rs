@@ -793,7 +793,7 @@ impl std::fmt::Display for Cause {
         let Some(code) = self.0 else {
             return f.write_str("Kafka error");
         };
-        write!(f, "{code:?} ({code})")?;
+        write!(f, "{code}")?;
         let fix = match code {
             RDKafkaErrorCode::TopicAuthorizationFailed => {
                 "Kafka denies posbridge's user this topic: grant it WRITE and DESCRIBE on the topic (CREATE too where posbridge creates it)"

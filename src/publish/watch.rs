@@ -79,10 +79,11 @@ impl TopicChange {
     }
 
     /// How `now` differs from `started` (the partitions found at start-up),
-    /// if it does.
+    /// if it does. A topic never seen is not missing: it did not change
+    /// under posbridge (and a produce that creates it is looked at next).
     pub fn between(started: Option<usize>, now: &Observed) -> Option<TopicChange> {
         let Some(partitions) = now.partitions else {
-            return Some(TopicChange::Missing);
+            return started.map(|_| TopicChange::Missing);
         };
         if let Some(from) = started
             && from != partitions
@@ -317,6 +318,11 @@ mod tests {
             TopicChange::between(None, &seen(Some(12), Some("compact"))),
             None,
             "nothing known yet: the first look is the baseline"
+        );
+        assert_eq!(
+            TopicChange::between(None, &seen(None, None)),
+            None,
+            "never seen: not gone"
         );
     }
 
