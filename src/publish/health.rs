@@ -296,6 +296,26 @@ mod tests {
     }
 
     #[test]
+    fn a_changed_topic_is_refused_and_named_until_the_watch_finds_it_as_it_was() {
+        let health = BrokerHealth::default();
+        assert_eq!(health.changed("pos.orders"), None);
+        let raised = TopicChange::Partitions { from: 3, to: 12 };
+        health.topic_shape("pos.orders", Some(raised.clone()));
+        health.topic_shape("pos.sales", None);
+        assert_eq!(health.changed("pos.orders"), Some(raised.clone()));
+        assert_eq!(health.changed("pos.sales"), None);
+        assert_eq!(health.failing_topics()["pos.orders"], raised.to_string());
+        health.topic_ok("pos.orders");
+        assert!(
+            health.changed("pos.orders").is_some(),
+            "a send does not clear a change"
+        );
+        health.topic_shape("pos.orders", None);
+        assert_eq!(health.changed("pos.orders"), None);
+        assert!(health.failing_topics().is_empty());
+    }
+
+    #[test]
     fn down_until_marked_up_and_each_change_once() {
         let health = BrokerHealth::default();
         assert!(health.is_up());

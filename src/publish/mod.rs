@@ -20,13 +20,20 @@
 //! `health.rs` keeps whether any broker answers: while none does, `send`
 //! fails at once instead of waiting out the deadline, and a probe once a
 //! second notices the broker's return.
+//!
+//! `error.rs` sorts the errors and names Kafka's refusals; `replace.rs`
+//! replaces a failed producer (with a growing wait while the replacements
+//! keep failing); `admin.rs` holds start-up's questions to the cluster and
+//! `watch.rs` asks the entity topics' again while running.
 
 mod admin;
+mod error;
 mod health;
+mod replace;
 mod watch;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -40,9 +47,11 @@ use crate::config::KafkaConfig;
 use crate::event::EntityType;
 use crate::telemetry;
 
-use backon::BackoffBuilder as _;
+use error::classify;
+pub use error::{PUBLISH_REFUSED, PublishError, REFUSAL_CODES, TIMESTAMP_REFUSED};
 use health::BrokerContext;
 pub use health::{BrokerHealth, Refusal};
+use replace::{Replace, Streak, needs_new_producer_id};
 pub use watch::TopicChange;
 
 /// How often the probe asks for metadata while no broker answers.
@@ -52,201 +61,8 @@ const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// take.
 const CLUSTER_PROBE: Duration = Duration::from_millis(500);
 
-/// The first wait before replacing a producer again when the one before
-/// it failed for good too without a record acknowledged in between: a
-/// cause a new producer id does not fix (an ACL) is then tried at most
-/// once per wait, the wait doubling up to [`REPLACE_AGAIN_MAX`].
-const REPLACE_AGAIN_MIN: Duration = Duration::from_secs(1);
-
-/// The longest wait between two replacements of a producer that keeps
-/// failing for good.
-const REPLACE_AGAIN_MAX: Duration = Duration::from_secs(60);
-
 /// The producer type: librdkafka's errors and logs go through [`BrokerContext`].
 type KafkaProducer = FutureProducer<BrokerContext>;
-
-/// Dead-letter reason code of a record the broker refused for good.
-pub const PUBLISH_REFUSED: &str = "publish_refused";
-/// Dead-letter reason code of a record whose timestamp the topic refuses.
-pub const TIMESTAMP_REFUSED: &str = "timestamp_refused";
-/// Every reason code [`PublishError::refusal_code`] gives, for series that
-/// exist from start-up.
-pub const REFUSAL_CODES: [&str; 2] = [PUBLISH_REFUSED, TIMESTAMP_REFUSED];
-
-/// Why a record was not acknowledged, or the producer could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum PublishError {
-    /// The broker is unreachable or the queue is full: the same record may
-    /// succeed later. The delivery is answered 503.
-    #[error("broker unavailable: {0}")]
-    Unavailable(#[source] KafkaError),
-    /// No acknowledgement came within the delivery deadline.
-    #[error("no acknowledgement within the delivery deadline")]
-    DeadlinePassed,
-    /// No broker answers (known since an earlier send or librdkafka said
-    /// so): not tried, so the answer comes at once.
-    #[error("no Kafka broker answers")]
-    BrokerDown,
-    /// The broker refused this record for good (too large, invalid): retrying
-    /// cannot help. The event goes to the dead-letter topic instead.
-    #[error("record refused by the broker: {0}")]
-    Refused(#[source] KafkaError),
-    /// Kafka's authorizer denies posbridge's user this write (an ACL is
-    /// missing): the operator's to fix, so retryable.
-    #[error("{cause}: {error}", cause = Cause(.0.rdkafka_error_code()), error = .0)]
-    Denied(#[source] KafkaError),
-    /// The producer failed for good (a librdkafka fatal error, the cause
-    /// named): every record it is given fails until it is replaced, which
-    /// fixes a lost producer id but not a denied one.
-    #[error("the producer failed for good: {}: {reason}", Cause(Some(*.code)))]
-    ProducerFailed {
-        /// librdkafka's fatal error code.
-        code: RDKafkaErrorCode,
-        /// librdkafka's words for it.
-        reason: String,
-    },
-    /// The entity topic changed under posbridge since start-up (its
-    /// partitions, its cleanup policy, or it is gone): its records are
-    /// refused until it is as it was.
-    #[error("topic `{topic}` {change}")]
-    TopicChanged {
-        /// The topic.
-        topic: String,
-        /// What changed.
-        change: TopicChange,
-    },
-    /// librdkafka refused the producer or admin client configuration.
-    #[error("kafka client configuration: {0}")]
-    Config(#[source] KafkaError),
-    /// The topics could not be created at start-up (no broker answered).
-    #[error("creating topics: {0}")]
-    CreateTopics(#[source] KafkaError),
-    /// The broker refused to create a topic.
-    #[error("cannot create topic `{topic}`: {}", Cause(Some(*.code)))]
-    CreateTopic {
-        /// The topic.
-        topic: String,
-        /// The broker's answer.
-        code: RDKafkaErrorCode,
-    },
-    /// The broker refused the connection itself: credentials or certificate.
-    #[error(transparent)]
-    Connection(#[from] Refusal),
-    /// An existing entity topic's settings break a promise posbridge makes.
-    #[error("topic `{topic}`: {problem}")]
-    TopicSettings {
-        /// The topic.
-        topic: String,
-        /// What is wrong, and how to fix it.
-        problem: String,
-    },
-}
-
-impl PublishError {
-    /// Whether the broker refused the record for its size: a shorter copy
-    /// may still be taken.
-    pub fn is_too_large(&self) -> bool {
-        matches!(
-            self,
-            PublishError::Refused(error) if matches!(
-                error.rdkafka_error_code(),
-                Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize)
-            )
-        )
-    }
-
-    /// The dead-letter reason code of a record refused for good:
-    /// [`TIMESTAMP_REFUSED`] when its timestamp lies outside what the topic
-    /// takes (a cluster's `message.timestamp.before.max.ms` or
-    /// `after.max.ms`), else [`PUBLISH_REFUSED`].
-    pub fn refusal_code(error: &KafkaError) -> &'static str {
-        match error.rdkafka_error_code() {
-            Some(RDKafkaErrorCode::InvalidTimestamp) => TIMESTAMP_REFUSED,
-            _ => PUBLISH_REFUSED,
-        }
-    }
-
-    /// Whether a later attempt may succeed; the `kind` metric label says the same.
-    pub fn is_retryable(&self) -> bool {
-        !matches!(self, PublishError::Refused(_))
-    }
-
-    /// Whether the cause was said once when it began (a changed topic, a
-    /// producer that failed for good), so each refused record need not
-    /// say it again.
-    pub fn is_announced(&self) -> bool {
-        matches!(
-            self,
-            PublishError::BrokerDown
-                | PublishError::TopicChanged { .. }
-                | PublishError::ProducerFailed { .. }
-        )
-    }
-
-    /// The start-up message's headline: what Kafka did, in the words of the
-    /// cause, not "cannot reach" for a broker that answered with a refusal.
-    pub fn headline(&self) -> &'static str {
-        let code = match self {
-            PublishError::CreateTopic { code, .. } => Some(*code),
-            PublishError::CreateTopics(error) => error.rdkafka_error_code(),
-            PublishError::Connection(_) => return "Kafka refused the connection",
-            PublishError::TopicSettings { .. } => {
-                return "an existing topic breaks a promise posbridge makes";
-            }
-            PublishError::Config(_) => return "librdkafka refused the Kafka settings",
-            _ => None,
-        };
-        match code {
-            Some(code) if is_authorization(code) => "Kafka denies posbridge's user",
-            Some(RDKafkaErrorCode::InvalidReplicationFactor) => {
-                "Kafka refused the topics' replication factor"
-            }
-            Some(RDKafkaErrorCode::InvalidPartitions) => "Kafka refused the topics' partitions",
-            Some(RDKafkaErrorCode::PolicyViolation) => {
-                "Kafka's topic policy refused the topics' settings"
-            }
-            _ if matches!(self, PublishError::CreateTopic { .. }) => {
-                "Kafka refused to create a topic"
-            }
-            _ => "cannot reach Kafka",
-        }
-    }
-
-    /// What to check, for the start-up message.
-    pub fn hint(&self) -> &'static str {
-        let code = match self {
-            PublishError::CreateTopic { code, .. } => Some(*code),
-            PublishError::CreateTopics(error) => error.rdkafka_error_code(),
-            _ => None,
-        };
-        match code {
-            Some(code) if is_authorization(code) => {
-                "grant posbridge's user (kafka.librdkafka sasl.username) CREATE, DESCRIBE, DESCRIBE_CONFIGS and WRITE on its topics, or create them beforehand and set kafka.create_topics = false"
-            }
-            Some(RDKafkaErrorCode::InvalidReplicationFactor) => {
-                "kafka.replication_factor is more than the cluster's brokers: lower it, or leave it out (as many replicas as the cluster has brokers, at most 3)"
-            }
-            Some(RDKafkaErrorCode::InvalidPartitions) => {
-                "kafka.partitions must be at least 1 and within the cluster's limits"
-            }
-            Some(RDKafkaErrorCode::PolicyViolation) => {
-                "the cluster's create-topic policy refused the settings posbridge asks for (kafka.partitions, kafka.replication_factor): create the topics beforehand and set kafka.create_topics = false"
-            }
-            _ => {
-                "check kafka.brokers and that a broker answers (and the security settings under kafka.librdkafka); start-up creates the topics, so it needs the broker"
-            }
-        }
-    }
-
-    /// The `kind` metric label.
-    pub fn kind(&self) -> &'static str {
-        if self.is_retryable() {
-            "retryable"
-        } else {
-            "permanent"
-        }
-    }
-}
 
 /// Topic names by entity type, plus the dead-letter topic: where each record goes.
 #[derive(Debug, Clone)]
@@ -320,34 +136,6 @@ struct Current {
     generation: u64,
     /// Replacements after fatal errors since the last acknowledged record.
     streak: Option<Streak>,
-}
-
-/// Producers replaced one after another, each failing for good before any
-/// record was acknowledged: a cause a new producer id does not fix (a
-/// denied ACL). Each next replacement waits longer, so the producer is not
-/// rebuilt once per delivery.
-struct Streak {
-    /// The waits between replacements (`backon`'s exponential backoff).
-    waits: backon::ExponentialBackoff,
-    /// No replacement before this.
-    not_before: Instant,
-    /// Replacements in this streak.
-    replacements: u32,
-}
-
-impl Streak {
-    fn new() -> Streak {
-        Streak {
-            waits: backon::ExponentialBuilder::default()
-                .with_min_delay(REPLACE_AGAIN_MIN)
-                .with_max_delay(REPLACE_AGAIN_MAX)
-                .with_factor(2.0)
-                .without_max_times()
-                .build(),
-            not_before: Instant::now(),
-            replacements: 0,
-        }
-    }
 }
 
 /// The producer handle. Cheap to clone.
@@ -567,92 +355,6 @@ impl Publisher {
         (current.producer.clone(), current.generation)
     }
 
-    /// Replaces the producer, unless another failure already did since
-    /// `generation` was read, or (after a fatal error) the streak's wait
-    /// is not over: `why` is the failure that asks, named in the log.
-    fn replace(&self, generation: u64, replace: Replace, why: &PublishError) {
-        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
-        if current.generation != generation {
-            return;
-        }
-        let now = Instant::now();
-        if replace == Replace::Fatal
-            && current
-                .streak
-                .as_ref()
-                .is_some_and(|streak| now < streak.not_before)
-        {
-            return;
-        }
-        let producer = match self.client_config.create_with_context(BrokerContext {
-            health: self.health.clone(),
-        }) {
-            Ok(producer) => producer,
-            Err(error) => {
-                tracing::error!(%error, "Could not replace a stuck producer.");
-                return;
-            }
-        };
-        let old = std::mem::replace(&mut current.producer, producer);
-        current.generation += 1;
-        tokio::task::spawn_blocking(move || drop(old));
-        metrics::counter!(telemetry::PRODUCER_REPLACEMENTS).increment(1);
-        let generation = current.generation;
-        if replace == Replace::AfterTimeout {
-            tracing::warn!(
-                generation,
-                reason = %why,
-                "Replaced the producer after a failed send; the next one gets a fresh producer id."
-            );
-            return;
-        }
-        let streak = current.streak.get_or_insert_with(Streak::new);
-        let wait = streak.waits.next().unwrap_or(REPLACE_AGAIN_MAX);
-        streak.not_before = now + wait;
-        streak.replacements += 1;
-        self.streak_on.store(true, Ordering::Release);
-        match streak.replacements {
-            1 => tracing::warn!(
-                generation,
-                reason = %why,
-                "Replaced the producer after it failed for good; the next one gets a fresh producer id."
-            ),
-            2 => tracing::error!(
-                generation,
-                reason = %why,
-                next_in_secs = wait.as_secs_f64(),
-                "The new producer failed for good too, before any record was acknowledged: a new producer id does not fix this cause. Deliveries are answered 503 (or spooled); the producer is replaced again at most once per wait, doubling up to 60 s, until a record is acknowledged."
-            ),
-            _ => {
-                tracing::debug!(generation, reason = %why, next_in_secs = wait.as_secs_f64(), "Producer replaced again.");
-            }
-        }
-    }
-
-    /// A record was acknowledged: a streak of replacements is over.
-    fn end_streak(&self) {
-        if !self.streak_on.swap(false, Ordering::AcqRel) {
-            return;
-        }
-        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(streak) = current.streak.take()
-            && streak.replacements > 1
-        {
-            tracing::info!(
-                replacements = streak.replacements,
-                "Kafka acknowledges records again after the producer was replaced."
-            );
-        }
-    }
-
-    /// How many times the producer was replaced since start.
-    pub fn replacements(&self) -> u64 {
-        self.current
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .generation
-    }
-
     /// Whether the broker answers a metadata request within `timeout`;
     /// `false` at once while it is known to be down.
     pub async fn broker_reachable(&self, timeout: Duration) -> bool {
@@ -742,104 +444,6 @@ async fn metadata_answers(producer: KafkaProducer, timeout: Duration) -> bool {
     })
     .await
     .unwrap_or(false)
-}
-
-/// Why a failed send replaces the producer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Replace {
-    /// librdkafka's fatal error: the producer takes no more records.
-    Fatal,
-    /// A timeout or a producer-state refusal, on a broker that cannot take
-    /// librdkafka's epoch bump (`kafka.new_producer_after_timeout`).
-    AfterTimeout,
-}
-
-/// Whether a send error (of a producer without a fatal error) is a timeout
-/// or a producer-state refusal: what a broker that cannot take
-/// librdkafka's epoch bump needs a new producer id for.
-fn needs_new_producer_id(error: &KafkaError) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::Unknown
-                | RDKafkaErrorCode::OutOfOrderSequenceNumber
-                | RDKafkaErrorCode::UnknownProducerId
-                | RDKafkaErrorCode::InvalidProducerEpoch
-                | RDKafkaErrorCode::Fatal
-                | RDKafkaErrorCode::MessageTimedOut
-        )
-    )
-}
-
-/// Whether a broker's answer is its authorizer's refusal.
-fn is_authorization(code: RDKafkaErrorCode) -> bool {
-    matches!(
-        code,
-        RDKafkaErrorCode::TopicAuthorizationFailed
-            | RDKafkaErrorCode::ClusterAuthorizationFailed
-            | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
-            | RDKafkaErrorCode::GroupAuthorizationFailed
-            | RDKafkaErrorCode::DelegationTokenAuthorizationFailed
-    )
-}
-
-/// A Kafka error code as the operator needs it: its name as Kafka's tools
-/// and documents spell it, librdkafka's words, and for a refusal what to
-/// grant or change.
-struct Cause(Option<RDKafkaErrorCode>);
-
-impl std::fmt::Display for Cause {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let Some(code) = self.0 else {
-            return f.write_str("Kafka error");
-        };
-        write!(f, "{code}")?;
-        let fix = match code {
-            RDKafkaErrorCode::TopicAuthorizationFailed => {
-                "Kafka denies posbridge's user this topic: grant it WRITE and DESCRIBE on the topic (CREATE too where posbridge creates it)"
-            }
-            RDKafkaErrorCode::ClusterAuthorizationFailed => {
-                "Kafka denies posbridge's user the idempotent producer: grant it IdempotentWrite on the cluster (or WRITE on its topics); a new producer cannot help until then"
-            }
-            RDKafkaErrorCode::TransactionalIdAuthorizationFailed => {
-                "Kafka denies posbridge's user its transactional id: grant it WRITE and DESCRIBE on the transactional id"
-            }
-            RDKafkaErrorCode::GroupAuthorizationFailed => {
-                "Kafka denies posbridge's user the consumer group: grant it READ on the group"
-            }
-            RDKafkaErrorCode::InvalidReplicationFactor => {
-                "the replication factor is more than the cluster's brokers (kafka.replication_factor)"
-            }
-            _ => return Ok(()),
-        };
-        write!(f, ": {fix}")
-    }
-}
-
-/// Sorts a produce error: what a later attempt may fix is retryable.
-fn classify(error: KafkaError) -> PublishError {
-    // Only what is wrong with the record itself is permanent. A missing ACL,
-    // a bad topic name or an acks setting the cluster refuses is the
-    // operator's to fix: retryable, so the provider's retry (or the spool)
-    // still delivers the event, instead of a dead letter that cannot be
-    // written either and a 4xx that makes Mekari count a permanent failure.
-    let permanent = matches!(
-        error.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::MessageSizeTooLarge
-                | RDKafkaErrorCode::InvalidMessageSize
-                | RDKafkaErrorCode::InvalidMessage
-                | RDKafkaErrorCode::InvalidRecord
-                | RDKafkaErrorCode::InvalidTimestamp
-        )
-    );
-    if permanent {
-        PublishError::Refused(error)
-    } else if error.rdkafka_error_code().is_some_and(is_authorization) {
-        PublishError::Denied(error)
-    } else {
-        PublishError::Unavailable(error)
-    }
 }
 
 #[cfg(test)]
