@@ -107,7 +107,12 @@ impl Publisher {
             .map_err(PublishError::CreateTopics)?;
         for result in results {
             match result {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                // Created now: its partitions are known before the
+                // metadata shows it (the topic watch compares with them).
+                Ok(topic) => self
+                    .baseline
+                    .created(&topic, usize::try_from(partitions).unwrap_or_default()),
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
                 Err((topic, code)) => return Err(PublishError::CreateTopic { topic, code }),
             }
         }

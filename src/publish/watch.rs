@@ -228,6 +228,14 @@ impl Baseline {
         }
     }
 
+    /// Keeps the partitions of a topic posbridge just created.
+    pub(super) fn created(&self, topic: &str, partitions: usize) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(topic.to_owned(), partitions);
+    }
+
     fn get(&self, topic: &str) -> Option<usize> {
         self.0
             .lock()
