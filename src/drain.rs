@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use backon::BackoffBuilder as _;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::event::DeliveryKey;
 use crate::pipeline::{DeadLetter, Delivery, Outcome, Pipeline, PipelineError};
@@ -111,6 +111,9 @@ impl Drainer {
         let mut draining: Option<(Instant, u64)> = None;
         let mut stopped = SpoolStops::default();
         let mut writable = true;
+        // Why the last pass paused, said once until a pass removes entries
+        // or the reason changes: a pass runs every 250 ms while it lasts.
+        let mut paused: Option<String> = None;
         loop {
             self.refresh_age();
             // Cheap while the spool writes; else a heal when one is due.
@@ -156,10 +159,19 @@ impl Drainer {
                     Ok(done) => {
                         started.1 += done.entries;
                         stopped.passed();
+                        if done.entries > 0 {
+                            paused = None;
+                        }
                     }
                     Err(DrainError::Pipeline(error)) => {
                         stopped.passed();
-                        warn!(%error, "Spool drain paused: a spooled delivery cannot be made durable yet.");
+                        let reason = error.to_string();
+                        if paused.as_ref() == Some(&reason) {
+                            debug!(%error, "Spool drain still paused.");
+                        } else {
+                            warn!(%error, "Spool drain paused: a spooled delivery cannot be made durable yet.");
+                            paused = Some(reason);
+                        }
                         tokio::time::sleep(IDLE).await;
                     }
                     Err(DrainError::Spool(error)) => stopped.stopped(&error),

@@ -51,6 +51,13 @@ pub const BUILD_INFO: &str = "posbridge_build_info";
 pub const LEDGER_WRITABLE: &str = "posbridge_ledger_writable";
 /// 1 while a broker answers, 0 while none does.
 pub const BROKER_UP: &str = "posbridge_broker_up";
+/// 1 while an entity topic's records are refused because it changed under
+/// posbridge since start-up, by topic and reason (`partitions`,
+/// `cleanup_policy`, `missing`); 0 otherwise, from start-up.
+pub const TOPIC_CHANGED: &str = "posbridge_topic_changed";
+/// Producers replaced (a fatal error, or a timeout on a broker that needs
+/// it): one per cause at a time, not one per delivery.
+pub const PRODUCER_REPLACEMENTS: &str = "posbridge_producer_replacements_total";
 /// Deliveries in the outage spool now.
 pub const SPOOL_ENTRIES: &str = "posbridge_spool_entries";
 /// Bytes of the bodies in the outage spool now.

@@ -52,8 +52,10 @@ pub enum BuildError {
     /// The ledger could not be rebuilt from the topics.
     #[error("cannot rebuild the ledger from the topics")]
     Rebuild(#[from] crate::rebuild::RebuildError),
-    /// The producer could not be created or the topics could not be ensured.
-    #[error("cannot reach Kafka")]
+    /// The producer could not be created or the topics could not be
+    /// ensured; the headline names Kafka's answer (a denied ACL, a refused
+    /// replication factor), "cannot reach" only when none came.
+    #[error("{}", .0.headline())]
     Kafka(#[from] PublishError),
     /// The schema registry refused the schema or could not be reached.
     #[error("the schema registry did not take the schema")]
@@ -90,9 +92,7 @@ impl BuildError {
             BuildError::Ledger(_) => {
                 "check ledger.path or ledger.redis_url; the embedded ledger allows one posbridge process per ledger file (run the reconciler inside `serve` with reconcile.enabled, or share a Redis ledger with ledger.backend = \"redis\")"
             }
-            BuildError::Kafka(_) => {
-                "check kafka.brokers and that a broker answers (and the security settings under kafka.librdkafka); start-up creates the topics, so it needs the broker"
-            }
+            BuildError::Kafka(error) => error.hint(),
             BuildError::Registry(_) => {
                 "check schema_registry.url and its credentials; a refused schema must be made compatible with the subject's latest version (posbridge schema check)"
             }
@@ -265,7 +265,7 @@ impl App {
                     .await?;
                 info!(topics = ?wanted.keys().collect::<Vec<_>>(), "Topics ready.");
             }
-            publisher.check_topic_settings(topics.entities()).await?;
+            publisher.check_topic_settings(&topics).await?;
             known.brokers.clone_from(&kafka.brokers);
             known.topics = wanted.keys().cloned().collect();
         } else if can_start_on_known {
@@ -295,6 +295,9 @@ impl App {
             warn!(
                 "No Kafka broker answers: the ledger is not checked against the topics; a lost ledger is rebuilt at the next start with Kafka up."
             );
+        }
+        if kafka.topic_check_secs > 0 {
+            publisher.watch_topics(&topics, Duration::from_secs(kafka.topic_check_secs));
         }
         let entity_topics: Vec<String> = topics.entities().map(str::to_owned).collect();
         let encoder = encoder(config, &entity_topics, &mut known).await?;

@@ -141,6 +141,12 @@ pub struct KafkaConfig {
     /// doubt land after a newer record of the same key.
     #[serde(default)]
     pub new_producer_after_timeout: bool,
+    /// How often the entity topics are checked again while running, as at
+    /// start-up: a topic whose partitions changed, whose `cleanup.policy`
+    /// no longer compacts, or that is gone has its records refused (503, or
+    /// the spool) until it is as it was. 0 checks only at start-up.
+    #[serde(default = "default_topic_check_secs")]
+    pub topic_check_secs: u64,
     /// Any other librdkafka producer property, passed through as is.
     #[serde(default)]
     pub librdkafka: BTreeMap<String, String>,
@@ -158,6 +164,7 @@ impl Default for KafkaConfig {
             create_topics: true,
             delivery_timeout_ms: default_delivery_timeout_ms(),
             new_producer_after_timeout: false,
+            topic_check_secs: default_topic_check_secs(),
             librdkafka: BTreeMap::new(),
         }
     }
@@ -177,6 +184,12 @@ const fn default_true() -> bool {
 }
 const fn default_delivery_timeout_ms() -> u64 {
     5000
+}
+/// Often enough that a changed topic takes few records before it is
+/// refused, rare enough that the two admin requests a look costs do not
+/// count on the cluster.
+const fn default_topic_check_secs() -> u64 {
+    30
 }
 
 impl KafkaConfig {

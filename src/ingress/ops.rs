@@ -82,10 +82,10 @@ impl Readiness {
 /// out of service would fail every delivery instead, and says `degraded`;
 /// so it does while the registry does not answer (records carry the schema
 /// ids taken at start-up). A topic Kafka refuses while the
-/// cluster answers is listed under `failing_topics` with the broker's
-/// reason, and does not make the pod unready: every other topic publishes.
-/// A spool whose writes fail (its disk full) has no room, and says why
-/// under `spool.unwritable`.
+/// cluster answers, or one that changed under posbridge (the topic watch),
+/// is listed under `failing_topics` with the reason, and does not make the
+/// pod unready: every other topic publishes. A spool whose writes fail (its
+/// disk full) has no room, and says why under `spool.unwritable`.
 pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let pipeline = &state.pipeline;
     let readiness = Readiness::of(pipeline, true).await;

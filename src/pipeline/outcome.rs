@@ -118,11 +118,11 @@ impl PipelineError {
     /// broker answers, ledger writes failing), so each refused delivery need
     /// not say it again.
     pub fn is_announced(&self) -> bool {
-        matches!(
-            self,
-            PipelineError::Publish(PublishError::BrokerDown)
-                | PipelineError::Ledger(LedgerError::Unwritable { .. })
-        )
+        match self {
+            PipelineError::Publish(error) => error.is_announced(),
+            PipelineError::Ledger(LedgerError::Unwritable { .. }) => true,
+            _ => false,
+        }
     }
 
     /// Whether the spool may take the delivery instead: Kafka, the registry

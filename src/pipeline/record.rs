@@ -156,28 +156,58 @@ fn with_trace(headers: &mut Vec<(&'static str, String)>, trace: Vec<(&'static st
     }
 }
 
-/// How much of a body a dead letter keeps when the whole one was refused.
+/// How much of a body a dead letter keeps at most when the whole one was refused.
 pub const DEAD_LETTER_KEPT_BYTES: usize = 64 * 1024;
 /// On a cut dead letter: the whole body's length in bytes.
 pub const HEADER_BODY_BYTES: &str = "posbridge-body-bytes";
 /// On a cut dead letter: the whole body's SHA-256, hex.
 pub const HEADER_BODY_SHA256: &str = "posbridge-body-sha256";
+/// On a cut dead letter: why it was cut (the topic's limit, the broker's
+/// refusal).
+pub const HEADER_CUT_REASON: &str = "posbridge-cut-reason";
 
-/// The dead letter cut to its first [`DEAD_LETTER_KEPT_BYTES`], for a body the
-/// broker refused whole (too large): the delivery still gets a permanent
-/// outcome, and the headers say how long the body was and what it hashed to,
-/// so it can be matched with the provider's copy.
-pub fn cut_dead_letter(mut record: OutgoingRecord) -> OutgoingRecord {
+/// What a record of one batch takes on the broker beside its key, value
+/// and headers: the batch header (61 bytes) and the record's own fields,
+/// with room to spare.
+const RECORD_OVERHEAD_BYTES: usize = 128;
+/// What each header takes beside its name and value (two varint lengths).
+const HEADER_OVERHEAD_BYTES: usize = 10;
+
+/// The dead letter cut for a body the broker refused whole (too large):
+/// the delivery still gets a permanent outcome, and the headers say how
+/// long the body was, what it hashed to (so it can be matched with the
+/// provider's copy) and `why` it was cut. It keeps the body's first
+/// [`DEAD_LETTER_KEPT_BYTES`], fewer where the topic's `max.message.bytes`
+/// (`limit`, when known) leaves less room beside the key and headers; a
+/// `limit` with no room keeps none.
+pub fn cut_dead_letter(
+    mut record: OutgoingRecord,
+    limit: Option<usize>,
+    why: &str,
+) -> OutgoingRecord {
     use sha2::{Digest, Sha256};
-    if let Some(body) = record.payload.as_mut() {
-        record
+    let Some(mut body) = record.payload.take() else {
+        return record;
+    };
+    record
+        .headers
+        .push((HEADER_BODY_BYTES, body.len().to_string()));
+    record
+        .headers
+        .push((HEADER_BODY_SHA256, hex::encode(Sha256::digest(&body[..]))));
+    record.headers.push((HEADER_CUT_REASON, why.to_owned()));
+    let beside_body = RECORD_OVERHEAD_BYTES
+        + record.key.len()
+        + record
             .headers
-            .push((HEADER_BODY_BYTES, body.len().to_string()));
-        record
-            .headers
-            .push((HEADER_BODY_SHA256, hex::encode(Sha256::digest(&body[..]))));
-        body.truncate(DEAD_LETTER_KEPT_BYTES);
-    }
+            .iter()
+            .map(|(name, value)| name.len() + value.len() + HEADER_OVERHEAD_BYTES)
+            .sum::<usize>();
+    let room = limit.map_or(DEAD_LETTER_KEPT_BYTES, |limit| {
+        limit.saturating_sub(beside_body)
+    });
+    body.truncate(room.min(DEAD_LETTER_KEPT_BYTES));
+    record.payload = Some(body);
     record
 }
 
@@ -205,11 +235,15 @@ mod tests {
     #[test]
     fn a_cut_dead_letter_keeps_the_head_and_says_what_the_whole_was() {
         let body = vec![b'x'; DEAD_LETTER_KEPT_BYTES + 10];
-        let record = cut_dead_letter(dead_letter_record(
-            DeadLetter::of_event(&event(), "publish_refused", "too large".into()),
-            "dlq",
-            Vec::new(),
-        ));
+        let record = cut_dead_letter(
+            dead_letter_record(
+                DeadLetter::of_event(&event(), "publish_refused", "too large".into()),
+                "dlq",
+                Vec::new(),
+            ),
+            None,
+            "refused whole",
+        );
         assert_eq!(header(&record, HEADER_BODY_BYTES), Some("12"));
         let mut big = dead_letter_record(
             DeadLetter::of_event(&event(), "publish_refused", "too large".into()),
@@ -217,7 +251,7 @@ mod tests {
             vec![("traceparent", TRACEPARENT.to_owned())],
         );
         big.payload = Some(body.clone());
-        let cut = cut_dead_letter(big);
+        let cut = cut_dead_letter(big.clone(), None, "refused whole");
         assert_eq!(
             cut.payload.as_ref().map(Vec::len),
             Some(DEAD_LETTER_KEPT_BYTES)
@@ -237,10 +271,32 @@ mod tests {
             Some(TRACEPARENT),
             "the cut copy is the same record"
         );
+        assert_eq!(header(&cut, HEADER_CUT_REASON), Some("refused whole"));
         assert_eq!(
             record.payload.map(|p| p.len()),
             Some(12),
             "a short body stays whole"
+        );
+
+        // A topic that takes 4 KiB: the head that fits beside key and headers.
+        let fitted = cut_dead_letter(big.clone(), Some(4096), "the topic takes 4096 bytes");
+        let kept = fitted.payload.as_ref().map_or(0, Vec::len);
+        let headers: usize = fitted.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert!(kept > 2048, "as much as fits: {kept}");
+        assert!(
+            kept + headers + fitted.key.len() + RECORD_OVERHEAD_BYTES <= 4096,
+            "{kept} + {headers} fits"
+        );
+        assert_eq!(&fitted.payload.unwrap()[..], &body[..kept], "the head");
+        let none = cut_dead_letter(big, Some(100), "the topic takes 100 bytes");
+        assert_eq!(
+            none.payload.as_ref().map(Vec::len),
+            Some(0),
+            "no room: no body"
+        );
+        assert_eq!(
+            header(&none, HEADER_BODY_BYTES),
+            Some(body.len().to_string().as_str())
         );
     }
 

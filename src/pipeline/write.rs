@@ -259,10 +259,26 @@ impl Pipeline {
             let sent = match publisher.send(&record).await {
                 // Too large whole: a cut copy is still a permanent outcome,
                 // where refusing would ask the provider to retry what can
-                // never fit.
+                // never fit. It is cut to what the topic takes now, and to
+                // no body at all should even that be refused (the limit
+                // lowered meanwhile).
                 Err(error) if error.is_too_large() => {
-                    warn!(%error, "Dead letter refused whole; writing its head with the body's length and hash.");
-                    publisher.send(&cut_dead_letter(record)).await
+                    let limit = publisher.dead_letter_limit(&record.topic).await;
+                    let why = match limit {
+                        Some(limit) => format!(
+                            "the dead-letter topic takes at most {limit} bytes (max.message.bytes): {error}"
+                        ),
+                        None => error.to_string(),
+                    };
+                    warn!(%error, limit, "Dead letter refused whole; writing the head that fits, with the body's length and hash.");
+                    match publisher.send(&cut_dead_letter(record.clone(), limit, &why)).await {
+                        Err(error) if error.is_too_large() => {
+                            publisher
+                                .send(&cut_dead_letter(record, Some(0), &why))
+                                .await
+                        }
+                        sent => sent,
+                    }
                 }
                 sent => sent,
             };

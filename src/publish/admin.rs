@@ -5,13 +5,13 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::Producer as _;
 use rdkafka::util::Timeout;
 
-use super::{PublishError, Publisher};
+use super::{PublishError, Publisher, Topics, watch};
 
 /// Room for a record batch's header beside its one record.
 const BATCH_OVERHEAD_BYTES: usize = 1024;
@@ -107,15 +107,19 @@ impl Publisher {
             .map_err(PublishError::CreateTopics)?;
         for result in results {
             match result {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                // Created now: its partitions are known before the
+                // metadata shows it (the topic watch compares with them).
+                Ok(topic) => self
+                    .baseline
+                    .created(&topic, usize::try_from(partitions).unwrap_or_default()),
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
                 Err((topic, code)) => return Err(PublishError::CreateTopic { topic, code }),
             }
         }
         Ok(())
     }
 
-    /// The cluster as its metadata shows it: how many brokers, and each
-    /// topic's replication factor.
+    /// The cluster as its metadata shows it: how many brokers.
     async fn cluster(&self) -> Result<Cluster, PublishError> {
         let producer = self.producer().0;
         tokio::task::spawn_blocking(move || {
@@ -125,14 +129,6 @@ impl Publisher {
                 .map_err(PublishError::CreateTopics)?;
             Ok(Cluster {
                 brokers: i32::try_from(metadata.brokers().len()).unwrap_or(i32::MAX),
-                replication: metadata
-                    .topics()
-                    .iter()
-                    .filter_map(|topic| {
-                        let replicas = topic.partitions().first()?.replicas().len();
-                        Some((topic.name().to_owned(), replicas))
-                    })
-                    .collect(),
             })
         })
         .await
@@ -145,60 +141,91 @@ impl Publisher {
     /// instead of keeping one per key. A `max.message.bytes` below the
     /// largest record posbridge writes is said loudly (once, at start-up)
     /// but does not stop it: such a record is refused by the broker and
-    /// dead-lettered, cut if need be, as for any broker limit. posbridge
-    /// never alters a topic it did not create.
+    /// dead-lettered, cut if need be, as for any broker limit. The
+    /// dead-letter topic is checked the same way for its size: a letter
+    /// above its limit is cut to fit. posbridge never alters a topic it did
+    /// not create. What each entity topic was (its partitions) is kept for
+    /// the topic watch ([`Publisher::watch_topics`]).
     ///
     /// A broker that does not describe topic configs or a topic that does
     /// not exist yet passes: nothing to check.
     ///
     /// # Errors
     /// [`PublishError::TopicSettings`] for the first topic that is not compacted.
-    pub async fn check_topic_settings<'a>(
-        &self,
-        entity_topics: impl IntoIterator<Item = &'a str>,
-    ) -> Result<(), PublishError> {
-        let admin = self.admin()?;
-        let specifiers: Vec<ResourceSpecifier<'_>> = entity_topics
-            .into_iter()
-            .map(ResourceSpecifier::Topic)
-            .collect();
-        let options = AdminOptions::new().request_timeout(Some(Timeout::After(ADMIN_TIMEOUT)));
-        let results = match admin.describe_configs(specifiers.iter(), &options).await {
-            Ok(results) => results,
+    pub async fn check_topic_settings(&self, topics: &Topics) -> Result<(), PublishError> {
+        let dead_letter = topics.dead_letter().to_owned();
+        let mut names: Vec<String> = topics.entities().map(str::to_owned).collect();
+        names.push(dead_letter.clone());
+        let mut observed = match watch::observe(&self.admin_config, self.producer().0, &names).await
+        {
+            Ok(observed) => observed,
             Err(error) => {
-                tracing::warn!(%error, "Could not read the entity topics' settings; not checked.");
+                tracing::warn!(%error, "Could not read the topics' settings; not checked.");
                 return Ok(());
             }
         };
         let needed = self.topic_max_bytes();
-        let cluster = self.cluster().await.unwrap_or_default();
-        for resource in results.into_iter().flatten() {
-            let rdkafka::admin::OwnedResourceSpecifier::Topic(topic) = &resource.specifier else {
-                continue;
-            };
-            let value = |name: &str| {
-                resource
-                    .entries
-                    .iter()
-                    .find(|entry| entry.name == name)
-                    .and_then(|entry| entry.value.clone())
-            };
-            if let Some(problem) = policy_problem(value("cleanup.policy").as_deref()) {
+        let brokers = self.cluster().await.map(|c| c.brokers).unwrap_or_default();
+        if let Some(seen) = observed.remove(&dead_letter)
+            && let Some(problem) = dead_letter_size_problem(seen.max_message_bytes, needed)
+        {
+            tracing::warn!(topic = dead_letter, "{problem}");
+        }
+        for (topic, seen) in &observed {
+            if let Some(problem) = policy_problem(seen.cleanup_policy.as_deref()) {
                 return Err(PublishError::TopicSettings {
                     topic: topic.clone(),
                     problem,
                 });
             }
-            if let Some(problem) = size_problem(value("max.message.bytes").as_deref(), needed) {
+            if let Some(problem) = size_problem(seen.max_message_bytes, needed) {
                 tracing::warn!(topic, "{problem}");
             }
-            let replicas = cluster.replication.get(topic.as_str()).copied();
-            let min_insync = value("min.insync.replicas").and_then(|v| v.parse().ok());
-            if let Some(problem) = durability_problem(cluster.brokers, replicas, min_insync) {
+            if let Some(problem) = durability_problem(brokers, seen.replicas, seen.min_insync) {
                 tracing::warn!(topic, "{problem}");
             }
         }
+        self.baseline.learn(&observed);
         Ok(())
+    }
+
+    /// Runs the start-up check of the entity topics again every `every`
+    /// while posbridge runs (`kafka.topic_check_secs`): a topic whose
+    /// partitions changed, whose cleanup policy no longer compacts, or that
+    /// is gone has its records refused until it is as it was (see
+    /// `watch.rs`). Ends with the last handle of this publisher.
+    pub fn watch_topics(&self, topics: &Topics, every: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for topic in topics.entities() {
+            for reason in watch::TopicChange::REASONS {
+                metrics::gauge!(
+                    crate::telemetry::TOPIC_CHANGED,
+                    crate::telemetry::TOPIC => topic.to_owned(),
+                    crate::telemetry::REASON => reason
+                )
+                .set(0.0);
+            }
+        }
+        let watch = watch::Watch {
+            current: std::sync::Arc::downgrade(&self.current),
+            admin_config: self.admin_config.clone(),
+            health: self.health.clone(),
+            baseline: self.baseline.clone(),
+        };
+        runtime.spawn(watch.run(topics.entities().map(str::to_owned).collect(), every));
+    }
+
+    /// The dead-letter topic's `max.message.bytes` as the broker says it
+    /// now, for a letter refused as too large: what its cut copy must fit.
+    pub async fn dead_letter_limit(&self, topic: &str) -> Option<usize> {
+        let topics = [topic.to_owned()];
+        watch::observe(&self.admin_config, self.producer().0, &topics)
+            .await
+            .ok()?
+            .remove(topic)?
+            .max_message_bytes
     }
 }
 
@@ -207,8 +234,6 @@ impl Publisher {
 struct Cluster {
     /// Brokers in the cluster.
     brokers: i32,
-    /// Replicas of each topic's first partition.
-    replication: BTreeMap<String, usize>,
 }
 
 /// Why an entity topic's records may be acknowledged by fewer brokers than
@@ -239,7 +264,7 @@ fn durability_problem(
 /// What is wrong with an entity topic's `cleanup.policy`, with the fix.
 fn policy_problem(cleanup_policy: Option<&str>) -> Option<String> {
     let policy = cleanup_policy?;
-    (!policy.split(',').any(|p| p.trim() == "compact")).then(|| {
+    (!watch::compacts(policy)).then(|| {
         format!(
             "cleanup.policy is `{policy}`: an entity topic must be compacted (`compact`, or `compact,delete`), or the broker drops entities' latest states by age; fix it with `kafka-configs --alter --entity-type topics --entity-name TOPIC --add-config cleanup.policy=compact`"
         )
@@ -247,8 +272,8 @@ fn policy_problem(cleanup_policy: Option<&str>) -> Option<String> {
 }
 
 /// What is wrong with an entity topic's `max.message.bytes`, with the fix.
-fn size_problem(max_message_bytes: Option<&str>, needed: usize) -> Option<String> {
-    let max = max_message_bytes?.parse::<usize>().ok()?;
+fn size_problem(max_message_bytes: Option<usize>, needed: usize) -> Option<String> {
+    let max = max_message_bytes?;
     (max < needed).then(|| {
         format!(
             "The topic's max.message.bytes is {max}, below the {needed} bytes posbridge's largest record may need (server.body_limit_bytes sets it): the broker refuses such records and posbridge dead-letters them, cut; raise it with `kafka-configs --alter --entity-type topics --entity-name TOPIC --add-config max.message.bytes={needed}`"
@@ -256,15 +281,27 @@ fn size_problem(max_message_bytes: Option<&str>, needed: usize) -> Option<String
     })
 }
 
+/// What the dead-letter topic's `max.message.bytes` means for dead
+/// letters, when it is below the largest body posbridge takes.
+fn dead_letter_size_problem(max_message_bytes: Option<usize>, needed: usize) -> Option<String> {
+    let max = max_message_bytes?;
+    (max < needed).then(|| {
+        format!(
+            "The dead-letter topic's max.message.bytes is {max}, below the {needed} bytes a dead letter may need (server.body_limit_bytes sets it): a larger letter is written cut to fit (the body's head, with its whole length, SHA-256 and why it was cut in headers), so its whole body is kept only by the provider; raise it with `kafka-configs --alter --entity-type topics --entity-name TOPIC --add-config max.message.bytes={needed}`"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{durability_problem, policy_problem, size_problem};
+    use super::{dead_letter_size_problem, durability_problem, policy_problem, size_problem};
 
     #[test]
     fn a_compacted_topic_with_room_for_every_record_passes() {
         assert_eq!(policy_problem(Some("compact")), None);
         assert_eq!(policy_problem(Some("compact, delete")), None);
-        assert_eq!(size_problem(Some("2000000"), 1_000_000), None);
+        assert_eq!(size_problem(Some(2_000_000), 1_000_000), None);
+        assert_eq!(dead_letter_size_problem(Some(2_000_000), 1_000_000), None);
         assert_eq!(policy_problem(None), None, "nothing described");
         assert_eq!(size_problem(None, 1_000_000), None, "nothing described");
     }
@@ -284,8 +321,14 @@ mod tests {
         let delete = policy_problem(Some("delete")).unwrap();
         assert!(delete.contains("cleanup.policy is `delete`"), "{delete}");
         assert!(delete.contains("cleanup.policy=compact"), "{delete}");
-        let small = size_problem(Some("1048588"), 2_000_000).unwrap();
+        let small = size_problem(Some(1_048_588), 2_000_000).unwrap();
         assert!(small.contains("max.message.bytes is 1048588"), "{small}");
         assert!(small.contains("max.message.bytes=2000000"), "{small}");
+        let letters = dead_letter_size_problem(Some(4096), 2_000_000).unwrap();
+        assert!(
+            letters.contains("dead-letter topic's max.message.bytes is 4096"),
+            "{letters}"
+        );
+        assert!(letters.contains("cut to fit"), "{letters}");
     }
 }

@@ -17,6 +17,7 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tracing::{debug, error, info, warn};
 
+use super::watch::TopicChange;
 use crate::telemetry;
 
 /// Kafka's reachability: up until a send fails for want of a broker, down
@@ -35,6 +36,12 @@ pub struct BrokerHealth {
     /// Whether `failing_topics` holds any: every successful send asks, and
     /// must not take the lock for it.
     any_failing: AtomicBool,
+    /// Entity topics the topic watch found changed under posbridge since
+    /// start-up (partitions, cleanup policy, gone): refused before any send,
+    /// until the watch finds them as they were.
+    changed_topics: Mutex<BTreeMap<String, TopicChange>>,
+    /// Whether `changed_topics` holds any: every send asks.
+    any_changed: AtomicBool,
 }
 
 /// Why a broker refused the connection: settings to fix, not an outage.
@@ -129,12 +136,79 @@ impl BrokerHealth {
             .store(!failing.is_empty(), Ordering::Release);
     }
 
-    /// The topics whose last send failed, with the reason.
+    /// The topics whose last send failed, with the reason, and the topics
+    /// refused because they changed under posbridge, with the change.
     pub fn failing_topics(&self) -> BTreeMap<String, String> {
-        self.failing_topics
+        let mut failing = self
+            .failing_topics
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .clone();
+        if self.any_changed.load(Ordering::Acquire) {
+            let changed = self
+                .changed_topics
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            for (topic, change) in changed.iter() {
+                failing.insert(topic.clone(), change.to_string());
+            }
+        }
+        failing
+    }
+
+    /// How `topic` changed under posbridge, while it is refused for that.
+    pub fn changed(&self, topic: &str) -> Option<TopicChange> {
+        if !self.any_changed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.changed_topics
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(topic)
+            .cloned()
+    }
+
+    /// What the topic watch found of `topic`: a change refuses its records
+    /// from now on, `None` lets them through again. Said once per change,
+    /// in the log and in `posbridge_topic_changed`.
+    pub fn topic_shape(&self, topic: &str, change: Option<TopicChange>) {
+        let mut changed = self
+            .changed_topics
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let known = changed.get(topic);
+        if known == change.as_ref() {
+            return;
+        }
+        for reason in TopicChange::REASONS {
+            let on = change.as_ref().is_some_and(|c| c.reason() == reason);
+            metrics::gauge!(
+                telemetry::TOPIC_CHANGED,
+                telemetry::TOPIC => topic.to_owned(),
+                telemetry::REASON => reason
+            )
+            .set(if on { 1.0 } else { 0.0 });
+        }
+        match change {
+            Some(change) => {
+                error!(
+                    topic,
+                    reason = change.reason(),
+                    change = %change,
+                    "An entity topic changed under posbridge: its records are refused (503, or spooled) until it is as it was, so that no key gets states in two partitions or loses its latest state; the other topics publish."
+                );
+                changed.insert(topic.to_owned(), change);
+            }
+            None => {
+                info!(
+                    topic,
+                    "The entity topic is as posbridge found it at start-up again: its records publish."
+                );
+                changed.remove(topic);
+            }
+        }
+        self.any_changed
+            .store(!changed.is_empty(), Ordering::Release);
     }
 
     /// The last refusal librdkafka reported, if any.
@@ -219,6 +293,26 @@ mod tests {
         health.topic_ok("pos.orders");
         assert!(health.failing_topics().is_empty());
         assert!(health.is_up(), "a topic's failure is not Kafka's");
+    }
+
+    #[test]
+    fn a_changed_topic_is_refused_and_named_until_the_watch_finds_it_as_it_was() {
+        let health = BrokerHealth::default();
+        assert_eq!(health.changed("pos.orders"), None);
+        let raised = TopicChange::Partitions { from: 3, to: 12 };
+        health.topic_shape("pos.orders", Some(raised.clone()));
+        health.topic_shape("pos.sales", None);
+        assert_eq!(health.changed("pos.orders"), Some(raised.clone()));
+        assert_eq!(health.changed("pos.sales"), None);
+        assert_eq!(health.failing_topics()["pos.orders"], raised.to_string());
+        health.topic_ok("pos.orders");
+        assert!(
+            health.changed("pos.orders").is_some(),
+            "a send does not clear a change"
+        );
+        health.topic_shape("pos.orders", None);
+        assert_eq!(health.changed("pos.orders"), None);
+        assert!(health.failing_topics().is_empty());
     }
 
     #[test]

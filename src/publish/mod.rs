@@ -20,11 +20,20 @@
 //! `health.rs` keeps whether any broker answers: while none does, `send`
 //! fails at once instead of waiting out the deadline, and a probe once a
 //! second notices the broker's return.
+//!
+//! `error.rs` sorts the errors and names Kafka's refusals; `replace.rs`
+//! replaces a failed producer (with a growing wait while the replacements
+//! keep failing); `admin.rs` holds start-up's questions to the cluster and
+//! `watch.rs` asks the entity topics' again while running.
 
 mod admin;
+mod error;
 mod health;
+mod replace;
+mod watch;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -38,8 +47,12 @@ use crate::config::KafkaConfig;
 use crate::event::EntityType;
 use crate::telemetry;
 
+use error::classify;
+pub use error::{PUBLISH_REFUSED, PublishError, REFUSAL_CODES, TIMESTAMP_REFUSED};
 use health::BrokerContext;
 pub use health::{BrokerHealth, Refusal};
+use replace::{Replace, Streak, needs_new_producer_id};
+pub use watch::TopicChange;
 
 /// How often the probe asks for metadata while no broker answers.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
@@ -50,98 +63,6 @@ const CLUSTER_PROBE: Duration = Duration::from_millis(500);
 
 /// The producer type: librdkafka's errors and logs go through [`BrokerContext`].
 type KafkaProducer = FutureProducer<BrokerContext>;
-
-/// Dead-letter reason code of a record the broker refused for good.
-pub const PUBLISH_REFUSED: &str = "publish_refused";
-/// Dead-letter reason code of a record whose timestamp the topic refuses.
-pub const TIMESTAMP_REFUSED: &str = "timestamp_refused";
-/// Every reason code [`PublishError::refusal_code`] gives, for series that
-/// exist from start-up.
-pub const REFUSAL_CODES: [&str; 2] = [PUBLISH_REFUSED, TIMESTAMP_REFUSED];
-
-/// Why a record was not acknowledged, or the producer could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum PublishError {
-    /// The broker is unreachable or the queue is full: the same record may
-    /// succeed later. The delivery is answered 503.
-    #[error("broker unavailable: {0}")]
-    Unavailable(#[source] KafkaError),
-    /// No acknowledgement came within the delivery deadline.
-    #[error("no acknowledgement within the delivery deadline")]
-    DeadlinePassed,
-    /// No broker answers (known since an earlier send or librdkafka said
-    /// so): not tried, so the answer comes at once.
-    #[error("no Kafka broker answers")]
-    BrokerDown,
-    /// The broker refused this record for good (too large, invalid): retrying
-    /// cannot help. The event goes to the dead-letter topic instead.
-    #[error("record refused by the broker: {0}")]
-    Refused(#[source] KafkaError),
-    /// librdkafka refused the producer or admin client configuration.
-    #[error("kafka client configuration: {0}")]
-    Config(#[source] KafkaError),
-    /// The topics could not be created at start-up (no broker answered).
-    #[error("creating topics: {0}")]
-    CreateTopics(#[source] KafkaError),
-    /// The broker refused to create a topic.
-    #[error("cannot create topic `{topic}`: {code}")]
-    CreateTopic {
-        /// The topic.
-        topic: String,
-        /// The broker's answer.
-        code: RDKafkaErrorCode,
-    },
-    /// The broker refused the connection itself: credentials or certificate.
-    #[error(transparent)]
-    Connection(#[from] Refusal),
-    /// An existing entity topic's settings break a promise posbridge makes.
-    #[error("topic `{topic}`: {problem}")]
-    TopicSettings {
-        /// The topic.
-        topic: String,
-        /// What is wrong, and how to fix it.
-        problem: String,
-    },
-}
-
-impl PublishError {
-    /// Whether the broker refused the record for its size: a shorter copy
-    /// may still be taken.
-    pub fn is_too_large(&self) -> bool {
-        matches!(
-            self,
-            PublishError::Refused(error) if matches!(
-                error.rdkafka_error_code(),
-                Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize)
-            )
-        )
-    }
-
-    /// The dead-letter reason code of a record refused for good:
-    /// [`TIMESTAMP_REFUSED`] when its timestamp lies outside what the topic
-    /// takes (a cluster's `message.timestamp.before.max.ms` or
-    /// `after.max.ms`), else [`PUBLISH_REFUSED`].
-    pub fn refusal_code(error: &KafkaError) -> &'static str {
-        match error.rdkafka_error_code() {
-            Some(RDKafkaErrorCode::InvalidTimestamp) => TIMESTAMP_REFUSED,
-            _ => PUBLISH_REFUSED,
-        }
-    }
-
-    /// Whether a later attempt may succeed; the `kind` metric label says the same.
-    pub fn is_retryable(&self) -> bool {
-        !matches!(self, PublishError::Refused(_))
-    }
-
-    /// The `kind` metric label.
-    pub fn kind(&self) -> &'static str {
-        if self.is_retryable() {
-            "retryable"
-        } else {
-            "permanent"
-        }
-    }
-}
 
 /// Topic names by entity type, plus the dead-letter topic: where each record goes.
 #[derive(Debug, Clone)]
@@ -213,6 +134,8 @@ struct Current {
     producer: KafkaProducer,
     /// Bumped each time the producer is replaced.
     generation: u64,
+    /// Replacements after fatal errors since the last acknowledged record.
+    streak: Option<Streak>,
 }
 
 /// The producer handle. Cheap to clone.
@@ -233,6 +156,11 @@ pub struct Publisher {
     health: Arc<BrokerHealth>,
     /// Replace the producer after a timeout too (`kafka.new_producer_after_timeout`).
     new_producer_after_timeout: bool,
+    /// Whether a [`Streak`] of replacements is on: every acknowledged
+    /// record asks, and must not take the lock for it.
+    streak_on: Arc<AtomicBool>,
+    /// What each entity topic was at start-up, for the topic watch.
+    baseline: Arc<watch::Baseline>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -265,6 +193,7 @@ impl Publisher {
             current: Arc::new(RwLock::new(Current {
                 producer,
                 generation: 0,
+                streak: None,
             })),
             client_config,
             admin_config,
@@ -272,6 +201,8 @@ impl Publisher {
             max_record_bytes,
             health,
             new_producer_after_timeout: config.new_producer_after_timeout,
+            streak_on: Arc::default(),
+            baseline: Arc::default(),
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(probe(
@@ -286,10 +217,19 @@ impl Publisher {
     /// most the delivery deadline.
     ///
     /// # Errors
-    /// [`PublishError::Unavailable`] (retryable) or [`PublishError::Refused`] (permanent).
+    /// [`PublishError::Refused`] (permanent), or a retryable one:
+    /// [`PublishError::Unavailable`], [`PublishError::Denied`],
+    /// [`PublishError::ProducerFailed`], or at once
+    /// [`PublishError::BrokerDown`] and [`PublishError::TopicChanged`].
     pub async fn send(&self, record: &OutgoingRecord) -> Result<(), PublishError> {
         if !self.health.is_up() {
             return Err(PublishError::BrokerDown);
+        }
+        if let Some(change) = self.health.changed(&record.topic) {
+            return Err(PublishError::TopicChanged {
+                topic: record.topic.clone(),
+                change,
+            });
         }
         let started = Instant::now();
         let (producer, generation) = self.producer();
@@ -316,17 +256,28 @@ impl Publisher {
         let result = match result {
             Err(_) => Err((
                 PublishError::DeadlinePassed,
-                self.new_producer_after_timeout,
+                self.new_producer_after_timeout
+                    .then_some(Replace::AfterTimeout),
             )),
             Ok(Ok(_)) => Ok(()),
-            Ok(Err((error, _))) => {
-                let replace = must_replace(&error, &producer, self.new_producer_after_timeout);
-                Err((classify(error), replace))
-            }
+            Ok(Err((error, _))) => match producer.client().fatal_error() {
+                // Whatever this record's own error (often its purge), the
+                // producer's fatal error is the cause.
+                Some((code, reason)) => Err((
+                    PublishError::ProducerFailed { code, reason },
+                    Some(Replace::Fatal),
+                )),
+                None => {
+                    let replace = (self.new_producer_after_timeout
+                        && needs_new_producer_id(&error))
+                    .then_some(Replace::AfterTimeout);
+                    Err((classify(error), replace))
+                }
+            },
         };
         let result = result.map_err(|(error, replace)| {
-            if replace {
-                self.replace(generation);
+            if let Some(replace) = replace {
+                self.replace(generation, replace, &error);
             }
             error
         });
@@ -339,8 +290,15 @@ impl Publisher {
             Ok(_) => {
                 self.health.mark_up();
                 self.health.topic_ok(&record.topic);
+                self.end_streak();
             }
             Err(PublishError::BrokerDown) => {}
+            // Dropped with a producer posbridge replaced: not the topic's doing.
+            Err(PublishError::Unavailable(error))
+                if matches!(
+                    error.rdkafka_error_code(),
+                    Some(RDKafkaErrorCode::PurgeQueue | RDKafkaErrorCode::PurgeInflight)
+                ) => {}
             Err(error) if error.is_retryable() => {
                 if self.cluster_unreachable(error).await {
                     self.health.mark_down(&error.to_string());
@@ -374,7 +332,8 @@ impl Publisher {
     async fn cluster_unreachable(&self, error: &PublishError) -> bool {
         let code = match error {
             PublishError::Unavailable(error) => error.rdkafka_error_code(),
-            _ => None,
+            PublishError::DeadlinePassed => None,
+            _ => return false,
         };
         match code {
             Some(
@@ -394,29 +353,6 @@ impl Publisher {
     fn producer(&self) -> (KafkaProducer, u64) {
         let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
         (current.producer.clone(), current.generation)
-    }
-
-    /// Replaces the producer, unless another failure already did since
-    /// `generation` was read.
-    fn replace(&self, generation: u64) {
-        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
-        if current.generation != generation {
-            return;
-        }
-        match self.client_config.create_with_context(BrokerContext {
-            health: self.health.clone(),
-        }) {
-            Ok(producer) => {
-                let old = std::mem::replace(&mut current.producer, producer);
-                current.generation += 1;
-                tokio::task::spawn_blocking(move || drop(old));
-                tracing::warn!(
-                    generation = current.generation,
-                    "Replaced the producer after a failed send; the next one gets a fresh producer id."
-                );
-            }
-            Err(error) => tracing::error!(%error, "Could not replace a stuck producer."),
-        }
     }
 
     /// Whether the broker answers a metadata request within `timeout`;
@@ -508,49 +444,6 @@ async fn metadata_answers(producer: KafkaProducer, timeout: Duration) -> bool {
     })
     .await
     .unwrap_or(false)
-}
-
-/// Whether a failed send leaves this producer needing a new producer id: a
-/// fatal error always; a timeout or a producer-state refusal only where
-/// the broker cannot take librdkafka's epoch bump (`after_timeout`).
-fn must_replace(error: &KafkaError, producer: &KafkaProducer, after_timeout: bool) -> bool {
-    producer.client().fatal_error().is_some()
-        || after_timeout
-            && matches!(
-                error.rdkafka_error_code(),
-                Some(
-                    RDKafkaErrorCode::Unknown
-                        | RDKafkaErrorCode::OutOfOrderSequenceNumber
-                        | RDKafkaErrorCode::UnknownProducerId
-                        | RDKafkaErrorCode::InvalidProducerEpoch
-                        | RDKafkaErrorCode::Fatal
-                        | RDKafkaErrorCode::MessageTimedOut
-                )
-            )
-}
-
-/// Sorts a produce error: what a later attempt may fix is retryable.
-fn classify(error: KafkaError) -> PublishError {
-    // Only what is wrong with the record itself is permanent. A missing ACL,
-    // a bad topic name or an acks setting the cluster refuses is the
-    // operator's to fix: retryable, so the provider's retry (or the spool)
-    // still delivers the event, instead of a dead letter that cannot be
-    // written either and a 4xx that makes Mekari count a permanent failure.
-    let permanent = matches!(
-        error.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::MessageSizeTooLarge
-                | RDKafkaErrorCode::InvalidMessageSize
-                | RDKafkaErrorCode::InvalidMessage
-                | RDKafkaErrorCode::InvalidRecord
-                | RDKafkaErrorCode::InvalidTimestamp
-        )
-    );
-    if permanent {
-        PublishError::Refused(error)
-    } else {
-        PublishError::Unavailable(error)
-    }
 }
 
 #[cfg(test)]

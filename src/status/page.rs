@@ -120,9 +120,7 @@ fn health(html: &mut String, health: &Health) {
         html.push_str("</div>");
     }
     if !health.failing_topics.is_empty() {
-        html.push_str(
-            "<table id=\"failing-topics\"><tr><th>topic Kafka refuses</th><th>why</th></tr>",
-        );
+        html.push_str("<table id=\"failing-topics\"><tr><th>topic refused</th><th>why</th></tr>");
         for (topic, why) in &health.failing_topics {
             let _ = write!(
                 html,

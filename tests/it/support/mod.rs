@@ -4,6 +4,7 @@
 pub mod apicurio;
 mod broker;
 pub mod cluster;
+pub mod operator;
 pub mod ports;
 pub mod proxy;
 pub mod registry;

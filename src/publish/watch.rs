@@ -1,0 +1,354 @@
+//! The topic watch: the start-up check of the entity topics, again on a
+//! timer while posbridge runs, so that a topic changed under it is noticed
+//! and refused instead of written on.
+//!
+//! Compaction keeps one state per key *per partition*: partitions raised
+//! under a running posbridge send a key's next states to another partition
+//! than its earlier ones, and consumers then read two latest states of one
+//! entity. A topic deleted while running is re-created by the next produce
+//! with the broker's defaults (`cleanup.policy=delete`, one partition),
+//! which drops latest states by age. Neither makes a send fail, so only a
+//! look at the topics shows it: each entity topic's partition count is
+//! compared with what start-up (or the watch's first look) found, and its
+//! `cleanup.policy` must still hold `compact`. A changed topic's records are
+//! refused ([`super::PublishError::TopicChanged`], retryable: 503, or the
+//! spool) until it is as it was; the other topics publish.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, OwnedResourceSpecifier, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::Producer as _;
+use rdkafka::util::Timeout;
+
+use super::health::BrokerHealth;
+use super::{Current, KafkaProducer, PublishError};
+
+/// How long one look at the topics may take.
+const LOOK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a look at one topic found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// Its partitions; `None` when the cluster does not know the topic.
+    pub partitions: Option<usize>,
+    /// Replicas of its first partition.
+    pub replicas: Option<usize>,
+    /// `cleanup.policy`, when the broker describes topic configs.
+    pub cleanup_policy: Option<String>,
+    /// `max.message.bytes`, when described.
+    pub max_message_bytes: Option<usize>,
+    /// `min.insync.replicas`, when described.
+    pub min_insync: Option<usize>,
+}
+
+/// How an entity topic differs from what posbridge found at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TopicChange {
+    /// The cluster no longer knows the topic (deleted).
+    Missing,
+    /// Its partition count is not the one found at start-up.
+    Partitions {
+        /// Found at start-up.
+        from: usize,
+        /// Found now.
+        to: usize,
+    },
+    /// Its `cleanup.policy` no longer compacts.
+    NotCompacted {
+        /// The policy found.
+        policy: String,
+    },
+}
+
+impl TopicChange {
+    /// Every `reason` label value, for series that exist from start-up.
+    pub const REASONS: [&'static str; 3] = ["missing", "partitions", "cleanup_policy"];
+
+    /// The `reason` metric label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            TopicChange::Missing => Self::REASONS[0],
+            TopicChange::Partitions { .. } => Self::REASONS[1],
+            TopicChange::NotCompacted { .. } => Self::REASONS[2],
+        }
+    }
+
+    /// How `now` differs from `started` (the partitions found at start-up),
+    /// if it does. A topic never seen is not missing: it did not change
+    /// under posbridge (and a produce that creates it is looked at next).
+    pub fn between(started: Option<usize>, now: &Observed) -> Option<TopicChange> {
+        let Some(partitions) = now.partitions else {
+            return started.map(|_| TopicChange::Missing);
+        };
+        if let Some(from) = started
+            && from != partitions
+        {
+            return Some(TopicChange::Partitions {
+                from,
+                to: partitions,
+            });
+        }
+        match &now.cleanup_policy {
+            Some(policy) if !compacts(policy) => Some(TopicChange::NotCompacted {
+                policy: policy.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for TopicChange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TopicChange::Missing => write!(
+                f,
+                "changed under posbridge: the topic is gone (deleted); re-create it compacted with its partitions (a produce would re-create it with the broker's defaults)"
+            ),
+            TopicChange::Partitions { from, to } => write!(
+                f,
+                "changed under posbridge: {to} partitions where start-up found {from}; a key's next state would go to another partition than its last (compaction keeps both); go back to {from} partitions (re-create the topic and replay), or restart posbridge to accept {to}"
+            ),
+            TopicChange::NotCompacted { policy } => write!(
+                f,
+                "changed under posbridge: cleanup.policy is `{policy}`, so the broker drops entities' latest states by age; set it back with `kafka-configs --alter --entity-type topics --entity-name TOPIC --add-config cleanup.policy=compact`"
+            ),
+        }
+    }
+}
+
+/// Whether a `cleanup.policy` value compacts.
+pub fn compacts(policy: &str) -> bool {
+    policy.split(',').any(|p| p.trim() == "compact")
+}
+
+/// Looks at `topics`: their partitions and replicas from the metadata,
+/// their settings from DescribeConfigs (left empty where the broker does
+/// not describe them).
+///
+/// # Errors
+/// [`PublishError::CreateTopics`] when no metadata came.
+pub(super) async fn observe(
+    admin_config: &ClientConfig,
+    producer: KafkaProducer,
+    topics: &[String],
+) -> Result<BTreeMap<String, Observed>, PublishError> {
+    let metadata = tokio::task::spawn_blocking(move || {
+        producer
+            .client()
+            .fetch_metadata(None, Timeout::After(LOOK_TIMEOUT))
+            .map(|metadata| {
+                metadata
+                    .topics()
+                    .iter()
+                    .filter(|topic| topic.error().is_none())
+                    .map(|topic| {
+                        let replicas = topic.partitions().first().map(|p| p.replicas().len());
+                        (
+                            topic.name().to_owned(),
+                            (topic.partitions().len(), replicas),
+                        )
+                    })
+                    .collect::<BTreeMap<_, _>>()
+            })
+    })
+    .await
+    .unwrap_or_else(|_| Ok(BTreeMap::new()))
+    .map_err(PublishError::CreateTopics)?;
+    let mut observed: BTreeMap<String, Observed> = topics
+        .iter()
+        .map(|topic| {
+            let (partitions, replicas) = match metadata.get(topic) {
+                Some((partitions, replicas)) => (Some(*partitions), *replicas),
+                None => (None, None),
+            };
+            (
+                topic.clone(),
+                Observed {
+                    partitions,
+                    replicas,
+                    ..Observed::default()
+                },
+            )
+        })
+        .collect();
+    let admin: AdminClient<DefaultClientContext> =
+        admin_config.create().map_err(PublishError::Config)?;
+    let present: Vec<ResourceSpecifier<'_>> = observed
+        .iter()
+        .filter(|(_, o)| o.partitions.is_some())
+        .map(|(topic, _)| ResourceSpecifier::Topic(topic))
+        .collect();
+    let options = AdminOptions::new().request_timeout(Some(Timeout::After(LOOK_TIMEOUT)));
+    let described = match admin.describe_configs(present.iter(), &options).await {
+        Ok(described) => described,
+        Err(error) => {
+            tracing::debug!(%error, "The broker does not describe topic configs.");
+            Vec::new()
+        }
+    };
+    for resource in described.into_iter().flatten() {
+        let OwnedResourceSpecifier::Topic(topic) = &resource.specifier else {
+            continue;
+        };
+        let Some(seen) = observed.get_mut(topic) else {
+            continue;
+        };
+        let value = |name: &str| {
+            resource
+                .entries
+                .iter()
+                .find(|entry| entry.name == name)
+                .and_then(|entry| entry.value.clone())
+        };
+        seen.cleanup_policy = value("cleanup.policy");
+        seen.max_message_bytes = value("max.message.bytes").and_then(|v| v.parse().ok());
+        seen.min_insync = value("min.insync.replicas").and_then(|v| v.parse().ok());
+    }
+    Ok(observed)
+}
+
+/// The partitions each entity topic had when posbridge first looked: what
+/// the watch compares with. Shared by every clone of a `Publisher`.
+#[derive(Debug, Default)]
+pub(super) struct Baseline(Mutex<BTreeMap<String, usize>>);
+
+impl Baseline {
+    /// Keeps the partitions of each topic not yet known; what was known stays.
+    pub(super) fn learn(&self, observed: &BTreeMap<String, Observed>) {
+        let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        for (topic, seen) in observed {
+            if let Some(partitions) = seen.partitions {
+                known.entry(topic.clone()).or_insert(partitions);
+            }
+        }
+    }
+
+    /// Keeps the partitions of a topic posbridge just created.
+    pub(super) fn created(&self, topic: &str, partitions: usize) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(topic.to_owned(), partitions);
+    }
+
+    fn get(&self, topic: &str) -> Option<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(topic)
+            .copied()
+    }
+}
+
+/// What the watch's task holds: the producer weakly (the watch ends with
+/// the last `Publisher` handle), the rest shared.
+pub(super) struct Watch {
+    /// The producer in use, for its metadata.
+    pub current: Weak<RwLock<Current>>,
+    /// For DescribeConfigs.
+    pub admin_config: ClientConfig,
+    /// Where a change is told, and what `send` asks.
+    pub health: Arc<BrokerHealth>,
+    /// What each topic had at start-up.
+    pub baseline: Arc<Baseline>,
+}
+
+impl Watch {
+    /// Looks at `topics` every `every` while a broker answers, until the
+    /// last `Publisher` handle is gone.
+    pub(super) async fn run(self, topics: Vec<String>, every: Duration) {
+        let mut ticker = tokio::time::interval(every);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick is at once: start-up has just looked.
+        ticker.tick().await;
+        loop {
+            ticker.tick().await;
+            let Some(current) = self.current.upgrade() else {
+                return;
+            };
+            if !self.health.is_up() {
+                continue;
+            }
+            let producer = current
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .producer
+                .clone();
+            drop(current);
+            match observe(&self.admin_config, producer, &topics).await {
+                Ok(observed) => {
+                    // A start during an outage found nothing: the first look counts.
+                    self.baseline.learn(&observed);
+                    for (topic, seen) in &observed {
+                        let change = TopicChange::between(self.baseline.get(topic), seen);
+                        self.health.topic_shape(topic, change);
+                    }
+                }
+                Err(error) => tracing::debug!(%error, "The topic watch got no metadata."),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(partitions: Option<usize>, policy: Option<&str>) -> Observed {
+        Observed {
+            partitions,
+            cleanup_policy: policy.map(str::to_owned),
+            ..Observed::default()
+        }
+    }
+
+    #[test]
+    fn a_topic_as_start_up_found_it_is_unchanged() {
+        assert_eq!(
+            TopicChange::between(Some(3), &seen(Some(3), Some("compact"))),
+            None
+        );
+        assert_eq!(
+            TopicChange::between(Some(3), &seen(Some(3), Some("compact,delete"))),
+            None
+        );
+        assert_eq!(
+            TopicChange::between(Some(3), &seen(Some(3), None)),
+            None,
+            "a broker that does not describe configs"
+        );
+        assert_eq!(
+            TopicChange::between(None, &seen(Some(12), Some("compact"))),
+            None,
+            "nothing known yet: the first look is the baseline"
+        );
+        assert_eq!(
+            TopicChange::between(None, &seen(None, None)),
+            None,
+            "never seen: not gone"
+        );
+    }
+
+    #[test]
+    fn raised_partitions_a_deleting_policy_and_a_deleted_topic_are_changes() {
+        let raised = TopicChange::between(Some(3), &seen(Some(12), Some("compact"))).unwrap();
+        assert_eq!(raised, TopicChange::Partitions { from: 3, to: 12 });
+        assert_eq!(raised.reason(), "partitions");
+        let text = raised.to_string();
+        assert!(
+            text.contains("12 partitions where start-up found 3"),
+            "{text}"
+        );
+        let recreated = TopicChange::between(Some(1), &seen(Some(1), Some("delete"))).unwrap();
+        assert_eq!(recreated.reason(), "cleanup_policy");
+        assert!(recreated.to_string().contains("`delete`"), "{recreated}");
+        let gone = TopicChange::between(Some(3), &seen(None, None)).unwrap();
+        assert_eq!(gone, TopicChange::Missing);
+        assert_eq!(gone.reason(), "missing");
+    }
+}
