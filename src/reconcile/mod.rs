@@ -13,6 +13,11 @@
 //! step, so a crash resumes from the last one, and a page that fails after
 //! its retries fails the run without moving it.
 //!
+//! A run is bounded ([`Budget`]): at most `max_pages_per_run` pages and
+//! `max_run_secs`, so a list whose pages never end, or an API that answers
+//! ever more slowly, fails the run (counted, for the alert) instead of
+//! holding the source's runs and the watchdog's catch-ups for ever.
+//!
 //! Nothing here names a provider: each provider's API sits behind
 //! [`ProviderApi`] in its own folder under `providers/`. `window.rs` holds
 //! the time arithmetic.
@@ -20,10 +25,12 @@
 mod window;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
 use time::OffsetDateTime;
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
@@ -72,6 +79,17 @@ pub enum ReconcileError {
         #[source]
         error: FetchError,
     },
+    /// The run reached one of its bounds.
+    #[error("{provider}/{source}: {limit}")]
+    Limit {
+        /// Provider.
+        provider: ProviderKind,
+        /// Source.
+        source: String,
+        /// Which bound.
+        #[source]
+        limit: RunLimit,
+    },
     /// A record could not be published or recorded.
     #[error("{provider}/{source}: {error}")]
     Publish {
@@ -98,6 +116,17 @@ pub enum ReconcileError {
         #[source]
         error: FetchError,
     },
+}
+
+/// A bound of one run (`[reconcile]`) that the source's API made it reach.
+#[derive(Debug, thiserror::Error)]
+pub enum RunLimit {
+    /// It read `max_pages_per_run` pages and its lists went on.
+    #[error("the run read {0} pages (reconcile.max_pages_per_run) and the API has more")]
+    Pages(u32),
+    /// It took longer than `max_run_secs`.
+    #[error("the run took longer than {} s (reconcile.max_run_secs)", .0.as_secs())]
+    Time(Duration),
 }
 
 /// What a run did, for logs and the terminal.
@@ -148,6 +177,62 @@ impl Summary {
         self.unchanged += other.unchanged;
         self.stale += other.stale;
         self.dead_lettered += other.dead_lettered;
+    }
+}
+
+/// What one run may still spend: pages and time.
+struct Budget {
+    /// Pages still to be read.
+    pages_left: u32,
+    /// `max_pages_per_run`, for the error.
+    max_pages: u32,
+    /// When the run must end.
+    deadline: Instant,
+    /// `max_run_secs`, for the error.
+    max_run: Duration,
+}
+
+impl Budget {
+    fn new(config: &ReconcileConfig) -> Budget {
+        let max_run = Duration::from_secs(config.max_run_secs);
+        Budget {
+            pages_left: config.max_pages_per_run,
+            max_pages: config.max_pages_per_run,
+            // A deadline too far to represent is none.
+            deadline: Instant::now()
+                .checked_add(max_run)
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(86400 * 365 * 30)),
+            max_run,
+        }
+    }
+
+    /// Spends one page, or says which bound the run reached.
+    fn take_page(&mut self, source: &Source) -> Result<(), ReconcileError> {
+        self.check_time(source)?;
+        if self.pages_left == 0 {
+            return Err(limit(source, RunLimit::Pages(self.max_pages)));
+        }
+        self.pages_left -= 1;
+        Ok(())
+    }
+
+    fn check_time(&self, source: &Source) -> Result<(), ReconcileError> {
+        if Instant::now() >= self.deadline {
+            return Err(self.too_long(source));
+        }
+        Ok(())
+    }
+
+    fn too_long(&self, source: &Source) -> ReconcileError {
+        limit(source, RunLimit::Time(self.max_run))
+    }
+}
+
+fn limit(source: &Source, limit: RunLimit) -> ReconcileError {
+    ReconcileError::Limit {
+        provider: source.provider,
+        source: source.name.clone(),
+        limit,
     }
 }
 
@@ -375,9 +460,13 @@ impl Reconciler {
             self.live_progress,
         );
         let mut total = Summary::default();
+        let mut budget = Budget::new(&self.config);
         let result: Result<(), ReconcileError> = async {
             for job in source.api.jobs() {
-                total.add(self.run_job(source, &job, window, &progress).await?);
+                total.add(
+                    self.run_job(source, &job, window, &mut budget, &progress)
+                        .await?,
+                );
             }
             Ok(())
         }
@@ -429,6 +518,7 @@ impl Reconciler {
         source: &ApiSource,
         job: &Job,
         window: Option<(OffsetDateTime, OffsetDateTime)>,
+        budget: &mut Budget,
         progress: &Progress,
     ) -> Result<Summary, ReconcileError> {
         let checkpoint = window::checkpoint_name(&source.source, job);
@@ -442,7 +532,10 @@ impl Reconciler {
         };
         let mut total = Summary::default();
         for (start, end) in window::steps(from, to, job.paging, self.config.step_secs) {
-            total.add(self.read_list(source, job, start, end, progress).await?);
+            total.add(
+                self.read_list(source, job, (start, end), budget, progress)
+                    .await?,
+            );
             if scheduled {
                 self.ledger()
                     .commit(Commit {
@@ -459,23 +552,27 @@ impl Reconciler {
         &self,
         source: &ApiSource,
         job: &Job,
-        from: OffsetDateTime,
-        to: OffsetDateTime,
+        (from, to): (OffsetDateTime, OffsetDateTime),
+        budget: &mut Budget,
         progress: &Progress,
     ) -> Result<Summary, ReconcileError> {
         let provider = source.source.provider;
         let mut summary = Summary::default();
         let mut page_number = 1;
         loop {
-            let page = source
-                .api
-                .page(job, from, to, page_number)
-                .await
-                .map_err(|error| ReconcileError::Fetch {
-                    provider,
-                    source: source.source.name.clone(),
-                    error,
-                })?;
+            budget.take_page(&source.source)?;
+            // Dropping a fetch at the deadline is harmless: it only reads.
+            let page = tokio::time::timeout_at(
+                budget.deadline,
+                source.api.page(job, from, to, page_number),
+            )
+            .await
+            .map_err(|_| budget.too_long(&source.source))?
+            .map_err(|error| ReconcileError::Fetch {
+                provider,
+                source: source.source.name.clone(),
+                error,
+            })?;
             summary.pages += 1;
             let fetched_at = OffsetDateTime::now_utc();
             let mut past_window = false;
@@ -489,6 +586,9 @@ impl Reconciler {
                     past_window = true;
                     break;
                 }
+                // Checked before a record, never during one: a publish is
+                // not cut between Kafka's acknowledgement and the ledger.
+                budget.check_time(&source.source)?;
                 summary.records += 1;
                 let outcome = self
                     .publish(&source.source, job.entity_type, record, fetched_at)

@@ -14,6 +14,7 @@ mod damaged_files;
 mod dedup;
 mod deploy;
 mod event_times;
+mod hostile_api;
 mod kafka_security;
 mod leader_loss;
 mod ledger_full;
