@@ -8,7 +8,7 @@
 pub enum ApiFault {
     /// Every page answers the first page's items with `total_pages` 10⁹.
     EndlessPages,
-    /// A page holds 2,000 times the items asked for (the first page's, repeated).
+    /// A page holds 100 times the items asked for (the first page's, repeated).
     OversizedPage,
     /// A page's body is padded to 200 MB (valid JSON, streamed).
     OversizedBody,

@@ -43,7 +43,7 @@ const PER_PAGE: (usize, usize) = (100, 500);
 /// The page count an endless list claims.
 const ENDLESS_PAGES: u64 = 1_000_000_000;
 /// How many times the items asked for an oversized page holds.
-const OVERSIZED_PAGE_FACTOR: usize = 2_000;
+const OVERSIZED_PAGE_FACTOR: usize = 100;
 /// How large an oversized body is.
 const OVERSIZED_BODY_BYTES: usize = 200_000_000;
 /// The pause between two bytes of a dripping body.
