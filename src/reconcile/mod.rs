@@ -22,15 +22,14 @@
 //! [`ProviderApi`] in its own folder under `providers/`. `window.rs` holds
 //! the time arithmetic.
 
+mod budget;
 mod window;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::Value;
 use time::OffsetDateTime;
 use tokio::sync::Mutex;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
@@ -46,6 +45,9 @@ use crate::telemetry;
 use crate::ticker::Every;
 
 use crate::progress::Progress;
+
+use budget::Budget;
+pub use budget::RunLimit;
 
 /// How a reconciled record's derived id begins (`reconcile:{µs}`): its body
 /// is an API record, not a webhook (the dead-letter replay leaves it to the
@@ -118,17 +120,6 @@ pub enum ReconcileError {
     },
 }
 
-/// A bound of one run (`[reconcile]`) that the source's API made it reach.
-#[derive(Debug, thiserror::Error)]
-pub enum RunLimit {
-    /// It read `max_pages_per_run` pages and its lists went on.
-    #[error("the run read {0} pages (reconcile.max_pages_per_run) and the API has more")]
-    Pages(u32),
-    /// It took longer than `max_run_secs`.
-    #[error("the run took longer than {} s (reconcile.max_run_secs)", .0.as_secs())]
-    Time(Duration),
-}
-
 /// What a run did, for logs and the terminal.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Summary {
@@ -177,62 +168,6 @@ impl Summary {
         self.unchanged += other.unchanged;
         self.stale += other.stale;
         self.dead_lettered += other.dead_lettered;
-    }
-}
-
-/// What one run may still spend: pages and time.
-struct Budget {
-    /// Pages still to be read.
-    pages_left: u32,
-    /// `max_pages_per_run`, for the error.
-    max_pages: u32,
-    /// When the run must end.
-    deadline: Instant,
-    /// `max_run_secs`, for the error.
-    max_run: Duration,
-}
-
-impl Budget {
-    fn new(config: &ReconcileConfig) -> Budget {
-        let max_run = Duration::from_secs(config.max_run_secs);
-        Budget {
-            pages_left: config.max_pages_per_run,
-            max_pages: config.max_pages_per_run,
-            // A deadline too far to represent is none.
-            deadline: Instant::now()
-                .checked_add(max_run)
-                .unwrap_or_else(|| Instant::now() + Duration::from_secs(86400 * 365 * 30)),
-            max_run,
-        }
-    }
-
-    /// Spends one page, or says which bound the run reached.
-    fn take_page(&mut self, source: &Source) -> Result<(), ReconcileError> {
-        self.check_time(source)?;
-        if self.pages_left == 0 {
-            return Err(limit(source, RunLimit::Pages(self.max_pages)));
-        }
-        self.pages_left -= 1;
-        Ok(())
-    }
-
-    fn check_time(&self, source: &Source) -> Result<(), ReconcileError> {
-        if Instant::now() >= self.deadline {
-            return Err(self.too_long(source));
-        }
-        Ok(())
-    }
-
-    fn too_long(&self, source: &Source) -> ReconcileError {
-        limit(source, RunLimit::Time(self.max_run))
-    }
-}
-
-fn limit(source: &Source, limit: RunLimit) -> ReconcileError {
-    ReconcileError::Limit {
-        provider: source.provider,
-        source: source.name.clone(),
-        limit,
     }
 }
 
