@@ -7,6 +7,11 @@
 //! (kept in the ledger, so it survives a restart), minus the reconciler's
 //! lookback. While a webhook stays off, every check catches up again, so data
 //! keeps flowing through the API meanwhile.
+//!
+//! A resume counts only once the provider's state reads back as on: a 2xx to
+//! the switch is not proof (a provider can answer it and leave the webhook
+//! off, and the API client follows no redirect to another host that could
+//! answer in its place).
 
 use std::time::Duration;
 
@@ -16,7 +21,7 @@ use tracing::{error, info, warn};
 
 use crate::event::{ProviderKind, Source};
 use crate::ledger::{Commit, LedgerError};
-use crate::providers::api::WebhookState;
+use crate::providers::api::{ProviderApi, WebhookState};
 use crate::reconcile::Reconciler;
 use crate::status::board::WebhookSeen;
 use crate::telemetry;
@@ -105,19 +110,13 @@ impl Watchdog {
                 WebhookState::Off(detail) => {
                     metrics::gauge!(telemetry::WEBHOOK_ACTIVE, &labels).set(0.0);
                     error!(%provider, source, detail, "Webhook is switched off: the provider sends nothing and keeps nothing until it is back on.");
-                    match api.resume().await {
-                        Ok(true) => {
-                            resumed = true;
-                            // On again: 0 stays for a webhook that is still
-                            // off, which is what needs a person.
-                            metrics::gauge!(telemetry::WEBHOOK_ACTIVE, &labels).set(1.0);
-                            metrics::counter!(telemetry::WEBHOOK_RESUMES, &labels).increment(1);
-                            info!(%provider, source, "Webhook switched back on.");
-                        }
-                        Ok(false) => {}
-                        Err(error) => {
-                            error!(%provider, source, %error, "Could not switch the webhook back on.");
-                        }
+                    if resume(api, provider, source).await {
+                        resumed = true;
+                        // On again: 0 stays for a webhook that is still
+                        // off, which is what needs a person.
+                        metrics::gauge!(telemetry::WEBHOOK_ACTIVE, &labels).set(1.0);
+                        metrics::counter!(telemetry::WEBHOOK_RESUMES, &labels).increment(1);
+                        info!(%provider, source, "Webhook switched back on.");
                     }
                     last_active = self.last_seen_active(watched).await.ok().flatten();
                     let since = last_active.unwrap_or(self.started) - self.reconciler.lookback();
@@ -198,6 +197,30 @@ impl Watchdog {
             if every.or_shutdown(self.check()).await.is_none() {
                 return;
             }
+        }
+    }
+}
+
+/// Switches the webhook back on where the source is configured to, and
+/// whether it then reads back as on. Each failure is said here, once.
+async fn resume(api: &dyn ProviderApi, provider: ProviderKind, source: &str) -> bool {
+    match api.resume().await {
+        Ok(true) => {}
+        Ok(false) => return false,
+        Err(error) => {
+            error!(%provider, source, %error, "Could not switch the webhook back on.");
+            return false;
+        }
+    }
+    match api.webhook_state().await {
+        Ok(WebhookState::Active) => true,
+        Ok(state) => {
+            error!(%provider, source, ?state, "The provider accepted switching the webhook back on, but it still reads as off.");
+            false
+        }
+        Err(error) => {
+            error!(%provider, source, %error, "Cannot read the webhook's state back after switching it on; not counted as on.");
+            false
         }
     }
 }

@@ -17,6 +17,7 @@
 //! # Layout
 //!
 //! * [`clock`]: the compressed retry clock, event times, timestamp formats, ids.
+//! * [`fault`]: the ways `--api-fault` makes ReceiptRoller's API misbehave.
 //! * [`plan`]: the seeded script: entities, events and the faults of each.
 //! * [`truth`]: every entity's current state; builds webhook bodies.
 //! * [`webhook_state`]: ReceiptRoller's webhook and Mekari's endpoint (on,
@@ -36,6 +37,7 @@
 mod api;
 mod clock;
 mod deliver;
+mod fault;
 mod plan;
 mod state;
 #[cfg(test)]
@@ -135,6 +137,10 @@ struct Cli {
     /// Seconds the Mekari API's clock is ahead of the real one (negative: behind).
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     api_clock_offset_secs: i64,
+    /// Makes ReceiptRoller's API misbehave one way: its list pages, or its
+    /// answer to switching the webhook on.
+    #[arg(long, value_enum)]
+    api_fault: Option<fault::ApiFault>,
     /// Goes into every business id so runs never collide (default: from the clock).
     #[arg(long)]
     run_id: Option<String>,
@@ -257,6 +263,7 @@ async fn main() -> anyhow::Result<()> {
         mekari_client_secret: cli.mekari_client_secret,
         api_fail_rate: cli.api_fail_rate,
         api_clock_offset_secs: cli.api_clock_offset_secs,
+        api_fault: cli.api_fault,
         scale: TimeScale::new(cli.time_scale),
         seed,
         run_id,

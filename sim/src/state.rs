@@ -4,7 +4,7 @@
 //! Every lock here is a std `Mutex` held for a few field updates and never
 //! across an `.await`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use posbridge::event::ProviderKind;
@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::{EventClock, TimeScale};
+use crate::fault::ApiFault;
 use crate::truth::Truth;
 use crate::webhook_state::{Endpoint, Webhook};
 
@@ -43,6 +44,8 @@ pub struct Settings {
     /// Seconds the Mekari gateway's clock is ahead of the real one (negative:
     /// behind), to show how a skewed clock surfaces in the reconciler.
     pub api_clock_offset_secs: i64,
+    /// How ReceiptRoller's API misbehaves, if it does (`--api-fault`).
+    pub api_fault: Option<ApiFault>,
     /// Documented provider delays divided by this give real waits.
     pub scale: TimeScale,
     /// The seed the plan was drawn from.
@@ -174,6 +177,9 @@ pub struct Shared {
     pub sending_done: AtomicBool,
     /// How many events the plan has.
     pub planned: usize,
+    /// Requests `/sim/elsewhere/…` answered: what a client following a
+    /// redirect to another host sent there.
+    pub elsewhere_requests: AtomicU64,
 }
 
 /// Cheap handle on the simulator's state.
@@ -218,6 +224,7 @@ impl Sim {
             api_rng: Mutex::new(api_rng),
             sending_done: AtomicBool::new(false),
             planned,
+            elsewhere_requests: AtomicU64::new(0),
         }))
     }
 
@@ -273,6 +280,7 @@ impl Sim {
             "by_provider": {"receiptroller": receiptroller, "mekari": mekari},
             "seed": self.settings.seed,
             "run_id": self.settings.run_id,
+            "elsewhere_requests": self.elsewhere_requests.load(Ordering::SeqCst),
         })
     }
 

@@ -89,6 +89,7 @@ fn settings(target: &str, scale: f64) -> Settings {
         mekari_client_secret: "client-secret".into(),
         api_fail_rate: 0.0,
         api_clock_offset_secs: 0,
+        api_fault: None,
         scale: TimeScale::new(scale),
         seed: 9,
         run_id: "T".into(),

@@ -29,7 +29,7 @@ pub use admin::AdminConfig;
 pub use kafka::{KafkaConfig, RegistryConfig};
 pub use ledger::{LedgerBackend, LedgerConfig};
 pub use read::{ENV_PREFIX, ENV_SEPARATOR, LIBRDKAFKA_ENV_PREFIX};
-pub use reconcile::{ReconcileConfig, WatchdogConfig};
+pub use reconcile::{MIN_BODY_BYTES, ReconcileConfig, WatchdogConfig};
 pub use server::ServerConfig;
 pub use source::{
     ApiSection, OnBrokerUnavailable, ProviderConfig, SchemeName, Secret, Secrets, SourceConfig,
@@ -524,6 +524,11 @@ impl Config {
                 "reconcile.request_timeout_ms",
                 self.reconcile.request_timeout_ms,
             ),
+            (
+                "reconcile.max_pages_per_run",
+                u64::from(self.reconcile.max_pages_per_run),
+            ),
+            ("reconcile.max_run_secs", self.reconcile.max_run_secs),
         ] {
             if value == 0 {
                 problem(key, "must be above 0".into());
@@ -542,6 +547,7 @@ impl Config {
                 "server.secrets_recheck_secs",
                 self.server.secrets_recheck_secs,
             ),
+            ("reconcile.max_run_secs", self.reconcile.max_run_secs),
         ] {
             if value > LONGEST_WINDOW.as_secs() {
                 problem(
@@ -567,6 +573,12 @@ impl Config {
         }
         if self.reconcile.max_attempts == 0 {
             problem("reconcile.max_attempts", "must be at least 1".into());
+        }
+        if self.reconcile.max_body_bytes < MIN_BODY_BYTES {
+            problem(
+                "reconcile.max_body_bytes",
+                format!("must be at least {MIN_BODY_BYTES}: ordinary pages are larger"),
+            );
         }
         if !any_source {
             problem(
@@ -809,6 +821,21 @@ mod tests {
                 "",
                 "[kafka]\ndead_letter_topic = \"pos.dead-letter\"",
                 "kafka.dead_letter_topic",
+            ),
+            (
+                "",
+                "[reconcile]\nmax_pages_per_run = 0",
+                "reconcile.max_pages_per_run",
+            ),
+            (
+                "",
+                "[reconcile]\nmax_run_secs = 0",
+                "reconcile.max_run_secs",
+            ),
+            (
+                "",
+                "[reconcile]\nmax_body_bytes = 1000",
+                "reconcile.max_body_bytes",
             ),
         ]
         .into_iter()

@@ -29,9 +29,23 @@ pub struct ReconcileConfig {
     /// connection errors are retried).
     #[serde(default = "default_max_attempts")]
     pub max_attempts: u32,
-    /// Timeout of one API request.
+    /// Timeout of one API request, its body included: an answer that drips
+    /// past it is a connection error, retried as one.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// Pages one run reads at most, over all its lists and steps: a list whose
+    /// pages never end fails the run (counted) instead of holding the source,
+    /// its scheduled runs and the watchdog's catch-ups, for ever.
+    #[serde(default = "default_max_pages_per_run")]
+    pub max_pages_per_run: u32,
+    /// Longest run: one past it fails (counted) at its next page or record.
+    #[serde(default = "default_max_run_secs")]
+    pub max_run_secs: u64,
+    /// Largest API answer read; reading stops at this many bytes, so a huge
+    /// answer costs no more memory than this (inside `serve`, an out-of-memory
+    /// kill would take the webhooks down with it).
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: u64,
 }
 
 impl Default for ReconcileConfig {
@@ -44,6 +58,9 @@ impl Default for ReconcileConfig {
             step_secs: default_step_secs(),
             max_attempts: default_max_attempts(),
             request_timeout_ms: default_request_timeout_ms(),
+            max_pages_per_run: default_max_pages_per_run(),
+            max_run_secs: default_max_run_secs(),
+            max_body_bytes: default_max_body_bytes(),
         }
     }
 }
@@ -67,6 +84,21 @@ const fn default_max_attempts() -> u32 {
 const fn default_request_timeout_ms() -> u64 {
     10_000
 }
+// A million records at 100 a page: the first day of a busy account, or a
+// catch-up after a long outage; a longer one goes on from its checkpoint.
+const fn default_max_pages_per_run() -> u32 {
+    10_000
+}
+// An hour: four scheduled intervals, and the alert's window.
+const fn default_max_run_secs() -> u64 {
+    3600
+}
+// 8 MiB: a page of 100 records is tens of KiB; 500 large sales stay far below.
+const fn default_max_body_bytes() -> u64 {
+    8 * 1024 * 1024
+}
+/// The least `max_body_bytes` may be: below it, ordinary pages would fail.
+pub const MIN_BODY_BYTES: u64 = 64 * 1024;
 
 /// The webhook-health watchdog.
 #[derive(Debug, Clone, Deserialize)]

@@ -13,10 +13,16 @@
 //! step, so a crash resumes from the last one, and a page that fails after
 //! its retries fails the run without moving it.
 //!
+//! A run is bounded ([`Budget`]): at most `max_pages_per_run` pages and
+//! `max_run_secs`, so a list whose pages never end, or an API that answers
+//! ever more slowly, fails the run (counted, for the alert) instead of
+//! holding the source's runs and the watchdog's catch-ups for ever.
+//!
 //! Nothing here names a provider: each provider's API sits behind
 //! [`ProviderApi`] in its own folder under `providers/`. `window.rs` holds
 //! the time arithmetic.
 
+mod budget;
 mod window;
 
 use std::sync::Arc;
@@ -39,6 +45,9 @@ use crate::telemetry;
 use crate::ticker::Every;
 
 use crate::progress::Progress;
+
+use budget::Budget;
+pub use budget::RunLimit;
 
 /// How a reconciled record's derived id begins (`reconcile:{µs}`): its body
 /// is an API record, not a webhook (the dead-letter replay leaves it to the
@@ -71,6 +80,17 @@ pub enum ReconcileError {
         /// What failed.
         #[source]
         error: FetchError,
+    },
+    /// The run reached one of its bounds.
+    #[error("{provider}/{source}: {limit}")]
+    Limit {
+        /// Provider.
+        provider: ProviderKind,
+        /// Source.
+        source: String,
+        /// Which bound.
+        #[source]
+        limit: RunLimit,
     },
     /// A record could not be published or recorded.
     #[error("{provider}/{source}: {error}")]
@@ -375,9 +395,13 @@ impl Reconciler {
             self.live_progress,
         );
         let mut total = Summary::default();
+        let mut budget = Budget::new(&self.config);
         let result: Result<(), ReconcileError> = async {
             for job in source.api.jobs() {
-                total.add(self.run_job(source, &job, window, &progress).await?);
+                total.add(
+                    self.run_job(source, &job, window, &mut budget, &progress)
+                        .await?,
+                );
             }
             Ok(())
         }
@@ -429,6 +453,7 @@ impl Reconciler {
         source: &ApiSource,
         job: &Job,
         window: Option<(OffsetDateTime, OffsetDateTime)>,
+        budget: &mut Budget,
         progress: &Progress,
     ) -> Result<Summary, ReconcileError> {
         let checkpoint = window::checkpoint_name(&source.source, job);
@@ -442,7 +467,10 @@ impl Reconciler {
         };
         let mut total = Summary::default();
         for (start, end) in window::steps(from, to, job.paging, self.config.step_secs) {
-            total.add(self.read_list(source, job, start, end, progress).await?);
+            total.add(
+                self.read_list(source, job, (start, end), budget, progress)
+                    .await?,
+            );
             if scheduled {
                 self.ledger()
                     .commit(Commit {
@@ -459,23 +487,27 @@ impl Reconciler {
         &self,
         source: &ApiSource,
         job: &Job,
-        from: OffsetDateTime,
-        to: OffsetDateTime,
+        (from, to): (OffsetDateTime, OffsetDateTime),
+        budget: &mut Budget,
         progress: &Progress,
     ) -> Result<Summary, ReconcileError> {
         let provider = source.source.provider;
         let mut summary = Summary::default();
         let mut page_number = 1;
         loop {
-            let page = source
-                .api
-                .page(job, from, to, page_number)
-                .await
-                .map_err(|error| ReconcileError::Fetch {
-                    provider,
-                    source: source.source.name.clone(),
-                    error,
-                })?;
+            budget.take_page(&source.source)?;
+            // Dropping a fetch at the deadline is harmless: it only reads.
+            let page = tokio::time::timeout_at(
+                budget.deadline,
+                source.api.page(job, from, to, page_number),
+            )
+            .await
+            .map_err(|_| budget.too_long(&source.source))?
+            .map_err(|error| ReconcileError::Fetch {
+                provider,
+                source: source.source.name.clone(),
+                error,
+            })?;
             summary.pages += 1;
             let fetched_at = OffsetDateTime::now_utc();
             let mut past_window = false;
@@ -489,6 +521,9 @@ impl Reconciler {
                     past_window = true;
                     break;
                 }
+                // Checked before a record, never during one: a publish is
+                // not cut between Kafka's acknowledgement and the ledger.
+                budget.check_time(&source.source)?;
                 summary.records += 1;
                 let outcome = self
                     .publish(&source.source, job.entity_type, record, fetched_at)

@@ -450,6 +450,16 @@ pub(crate) async fn switched_off_receiptroller(
     events: &str,
     seed: &str,
 ) -> (TestApp, Sim) {
+    switched_off_receiptroller_with(tag, events, seed, &[]).await
+}
+
+/// The same, with `extra` arguments to the simulator.
+pub(crate) async fn switched_off_receiptroller_with(
+    tag: &str,
+    events: &str,
+    seed: &str,
+    extra: &[&str],
+) -> (TestApp, Sim) {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(&crate::support::brokers(), &unique(tag), dir.path());
     cfg.receiptroller.sources.get_mut("main").unwrap().secrets =
@@ -467,7 +477,11 @@ pub(crate) async fn switched_off_receiptroller(
             "0",
             "--time-scale",
             "3600",
-        ],
+        ]
+        .iter()
+        .chain(extra)
+        .copied()
+        .collect::<Vec<_>>(),
     )
     .await;
     let status = sim.wait_done().await;

@@ -15,6 +15,7 @@ mod dead_letter_limit;
 mod dedup;
 mod deploy;
 mod event_times;
+mod hostile_api;
 mod kafka_acls;
 mod kafka_security;
 mod leader_loss;

@@ -11,6 +11,9 @@
 //! * `GET /sim/events`: every event with its delivery's fate.
 //! * `POST /sim/restart-receiptroller`: a ReceiptRoller server restart, which
 //!   drops pending retries without switching the webhook off.
+//! * `/sim/elsewhere/…`: the other host `--api-fault resume-redirect` sends
+//!   a webhook update to; answers anything 200, changes nothing, and counts
+//!   the requests (`elsewhere_requests` in the status).
 
 pub mod error;
 pub mod mekari;
@@ -19,7 +22,7 @@ pub mod receiptroller;
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
@@ -33,6 +36,7 @@ pub fn router(sim: Sim) -> Router {
         .route("/sim/truth", get(truth))
         .route("/sim/events", get(events))
         .route("/sim/restart-receiptroller", post(restart_receiptroller))
+        .route("/sim/elsewhere/{*rest}", any(elsewhere))
         .merge(receiptroller::routes(sim.clone()))
         .merge(mekari::routes(sim.clone()))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
@@ -49,6 +53,12 @@ async fn truth(State(sim): State<Sim>) -> Json<Value> {
 
 async fn events(State(sim): State<Sim>) -> Json<Value> {
     Json(json!({"events": *lock(&sim.events)}))
+}
+
+async fn elsewhere(State(sim): State<Sim>) -> Json<Value> {
+    sim.elsewhere_requests
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Json(json!({"active": true}))
 }
 
 async fn restart_receiptroller(State(sim): State<Sim>) -> Json<Value> {

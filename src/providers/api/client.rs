@@ -5,13 +5,19 @@
 //! seconds or as an HTTP date), at most [`MAX_WAIT`]; any other non-2xx fails
 //! at once with the provider's answer, so a wrong credential or a skewed
 //! clock surfaces as a clear error instead of a silent retry loop.
+//!
+//! An answer is not trusted further than it must be. Its body is read chunk
+//! by chunk up to `max_body_bytes` and no further; a body cut short or still
+//! arriving at the timeout is a transport error like a refused connection,
+//! retried as one. A redirect is followed only on the same scheme, host and
+//! port: a 2xx from another host says nothing about the provider's state.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use backon::{ExponentialBuilder, Retryable};
 use futures::future::BoxFuture;
-use reqwest::{Method, RequestBuilder, StatusCode, Url};
+use reqwest::{Method, RequestBuilder, Response, StatusCode, Url, redirect};
 use serde_json::Value;
 
 use super::ApiOptions;
@@ -23,6 +29,10 @@ const MAX_WAIT: Duration = Duration::from_secs(60);
 /// First backoff; doubles per attempt, each wait lengthened by a random part
 /// of up to as much again, so clients that failed together do not retry together.
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+/// Redirects followed per request, on the same host.
+const MAX_REDIRECTS: usize = 5;
+/// How much of a refusal's body is kept for the operator.
+const REFUSAL_SHOWN_BYTES: usize = 4096;
 
 /// Why an API call failed.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +61,39 @@ pub enum FetchError {
         /// The last failure.
         #[source]
         last: AttemptError,
+    },
+    /// A redirect that is not followed: to another host, or one too many.
+    #[error(
+        "{method} {url} answered {status}, a redirect to `{location}` that is not followed (another host, or more than {MAX_REDIRECTS})"
+    )]
+    Redirected {
+        /// Request method.
+        method: Method,
+        /// Request URL.
+        url: String,
+        /// The redirect's status.
+        status: StatusCode,
+        /// Where it pointed.
+        location: String,
+    },
+    /// The answer's body is larger than `reconcile.max_body_bytes`; reading
+    /// stopped there. Not retried: the next answer would be as large.
+    #[error("{url}: the answer is larger than {limit} bytes (reconcile.max_body_bytes)")]
+    BodyTooLarge {
+        /// Request URL.
+        url: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// A page holds more records than were asked for.
+    #[error("{url}: a page of {records} records where {asked} asked (per_page)")]
+    PageTooLarge {
+        /// Request URL.
+        url: String,
+        /// Records in the page.
+        records: usize,
+        /// Records asked for.
+        asked: u32,
     },
     /// The answer is not the JSON the provider documents.
     #[error("{url}: unexpected answer: {reason}")]
@@ -96,7 +139,7 @@ pub enum AttemptError {
     /// A retryable status (408, 429, 5xx).
     #[error("status {0}")]
     Status(StatusCode),
-    /// No answer: connection refused, reset, timed out.
+    /// No whole answer: connection refused, reset or cut mid-body, timed out.
     #[error(transparent)]
     Transport(#[from] reqwest::Error),
 }
@@ -164,6 +207,8 @@ pub struct ApiClient {
     auth: Arc<dyn Authorize>,
     /// Attempts per request.
     max_attempts: u32,
+    /// Largest answer body read.
+    max_body_bytes: usize,
     /// Waits between attempts.
     sleep: Sleep,
 }
@@ -177,7 +222,7 @@ impl std::fmt::Debug for ApiClient {
 }
 
 impl ApiClient {
-    /// Builds a client; `options.timeout` bounds each attempt.
+    /// Builds a client; `options.timeout` bounds each attempt, body and all.
     ///
     /// # Errors
     /// [`FetchError::Client`] when the HTTP client cannot be built.
@@ -188,6 +233,7 @@ impl ApiClient {
     ) -> Result<ApiClient, FetchError> {
         let http = reqwest::Client::builder()
             .timeout(options.timeout)
+            .redirect(redirect::Policy::custom(same_host))
             .build()
             .map_err(FetchError::Client)?;
         Ok(ApiClient {
@@ -195,6 +241,7 @@ impl ApiClient {
             base: base.trim_end_matches('/').to_owned(),
             auth,
             max_attempts: options.max_attempts.max(1),
+            max_body_bytes: options.max_body_bytes,
             sleep: Arc::new(|wait| Box::pin(tokio::time::sleep(wait))),
         })
     }
@@ -289,16 +336,42 @@ impl ApiClient {
         })?;
         let status = response.status();
         if status.is_success() {
-            let text = response.text().await.unwrap_or_default();
-            if text.trim().is_empty() {
+            let body =
+                read_body(response, self.max_body_bytes)
+                    .await
+                    .map_err(|error| match error {
+                        BodyError::TooLarge => Failure::Final(FetchError::BodyTooLarge {
+                            url: url.to_string(),
+                            limit: self.max_body_bytes,
+                        }),
+                        BodyError::Transport(error) => Failure::Retry {
+                            error: AttemptError::Transport(error),
+                            retry_after: None,
+                        },
+                    })?;
+            if body.trim_ascii().is_empty() {
                 return Ok(Value::Null);
             }
-            return serde_json::from_str(&text).map_err(|source| {
+            return serde_json::from_slice(&body).map_err(|source| {
                 Failure::Final(FetchError::NotJson {
                     url: url.to_string(),
                     source,
                 })
             });
+        }
+        if status.is_redirection() {
+            let location = response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            return Err(Failure::Final(FetchError::Redirected {
+                method: method.clone(),
+                url: url.to_string(),
+                status,
+                location,
+            }));
         }
         if retryable(status) {
             let retry_after = response
@@ -315,8 +388,62 @@ impl ApiClient {
             method: method.clone(),
             url: url.to_string(),
             status,
-            body: response.text().await.unwrap_or_default(),
+            body: refusal_shown(response).await,
         }))
+    }
+}
+
+/// Why a body was not read whole.
+enum BodyError {
+    /// It grew past the limit.
+    TooLarge,
+    /// The connection broke or the timeout passed before its end.
+    Transport(reqwest::Error),
+}
+
+/// The body, read chunk by chunk, at most `limit` bytes: a `Content-Length`
+/// past it is refused unread, and reading stops as soon as the chunks pass it.
+async fn read_body(mut response: Response, limit: usize) -> Result<Vec<u8>, BodyError> {
+    let announced = response.content_length().unwrap_or(0);
+    if usize::try_from(announced).map_or(true, |announced| announced > limit) {
+        return Err(BodyError::TooLarge);
+    }
+    let mut body = Vec::with_capacity(usize::try_from(announced).unwrap_or(0));
+    while let Some(chunk) = response.chunk().await.map_err(BodyError::Transport)? {
+        if body.len() + chunk.len() > limit {
+            return Err(BodyError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// The start of a refusal's body, for the operator: a provider's error
+/// page can be as large as any other answer.
+async fn refusal_shown(mut response: Response) -> String {
+    let mut shown = Vec::new();
+    while shown.len() < REFUSAL_SHOWN_BYTES
+        && let Ok(Some(chunk)) = response.chunk().await
+    {
+        shown.extend_from_slice(&chunk);
+    }
+    shown.truncate(REFUSAL_SHOWN_BYTES);
+    String::from_utf8_lossy(&shown).into_owned()
+}
+
+/// The redirect policy: follow on the same scheme, host and port, up to
+/// [`MAX_REDIRECTS`]; otherwise hand the 3xx back, to fail as
+/// [`FetchError::Redirected`]. Credentials and a webhook change are for the
+/// provider's API alone.
+fn same_host(attempt: redirect::Attempt<'_>) -> redirect::Action {
+    let same = attempt
+        .previous()
+        .first()
+        .is_some_and(|first| first.origin() == attempt.url().origin());
+    if same && attempt.previous().len() <= MAX_REDIRECTS {
+        attempt.follow()
+    } else {
+        attempt.stop()
     }
 }
 
@@ -338,202 +465,4 @@ fn retryable(status: StatusCode) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::VecDeque;
-    use std::sync::Mutex;
-
-    use axum::http::HeaderValue;
-    use axum::response::{IntoResponse, Response};
-
-    use super::*;
-
-    /// One scripted answer: a status and its `Retry-After`.
-    type Answer = (StatusCode, Option<String>);
-
-    /// A fake provider API: answers each request with the next scripted
-    /// status and `Retry-After`, then 200 `{}`, and counts the requests. A
-    /// fake because neither provider's API (nor the simulator) can be made
-    /// to answer 429 or 503 with a chosen `Retry-After` on demand.
-    #[derive(Clone, Default)]
-    struct FakeProviderApi {
-        script: Arc<Mutex<VecDeque<Answer>>>,
-        requests: Arc<Mutex<u32>>,
-    }
-
-    impl FakeProviderApi {
-        /// Serves `script` on a loopback port; its base URL.
-        async fn serve(script: Vec<Answer>) -> (FakeProviderApi, String) {
-            let fake = FakeProviderApi {
-                script: Arc::new(Mutex::new(script.into())),
-                ..FakeProviderApi::default()
-            };
-            let answer = {
-                let fake = fake.clone();
-                move || {
-                    let fake = fake.clone();
-                    async move { fake.answer() }
-                }
-            };
-            let router = axum::Router::new().fallback(answer);
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let base = format!("http://{}", listener.local_addr().unwrap());
-            tokio::spawn(async move { axum::serve(listener, router).await });
-            (fake, base)
-        }
-
-        fn answer(&self) -> Response {
-            *self.requests.lock().unwrap() += 1;
-            match self.script.lock().unwrap().pop_front() {
-                None => (StatusCode::OK, "{}").into_response(),
-                Some((status, retry_after)) => {
-                    let mut response = (status, "busy").into_response();
-                    if let Some(value) = retry_after {
-                        response.headers_mut().insert(
-                            reqwest::header::RETRY_AFTER,
-                            HeaderValue::from_str(&value).unwrap(),
-                        );
-                    }
-                    response
-                }
-            }
-        }
-
-        fn requests(&self) -> u32 {
-            *self.requests.lock().unwrap()
-        }
-    }
-
-    struct NoAuth;
-
-    impl Authorize for NoAuth {
-        fn authorize(&self, request: RequestBuilder, _: &Method, _: &Url) -> RequestBuilder {
-            request
-        }
-    }
-
-    /// A client of `base` with `max_attempts` whose waits are recorded, not slept.
-    fn client(base: &str, max_attempts: u32) -> (ApiClient, Arc<Mutex<Vec<Duration>>>) {
-        let options = ApiOptions {
-            max_attempts,
-            timeout: Duration::from_secs(10),
-        };
-        let waits = Arc::new(Mutex::new(Vec::new()));
-        let recorded = waits.clone();
-        let client = ApiClient::new(base, Arc::new(NoAuth), &options)
-            .unwrap()
-            .with_sleep(move |wait| {
-                recorded.lock().unwrap().push(wait);
-                Box::pin(std::future::ready(()))
-            });
-        (client, waits)
-    }
-
-    fn waits(recorded: &Arc<Mutex<Vec<Duration>>>) -> Vec<Duration> {
-        recorded.lock().unwrap().clone()
-    }
-
-    fn busy(status: u16, retry_after: Option<String>) -> Answer {
-        (StatusCode::from_u16(status).unwrap(), retry_after)
-    }
-
-    const SECOND: Duration = Duration::from_secs(1);
-
-    #[tokio::test]
-    async fn retry_after_in_seconds_is_waited() {
-        let (fake, base) = FakeProviderApi::serve(vec![
-            busy(429, Some("3".into())),
-            busy(503, Some(" 7 ".into())),
-            busy(429, Some("7200".into())),
-        ])
-        .await;
-        let (client, recorded) = client(&base, 5);
-        assert_eq!(
-            client.get("/sales", &[]).await.unwrap(),
-            serde_json::json!({})
-        );
-        assert_eq!(fake.requests(), 4);
-        assert_eq!(
-            waits(&recorded),
-            [3 * SECOND, 7 * SECOND, MAX_WAIT],
-            "an hour's Retry-After waits the cap"
-        );
-    }
-
-    #[tokio::test]
-    async fn retry_after_as_an_http_date_is_waited_until_then() {
-        let date = |from_now: Duration| Some(httpdate::fmt_http_date(SystemTime::now() + from_now));
-        let (fake, base) = FakeProviderApi::serve(vec![
-            busy(503, date(Duration::from_secs(20))),
-            busy(429, date(Duration::from_secs(3600))),
-            busy(503, Some("Sun, 06 Nov 1994 08:49:37 GMT".into())),
-        ])
-        .await;
-        let (client, recorded) = client(&base, 4);
-        client.get("/sales", &[]).await.unwrap();
-        assert_eq!(fake.requests(), 4);
-        let waits = waits(&recorded);
-        // The date has whole seconds: 20 s from now is 19 to 20 s away.
-        assert!(
-            (15 * SECOND..=20 * SECOND).contains(&waits[0]),
-            "until the date: {waits:?}"
-        );
-        assert_eq!(waits[1], MAX_WAIT, "an hour away waits the cap");
-        // A date gone by asks for nothing: the third backoff, 1 to 2 s.
-        assert!(
-            (SECOND..2 * SECOND).contains(&waits[2]),
-            "the backoff: {waits:?}"
-        );
-    }
-
-    #[tokio::test]
-    async fn the_backoff_doubles_with_jitter_and_the_attempts_end() {
-        let (fake, base) = FakeProviderApi::serve(vec![busy(500, None); 4]).await;
-        let (client, recorded) = client(&base, 4);
-        let error = client.get("/sales", &[]).await.unwrap_err();
-        assert!(
-            matches!(&error, FetchError::GaveUp { attempts: 4, last: AttemptError::Status(s), .. } if *s == StatusCode::INTERNAL_SERVER_ERROR),
-            "{error}"
-        );
-        assert_eq!(fake.requests(), 4);
-        let waits = waits(&recorded);
-        assert_eq!(waits.len(), 3, "{waits:?}");
-        for (wait, base) in waits.iter().zip([1, 2, 4].map(|n| FIRST_BACKOFF * n)) {
-            // Jitter adds a random part of up to as much again; exactly the
-            // base would mean none (a chance of 1 in 2^24).
-            assert!(
-                *wait > base && *wait < 2 * base,
-                "{wait:?} after a base of {base:?}: {waits:?}"
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn a_refusal_is_not_retried() {
-        let (fake, base) = FakeProviderApi::serve(vec![busy(401, Some("1".into()))]).await;
-        let (client, recorded) = client(&base, 4);
-        let error = client.get("/sales", &[]).await.unwrap_err();
-        assert!(
-            matches!(&error, FetchError::Refused { status, .. } if *status == StatusCode::UNAUTHORIZED),
-            "{error}"
-        );
-        assert_eq!(fake.requests(), 1);
-        assert_eq!(waits(&recorded), Vec::<Duration>::new());
-    }
-
-    #[test]
-    fn retry_after_reads_seconds_and_dates() {
-        let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
-        assert_eq!(retry_after("120", now), Some(Duration::from_secs(120)));
-        assert_eq!(
-            retry_after("Sun, 06 Nov 1994 08:51:37 GMT", now),
-            Some(Duration::from_secs(120))
-        );
-        assert_eq!(
-            retry_after("Sun, 06 Nov 1994 08:48:37 GMT", now),
-            Some(Duration::ZERO),
-            "a date gone by"
-        );
-        assert_eq!(retry_after("soon", now), None);
-        assert_eq!(retry_after("-5", now), None);
-    }
-}
+mod tests;

@@ -7,6 +7,8 @@
 //! and checkpoints provider-neutrally on top of it.
 
 mod client;
+#[cfg(test)]
+pub(crate) mod fake;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -53,31 +55,43 @@ pub struct Page {
 }
 
 impl Page {
-    /// Reads a page from an answer, at JSON pointers for the records and the page count.
+    /// Reads a page from an answer to a request for `asked` records, at JSON
+    /// pointers for the records and the page count.
     ///
     /// # Errors
-    /// [`FetchError::Shape`] when either is missing.
+    /// [`FetchError::Shape`] when either is missing; [`FetchError::PageTooLarge`]
+    /// when the page holds more records than were asked for: an API that
+    /// ignores `per_page` would otherwise hand the reconciler any number.
     pub fn from_answer(
         url: &str,
-        answer: &Value,
+        mut answer: Value,
         records: &str,
         total_pages: &str,
+        asked: u32,
     ) -> Result<Page, FetchError> {
         let shape = |reason: String| FetchError::Shape {
             url: url.to_owned(),
             reason,
         };
+        let total_pages = answer
+            .pointer(total_pages)
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| shape(format!("no page count at {total_pages}")))?;
+        let records = match answer.pointer_mut(records).map(Value::take) {
+            Some(Value::Array(records)) => records,
+            _ => return Err(shape(format!("no array at {records}"))),
+        };
+        if records.len() > usize::try_from(asked).unwrap_or(usize::MAX) {
+            return Err(FetchError::PageTooLarge {
+                url: url.to_owned(),
+                records: records.len(),
+                asked,
+            });
+        }
         Ok(Page {
-            records: answer
-                .pointer(records)
-                .and_then(Value::as_array)
-                .ok_or_else(|| shape(format!("no array at {records}")))?
-                .clone(),
-            total_pages: answer
-                .pointer(total_pages)
-                .and_then(Value::as_u64)
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| shape(format!("no page count at {total_pages}")))?,
+            records,
+            total_pages,
         })
     }
 }
@@ -120,8 +134,10 @@ pub trait ProviderApi: Send + Sync {
 pub struct ApiOptions {
     /// Attempts per request (408, 429, 5xx and transport errors are retried).
     pub max_attempts: u32,
-    /// Timeout of one attempt.
+    /// Timeout of one attempt, its body included.
     pub timeout: Duration,
+    /// Largest answer body read; reading stops there.
+    pub max_body_bytes: usize,
 }
 
 impl ApiOptions {
@@ -130,6 +146,7 @@ impl ApiOptions {
         ApiOptions {
             max_attempts: config.max_attempts,
             timeout: Duration::from_millis(config.request_timeout_ms),
+            max_body_bytes: usize::try_from(config.max_body_bytes).unwrap_or(usize::MAX),
         }
     }
 }

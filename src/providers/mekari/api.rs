@@ -261,7 +261,13 @@ impl ProviderApi for MekariApi {
             query.push(("sold_at_to", rfc3339(to)));
         }
         let answer = self.client.get(&path, &query).await?;
-        Page::from_answer(&path, &answer, "/data", "/meta/total_pages")
+        Page::from_answer(
+            &path,
+            answer,
+            "/data",
+            "/meta/total_pages",
+            self.settings.per_page,
+        )
     }
 
     fn record_time(&self, _job: &Job, record: &Value) -> Option<OffsetDateTime> {
@@ -314,6 +320,33 @@ impl ProviderApi for MekariApi {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ReconcileConfig;
+    use crate::providers::api::fake::{Answer, FakeProviderApi, api_section};
+
+    #[tokio::test]
+    async fn a_page_with_more_items_than_asked_is_refused() {
+        let items = vec![json!({"id": "P-1"}); 1_000];
+        let (fake, base) = FakeProviderApi::serve(vec![Answer::Json(
+            json!({"data": items, "meta": {"page": 1, "total_pages": 1}}),
+        )])
+        .await;
+        let api = connect(
+            &api_section(&format!(
+                "base_url = \"{base}\"\nclient_id = \"c\"\nclient_secret = \"s\"\noutlets = [\"OUT-1\"]\nper_page = 50"
+            )),
+            &ApiOptions::new(&ReconcileConfig::default()),
+        )
+        .unwrap();
+        let products = api
+            .jobs()
+            .into_iter()
+            .find(|job| job.entity_type == EntityType::Product)
+            .unwrap();
+        let now = OffsetDateTime::now_utc();
+        let error = api.page(&products, now, now, 1).await.unwrap_err();
+        assert!(error.to_string().contains("50 asked"), "{error}");
+        assert_eq!(fake.requests(), 1);
+    }
 
     #[test]
     fn api_requests_are_signed_as_the_gateway_documents() {

@@ -151,7 +151,13 @@ impl ProviderApi for ReceiptRollerApi {
                 ],
             )
             .await?;
-        Page::from_answer(&path, &answer, "/items", "/total_pages")
+        Page::from_answer(
+            &path,
+            answer,
+            "/items",
+            "/total_pages",
+            self.settings.per_page,
+        )
     }
 
     fn record_time(&self, _job: &Job, _record: &Value) -> Option<OffsetDateTime> {
@@ -186,5 +192,38 @@ impl ProviderApi for ReceiptRollerApi {
             .call(Method::PATCH, &path, &[], Some(&json!({"active": true})))
             .await
             .map(|_| true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::config::ReconcileConfig;
+    use crate::providers::api::fake::{Answer, FakeProviderApi, api_section};
+
+    #[tokio::test]
+    async fn a_page_with_more_items_than_asked_is_refused() {
+        let items = vec![json!({"id": "T1|2026-11|000001"}); 200_000];
+        let (fake, base) = FakeProviderApi::serve(vec![Answer::Json(
+            json!({"items": items, "page": 1, "total_pages": 1}),
+        )])
+        .await;
+        let api = connect(
+            &api_section(&format!(
+                "base_url = \"{base}\"\ntoken = \"t\"\nper_page = 100"
+            )),
+            &ApiOptions::new(&ReconcileConfig::default()),
+        )
+        .unwrap();
+        let job = &api.jobs()[0];
+        let now = OffsetDateTime::now_utc();
+        let error = api
+            .page(job, now - time::Duration::hours(1), now, 1)
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains("100 asked"), "{error}");
+        assert_eq!(fake.requests(), 1);
     }
 }
