@@ -44,17 +44,9 @@ fn scram_config(
     prefix: &str,
     dir: &std::path::Path,
 ) -> posbridge::config::Config {
-    let (sasl, ca_file) = broker.sasl();
+    let (sasl, _) = broker.sasl();
     let mut config = config(&sasl, prefix, dir);
-    for (key, value) in [
-        ("security.protocol", "SASL_SSL"),
-        ("sasl.mechanism", "SCRAM-SHA-512"),
-        ("sasl.username", "posbridge"),
-        ("sasl.password", "posbridge-scram-secret"),
-        ("ssl.ca.location", ca_file.as_str()),
-    ] {
-        config.kafka.librdkafka.insert(key.into(), value.into());
-    }
+    broker.as_scram_user(&mut config);
     config
 }
 

@@ -133,25 +133,7 @@ async fn kafka_only_partitions_raised_under_a_running_posbridge_stop_that_topic_
     assert_eq!(changed(&metrics, &orders, "partitions"), 1.0, "{metrics}");
     assert_eq!(changed(&metrics, &app.topic("sales"), "partitions"), 0.0);
 
-    let status_router = posbridge::ingress::admin_router(
-        posbridge::ingress::AdminState {
-            pipeline: app.pipeline.clone(),
-            board: app.board.clone(),
-        },
-        &posbridge::config::AdminConfig::default(),
-    );
-    let page = tower::ServiceExt::oneshot(
-        status_router,
-        axum::http::Request::get("/status")
-            .body(axum::body::Body::empty())
-            .unwrap(),
-    )
-    .await
-    .unwrap();
-    let page = axum::body::to_bytes(page.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    let page = String::from_utf8_lossy(&page);
+    let page = app.status_page().await;
     assert!(
         page.contains("failing-topics") && page.contains(&orders) && page.contains("12 partitions"),
         "{page}"

@@ -41,21 +41,13 @@ fn scram_config(
     dir: &std::path::Path,
     spool: bool,
 ) -> posbridge::config::Config {
-    let (sasl, ca_file) = broker.sasl();
+    let (sasl, _) = broker.sasl();
     let mut config = if spool {
         spool_config(&sasl, prefix, dir)
     } else {
         config(&sasl, prefix, dir)
     };
-    for (key, value) in [
-        ("security.protocol", "SASL_SSL"),
-        ("sasl.mechanism", "SCRAM-SHA-512"),
-        ("sasl.username", "posbridge"),
-        ("sasl.password", "posbridge-scram-secret"),
-        ("ssl.ca.location", ca_file.as_str()),
-    ] {
-        config.kafka.librdkafka.insert(key.into(), value.into());
-    }
+    broker.as_scram_user(&mut config);
     config
 }
 
@@ -125,25 +117,7 @@ async fn kafka_only_a_topic_kafka_refuses_fails_alone_and_is_named() {
         why.to_lowercase().contains("authoriz"),
         "the broker's reason: {why}"
     );
-    let status_router = posbridge::ingress::admin_router(
-        posbridge::ingress::AdminState {
-            pipeline: app.pipeline.clone(),
-            board: app.board.clone(),
-        },
-        &posbridge::config::AdminConfig::default(),
-    );
-    let page = tower::ServiceExt::oneshot(
-        status_router,
-        axum::http::Request::get("/status")
-            .body(axum::body::Body::empty())
-            .unwrap(),
-    )
-    .await
-    .unwrap();
-    let page = axum::body::to_bytes(page.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    let page = String::from_utf8_lossy(&page);
+    let page = app.status_page().await;
     assert!(
         page.contains("failing-topics") && page.contains(&orders),
         "{page}"

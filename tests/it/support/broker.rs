@@ -177,6 +177,22 @@ impl OwnBroker {
         )
     }
 
+    /// Points `config` at this broker's SASL_SSL listener as posbridge's
+    /// SCRAM user, trusting the broker's CA.
+    pub fn as_scram_user(&self, config: &mut posbridge::config::Config) {
+        let (sasl, ca_file) = self.sasl();
+        config.kafka.brokers = sasl;
+        for (key, value) in [
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanism", "SCRAM-SHA-512"),
+            ("sasl.username", "posbridge"),
+            ("sasl.password", "posbridge-scram-secret"),
+            ("ssl.ca.location", ca_file.as_str()),
+        ] {
+            config.kafka.librdkafka.insert(key.into(), value.into());
+        }
+    }
+
     /// Drops every connection and refuses new ones.
     pub fn cut(&self) {
         self.proxy.cut();

@@ -268,6 +268,30 @@ impl TestApp {
     pub async fn metrics(&self) -> String {
         self.get("/metrics").await.text().await.unwrap()
     }
+
+    /// The status page's HTML, from the admin router on this app's
+    /// pipeline and board (no credentials).
+    pub async fn status_page(&self) -> String {
+        let router = posbridge::ingress::admin_router(
+            posbridge::ingress::AdminState {
+                pipeline: self.pipeline.clone(),
+                board: self.board.clone(),
+            },
+            &posbridge::config::AdminConfig::default(),
+        );
+        let page = tower::ServiceExt::oneshot(
+            router,
+            axum::http::Request::get("/status")
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+        let page = axum::body::to_bytes(page.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        String::from_utf8_lossy(&page).into_owned()
+    }
 }
 
 /// A webhook request signed as the provider does, with the header names of
