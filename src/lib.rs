@@ -34,6 +34,7 @@
 //! * [`providers`]: all that differs between ReceiptRoller and Mekari, one folder each.
 //! * [`pipeline`]: the data line both the ingress and the reconciler call.
 //! * [`drain`]: replays the spool through the pipeline once Kafka is back.
+//! * [`rebuild`]: fills a lost ledger from the topics at start.
 //! * [`reconcile`]: reads what webhooks missed from the providers' APIs.
 //! * [`replay`]: puts dead letters through the pipeline again once their cause is cleared.
 //! * [`watchdog`]: notices switched-off webhooks, resumes them, catches up.
