@@ -23,9 +23,10 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use backon::{ExponentialBuilder, Retryable};
 use futures::StreamExt;
 use time::OffsetDateTime;
-use tracing::info;
+use tracing::{debug, info};
 
 use crate::config::KafkaConfig;
 use crate::event::{DeliveryKey, EntityType, ProviderKind};
@@ -216,7 +217,22 @@ async fn read_topic(
     mut each: impl FnMut(&Letter),
 ) -> Result<(), ReadError> {
     let mut reader = Reader::new(kafka, topic)?;
-    for extent in reader.extents().await? {
+    // A topic created a moment ago (this start, or a replica's beside it)
+    // may have partitions without a leader yet: asked again for a while.
+    let extents = (|| reader.extents())
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(200))
+                .with_max_delay(Duration::from_secs(2))
+                .with_max_times(15),
+        )
+        .when(|error| matches!(error, ReadError::Broker { .. }))
+        .notify(|error: &ReadError, wait: Duration| {
+            debug!(%error, ?wait, "A topic's partitions cannot be read yet; asking again.");
+        })
+        .sleep(tokio::time::sleep)
+        .await?;
+    for extent in extents {
         if extent.low >= extent.high {
             continue;
         }

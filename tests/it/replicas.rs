@@ -40,10 +40,16 @@ async fn kafka_only_three_replicas_behind_haproxy_lose_nothing_when_one_is_kille
     .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let report = || {
+        let logs: String = (1..=3)
+            .map(|n| {
+                let log = std::fs::read_to_string(work.path().join(format!("replica-{n}.log")))
+                    .unwrap_or_default();
+                format!("\nreplica {n}'s log:\n{log}")
+            })
+            .collect();
         format!(
-            "{stdout}\n{}\nreplica 2's log:\n{}",
-            String::from_utf8_lossy(&output.stderr),
-            std::fs::read_to_string(work.path().join("replica-2.log")).unwrap_or_default()
+            "{stdout}\n{}{logs}",
+            String::from_utf8_lossy(&output.stderr)
         )
     };
     eprintln!("{stdout}");
