@@ -7,6 +7,7 @@ use posbridge::event::{DeliveryKey, EntityKey, EntityType, ProviderKind};
 use posbridge::ledger::{Begin, EntitySlot};
 use posbridge::pipeline::HEADER_DELIVERY_ID;
 
+use crate::support::wait::wait_for;
 use crate::support::{
     OwnBroker, TestApp, config, mekari_order, read_topic, rr_sale, signed_request, unique,
 };
@@ -44,16 +45,20 @@ async fn broker_stopped_gives_503_with_retry_after_then_the_retry_publishes_once
     );
 
     broker.heal();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        let retry = app.send("receiptroller", "main", &body).await;
-        if retry.status() == 200 {
-            break retry.json::<serde_json::Value>().await.unwrap()["status"].clone();
-        }
-        assert_eq!(retry.status(), 503);
-        assert!(Instant::now() < deadline, "the broker never came back");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    // Retried as the provider does, until Kafka takes it.
+    let status = wait_for(
+        Duration::from_secs(60),
+        "the broker to come back",
+        async || {
+            let retry = app.send("receiptroller", "main", &body).await;
+            if retry.status() == 200 {
+                return Some(retry.json::<serde_json::Value>().await.unwrap()["status"].clone());
+            }
+            assert_eq!(retry.status(), 503);
+            None
+        },
+    )
+    .await;
     assert_eq!(status, "published");
     let again = app.send("receiptroller", "main", &body).await;
     assert_eq!(
@@ -256,19 +261,19 @@ async fn published_once_up(app: &TestApp, delivery_id: &str, sale_id: &str) {
         sale_id,
         100,
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let response = app.send("receiptroller", "main", &body).await;
-        if response.status() == 200 {
-            assert_eq!(
-                response.json::<serde_json::Value>().await.unwrap()["status"],
-                "published"
-            );
-            return;
-        }
-        assert!(Instant::now() < deadline, "the broker never came back");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let status = wait_for(
+        Duration::from_secs(60),
+        "the broker to come back",
+        async || {
+            let response = app.send("receiptroller", "main", &body).await;
+            if response.status() != 200 {
+                return None;
+            }
+            Some(response.json::<serde_json::Value>().await.unwrap()["status"].clone())
+        },
+    )
+    .await;
+    assert_eq!(status, "published");
 }
 
 /// A client that goes away while its record is on the way to Kafka does
@@ -400,18 +405,18 @@ async fn a_record_acknowledged_after_its_answer_deadline_is_not_written_again_by
     // The record's own 4 s (from 2.5 s) end after the thaw: Kafka takes it.
     tokio::time::sleep(Duration::from_millis(2000)).await;
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let retried = loop {
-        let retry = app.send("mekari", "main", &body).await;
-        if retry.status() == 200 {
-            break retry.json::<serde_json::Value>().await.unwrap()["status"].clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the retry was never answered 2xx"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let retried = wait_for(
+        Duration::from_secs(30),
+        "the retry to be answered 2xx",
+        async || {
+            let retry = app.send("mekari", "main", &body).await;
+            if retry.status() != 200 {
+                return None;
+            }
+            Some(retry.json::<serde_json::Value>().await.unwrap()["status"].clone())
+        },
+    )
+    .await;
     // The late record was committed: the retry finds the delivery done (or,
     // arriving before the commit, the state written). A "published" here
     // would mean either a second write or a record that never reached the

@@ -14,6 +14,7 @@ use posbridge::watchdog::Watchdog;
 use serde_json::Value;
 use time::OffsetDateTime;
 
+use crate::support::wait::{look_for, wait_until};
 use crate::support::{
     MEKARI_SECRET, Meter, OwnBroker, RR_SECRET, Record, TestApp, config, latest_per_key,
     own_source, read_topic, unique,
@@ -115,17 +116,14 @@ impl Sim {
 
     /// Waits until every event was sent and every retry finished or was abandoned.
     pub(crate) async fn wait_done(&self) -> Value {
-        let deadline = std::time::Instant::now() + Duration::from_secs(180);
-        loop {
+        let done = look_for(Duration::from_secs(180), async || {
             let status = self.get("/sim/status").await;
-            if status["sending_done"] == true {
-                return status;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "sim never finished: {status}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            (status["sending_done"] == true).then_some(status)
+        })
+        .await;
+        match done {
+            Some(status) => status,
+            None => panic!("sim never finished: {}", self.get("/sim/status").await),
         }
     }
 
@@ -584,14 +582,10 @@ async fn an_outage_longer_than_receiptrollers_retries_loses_nothing_with_the_spo
         }
         assert_eq!(status["receiptroller_active"], true, "{status}");
         let spool = app.pipeline.spool().unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while spool.stats().entries > 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the spool never drained"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_until(Duration::from_secs(60), "the spool to drain", async || {
+            spool.stats().entries == 0
+        })
+        .await;
         let compared = assert_view_equals_truth(&app, &broker.address(), &sim).await;
         assert!(compared > 0);
         let after = Meter::read(&app).await;

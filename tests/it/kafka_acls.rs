@@ -12,7 +12,7 @@ use std::time::Duration;
 use posbridge::app::App;
 use serde_json::Value;
 
-use crate::support::operator::wait_until;
+use crate::support::wait::wait_until;
 use crate::support::{BrokerKind, OwnBroker, TestApp, broker_kind, config, mekari_order, unique};
 
 /// Grants `User:posbridge` each `PERMISSION:OPERATION:RESOURCE:PATTERN:name`

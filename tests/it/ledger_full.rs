@@ -2,9 +2,10 @@
 //! being taken without a record, and everything works again once space is
 //! freed, without a restart. The disk is a real tmpfs of a few MiB.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::tmpfs::{Tmpfs, fill};
+use crate::support::wait::look_for;
 use crate::support::{TestApp, brokers, config, read_topic, rr_sale, unique};
 
 /// The `i`-th state of sale S-1: one second later each.
@@ -75,19 +76,15 @@ async fn a_full_disk_fences_the_ledger_and_freeing_space_heals_it_without_a_rest
 
     // Space comes back: the ledger heals by itself.
     std::fs::remove_file(&filler).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let ready = app.get("/readyz").await;
-        if ready.status() == 200 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the ledger did not heal: {}",
-            ready.text().await.unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let healed = look_for(Duration::from_secs(15), async || {
+        (app.get("/readyz").await.status() == 200).then_some(())
+    })
+    .await;
+    assert!(
+        healed.is_some(),
+        "the ledger did not heal: {}",
+        app.get("/readyz").await.text().await.unwrap()
+    );
 
     // What was answered 2xx before the fence is remembered (a resend is a
     // duplicate), the newest state is known (the older one is stale), and

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use posbridge::event::ProviderKind;
 use promql_parser::label::MatchOp;
@@ -18,6 +18,7 @@ use serde_json::Value;
 use yaml_rust2::{Yaml, YamlLoader};
 
 use crate::catch_up::{MEKARI_CLIENT_SECRET, Sim};
+use crate::support::wait::look_for;
 use crate::support::{
     brokers, config_text, free_port, listening_on, mekari_order, rr_sale, signed_request,
     spawn_posbridge, spawn_serve, spool_config_text, unique, wait_healthy,
@@ -432,8 +433,7 @@ async fn every_series_the_rules_and_the_dashboard_read_is_on_a_running_posbridge
 
     // Before any webhook: the series an alert reads exist already. The last
     // to come is the watchdog's first check of each webhook, at start-up.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let started = loop {
+    let started = look_for(Duration::from_secs(30), async || {
         let text = metrics().await;
         let checked = |provider: ProviderKind| {
             text.lines().any(|l| {
@@ -441,14 +441,11 @@ async fn every_series_the_rules_and_the_dashboard_read_is_on_a_running_posbridge
                     && l.contains(&format!("provider=\"{provider}\""))
             })
         };
-        if ProviderKind::ALL.into_iter().all(checked) {
-            break text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the watchdog never checked:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        ProviderKind::ALL.into_iter().all(checked).then_some(text)
+    })
+    .await;
+    let Some(started) = started else {
+        panic!("the watchdog never checked:\n{}", metrics().await);
     };
     assert_exported(&for_rules, &started, "at start-up");
 
@@ -568,8 +565,7 @@ async fn a_reconciler_of_its_own_serves_its_probes_and_the_watchdogs_metrics() {
         .unwrap();
     assert_eq!(webhook.status(), 404);
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let text = loop {
+    let text = look_for(Duration::from_secs(30), async || {
         let text = get("/metrics").await.unwrap().text().await.unwrap();
         let has = |name: &str, provider: ProviderKind| {
             text.lines().any(|l| {
@@ -577,17 +573,17 @@ async fn a_reconciler_of_its_own_serves_its_probes_and_the_watchdogs_metrics() {
                     && l.contains(&format!("provider=\"{provider}\""))
             })
         };
-        if ProviderKind::ALL
+        ProviderKind::ALL
             .into_iter()
             .all(|p| has("posbridge_webhook_active", p) && has("posbridge_reconcile_runs_total", p))
-        {
-            break text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the reconciler's /metrics never showed both webhooks checked and reconciled:\n{text}"
+            .then_some(text)
+    })
+    .await;
+    let Some(text) = text else {
+        panic!(
+            "the reconciler's /metrics never showed both webhooks checked and reconciled:\n{}",
+            get("/metrics").await.unwrap().text().await.unwrap()
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(
         text.contains("posbridge_webhook_resumes_total{"),

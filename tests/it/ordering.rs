@@ -3,6 +3,7 @@
 use posbridge::encode::decode;
 use posbridge::pipeline::{HEADER_STATE_HASH, HEADER_VERSION, state_from_headers};
 
+use crate::support::wait::wait_for;
 use crate::support::{
     Meter, TestApp, brokers, config, latest_per_key, mekari_order, own_source, read_topic, unique,
 };
@@ -257,20 +258,19 @@ async fn kafka_only_a_record_in_doubt_never_lands_after_a_newer_state_of_its_key
     );
     assert_eq!(app.send("mekari", "main", &newer).await.status(), 503);
     broker.thaw();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
-    loop {
-        let response = app.send("mekari", "main", &newer).await;
-        if response.status() == 200 {
-            let outcome: serde_json::Value = response.json().await.unwrap();
-            assert_eq!(outcome["status"], "published");
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the newer event never published"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
+    let outcome = wait_for(
+        std::time::Duration::from_secs(90),
+        "the newer event to be answered 2xx",
+        async || {
+            let response = app.send("mekari", "main", &newer).await;
+            if response.status() != 200 {
+                return None;
+            }
+            Some(response.json::<serde_json::Value>().await.unwrap())
+        },
+    )
+    .await;
+    assert_eq!(outcome["status"], "published");
     let retry = app.send("mekari", "main", &older).await;
     assert_eq!(retry.status(), 200);
     let outcome: serde_json::Value = retry.json().await.unwrap();

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use crate::support::proxy::CutProxy;
 use crate::support::registry::registry_url;
+use crate::support::wait::look_for;
 use crate::support::{
     OwnBroker, free_port, listening_on, mekari_order, read_topic, rr_sale, signed_request,
     spool_config_text, timed, wait_healthy,
@@ -139,15 +140,16 @@ async fn a_restart_during_an_outage_starts_degraded_on_what_an_earlier_start_fou
     // Both back: fully ready, the spool drains into the topic.
     broker.heal();
     registry.heal();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let ready = look_for(Duration::from_secs(60), async || {
         let (status, ready) = readiness(&http, &base).await;
-        if status == 200 && ready["status"] == "ok" && ready["spool"]["entries"] == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never fully ready: {ready}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+        (status == 200 && ready["status"] == "ok" && ready["spool"]["entries"] == 0).then_some(())
+    })
+    .await;
+    assert!(
+        ready.is_some(),
+        "never fully ready: {}",
+        readiness(&http, &base).await.1
+    );
     let keys: Vec<String> = read_topic(&broker.address(), &format!("{prefix}sales"))
         .into_iter()
         .map(|r| r.key)

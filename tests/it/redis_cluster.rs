@@ -16,6 +16,7 @@ use posbridge::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version
 use posbridge::ledger::{Begin, Commit, EntitySlot, EntityState, Ledger, RedisLedger};
 
 use crate::support::unique;
+use crate::support::wait::wait_until;
 
 /// One `redis-server` of the cluster, killed when dropped.
 struct Node {
@@ -80,14 +81,6 @@ async fn role(port: u16) -> (String, Option<u16>, bool) {
     )
 }
 
-async fn wait_for(what: &str, timeout: Duration, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 impl TestCluster {
     async fn start() -> TestCluster {
         let mut nodes: Vec<Node> = Vec::new();
@@ -115,7 +108,7 @@ impl TestCluster {
         }
         let cluster = TestCluster { nodes };
         for port in cluster.ports() {
-            wait_for("redis-server", Duration::from_secs(10), async || {
+            wait_until(Duration::from_secs(10), "redis-server", async || {
                 cli(port, &["PING"]).await.trim() == "PONG"
             })
             .await;
@@ -136,12 +129,12 @@ impl TestCluster {
             String::from_utf8_lossy(&created.stderr)
         );
         for port in cluster.ports() {
-            wait_for("cluster_state:ok", Duration::from_secs(20), async || {
+            wait_until(Duration::from_secs(20), "cluster_state:ok", async || {
                 let info = cli(port, &["CLUSTER", "INFO"]).await;
                 info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:6")
             })
             .await;
-            wait_for("replicas in sync", Duration::from_secs(20), async || {
+            wait_until(Duration::from_secs(20), "replicas in sync", async || {
                 let (role, _, link_up) = role(port).await;
                 role == "master" || link_up
             })
@@ -413,7 +406,7 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
         "OK",
         "CLUSTER FAILOVER on {replica}"
     );
-    wait_for("the failover", Duration::from_secs(20), async || {
+    wait_until(Duration::from_secs(20), "the failover", async || {
         role(replica).await.0 == "master"
             && role(master).await.0 == "slave"
             && cli(replica, &["CLUSTER", "INFO"])

@@ -13,12 +13,13 @@
 //!   unless `ledger.redis_allow_eviction` takes the risk.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use posbridge::config::{Config, LedgerBackend};
 use serde_json::Value;
 
 use crate::support::ports::free_port;
+use crate::support::wait::wait_until;
 use crate::support::{
     TestApp, brokers, config, mekari_order, metric, rr_sale, spool_config, unique,
 };
@@ -44,9 +45,11 @@ impl OwnRedis {
             .spawn()
             .expect("redis-server (scripts/test needs it anyway)");
         let redis = OwnRedis { port, child };
-        wait_for("redis-server to answer", || async {
-            redis.cli(&["PING"]).trim() == "PONG"
-        })
+        wait_until(
+            Duration::from_secs(20),
+            "redis-server to answer",
+            async || redis.cli(&["PING"]).trim() == "PONG",
+        )
         .await;
         redis
     }
@@ -69,14 +72,6 @@ impl Drop for OwnRedis {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-async fn wait_for<F: Future<Output = bool>>(what: &str, mut done: impl FnMut() -> F) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !done().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -134,9 +129,11 @@ async fn a_redis_that_refuses_writes_is_shown_unwritable_and_heals_without_a_res
 
     // Room again: readiness, the gauge and the delivery's retry recover.
     redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
-    wait_for("/readyz to be 200 again", || async {
-        readiness(&app).await.0 == 200
-    })
+    wait_until(
+        Duration::from_secs(20),
+        "/readyz to be 200 again",
+        async || readiness(&app).await.0 == 200,
+    )
     .await;
     assert_eq!(
         metric(&app.metrics().await, "posbridge_ledger_writable", &[]),
@@ -188,7 +185,7 @@ async fn with_redis_gone_a_replica_whose_source_spools_stays_ready_and_spools() 
 
     // Redis back (empty, on the same port): the spool drains through it.
     let _redis = OwnRedis::start(port).await;
-    wait_for("the spool to drain", || async {
+    wait_until(Duration::from_secs(20), "the spool to drain", async || {
         readiness(&app).await.1["spool"]["entries"] == 0
     })
     .await;

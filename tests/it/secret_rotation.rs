@@ -12,6 +12,7 @@ use posbridge::config::Secrets;
 use tokio::task::JoinHandle;
 
 use crate::support::secret_mount::SecretMount;
+use crate::support::wait::wait_until;
 use crate::support::{
     RR_SECRET, TestApp, brokers, config, config_text, free_port, listening_on, metric, own_source,
     rr_sale, signed_request, spawn_serve, unique, wait_healthy,
@@ -89,31 +90,29 @@ impl Stream {
 
 /// Sends deliveries signed with `secret` until one gets `status` (30 s at most).
 async fn until_answered(app: &TestApp, source: &str, secret: &str, status: u16) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while deliver(app, source, secret).await != status {
-        assert!(
-            Instant::now() < deadline,
-            "a delivery signed with {secret} never got {status}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(
+        Duration::from_secs(30),
+        &format!("a delivery signed with {secret} to get {status}"),
+        async || deliver(app, source, secret).await == status,
+    )
+    .await;
 }
 
 /// Waits until `name{source}` is on `/metrics` and reads `value` (30 s at
 /// most): a series that is missing reads as no value, not as 0.
 async fn until_metric(app: &TestApp, name: &str, source: &str, value: f64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let text = app.metrics().await;
-        let present = text.lines().any(|l| {
-            l.starts_with(&format!("{name}{{")) && l.contains(&format!("source=\"{source}\""))
-        });
-        if present && metric(&text, name, &[("source", source)]) == value {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{name} never read {value}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(
+        Duration::from_secs(30),
+        &format!("{name} to read {value}"),
+        async || {
+            let text = app.metrics().await;
+            let present = text.lines().any(|l| {
+                l.starts_with(&format!("{name}{{")) && l.contains(&format!("source=\"{source}\""))
+            });
+            present && metric(&text, name, &[("source", source)]) == value
+        },
+    )
+    .await;
 }
 
 fn refused(statuses: &[u16]) -> usize {
@@ -152,14 +151,13 @@ async fn a_secret_rotates_under_traffic_without_one_refused_delivery() {
 
     // The overlap: both secrets sign, the provider switching over.
     let new = Stream::start(&app, &source, NEW);
-    let (old_before, deadline) = (old.answered(), Instant::now() + Duration::from_secs(60));
-    while old.answered() < old_before + 20 || new.answered() < 20 {
-        assert!(
-            Instant::now() < deadline,
-            "too few deliveries in the overlap"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let old_before = old.answered();
+    wait_until(
+        Duration::from_secs(60),
+        "20 deliveries of each secret in the overlap",
+        async || old.answered() >= old_before + 20 && new.answered() >= 20,
+    )
+    .await;
     let old = old.finish().await;
     assert_eq!(refused(&old), 0, "signed with the old secret: {old:?}");
 

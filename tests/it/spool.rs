@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::support::wait::{look_for, wait_until};
 use crate::support::{
     Meter, OwnBroker, TestApp, free_port, latest_per_key, listening_on, mekari_order, own_source,
     read_topic, rr_sale, signed_request, spawn_serve, spool_config, spool_config_text, timed,
@@ -32,11 +33,10 @@ fn sale(n: u32) -> Value {
 /// Waits until the spool is empty (the drainer published everything).
 async fn drained(app: &TestApp) {
     let spool = app.pipeline.spool().expect("a spooling configuration");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while spool.stats().entries > 0 {
-        assert!(Instant::now() < deadline, "the spool never drained");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(Duration::from_secs(60), "the spool to drain", async || {
+        spool.stats().entries == 0
+    })
+    .await;
 }
 
 /// Sends a spooling ReceiptRoller sale and a retrying Mekari order every
@@ -358,14 +358,13 @@ async fn a_spool_survives_sigkill_and_drains_on_the_next_start() {
     broker.heal();
     let mut second = start();
     wait_healthy(&http, &base).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let sales = loop {
-        let sales = latest_per_key(&read_topic(&broker.address(), &format!("{prefix}.sales")));
-        if sales.len() as u32 == SPOOLED || Instant::now() > deadline {
-            break sales;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let read = || latest_per_key(&read_topic(&broker.address(), &format!("{prefix}.sales")));
+    // Waited for; then read once more, so the assertion below says what came.
+    look_for(Duration::from_secs(60), async || {
+        (read().len() as u32 == SPOOLED).then_some(())
+    })
+    .await;
+    let sales = read();
     assert_eq!(
         sales.len() as u32,
         SPOOLED,

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::support::tmpfs::{Tmpfs, fill};
+use crate::support::wait::look_for;
 use crate::support::{
     Meter, OwnBroker, TestApp, own_source, read_topic, rr_sale, spool_config, unique,
 };
@@ -36,15 +37,15 @@ async fn spool_readiness(app: &TestApp) -> Value {
 /// Waits until `condition` holds of the app, 60 s at most; says what the
 /// spool showed when it never did.
 async fn until(app: &TestApp, what: &str, mut condition: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !condition().await {
-        if Instant::now() >= deadline {
-            panic!(
-                "{what} never happened; spool: {}",
-                spool_readiness(app).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let held = look_for(Duration::from_secs(60), async || {
+        condition().await.then_some(())
+    })
+    .await;
+    if held.is_none() {
+        panic!(
+            "{what} never happened; spool: {}",
+            spool_readiness(app).await
+        );
     }
 }
 

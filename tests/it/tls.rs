@@ -9,6 +9,7 @@ use posbridge::event::{DeliveryKey, ProviderKind};
 use posbridge::ledger::{Begin, Commit, Ledger, RedisLedger};
 
 use crate::support::tls::TestCa;
+use crate::support::wait::look_for;
 use crate::support::{
     BrokerKind, OwnBroker, TestApp, broker_kind, config, free_port, kafka_security,
     read_topic_with, rr_sale, unique,
@@ -90,24 +91,24 @@ async fn the_redis_ledger_speaks_tls_to_a_server_signed_by_the_configured_ca() {
         .spawn()
         .expect("redis-server (scripts/test needs it anyway)");
     let url = format!("rediss://127.0.0.1:{port}");
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    let ledger = loop {
-        match RedisLedger::connect(
+    let prefix = format!("{}:", unique("tls"));
+    let connect = || {
+        RedisLedger::connect(
             &url,
-            &format!("{}:", unique("tls")),
+            &prefix,
             Duration::from_secs(3600),
             Duration::from_secs(10),
             Some(&ca.ca_file),
             false,
         )
-        .await
-        {
-            Ok(ledger) => break ledger,
-            Err(_) if std::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(error) => panic!("no TLS connection to redis: {error}"),
-        }
+    };
+    // Until the server started beside the test listens.
+    let ledger = match look_for(Duration::from_secs(15), async || connect().await.ok()).await {
+        Some(ledger) => ledger,
+        None => panic!(
+            "no TLS connection to redis: {}",
+            connect().await.unwrap_err()
+        ),
     };
     let key = DeliveryKey::new(ProviderKind::Mekari, "tls-1");
     assert_eq!(ledger.begin(&key).await.unwrap(), Begin::New);

@@ -15,9 +15,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::operator::{
-    delete_topic, raise_partitions, set_topic_config, wait_for, wait_until,
-};
+use crate::support::operator::{delete_topic, raise_partitions, set_topic_config};
+use crate::support::wait::{wait_for, wait_until};
 use crate::support::{
     BrokerKind, TestApp, broker_kind, brokers, mekari_order, metric, rr_sale, spool_config, unique,
 };

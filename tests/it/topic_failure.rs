@@ -7,6 +7,7 @@
 
 use serde_json::Value;
 
+use crate::support::wait::look_for;
 use crate::support::{
     BrokerKind, OwnBroker, TestApp, broker_kind, config, mekari_order, read_topic, rr_sale,
     spool_config, unique,
@@ -183,17 +184,18 @@ async fn kafka_only_a_spooled_delivery_its_topic_refuses_goes_aside_and_the_rest
     let spool = app.pipeline.spool().unwrap().clone();
     let started = std::time::Instant::now();
     let mut sales_drained_after = None;
-    while spool.stats().entries > 0 {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(120),
-            "the spool never drained: {} left",
-            spool.stats().entries
-        );
+    let drained = look_for(std::time::Duration::from_secs(120), async || {
         if sales_drained_after.is_none() && sale_keys(&broker, &app) == 6 {
             sales_drained_after = Some(started.elapsed());
         }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
+        (spool.stats().entries == 0).then_some(())
+    })
+    .await;
+    assert!(
+        drained.is_some(),
+        "the spool never drained: {} left",
+        spool.stats().entries
+    );
     let emptied_after = started.elapsed();
     // Keys, not records: a sale whose record was in flight when the broker
     // froze may land and be published again from the spool (the documented

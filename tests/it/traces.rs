@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -21,6 +21,7 @@ use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode as SpanStatus;
 use prost::Message as _;
 
+use crate::support::wait::look_for;
 use crate::support::{TestApp, brokers, config, read_topic, rr_sale, signed_request, unique};
 
 /// One span as the collector received it.
@@ -76,18 +77,12 @@ impl Collector {
     /// Waits until `done` holds for the spans received, at most 60 s (the
     /// exporter sends a batch every 5 s while posbridge runs).
     async fn wait_for(&self, what: &str, done: impl Fn(&[Received]) -> bool) -> Vec<Received> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
+        let received = look_for(Duration::from_secs(60), async || {
             let spans = self.spans();
-            if done(&spans) {
-                return spans;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "never received {what}; received {spans:#?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            done(&spans).then_some(spans)
+        })
+        .await;
+        received.unwrap_or_else(|| panic!("never received {what}; received {:#?}", self.spans()))
     }
 }
 

@@ -11,6 +11,7 @@ pub mod registry;
 pub mod secret_mount;
 pub mod tls;
 pub mod tmpfs;
+pub mod wait;
 
 pub use broker::{BrokerKind, KafkaSecurity, OwnBroker, broker_kind, kafka_security};
 pub use ports::{free_port, free_ports};
@@ -155,16 +156,16 @@ impl TestApp {
     /// Starts the app with a given config. Retries while a previous app in
     /// this process still holds the same ledger file.
     pub async fn start_with(config: Config) -> TestApp {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let app = loop {
-            match App::build(&config).await {
-                Ok(app) => break app,
-                Err(e) if Instant::now() < deadline && e.to_string().contains("ledger") => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+        let app = wait::wait_for(
+            Duration::from_secs(10),
+            "a previous app to let go of the ledger",
+            async || match App::build(&config).await {
+                Ok(app) => Some(app),
+                Err(e) if e.to_string().contains("ledger") => None,
                 Err(e) => panic!("app did not start: {e}"),
-            }
-        };
+            },
+        )
+        .await;
         let pipeline = app.pipeline().clone();
         let board = app.board().clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -613,11 +614,10 @@ pub fn spawn_posbridge(command: &str, config: &Path) -> std::process::Child {
 
 /// Waits until a posbridge at `base` answers `/healthz` (30 s at most).
 pub async fn wait_healthy(http: &reqwest::Client, base: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while http.get(format!("{base}/healthz")).send().await.is_err() {
-        assert!(Instant::now() < deadline, "posbridge did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait::wait_until(Duration::from_secs(30), "posbridge to start", async || {
+        http.get(format!("{base}/healthz")).send().await.is_ok()
+    })
+    .await;
 }
 
 /// The `/metrics` text at one moment. Every app of the test process records

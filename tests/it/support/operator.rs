@@ -1,14 +1,14 @@
 //! What an operator does to a topic under a running posbridge, through
 //! Kafka's admin API (as `kafka-configs` and `kafka-topics` would): change a
-//! setting, raise the partitions, delete it; and the wait for posbridge to
-//! notice.
+//! setting, raise the partitions, delete it.
 
-use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, NewPartitions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
+
+use super::wait::wait_until;
 
 fn admin(brokers: &str) -> AdminClient<DefaultClientContext> {
     ClientConfig::new()
@@ -69,35 +69,4 @@ pub async fn delete_topic(brokers: &str, topic: &str) {
         .await
         .unwrap();
     assert!(results.iter().all(Result::is_ok), "{results:?}");
-}
-
-/// Polls `check` every 100 ms until it holds; fails the test naming `what`
-/// after `limit`.
-pub async fn wait_until<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    wait_for(limit, what, || {
-        let checked = check();
-        async move { checked.await.then_some(()) }
-    })
-    .await;
-}
-
-/// Polls `look` every 100 ms until it finds something, and returns it;
-/// fails the test naming `what` after `limit`.
-pub async fn wait_for<T, F, Fut>(limit: Duration, what: &str, mut look: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(found) = look().await {
-            return found;
-        }
-        assert!(Instant::now() < deadline, "waited {limit:?} for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
