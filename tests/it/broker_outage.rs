@@ -8,6 +8,7 @@ use posbridge::ledger::{Begin, EntitySlot};
 use posbridge::pipeline::HEADER_DELIVERY_ID;
 
 use crate::support::wait::wait_for;
+use crate::support::wait::wait_until;
 use crate::support::{
     OwnBroker, TestApp, config, mekari_order, read_topic, rr_sale, signed_request, unique,
 };
@@ -143,6 +144,9 @@ async fn readiness_follows_the_broker_and_shutdown_finishes_in_flight_deliveries
         None,
     );
     let in_flight = tokio::spawn(request.send());
+    // The delivery reaches the frozen broker, then shutdown starts; the
+    // assertions below are about shutdown *still* waiting after a while,
+    // which no condition can show sooner.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let stopping = tokio::spawn(app.stop());
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -218,6 +222,7 @@ async fn readiness_follows_the_broker_and_shutdown_finishes_in_flight_deliveries
         assert!(gave_up.is_err(), "the client gave up before the answer");
     }
     let stopping = tokio::spawn(app.stop());
+    // That shutdown is still waiting a while later: a time, not a condition.
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(!stopping.is_finished(), "shutdown waits for the deliveries");
     broker.thaw();
@@ -321,10 +326,21 @@ async fn a_client_that_disconnects_mid_publish_does_not_cancel_the_ledger_commit
     .send()
     .await;
     assert!(gave_up.is_err(), "the client gave up before the answer");
-    // Well inside the 3 s delivery deadline: the record is acknowledged.
+    // Thawed well inside the 3 s delivery deadline (a point on the
+    // delivery's timeline): the record is acknowledged, and the entity's
+    // lock is held until its commit, so the stale check below reads it.
     tokio::time::sleep(Duration::from_millis(600)).await;
     broker.thaw();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    wait_until(
+        Duration::from_secs(10),
+        "the acknowledged record",
+        async || {
+            read_topic(&broker.address(), &app.topic("sales"))
+                .iter()
+                .any(|r| r.key == "receiptroller:T1|2026-11|301")
+        },
+    )
+    .await;
 
     let older = rr_sale(
         "dc-2",
@@ -392,6 +408,8 @@ async fn a_record_acknowledged_after_its_answer_deadline_is_not_written_again_by
         None,
     );
     let first = tokio::spawn(request.send());
+    // Points on the delivery's own timeline (its deadline counts from its
+    // arrival), not conditions to wait for.
     tokio::time::sleep(Duration::from_millis(2000)).await;
     broker.freeze();
     tokio::time::sleep(Duration::from_millis(500)).await;

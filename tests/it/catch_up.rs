@@ -326,6 +326,8 @@ async fn a_broker_outage_shorter_than_the_retry_windows_loses_nothing() {
         ],
     )
     .await;
+    // The simulator's first deliveries under way before the cut: a point in
+    // its run, not a condition.
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Longer than the 3 s delivery deadline, so attempts fail; well inside
     // both providers' retry windows (14 s / 130 s at this time scale), so a
@@ -566,6 +568,7 @@ async fn an_outage_longer_than_receiptrollers_retries_loses_nothing_with_the_spo
             ],
         )
         .await;
+        // Under way before the cut; the outage lasts 12 s: times, not conditions.
         tokio::time::sleep(Duration::from_millis(300)).await;
         broker.cut();
         tokio::time::sleep(Duration::from_secs(12)).await;

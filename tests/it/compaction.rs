@@ -145,6 +145,7 @@ async fn kafka_only_the_log_cleaner_leaves_exactly_the_newest_state_of_every_liv
     let started = Instant::now();
     let deadline = started + Duration::from_secs(90);
     let view = loop {
+        // Each roll must fall in a new segment (segment.ms): a pace, then a look.
         tokio::time::sleep(Duration::from_millis(300)).await;
         roller
             .send(

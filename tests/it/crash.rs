@@ -92,6 +92,8 @@ async fn every_delivery_answered_2xx_survives_sigkill_under_load() {
         async move { send_all(&http, &base, (0..DELIVERIES).rev().collect(), answered).await }
     });
     // Killed mid-load, with deliveries in flight.
+    // Polled every 5 ms, not through the suite's 100 ms wait: the kill must
+    // land while deliveries are in flight, not after the load ended.
     while answered.lock().unwrap().len() < DELIVERIES / 3 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

@@ -14,6 +14,7 @@ use posbridge::encode::decode;
 use serde_json::Value;
 
 use crate::support::cluster::KafkaCluster;
+use crate::support::wait::wait_until;
 use crate::support::{
     BrokerKind, TestApp, broker_kind, latest_per_key, mekari_order, read_topic, rr_sale,
     spool_config, timed, unique,
@@ -106,6 +107,7 @@ async fn kafka_only_losing_a_partition_leader_under_load_loses_nothing_and_keeps
             cluster.restart(leader).await;
             restarted = true;
         }
+        // The load's pace: ten deliveries a second.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut sent = Vec::new();
@@ -128,19 +130,18 @@ async fn kafka_only_losing_a_partition_leader_under_load_loses_nothing_and_keeps
     assert!(slowest <= BUDGET, "slowest answer {slowest:?}");
 
     // The 503s retried as the provider would, until each is handled.
-    let deadline = Instant::now() + Duration::from_secs(90);
     for s in sent.iter().filter(|s| s.status != 200) {
         assert_eq!(s.status, 503, "{} {}", s.status, s.what);
-        while app.send(s.provider, "main", &s.body).await.status() != 200 {
-            assert!(Instant::now() < deadline, "a retry never succeeded");
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
+        wait_until(Duration::from_secs(90), "a retry to succeed", async || {
+            app.send(s.provider, "main", &s.body).await.status() == 200
+        })
+        .await;
     }
     let spool = app.pipeline.spool().expect("a spooling configuration");
-    while spool.stats().entries > 0 {
-        assert!(Instant::now() < deadline, "the spool never drained");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_until(Duration::from_secs(60), "the spool to drain", async || {
+        spool.stats().entries == 0
+    })
+    .await;
 
     // Every published delivery is in its topic; every entity ends on the
     // newest event sent for it.

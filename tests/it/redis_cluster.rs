@@ -253,6 +253,7 @@ async fn worker(ledger: RedisLedger, traffic: Arc<Traffic>) {
                 Ok(Begin::Done) => panic!("{id} done before it was committed"),
                 Err(_) => {
                     traffic.failed();
+                    // A client's pause before trying a failed node again.
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
@@ -277,6 +278,7 @@ async fn worker(ledger: RedisLedger, traffic: Arc<Traffic>) {
                 Ok(()) => break,
                 Err(_) => {
                     traffic.failed();
+                    // As above: a retry's pause.
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
@@ -398,7 +400,12 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
     let workers: Vec<_> = (0..8)
         .map(|_| tokio::spawn(worker(ledger.clone(), traffic.clone())))
         .collect();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_until(
+        Duration::from_secs(20),
+        "traffic before the failover",
+        async || traffic.committed.lock().unwrap().len() >= 200,
+    )
+    .await;
     let before = traffic.committed.lock().unwrap().len();
     let started = Instant::now();
     assert_eq!(
@@ -416,7 +423,13 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
     .await;
     let failover = started.elapsed();
     let ended = Instant::now();
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let at_end = traffic.committed.lock().unwrap().len();
+    wait_until(
+        Duration::from_secs(20),
+        "traffic after the failover",
+        async || traffic.committed.lock().unwrap().len() >= at_end + 200,
+    )
+    .await;
     traffic.stop.store(true, Ordering::Relaxed);
     for worker in workers {
         worker.await.unwrap();

@@ -255,6 +255,8 @@ async fn sighup_reads_the_secret_files_again() {
                 "posbridge ended on SIGHUP"
             );
         }
+        // A poll of its own: each look may find the process ended, which
+        // fails the test with its own message.
         assert!(Instant::now() < deadline, "SIGHUP did not read the file");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -102,8 +102,7 @@ impl PrivateRegistry {
             .build()
             .unwrap();
         let health = format!("http://127.0.0.1:{}/health/ready", port + 1);
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
+        let answered = super::wait::look_for(START_TIMEOUT, async || {
             if let Some(status) = self.child.try_wait().unwrap() {
                 panic!("Apicurio exited ({status}) before answering (its log follows)");
             }
@@ -112,19 +111,17 @@ impl PrivateRegistry {
                 .send()
                 .await
                 .is_ok_and(|r| r.status().is_success());
-            if ready
+            (ready
                 && tokio::net::TcpStream::connect(("127.0.0.1", port))
                     .await
-                    .is_ok()
-            {
-                return;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "Apicurio did not answer on {health} within {START_TIMEOUT:?} (its log follows)"
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+                    .is_ok())
+            .then_some(())
+        })
+        .await;
+        if answered.is_none() {
+            panic!(
+                "Apicurio did not answer on {health} within {START_TIMEOUT:?} (its log follows)"
+            );
         }
     }
 

@@ -544,6 +544,7 @@ fn high_watermark(consumer: &BaseConsumer, topic: &str) -> i64 {
             Ok((_, high)) => return high,
             Err(KafkaError::MetadataFetch(
                 RDKafkaErrorCode::NotLeaderForPartition | RDKafkaErrorCode::LeaderNotAvailable,
+                // A blocking caller (no runtime here): the leader is polled in place.
             )) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(250)),
             Err(error) => panic!("the high watermark of {topic}: {error}"),
         }
