@@ -310,16 +310,20 @@ mod tests {
         Begin, Commit, EmbeddedLedger, EntityLock, EntitySlot, EntityState, Ledger, LedgerError,
     };
 
-    /// A real embedded ledger whose commits fail while `failing` is set: the
-    /// full disk of `tests/it/ledger_full.rs`, at the one moment this test needs.
-    struct FailingCommits {
+    /// A real embedded ledger whose writes (leases, commits) fail while
+    /// `failing` is set: the full disk of `tests/it/ledger_full.rs`, or a
+    /// Redis refusing writes, at the one moment a test needs.
+    struct FailingWrites {
         ledger: EmbeddedLedger,
         failing: AtomicBool,
     }
 
     #[async_trait]
-    impl Ledger for FailingCommits {
+    impl Ledger for FailingWrites {
         async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
+            if self.failing.load(Ordering::Acquire) {
+                return Err(LedgerError::Closed);
+            }
             self.ledger.begin(delivery).await
         }
         async fn begin_again(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
@@ -360,7 +364,7 @@ mod tests {
             Duration::from_secs(30),
         )
         .unwrap();
-        let fenced = Arc::new(Fenced::new(FailingCommits {
+        let fenced = Arc::new(Fenced::new(FailingWrites {
             ledger,
             failing: AtomicBool::new(false),
         }));
@@ -399,5 +403,50 @@ mod tests {
             matches!(read, Err(LedgerError::Unwritable { .. })),
             "the state read under the lock misses the newer one the fence keeps: {read:?}"
         );
+    }
+
+    fn writable_gauge(recorder: &metrics_exporter_prometheus::PrometheusRecorder) -> String {
+        recorder
+            .handle()
+            .render()
+            .lines()
+            .find(|line| line.starts_with(crate::telemetry::LEDGER_WRITABLE))
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// The gauge of this ledger alone (a recorder of the test's own): a
+    /// lease the store refuses says unwritable before any commit failed,
+    /// and the next write that works (the readiness check) says writable.
+    #[test]
+    fn a_refused_lease_shows_the_ledger_unwritable_until_a_write_works() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        metrics::with_local_recorder(&recorder, || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let dir = tempfile::tempdir().unwrap();
+                let ledger = EmbeddedLedger::open(
+                    &dir.path().join("ledger.redb"),
+                    Duration::from_secs(3600),
+                    Duration::from_secs(30),
+                )
+                .unwrap();
+                let fenced = Fenced::new(FailingWrites {
+                    ledger,
+                    failing: AtomicBool::new(true),
+                });
+                assert_eq!(writable_gauge(&recorder), "posbridge_ledger_writable 1");
+                let delivery = DeliveryKey::new(ProviderKind::Mekari, "d-1");
+                assert!(fenced.begin(&delivery).await.is_err());
+                assert_eq!(writable_gauge(&recorder), "posbridge_ledger_writable 0");
+                fenced.inner.failing.store(false, Ordering::Release);
+                fenced.check().await.unwrap();
+                assert_eq!(writable_gauge(&recorder), "posbridge_ledger_writable 1");
+                assert_eq!(fenced.begin(&delivery).await.unwrap(), Begin::New);
+            });
+        });
     }
 }

@@ -416,22 +416,28 @@ pub fn validate(config: &KafkaConfig, max_record_bytes: usize) -> Result<(), Kaf
 async fn probe(current: Weak<RwLock<Current>>, health: Arc<BrokerHealth>) {
     loop {
         tokio::time::sleep(PROBE_EVERY).await;
-        let Some(current) = current.upgrade() else {
+        let Some(producer) = producer_of(&current) else {
             return;
         };
         if health.is_up() {
             continue;
         }
-        let producer = current
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .producer
-            .clone();
-        drop(current);
         if metadata_answers(producer, PROBE_EVERY).await {
             health.mark_up();
         }
     }
+}
+
+/// The producer in use, for a background loop that holds the publisher
+/// weakly; `None` once the last `Publisher` handle is gone.
+fn producer_of(current: &Weak<RwLock<Current>>) -> Option<KafkaProducer> {
+    let current = current.upgrade()?;
+    let producer = current
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .producer
+        .clone();
+    Some(producer)
 }
 
 /// Whether a broker answers a metadata request within `timeout`.

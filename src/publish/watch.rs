@@ -268,18 +268,12 @@ impl Watch {
         ticker.tick().await;
         loop {
             ticker.tick().await;
-            let Some(current) = self.current.upgrade() else {
+            let Some(producer) = super::producer_of(&self.current) else {
                 return;
             };
             if !self.health.is_up() {
                 continue;
             }
-            let producer = current
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .producer
-                .clone();
-            drop(current);
             match observe(&self.admin_config, producer, &topics).await {
                 Ok(observed) => {
                     // A start during an outage found nothing: the first look counts.
