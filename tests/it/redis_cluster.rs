@@ -7,7 +7,6 @@
 //! acknowledged commit wrote may be lost, nor any delivery begin `New` twice.
 
 use std::collections::{BTreeMap, HashSet};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,27 +14,13 @@ use std::time::{Duration, Instant};
 use posbridge::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
 use posbridge::ledger::{Begin, Commit, EntitySlot, EntityState, Ledger, RedisLedger};
 
+use crate::support::redis::{RedisServer, cli};
 use crate::support::unique;
 use crate::support::wait::wait_until;
 
-/// One `redis-server` of the cluster, killed when dropped.
-struct Node {
-    port: u16,
-    child: Child,
-    /// Its `nodes.conf`; removed after the process is gone.
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Six nodes: after `create`, three masters with one replica each.
 struct TestCluster {
-    nodes: Vec<Node>,
+    nodes: Vec<RedisServer>,
 }
 
 /// A loopback port that is free, with its cluster bus port (`port + 10000`)
@@ -51,18 +36,6 @@ fn free_cluster_port(taken: &[u16]) -> u16 {
             return port;
         }
     }
-}
-
-/// `redis-cli -p PORT ARGS…`, its output (empty when it could not run).
-async fn cli(port: u16, args: &[&str]) -> String {
-    let output = tokio::process::Command::new("redis-cli")
-        .arg("-p")
-        .arg(port.to_string())
-        .args(args)
-        .output()
-        .await
-        .expect("redis-cli");
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// A node's role (`master`, `slave`) and, for a replica, its master's port
@@ -83,36 +56,27 @@ async fn role(port: u16) -> (String, Option<u16>, bool) {
 
 impl TestCluster {
     async fn start() -> TestCluster {
-        let mut nodes: Vec<Node> = Vec::new();
+        let mut nodes: Vec<RedisServer> = Vec::new();
         for _ in 0..6 {
             let taken: Vec<u16> = nodes.iter().map(|n| n.port).collect();
             let port = free_cluster_port(&taken);
-            let dir = tempfile::tempdir().unwrap();
-            let child = Command::new("redis-server")
-                .args(["--cluster-enabled", "yes", "--cluster-config-file"])
-                .arg(dir.path().join(format!("nodes-{port}.conf")))
-                .arg("--dir")
-                .arg(dir.path())
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .args(["--cluster-node-timeout", "2000"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server (scripts/test needs it anyway)");
-            nodes.push(Node {
-                port,
-                child,
-                _dir: dir,
-            });
+            let conf = format!("nodes-{port}.conf");
+            nodes.push(
+                RedisServer::start(
+                    port,
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        &conf,
+                        "--cluster-node-timeout",
+                        "2000",
+                    ],
+                )
+                .await,
+            );
         }
         let cluster = TestCluster { nodes };
-        for port in cluster.ports() {
-            wait_until(Duration::from_secs(10), "redis-server", async || {
-                cli(port, &["PING"]).await.trim() == "PONG"
-            })
-            .await;
-        }
         let addresses: Vec<String> = cluster.ports().map(|p| format!("127.0.0.1:{p}")).collect();
         let created = tokio::process::Command::new("redis-cli")
             .arg("--cluster")

@@ -15,69 +15,23 @@
 //!   `noeviction`) is refused at start and, set so later, on `/readyz`,
 //!   unless `ledger.redis_allow_eviction` takes the risk.
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use posbridge::config::{Config, LedgerBackend};
 use serde_json::Value;
 
 use crate::support::ports::free_port;
+use crate::support::redis::RedisServer;
 use crate::support::wait::wait_until;
 use crate::support::{TestApp, brokers, config, mekari_order, rr_sale, spool_config, unique};
 
-/// A `redis-server` on a port of its own, killed when dropped.
-struct OwnRedis {
-    port: u16,
-    child: Child,
-}
-
-impl OwnRedis {
-    async fn start(port: u16) -> OwnRedis {
-        OwnRedis::with_policy(port, "noeviction").await
-    }
-
-    async fn with_policy(port: u16, policy: &str) -> OwnRedis {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .args(["--maxmemory-policy", policy])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server (scripts/test needs it anyway)");
-        let redis = OwnRedis { port, child };
-        wait_until(
-            Duration::from_secs(20),
-            "redis-server to answer",
-            async || redis.cli(&["PING"]).trim() == "PONG",
-        )
-        .await;
-        redis
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn cli(&self, args: &[&str]) -> String {
-        let output = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli");
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A private Redis under posbridge's eviction rule (or `policy`).
+async fn own_redis(port: u16, policy: &str) -> RedisServer {
+    RedisServer::start(port, &["--maxmemory-policy", policy]).await
 }
 
 /// `config` with its ledger on this Redis.
-fn on_redis(redis: &OwnRedis, prefix: &str, mut config: Config) -> Config {
+fn on_redis(redis: &RedisServer, prefix: &str, mut config: Config) -> Config {
     config.ledger.backend = LedgerBackend::Redis;
     config.ledger.redis_url = redis.url();
     config.ledger.redis_prefix = format!("{prefix}:");
@@ -102,7 +56,7 @@ async fn readiness(app: &TestApp) -> (u16, Value) {
 
 #[tokio::test]
 async fn a_redis_that_refuses_writes_is_shown_unwritable_and_heals_without_a_restart() {
-    let redis = OwnRedis::start(free_port()).await;
+    let redis = own_redis(free_port(), "noeviction").await;
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("redisoom");
     let app = TestApp::start_with(on_redis(
@@ -114,7 +68,7 @@ async fn a_redis_that_refuses_writes_is_shown_unwritable_and_heals_without_a_res
     assert_eq!(readiness(&app).await.0, 200);
 
     // Any memory in use is above one byte: every write is refused from now.
-    redis.cli(&["CONFIG", "SET", "maxmemory", "1"]);
+    redis.cli(&["CONFIG", "SET", "maxmemory", "1"]).await;
     let refused = app.send("mekari", "main", &order("oom-1", "ORD-1")).await;
     assert_eq!(refused.status(), 503, "{}", refused.text().await.unwrap());
     let (status, body) = readiness(&app).await;
@@ -125,7 +79,7 @@ async fn a_redis_that_refuses_writes_is_shown_unwritable_and_heals_without_a_res
     );
 
     // Room again: readiness, the gauge and the delivery's retry recover.
-    redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
+    redis.cli(&["CONFIG", "SET", "maxmemory", "0"]).await;
     wait_until(
         Duration::from_secs(20),
         "/readyz to be 200 again",
@@ -142,7 +96,7 @@ async fn a_redis_that_refuses_writes_is_shown_unwritable_and_heals_without_a_res
 #[tokio::test]
 async fn with_redis_gone_a_replica_whose_source_spools_stays_ready_and_spools() {
     let port = free_port();
-    let redis = OwnRedis::start(port).await;
+    let redis = own_redis(port, "noeviction").await;
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("redisgone");
     let app = TestApp::start_with(on_redis(
@@ -177,7 +131,7 @@ async fn with_redis_gone_a_replica_whose_source_spools_stays_ready_and_spools() 
     assert_ne!(body["ledger"], "ok", "{body}");
 
     // Redis back (empty, on the same port): the spool drains through it.
-    let _redis = OwnRedis::start(port).await;
+    let _redis = own_redis(port, "noeviction").await;
     wait_until(Duration::from_secs(20), "the spool to drain", async || {
         readiness(&app).await.1["spool"]["entries"] == 0
     })
@@ -192,7 +146,7 @@ async fn with_redis_gone_a_replica_whose_source_spools_stays_ready_and_spools() 
 
 #[tokio::test]
 async fn a_redis_that_may_evict_our_keys_is_refused_unless_the_risk_is_taken() {
-    let redis = OwnRedis::with_policy(free_port(), "allkeys-lru").await;
+    let redis = own_redis(free_port(), "allkeys-lru").await;
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("redisevict");
     let mut config = on_redis(&redis, &prefix, config(&brokers(), &prefix, dir.path()));
@@ -213,11 +167,15 @@ async fn a_redis_that_may_evict_our_keys_is_refused_unless_the_risk_is_taken() {
     taken.stop().await;
 
     // Set to evict under a running posbridge: /readyz says so.
-    redis.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    redis
+        .cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        .await;
     config.ledger.redis_allow_eviction = false;
     let app = TestApp::start_with(config).await;
     assert_eq!(readiness(&app).await.0, 200);
-    redis.cli(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"]);
+    redis
+        .cli(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"])
+        .await;
     let (status, body) = readiness(&app).await;
     assert_eq!(status, 503, "{body}");
     assert!(

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod operator;
 pub mod ports;
 pub mod proxy;
+pub mod redis;
 pub mod registry;
 pub mod secret_mount;
 pub mod tls;
