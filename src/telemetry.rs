@@ -119,3 +119,17 @@ pub fn install() -> PrometheusHandle {
         })
         .clone()
 }
+
+/// The first line a test's own recorder renders for the series `name`
+/// (empty when it has none): a unit test reads its metric there, apart
+/// from every other test in the process.
+#[cfg(test)]
+pub fn rendered(recorder: &metrics_exporter_prometheus::PrometheusRecorder, name: &str) -> String {
+    recorder
+        .handle()
+        .render()
+        .lines()
+        .find(|line| line.starts_with(name))
+        .unwrap_or_default()
+        .to_owned()
+}

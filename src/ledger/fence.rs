@@ -355,19 +355,25 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_read_that_waited_for_the_lock_of_a_holder_whose_commit_failed_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A fenced embedded ledger in `dir` whose writes fail from the start
+    /// when `failing`.
+    fn failing_writes(dir: &tempfile::TempDir, failing: bool) -> Fenced<FailingWrites> {
         let ledger = EmbeddedLedger::open(
             &dir.path().join("ledger.redb"),
             Duration::from_secs(3600),
             Duration::from_secs(30),
         )
         .unwrap();
-        let fenced = Arc::new(Fenced::new(FailingWrites {
+        Fenced::new(FailingWrites {
             ledger,
-            failing: AtomicBool::new(false),
-        }));
+            failing: AtomicBool::new(failing),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_read_that_waited_for_the_lock_of_a_holder_whose_commit_failed_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let fenced = Arc::new(failing_writes(&dir, false));
         let slot = EntitySlot::new(
             EntityType::Sale,
             &EntityKey::new(ProviderKind::ReceiptRoller, None, "S-1"),
@@ -406,13 +412,7 @@ mod tests {
     }
 
     fn writable_gauge(recorder: &metrics_exporter_prometheus::PrometheusRecorder) -> String {
-        recorder
-            .handle()
-            .render()
-            .lines()
-            .find(|line| line.starts_with(crate::telemetry::LEDGER_WRITABLE))
-            .unwrap_or_default()
-            .to_owned()
+        crate::telemetry::rendered(recorder, crate::telemetry::LEDGER_WRITABLE)
     }
 
     /// The gauge of this ledger alone (a recorder of the test's own): a
@@ -428,16 +428,7 @@ mod tests {
                 .unwrap();
             runtime.block_on(async {
                 let dir = tempfile::tempdir().unwrap();
-                let ledger = EmbeddedLedger::open(
-                    &dir.path().join("ledger.redb"),
-                    Duration::from_secs(3600),
-                    Duration::from_secs(30),
-                )
-                .unwrap();
-                let fenced = Fenced::new(FailingWrites {
-                    ledger,
-                    failing: AtomicBool::new(true),
-                });
+                let fenced = failing_writes(&dir, true);
                 assert_eq!(writable_gauge(&recorder), "posbridge_ledger_writable 1");
                 let delivery = DeliveryKey::new(ProviderKind::Mekari, "d-1");
                 assert!(fenced.begin(&delivery).await.is_err());

@@ -203,13 +203,7 @@ mod tests {
     use super::*;
 
     fn writable_gauge(recorder: &metrics_exporter_prometheus::PrometheusRecorder) -> String {
-        recorder
-            .handle()
-            .render()
-            .lines()
-            .find(|line| line.starts_with(telemetry::SPOOL_WRITABLE))
-            .unwrap_or_default()
-            .to_owned()
+        telemetry::rendered(recorder, telemetry::SPOOL_WRITABLE)
     }
 
     #[test]

@@ -19,12 +19,10 @@ use crate::support::{Meter, TestApp, metric, own_source, unique};
 /// taken for one that never ends.
 const NEVER_ENDS: Duration = Duration::from_secs(120);
 
-/// A posbridge, a simulator whose Transactions API claims 10⁹ pages of the
-/// same sales, and a config whose ReceiptRoller source (renamed, so its
-/// series are this test's alone) reads it; the source's name.
-async fn endless_list(tag: &str) -> (TestApp, Sim, Config, String) {
-    let app = TestApp::start().await;
-    let sim = Sim::start(
+/// A simulator of twelve events, none dropped, whose ReceiptRoller API
+/// answers with `fault`.
+async fn sim_with_fault(app: &TestApp, fault: &str) -> Sim {
+    Sim::start(
         &app.base,
         &[
             "--events",
@@ -34,10 +32,18 @@ async fn endless_list(tag: &str) -> (TestApp, Sim, Config, String) {
             "--drop",
             "0",
             "--api-fault",
-            "endless-pages",
+            fault,
         ],
     )
-    .await;
+    .await
+}
+
+/// A posbridge, a simulator whose Transactions API claims 10⁹ pages of the
+/// same sales, and a config whose ReceiptRoller source (renamed, so its
+/// series are this test's alone) reads it; the source's name.
+async fn endless_list(tag: &str) -> (TestApp, Sim, Config, String) {
+    let app = TestApp::start().await;
+    let sim = sim_with_fault(&app, "endless-pages").await;
     sim.wait_done().await;
     let mut config = sim.configure_with(&app.config, MEKARI_CLIENT_SECRET, false);
     let source = unique(tag);
@@ -149,20 +155,7 @@ async fn a_page_too_large_cut_short_or_dripping_fails_the_run_and_is_counted() {
         ("cut-short", "failed after 3 attempts"),
         ("drip", "failed after 3 attempts"),
     ] {
-        let sim = Sim::start(
-            &app.base,
-            &[
-                "--events",
-                "12",
-                "--seed",
-                "21",
-                "--drop",
-                "0",
-                "--api-fault",
-                fault,
-            ],
-        )
-        .await;
+        let sim = sim_with_fault(&app, fault).await;
         sim.wait_done().await;
         let mut config = sim.configure_with(&app.config, MEKARI_CLIENT_SECRET, false);
         if fault == "drip" {
