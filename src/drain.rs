@@ -255,6 +255,7 @@ impl Drainer {
                 }
                 Err(error) => {
                     if self.pipeline.publisher().health().is_up()
+                        && about_the_entry(&error)
                         && self.failed_too_often(seq)
                         && self.set_aside(&delivery, &error).await
                     {
@@ -387,9 +388,30 @@ fn count(provider: &'static str, outcome: Outcome) {
     .increment(1);
 }
 
+/// Whether a replay's failure may be the entry's own (a topic refusing its
+/// records, an encoding it cannot take), so that it counts toward setting
+/// the entry aside; a ledger that cannot answer stops every entry alike,
+/// and setting good ones aside then would only move them out of the way
+/// of nothing.
+fn about_the_entry(error: &PipelineError) -> bool {
+    !matches!(error, PipelineError::Ledger(_))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ledger_that_cannot_answer_sets_no_spooled_entry_aside() {
+        use crate::ledger::LedgerError;
+        assert!(!about_the_entry(&PipelineError::Ledger(LedgerError::Closed)));
+        assert!(!about_the_entry(&PipelineError::Ledger(
+            LedgerError::Unwritable {
+                reason: "OOM command not allowed".into()
+            }
+        )));
+        assert!(about_the_entry(&PipelineError::DeliveryIdMismatch));
+    }
     use crate::event::{ProviderKind, Source};
     use crate::spool::SpooledDelivery;
 
