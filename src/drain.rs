@@ -404,7 +404,9 @@ mod tests {
     #[test]
     fn a_ledger_that_cannot_answer_sets_no_spooled_entry_aside() {
         use crate::ledger::LedgerError;
-        assert!(!about_the_entry(&PipelineError::Ledger(LedgerError::Closed)));
+        assert!(!about_the_entry(&PipelineError::Ledger(
+            LedgerError::Closed
+        )));
         assert!(!about_the_entry(&PipelineError::Ledger(
             LedgerError::Unwritable {
                 reason: "OOM command not allowed".into()

@@ -40,8 +40,8 @@
 //! older event roll the entity back. Each write is idempotent, so the fence
 //! writing a failed commit again is safe.
 
-use std::sync::LazyLock;
-use std::time::Duration;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -52,6 +52,12 @@ use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, ScriptInvocation,
 use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
 use crate::config::LedgerConfig;
 use crate::event::DeliveryKey;
+
+/// How often the readiness check reads `maxmemory-policy` again: a policy
+/// changed under a running posbridge is seen within this, and readiness
+/// probes and status pages in quick succession do not each ask every
+/// master for `INFO`.
+const POLICY_RECHECK: Duration = Duration::from_secs(5);
 
 /// How long the readiness check's write probe (`Pprobe:writable`) lives:
 /// it holds nothing, and lapses soon after the last check.
@@ -202,6 +208,21 @@ impl ConnectionLike for Connection {
     }
 }
 
+/// `url` (one node's, or a comma-separated list) as said in an error: its
+/// passwords replaced, since the error reaches logs and start-up output.
+fn without_password(url: &str) -> String {
+    url.split(',')
+        .map(|node| match url::Url::parse(node.trim()) {
+            Ok(mut parsed) if parsed.password().is_some() => {
+                let _ = parsed.set_password(Some("***"));
+                parsed.to_string()
+            }
+            _ => node.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Every string in a reply, one after another: `INFO` answers one text
 /// from one server and a map of texts from a cluster's masters.
 fn collect_text(value: &Value, text: &mut String) {
@@ -252,6 +273,9 @@ pub struct RedisLedger {
     lease: Duration,
     /// Whether a `maxmemory-policy` that may evict our keys is taken.
     allow_eviction: bool,
+    /// The last look at the policy: when, and the evicting policy found
+    /// (`None` for `noeviction`, or when `INFO` is refused).
+    policy: Arc<Mutex<(Instant, Option<String>)>>,
 }
 
 impl std::fmt::Debug for RedisLedger {
@@ -286,7 +310,7 @@ impl RedisLedger {
         allow_eviction: bool,
     ) -> Result<RedisLedger, LedgerError> {
         let open_error = |e: Box<dyn std::error::Error + Send + Sync>| LedgerError::Open {
-            path: url.to_owned(),
+            path: without_password(url),
             source: e,
         };
         let nodes = LedgerConfig::redis_nodes(url).map_err(|e| open_error(Box::new(e)))?;
@@ -300,21 +324,60 @@ impl RedisLedger {
                 Connection::Single(single)
             }
         };
+        let found = match Self::evicting_policy(&conn).await {
+            Ok(found) => found,
+            Err(error) => {
+                tracing::warn!(
+                    %error,
+                    "Redis refuses INFO (an ACL without @dangerous?): its maxmemory-policy is not checked; make sure it is noeviction."
+                );
+                None
+            }
+        };
+        match &found {
+            Some(policy) if !allow_eviction => {
+                return Err(open_error(Box::new(LedgerError::Evicting {
+                    policy: policy.clone(),
+                })));
+            }
+            Some(policy) => tracing::warn!(
+                policy,
+                "Redis may evict posbridge's keys (ledger.redis_allow_eviction is set): under memory pressure a forgotten done id publishes a retry again and a forgotten entity state lets an older event overwrite a newer one. Set maxmemory-policy noeviction."
+            ),
+            None => {}
+        }
         let ledger = RedisLedger {
             conn,
             prefix: prefix.to_owned(),
             dedup_ttl,
             lease,
             allow_eviction,
+            policy: Arc::new(Mutex::new((Instant::now(), found))),
         };
         ledger.check().await.map_err(|e| open_error(Box::new(e)))?;
-        if allow_eviction && let Some(policy) = ledger.evicting_policy().await? {
-            tracing::warn!(
-                policy,
-                "Redis may evict posbridge's keys (ledger.redis_allow_eviction is set): under memory pressure a forgotten done id publishes a retry again and a forgotten entity state lets an older event overwrite a newer one. Set maxmemory-policy noeviction."
-            );
-        }
         Ok(ledger)
+    }
+
+    /// The evicting policy as last seen, looked at again when
+    /// [`POLICY_RECHECK`] has passed; a refused `INFO` keeps what was seen.
+    async fn evicting_now(&self) -> Option<String> {
+        let due = {
+            let policy = self.policy.lock().unwrap_or_else(PoisonError::into_inner);
+            policy.0.elapsed() >= POLICY_RECHECK
+        };
+        if due {
+            let found = Self::evicting_policy(&self.conn).await;
+            let mut policy = self.policy.lock().unwrap_or_else(PoisonError::into_inner);
+            policy.0 = Instant::now();
+            if let Ok(found) = found {
+                policy.1 = found;
+            }
+        }
+        self.policy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .1
+            .clone()
     }
 
     /// The `maxmemory-policy` of a server that may evict our keys, if any
@@ -322,10 +385,10 @@ impl RedisLedger {
     /// as done ids and leases carry a TTL). Read from `INFO memory`, which
     /// managed services that rename `CONFIG` still answer; on a cluster,
     /// every master's.
-    async fn evicting_policy(&self) -> Result<Option<String>, LedgerError> {
+    async fn evicting_policy(conn: &Connection) -> Result<Option<String>, LedgerError> {
         let info: Value = redis::cmd("INFO")
             .arg("memory")
-            .query_async(&mut self.conn.clone())
+            .query_async(&mut conn.clone())
             .await?;
         let mut text = String::new();
         collect_text(&info, &mut text);
@@ -421,7 +484,7 @@ async fn connect_single(
     ca_file: Option<&std::path::Path>,
 ) -> Result<ConnectionManager, LedgerError> {
     let open_error = |e: redis::RedisError| LedgerError::Open {
-        path: url.to_owned(),
+        path: without_password(url),
         source: Box::new(e),
     };
     let client = match ca_file {
@@ -474,7 +537,7 @@ async fn connect_cluster(
     nodes: &[&str],
     ca_file: Option<&std::path::Path>,
 ) -> Result<ClusterConnection, LedgerError> {
-    let path = nodes.join(",");
+    let path = without_password(&nodes.join(","));
     if ca_file.is_some() {
         return Err(LedgerError::Open {
             path,
@@ -657,7 +720,7 @@ impl Ledger for RedisLedger {
             .arg(PROBE_KEY_MS)
             .query_async(&mut conn)
             .await?;
-        match self.evicting_policy().await? {
+        match self.evicting_now().await {
             Some(policy) if !self.allow_eviction => Err(LedgerError::Evicting { policy }),
             _ => Ok(()),
         }
@@ -669,6 +732,15 @@ mod tests {
     use redis::cluster_routing::Slot;
 
     use super::delivery_key;
+
+    #[test]
+    fn an_error_names_the_server_without_its_password() {
+        assert_eq!(
+            super::without_password("redis://posbridge:secret@10.0.0.1:6379,rediss://:pw@b:7000"),
+            "redis://posbridge:***@10.0.0.1:6379,rediss://:***@b:7000"
+        );
+        assert_eq!(super::without_password("redis://a:6379"), "redis://a:6379");
+    }
 
     #[test]
     fn a_deliverys_keys_share_one_slot_whatever_its_id_or_prefix() {

@@ -176,6 +176,13 @@ async fn a_redis_that_may_evict_our_keys_is_refused_unless_the_risk_is_taken() {
     redis
         .cli(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"])
         .await;
+    // The policy is read again every few seconds, not on every probe.
+    wait_until(
+        Duration::from_secs(20),
+        "/readyz to see the policy",
+        async || readiness(&app).await.0 == 503,
+    )
+    .await;
     let (status, body) = readiness(&app).await;
     assert_eq!(status, 503, "{body}");
     assert!(
@@ -183,6 +190,37 @@ async fn a_redis_that_may_evict_our_keys_is_refused_unless_the_risk_is_taken() {
             .as_str()
             .unwrap_or_default()
             .contains("maxmemory-policy volatile-lru"),
+        "{body}"
+    );
+}
+
+/// A Redis whose user may not run `INFO` (a least-privilege ACL without
+/// `@dangerous`): the policy cannot be read, which is said, and the ledger
+/// still starts and is ready.
+#[tokio::test]
+async fn a_redis_that_refuses_info_is_still_taken() {
+    let redis = own_redis(free_port(), "noeviction").await;
+    redis
+        .cli(&[
+            "ACL",
+            "SETUSER",
+            "posbridge",
+            "on",
+            ">secret",
+            "~*",
+            "+@all",
+            "-@dangerous",
+        ])
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("redisacl");
+    let mut config = on_redis(&redis, &prefix, config(&brokers(), &prefix, dir.path()));
+    config.ledger.redis_url = format!("redis://posbridge:secret@127.0.0.1:{}", redis.port);
+    let app = TestApp::start_with(config).await;
+    let (status, body) = readiness(&app).await;
+    assert_eq!(
+        (status, &body["ledger"]),
+        (200, &Value::from("ok")),
         "{body}"
     );
 }

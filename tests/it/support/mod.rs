@@ -157,16 +157,24 @@ impl TestApp {
     /// Starts the app with a given config. Retries while a previous app in
     /// this process still holds the same ledger file.
     pub async fn start_with(config: Config) -> TestApp {
-        let app = wait::wait_for(
-            Duration::from_secs(10),
-            "a previous app to let go of the ledger",
-            async || match App::build(&config).await {
+        let mut last = None;
+        let app = wait::look_for(Duration::from_secs(10), async || {
+            match App::build(&config).await {
                 Ok(app) => Some(app),
-                Err(e) if e.to_string().contains("ledger") => None,
-                Err(e) => panic!("app did not start: {e}"),
-            },
-        )
+                Err(e) if e.to_string().contains("ledger") => {
+                    last = Some(format!("{:#}", anyhow::Error::new(e)));
+                    None
+                }
+                Err(e) => panic!("app did not start: {:#}", anyhow::Error::new(e)),
+            }
+        })
         .await;
+        let Some(app) = app else {
+            panic!(
+                "app did not start within 10 s: {}",
+                last.unwrap_or_default()
+            );
+        };
         let pipeline = app.pipeline().clone();
         let board = app.board().clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
