@@ -58,21 +58,21 @@ pub enum RebuildError {
 
 /// What a rebuild read and wrote.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Summary {
+struct Summary {
     /// Records read.
-    pub records: u64,
+    records: u64,
     /// Entity records without the state headers (written before they
     /// existed): their state is unknown, and left out.
-    pub unknown: u64,
+    unknown: u64,
     /// Entity states written.
-    pub entities: u64,
+    entities: u64,
     /// Delivery ids marked done.
-    pub done: u64,
+    done: u64,
 }
 
 /// What the records read so far say the ledger held.
 #[derive(Debug, Default)]
-pub struct Found {
+struct Found {
     entities: HashMap<EntitySlot, EntityState>,
     done: HashSet<DeliveryKey>,
     records: u64,
@@ -82,7 +82,7 @@ pub struct Found {
 impl Found {
     /// An entity record of `entity_type`'s topic. Its delivery id counts
     /// as done when its record time is at or after `done_since_ms`.
-    pub fn entity_record(&mut self, entity_type: EntityType, record: &Letter, done_since_ms: i64) {
+    fn entity_record(&mut self, entity_type: EntityType, record: &Letter, done_since_ms: i64) {
         self.records += 1;
         let state = record
             .header(HEADER_VERSION)
@@ -109,7 +109,7 @@ impl Found {
     }
 
     /// A dead letter: its key is its delivery, done when recent.
-    pub fn dead_letter(&mut self, record: &Letter, done_since_ms: i64) {
+    fn dead_letter(&mut self, record: &Letter, done_since_ms: i64) {
         self.records += 1;
         if recent(record, done_since_ms)
             && let Some(key) = &record.key
@@ -118,15 +118,19 @@ impl Found {
         }
     }
 
-    /// The commits that write it into a ledger: every entity state, then
-    /// every done id.
-    fn into_commits(self) -> (Summary, Vec<Commit>) {
-        let summary = Summary {
+    /// What was found, in figures.
+    fn summary(&self) -> Summary {
+        Summary {
             records: self.records,
             unknown: self.unknown,
             entities: self.entities.len() as u64,
             done: self.done.len() as u64,
-        };
+        }
+    }
+
+    /// The commits that write it into a ledger: every entity state, then
+    /// every done id.
+    fn into_commits(self) -> impl Iterator<Item = Commit> {
         let entities = self.entities.into_iter().map(|(slot, state)| Commit {
             entity: Some((slot, state)),
             ..Commit::default()
@@ -135,7 +139,7 @@ impl Found {
             delivery: Some(delivery),
             ..Commit::default()
         });
-        (summary, entities.chain(done).collect())
+        entities.chain(done)
     }
 }
 
@@ -143,8 +147,18 @@ fn recent(record: &Letter, done_since_ms: i64) -> bool {
     record.timestamp_ms.is_some_and(|at| at >= done_since_ms)
 }
 
+/// Whether `ledger` holds the [`REBUILT`] mark: start-up waits for Kafka
+/// as long as it can when it does not, since the rebuild needs Kafka.
+///
+/// # Errors
+/// [`LedgerError`] when the ledger cannot be read.
+pub async fn is_marked(ledger: &dyn Ledger) -> Result<bool, LedgerError> {
+    Ok(ledger.checkpoint(REBUILT).await?.is_some())
+}
+
 /// Fills `ledger` from the topics unless it holds the [`REBUILT`] mark,
-/// then sets the mark; `None` when it held it. With several replicas on one
+/// then sets the mark. A ledger known to hold state (one written before the
+/// mark existed) is marked without reading. With several replicas on one
 /// Redis, one rebuilds under a lock in the ledger and the others wait for
 /// it, then find the mark.
 ///
@@ -157,23 +171,47 @@ pub async fn rebuild_if_lost(
     topics: &Topics,
     ledger: &dyn Ledger,
     dedup_ttl: Duration,
-) -> Result<Option<Summary>, RebuildError> {
-    if ledger.checkpoint(REBUILT).await?.is_some() {
-        return Ok(None);
+) -> Result<(), RebuildError> {
+    if is_marked(ledger).await? {
+        return Ok(());
     }
     let _lock = ledger
         .lock_entity(&EntitySlot::of_record_key(EntityType::Sale, REBUILT))
         .await?;
-    if ledger.checkpoint(REBUILT).await?.is_some() {
-        return Ok(None);
+    if is_marked(ledger).await? {
+        return Ok(());
     }
+    let now = OffsetDateTime::now_utc();
+    if ledger.may_be_empty().await? {
+        rebuild(kafka, topics, ledger, now - dedup_ttl).await?;
+    } else {
+        info!(
+            "The ledger holds state from before it was marked as filled from the topics: marked, not read again."
+        );
+    }
+    ledger
+        .commit(Commit {
+            checkpoint: Some((REBUILT.to_owned(), now.unix_timestamp())),
+            ..Commit::default()
+        })
+        .await?;
+    Ok(())
+}
+
+/// Reads the topics into `ledger`: each key's newest state, and the
+/// delivery ids of records stamped at or after `done_since`.
+async fn rebuild(
+    kafka: &KafkaConfig,
+    topics: &Topics,
+    ledger: &dyn Ledger,
+    done_since: OffsetDateTime,
+) -> Result<(), RebuildError> {
     info!(
         "The ledger holds no record of being filled from the topics (it is new, or was lost): rebuilding it from them before taking deliveries."
     );
     let started = Instant::now();
-    let now = OffsetDateTime::now_utc();
     let done_since_ms =
-        i64::try_from((now - dedup_ttl).unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MIN);
+        i64::try_from(done_since.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MIN);
     let mut found = Found::default();
     for entity_type in EntityType::ALL {
         read_topic(kafka, topics.entity(entity_type), |record| {
@@ -185,19 +223,13 @@ pub async fn rebuild_if_lost(
         found.dead_letter(record, done_since_ms);
     })
     .await?;
-    let (summary, commits) = found.into_commits();
-    let mut written = futures::stream::iter(commits)
+    let summary = found.summary();
+    let mut written = futures::stream::iter(found.into_commits())
         .map(|commit| ledger.commit(commit))
         .buffer_unordered(WRITES_IN_FLIGHT);
     while let Some(result) = written.next().await {
         result?;
     }
-    ledger
-        .commit(Commit {
-            checkpoint: Some((REBUILT.to_owned(), now.unix_timestamp())),
-            ..Commit::default()
-        })
-        .await?;
     info!(
         records = summary.records,
         without_state = summary.unknown,
@@ -206,7 +238,7 @@ pub async fn rebuild_if_lost(
         secs = started.elapsed().as_secs_f64(),
         "Ledger rebuilt from the topics."
     );
-    Ok(Some(summary))
+    Ok(())
 }
 
 /// Every record of `topic` up to its end now, partition by partition;
@@ -300,7 +332,8 @@ mod tests {
         letter.headers.clear();
         found.dead_letter(&letter, 1000);
 
-        let (summary, commits) = found.into_commits();
+        let summary = found.summary();
+        let commits: Vec<Commit> = found.into_commits().collect();
         assert_eq!(
             summary,
             Summary {
@@ -331,5 +364,40 @@ mod tests {
             .collect();
         done.sort_unstable();
         assert_eq!(done, ["mekari:d0", "mekari:d2", "mekari:d3", "mekari:d5"]);
+    }
+
+    /// A ledger written before the mark existed is marked without reading
+    /// the topics (an upgrade costs no read): the broker here answers nothing,
+    /// so any read would fail the call.
+    #[tokio::test]
+    async fn a_ledger_that_holds_state_is_marked_without_reading_the_topics() {
+        use crate::ledger::EmbeddedLedger;
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = EmbeddedLedger::open(
+            &dir.path().join("ledger.redb"),
+            Duration::from_secs(3600),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        ledger
+            .commit(Commit {
+                delivery: Some(DeliveryKey::new(ProviderKind::Mekari, "d-1")),
+                ..Commit::default()
+            })
+            .await
+            .unwrap();
+        let kafka = KafkaConfig {
+            brokers: "127.0.0.1:1".into(),
+            ..KafkaConfig::default()
+        };
+        rebuild_if_lost(
+            &kafka,
+            &Topics::new(&kafka),
+            &ledger,
+            Duration::from_secs(3600),
+        )
+        .await
+        .unwrap();
+        assert!(is_marked(&ledger).await.unwrap());
     }
 }

@@ -37,7 +37,8 @@ use crate::traces::{TraceError, Traces};
 pub use check::{load, problems, webhook_source};
 
 /// How long start-up waits for a broker when an earlier start's topics let
-/// it start without one: deliveries wait for the app meanwhile (spooling
+/// it start without one (and the ledger needs no rebuild): deliveries wait
+/// for the app meanwhile (spooling
 /// sources could already be taking them), and a broker that answers at all
 /// answers a metadata request in milliseconds. Without that knowledge
 /// start-up waits the whole produce deadline, as it cannot start otherwise.
@@ -252,7 +253,10 @@ impl App {
         // Wrong credentials or an untrusted certificate end start-up here,
         // named; a broker that does not answer is an outage to ride out.
         let can_start_on_known = known.has_topics(&kafka.brokers, wanted.keys());
-        let wait_for_kafka = if can_start_on_known {
+        // A ledger still to be filled from the topics waits for Kafka the
+        // whole deadline: without it, it would be filled at the next start only.
+        let rebuilt = crate::rebuild::is_marked(ledger.as_ref()).await?;
+        let wait_for_kafka = if can_start_on_known && rebuilt {
             kafka.delivery_timeout().min(KAFKA_WAIT_WHEN_KNOWN)
         } else {
             kafka.delivery_timeout()

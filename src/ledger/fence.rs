@@ -285,6 +285,10 @@ impl<L: Ledger> Ledger for Fenced<L> {
         self.inner.reopen().await
     }
 
+    async fn may_be_empty(&self) -> Result<bool, LedgerError> {
+        self.inner.may_be_empty().await
+    }
+
     /// The store's own check. On Redis it writes, as `begin` does, so a
     /// store that took writes again is seen at the next `/readyz` even
     /// while no delivery arrives; on the embedded store both only read.

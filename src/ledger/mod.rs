@@ -285,6 +285,16 @@ pub trait Ledger: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether the store may hold nothing: `false` only when it is known to
+    /// hold some state. A store that cannot tell cheaply (Redis, whose keys
+    /// may share a server with others) says `true`.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the store cannot be read.
+    async fn may_be_empty(&self) -> Result<bool, LedgerError> {
+        Ok(true)
+    }
+
     /// Whether the store is open and answering, for `/readyz`.
     ///
     /// # Errors

@@ -239,6 +239,16 @@ impl Ledger for EmbeddedLedger {
             .unwrap_or(Err(LedgerError::Closed))
     }
 
+    async fn may_be_empty(&self) -> Result<bool, LedgerError> {
+        // The file's tables, and what the redo log holds beyond them.
+        let counts = self.counts()?;
+        let recent = self.store.get()?.recent().len();
+        Ok(counts.done_deliveries == 0
+            && counts.entities == 0
+            && counts.checkpoints == 0
+            && recent == 0)
+    }
+
     async fn check(&self) -> Result<(), LedgerError> {
         if self.writer.is_closed() {
             return Err(LedgerError::Closed);
