@@ -267,10 +267,22 @@ impl KafkaConfig {
     /// posbridge sets, and librdkafka applies a client's properties in no
     /// fixed order, so an alias beside the fixed name could win either way.
     pub fn passed_through(&self) -> impl Iterator<Item = (&str, &str)> {
+        let fixed = self.fixed_property_names();
         self.librdkafka
             .iter()
-            .filter(|(key, _)| !FIXED_PROPERTIES.contains(&property_set_by(key)))
+            .filter(move |(key, _)| !fixed.contains(&property_set_by(key)))
             .map(|(key, value)| (key.as_str(), value.as_str()))
+    }
+
+    /// The properties posbridge sets, and `transactional.id`, which it keeps
+    /// unset, each by the name librdkafka files it under
+    /// ([`property_set_by`]): the pass-through table cannot change them.
+    fn fixed_property_names(&self) -> Vec<&'static str> {
+        self.fixed_producer_properties()
+            .map(|(name, _)| property_set_by(name))
+            .into_iter()
+            .chain(["transactional.id"])
+            .collect()
     }
 
     /// Why a pass-through property cannot be taken, with what to do instead;
@@ -311,18 +323,6 @@ impl KafkaConfig {
         (!same).then(|| format!("posbridge sets this itself: {why}"))
     }
 }
-
-/// The producer properties posbridge sets (and `transactional.id`, which it
-/// keeps unset), each by the name librdkafka files it under
-/// ([`property_set_by`]); the pass-through table cannot change them.
-const FIXED_PROPERTIES: [&str; 6] = [
-    "metadata.broker.list",
-    "enable.idempotence",
-    "request.required.acks",
-    "partitioner",
-    "message.timeout.ms",
-    "transactional.id",
-];
 
 /// The partitioner of Java clients and Kafka Streams: a key's records land
 /// where theirs do.

@@ -31,8 +31,9 @@ pub use fence::Fenced;
 pub use redis::RedisLedger;
 
 impl LedgerError {
-    /// Whether another process holds the embedded ledger's file (redb
-    /// admits one), e.g. a running `serve`.
+    /// Whether a handle holds the embedded ledger's file (redb admits one):
+    /// another process (a running `serve`), or during a reopen this one's
+    /// closing handle.
     pub fn is_held_elsewhere(&self) -> bool {
         matches!(
             self,

@@ -23,6 +23,7 @@ use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, OwnedResourceSpecifier, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::Producer as _;
+use rdkafka::types::RDKafkaRespErr;
 use rdkafka::util::Timeout;
 
 use super::health::BrokerHealth;
@@ -34,8 +35,13 @@ const LOOK_TIMEOUT: Duration = Duration::from_secs(10);
 /// What a look at one topic found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Observed {
-    /// Its partitions; `None` when the cluster does not know the topic.
+    /// Its partitions; `None` when the cluster does not know the topic (or,
+    /// with `answered_with_error`, did not say).
     pub partitions: Option<usize>,
+    /// The metadata named the topic with an error other than "unknown
+    /// topic" (a leader election, a transient refusal): nothing is known of
+    /// it this time, which is not the same as its being gone.
+    pub answered_with_error: bool,
     /// Replicas of its first partition.
     pub replicas: Option<usize>,
     /// `cleanup.policy`, when the broker describes topic configs.
@@ -82,6 +88,9 @@ impl TopicChange {
     /// if it does. A topic never seen is not missing: it did not change
     /// under posbridge (and a produce that creates it is looked at next).
     pub fn between(started: Option<usize>, now: &Observed) -> Option<TopicChange> {
+        if now.answered_with_error {
+            return None;
+        }
         let Some(partitions) = now.partitions else {
             return started.map(|_| TopicChange::Missing);
         };
@@ -145,13 +154,14 @@ pub(super) async fn observe(
                 metadata
                     .topics()
                     .iter()
-                    .filter(|topic| topic.error().is_none())
+                    .filter(|topic| {
+                        topic.error()
+                            != Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)
+                    })
                     .map(|topic| {
                         let replicas = topic.partitions().first().map(|p| p.replicas().len());
-                        (
-                            topic.name().to_owned(),
-                            (topic.partitions().len(), replicas),
-                        )
+                        let seen = (topic.error().is_none()).then(|| topic.partitions().len());
+                        (topic.name().to_owned(), (seen, replicas))
                     })
                     .collect::<BTreeMap<_, _>>()
             })
@@ -162,15 +172,17 @@ pub(super) async fn observe(
     let mut observed: BTreeMap<String, Observed> = topics
         .iter()
         .map(|topic| {
-            let (partitions, replicas) = match metadata.get(topic) {
-                Some((partitions, replicas)) => (Some(*partitions), *replicas),
-                None => (None, None),
+            let (partitions, replicas, answered_with_error) = match metadata.get(topic) {
+                Some((Some(partitions), replicas)) => (Some(*partitions), *replicas, false),
+                Some((None, _)) => (None, None, true),
+                None => (None, None, false),
             };
             (
                 topic.clone(),
                 Observed {
                     partitions,
                     replicas,
+                    answered_with_error,
                     ..Observed::default()
                 },
             )
@@ -292,6 +304,20 @@ impl Watch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_topic_the_metadata_names_with_an_error_is_not_judged_missing() {
+        let unsure = Observed {
+            answered_with_error: true,
+            ..Observed::default()
+        };
+        assert_eq!(TopicChange::between(Some(6), &unsure), None);
+        assert_eq!(
+            TopicChange::between(Some(6), &Observed::default()),
+            Some(TopicChange::Missing),
+            "unknown to the cluster: gone"
+        );
+    }
 
     fn seen(partitions: Option<usize>, policy: Option<&str>) -> Observed {
         Observed {

@@ -188,10 +188,11 @@ impl Store {
     /// Closes the handle and opens the file again: redb refuses every write
     /// after one I/O error until then. Blocking.
     pub(super) fn reopen(&self) -> Result<(), LedgerError> {
-        let held =
-            |error: &LedgerError| matches!(error, LedgerError::File(e) if store_file::is_held(e));
         self.db
-            .reopen(|| Store::open_file(&self.path, Integrity::Trust), held)
+            .reopen(
+                || Store::open_file(&self.path, Integrity::Trust),
+                LedgerError::is_held_elsewhere,
+            )
             .map_err(|error| match error {
                 ReopenError::Busy => LedgerError::Closed,
                 ReopenError::Open(error) => error,
