@@ -124,18 +124,25 @@ impl PublishError {
         )
     }
 
+    /// Kafka's code for a start-up refusal of the topics, if it gave one.
+    fn start_up_code(&self) -> Option<RDKafkaErrorCode> {
+        match self {
+            PublishError::CreateTopic { code, .. } => Some(*code),
+            PublishError::CreateTopics(error) => error.rdkafka_error_code(),
+            _ => None,
+        }
+    }
+
     /// The start-up message's headline: what Kafka did, in the words of the
     /// cause, not "cannot reach" for a broker that answered with a refusal.
     pub fn headline(&self) -> &'static str {
         let code = match self {
-            PublishError::CreateTopic { code, .. } => Some(*code),
-            PublishError::CreateTopics(error) => error.rdkafka_error_code(),
             PublishError::Connection(_) => return "Kafka refused the connection",
             PublishError::TopicSettings { .. } => {
                 return "an existing topic breaks a promise posbridge makes";
             }
             PublishError::Config(_) => return "librdkafka refused the Kafka settings",
-            _ => None,
+            _ => self.start_up_code(),
         };
         match code {
             Some(code) if is_authorization(code) => "Kafka denies posbridge's user",
@@ -155,12 +162,7 @@ impl PublishError {
 
     /// What to check, for the start-up message.
     pub fn hint(&self) -> &'static str {
-        let code = match self {
-            PublishError::CreateTopic { code, .. } => Some(*code),
-            PublishError::CreateTopics(error) => error.rdkafka_error_code(),
-            _ => None,
-        };
-        match code {
+        match self.start_up_code() {
             Some(code) if is_authorization(code) => {
                 "grant posbridge's user (kafka.librdkafka sasl.username) CREATE, DESCRIBE, DESCRIBE_CONFIGS and WRITE on its topics, or create them beforehand and set kafka.create_topics = false"
             }

@@ -28,7 +28,6 @@ mod health;
 
 use depth::DepthHistory;
 pub use depth::MINUTES as DEPTH_MINUTES;
-pub use health::RETRY_EVERY;
 use health::{Health, PROBE_BYTES};
 
 use crate::config::SpoolConfig;
@@ -408,7 +407,7 @@ impl Spool {
         self.inner.health.reason()
     }
 
-    /// Heals an unwritable spool when a heal is due ([`RETRY_EVERY`]):
+    /// Heals an unwritable spool when a heal is due ([`health::RETRY_EVERY`]):
     /// reopens the file and writes a probe of an entry's size. Whether the
     /// spool is writable now. Cheap while it is.
     pub async fn heal(&self) -> bool {
