@@ -334,7 +334,6 @@ async fn replay_dead_letters(path: PathBuf, options: replay::Options) -> anyhow:
     drop(replay);
     drop(app);
     if let Some(scratch) = scratch {
-        let _ = std::fs::remove_file(posbridge::ledger::redo_log_path(&scratch));
         let _ = std::fs::remove_file(scratch);
     }
     result.context(

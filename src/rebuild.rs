@@ -1,51 +1,74 @@
-//! Rebuilding a lost ledger from the topics.
+//! Filling the ledger from the topics, which are the record.
 //!
 //! Every entity record posbridge writes carries, in its headers, the state
 //! the stale guard compared (`posbridge-version`, `posbridge-state-hash`)
 //! and its delivery id; every dead letter its delivery id as its key. The
-//! compacted topics therefore hold what the ledger must know: each entity's
-//! newest state (the last record of its key, as posbridge only ever writes
-//! a newer state) and the recent delivery ids. A ledger that holds no
-//! [`REBUILT`] checkpoint is new or was lost (a deleted file or volume, a
-//! Redis `FLUSHALL`, a failover to an empty replica): before it answers for
-//! anything, it is filled from the topics, then marked.
+//! topics therefore hold what the ledger must know: each entity's newest
+//! state (posbridge only ever writes a newer state of a key) and the recent
+//! delivery ids. Records written before these headers existed have no known
+//! state: they are counted, and left out.
 //!
-//! Why deciding a delivery again is safe when its id was not restored (its
-//! record older than the dedup window, or its outcome wrote nothing): the
-//! entity states are restored, and a retry carries the same body, so the
-//! guard finds the same version and state hash (`unchanged`) or a newer one
-//! (`stale`): it publishes nothing, exactly as the first decision did.
+//! **When.** At every start, and whenever the ledger is found lost while
+//! serving, the ledger's [`Gate`] is closed while it is filled:
+//! * a store that records offsets (embedded) is read from its last
+//!   checkpoint's offsets to the end of each partition (a partition it has
+//!   no offset for, from its beginning: a new or lost file reads
+//!   everything), then checkpointed;
+//! * a store whose commits are durable when made (Redis) is read whole
+//!   only when its generation mark ([`REBUILT`]) is missing: new, or lost
+//!   (`FLUSHALL`, a failover to an empty replica). With several replicas,
+//!   one rebuilds under a lock in the ledger and the others wait for it,
+//!   then find the mark.
+//!
+//! **Done ids** are restored from records stamped within `dedup_ttl`. Why
+//! deciding a delivery again is safe when its id was not restored (its
+//! record older than the dedup window, or its outcome wrote nothing, as a
+//! stale or unchanged event does): the entity states are restored, and a
+//! retry carries the same body, so the guard finds the same version and
+//! state hash (`unchanged`) or a newer one (`stale`): it publishes nothing,
+//! exactly as the first decision did.
 //!
 //! Reading is split from writing: [`Found`] folds records into what the
-//! ledger should hold, without I/O; [`rebuild_if_lost`] reads the topics and
+//! ledger should hold, without I/O; [`Rebuild`] reads the topics and
 //! commits it.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backon::{ExponentialBuilder, Retryable};
 use futures::StreamExt;
 use time::OffsetDateTime;
-use tracing::{debug, info};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
 
 use crate::config::KafkaConfig;
 use crate::event::{DeliveryKey, EntityType, ProviderKind};
-use crate::ledger::{Commit, EntitySlot, EntityState, Ledger, LedgerError};
+use crate::ledger::{Commit, EntitySlot, EntityState, Gate, Ledger, LedgerError, Offsets};
 use crate::pipeline::{
     HEADER_DELIVERY_ID, HEADER_PROVIDER, HEADER_STATE_HASH, HEADER_VERSION, state_from_headers,
 };
 use crate::publish::Topics;
-use crate::replay::{Letter, ReadError, Reader};
+use crate::replay::{Extent, Letter, ReadError, Reader};
+use crate::telemetry;
 
-/// The checkpoint a ledger holds once it was filled from the topics (or
-/// found them empty): the unix second it was.
-pub const REBUILT: &str = "posbridge:rebuilt-from-topics";
+/// The generation mark: the unix second the store was last filled.
+const REBUILT: &str = crate::ledger::GENERATION_MARK;
 
-/// How many ledger writes a rebuild keeps in flight: the embedded ledger
-/// groups concurrent commits into one durable write.
+/// How many ledger writes a rebuild keeps in flight (a Redis round trip
+/// each).
 const WRITES_IN_FLIGHT: usize = 512;
 
-/// Why the ledger could not be rebuilt; start-up stops on it.
+/// Commits after which a rebuild makes the ledger durable, so memory stays
+/// bounded however many entities the topics hold.
+const PERSIST_EVERY: usize = 200_000;
+
+/// How often a store without offsets is asked whether its mark is still
+/// there (a Redis Cluster, whose scripts cannot look at it: one server's
+/// scripts see it with every lease and guard read).
+const MARK_CHECK: Duration = Duration::from_secs(5);
+
+/// Why the ledger could not be rebuilt; tried again with a growing wait.
 #[derive(Debug, thiserror::Error)]
 pub enum RebuildError {
     /// A topic could not be read.
@@ -147,8 +170,7 @@ fn recent(record: &Letter, done_since_ms: i64) -> bool {
     record.timestamp_ms.is_some_and(|at| at >= done_since_ms)
 }
 
-/// Whether `ledger` holds the [`REBUILT`] mark: start-up waits for Kafka
-/// as long as it can when it does not, since the rebuild needs Kafka.
+/// Whether `ledger` holds the [`REBUILT`] mark.
 ///
 /// # Errors
 /// [`LedgerError`] when the ledger cannot be read.
@@ -156,102 +178,231 @@ pub async fn is_marked(ledger: &dyn Ledger) -> Result<bool, LedgerError> {
     Ok(ledger.checkpoint(REBUILT).await?.is_some())
 }
 
-/// Fills `ledger` from the topics unless it holds the [`REBUILT`] mark,
-/// then sets the mark. A ledger known to hold state (one written before the
-/// mark existed) is marked without reading. With several replicas on one
-/// Redis, one rebuilds under a lock in the ledger and the others wait for
-/// it, then find the mark.
-///
-/// # Errors
-/// [`RebuildError`] when a topic cannot be read or the ledger written; the
-/// mark is then not set, so the next start rebuilds again (the writes are
-/// idempotent: a state is never replaced by an older one).
-pub async fn rebuild_if_lost(
-    kafka: &KafkaConfig,
-    topics: &Topics,
-    ledger: &dyn Ledger,
+/// The rebuild of one ledger: what it reads and where it writes.
+pub struct Rebuild {
+    kafka: KafkaConfig,
+    topics: Topics,
+    /// The store itself (not behind the gate).
+    store: Arc<dyn Ledger>,
+    gate: Arc<Gate>,
     dedup_ttl: Duration,
-) -> Result<(), RebuildError> {
-    if is_marked(ledger).await? {
-        return Ok(());
-    }
-    let _lock = ledger
-        .lock_entity(&EntitySlot::of_record_key(EntityType::Sale, REBUILT))
-        .await?;
-    if is_marked(ledger).await? {
-        return Ok(());
-    }
-    let now = OffsetDateTime::now_utc();
-    if ledger.may_be_empty().await? {
-        rebuild(kafka, topics, ledger, now - dedup_ttl).await?;
-    } else {
-        info!(
-            "The ledger holds state from before it was marked as filled from the topics: marked, not read again."
-        );
-    }
-    ledger
-        .commit(Commit {
-            checkpoint: Some((REBUILT.to_owned(), now.unix_timestamp())),
-            ..Commit::default()
-        })
-        .await?;
-    Ok(())
 }
 
-/// Reads the topics into `ledger`: each key's newest state, and the
-/// delivery ids of records stamped at or after `done_since`.
-async fn rebuild(
-    kafka: &KafkaConfig,
-    topics: &Topics,
-    ledger: &dyn Ledger,
-    done_since: OffsetDateTime,
-) -> Result<(), RebuildError> {
-    info!(
-        "The ledger holds no record of being filled from the topics (it is new, or was lost): rebuilding it from them before taking deliveries."
-    );
-    let started = Instant::now();
-    let done_since_ms =
-        i64::try_from(done_since.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MIN);
-    let mut found = Found::default();
-    for entity_type in EntityType::ALL {
-        read_topic(kafka, topics.entity(entity_type), |record| {
-            found.entity_record(entity_type, record, done_since_ms);
-        })
-        .await?;
+impl Rebuild {
+    /// A rebuild of `store` from `topics`, behind `gate`.
+    pub fn new(
+        kafka: &KafkaConfig,
+        topics: &Topics,
+        store: Arc<dyn Ledger>,
+        gate: Arc<Gate>,
+        dedup_ttl: Duration,
+    ) -> Rebuild {
+        Rebuild {
+            kafka: kafka.clone(),
+            topics: topics.clone(),
+            store,
+            gate,
+            dedup_ttl,
+        }
     }
-    read_topic(kafka, topics.dead_letter(), |record| {
-        found.dead_letter(record, done_since_ms);
-    })
-    .await?;
-    let summary = found.summary();
-    let mut written = futures::stream::iter(found.into_commits())
-        .map(|commit| ledger.commit(commit))
-        .buffer_unordered(WRITES_IN_FLIGHT);
-    while let Some(result) = written.next().await {
-        result?;
+
+    /// Fills the ledger now, tried again with a growing wait until it
+    /// works, then opens the gate; then waits for the ledger to be found
+    /// lost, and fills it again. Until `stop`.
+    pub async fn run(self, stop: CancellationToken) {
+        loop {
+            let filled = (|| self.once())
+                .retry(
+                    ExponentialBuilder::default()
+                        .with_min_delay(Duration::from_secs(1))
+                        .with_max_delay(Duration::from_secs(30))
+                        .without_max_times(),
+                )
+                .notify(|error: &RebuildError, wait: Duration| {
+                    self.gate.end(Err(error.to_string()));
+                    warn!(%error, ?wait, "The ledger cannot be filled from the topics yet; deliveries wait (sources that spool take them), and it is tried again.");
+                })
+                .sleep(tokio::time::sleep);
+            tokio::select! {
+                () = stop.cancelled() => return,
+                filled = filled => if filled.is_ok() { self.gate.end(Ok(())) },
+            }
+            metrics::gauge!(telemetry::REBUILD_RUNNING).set(0.0);
+            let keeps_offsets = matches!(self.store.stored_offsets().await, Ok(Some(_)));
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = self.gate.lost() => break,
+                    () = tokio::time::sleep(MARK_CHECK), if !keeps_offsets => {
+                        if let Ok(false) = is_marked(self.store.as_ref()).await {
+                            self.gate.found_lost();
+                            break;
+                        }
+                    }
+                }
+            }
+        }
     }
-    info!(
-        records = summary.records,
-        without_state = summary.unknown,
-        entities = summary.entities,
-        done_ids = summary.done,
-        secs = started.elapsed().as_secs_f64(),
-        "Ledger rebuilt from the topics."
-    );
-    Ok(())
+
+    /// One fill: from the stored offsets, or whole when the mark is gone.
+    async fn once(&self) -> Result<(), RebuildError> {
+        let now = OffsetDateTime::now_utc();
+        let done_since_ms =
+            i64::try_from((now - self.dedup_ttl).unix_timestamp_nanos() / 1_000_000)
+                .unwrap_or(i64::MIN);
+        if let Some(offsets) = self.store.stored_offsets().await? {
+            let ends = self.fill(&offsets, done_since_ms, true).await?;
+            self.store.restore_offsets(&ends);
+            self.store
+                .commit(Commit {
+                    checkpoint: Some((REBUILT.to_owned(), now.unix_timestamp())),
+                    ..Commit::default()
+                })
+                .await?;
+            self.store.persist().await?;
+            return Ok(());
+        }
+        if is_marked(self.store.as_ref()).await? {
+            return Ok(());
+        }
+        let _lock = self
+            .store
+            .lock_entity(&EntitySlot::of_record_key(EntityType::Sale, REBUILT))
+            .await?;
+        if is_marked(self.store.as_ref()).await? {
+            return Ok(());
+        }
+        info!("The ledger holds no generation mark (it is new, or lost its keys): filling it from the topics before deciding deliveries.");
+        self.fill(&Offsets::new(), done_since_ms, false).await?;
+        self.store
+            .commit(Commit {
+                checkpoint: Some((REBUILT.to_owned(), now.unix_timestamp())),
+                ..Commit::default()
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Reads every partition from `from` (its beginning where it has no
+    /// offset) to its end now, and commits what it says; the ends read.
+    /// With `check_held`, a state older than the one held is left out
+    /// (the store may hold newer ones than the records read; Redis itself
+    /// refuses an older state).
+    async fn fill(
+        &self,
+        from: &Offsets,
+        done_since_ms: i64,
+        check_held: bool,
+    ) -> Result<Offsets, RebuildError> {
+        let started = Instant::now();
+        let mut plan = Vec::new();
+        for (topic, entity_type) in self.all_topics() {
+            let reader = Reader::new(&self.kafka, topic)?;
+            let mut ranges = Vec::new();
+            for extent in extents(&reader).await? {
+                let start = from
+                    .get(&(topic.to_owned(), extent.partition))
+                    .map_or(extent.low, |next| (*next).clamp(extent.low, extent.high));
+                ranges.push((extent, start));
+            }
+            plan.push((topic, entity_type, reader, ranges));
+        }
+        let partitions: usize = plan.iter().map(|(_, _, _, ranges)| ranges.len()).sum();
+        let to_read: i64 = plan
+            .iter()
+            .flat_map(|(_, _, _, ranges)| ranges)
+            .map(|(extent, start)| extent.high - start)
+            .sum();
+        self.gate
+            .begin(partitions as u64, u64::try_from(to_read).unwrap_or(0));
+        metrics::gauge!(telemetry::REBUILD_RUNNING).set(1.0);
+        let remaining = metrics::gauge!(telemetry::REBUILD_REMAINING);
+        let read_counter = metrics::counter!(telemetry::REBUILD_RECORDS);
+        let mut left = to_read;
+        remaining.set(left as f64);
+        let mut found = Found::default();
+        let mut ends = Offsets::new();
+        for (topic, entity_type, mut reader, ranges) in plan {
+            for (extent, start) in ranges {
+                ends.insert((topic.to_owned(), extent.partition), extent.high);
+                if start < extent.high {
+                    reader.assign(extent.partition, start, extent.high)?;
+                    while let Some(record) = reader.next().await? {
+                        match entity_type {
+                            Some(entity_type) => {
+                                found.entity_record(entity_type, &record, done_since_ms);
+                            }
+                            None => found.dead_letter(&record, done_since_ms),
+                        }
+                        self.gate.read(1, false);
+                        read_counter.increment(1);
+                        left -= 1;
+                        if left % 1024 == 0 {
+                            remaining.set(left as f64);
+                        }
+                    }
+                }
+                self.gate.read(0, true);
+            }
+        }
+        remaining.set(0.0);
+        let summary = found.summary();
+        self.write(found, check_held).await?;
+        if summary.records > 0 || from.is_empty() {
+            info!(
+                records = summary.records,
+                without_state = summary.unknown,
+                entities = summary.entities,
+                done_ids = summary.done,
+                secs = started.elapsed().as_secs_f64(),
+                "Ledger filled from the topics."
+            );
+        }
+        Ok(ends)
+    }
+
+    /// Every topic posbridge writes, with its entity type (none: the
+    /// dead-letter topic).
+    fn all_topics(&self) -> Vec<(&str, Option<EntityType>)> {
+        EntityType::ALL
+            .into_iter()
+            .map(|t| (self.topics.entity(t), Some(t)))
+            .chain([(self.topics.dead_letter(), None)])
+            .collect()
+    }
+
+    /// Commits what was found, made durable every [`PERSIST_EVERY`].
+    async fn write(&self, found: Found, check_held: bool) -> Result<(), RebuildError> {
+        let store = self.store.as_ref();
+        let mut written = futures::stream::iter(found.into_commits())
+            .map(|commit| async move {
+                if check_held
+                    && let Some((slot, state)) = &commit.entity
+                    && let Some(held) = store.entity(slot).await?
+                    && held.version > state.version
+                {
+                    return Ok(());
+                }
+                store.commit(commit).await
+            })
+            .buffer_unordered(WRITES_IN_FLIGHT);
+        let mut count = 0;
+        while let Some(result) = written.next().await {
+            result?;
+            count += 1;
+            if count % PERSIST_EVERY == 0 {
+                store.persist().await?;
+            }
+        }
+        Ok(())
+    }
 }
 
-/// Every record of `topic` up to its end now, partition by partition;
-/// nothing for a topic that does not exist.
-async fn read_topic(
-    kafka: &KafkaConfig,
-    topic: &str,
-    mut each: impl FnMut(&Letter),
-) -> Result<(), ReadError> {
-    let mut reader = Reader::new(kafka, topic)?;
+/// A topic's partitions; none for a topic that does not exist.
+async fn extents(reader: &Reader) -> Result<Vec<Extent>, ReadError> {
     // A topic created a moment ago (this start, or a replica's beside it)
     // may have partitions without a leader yet: asked again for a while.
-    let extents = (|| reader.extents())
+    (|| reader.extents())
         .retry(
             ExponentialBuilder::default()
                 .with_min_delay(Duration::from_millis(200))
@@ -263,17 +414,7 @@ async fn read_topic(
             debug!(%error, ?wait, "A topic's partitions cannot be read yet; asking again.");
         })
         .sleep(tokio::time::sleep)
-        .await?;
-    for extent in extents {
-        if extent.low >= extent.high {
-            continue;
-        }
-        reader.assign(extent.partition, extent.low, extent.high)?;
-        while let Some(record) = reader.next().await? {
-            each(&record);
-        }
-    }
-    Ok(())
+        .await
 }
 
 #[cfg(test)]
@@ -364,40 +505,5 @@ mod tests {
             .collect();
         done.sort_unstable();
         assert_eq!(done, ["mekari:d0", "mekari:d2", "mekari:d3", "mekari:d5"]);
-    }
-
-    /// A ledger written before the mark existed is marked without reading
-    /// the topics (an upgrade costs no read): the broker here answers nothing,
-    /// so any read would fail the call.
-    #[tokio::test]
-    async fn a_ledger_that_holds_state_is_marked_without_reading_the_topics() {
-        use crate::ledger::EmbeddedLedger;
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = EmbeddedLedger::open(
-            &dir.path().join("ledger.redb"),
-            Duration::from_secs(3600),
-            Duration::from_secs(30),
-        )
-        .unwrap();
-        ledger
-            .commit(Commit {
-                delivery: Some(DeliveryKey::new(ProviderKind::Mekari, "d-1")),
-                ..Commit::default()
-            })
-            .await
-            .unwrap();
-        let kafka = KafkaConfig {
-            brokers: "127.0.0.1:1".into(),
-            ..KafkaConfig::default()
-        };
-        rebuild_if_lost(
-            &kafka,
-            &Topics::new(&kafka),
-            &ledger,
-            Duration::from_secs(3600),
-        )
-        .await
-        .unwrap();
-        assert!(is_marked(&ledger).await.unwrap());
     }
 }

@@ -49,6 +49,13 @@ pub const SECRET_FILES_READABLE: &str = "posbridge_secret_files_readable";
 pub const BUILD_INFO: &str = "posbridge_build_info";
 /// 1 while ledger writes work, 0 while the fence refuses deliveries.
 pub const LEDGER_WRITABLE: &str = "posbridge_ledger_writable";
+/// Gauge: 1 while the ledger is being filled from the topics (deliveries
+/// wait or spool), else 0.
+pub const REBUILD_RUNNING: &str = "posbridge_ledger_rebuild_running";
+/// Counter: records read from the topics to fill the ledger.
+pub const REBUILD_RECORDS: &str = "posbridge_ledger_rebuild_records_total";
+/// Gauge: records the running rebuild still has to read.
+pub const REBUILD_REMAINING: &str = "posbridge_ledger_rebuild_records_remaining";
 /// 1 while a broker answers, 0 while none does.
 pub const BROKER_UP: &str = "posbridge_broker_up";
 /// 1 while an entity topic's records are refused because it changed under

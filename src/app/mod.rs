@@ -37,12 +37,17 @@ use crate::traces::{TraceError, Traces};
 pub use check::{load, problems, webhook_source};
 
 /// How long start-up waits for a broker when an earlier start's topics let
-/// it start without one (and the ledger needs no rebuild): deliveries wait
+/// it start without one: deliveries wait
 /// for the app meanwhile (spooling
 /// sources could already be taking them), and a broker that answers at all
 /// answers a metadata request in milliseconds. Without that knowledge
 /// start-up waits the whole produce deadline, as it cannot start otherwise.
 const KAFKA_WAIT_WHEN_KNOWN: Duration = Duration::from_secs(1);
+
+/// How long start-up waits for the ledger's first fill from the topics
+/// (from its last checkpoint: usually a second's records) before serving
+/// with the gate closed.
+const FIRST_FILL_WAIT: Duration = Duration::from_secs(5);
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -50,9 +55,6 @@ pub enum BuildError {
     /// The ledger could not be opened.
     #[error("cannot open the ledger")]
     Ledger(#[from] LedgerError),
-    /// The ledger could not be rebuilt from the topics.
-    #[error("cannot rebuild the ledger from the topics")]
-    Rebuild(#[from] crate::rebuild::RebuildError),
     /// The producer could not be created or the topics could not be
     /// ensured; the headline names Kafka's answer (a denied ACL, a refused
     /// replication factor), "cannot reach" only when none came.
@@ -96,9 +98,6 @@ impl BuildError {
             BuildError::Kafka(error) => error.hint(),
             BuildError::Registry(_) => {
                 "check schema_registry.url and its credentials; a refused schema must be made compatible with the subject's latest version (posbridge schema check)"
-            }
-            BuildError::Rebuild(_) => {
-                "the ledger held no record of being filled from the topics (new, or lost) and reading them or writing it failed; it is tried again at the next start"
             }
             BuildError::Spool(_) => "check spool.path; one posbridge process per spool file",
             BuildError::Traces(_) => "check telemetry.otlp (endpoint, headers)",
@@ -207,6 +206,8 @@ pub struct App {
     shutdown_timeout: Duration,
     /// The sources whose secrets come from files, read again while serving.
     secret_files: SecretFiles,
+    /// Stops the ledger's rebuild task when the last clone goes.
+    _rebuild: Arc<tokio_util::sync::DropGuard>,
 }
 
 impl App {
@@ -242,8 +243,9 @@ impl App {
         let kafka = &config.kafka;
         let inflight_wait = Duration::from_millis(config.server.inflight_wait_ms);
         // A lease outlives the longest a delivery can legitimately take.
-        let ledger =
+        let opened =
             ledger::open(&config.ledger, kafka.delivery_timeout() * 2 + inflight_wait).await?;
+        let ledger = opened.ledger.clone();
 
         let topics = Topics::new(kafka);
         let publisher = Publisher::new(kafka, config.max_record_bytes())?;
@@ -253,10 +255,7 @@ impl App {
         // Wrong credentials or an untrusted certificate end start-up here,
         // named; a broker that does not answer is an outage to ride out.
         let can_start_on_known = known.has_topics(&kafka.brokers, wanted.keys());
-        // A ledger still to be filled from the topics waits for Kafka the
-        // whole deadline: without it, it would be filled at the next start only.
-        let rebuilt = crate::rebuild::is_marked(ledger.as_ref()).await?;
-        let wait_for_kafka = if can_start_on_known && rebuilt {
+        let wait_for_kafka = if can_start_on_known {
             kafka.delivery_timeout().min(KAFKA_WAIT_WHEN_KNOWN)
         } else {
             kafka.delivery_timeout()
@@ -287,18 +286,22 @@ impl App {
                 "No Kafka broker answered at start-up; the entity topics' settings are not checked."
             );
         }
-        if reachable {
-            crate::rebuild::rebuild_if_lost(
+        // Filled from the topics in the background, the gate closed until
+        // then: a start-up read of the last seconds is waited for here, a
+        // long one (a lost ledger) is served through (spool or 503).
+        let background = CancellationToken::new();
+        tokio::spawn(
+            crate::rebuild::Rebuild::new(
                 kafka,
                 &topics,
-                ledger.as_ref(),
+                opened.store.clone(),
+                opened.gate.clone(),
                 Duration::from_secs(config.ledger.dedup_ttl_secs),
             )
-            .await?;
-        } else {
-            warn!(
-                "No Kafka broker answers: the ledger is not checked against the topics; a lost ledger is rebuilt at the next start with Kafka up."
-            );
+            .run(background.clone()),
+        );
+        if reachable && !opened.gate.opens_within(FIRST_FILL_WAIT).await {
+            info!("The ledger is being filled from the topics: sources that spool take deliveries meanwhile, the others answer 503 with Retry-After; /readyz and /status show its progress.");
         }
         if kafka.topic_check_secs > 0 {
             publisher.watch_topics(&topics, Duration::from_secs(kafka.topic_check_secs));
@@ -368,6 +371,7 @@ impl App {
             },
             shutdown_timeout: Duration::from_millis(config.server.shutdown_timeout_ms),
             secret_files,
+            _rebuild: background.drop_guard().into(),
         })
     }
 
@@ -442,6 +446,9 @@ impl App {
     pub async fn flush(&self) {
         let pipeline = &self.state.pipeline;
         pipeline.publisher().flush(self.shutdown_timeout).await;
+        if let Err(error) = pipeline.ledger().persist().await {
+            warn!(%error, "The ledger's last checkpoint failed: the next start reads the topics from the one before.");
+        }
         pipeline.traces().shutdown(self.shutdown_timeout).await;
     }
 

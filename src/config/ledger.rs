@@ -51,6 +51,13 @@ pub struct LedgerConfig {
     /// set, and then said at every start.
     #[serde(default)]
     pub redis_allow_eviction: bool,
+    /// Embedded backend: how often what the ledger learnt in memory is made
+    /// durable in its file, with the offsets of the records it came from.
+    /// Nothing waits for it (the topics hold every outcome); a crash costs
+    /// a read of the topics from the last checkpoint's offsets at the next
+    /// start, about this long's worth of records.
+    #[serde(default = "default_checkpoint_interval_ms")]
+    pub checkpoint_interval_ms: u64,
 }
 
 impl Default for LedgerConfig {
@@ -63,8 +70,13 @@ impl Default for LedgerConfig {
             redis_prefix: default_redis_prefix(),
             redis_ca_file: None,
             redis_allow_eviction: false,
+            checkpoint_interval_ms: default_checkpoint_interval_ms(),
         }
     }
+}
+
+fn default_checkpoint_interval_ms() -> u64 {
+    1000
 }
 
 /// Why `ledger.redis_url` names no usable list of nodes.

@@ -282,6 +282,7 @@ async fn a_done_delivery_and_a_stale_event_are_200_without_kafka() {
                 },
             )),
             checkpoint: None,
+            placed: None,
         })
         .await
         .unwrap();

@@ -281,12 +281,24 @@ impl<L: Ledger> Ledger for Fenced<L> {
         }
     }
 
+    fn sending(&self) -> super::Sending {
+        self.inner.sending()
+    }
+
+    async fn persist(&self) -> Result<(), LedgerError> {
+        self.inner.persist().await
+    }
+
     async fn reopen(&self) -> Result<(), LedgerError> {
         self.inner.reopen().await
     }
 
-    async fn may_be_empty(&self) -> Result<bool, LedgerError> {
-        self.inner.may_be_empty().await
+    async fn stored_offsets(&self) -> Result<Option<super::Offsets>, LedgerError> {
+        self.inner.stored_offsets().await
+    }
+
+    fn restore_offsets(&self, offsets: &super::Offsets) {
+        self.inner.restore_offsets(offsets);
     }
 
     /// The store's own check. On Redis it writes, as `begin` does, so a

@@ -1,6 +1,6 @@
 //! The ledger: what posbridge must remember between deliveries.
 //!
-//! Three things, behind one trait so an embedded store (one process) and a
+//! Four things, behind one trait so an embedded store (one process) and a
 //! shared store (several replicas) are interchangeable by config:
 //!
 //! * delivery ids: *in flight* (a lease, so a concurrent duplicate never
@@ -13,9 +13,16 @@
 //!
 //! A delivery becomes done in the same write as its entity version
 //! ([`Commit`]), so a crash cannot leave one recorded without the other.
+//!
+//! The ledger is a cache of the topics: every record posbridge writes
+//! carries its delivery id, entity version and state hash, so what a ledger
+//! lost is read back from them (`crate::rebuild`), from the offsets its last
+//! checkpoint recorded ([`placements`]).
 
 mod embedded;
 mod fence;
+mod gate;
+pub mod placements;
 mod redis;
 
 use std::sync::Arc;
@@ -26,8 +33,10 @@ use async_trait::async_trait;
 use crate::config::{LedgerBackend, LedgerConfig};
 use crate::event::{DeliveryKey, EntityKey, EntityType, Version};
 
-pub use embedded::{EmbeddedLedger, LedgerCounts, redo_log_path};
+pub use embedded::{DEFAULT_CHECKPOINT_EVERY, EmbeddedLedger, LedgerCounts};
+pub use placements::{Offsets, Placed, Sending};
 pub use fence::Fenced;
+pub use gate::{Gate, Gated, Progress};
 pub use redis::RedisLedger;
 
 impl LedgerError {
@@ -90,23 +99,65 @@ pub enum LedgerError {
         /// The server's policy.
         policy: String,
     },
+    /// The ledger is being filled from the topics: nothing is decided
+    /// until it holds what they say.
+    #[error("the ledger is being rebuilt from the topics ({read} of {of} records read)")]
+    Rebuilding {
+        /// Records read so far.
+        read: u64,
+        /// Records to read in all.
+        of: u64,
+    },
+    /// The store lost its keys (its generation mark is gone).
+    #[error("the ledger lost its keys; it is being rebuilt from the topics")]
+    Lost,
     /// The ledger is shut down.
     #[error("ledger is closed")]
     Closed,
 }
 
-/// Opens the configured backend, behind the fence ([`Fenced`]). `lease` is how long a delivery's lease
-/// holds if its holder never ends it (a crashed request).
+/// The checkpoint a store whose commits are durable when made (Redis)
+/// holds once it was filled from the topics: its generation mark. Gone,
+/// the store lost its keys.
+pub const GENERATION_MARK: &str = "posbridge:rebuilt-from-topics";
+
+/// An opened ledger: the one deliveries use, behind the [`Gate`], and the
+/// same store without it, for the rebuild that opens the gate.
+#[derive(Clone)]
+pub struct Opened {
+    /// Behind the gate: what the pipeline decides with.
+    pub ledger: Arc<dyn Ledger>,
+    /// The store itself, for the rebuild.
+    pub store: Arc<dyn Ledger>,
+    /// Closed until a rebuild opens it.
+    pub gate: Arc<Gate>,
+}
+
+/// Opens the configured backend, behind the fence ([`Fenced`]) and a closed
+/// [`Gate`]. `lease` is how long a delivery's lease holds if its holder
+/// never ends it (a crashed request).
 ///
 /// # Errors
 /// [`LedgerError::Open`] naming the file or server that could not be opened.
-pub async fn open(config: &LedgerConfig, lease: Duration) -> Result<Arc<dyn Ledger>, LedgerError> {
+pub async fn open(config: &LedgerConfig, lease: Duration) -> Result<Opened, LedgerError> {
+    let store = open_store(config, lease).await?;
+    let gate = Gate::closed();
+    Ok(Opened {
+        ledger: Arc::new(Gated::new(store.clone(), gate.clone())),
+        store,
+        gate,
+    })
+}
+
+/// The configured backend behind the fence.
+async fn open_store(config: &LedgerConfig, lease: Duration) -> Result<Arc<dyn Ledger>, LedgerError> {
     let dedup_ttl = Duration::from_secs(config.dedup_ttl_secs);
     Ok(match config.backend {
-        LedgerBackend::Embedded => Arc::new(Fenced::new(EmbeddedLedger::open(
+        LedgerBackend::Embedded => Arc::new(Fenced::new(EmbeddedLedger::open_with(
             &config.path,
             dedup_ttl,
             lease,
+            Duration::from_millis(config.checkpoint_interval_ms),
         )?)),
         LedgerBackend::Redis => Arc::new(Fenced::new(
             RedisLedger::connect(
@@ -209,6 +260,9 @@ pub struct Commit {
     /// A reconciler checkpoint that moved: its name and the unix second up
     /// to which its window is complete.
     pub checkpoint: Option<(String, i64)>,
+    /// Where the record of this outcome lies (none when nothing was
+    /// written), so a checkpoint knows how far the topics are applied.
+    pub placed: Option<Placed>,
 }
 
 /// Held while an entity is guarded and published; dropping it unlocks.
@@ -276,6 +330,23 @@ pub trait Ledger: Send + Sync + 'static {
     /// [`LedgerError`] when the write fails; the lease is then released.
     async fn commit(&self, commit: Commit) -> Result<(), LedgerError>;
 
+    /// Starts a send whose outcome will be committed here: held until the
+    /// commit is made, so a checkpoint never records an offset past a
+    /// record whose state it does not hold ([`placements`]). Stores that
+    /// keep no offsets track nothing.
+    fn sending(&self) -> Sending {
+        Sending::untracked()
+    }
+
+    /// Makes every commit so far durable now (shutdown); stores whose
+    /// commits are durable when made have nothing to do.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the write fails.
+    async fn persist(&self) -> Result<(), LedgerError> {
+        Ok(())
+    }
+
     /// Opens the store afresh, for a failure only a new handle clears (redb
     /// refuses every write after one I/O error). Stores that reconnect by
     /// themselves have nothing to do.
@@ -286,15 +357,19 @@ pub trait Ledger: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Whether the store may hold nothing: `false` only when it is known to
-    /// hold some state. A store that cannot tell cheaply (Redis, whose keys
-    /// may share a server with others) says `true`.
+    /// The offsets up to which the store holds the topics' records: where
+    /// the start-up read begins. `None` for a store that keeps no offsets
+    /// (its commits are durable when made).
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be read.
-    async fn may_be_empty(&self) -> Result<bool, LedgerError> {
-        Ok(true)
+    async fn stored_offsets(&self) -> Result<Option<Offsets>, LedgerError> {
+        Ok(None)
     }
+
+    /// Offsets a rebuild read the topics up to: the next checkpoint
+    /// records them.
+    fn restore_offsets(&self, _offsets: &Offsets) {}
 
     /// Whether the store is open and answering, for `/readyz`.
     ///

@@ -49,7 +49,9 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 
-use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
+use super::{
+    Begin, Commit, EntityLock, EntitySlot, EntityState, GENERATION_MARK, Ledger, LedgerError,
+};
 use crate::config::LedgerConfig;
 use crate::event::DeliveryKey;
 
@@ -144,13 +146,29 @@ return 1
     ))
 });
 
+/// `begin` on one server, where a script may also look at the generation
+/// mark: as [`BEGIN`], and 3 when the mark is gone (the keys were lost).
+/// KEYS: done, lease, mark.
+static BEGIN_MARKED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('EXISTS', KEYS[3]) == 0 then return 3 end
+if redis.call('EXISTS', KEYS[1]) == 1 then return 2 end
+if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return 0 end
+return 1
+",
+    )
+});
+
 /// An entity's lock and, when taken, its state, in one round trip on one
 /// server: `{1, state}` when taken (nil for a state not yet written),
-/// `{0, nil}` when another holds it.
-/// KEYS: lock, state. ARGV: token, lock lease ms.
+/// `{0, nil}` when another holds it, `{2, nil}` when the generation mark
+/// is gone (looked at only when its key is given).
+/// KEYS: lock, state, and the mark or nothing. ARGV: token, lock lease ms.
 static LOCK_AND_READ: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then return {2, false} end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1, redis.call('GET', KEYS[2])}
 end
@@ -441,6 +459,53 @@ impl RedisLedger {
         script
     }
 
+    /// Polls until the entity's lock is taken: on one server with the
+    /// state read in the same script (`LOCK_AND_READ`, which with
+    /// `check_mark` also finds a lost generation mark), on a cluster with
+    /// `SET NX PX` and then a `GET` (the lock's and the state's keys lie in
+    /// different slots).
+    async fn lock_and_read_marked(
+        &self,
+        slot: &EntitySlot,
+        check_mark: bool,
+    ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
+        let key = self.key("lock", slot.as_str());
+        let state_key = self.key("entity", slot.as_str());
+        let token = format!("{:032x}", rand::random::<u128>());
+        let mut conn = self.conn.clone();
+        let options = redis::SetOptions::default()
+            .conditional_set(redis::ExistenceCheck::NX)
+            .with_expiration(redis::SetExpiry::PX(self.lease_ms()));
+        let state: Option<Vec<u8>> = loop {
+            if let Connection::Single(_) = conn {
+                let mut invocation = LOCK_AND_READ.key(&key);
+                invocation.key(&state_key);
+                if check_mark {
+                    invocation.key(self.key("checkpoint", GENERATION_MARK));
+                }
+                let (taken, state): (i32, Option<Vec<u8>>) = invocation
+                    .arg(&token)
+                    .arg(self.lease_ms())
+                    .invoke_async(&mut conn)
+                    .await?;
+                match taken {
+                    1 => break state,
+                    2 => return Err(LedgerError::Lost),
+                    _ => {}
+                }
+            } else {
+                let taken: Option<String> = conn.set_options(&key, &token, options.clone()).await?;
+                if taken.is_some() {
+                    break conn.get(&state_key).await?;
+                }
+            }
+            tokio::time::sleep(LOCK_POLL).await;
+        };
+        let lock: EntityLock = Box::new(RedisLock { conn, key, token });
+        let state = state.map(|b| EntityState::decode(slot, &b)).transpose()?;
+        Ok((lock, state))
+    }
+
     /// A commit's three writes, in the order the module documentation
     /// explains: in one script on one server, one by one on a cluster.
     async fn write(&self, commit: &Commit) -> Result<(), LedgerError> {
@@ -589,16 +654,24 @@ impl Drop for RedisLock {
 
 #[async_trait]
 impl Ledger for RedisLedger {
+    /// On one server, the generation mark is looked at in the same script:
+    /// a ledger that lost its keys decides nothing until it is filled again.
     async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
-        let answer: i32 = BEGIN
-            .key(self.delivery_key(delivery, "done"))
-            .key(self.delivery_key(delivery, "lease"))
+        let mut conn = self.conn.clone();
+        let single = matches!(conn, Connection::Single(_));
+        let mut invocation = if single { BEGIN_MARKED.key(self.delivery_key(delivery, "done")) } else { BEGIN.key(self.delivery_key(delivery, "done")) };
+        invocation.key(self.delivery_key(delivery, "lease"));
+        if single {
+            invocation.key(self.key("checkpoint", GENERATION_MARK));
+        }
+        let answer: i32 = invocation
             .arg(self.lease_ms())
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut conn)
             .await?;
         Ok(match answer {
             0 => Begin::New,
             2 => Begin::Done,
+            3 => return Err(LedgerError::Lost),
             _ => Begin::InFlight,
         })
     }
@@ -630,50 +703,19 @@ impl Ledger for RedisLedger {
         }
     }
 
-    /// Polls until the lock is taken: on one server with the state read in
-    /// the same script (`LOCK_AND_READ`), on a cluster with `SET NX PX` and
-    /// then a `GET` (the lock's and the state's keys lie in different slots).
     async fn lock_and_read(
         &self,
         slot: &EntitySlot,
     ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
-        let key = self.key("lock", slot.as_str());
-        let state_key = self.key("entity", slot.as_str());
-        let token = format!("{:032x}", rand::random::<u128>());
-        let mut conn = self.conn.clone();
-        let options = redis::SetOptions::default()
-            .conditional_set(redis::ExistenceCheck::NX)
-            .with_expiration(redis::SetExpiry::PX(self.lease_ms()));
-        let state: Option<Vec<u8>> = loop {
-            if let Connection::Single(_) = conn {
-                let (taken, state): (i32, Option<Vec<u8>>) = LOCK_AND_READ
-                    .key(&key)
-                    .key(&state_key)
-                    .arg(&token)
-                    .arg(self.lease_ms())
-                    .invoke_async(&mut conn)
-                    .await?;
-                if taken == 1 {
-                    break state;
-                }
-            } else {
-                let taken: Option<String> = conn.set_options(&key, &token, options.clone()).await?;
-                if taken.is_some() {
-                    break conn.get(&state_key).await?;
-                }
-            }
-            tokio::time::sleep(LOCK_POLL).await;
-        };
-        let lock: EntityLock = Box::new(RedisLock { conn, key, token });
-        let state = state.map(|b| EntityState::decode(slot, &b)).transpose()?;
-        Ok((lock, state))
+        self.lock_and_read_marked(slot, true).await
     }
 
     /// [`Ledger::lock_and_read`] with the state left unread by the caller:
     /// one polling loop for both (the delivery path takes the lock only with
-    /// its state).
+    /// its state). The mark is not looked at: the rebuild takes a lock
+    /// while it is missing.
     async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
-        Ok(self.lock_and_read(slot).await?.0)
+        Ok(self.lock_and_read_marked(slot, false).await?.0)
     }
 
     async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {

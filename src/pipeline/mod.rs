@@ -189,11 +189,14 @@ impl Pipeline {
             path: dir.join("ledger.redb"),
             ..LedgerConfig::default()
         };
+        let opened = crate::ledger::open(&ledger, Duration::from_secs(30))
+            .await
+            .expect("a fresh ledger file opens");
+        // Nothing to fill it from: decided at once.
+        opened.gate.end(Ok(()));
         Pipeline::new(
             Stages {
-                ledger: crate::ledger::open(&ledger, Duration::from_secs(30))
-                    .await
-                    .expect("a fresh ledger file opens"),
+                ledger: opened.ledger,
                 encoder: Encoder::new(&RegistryConfig::default(), &[])
                     .await
                     .expect("the registry-less encoder needs nothing"),

@@ -13,7 +13,7 @@ use super::{
 use crate::encode::EncodeError;
 use crate::event::{Content, EntityKey, Normalized, Origin, PosEvent};
 use crate::guard::{self, Decision};
-use crate::ledger::{Commit, EntityLock, EntitySlot, EntityState, LedgerError};
+use crate::ledger::{Commit, EntityLock, EntitySlot, EntityState, LedgerError, Placed};
 use crate::publish::PublishError;
 use crate::telemetry;
 use crate::traces::{DeliveryTrace, Origin as TraceOrigin, Stage};
@@ -97,11 +97,11 @@ impl Pipeline {
                     event_type = %event.event_type,
                     "Stale event held back: the topic already has a newer state."
                 );
-                self.commit(lease, None, trace).await?;
+                self.commit(lease, None, None, trace).await?;
                 return Ok(Written::Done(Outcome::Stale));
             }
             Decision::Unchanged => {
-                self.commit(lease, None, trace).await?;
+                self.commit(lease, None, None, trace).await?;
                 return Ok(Written::Done(Outcome::Unchanged));
             }
             Decision::Publish => {}
@@ -126,8 +126,11 @@ impl Pipeline {
         let trace = trace.clone();
         self.to_the_end(async move {
             let _lock = lock;
-            match producing.result(pipeline.inner.publisher.send(&record).await) {
-                Ok(_) => {}
+            // Held until the commit: no checkpoint counts this record's
+            // partition past it before its state is in the ledger.
+            let sending = pipeline.inner.ledger.sending();
+            let delivered = match producing.result(pipeline.inner.publisher.send(&record).await) {
+                Ok(delivered) => delivered,
                 Err(PublishError::Refused(reason)) => {
                     return Ok(Written::Refused {
                         event: Box::new(event),
@@ -137,14 +140,16 @@ impl Pipeline {
                     });
                 }
                 Err(error) => return Err(error.into()),
-            }
+            };
             // The record is in Kafka, so the delivery is answered 2xx. A
             // failed write raised the ledger's fence, which keeps it and
             // writes it before the ledger is read again; the fence logs the
             // failure.
+            let placed = sending.placed(&record.topic, delivered.partition, delivered.offset);
             let committed = pipeline
-                .commit(lease, Some((slot, incoming)), &trace)
+                .commit(lease, Some((slot, incoming)), placed, &trace)
                 .await;
+            drop(sending);
             if let Err(error) = committed {
                 debug!(entity = %record.key, %error, "Published; its ledger write waits behind the fence.");
             }
@@ -176,16 +181,18 @@ impl Pipeline {
     }
 
     /// Records a durable outcome in the ledger: the delivery done (which
-    /// ends its `lease`), the entity's new state, or both; nothing to write,
-    /// nothing done. A commit that fails gives the lease back itself
+    /// ends its `lease`), the entity's new state, or both, with where its
+    /// record lies (`placed`); nothing to write, nothing done. A commit
+    /// that fails gives the lease back itself
     /// ([`crate::ledger::Ledger::commit`]): the lease is ended either way.
     pub(super) async fn commit(
         &self,
         lease: Option<Lease>,
         entity: Option<(EntitySlot, EntityState)>,
+        placed: Option<Placed>,
         trace: &DeliveryTrace,
     ) -> Result<(), LedgerError> {
-        if lease.is_none() && entity.is_none() {
+        if lease.is_none() && entity.is_none() && placed.is_none() {
             return Ok(());
         }
         let committing = trace.stage(Stage::Commit);
@@ -196,6 +203,7 @@ impl Pipeline {
                     delivery: lease.as_ref().map(|lease| lease.key().clone()),
                     entity,
                     checkpoint: None,
+                    placed,
                 })
                 .await,
         );
@@ -256,6 +264,8 @@ impl Pipeline {
         let trace = trace.clone();
         self.to_the_end(async move {
             let publisher = &pipeline.inner.publisher;
+            let sending = pipeline.inner.ledger.sending();
+            let topic = record.topic.clone();
             let sent = match publisher.send(&record).await {
                 // Too large whole: a cut copy is still a permanent outcome,
                 // where refusing would ask the provider to retry what can
@@ -282,7 +292,7 @@ impl Pipeline {
                 }
                 sent => sent,
             };
-            producing.result(sent)?;
+            let delivered = producing.result(sent)?;
             metrics::counter!(
                 telemetry::DEAD_LETTERS,
                 telemetry::PROVIDER => provider.as_str(),
@@ -293,7 +303,9 @@ impl Pipeline {
                 .inner
                 .dead_letters
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            pipeline.commit(lease, None, &trace).await?;
+            let placed = sending.placed(&topic, delivered.partition, delivered.offset);
+            pipeline.commit(lease, None, placed, &trace).await?;
+            drop(sending);
             Ok(())
         })
         .await

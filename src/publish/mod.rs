@@ -73,6 +73,15 @@ pub struct Topics {
     dead_letter: String,
 }
 
+/// Where Kafka put an acknowledged record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivered {
+    /// Its partition.
+    pub partition: i32,
+    /// Its offset there.
+    pub offset: i64,
+}
+
 impl Topics {
     /// The topics the configuration names (defaults from the prefix).
     pub fn new(config: &KafkaConfig) -> Topics {
@@ -221,7 +230,7 @@ impl Publisher {
     /// [`PublishError::Unavailable`], [`PublishError::Denied`],
     /// [`PublishError::ProducerFailed`], or at once
     /// [`PublishError::BrokerDown`] and [`PublishError::TopicChanged`].
-    pub async fn send(&self, record: &OutgoingRecord) -> Result<(), PublishError> {
+    pub async fn send(&self, record: &OutgoingRecord) -> Result<Delivered, PublishError> {
         if !self.health.is_up() {
             return Err(PublishError::BrokerDown);
         }
@@ -259,7 +268,10 @@ impl Publisher {
                 self.new_producer_after_timeout
                     .then_some(Replace::AfterTimeout),
             )),
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(delivery)) => Ok(Delivered {
+                partition: delivery.partition,
+                offset: delivery.offset,
+            }),
             Ok(Err((error, _))) => match producer.client().fatal_error() {
                 // Whatever this record's own error (often its purge), the
                 // producer's fatal error is the cause.

@@ -29,11 +29,11 @@ use crate::pipeline::{Pipeline, PipelineError};
 
 use crate::progress::Progress;
 use checkpoint::Cursor;
-use read::Extent;
+
 use report::{Line, Verdict};
 use select::{Selection, Sources};
 
-pub use read::{ReadError, Reader};
+pub use read::{Extent, ReadError, Reader};
 pub use report::Summary;
 pub use select::{Filter, Letter};
 

@@ -1,38 +1,49 @@
 //! The embedded ledger: one redb file, for a single posbridge process.
 //!
-//! Writes go through one writer thread (`writer.rs`) that makes whatever
-//! has queued up durable in one step (group commit), so concurrent
-//! deliveries share one sync instead of queueing for one each: a frame of
-//! the redo log (`wal.rs`), its writes kept in memory where reads look
-//! first (`store.rs`), and every 100 ms one durable redb commit of all of
-//! them (`tables.rs`). Reads look in memory, then in redb through table
-//! handles kept from its last durable commit. Leases and entity locks live
-//! in memory: they only need to outlive a request, and a crash must not
-//! leave a delivery blocked.
+//! A commit is a write in memory (`store.rs`): the delivery is answered
+//! once Kafka has acknowledged its record, which carries what the ledger
+//! would keep (its delivery id, entity version and state hash). A thread
+//! (`checkpoint.rs`) makes memory's writes durable in the file every
+//! `ledger.checkpoint_interval_ms`, in one redb commit with the offsets of
+//! the records they came from (`crate::ledger::placements`); at the next
+//! start the topics are read from those offsets to their end, so a crash
+//! loses nothing the topics hold. Reads look in memory, then in redb
+//! through table handles kept from its last checkpoint. Leases and entity
+//! locks live in memory: they only need to outlive a request, and a crash
+//! must not leave a delivery blocked.
 
+mod checkpoint;
 mod store;
 mod tables;
 #[cfg(test)]
 mod tests;
-mod wal;
-mod writer;
-
-pub use wal::path_of as redo_log_path;
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use redb::ReadableDatabase;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
+use super::placements::{Offsets, Placements, Sending};
 use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
 use crate::event::DeliveryKey;
+use checkpoint::{Ask, Health, checkpoint_loop};
 use store::Store;
 use tables::{CHECKPOINTS, DONE, ENTITIES, unix_now};
-use writer::{Reply, write_loop};
+
+/// How often memory's writes are made durable when the config says nothing.
+pub const DEFAULT_CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+/// Writes in memory that ask for a checkpoint before its interval is up.
+const CHECKPOINT_AT: usize = 64 * 1024;
+
+/// Writes in memory past which commits are refused (the fence then answers
+/// 503 or spools): checkpoints keep failing, and memory must stay bounded.
+const MEMORY_AT_MOST: usize = 1024 * 1024;
 
 /// Number of entity lock stripes: enough that unrelated keys rarely share one.
 const LOCK_STRIPES: usize = 1024;
@@ -48,28 +59,64 @@ pub struct EmbeddedLedger {
     lease: Duration,
     /// Striped per-entity locks.
     locks: Arc<Vec<Arc<tokio::sync::Mutex<()>>>>,
-    /// Queue to the group-commit writer thread (which knows the dedup TTL).
-    writer: mpsc::UnboundedSender<(Commit, Reply)>,
+    /// How long a done id is remembered.
+    dedup_ttl: Duration,
+    /// The sends in flight and the offsets committed, for checkpoints.
+    placements: Arc<Placements>,
+    /// Whether the last checkpoint failed.
+    health: Arc<Health>,
+    /// Whether a checkpoint was asked for and has not begun yet.
+    asked: Arc<AtomicBool>,
+    /// To the checkpoint thread, which ends (with a last checkpoint) when
+    /// every handle is gone.
+    asks: std::sync::mpsc::Sender<Ask>,
 }
 
 impl EmbeddedLedger {
-    /// Opens (or creates) the ledger file and starts its writer thread.
+    /// Opens (or creates) the ledger file, checkpointing every second.
+    ///
+    /// # Errors
+    /// As [`EmbeddedLedger::open_with`].
+    pub fn open(path: &Path, dedup_ttl: Duration, lease: Duration) -> Result<Self, LedgerError> {
+        Self::open_with(path, dedup_ttl, lease, DEFAULT_CHECKPOINT_EVERY)
+    }
+
+    /// Opens (or creates) the ledger file and starts its checkpoint thread,
+    /// which checkpoints every `checkpoint_every`.
     ///
     /// # Errors
     /// [`LedgerError::Open`] when the file cannot be opened, e.g. because
     /// another posbridge process holds it.
-    pub fn open(path: &Path, dedup_ttl: Duration, lease: Duration) -> Result<Self, LedgerError> {
+    pub fn open_with(
+        path: &Path,
+        dedup_ttl: Duration,
+        lease: Duration,
+        checkpoint_every: Duration,
+    ) -> Result<Self, LedgerError> {
         let open_error = |e: Box<dyn std::error::Error + Send + Sync>| LedgerError::Open {
             path: path.display().to_string(),
             source: e,
         };
         let store = Arc::new(Store::open(path)?);
+        let placements = Arc::new(Placements::default());
+        let health = Arc::new(Health::default());
+        let asked = Arc::new(AtomicBool::new(false));
 
-        let (writer, queue) = mpsc::unbounded_channel();
-        let writer_store = store.clone();
+        let (asks, queue) = std::sync::mpsc::channel();
+        let (thread_store, thread_placements, thread_health, thread_asked) =
+            (store.clone(), placements.clone(), health.clone(), asked.clone());
         std::thread::Builder::new()
-            .name("ledger-writer".into())
-            .spawn(move || write_loop(&writer_store, queue, dedup_ttl))
+            .name("ledger-checkpoint".into())
+            .spawn(move || {
+                checkpoint_loop(
+                    &thread_store,
+                    &thread_placements,
+                    &thread_health,
+                    &thread_asked,
+                    &queue,
+                    checkpoint_every,
+                );
+            })
             .map_err(|e| open_error(e.into()))?;
 
         Ok(EmbeddedLedger {
@@ -81,8 +128,48 @@ impl EmbeddedLedger {
                     .map(|_| Arc::new(tokio::sync::Mutex::new(())))
                     .collect(),
             ),
-            writer,
+            dedup_ttl,
+            placements,
+            health,
+            asked,
+            asks,
         })
+    }
+
+    /// Writes a commit in memory; what the checkpoint thread makes durable.
+    fn write(&self, commit: &Commit) -> Result<(), LedgerError> {
+        let expires = unix_now() + self.dedup_ttl.as_secs();
+        let held = {
+            let mut layers = self.store.layers();
+            let current = &mut layers.current;
+            if current.len() >= MEMORY_AT_MOST {
+                return Err(LedgerError::Unwritable {
+                    reason: self.health.failing().unwrap_or_else(|| {
+                        "checkpoints cannot keep up with the writes".to_owned()
+                    }),
+                });
+            }
+            if let Some(delivery) = &commit.delivery {
+                current.done.insert(delivery.as_str().to_owned(), expires);
+            }
+            if let Some((slot, state)) = &commit.entity {
+                current
+                    .entities
+                    .insert(slot.as_str().to_owned(), state.to_bytes());
+            }
+            if let Some((name, at)) = &commit.checkpoint {
+                current.checkpoints.insert(name.clone(), *at);
+            }
+            current.len()
+        };
+        if let Some(placed) = &commit.placed {
+            self.placements.applied(placed);
+        }
+        if held >= CHECKPOINT_AT && !self.asked.swap(true, Ordering::AcqRel) {
+            // A closed thread: the next commit's read finds the ledger closed.
+            let _ = self.asks.send(Ask::Soon);
+        }
+        Ok(())
     }
 
     /// How many done ids, entity states and checkpoints the file holds; for
@@ -113,13 +200,14 @@ impl EmbeddedLedger {
     }
 
     fn is_done(&self, delivery: &DeliveryKey) -> Result<bool, LedgerError> {
-        let opened = self.store.get()?;
-        // `recent` first: the tables are replaced before it is emptied.
-        let recent = opened.recent().done.get(delivery.as_str()).copied();
+        // Memory first: the tables are replaced before it lets go.
+        let recent = self
+            .store
+            .recent(|recent| recent.done.get(delivery.as_str()).copied());
         let expires = match recent {
             Some(expires) => expires,
             None => {
-                let tables = opened.tables();
+                let tables = self.store.get()?.tables();
                 let stored = tables.done.get(delivery.as_str()).map_err(storage)?;
                 stored.map_or(0, |expires| expires.value())
             }
@@ -193,12 +281,13 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
-        let opened = self.store.get()?;
-        let recent = opened.recent().entities.get(slot.as_str()).copied();
+        let recent = self
+            .store
+            .recent(|recent| recent.entities.get(slot.as_str()).copied());
         if let Some(state) = recent {
             return EntityState::decode(slot, &state).map(Some);
         }
-        let tables = opened.tables();
+        let tables = self.store.get()?.tables();
         let value = tables.entities.get(slot.as_str()).map_err(storage)?;
         value
             .map(|v| EntityState::decode(slot, v.value()))
@@ -206,12 +295,13 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
-        let opened = self.store.get()?;
-        let recent = opened.recent().checkpoints.get(name).copied();
+        let recent = self
+            .store
+            .recent(|recent| recent.checkpoints.get(name).copied());
         if recent.is_some() {
             return Ok(recent);
         }
-        let tables = opened.tables();
+        let tables = self.store.get()?.tables();
         Ok(tables
             .checkpoints
             .get(name)
@@ -220,16 +310,33 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
-        let delivery = commit.delivery.clone();
-        let (reply, answer) = oneshot::channel();
-        let result = match self.writer.send((commit, reply)) {
-            Ok(()) => answer.await.unwrap_or(Err(LedgerError::Closed)),
-            Err(_) => Err(LedgerError::Closed),
-        };
-        if let Some(delivery) = delivery {
-            self.end_lease(&delivery);
+        let result = self.write(&commit);
+        if let Some(delivery) = &commit.delivery {
+            self.end_lease(delivery);
         }
         result
+    }
+
+    fn sending(&self) -> Sending {
+        self.placements.sending()
+    }
+
+    async fn stored_offsets(&self) -> Result<Option<Offsets>, LedgerError> {
+        tables::offsets(&self.store.get()?.db)
+            .map(Some)
+            .map_err(storage)
+    }
+
+    fn restore_offsets(&self, offsets: &Offsets) {
+        self.placements.restore(offsets);
+    }
+
+    async fn persist(&self) -> Result<(), LedgerError> {
+        let (reply, answer) = oneshot::channel();
+        self.asks
+            .send(Ask::Now(reply))
+            .map_err(|_| LedgerError::Closed)?;
+        answer.await.unwrap_or(Err(LedgerError::Closed))
     }
 
     async fn reopen(&self) -> Result<(), LedgerError> {
@@ -239,19 +346,9 @@ impl Ledger for EmbeddedLedger {
             .unwrap_or(Err(LedgerError::Closed))
     }
 
-    async fn may_be_empty(&self) -> Result<bool, LedgerError> {
-        // The file's tables, and what the redo log holds beyond them.
-        let counts = self.counts()?;
-        let recent = self.store.get()?.recent().len();
-        Ok(counts.done_deliveries == 0
-            && counts.entities == 0
-            && counts.checkpoints == 0
-            && recent == 0)
-    }
-
     async fn check(&self) -> Result<(), LedgerError> {
-        if self.writer.is_closed() {
-            return Err(LedgerError::Closed);
+        if let Some(reason) = self.health.failing() {
+            return Err(LedgerError::Unwritable { reason });
         }
         let txn = self.store.get()?.db.begin_read().map_err(storage)?;
         txn.open_table(DONE).map_err(storage)?;

@@ -1,50 +1,39 @@
-//! The open ledger file with its redo log and the writes the log holds
-//! that the file does not yet; opened, the log applied, and reopened after
-//! an I/O error.
+//! The open ledger file and the writes made since its last checkpoint;
+//! opened, and reopened after an I/O error.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
-use redb::{Database, ReadableTable};
+use redb::Database;
 use tracing::info;
 
 use super::tables::{
-    CHECKPOINTS, COVERED, DONE, ENTITIES, OLD_DONE_BY_EXPIRY, REDO, Sweep, Tables, not_older,
-    unix_now, write_batch,
+    CHECKPOINTS, DONE, ENTITIES, OFFSETS, OLD_DONE_BY_EXPIRY, OLD_REDO, Tables, Write,
 };
-use super::wal::{self, Wal, Write};
 use crate::ledger::LedgerError;
 use crate::store_file::{self, Integrity, ReopenError, Reopenable};
 
-/// The open database and its redo log, replaced together by
-/// [`Store::reopen`] after a failure.
+/// The open database, replaced by [`Store::reopen`] after a failure, and
+/// what was written since its last checkpoint, which outlives a reopen.
 pub(super) struct Store {
     pub(super) path: PathBuf,
     pub(super) db: Reopenable<Opened>,
+    /// Reads look here first, newest first: one lock, so a read never falls
+    /// between a checkpoint's layers.
+    pub(super) layers: RwLock<Layers>,
 }
 
-/// An open ledger file, the redo log beside it, and what the log holds
-/// that the file does not yet.
+/// An open ledger file.
 pub(super) struct Opened {
     pub(super) db: Database,
-    /// The redo log and the generation its frames are written in.
-    pub(super) log: Mutex<Log>,
-    /// Writes durable in the redo log and not yet in `db`: reads look here
-    /// first. Only the writer thread changes it.
-    pub(super) recent: RwLock<Recent>,
-    /// Read handles on `db` as of its last durable commit. With `recent`
-    /// they hold the whole ledger, so a lookup opens no transaction of its
-    /// own. The writer replaces them after each durable commit, before it
-    /// empties `recent`.
+    /// Read handles on the file as of its last checkpoint: with the
+    /// layers, the whole ledger, so a lookup opens no transaction of its
+    /// own. A checkpoint replaces them before it lets go of what it wrote.
     pub(super) tables: RwLock<Arc<Tables>>,
 }
 
 impl Opened {
-    pub(super) fn recent(&self) -> std::sync::RwLockReadGuard<'_, Recent> {
-        self.recent.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
     pub(super) fn tables(&self) -> Arc<Tables> {
         self.tables
             .read()
@@ -53,24 +42,34 @@ impl Opened {
     }
 }
 
-/// The redo log, or none once a write to it (or a durable commit) failed:
-/// every commit is then durable in redb, until the file is reopened.
-pub(super) struct Log {
-    /// The generation every durable commit records as covered: the log's
-    /// current one, kept when the log is dropped, so commits made without
-    /// it still cover the frames written before.
-    pub(super) generation: u64,
-    pub(super) wal: Option<Wal>,
+/// What was written since the last checkpoint: in memory only, until a
+/// checkpoint makes it durable (the topics hold it meanwhile).
+#[derive(Default)]
+pub(super) struct Layers {
+    /// Written since the last checkpoint began.
+    pub(super) current: Recent,
+    /// Being made durable by a checkpoint now.
+    pub(super) flushing: Option<Arc<Recent>>,
 }
 
-/// The latest value of each key written since the last durable commit, in
-/// key order (a few thousand keys at most: a lookup is a dozen compares, and
-/// the durable commit walks each B-tree once from left to right).
+impl Store {
+    /// What `look` finds in memory, newest first; `None`: look in the file.
+    pub(super) fn recent<T>(&self, look: impl Fn(&Recent) -> Option<T>) -> Option<T> {
+        let layers = self.layers.read().unwrap_or_else(PoisonError::into_inner);
+        look(&layers.current).or_else(|| layers.flushing.as_deref().and_then(look))
+    }
+
+    pub(super) fn layers(&self) -> std::sync::RwLockWriteGuard<'_, Layers> {
+        self.layers.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The latest value of each key written since a checkpoint.
 #[derive(Debug, Default)]
 pub(super) struct Recent {
-    pub(super) done: BTreeMap<String, u64>,
-    pub(super) entities: BTreeMap<String, [u8; 28]>,
-    pub(super) checkpoints: BTreeMap<String, i64>,
+    pub(super) done: HashMap<String, u64>,
+    pub(super) entities: HashMap<String, [u8; 28]>,
+    pub(super) checkpoints: HashMap<String, i64>,
 }
 
 impl Recent {
@@ -78,23 +77,21 @@ impl Recent {
         self.done.len() + self.entities.len() + self.checkpoints.len()
     }
 
-    pub(super) fn insert(&mut self, writes: &[Write<'_>]) {
-        for write in writes {
-            match *write {
-                Write::Done(id, expires) => {
-                    self.done.insert(id.to_owned(), expires);
-                }
-                Write::Entity(slot, state) => {
-                    self.entities.insert(slot.to_owned(), state);
-                }
-                Write::Checkpoint(name, at) => {
-                    self.checkpoints.insert(name.to_owned(), at);
-                }
-            }
+    /// `older`'s writes beneath these: what is here wins.
+    pub(super) fn beneath(&mut self, older: &Recent) {
+        for (id, at) in &older.done {
+            self.done.entry(id.clone()).or_insert(*at);
+        }
+        for (slot, state) in &older.entities {
+            self.entities.entry(slot.clone()).or_insert(*state);
+        }
+        for (name, at) in &older.checkpoints {
+            self.checkpoints.entry(name.clone()).or_insert(*at);
         }
     }
 
-    /// Every write, in key order within each table.
+    /// Every write, in key order within each table: a checkpoint walks
+    /// each B-tree once from left to right.
     pub(super) fn writes(&self) -> Vec<Write<'_>> {
         let done = self.done.iter().map(|(id, at)| Write::Done(id, *at));
         let entities = self
@@ -105,7 +102,9 @@ impl Recent {
             .checkpoints
             .iter()
             .map(|(name, at)| Write::Checkpoint(name, *at));
-        done.chain(entities).chain(checkpoints).collect()
+        let mut writes: Vec<Write<'_>> = done.chain(entities).chain(checkpoints).collect();
+        writes.sort_unstable();
+        writes
     }
 }
 
@@ -115,68 +114,38 @@ impl Store {
         Ok(Store {
             path: path.to_owned(),
             db: Reopenable::new(Store::open_file(path, Integrity::Check)?),
+            layers: RwLock::default(),
         })
     }
 
-    /// Opens (or creates) the checked file and its tables, then applies
-    /// what its redo log holds that the file does not.
+    /// Opens (or creates) the checked file and its tables.
     pub(super) fn open_file(path: &Path, integrity: Integrity) -> Result<Opened, LedgerError> {
         let db = store_file::open_with(path, integrity)?;
-        let open_error = |e: Box<dyn std::error::Error + Send + Sync>| LedgerError::Open {
+        let redb_error = |e: redb::Error| LedgerError::Open {
             path: path.display().to_string(),
-            source: e,
+            source: e.into(),
         };
-        let redb_error = |e: redb::Error| open_error(e.into());
         let txn = db.begin_write().map_err(|e| redb_error(e.into()))?;
         txn.open_table(DONE).map_err(|e| redb_error(e.into()))?;
-        txn.delete_table(OLD_DONE_BY_EXPIRY)
-            .map_err(|e| redb_error(e.into()))?;
         txn.open_table(ENTITIES).map_err(|e| redb_error(e.into()))?;
         txn.open_table(CHECKPOINTS)
             .map_err(|e| redb_error(e.into()))?;
-        let covered = txn
-            .open_table(REDO)
-            .and_then(|table| Ok(table.get(COVERED)?.map(|v| v.value())))
-            .map_err(|e| redb_error(e.into()))?
-            .unwrap_or(0);
+        txn.open_table(OFFSETS).map_err(|e| redb_error(e.into()))?;
+        txn.delete_table(OLD_DONE_BY_EXPIRY)
+            .map_err(|e| redb_error(e.into()))?;
+        let had_redo_log = txn
+            .delete_table(OLD_REDO)
+            .map_err(|e| redb_error(e.into()))?;
         txn.commit().map_err(|e| redb_error(e.into()))?;
-
-        let wal_path = wal::path_of(path);
-        let wal_error = |e: std::io::Error| LedgerError::Open {
-            path: wal_path.display().to_string(),
-            source: e.into(),
-        };
-        let mut wal = Wal::open(&wal_path).map_err(wal_error)?;
-        if wal.generation() > covered {
-            let frames = wal.frames().map_err(wal_error)?;
-            let mut writes = Vec::new();
-            for frame in &frames {
-                writes.extend(wal::decode(frame).ok_or_else(|| {
-                    wal_error(std::io::Error::other("a frame this version cannot read"))
-                })?);
-            }
-            // A state older than the file's (a frame left by a version that
-            // did not record `covered`, then a downgrade) never goes back in.
-            let writes = not_older(&db, writes).map_err(redb_error)?;
-            if !writes.is_empty() {
-                let covers = Some(wal.generation());
-                write_batch(&db, &writes, covers, &mut Sweep::default(), unix_now())
-                    .map_err(redb_error)?;
-                info!(
-                    writes = writes.len(),
-                    "Applied the ledger's redo log: what was answered before the last stop is kept."
-                );
-            }
+        if had_redo_log {
+            // What its frames held is in the topics; a file without
+            // offsets is filled from the topics' beginning at start.
+            let _ = std::fs::remove_file(old_redo_log(path));
+            info!("The ledger's redo log of an earlier version is removed: the topics are the record, and the ledger is filled from them.");
         }
-        wal.advance_past(covered).map_err(wal_error)?;
         let tables = Tables::open(&db).map_err(redb_error)?;
         Ok(Opened {
             db,
-            log: Mutex::new(Log {
-                generation: wal.generation(),
-                wal: Some(wal),
-            }),
-            recent: RwLock::default(),
             tables: RwLock::new(tables),
         })
     }
@@ -186,7 +155,8 @@ impl Store {
     }
 
     /// Closes the handle and opens the file again: redb refuses every write
-    /// after one I/O error until then. Blocking.
+    /// after one I/O error until then. Blocking. What memory holds since
+    /// the last checkpoint is kept.
     pub(super) fn reopen(&self) -> Result<(), LedgerError> {
         self.db
             .reopen(
@@ -198,4 +168,11 @@ impl Store {
                 ReopenError::Open(error) => error,
             })
     }
+}
+
+/// The redo log file earlier versions kept beside the ledger file.
+pub(super) fn old_redo_log(ledger: &Path) -> PathBuf {
+    let mut name = ledger.as_os_str().to_owned();
+    name.push(".wal");
+    PathBuf::from(name)
 }

@@ -1,6 +1,6 @@
 //! What the ledger file holds, its tables as one read transaction sees
-//! them, and the one write transaction every durable commit goes through
-//! (with the sweep that forgets expired done ids a few at a time).
+//! them, and the one write transaction every checkpoint goes through (with
+//! the sweep that forgets expired done ids a few at a time).
 
 use std::ops::Bound;
 use std::sync::Arc;
@@ -8,8 +8,18 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use super::wal::Write;
-use crate::ledger::EntityState;
+use crate::ledger::placements::Offsets;
+
+/// One write the ledger makes. Ordered by kind, then key.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Write<'a> {
+    /// A delivery id done, forgotten after the unix second.
+    Done(&'a str, u64),
+    /// An entity slot's stored state (`EntityState::to_bytes`).
+    Entity(&'a str, [u8; 28]),
+    /// A reconciler checkpoint and its unix second.
+    Checkpoint(&'a str, i64),
+}
 
 /// Done delivery ids → unix second they may be forgotten.
 pub(super) const DONE: TableDefinition<&str, u64> = TableDefinition::new("done_deliveries");
@@ -21,10 +31,12 @@ pub(super) const OLD_DONE_BY_EXPIRY: TableDefinition<(u64, &str), ()> =
 pub(super) const ENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entities");
 /// Reconciler checkpoint name → unix second its window is complete up to.
 pub(super) const CHECKPOINTS: TableDefinition<&str, i64> = TableDefinition::new("checkpoints");
-/// [`COVERED`] → the last redo log generation whose frames this file holds
-/// durably.
-pub(super) const REDO: TableDefinition<&str, u64> = TableDefinition::new("redo_log");
-pub(super) const COVERED: &str = "covered";
+/// The redo log's generation that earlier versions recorded; dropped when a
+/// file is opened (the topics are the record now, see `placements`).
+pub(super) const OLD_REDO: TableDefinition<&str, u64> = TableDefinition::new("redo_log");
+/// (topic, partition) → the next offset to read: the state of every record
+/// below it is in this file.
+pub(super) const OFFSETS: TableDefinition<(&str, i32), i64> = TableDefinition::new("offsets");
 
 /// How many done ids each commit looks at, in key order from where the last
 /// one stopped, deleting those expired: the sweep walks the whole table in
@@ -52,30 +64,6 @@ impl Tables {
     }
 }
 
-/// `writes` without the entity states older than the one the file holds.
-pub(super) fn not_older<'a>(
-    db: &Database,
-    writes: Vec<Write<'a>>,
-) -> Result<Vec<Write<'a>>, redb::Error> {
-    let txn = db.begin_read()?;
-    let entities = txn.open_table(ENTITIES)?;
-    let mut kept = Vec::with_capacity(writes.len());
-    for write in writes {
-        if let Write::Entity(slot, state) = &write {
-            let stored = entities.get(*slot)?;
-            let older = stored
-                .and_then(|v| EntityState::from_bytes(v.value()))
-                .zip(EntityState::from_bytes(state))
-                .is_some_and(|(stored, frame)| frame.version < stored.version);
-            if older {
-                continue;
-            }
-        }
-        kept.push(write);
-    }
-    Ok(kept)
-}
-
 /// Where the sweep of expired ids goes on.
 #[derive(Debug, Default)]
 pub(super) struct Sweep {
@@ -83,15 +71,15 @@ pub(super) struct Sweep {
     after: Option<String>,
 }
 
-/// Writes `writes` in one durable transaction at unix second `now`, with
-/// the next step of the sweep, recording the redo log generation it
-/// `covers`; how many expired ids the sweep deleted. The sweep looks at
+/// Writes `writes` and the `offsets` they cover in one durable transaction
+/// at unix second `now`, with the next step of the sweep; how many expired
+/// ids the sweep deleted. The sweep looks at
 /// [`SWEEP_PER_COMMIT`] ids and two more per id written, so it keeps up
 /// with what is added however many ids each commit holds.
 pub(super) fn write_batch(
     db: &Database,
     writes: &[Write<'_>],
-    covers: Option<u64>,
+    offsets: &Offsets,
     sweep: &mut Sweep,
     now: u64,
 ) -> Result<usize, redb::Error> {
@@ -115,8 +103,9 @@ pub(super) fn write_batch(
                 }
             }
         }
-        if let Some(generation) = covers {
-            txn.open_table(REDO)?.insert(COVERED, generation)?;
+        let mut stored = txn.open_table(OFFSETS)?;
+        for ((topic, partition), next) in offsets {
+            stored.insert((topic.as_str(), *partition), *next)?;
         }
         let range = match &sweep.after {
             Some(after) => {
@@ -145,6 +134,19 @@ pub(super) fn write_batch(
     txn.commit()?;
     sweep.after = after;
     Ok(swept)
+}
+
+/// Every offset the file records.
+pub(super) fn offsets(db: &Database) -> Result<Offsets, redb::Error> {
+    let txn = db.begin_read()?;
+    let table = txn.open_table(OFFSETS)?;
+    let mut offsets = Offsets::new();
+    for entry in table.range::<(&str, i32)>(..)? {
+        let (key, next) = entry?;
+        let (topic, partition) = key.value();
+        offsets.insert((topic.to_owned(), partition), next.value());
+    }
+    Ok(offsets)
 }
 
 pub(super) fn unix_now() -> u64 {

@@ -1,12 +1,8 @@
 use redb::Database;
 
-use super::store::{Opened, Store};
-use super::tables::{DONE, ENTITIES, SWEEP_PER_COMMIT, Sweep, unix_now, write_batch};
-use super::wal::Write;
-use super::writer::{Synced, commit_batch};
+use super::tables::{DONE, ENTITIES, SWEEP_PER_COMMIT, Sweep, Write, write_batch};
 use super::*;
 use crate::event::{EntityKey, EntityType, ProviderKind, Version};
-use crate::store_file::Integrity;
 
 fn open(dir: &tempfile::TempDir) -> EmbeddedLedger {
     EmbeddedLedger::open(
@@ -43,20 +39,27 @@ fn sample() -> (DeliveryKey, EntitySlot, EntityState) {
     (DeliveryKey::new(ProviderKind::Mekari, "e1"), slot, state)
 }
 
-/// The store of `dir`'s ledger with `writes` committed to its redo log
-/// only.
-fn with_logged(dir: &tempfile::TempDir, writes: &[Write<'_>]) -> Opened {
-    let opened = Store::open_file(&dir.path().join("ledger.redb"), Integrity::Check).unwrap();
-    let synced = commit_batch(
-        &opened,
-        writes,
-        false,
-        &mut Vec::new(),
-        &mut Sweep::default(),
-        0,
-    );
-    assert_eq!(synced.unwrap(), Synced::InLog);
-    opened
+/// Whether the file (not memory) holds `slot`'s state.
+fn in_file(ledger: &EmbeddedLedger, slot: &EntitySlot) -> bool {
+    let opened = ledger.store.get().unwrap();
+    let txn = opened.db.begin_read().unwrap();
+    let table = txn.open_table(ENTITIES).unwrap();
+    table.get(slot.as_str()).unwrap().is_some()
+}
+
+/// A ledger of `dir`'s file, waiting while the last handle's thread still
+/// holds it (it checkpoints once more when the handles are gone).
+async fn reopen(dir: &tempfile::TempDir) -> EmbeddedLedger {
+    loop {
+        match EmbeddedLedger::open(
+            &dir.path().join("ledger.redb"),
+            Duration::from_secs(3600),
+            Duration::from_secs(10),
+        ) {
+            Ok(ledger) => break ledger,
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
 }
 
 #[tokio::test]
@@ -110,21 +113,12 @@ async fn done_ids_and_entity_versions_survive_a_reopen() {
                 delivery: Some(id.clone()),
                 entity: Some((slot.clone(), state)),
                 checkpoint: Some(("mekari/main/orders".into(), 1234)),
+                placed: None,
             })
             .await
             .unwrap();
     }
-    // The writer thread holds the database until its queue closes.
-    let reopened = loop {
-        match EmbeddedLedger::open(
-            &dir.path().join("ledger.redb"),
-            Duration::from_secs(3600),
-            Duration::from_secs(10),
-        ) {
-            Ok(ledger) => break ledger,
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    };
+    let reopened = reopen(&dir).await;
     assert_eq!(reopened.begin(&id).await.unwrap(), Begin::Done);
     assert_eq!(reopened.entity(&slot).await.unwrap(), Some(state));
     assert_eq!(
@@ -148,28 +142,29 @@ async fn expired_ids_are_forgotten() {
     assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
 }
 
-/// Between durable commits, writes wait in memory: every read finds
-/// them there, and the durable commit moves them to the file.
+/// Between checkpoints, writes are in memory: every read finds them
+/// there, and a checkpoint moves them to the file.
 #[tokio::test]
-async fn reads_find_writes_waiting_for_the_durable_commit() {
+async fn reads_find_writes_waiting_for_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let ledger = open(&dir);
+    let ledger = EmbeddedLedger::open_with(
+        &dir.path().join("ledger.redb"),
+        Duration::from_secs(3600),
+        Duration::from_secs(10),
+        Duration::from_secs(3600),
+    )
+    .unwrap();
     let (id, slot, state) = sample();
-    let opened = ledger.store.get().unwrap();
-    let in_file = |opened: &Opened| {
-        let txn = opened.db.begin_read().unwrap();
-        let table = txn.open_table(ENTITIES).unwrap();
-        table.get(slot.as_str()).unwrap().is_some()
-    };
-    let writes = [
-        Write::Done(id.as_str(), unix_now() + 3600),
-        Write::Entity(slot.as_str(), state.to_bytes()),
-        Write::Checkpoint("mekari/main/orders", 7),
-    ];
-    let (mut frame, mut sweep) = (Vec::new(), Sweep::default());
-    let synced = commit_batch(&opened, &writes, false, &mut frame, &mut sweep, 0);
-    assert_eq!(synced.unwrap(), Synced::InLog);
-    assert!(!in_file(&opened));
+    ledger
+        .commit(Commit {
+            delivery: Some(id.clone()),
+            entity: Some((slot.clone(), state)),
+            checkpoint: Some(("mekari/main/orders".into(), 7)),
+            placed: None,
+        })
+        .await
+        .unwrap();
+    assert!(!in_file(&ledger, &slot), "no checkpoint yet");
     assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
     assert_eq!(ledger.entity(&slot).await.unwrap(), Some(state));
     assert_eq!(
@@ -177,98 +172,74 @@ async fn reads_find_writes_waiting_for_the_durable_commit() {
         Some(7)
     );
 
-    let synced = commit_batch(&opened, &[], true, &mut frame, &mut sweep, 0);
-    assert_eq!(synced.unwrap(), Synced::InRedb);
-    assert!(in_file(&opened));
-    assert_eq!(opened.recent().len(), 0);
+    ledger.persist().await.unwrap();
+    assert!(in_file(&ledger, &slot));
+    assert_eq!(ledger.store.recent(|r| Some(r.len())), Some(0));
     assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
     assert_eq!(ledger.entity(&slot).await.unwrap(), Some(state));
 }
 
-/// A crash after a durable commit covered the log's generation and
-/// before the log moved on: opening does not apply those frames again
-/// over what the file holds.
+/// A checkpoint records the offsets of the records whose state it holds,
+/// and none of a send still in flight: the next start reads the topics
+/// from there.
 #[tokio::test]
-async fn frames_of_a_covered_generation_are_not_applied_again() {
+async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
     let dir = tempfile::tempdir().unwrap();
-    let name = "mekari/main/orders";
-    {
-        let opened = with_logged(&dir, &[Write::Checkpoint(name, 5)]);
-        let generation = opened.log.lock().unwrap().generation;
-        let later = [Write::Checkpoint(name, 9)];
-        write_batch(
-            &opened.db,
-            &later,
-            Some(generation),
-            &mut Sweep::default(),
-            0,
-        )
-        .unwrap();
-    }
-    assert_eq!(open(&dir).checkpoint(name).await.unwrap(), Some(9));
-}
-
-/// A newer state in the file than in the log (a version that kept no
-/// `covered` wrote it) stays: the log never rolls an entity back.
-#[tokio::test]
-async fn an_older_state_in_the_log_never_replaces_a_newer_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_, slot, old) = sample();
-    let new = EntityState {
-        version: Version {
-            at_micros: old.version.at_micros + 1,
-            rank: 0,
-        },
-        ..old
-    };
-    {
-        let opened = with_logged(&dir, &[Write::Entity(slot.as_str(), old.to_bytes())]);
-        let newer = [Write::Entity(slot.as_str(), new.to_bytes())];
-        write_batch(&opened.db, &newer, None, &mut Sweep::default(), 0).unwrap();
-    }
-    assert_eq!(open(&dir).entity(&slot).await.unwrap(), Some(new));
-}
-
-/// What a batch committed through the redo log holds survives a stop
-/// that never made it durable in the file: the files as a crash leaves
-/// them (copied while the ledger runs) open with the log applied.
-#[tokio::test]
-async fn a_commit_in_the_redo_log_survives_a_crash() {
-    let dir = tempfile::tempdir().unwrap();
+    let ledger = open(&dir);
     let (id, slot, state) = sample();
-    let opened = Store::open_file(&dir.path().join("ledger.redb"), Integrity::Check).unwrap();
-    let writes = [
-        Write::Done(id.as_str(), unix_now() + 3600),
-        Write::Entity(slot.as_str(), state.to_bytes()),
-    ];
-    let mut frame = Vec::new();
-    let synced = commit_batch(
-        &opened,
-        &writes,
-        false,
-        &mut frame,
-        &mut Sweep::default(),
-        0,
+    let slow = ledger.sending();
+    let fast = ledger.sending();
+    ledger
+        .commit(Commit {
+            delivery: Some(id),
+            entity: Some((slot, state)),
+            placed: fast.placed("pos.orders", 2, 41),
+            ..Commit::default()
+        })
+        .await
+        .unwrap();
+    drop(fast);
+    ledger.persist().await.unwrap();
+    assert_eq!(
+        ledger.stored_offsets().await.unwrap(),
+        Some(Offsets::new()),
+        "the slow send may lie below 41"
     );
-    assert_eq!(synced.unwrap(), Synced::InLog);
+    ledger
+        .commit(Commit {
+            placed: slow.placed("pos.orders", 2, 40),
+            ..Commit::default()
+        })
+        .await
+        .unwrap();
+    drop(slow);
+    ledger.persist().await.unwrap();
+    drop(ledger);
+    let offsets = reopen(&dir).await.stored_offsets().await.unwrap().unwrap();
+    assert_eq!(offsets.get(&("pos.orders".to_owned(), 2)), Some(&42));
+}
 
-    let crashed = tempfile::tempdir().unwrap();
-    let path = crashed.path().join("ledger.redb");
-    std::fs::copy(dir.path().join("ledger.redb"), &path).unwrap();
-    std::fs::copy(
-        wal::path_of(&dir.path().join("ledger.redb")),
-        wal::path_of(&path),
-    )
-    .unwrap();
-    let after = open(&crashed);
-    assert_eq!(after.begin(&id).await.unwrap(), Begin::Done);
-    assert_eq!(after.entity(&slot).await.unwrap(), Some(state));
-    let opened = after.store.get().unwrap();
-    let log = opened.log.lock().unwrap();
-    assert!(
-        log.wal.as_ref().unwrap().frames().unwrap().is_empty(),
-        "applied, the log starts over"
-    );
+/// The redo log and its table that earlier versions kept are removed when
+/// the file is opened: what they held is in the topics, and a file without
+/// offsets is read from the topics' beginning.
+#[tokio::test]
+async fn an_earlier_versions_redo_log_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.redb");
+    {
+        let db = Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(tables::OLD_REDO)
+            .unwrap()
+            .insert("covered", 3)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let wal = store::old_redo_log(&path);
+    std::fs::write(&wal, b"frames").unwrap();
+    let ledger = open(&dir);
+    assert!(!wal.exists());
+    assert_eq!(ledger.stored_offsets().await.unwrap(), Some(Offsets::new()));
 }
 
 #[tokio::test]
@@ -283,7 +254,7 @@ async fn the_sweep_forgets_expired_ids_a_few_at_a_time() {
     };
     let write = |db: &Database, done: &[(String, u64)], sweep: &mut Sweep, now| {
         let writes: Vec<Write<'_>> = done.iter().map(|(id, at)| Write::Done(id, *at)).collect();
-        write_batch(db, &writes, None, sweep, now).unwrap()
+        write_batch(db, &writes, &Offsets::new(), sweep, now).unwrap()
     };
     let t0 = 1_000_000;
     let expiring = done(&ids("p", SWEEP_PER_COMMIT * 2 + 50), t0 + 1);

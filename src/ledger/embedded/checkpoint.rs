@@ -1,0 +1,176 @@
+//! The checkpoint thread: what was written in memory since the last
+//! checkpoint, made durable in the file in one redb commit, with the offsets
+//! of the records whose state it holds.
+//!
+//! Nothing waits for it: a delivery is answered once Kafka acknowledged its
+//! record and the ledger holds its outcome in memory. The topics hold every
+//! outcome meanwhile (delivery id, entity version and state hash are in each
+//! record's headers), so what a crash takes from memory is read back from
+//! them at the next start, from the offsets the last checkpoint recorded.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+use tracing::{error, info};
+
+use super::store::{Recent, Store};
+use super::tables::{Sweep, Tables, unix_now, write_batch};
+use crate::ledger::LedgerError;
+use crate::ledger::placements::{Offsets, Placements};
+
+/// How long a checkpoint waits for the sends of the epoch it sealed to
+/// end: their offsets are counted now, not at the next checkpoint. A send
+/// slower than this (a broker outage) only holds its partition's offset
+/// back until it ends.
+const SEAL_WAIT: Duration = Duration::from_millis(200);
+
+/// What the thread is asked besides its interval.
+pub(super) enum Ask {
+    /// Memory holds many writes: a checkpoint now.
+    Soon,
+    /// A checkpoint now, answered when durable (shutdown).
+    Now(oneshot::Sender<Result<(), LedgerError>>),
+}
+
+/// Whether the last checkpoint failed, and why: `/readyz` shows it, and the
+/// next one reopens the file first.
+#[derive(Debug, Default)]
+pub(super) struct Health {
+    failing: Mutex<Option<String>>,
+}
+
+impl Health {
+    pub(super) fn failing(&self) -> Option<String> {
+        self.failing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Said once per change.
+    fn set(&self, outcome: &Result<(), LedgerError>) {
+        let mut failing = self.failing.lock().unwrap_or_else(PoisonError::into_inner);
+        match (outcome, failing.is_some()) {
+            (Err(error), false) => {
+                error!(%error, "The ledger's checkpoint failed: deliveries go on (the topics hold their outcomes), and the ledger is read back from its last checkpoint's offsets should posbridge stop before one works.");
+                *failing = Some(error.to_string());
+            }
+            (Ok(()), true) => {
+                info!("The ledger's checkpoints work again.");
+                *failing = None;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The thread's loop: a checkpoint every `every`, when asked, and a last
+/// one when every ledger handle is gone.
+pub(super) fn checkpoint_loop(
+    store: &Store,
+    placements: &Placements,
+    health: &Health,
+    asked: &AtomicBool,
+    asks: &Receiver<Ask>,
+    every: Duration,
+) {
+    let mut checkpoint = Checkpoint::default();
+    loop {
+        let ask = asks.recv_timeout(every);
+        // Commits from here on may ask again.
+        asked.store(false, Ordering::Release);
+        let asked = match ask {
+            Ok(ask) => Some(ask),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => {
+                health.set(&checkpoint.take(store, placements, health));
+                return;
+            }
+        };
+        let outcome = checkpoint.take(store, placements, health);
+        health.set(&outcome);
+        if let Some(Ask::Now(reply)) = asked {
+            // The asker may have given up waiting; nothing to tell it.
+            let _ = reply.send(outcome);
+        }
+    }
+}
+
+/// What the checkpoints so far wrote.
+#[derive(Debug, Default)]
+struct Checkpoint {
+    sweep: Sweep,
+    /// The offsets the file records.
+    offsets: Offsets,
+}
+
+impl Checkpoint {
+    /// One checkpoint: seal the epoch, count the offsets of what ended,
+    /// move memory's writes aside, write both durably, then let go of them.
+    fn take(
+        &mut self,
+        store: &Store,
+        placements: &Placements,
+        health: &Health,
+    ) -> Result<(), LedgerError> {
+        let sealed = placements.seal();
+        let deadline = Instant::now() + SEAL_WAIT;
+        while !placements.finished(sealed) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let offsets = placements.safe(sealed);
+        let flushing = {
+            let mut layers = store.layers();
+            let current = std::mem::take(&mut layers.current);
+            let flushing = Arc::new(current);
+            layers.flushing = Some(flushing.clone());
+            flushing
+        };
+        if flushing.len() == 0 && offsets == self.offsets {
+            store.layers().flushing = None;
+            return Ok(());
+        }
+        let written = self.write(store, &flushing, &offsets, health.failing().is_some());
+        let mut layers = store.layers();
+        layers.flushing = None;
+        if written.is_err() {
+            // Kept for the next checkpoint, beneath what came since.
+            layers.current.beneath(&flushing);
+        }
+        written
+    }
+
+    fn write(
+        &mut self,
+        store: &Store,
+        flushing: &Recent,
+        offsets: &Offsets,
+        reopen_first: bool,
+    ) -> Result<(), LedgerError> {
+        if reopen_first {
+            store.reopen()?;
+        }
+        let opened = store.get()?;
+        let storage = |e: redb::Error| LedgerError::Embedded(Arc::new(e));
+        write_batch(
+            &opened.db,
+            &flushing.writes(),
+            offsets,
+            &mut self.sweep,
+            unix_now(),
+        )
+        .map_err(storage)?;
+        // The file holds it all now: reads find it there, through new
+        // handles in place before the layer is let go of.
+        let tables = Tables::open(&opened.db).map_err(storage)?;
+        *opened
+            .tables
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = tables;
+        self.offsets.clone_from(offsets);
+        Ok(())
+    }
+}

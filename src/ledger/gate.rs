@@ -1,0 +1,291 @@
+//! The ledger's gate: closed while the ledger is being filled from the
+//! topics, so nothing is decided on a ledger that does not hold what the
+//! topics say yet. A closed gate refuses leases and guard reads with
+//! [`LedgerError::Rebuilding`] (the delivery spools, or is answered 503 with
+//! `Retry-After`), after a short wait so a start-up read of the topics'
+//! last second is not seen by providers at all. It also keeps the progress
+//! `/readyz`, `/status` and the metrics show.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError, Sending};
+use crate::event::DeliveryKey;
+
+/// How long a lease or a guard read waits for a closed gate to open.
+const WAIT_FOR_OPEN: Duration = Duration::from_secs(1);
+
+/// Where a rebuild stands.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Progress {
+    /// Whether one runs now (the gate is closed).
+    pub running: bool,
+    /// Records read so far by the one running (or the last).
+    pub records_read: u64,
+    /// Records it has to read in all, as the partitions' offsets said when
+    /// it began.
+    pub records_to_read: u64,
+    /// Partitions read to their end.
+    pub partitions_done: u64,
+    /// Partitions it reads.
+    pub partitions: u64,
+    /// Seconds it has run (or the last one ran).
+    pub secs: f64,
+    /// Seconds still to go at the rate so far, while it runs.
+    pub eta_secs: Option<f64>,
+    /// Why the last attempt failed, when it did (it is tried again).
+    pub failed: Option<String>,
+}
+
+/// The gate and the progress behind it. Shared by the ledger wrapper, the
+/// rebuild and the operations endpoints.
+#[derive(Debug)]
+pub struct Gate {
+    open: AtomicBool,
+    opened: tokio::sync::Notify,
+    /// Asked when a ledger is found lost while serving.
+    lost: tokio::sync::Notify,
+    progress: Mutex<(Progress, Option<Instant>)>,
+}
+
+impl Gate {
+    /// A closed gate: nothing is decided until a rebuild opens it.
+    pub fn closed() -> Arc<Gate> {
+        Arc::new(Gate {
+            open: AtomicBool::new(false),
+            opened: tokio::sync::Notify::new(),
+            lost: tokio::sync::Notify::new(),
+            progress: Mutex::default(),
+        })
+    }
+
+    /// Whether deliveries are decided now.
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    fn progress(&self) -> std::sync::MutexGuard<'_, (Progress, Option<Instant>)> {
+        self.progress.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A rebuild begins: closed, its figures reset.
+    pub fn begin(&self, partitions: u64, records_to_read: u64) {
+        self.open.store(false, Ordering::Release);
+        *self.progress() = (
+            Progress {
+                running: true,
+                partitions,
+                records_to_read,
+                ..Progress::default()
+            },
+            Some(Instant::now()),
+        );
+    }
+
+    /// `records` more were read; `partition_done` when a partition ended.
+    pub fn read(&self, records: u64, partition_done: bool) {
+        let mut progress = self.progress();
+        progress.0.records_read += records;
+        progress.0.partitions_done += u64::from(partition_done);
+    }
+
+    /// The rebuild ended: open, or closed with why it failed.
+    pub fn end(&self, outcome: Result<(), String>) {
+        {
+            let mut progress = self.progress();
+            progress.0.running = false;
+            progress.0.failed = outcome.as_ref().err().cloned();
+            progress.0.secs = progress.1.map_or(0.0, |at| at.elapsed().as_secs_f64());
+        }
+        if outcome.is_ok() {
+            self.open.store(true, Ordering::Release);
+            self.opened.notify_waiters();
+        }
+    }
+
+    /// Where it stands now.
+    pub fn snapshot(&self) -> Progress {
+        let (mut progress, started) = self.progress().clone();
+        if progress.running
+            && let Some(started) = started
+        {
+            progress.secs = started.elapsed().as_secs_f64();
+            let rate = progress.records_read as f64 / progress.secs.max(0.001);
+            let left = progress.records_to_read.saturating_sub(progress.records_read);
+            progress.eta_secs = (rate > 0.0).then(|| left as f64 / rate);
+        }
+        progress
+    }
+
+    /// Closes the gate: the ledger was found lost while serving. The
+    /// rebuild task, waiting in [`Gate::lost`], reads the topics again.
+    pub fn found_lost(&self) {
+        if self.open.swap(false, Ordering::AcqRel) {
+            tracing::error!("The ledger lost its keys while serving (its generation mark is gone: FLUSHALL, or a failover to an empty replica): deliveries wait while it is filled from the topics again.");
+        }
+        self.lost.notify_one();
+    }
+
+    /// Waits until the ledger is found lost.
+    pub async fn lost(&self) {
+        self.lost.notified().await;
+    }
+
+    /// Whether the gate is open, or opens within `wait`.
+    pub async fn opens_within(&self, wait: Duration) -> bool {
+        if self.is_open() {
+            return true;
+        }
+        let opened = self.opened.notified();
+        if !self.is_open() {
+            let _ = tokio::time::timeout(wait, opened).await;
+        }
+        self.is_open()
+    }
+
+    /// Waits up to [`WAIT_FOR_OPEN`] for the gate to open.
+    async fn wait_open(&self) -> Result<(), LedgerError> {
+        if self.opens_within(WAIT_FOR_OPEN).await {
+            return Ok(());
+        }
+        let progress = self.snapshot();
+        Err(LedgerError::Rebuilding {
+            read: progress.records_read,
+            of: progress.records_to_read,
+        })
+    }
+}
+
+/// A ledger behind a [`Gate`].
+pub struct Gated {
+    inner: Arc<dyn Ledger>,
+    gate: Arc<Gate>,
+}
+
+impl Gated {
+    /// `inner` behind `gate`.
+    pub fn new(inner: Arc<dyn Ledger>, gate: Arc<Gate>) -> Self {
+        Gated { inner, gate }
+    }
+
+    /// A lost ledger found by `result` closes the gate.
+    fn saw<T>(&self, result: Result<T, LedgerError>) -> Result<T, LedgerError> {
+        if let Err(LedgerError::Lost) = &result {
+            self.gate.found_lost();
+        }
+        result
+    }
+}
+
+#[async_trait]
+impl Ledger for Gated {
+    async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
+        self.gate.wait_open().await?;
+        self.saw(self.inner.begin(delivery).await)
+    }
+
+    async fn begin_again(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
+        self.gate.wait_open().await?;
+        self.saw(self.inner.begin_again(delivery).await)
+    }
+
+    async fn release(&self, delivery: &DeliveryKey) {
+        self.inner.release(delivery).await;
+    }
+
+    async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
+        self.inner.lock_entity(slot).await
+    }
+
+    async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
+        self.gate.wait_open().await?;
+        self.saw(self.inner.entity(slot).await)
+    }
+
+    async fn lock_and_read(
+        &self,
+        slot: &EntitySlot,
+    ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
+        self.gate.wait_open().await?;
+        self.saw(self.inner.lock_and_read(slot).await)
+    }
+
+    async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
+        self.gate.wait_open().await?;
+        self.inner.checkpoint(name).await
+    }
+
+    async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
+        self.inner.commit(commit).await
+    }
+
+    fn sending(&self) -> Sending {
+        self.inner.sending()
+    }
+
+    async fn persist(&self) -> Result<(), LedgerError> {
+        self.inner.persist().await
+    }
+
+    async fn reopen(&self) -> Result<(), LedgerError> {
+        self.inner.reopen().await
+    }
+
+    async fn stored_offsets(&self) -> Result<Option<super::Offsets>, LedgerError> {
+        self.inner.stored_offsets().await
+    }
+
+    fn restore_offsets(&self, offsets: &super::Offsets) {
+        self.inner.restore_offsets(offsets);
+    }
+
+    async fn check(&self) -> Result<(), LedgerError> {
+        if !self.gate.is_open() {
+            let progress = self.gate.snapshot();
+            return Err(LedgerError::Rebuilding {
+                read: progress.records_read,
+                of: progress.records_to_read,
+            });
+        }
+        self.saw(self.inner.check().await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_gate_refuses_after_its_wait_and_opens_when_filled() {
+        let gate = Gate::closed();
+        gate.begin(3, 100);
+        gate.read(40, true);
+        let refused = gate.wait_open().await;
+        assert!(
+            matches!(refused, Err(LedgerError::Rebuilding { read: 40, of: 100 })),
+            "{refused:?}"
+        );
+        let progress = gate.snapshot();
+        assert!(progress.running);
+        assert_eq!(progress.partitions_done, 1);
+        assert!(progress.eta_secs.is_some());
+
+        let waiting = {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.wait_open().await })
+        };
+        tokio::task::yield_now().await;
+        gate.end(Ok(()));
+        assert!(waiting.await.unwrap().is_ok(), "a waiter is let through");
+        assert!(!gate.snapshot().running);
+
+        gate.found_lost();
+        assert!(!gate.is_open());
+        tokio::time::timeout(Duration::from_millis(10), gate.lost())
+            .await
+            .expect("the rebuild task is woken");
+    }
+}

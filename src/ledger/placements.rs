@@ -1,0 +1,232 @@
+//! Where the records whose state the ledger holds lie in the topics: the
+//! offset, per partition, up to which a checkpoint may say its state is
+//! applied.
+//!
+//! A checkpoint must not name an offset past a record whose state it does
+//! not hold. Records are acknowledged and committed concurrently, so the
+//! highest committed offset of a partition is not enough: a record
+//! acknowledged at offset 10 may be committed after the record at 11, and a
+//! checkpoint taken between the two would skip 10 at the next start. So
+//! every send takes a [`Sending`] in the current *epoch* before the record
+//! leaves, and gives it back after its commit; a checkpoint *seals* the
+//! epoch (new sends take the next one) and counts only the offsets of
+//! epochs older than the oldest one still sending. A partition's records
+//! reach it in send order (the producer is idempotent), so every record of
+//! a sealed, finished epoch lies below every record sent after it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// A topic's partition.
+pub type Partition = (String, i32);
+
+/// Per partition, the next offset to read: everything below it is applied.
+pub type Offsets = HashMap<Partition, i64>;
+
+/// A record the ledger holds the state of: where it lies, and the epoch its
+/// send was taken in. Plain data, carried in a [`crate::ledger::Commit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed {
+    /// Its topic.
+    pub topic: String,
+    /// Its partition.
+    pub partition: i32,
+    /// Its offset.
+    pub offset: i64,
+    /// The epoch of the [`Sending`] it was sent under.
+    pub epoch: u64,
+}
+
+/// The sends in flight and the offsets committed, by epoch. Shared by the
+/// ledger (which records commits and checkpoints) and every send.
+#[derive(Debug, Default)]
+pub struct Placements {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// The epoch new sends take.
+    epoch: u64,
+    /// Sends not yet given back, by epoch.
+    open: BTreeMap<u64, usize>,
+    /// Offsets committed, by the epoch of their send, not yet counted.
+    applied: BTreeMap<u64, Offsets>,
+    /// What a checkpoint may record: the epochs counted so far, folded.
+    safe: Offsets,
+}
+
+impl Placements {
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts a send: held until its commit is made (or it failed).
+    pub fn sending(self: &Arc<Self>) -> Sending {
+        let mut inner = self.inner();
+        let epoch = inner.epoch;
+        *inner.open.entry(epoch).or_default() += 1;
+        Sending {
+            placements: Some((self.clone(), epoch)),
+        }
+    }
+
+    /// A committed record's place, counted once its epoch is finished.
+    pub fn applied(&self, placed: &Placed) {
+        let mut inner = self.inner();
+        let next = placed.offset + 1;
+        let slot = inner
+            .applied
+            .entry(placed.epoch)
+            .or_default()
+            .entry((placed.topic.clone(), placed.partition))
+            .or_insert(next);
+        *slot = (*slot).max(next);
+    }
+
+    /// Offsets known applied by other means (a rebuild read the partitions
+    /// up to them).
+    pub fn restore(&self, offsets: &Offsets) {
+        let mut inner = self.inner();
+        for (partition, next) in offsets {
+            let slot = inner.safe.entry(partition.clone()).or_insert(*next);
+            *slot = (*slot).max(*next);
+        }
+    }
+
+    /// Seals the current epoch: sends from now on take the next one. The
+    /// epoch sealed.
+    pub fn seal(&self) -> u64 {
+        let mut inner = self.inner();
+        let sealed = inner.epoch;
+        inner.epoch += 1;
+        sealed
+    }
+
+    /// Whether every send of an epoch up to `sealed` was given back.
+    pub fn finished(&self, sealed: u64) -> bool {
+        self.inner()
+            .open
+            .keys()
+            .next()
+            .is_none_or(|oldest| *oldest > sealed)
+    }
+
+    /// The offsets a checkpoint taken now may record: the epochs up to
+    /// `sealed` that are older than every epoch still sending, folded in.
+    pub fn safe(&self, sealed: u64) -> Offsets {
+        let mut inner = self.inner();
+        let oldest_open = inner.open.keys().next().copied().unwrap_or(u64::MAX);
+        let through = sealed.min(oldest_open.saturating_sub(1));
+        if oldest_open > 0 {
+            let later = inner.applied.split_off(&(through + 1));
+            let counted = std::mem::replace(&mut inner.applied, later);
+            for offsets in counted.into_values() {
+                for (partition, next) in offsets {
+                    let slot = inner.safe.entry(partition).or_insert(next);
+                    *slot = (*slot).max(next);
+                }
+            }
+        }
+        inner.safe.clone()
+    }
+}
+
+/// A send in flight; given back when dropped. A send without placements
+/// (a ledger that keeps no offsets) is [`Sending::untracked`].
+#[derive(Debug)]
+#[must_use = "a send is tracked until this is dropped, after its commit"]
+pub struct Sending {
+    placements: Option<(Arc<Placements>, u64)>,
+}
+
+impl Sending {
+    /// A send no checkpoint waits for.
+    pub fn untracked() -> Sending {
+        Sending { placements: None }
+    }
+
+    /// Where the record of this send lies, to carry in its commit.
+    pub fn placed(&self, topic: &str, partition: i32, offset: i64) -> Option<Placed> {
+        self.placements.as_ref().map(|(_, epoch)| Placed {
+            topic: topic.to_owned(),
+            partition,
+            offset,
+            epoch: *epoch,
+        })
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        if let Some((placements, epoch)) = self.placements.take() {
+            let mut inner = placements.inner();
+            if let Some(count) = inner.open.get_mut(&epoch) {
+                *count -= 1;
+                if *count == 0 {
+                    inner.open.remove(&epoch);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(offsets: &Offsets, topic: &str, partition: i32) -> Option<i64> {
+        offsets.get(&(topic.to_owned(), partition)).copied()
+    }
+
+    /// The record at 10 is acknowledged, the one at 11 committed first: a
+    /// checkpoint between them must not say 11 is applied.
+    #[test]
+    fn a_record_committed_out_of_order_holds_the_offset_back() {
+        let placements = Arc::new(Placements::default());
+        let slow = placements.sending();
+        let fast = placements.sending();
+        let placed_fast = fast.placed("t", 0, 11).unwrap();
+        placements.applied(&placed_fast);
+        drop(fast);
+        let sealed = placements.seal();
+        assert!(!placements.finished(sealed));
+        assert_eq!(at(&placements.safe(sealed), "t", 0), None, "10 is not in yet");
+
+        let placed_slow = slow.placed("t", 0, 10).unwrap();
+        placements.applied(&placed_slow);
+        drop(slow);
+        assert!(placements.finished(sealed));
+        assert_eq!(at(&placements.safe(sealed), "t", 0), Some(12));
+    }
+
+    /// A send of a later epoch that finished does not count while an older
+    /// epoch still sends: its offset may lie above the older one's.
+    #[test]
+    fn a_later_epoch_waits_for_an_older_one() {
+        let placements = Arc::new(Placements::default());
+        let old = placements.sending();
+        let first = placements.seal();
+        let new = placements.sending();
+        placements.applied(&new.placed("t", 0, 20).unwrap());
+        drop(new);
+        let second = placements.seal();
+        assert_eq!(at(&placements.safe(second), "t", 0), None);
+        placements.applied(&old.placed("t", 0, 5).unwrap());
+        drop(old);
+        assert_eq!(at(&placements.safe(first), "t", 0), Some(6));
+        assert_eq!(at(&placements.safe(second), "t", 0), Some(21));
+    }
+
+    #[test]
+    fn restored_offsets_are_kept_and_never_lowered() {
+        let placements = Arc::new(Placements::default());
+        placements.restore(&[(("t".to_owned(), 1), 50)].into_iter().collect());
+        let send = placements.sending();
+        placements.applied(&send.placed("t", 1, 7).unwrap());
+        drop(send);
+        let sealed = placements.seal();
+        assert_eq!(at(&placements.safe(sealed), "t", 1), Some(50));
+        assert!(Sending::untracked().placed("t", 0, 1).is_none());
+    }
+}
