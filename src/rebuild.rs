@@ -211,6 +211,7 @@ impl Rebuild {
     /// lost, and fills it again. Until `stop`.
     pub async fn run(self, stop: CancellationToken) {
         loop {
+            metrics::gauge!(telemetry::REBUILD_RUNNING).set(1.0);
             let filled = (|| self.once())
                 .retry(
                     ExponentialBuilder::default()
@@ -272,7 +273,9 @@ impl Rebuild {
         if is_marked(self.store.as_ref()).await? {
             return Ok(());
         }
-        info!("The ledger holds no generation mark (it is new, or lost its keys): filling it from the topics before deciding deliveries.");
+        info!(
+            "The ledger holds no generation mark (it is new, or lost its keys): filling it from the topics before deciding deliveries."
+        );
         self.fill(&Offsets::new(), done_since_ms, false).await?;
         self.store
             .commit(Commit {
@@ -315,7 +318,6 @@ impl Rebuild {
             .sum();
         self.gate
             .begin(partitions as u64, u64::try_from(to_read).unwrap_or(0));
-        metrics::gauge!(telemetry::REBUILD_RUNNING).set(1.0);
         let remaining = metrics::gauge!(telemetry::REBUILD_REMAINING);
         let read_counter = metrics::counter!(telemetry::REBUILD_RECORDS);
         let mut left = to_read;

@@ -123,6 +123,7 @@ impl Engine {
                         delivery: Some(key.clone()),
                         entity: Some((slot, state)),
                         checkpoint: None,
+                        placed: None,
                     })
                     .await
                     .map_err(error)?;

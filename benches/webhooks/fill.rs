@@ -80,6 +80,7 @@ async fn commit_range(ledger: &Arc<dyn Ledger>, from: usize, to: usize, size: Si
                         delivery: Some(delivery),
                         entity,
                         checkpoint: None,
+                        placed: None,
                     })
                     .await
                     .expect("fill commit");
@@ -88,6 +89,7 @@ async fn commit_range(ledger: &Arc<dyn Ledger>, from: usize, to: usize, size: Si
         .buffer_unordered(IN_FLIGHT)
         .collect::<()>()
         .await;
+    ledger.persist().await.expect("fill checkpoint");
 }
 
 /// Opens the embedded ledger at `path`, once its last user let go of it.
@@ -97,9 +99,9 @@ async fn open_embedded(path: &Path, dedup_ttl_secs: u64) -> Arc<dyn Ledger> {
         ..config(LedgerBackend::Embedded, dedup_ttl_secs)
     };
     loop {
-        // The writer thread holds the file until its queue closes.
+        // The checkpoint thread holds the file until its last handle goes.
         match ledger::open(&config, LEASE).await {
-            Ok(ledger) => return ledger,
+            Ok(opened) => return opened.store,
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
@@ -196,11 +198,15 @@ pub async fn redis(url: &str, prefix: &str, size: Size) {
         redis_prefix: prefix.to_owned(),
         ..config(LedgerBackend::Redis, ttl)
     };
-    let ledger = ledger::open(&config(1), LEASE).await.expect("redis ledger");
+    let ledger = ledger::open(&config(1), LEASE)
+        .await
+        .expect("redis ledger")
+        .store;
     commit_range(&ledger, 0, size.expired, size, "expired").await;
     let ledger = ledger::open(&config(24 * 3600), LEASE)
         .await
-        .expect("redis ledger");
+        .expect("redis ledger")
+        .store;
     commit_range(&ledger, 0, size.ids, size, "fill").await;
     let after: String = redis::cmd("INFO")
         .arg("memory")

@@ -301,7 +301,9 @@ impl App {
             .run(background.clone()),
         );
         if reachable && !opened.gate.opens_within(FIRST_FILL_WAIT).await {
-            info!("The ledger is being filled from the topics: sources that spool take deliveries meanwhile, the others answer 503 with Retry-After; /readyz and /status show its progress.");
+            info!(
+                "The ledger is being filled from the topics: sources that spool take deliveries meanwhile, the others answer 503 with Retry-After; /readyz and /status show its progress."
+            );
         }
         if kafka.topic_check_secs > 0 {
             publisher.watch_topics(&topics, Duration::from_secs(kafka.topic_check_secs));

@@ -85,7 +85,9 @@ impl Readiness {
 /// cluster answers, or one that changed under posbridge (the topic watch),
 /// is listed under `failing_topics` with the reason, and does not make the
 /// pod unready: every other topic publishes. A spool whose writes fail (its
-/// disk full) has no room, and says why under `spool.unwritable`.
+/// disk full) has no room, and says why under `spool.unwritable`. While the
+/// ledger is filled from the topics, `ledger` says so and `ledger_rebuild`
+/// shows how far it got (records and partitions read, seconds, ETA).
 pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let pipeline = &state.pipeline;
     let readiness = Readiness::of(pipeline, true).await;
@@ -135,6 +137,7 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
             "broker": word(broker),
             "schema_registry": word(registry),
             "ledger": readiness.ledger_text(),
+            "ledger_rebuild": pipeline.ledger().rebuild_progress(),
             "spool": spool,
             "failing_topics": pipeline.publisher().health().failing_topics(),
         })),

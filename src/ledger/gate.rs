@@ -114,7 +114,9 @@ impl Gate {
         {
             progress.secs = started.elapsed().as_secs_f64();
             let rate = progress.records_read as f64 / progress.secs.max(0.001);
-            let left = progress.records_to_read.saturating_sub(progress.records_read);
+            let left = progress
+                .records_to_read
+                .saturating_sub(progress.records_read);
             progress.eta_secs = (rate > 0.0).then(|| left as f64 / rate);
         }
         progress
@@ -124,7 +126,9 @@ impl Gate {
     /// rebuild task, waiting in [`Gate::lost`], reads the topics again.
     pub fn found_lost(&self) {
         if self.open.swap(false, Ordering::AcqRel) {
-            tracing::error!("The ledger lost its keys while serving (its generation mark is gone: FLUSHALL, or a failover to an empty replica): deliveries wait while it is filled from the topics again.");
+            tracing::error!(
+                "The ledger lost its keys while serving (its generation mark is gone: FLUSHALL, or a failover to an empty replica): deliveries wait while it is filled from the topics again."
+            );
         }
         self.lost.notify_one();
     }
@@ -240,6 +244,10 @@ impl Ledger for Gated {
 
     fn restore_offsets(&self, offsets: &super::Offsets) {
         self.inner.restore_offsets(offsets);
+    }
+
+    fn rebuild_progress(&self) -> Option<Progress> {
+        Some(self.gate.snapshot())
     }
 
     async fn check(&self) -> Result<(), LedgerError> {

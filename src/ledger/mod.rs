@@ -34,9 +34,9 @@ use crate::config::{LedgerBackend, LedgerConfig};
 use crate::event::{DeliveryKey, EntityKey, EntityType, Version};
 
 pub use embedded::{DEFAULT_CHECKPOINT_EVERY, EmbeddedLedger, LedgerCounts};
-pub use placements::{Offsets, Placed, Sending};
 pub use fence::Fenced;
 pub use gate::{Gate, Gated, Progress};
+pub use placements::{Offsets, Placed, Sending};
 pub use redis::RedisLedger;
 
 impl LedgerError {
@@ -150,7 +150,10 @@ pub async fn open(config: &LedgerConfig, lease: Duration) -> Result<Opened, Ledg
 }
 
 /// The configured backend behind the fence.
-async fn open_store(config: &LedgerConfig, lease: Duration) -> Result<Arc<dyn Ledger>, LedgerError> {
+async fn open_store(
+    config: &LedgerConfig,
+    lease: Duration,
+) -> Result<Arc<dyn Ledger>, LedgerError> {
     let dedup_ttl = Duration::from_secs(config.dedup_ttl_secs);
     Ok(match config.backend {
         LedgerBackend::Embedded => Arc::new(Fenced::new(EmbeddedLedger::open_with(
@@ -365,6 +368,12 @@ pub trait Ledger: Send + Sync + 'static {
     /// [`LedgerError`] when the store cannot be read.
     async fn stored_offsets(&self) -> Result<Option<Offsets>, LedgerError> {
         Ok(None)
+    }
+
+    /// Where the ledger's fill from the topics stands, for a ledger behind
+    /// a [`Gate`].
+    fn rebuild_progress(&self) -> Option<Progress> {
+        None
     }
 
     /// Offsets a rebuild read the topics up to: the next checkpoint

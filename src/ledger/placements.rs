@@ -191,7 +191,11 @@ mod tests {
         drop(fast);
         let sealed = placements.seal();
         assert!(!placements.finished(sealed));
-        assert_eq!(at(&placements.safe(sealed), "t", 0), None, "10 is not in yet");
+        assert_eq!(
+            at(&placements.safe(sealed), "t", 0),
+            None,
+            "10 is not in yet"
+        );
 
         let placed_slow = slow.placed("t", 0, 10).unwrap();
         placements.applied(&placed_slow);

@@ -659,7 +659,11 @@ impl Ledger for RedisLedger {
     async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
         let mut conn = self.conn.clone();
         let single = matches!(conn, Connection::Single(_));
-        let mut invocation = if single { BEGIN_MARKED.key(self.delivery_key(delivery, "done")) } else { BEGIN.key(self.delivery_key(delivery, "done")) };
+        let mut invocation = if single {
+            BEGIN_MARKED.key(self.delivery_key(delivery, "done"))
+        } else {
+            BEGIN.key(self.delivery_key(delivery, "done"))
+        };
         invocation.key(self.delivery_key(delivery, "lease"));
         if single {
             invocation.key(self.key("checkpoint", GENERATION_MARK));

@@ -49,6 +49,8 @@ pub struct Health {
     pub broker: &'static str,
     /// `ok` or the ledger's error.
     pub ledger: String,
+    /// Where the ledger's last (or running) fill from the topics stands.
+    pub ledger_rebuild: Option<crate::ledger::Progress>,
     /// `ok`, `unavailable`, or `not used`.
     pub schema_registry: &'static str,
     /// The spool's entries and bytes, when a source spools.

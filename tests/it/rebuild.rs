@@ -80,7 +80,6 @@ async fn a_lost_embedded_ledger_is_rebuilt_from_the_topics() {
 
     // The volume is lost while posbridge is stopped.
     std::fs::remove_file(&config.ledger.path).unwrap();
-    let _ = std::fs::remove_file(posbridge::ledger::redo_log_path(&config.ledger.path));
 
     second_life(config, &newer, &older, letter).await;
 }

@@ -237,6 +237,7 @@ async fn worker(ledger: RedisLedger, traffic: Arc<Traffic>) {
                 delivery: Some(id.clone()),
                 entity: Some((slot.clone(), state(i))),
                 checkpoint: None,
+                placed: None,
             };
             match ledger.commit(commit).await {
                 Ok(()) => break,
@@ -300,6 +301,7 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
                 delivery: Some(id.clone()),
                 entity: Some((slot.clone(), state(i))),
                 checkpoint: (i % 5 == 0).then(|| (checkpoint.clone(), i64::try_from(i).unwrap())),
+                placed: None,
             })
             .await
             .unwrap();

@@ -18,8 +18,10 @@ fn redis_url() -> String {
     std::env::var("POSBRIDGE_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
+/// A Redis ledger under `prefix`, marked as filled from the topics (there
+/// are none here): without its generation mark it decides nothing.
 async fn ledger(prefix: &str) -> RedisLedger {
-    RedisLedger::connect(
+    let ledger = RedisLedger::connect(
         &redis_url(),
         prefix,
         Duration::from_secs(3600),
@@ -28,7 +30,15 @@ async fn ledger(prefix: &str) -> RedisLedger {
         false,
     )
     .await
-    .expect("a Redis server at POSBRIDGE_TEST_REDIS")
+    .expect("a Redis server at POSBRIDGE_TEST_REDIS");
+    ledger
+        .commit(Commit {
+            checkpoint: Some((posbridge::ledger::GENERATION_MARK.to_owned(), 1)),
+            ..Commit::default()
+        })
+        .await
+        .unwrap();
+    ledger
 }
 
 fn state(at_micros: i64, hash: u8) -> EntityState {
@@ -56,6 +66,7 @@ async fn the_redis_ledger_keeps_the_delivery_protocol() {
             delivery: Some(id.clone()),
             entity: Some((slot.clone(), state(200, 1))),
             checkpoint: Some(("mekari/main/OUT-1/orders".into(), 77)),
+            placed: None,
         })
         .await
         .unwrap();

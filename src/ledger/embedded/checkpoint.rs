@@ -55,10 +55,12 @@ impl Health {
         let mut failing = self.failing.lock().unwrap_or_else(PoisonError::into_inner);
         match (outcome, failing.is_some()) {
             (Err(error), false) => {
+                metrics::gauge!(crate::telemetry::LEDGER_WRITABLE).set(0.0);
                 error!(%error, "The ledger's checkpoint failed: deliveries go on (the topics hold their outcomes), and the ledger is read back from its last checkpoint's offsets should posbridge stop before one works.");
                 *failing = Some(error.to_string());
             }
             (Ok(()), true) => {
+                metrics::gauge!(crate::telemetry::LEDGER_WRITABLE).set(1.0);
                 info!("The ledger's checkpoints work again.");
                 *failing = None;
             }

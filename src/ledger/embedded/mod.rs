@@ -103,8 +103,12 @@ impl EmbeddedLedger {
         let asked = Arc::new(AtomicBool::new(false));
 
         let (asks, queue) = std::sync::mpsc::channel();
-        let (thread_store, thread_placements, thread_health, thread_asked) =
-            (store.clone(), placements.clone(), health.clone(), asked.clone());
+        let (thread_store, thread_placements, thread_health, thread_asked) = (
+            store.clone(),
+            placements.clone(),
+            health.clone(),
+            asked.clone(),
+        );
         std::thread::Builder::new()
             .name("ledger-checkpoint".into())
             .spawn(move || {
@@ -144,9 +148,10 @@ impl EmbeddedLedger {
             let current = &mut layers.current;
             if current.len() >= MEMORY_AT_MOST {
                 return Err(LedgerError::Unwritable {
-                    reason: self.health.failing().unwrap_or_else(|| {
-                        "checkpoints cannot keep up with the writes".to_owned()
-                    }),
+                    reason: self
+                        .health
+                        .failing()
+                        .unwrap_or_else(|| "checkpoints cannot keep up with the writes".to_owned()),
                 });
             }
             if let Some(delivery) = &commit.delivery {

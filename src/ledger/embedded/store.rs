@@ -141,7 +141,9 @@ impl Store {
             // What its frames held is in the topics; a file without
             // offsets is filled from the topics' beginning at start.
             let _ = std::fs::remove_file(old_redo_log(path));
-            info!("The ledger's redo log of an earlier version is removed: the topics are the record, and the ledger is filled from them.");
+            info!(
+                "The ledger's redo log of an earlier version is removed: the topics are the record, and the ledger is filled from them."
+            );
         }
         let tables = Tables::open(&db).map_err(redb_error)?;
         Ok(Opened {
