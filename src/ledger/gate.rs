@@ -182,13 +182,28 @@ impl Gated {
         }
         result
     }
+
+    /// Whether to ask again after `result`: the ledger was found lost, and
+    /// refilled within the gate's wait.
+    async fn again<T>(&self, result: &Result<T, LedgerError>) -> Result<bool, LedgerError> {
+        if !matches!(result, Err(LedgerError::Lost)) {
+            return Ok(false);
+        }
+        self.gate.found_lost();
+        self.gate.wait_open().await?;
+        Ok(true)
+    }
 }
 
 #[async_trait]
 impl Ledger for Gated {
     async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
         self.gate.wait_open().await?;
-        self.saw(self.inner.begin(delivery).await)
+        let begun = self.inner.begin(delivery).await;
+        if self.again(&begun).await? {
+            return self.saw(self.inner.begin(delivery).await);
+        }
+        begun
     }
 
     async fn begin_again(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
@@ -214,7 +229,11 @@ impl Ledger for Gated {
         slot: &EntitySlot,
     ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
         self.gate.wait_open().await?;
-        self.saw(self.inner.lock_and_read(slot).await)
+        let read = self.inner.lock_and_read(slot).await;
+        if self.again(&read).await? {
+            return self.saw(self.inner.lock_and_read(slot).await);
+        }
+        read
     }
 
     async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
