@@ -286,25 +286,6 @@ impl App {
                 "No Kafka broker answered at start-up; the entity topics' settings are not checked."
             );
         }
-        // Filled from the topics in the background, the gate closed until
-        // then: a start-up read of the last seconds is waited for here, a
-        // long one (a lost ledger) is served through (spool or 503).
-        let background = CancellationToken::new();
-        tokio::spawn(
-            crate::rebuild::Rebuild::new(
-                kafka,
-                &topics,
-                opened.store.clone(),
-                opened.gate.clone(),
-                Duration::from_secs(config.ledger.dedup_ttl_secs),
-            )
-            .run(background.clone()),
-        );
-        if reachable && !opened.gate.opens_within(FIRST_FILL_WAIT).await {
-            info!(
-                "The ledger is being filled from the topics: sources that spool take deliveries meanwhile, the others answer 503 with Retry-After; /readyz and /status show its progress."
-            );
-        }
         if kafka.topic_check_secs > 0 {
             publisher.watch_topics(&topics, Duration::from_secs(kafka.topic_check_secs));
         }
@@ -335,6 +316,26 @@ impl App {
             info!(%url, "Exporting a trace of every delivery over OTLP.");
         }
         announce_series(&sources, encoder.name());
+        // Filled from the topics in the background, the gate closed until
+        // then: a start-up read of the last seconds is waited for here, a
+        // long one (a lost ledger) is served through (spool or 503).
+        // Started last: a start-up that fails before lets go of the ledger.
+        let background = CancellationToken::new();
+        tokio::spawn(
+            crate::rebuild::Rebuild::new(
+                kafka,
+                &topics,
+                opened.store.clone(),
+                opened.gate.clone(),
+                Duration::from_secs(config.ledger.dedup_ttl_secs),
+            )
+            .run(background.clone()),
+        );
+        if reachable && !opened.gate.opens_within(FIRST_FILL_WAIT).await {
+            info!(
+                "The ledger is being filled from the topics: sources that spool take deliveries meanwhile, the others answer 503 with Retry-After; /readyz and /status show its progress."
+            );
+        }
         let board = Board::new(sources.keys().cloned());
         Ok(App {
             state: AppState {

@@ -10,7 +10,6 @@
 //! go on through the handle there is, so the drainer still publishes what
 //! the spool holds.
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -141,7 +140,7 @@ impl Inner {
         // still full can fail (redb repairs a file it could not close
         // cleanly, which writes), and would leave no handle to read the
         // spooled entries through while the drainer replays them.
-        if let Err(error) = probe_disk(&self.path, probe_bytes) {
+        if let Err(error) = crate::store_file::probe_disk(&self.path, probe_bytes) {
             self.health.not_healed(&error);
             return false;
         }
@@ -170,20 +169,6 @@ impl Inner {
             }
         }
     }
-}
-
-/// Writes a file of `bytes` beside the spool file, durably, then removes it.
-fn probe_disk(spool: &Path, bytes: u64) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let mut name = spool.as_os_str().to_owned();
-    name.push(".probe");
-    let path = PathBuf::from(name);
-    let written = std::fs::File::create(&path).and_then(|mut file| {
-        file.write_all(&vec![0u8; usize::try_from(bytes).unwrap_or(usize::MAX)])?;
-        file.sync_all()
-    });
-    let removed = std::fs::remove_file(&path);
-    written.and(removed)
 }
 
 /// Writes `bytes` into the probe table, then removes them, each durably.

@@ -198,6 +198,25 @@ fn quietly<R>(f: impl FnOnce() -> R) -> std::thread::Result<R> {
     result
 }
 
+/// Writes a file of `bytes` beside `store`, durably, then removes it: whether
+/// its disk has room again before a store that failed is reopened (a reopen
+/// on a full disk can fail and leave no handle to read through).
+///
+/// # Errors
+/// The write, the sync or the removal failed.
+pub fn probe_disk(store: &Path, bytes: u64) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut name = store.as_os_str().to_owned();
+    name.push(".probe");
+    let path = std::path::PathBuf::from(name);
+    let written = std::fs::File::create(&path).and_then(|mut file| {
+        file.write_all(&vec![0u8; usize::try_from(bytes).unwrap_or(usize::MAX)])?;
+        file.sync_all()
+    });
+    let removed = std::fs::remove_file(&path);
+    written.and(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -126,6 +126,15 @@ async fn a_restart_during_an_outage_starts_degraded_on_what_an_earlier_start_fou
     assert_eq!(status, 200, "a spool with room takes deliveries: {ready}");
     assert_eq!(ready["status"], "degraded", "{ready}");
     assert_eq!(ready["broker"], "unavailable", "{ready}");
+    // The ledger is not filled from the topics yet (Kafka is away): nothing
+    // is decided, and /readyz says how far the fill got and why it waits.
+    assert!(
+        ready["ledger"]
+            .as_str()
+            .is_some_and(|l| l.contains("rebuilt from the topics")),
+        "{ready}"
+    );
+    assert_eq!(ready["ledger_rebuild"]["running"], false, "{ready}");
     let (status, answer) = send(&http, &base, "receiptroller", &sale(2)).await;
     assert_eq!((status, answer["status"].as_str()), (200, Some("spooled")));
     let order = mekari_order(

@@ -1,9 +1,10 @@
-//! A lost ledger is rebuilt from the topics at start: the embedded ledger's
-//! files deleted while posbridge was stopped (a lost volume), and a Redis
-//! ledger's keys gone (`FLUSHALL`, a failover to an empty replica). After
-//! the restart, the retry of a published delivery is a duplicate, an older
-//! event of the same sale is stale, and the retry of a dead-lettered
-//! delivery is a duplicate too: nothing is written twice, nothing rolled back.
+//! A lost ledger is filled from the topics: the embedded ledger's file
+//! deleted while posbridge was stopped (a lost volume), a Redis ledger's keys
+//! gone while it was stopped, and gone while it serves (`FLUSHALL`, a
+//! failover to an empty replica). After it, the retry of a published
+//! delivery is a duplicate, an older event of the same sale is stale, and the
+//! retry of a dead-lettered delivery is a duplicate too: nothing is written
+//! twice, nothing rolled back.
 
 use posbridge::config::{Config, LedgerBackend};
 use serde_json::Value;
@@ -14,6 +15,14 @@ use crate::support::{TestApp, brokers, config, read_topic, rr_sale, unique};
 /// a delivery dead-lettered. Returns the deliveries to send again.
 async fn first_life(config: Config) -> (Value, Value, (String, Vec<u8>)) {
     let app = TestApp::start_with(config).await;
+    let sent = publish_and_dead_letter(&app).await;
+    app.stop().await;
+    sent
+}
+
+/// A sale's newer state published, a delivery dead-lettered; the deliveries
+/// to send again.
+async fn publish_and_dead_letter(app: &TestApp) -> (Value, Value, (String, Vec<u8>)) {
     // Event times of now: a delivery id is restored when its record (stamped
     // with the event's time) lies within the dedup window.
     let ago = |minutes: i64| {
@@ -36,7 +45,6 @@ async fn first_life(config: Config) -> (Value, Value, (String, Vec<u8>)) {
         dead.json::<Value>().await.unwrap()["status"],
         "dead_lettered"
     );
-    app.stop().await;
     (newer, older, letter)
 }
 
@@ -44,6 +52,13 @@ async fn first_life(config: Config) -> (Value, Value, (String, Vec<u8>)) {
 /// what it would have got from the ledger the first life left.
 async fn second_life(config: Config, newer: &Value, older: &Value, letter: (String, Vec<u8>)) {
     let app = TestApp::start_with(config).await;
+    remembers(&app, newer, older, letter).await;
+    app.stop().await;
+}
+
+/// Each delivery gets what it got before the ledger forgot: nothing is
+/// written again.
+async fn remembers(app: &TestApp, newer: &Value, older: &Value, letter: (String, Vec<u8>)) {
     let status = |response: reqwest::Response| async move {
         response.json::<Value>().await.unwrap()["status"].clone()
     };
@@ -68,7 +83,30 @@ async fn second_life(config: Config, newer: &Value, older: &Value, letter: (Stri
     );
     let sales = read_topic(&brokers(), &app.topic("sales"));
     assert_eq!(sales.len(), 1, "written once: {:?}", sales.len());
-    app.stop().await;
+}
+
+/// The Redis ledger of `prefix` on the suite's server.
+fn redis_config(mut config: Config, prefix: &str) -> Config {
+    config.ledger.backend = LedgerBackend::Redis;
+    config.ledger.redis_url =
+        std::env::var("POSBRIDGE_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    config.ledger.redis_prefix = format!("{prefix}:");
+    config
+}
+
+/// Deletes every key of this deployment, as a FLUSHALL leaves a shared
+/// server (the suite's Redis serves other tests, so only ours go).
+fn forget_keys(config: &Config) {
+    let mut redis = redis::Client::open(config.ledger.redis_url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}*", config.ledger.redis_prefix))
+        .query(&mut redis)
+        .unwrap();
+    assert!(!keys.is_empty(), "nothing was written to Redis");
+    let () = redis::cmd("DEL").arg(&keys).query(&mut redis).unwrap();
 }
 
 #[tokio::test]
@@ -88,25 +126,27 @@ async fn a_lost_embedded_ledger_is_rebuilt_from_the_topics() {
 async fn a_redis_ledger_that_lost_its_keys_is_rebuilt_from_the_topics() {
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("rebuild-redis");
-    let mut config = config(&brokers(), &prefix, dir.path());
-    config.ledger.backend = LedgerBackend::Redis;
-    config.ledger.redis_url =
-        std::env::var("POSBRIDGE_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    config.ledger.redis_prefix = format!("{prefix}:");
+    let config = redis_config(config(&brokers(), &prefix, dir.path()), &prefix);
     let (newer, older, letter) = first_life(config.clone()).await;
-
-    // Every key of this deployment gone, as a FLUSHALL leaves a shared
-    // server (the suite's Redis serves other tests, so only ours go).
-    let mut redis = redis::Client::open(config.ledger.redis_url.as_str())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}*", config.ledger.redis_prefix))
-        .query(&mut redis)
-        .unwrap();
-    assert!(!keys.is_empty(), "the first life wrote nothing to Redis");
-    let () = redis::cmd("DEL").arg(&keys).query(&mut redis).unwrap();
-
+    forget_keys(&config);
     second_life(config, &newer, &older, letter).await;
+}
+
+/// The keys go while posbridge serves: the next lease finds the generation
+/// mark gone, and posbridge fills the ledger again before deciding it.
+#[tokio::test]
+async fn a_redis_ledger_that_loses_its_keys_while_serving_is_filled_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("flush-redis");
+    let config = redis_config(config(&brokers(), &prefix, dir.path()), &prefix);
+    let app = TestApp::start_with(config.clone()).await;
+    let (newer, older, letter) = publish_and_dead_letter(&app).await;
+    forget_keys(&config);
+    remembers(&app, &newer, &older, letter).await;
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains("posbridge_ledger_rebuild_running 0"),
+        "{metrics}"
+    );
+    app.stop().await;
 }

@@ -31,13 +31,7 @@ async fn ledger(prefix: &str) -> RedisLedger {
     )
     .await
     .expect("a Redis server at POSBRIDGE_TEST_REDIS");
-    ledger
-        .commit(Commit {
-            checkpoint: Some((posbridge::ledger::GENERATION_MARK.to_owned(), 1)),
-            ..Commit::default()
-        })
-        .await
-        .unwrap();
+    crate::support::redis::mark_filled(&ledger).await;
     ledger
 }
 
@@ -93,6 +87,39 @@ async fn the_redis_ledger_keeps_the_delivery_protocol() {
         .unwrap();
     assert_eq!(ledger.entity(&slot).await.unwrap(), Some(state(200, 1)));
     ledger.check().await.unwrap();
+}
+
+/// Without its generation mark (new, or its keys lost to a FLUSHALL) the
+/// ledger decides nothing: the lease and the guard read say it is lost,
+/// while the rebuild's lock is still taken.
+#[tokio::test]
+async fn a_redis_ledger_without_its_generation_mark_decides_nothing() {
+    let prefix = format!("{}:", unique("unmarked"));
+    let marked = ledger(&prefix).await;
+    let delivery = DeliveryKey::new(ProviderKind::Mekari, "d-unmarked");
+    let slot = EntitySlot::new(
+        EntityType::Order,
+        &EntityKey::new(ProviderKind::Mekari, None, "O-unmarked"),
+    );
+    assert_eq!(marked.begin(&delivery).await.unwrap(), Begin::New);
+    marked.release(&delivery).await;
+
+    let mut redis = redis::Client::open(redis_url().as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mark = format!("{prefix}checkpoint:{}", posbridge::ledger::GENERATION_MARK);
+    let removed: i32 = redis::cmd("DEL").arg(&mark).query(&mut redis).unwrap();
+    assert_eq!(removed, 1, "the mark is where the ledger keeps it");
+    assert!(matches!(
+        marked.begin(&delivery).await,
+        Err(posbridge::ledger::LedgerError::Lost)
+    ));
+    assert!(matches!(
+        marked.lock_and_read(&slot).await,
+        Err(posbridge::ledger::LedgerError::Lost)
+    ));
+    drop(marked.lock_entity(&slot).await.unwrap());
 }
 
 #[tokio::test]

@@ -110,6 +110,7 @@ async fn the_redis_ledger_speaks_tls_to_a_server_signed_by_the_configured_ca() {
             connect().await.unwrap_err()
         ),
     };
+    crate::support::redis::mark_filled(&ledger).await;
     let key = DeliveryKey::new(ProviderKind::Mekari, "tls-1");
     assert_eq!(ledger.begin(&key).await.unwrap(), Begin::New);
     ledger

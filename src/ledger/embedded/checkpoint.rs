@@ -153,6 +153,13 @@ impl Checkpoint {
         reopen_first: bool,
     ) -> Result<(), LedgerError> {
         if reopen_first {
+            // Room first: a reopen on a disk still full may fail and leave
+            // no handle for the reads memory does not answer.
+            let bytes = 64 * 1024 + 64 * flushing.len() as u64;
+            crate::store_file::probe_disk(&store.path, bytes).map_err(|e| LedgerError::Open {
+                path: store.path.display().to_string(),
+                source: e.into(),
+            })?;
             store.reopen()?;
         }
         let opened = store.get()?;

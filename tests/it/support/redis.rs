@@ -73,3 +73,17 @@ pub async fn cli(port: u16, args: &[&str]) -> String {
         .expect("redis-cli");
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
+
+/// Marks a Redis ledger opened directly (not by `App::build`, which fills
+/// it from the topics) as filled: without its generation mark it decides
+/// nothing.
+pub async fn mark_filled(ledger: &posbridge::ledger::RedisLedger) {
+    use posbridge::ledger::{Commit, GENERATION_MARK, Ledger};
+    ledger
+        .commit(Commit {
+            checkpoint: Some((GENERATION_MARK.to_owned(), 1)),
+            ..Commit::default()
+        })
+        .await
+        .expect("the generation mark written");
+}
