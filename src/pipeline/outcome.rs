@@ -115,12 +115,15 @@ impl PipelineError {
     }
 
     /// Whether the cause is a state already logged once when it began (no
-    /// broker answers, ledger writes failing), so each refused delivery need
+    /// broker answers, ledger writes failing, the ledger being filled from
+    /// the topics), so each refused delivery need
     /// not say it again.
     pub fn is_announced(&self) -> bool {
         match self {
             PipelineError::Publish(error) => error.is_announced(),
-            PipelineError::Ledger(LedgerError::Unwritable { .. }) => true,
+            PipelineError::Ledger(
+                LedgerError::Unwritable { .. } | LedgerError::Rebuilding { .. } | LedgerError::Lost,
+            ) => true,
             _ => false,
         }
     }

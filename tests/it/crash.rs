@@ -24,14 +24,20 @@ const CONCURRENCY: usize = 12;
 
 /// Delivery `n`: sale `n % SALES`, version `n / SALES`, so versions of one
 /// sale arrive interleaved with the others and, sent from the top, newest
-/// first.
+/// first. Event times of the last minutes: the restart restores the ids of
+/// records within the dedup window.
 fn delivery(n: usize) -> (String, Vec<u8>) {
+    static BASE: std::sync::LazyLock<time::OffsetDateTime> =
+        std::sync::LazyLock::new(|| time::OffsetDateTime::now_utc() - time::Duration::minutes(5));
     let (sale, version) = (n % SALES, n / SALES);
     let id = format!("crash-{sale}-{version}");
+    let at = (*BASE + time::Duration::seconds(version as i64))
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
     let body = serde_json::to_vec(&rr_sale(
         &id,
         "sale.updated",
-        &format!("2026-11-30T08:00:0{version}Z"),
+        &at,
         &format!("T1|2026-11|{sale}"),
         100 + version as u64,
     ))
@@ -63,8 +69,14 @@ async fn send_all(http: &reqwest::Client, base: &str, ids: Vec<usize>, seen: Arc
                 seen.lock().unwrap().unanswered.insert(n);
                 let request =
                     signed_request(&http, &base, "receiptroller", "main", &id, body, None);
-                let Ok(response) = request.send().await else {
-                    continue;
+                let response = match request.send().await {
+                    Ok(response) => response,
+                    // Never reached posbridge: not in doubt.
+                    Err(error) if error.is_connect() => {
+                        seen.lock().unwrap().unanswered.remove(&n);
+                        continue;
+                    }
+                    Err(_) => continue,
                 };
                 if !response.status().is_success() {
                     continue;

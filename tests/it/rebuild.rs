@@ -9,6 +9,9 @@
 use posbridge::config::{Config, LedgerBackend};
 use serde_json::Value;
 
+use std::time::Duration;
+
+use crate::support::wait::look_for;
 use crate::support::{TestApp, brokers, config, read_topic, rr_sale, unique};
 
 /// What the first life of posbridge leaves: a sale's newer state published,
@@ -56,27 +59,42 @@ async fn second_life(config: Config, newer: &Value, older: &Value, letter: (Stri
     app.stop().await;
 }
 
+/// The status of the answer to what `send` sends, sent again as a
+/// provider would while it is answered 503 (the ledger being filled): each
+/// 503 carries `Retry-After` and a JSON error.
+async fn status(mut send: impl AsyncFnMut() -> reqwest::Response) -> Value {
+    let answered = look_for(Duration::from_secs(30), async || {
+        let response = send().await;
+        if response.status() == 503 {
+            assert!(response.headers().contains_key("retry-after"));
+            let body: Value = response.json().await.unwrap();
+            assert!(body["error"].is_string(), "{body}");
+            return None;
+        }
+        Some(response.json::<Value>().await.unwrap()["status"].clone())
+    })
+    .await;
+    answered.expect("still 503 after 30 s")
+}
+
 /// Each delivery gets what it got before the ledger forgot: nothing is
 /// written again.
 async fn remembers(app: &TestApp, newer: &Value, older: &Value, letter: (String, Vec<u8>)) {
-    let status = |response: reqwest::Response| async move {
-        response.json::<Value>().await.unwrap()["status"].clone()
-    };
     assert_eq!(
-        status(app.send("receiptroller", "main", newer).await).await,
+        status(async || app.send("receiptroller", "main", newer).await).await,
         "duplicate",
         "the retry of a published delivery"
     );
     assert_eq!(
-        status(app.send("receiptroller", "main", older).await).await,
+        status(async || app.send("receiptroller", "main", older).await).await,
         "stale",
         "an older event of the same sale"
     );
     assert_eq!(
-        status(
-            app.send_raw("receiptroller", "main", &letter.0, letter.1, None)
+        status(async || {
+            app.send_raw("receiptroller", "main", &letter.0, letter.1.clone(), None)
                 .await
-        )
+        })
         .await,
         "duplicate",
         "the retry of a dead-lettered delivery"
@@ -143,10 +161,10 @@ async fn a_redis_ledger_that_loses_its_keys_while_serving_is_filled_again() {
     let (newer, older, letter) = publish_and_dead_letter(&app).await;
     forget_keys(&config);
     remembers(&app, &newer, &older, letter).await;
-    let metrics = app.metrics().await;
-    assert!(
-        metrics.contains("posbridge_ledger_rebuild_running 0"),
-        "{metrics}"
-    );
+    // The fill read this deployment's records again.
+    let ready: Value = app.get("/readyz").await.json().await.unwrap();
+    let rebuild = &ready["ledger_rebuild"];
+    assert_eq!(rebuild["running"], false, "{ready}");
+    assert!(rebuild["records_read"].as_u64() >= Some(2), "{ready}");
     app.stop().await;
 }
