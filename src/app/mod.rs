@@ -49,6 +49,16 @@ const KAFKA_WAIT_WHEN_KNOWN: Duration = Duration::from_secs(1);
 /// with the gate closed.
 const FIRST_FILL_WAIT: Duration = Duration::from_secs(5);
 
+/// How long start-up waits for the ledger's first fill from the topics.
+#[derive(Debug, Clone, Copy)]
+enum FirstFill {
+    /// At most [`FIRST_FILL_WAIT`]: `serve` then answers while it goes on.
+    Briefly,
+    /// To its end: a catch-up command (reconcile, replay) has nothing to
+    /// do meanwhile.
+    Whole,
+}
+
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -224,7 +234,7 @@ impl App {
             .spools()
             .then(|| Spool::open(&config.spool))
             .transpose()?;
-        Self::build_with(config, spool).await
+        Self::build_with(config, spool, FirstFill::Briefly).await
     }
 
     /// As [`App::build`], without the spool: for the catch-up commands
@@ -234,10 +244,14 @@ impl App {
     /// # Errors
     /// A [`BuildError`] naming what failed.
     pub async fn build_for_catch_up(config: &Config) -> Result<App, BuildError> {
-        Self::build_with(config, None).await
+        Self::build_with(config, None, FirstFill::Whole).await
     }
 
-    async fn build_with(config: &Config, spool: Option<Spool>) -> Result<App, BuildError> {
+    async fn build_with(
+        config: &Config,
+        spool: Option<Spool>,
+        first_fill: FirstFill,
+    ) -> Result<App, BuildError> {
         // First, so every series recorded from here on is kept.
         let metrics = crate::telemetry::install();
         let kafka = &config.kafka;
@@ -331,10 +345,23 @@ impl App {
             )
             .run(background.clone()),
         );
-        if reachable && !opened.gate.opens_within(FIRST_FILL_WAIT).await {
-            info!(
-                "The ledger is being filled from the topics: sources that spool take deliveries meanwhile, the others answer 503 with Retry-After; /readyz and /status show its progress."
-            );
+        match first_fill {
+            FirstFill::Briefly => {
+                if reachable && !opened.gate.opens_within(FIRST_FILL_WAIT).await {
+                    info!(
+                        "The ledger is being filled from the topics: sources that spool take deliveries meanwhile, the others answer 503 with Retry-After; /readyz and /status show its progress."
+                    );
+                }
+            }
+            // Until it is filled, or the first attempt failed (then the
+            // command's own calls say why).
+            FirstFill::Whole => {
+                while !opened.gate.opens_within(FIRST_FILL_WAIT).await {
+                    if opened.gate.snapshot().failed.is_some() {
+                        break;
+                    }
+                }
+            }
         }
         let board = Board::new(sources.keys().cloned());
         Ok(App {
