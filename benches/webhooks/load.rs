@@ -1,4 +1,4 @@
-//! The load generator, the same for both servers: signed ReceiptRoller
+//! The load generator, the same for every server: signed ReceiptRoller
 //! `sale.created` deliveries over keep-alive HTTP/1.1 connections, either a
 //! closed loop (each connection sends its next request when the last is
 //! answered) or a fixed rate (requests due on a schedule; a request's latency
@@ -19,6 +19,27 @@ use posbridge::verify::sign;
 
 /// The webhook secret both servers are configured with.
 pub const SECRET: &str = "bench-secret-1";
+
+/// What a server expects beside the delivery and answers once it took it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// posbridge and the limits: the signed delivery, answered 200.
+    Bridge,
+    /// A peer such as Apache Camel's HTTP→Kafka route: it keys its record by
+    /// an `Idempotency-Key` header (the delivery id here, so its records
+    /// spread over the partitions as the limit's do, and the compacted topic
+    /// takes them) and answers 202 after the broker's ack.
+    Peer,
+}
+
+impl Dialect {
+    fn accepted(self) -> hyper::StatusCode {
+        match self {
+            Dialect::Bridge => hyper::StatusCode::OK,
+            Dialect::Peer => hyper::StatusCode::ACCEPTED,
+        }
+    }
+}
 
 /// How requests are sent.
 #[derive(Debug, Clone, Copy)]
@@ -120,7 +141,7 @@ impl Schedule {
 pub struct Measured {
     /// Answers received.
     pub requests: usize,
-    /// Answers other than 200.
+    /// Answers other than the server's [`Dialect`] takes a delivery with.
     pub errors: usize,
     /// Wall time of the phase.
     pub elapsed: Duration,
@@ -139,8 +160,8 @@ impl Measured {
     }
 }
 
-/// The signed request of delivery `id`.
-pub fn request(addr: SocketAddr, id: &str) -> hyper::Request<Full<Bytes>> {
+/// The signed request of delivery `id`, in `dialect`.
+pub fn request(addr: SocketAddr, dialect: Dialect, id: &str) -> hyper::Request<Full<Bytes>> {
     let body = serde_json::to_vec(&serde_json::json!({
         "id": id, "type": "sale.created",
         "timestamp": "2026-11-29T10:15:30.123Z", "webhook_id": "wh_1",
@@ -153,6 +174,9 @@ pub fn request(addr: SocketAddr, id: &str) -> hyper::Request<Full<Bytes>> {
         .header("host", addr.to_string())
         .header("content-type", "application/json")
         .header("x-rr-delivery", id);
+    if dialect == Dialect::Peer {
+        builder = builder.header("idempotency-key", id);
+    }
     for (name, value) in sign(SchemeName::Hex, "X-RR-Signature", SECRET, "", 0, &body) {
         builder = builder.header(name, value);
     }
@@ -169,18 +193,29 @@ async fn connect(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
     sender
 }
 
-/// Sends one request and reads the whole answer; whether it was a 200.
-async fn send(sender: &mut SendRequest<Full<Bytes>>, request: hyper::Request<Full<Bytes>>) -> bool {
+/// Sends one request and reads the whole answer; whether it was `accepted`.
+async fn send(
+    sender: &mut SendRequest<Full<Bytes>>,
+    request: hyper::Request<Full<Bytes>>,
+    accepted: hyper::StatusCode,
+) -> bool {
     sender.ready().await.expect("connection ready");
     let response = sender.send_request(request).await.expect("answer");
-    let ok = response.status() == 200;
+    let ok = response.status() == accepted;
     response.into_body().collect().await.expect("answer body");
     ok
 }
 
-/// Runs `load` against `addr` for `duration` (closed loop), for
-/// `duration`'s worth of scheduled requests (fixed rate), or once per id.
-pub async fn run(addr: SocketAddr, load: Load, ids: Ids, duration: Duration) -> Measured {
+/// Runs `load` against `addr`, which speaks `dialect`, for `duration`
+/// (closed loop), for `duration`'s worth of scheduled requests (fixed
+/// rate), or once per id.
+pub async fn run(
+    addr: SocketAddr,
+    dialect: Dialect,
+    load: Load,
+    ids: Ids,
+    duration: Duration,
+) -> Measured {
     let mut senders = Vec::new();
     for _ in 0..load.connections() {
         senders.push(connect(addr).await);
@@ -205,7 +240,8 @@ pub async fn run(addr: SocketAddr, load: Load, ids: Ids, duration: Duration) -> 
                 let mut latencies = Vec::new();
                 let mut errors = 0;
                 while let Some(due) = schedule.due(next.fetch_add(1, Ordering::Relaxed)).await {
-                    if !send(&mut sender, request(addr, &ids.get(due.1))).await {
+                    let request = request(addr, dialect, &ids.get(due.1));
+                    if !send(&mut sender, request, dialect.accepted()).await {
                         errors += 1;
                     }
                     latencies.push(due.0.elapsed());

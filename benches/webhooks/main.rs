@@ -15,9 +15,16 @@
 //! 3. duplicates: deliveries already answered, replayed (nothing produced),
 //!    beside the limit server with producing turned off.
 //!
+//! With `POSBRIDGE_BENCH_CAMEL` (a peer's start script, run as `SCRIPT PORT
+//! BOOTSTRAP TOPIC`, e.g. Apache Camel's HTTP→Kafka route: idempotent,
+//! `acks=all`, 202 after the ack) the peer runs last in each repetition, in
+//! the phases of new deliveries, and gets rows of its own: what a
+//! general-purpose integration framework costs beside the same limit.
+//!
 //! It prints a row per phase and then the ratios posbridge/limits with the
-//! aims. Run it with `scripts/bench` (starts a fresh broker, Apache Kafka by
-//! default, pinned to a core of its own).
+//! aims, and the peer's to the bare limit. Run it with `scripts/bench`
+//! (starts a fresh broker, Apache Kafka by default, pinned to a core of its
+//! own).
 //! Settings, by environment: `POSBRIDGE_BENCH_BROKERS`, `POSBRIDGE_BENCH_SECS`
 //! (per phase, default 8), `POSBRIDGE_BENCH_REPEAT` (default 2),
 //! `POSBRIDGE_BENCH_REDIS` (a Redis URL: posbridge uses the Redis ledger),
@@ -26,7 +33,7 @@
 //! (to report the broker's CPU too), `POSBRIDGE_BENCH_BASELINE` (the path of
 //! another posbridge binary, e.g. a build of the last commit: it runs beside
 //! this one in every repetition, so a change is measured against what it
-//! changes in one run instead of across runs).
+//! changes in one run instead of across runs), `POSBRIDGE_BENCH_CAMEL`.
 //!
 //! `scale` (after `--`) first fills an embedded and a Redis ledger with
 //! `POSBRIDGE_BENCH_IDS` done delivery ids (default 10 million) and
@@ -49,7 +56,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use load::{Ids, Load, Measured};
+use load::{Dialect, Ids, Load, Measured};
 use posbridge::config::{Config, KafkaConfig};
 use posbridge::publish::{Publisher, Topics};
 use report::{Phase, Row};
@@ -66,6 +73,7 @@ struct Settings {
     partitions: i32,
     broker_pid: Option<u32>,
     baseline: Option<PathBuf>,
+    camel: Option<PathBuf>,
     broker_warmup: Duration,
 }
 
@@ -93,6 +101,7 @@ impl Settings {
                 }),
             broker_pid: var("POSBRIDGE_BENCH_BROKER_PID").map(|v| v.parse().expect("pid")),
             baseline: var("POSBRIDGE_BENCH_BASELINE").map(PathBuf::from),
+            camel: var("POSBRIDGE_BENCH_CAMEL").map(PathBuf::from),
             broker_warmup: Duration::from_secs(
                 var("POSBRIDGE_BENCH_BROKER_WARMUP_SECS")
                     .map_or(20, |v| v.parse().expect("seconds")),
@@ -129,8 +138,15 @@ fn main() {
     if args.iter().any(|a| a == "scale") {
         runtime.block_on(scale(&settings, &run));
     } else {
+        if settings.camel.is_none() {
+            println!(
+                "{}: row skipped, POSBRIDGE_BENCH_CAMEL (the peer's start script, run as SCRIPT PORT BOOTSTRAP TOPIC) is not set",
+                report::CAMEL
+            );
+        }
         let rows = runtime.block_on(bench(&settings, &run, &side_by_side(&settings)));
         report::ratios(&rows);
+        report::peer(&rows);
     }
 }
 
@@ -160,11 +176,11 @@ fn load_only(args: &[String]) {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let prefix = format!("load{}", std::process::id());
     let ids = if duplicates {
-        Ids::Replay(runtime.block_on(prime(addr, &prefix)))
+        Ids::Replay(runtime.block_on(prime(addr, Dialect::Bridge, &prefix)))
     } else {
         Ids::Fresh(prefix)
     };
-    let measured = runtime.block_on(load::run(addr, load, ids, duration));
+    let measured = runtime.block_on(load::run(addr, Dialect::Bridge, load, ids, duration));
     println!(
         "{} requests, {:.0} req/s, p50 {:.1} ms, p99 {:.1} ms, {} errors",
         measured.requests,
@@ -220,6 +236,8 @@ enum Under {
     Posbridge(LedgerChoice),
     /// Another posbridge binary, with the same settings.
     Baseline(LedgerChoice, PathBuf),
+    /// The peer, by its start script.
+    Camel(PathBuf),
 }
 
 impl Under {
@@ -228,6 +246,34 @@ impl Under {
         match self {
             Under::Baseline(_, binary) => binary,
             _ => Path::new(env!("CARGO_BIN_EXE_posbridge")),
+        }
+    }
+
+    /// How it takes a delivery.
+    fn dialect(&self) -> Dialect {
+        match self {
+            Under::Camel(_) => Dialect::Peer,
+            _ => Dialect::Bridge,
+        }
+    }
+
+    /// How long it may take to listen: the peer's first start fetches its
+    /// jars from Maven Central.
+    fn start_within(&self) -> Duration {
+        match self {
+            Under::Camel(_) => Duration::from_secs(600),
+            _ => Duration::from_secs(60),
+        }
+    }
+
+    /// Its unmeasured load before its first phase of new deliveries:
+    /// connections, producer, topics' metadata; for the peer also its JVM's
+    /// JIT, which compiles the hot paths in its first seconds under load
+    /// (as the broker's does, see [`warm_broker`]).
+    fn warmup(&self) -> Duration {
+        match self {
+            Under::Camel(_) => Duration::from_secs(15),
+            _ => Duration::from_secs(2),
         }
     }
 }
@@ -241,7 +287,8 @@ struct Spec {
 }
 
 /// The side-by-side run: the bare limit, the dedup limit, the limit
-/// without producing (for the duplicates), posbridge.
+/// without producing (for the duplicates), posbridge, then the baseline
+/// and the peer when they are given.
 fn side_by_side(settings: &Settings) -> Vec<Spec> {
     let ledger = match &settings.redis {
         Some(url) => LedgerChoice::Redis {
@@ -260,6 +307,12 @@ fn side_by_side(settings: &Settings) -> Vec<Spec> {
         name: report::BASELINE,
         under: Under::Baseline(ledger.clone(), binary.clone()),
         phases: posbridge_phases.clone(),
+    });
+    // No duplicates: the peer drops none, it produces every request again.
+    let camel = settings.camel.as_ref().map(|script| Spec {
+        name: report::CAMEL,
+        under: Under::Camel(script.clone()),
+        phases: vec![Phase::Closed(64), Phase::Closed(256), Phase::Fixed],
     });
     [
         Spec {
@@ -290,6 +343,7 @@ fn side_by_side(settings: &Settings) -> Vec<Spec> {
     ]
     .into_iter()
     .chain(baseline)
+    .chain(camel)
     .collect()
 }
 
@@ -341,14 +395,15 @@ async fn bench(settings: &Settings, run: &str, specs: &[Spec]) -> Vec<Row> {
                     let dir = work.path().join(format!("posbridge-{tag}"));
                     posbridge_command(settings, addr, run, ledger, &dir, spec.under.binary())
                 }
+                Under::Camel(script) => camel_command(settings, script, addr, &limit_topic),
             };
-            let server = Server::start(command, addr, &log);
+            let server = Server::start_within(command, addr, &log, spec.under.start_within());
             let prefix = format!("{run}-{tag}");
+            let dialect = spec.under.dialect();
             if spec.phases.iter().any(|p| *p != Phase::Duplicates) {
-                // Warm-up: connections, producer, topics' metadata.
                 let warm = Load::Closed { connections: 64 };
                 let ids = Ids::Fresh(format!("{prefix}-warm"));
-                load::run(addr, warm, ids, Duration::from_secs(2)).await;
+                load::run(addr, dialect, warm, ids, spec.under.warmup()).await;
             }
             for &phase in &spec.phases {
                 let (load, ids) = match phase {
@@ -365,11 +420,11 @@ async fn bench(settings: &Settings, run: &str, specs: &[Spec]) -> Vec<Row> {
                     ),
                     Phase::Duplicates => (
                         Load::Closed { connections: 64 },
-                        Ids::Replay(prime(addr, &format!("{prefix}-dup")).await),
+                        Ids::Replay(prime(addr, dialect, &format!("{prefix}-dup")).await),
                     ),
                 };
                 let row = measure(settings, &server, rep, spec.name, phase, || {
-                    load::run(addr, load, ids, settings.phase)
+                    load::run(addr, dialect, load, ids, settings.phase)
                 })
                 .await;
                 if spec.name == report::LIMIT && phase == Phase::Closed(64) {
@@ -398,6 +453,7 @@ async fn warm_broker(settings: &Settings, topic: &str, work: &Path) {
     let ids = Ids::Fresh("broker-warmup".into());
     let warmed = load::run(
         addr,
+        Dialect::Bridge,
         Load::Closed { connections: 256 },
         ids,
         settings.broker_warmup,
@@ -411,14 +467,21 @@ async fn warm_broker(settings: &Settings, topic: &str, work: &Path) {
 }
 
 /// Sends 2,000 new deliveries once, so they can be replayed as duplicates.
-async fn prime(addr: SocketAddr, prefix: &str) -> Arc<Vec<String>> {
+async fn prime(addr: SocketAddr, dialect: Dialect, prefix: &str) -> Arc<Vec<String>> {
     let ids = Arc::new(
         (0..2000)
             .map(|n| format!("{prefix}-{n}"))
             .collect::<Vec<_>>(),
     );
     let once = Load::Once { connections: 64 };
-    load::run(addr, once, Ids::Replay(ids.clone()), Duration::ZERO).await;
+    load::run(
+        addr,
+        dialect,
+        once,
+        Ids::Replay(ids.clone()),
+        Duration::ZERO,
+    )
+    .await;
     ids
 }
 
@@ -466,6 +529,20 @@ fn limit_command(
         .arg(topic)
         .arg(kind.as_str())
         .args(settings.librdkafka.iter().map(|(k, v)| format!("{k}={v}")));
+    command
+}
+
+/// The peer's start script on `addr` and the limit's sale topic (posbridge's
+/// layout, compacted: the peer keys its records, see [`Dialect::Peer`]).
+/// The script must `exec` its server, so that the child whose CPU and RSS
+/// the bench reads is the server itself; it inherits the bench's CPUs and
+/// environment (its own settings included), not `POSBRIDGE_BENCH_LIBRDKAFKA`.
+fn camel_command(settings: &Settings, script: &Path, addr: SocketAddr, topic: &str) -> Command {
+    let mut command = Command::new(script);
+    command
+        .arg(addr.port().to_string())
+        .arg(&settings.brokers)
+        .arg(topic);
     command
 }
 
@@ -528,7 +605,7 @@ fn settings_line(settings: &Settings, specs: &[Spec]) -> String {
                 if prefix.is_some() { ", filled" } else { "" }
             )),
             Under::Baseline(_, binary) => Some(format!("baseline {}", binary.display())),
-            Under::Limit(_) => None,
+            Under::Limit(_) | Under::Camel(_) => None,
         })
         .collect();
     // Set by `scripts/bench`, which pins the processes itself.

@@ -1,6 +1,7 @@
 //! The bench's table: a row per phase as it ends, then posbridge's figures
 //! as ratios to the bare limit's and the dedup limit's of the same
-//! repetition, beside the aims.
+//! repetition, beside the aims, and the peer's (when it ran) to the bare
+//! limit's.
 
 use std::time::Duration;
 
@@ -16,6 +17,8 @@ pub const LIMIT_NO_PRODUCE: &str = "limit (no produce)";
 pub const POSBRIDGE: &str = "posbridge";
 /// Another posbridge binary (`POSBRIDGE_BENCH_BASELINE`), on a new ledger.
 pub const BASELINE: &str = "posbridge (baseline)";
+/// Apache Camel's HTTP→Kafka route (`POSBRIDGE_BENCH_CAMEL`).
+pub const CAMEL: &str = "Apache Camel (peer)";
 
 /// One phase of the load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +122,52 @@ pub fn row(row: &Row) {
     );
 }
 
+/// The row of `server` in `phase` of repetition `rep`.
+fn find<'a>(rows: &'a [Row], rep: usize, server: &str, phase: Phase) -> Option<&'a Row> {
+    rows.iter()
+        .find(|r| r.rep == rep && r.server == server && r.phase == phase)
+}
+
+/// `server`'s highest peak RSS in repetition `rep`, MiB.
+fn peak_rss_mib(rows: &[Row], rep: usize, server: &str) -> f64 {
+    rows.iter()
+        .filter(|r| r.rep == rep && r.server == server)
+        .map(|r| r.peak_rss)
+        .max()
+        .unwrap_or(0) as f64
+        / MIB
+}
+
+/// One server over one limit in one repetition, in one phase or summed
+/// over both closed loops.
+struct Against {
+    throughput_64: f64,
+    throughput_256: f64,
+    p99_fixed_ms: f64,
+    cpu_per_request: f64,
+}
+
+impl Against {
+    fn of(rows: &[Row], rep: usize, server: &str, limit: &str) -> Option<Against> {
+        let both = |phase| {
+            Some((
+                find(rows, rep, server, phase)?,
+                find(rows, rep, limit, phase)?,
+            ))
+        };
+        let cpu = |r: &Row| r.cpu_per_request().as_secs_f64();
+        let (s64, l64) = both(Phase::Closed(64))?;
+        let (s256, l256) = both(Phase::Closed(256))?;
+        let (sf, lf) = both(Phase::Fixed)?;
+        Some(Against {
+            throughput_64: s64.measured.rate() / l64.measured.rate(),
+            throughput_256: s256.measured.rate() / l256.measured.rate(),
+            p99_fixed_ms: ms(sf.measured.p99) - ms(lf.measured.p99),
+            cpu_per_request: (cpu(s64) + cpu(s256)) / (cpu(l64) + cpu(l256)),
+        })
+    }
+}
+
 /// posbridge against the limits in one repetition: `(bare, dedup)` pairs
 /// of ratios.
 struct Ratios {
@@ -132,47 +181,16 @@ struct Ratios {
 
 impl Ratios {
     fn of(rows: &[Row], rep: usize, posbridge: &str) -> Option<Ratios> {
-        let find = |server: &str, phase: Phase| {
-            rows.iter()
-                .find(|r| r.rep == rep && r.server == server && r.phase == phase)
-        };
-        let cpu = |r: &Row| r.cpu_per_request().as_secs_f64();
-        // posbridge over a limit, in one phase or summed over both loops.
-        let against = |limit: &str| -> Option<(f64, f64, f64, f64)> {
-            let (p64, l64) = (
-                find(posbridge, Phase::Closed(64))?,
-                find(limit, Phase::Closed(64))?,
-            );
-            let (p256, l256) = (
-                find(posbridge, Phase::Closed(256))?,
-                find(limit, Phase::Closed(256))?,
-            );
-            let (pf, lf) = (find(posbridge, Phase::Fixed)?, find(limit, Phase::Fixed)?);
-            Some((
-                p64.measured.rate() / l64.measured.rate(),
-                p256.measured.rate() / l256.measured.rate(),
-                ms(pf.measured.p99) - ms(lf.measured.p99),
-                (cpu(p64) + cpu(p256)) / (cpu(l64) + cpu(l256)),
-            ))
-        };
-        let bare = against(LIMIT)?;
-        let dedup = against(DEDUP_LIMIT)?;
-        let (pd, ld) = (
-            find(posbridge, Phase::Duplicates)?,
-            find(LIMIT_NO_PRODUCE, Phase::Duplicates)?,
-        );
+        let bare = Against::of(rows, rep, posbridge, LIMIT)?;
+        let dedup = Against::of(rows, rep, posbridge, DEDUP_LIMIT)?;
+        let pd = find(rows, rep, posbridge, Phase::Duplicates)?;
+        let ld = find(rows, rep, LIMIT_NO_PRODUCE, Phase::Duplicates)?;
         Some(Ratios {
-            throughput_64: (bare.0, dedup.0),
-            throughput_256: (bare.1, dedup.1),
-            p99_fixed_ms: (bare.2, dedup.2),
-            cpu_per_request: (bare.3, dedup.3),
-            peak_rss_mib: rows
-                .iter()
-                .filter(|r| r.rep == rep && r.server == posbridge)
-                .map(|r| r.peak_rss)
-                .max()
-                .unwrap_or(0) as f64
-                / MIB,
+            throughput_64: (bare.throughput_64, dedup.throughput_64),
+            throughput_256: (bare.throughput_256, dedup.throughput_256),
+            p99_fixed_ms: (bare.p99_fixed_ms, dedup.p99_fixed_ms),
+            cpu_per_request: (bare.cpu_per_request, dedup.cpu_per_request),
+            peak_rss_mib: peak_rss_mib(rows, rep, posbridge),
             duplicates: pd.measured.rate() / ld.measured.rate(),
         })
     }
@@ -226,6 +244,36 @@ pub fn ratios(rows: &[Row]) {
         "≤ 64 MiB",
         "≥ 0.80×"
     );
+}
+
+/// Prints the peer against the bare limit, per repetition, or nothing when
+/// the peer did not run (the bench said why at its start).
+pub fn peer(rows: &[Row]) {
+    if !rows.iter().any(|r| r.server == CAMEL) {
+        return;
+    }
+    println!();
+    println!(
+        "{CAMEL} against the bare limit, per repetition (CPU per request over both closed loops):"
+    );
+    println!(
+        "{:>3}  {:>10} {:>10} {:>16} {:>16} {:>10}",
+        "rep", "req/s @64", "req/s @256", "p99 diff @fixed", "CPU per request", "peak RSS"
+    );
+    let reps = rows.iter().map(|r| r.rep).max().unwrap_or(0);
+    for rep in 1..=reps {
+        let Some(r) = Against::of(rows, rep, CAMEL, LIMIT) else {
+            continue;
+        };
+        println!(
+            "{rep:>3}  {:>9.2}× {:>9.2}× {:>13.1} ms {:>15.2}× {:>6.0} MiB",
+            r.throughput_64,
+            r.throughput_256,
+            r.p99_fixed_ms,
+            r.cpu_per_request,
+            peak_rss_mib(rows, rep, CAMEL),
+        );
+    }
 }
 
 /// Prints, per repetition and phase, each filled ledger's throughput

@@ -13,18 +13,37 @@ pub struct Server {
 
 impl Server {
     /// Starts `program args…` (which must listen on `addr`) with its output in
-    /// `log`, and waits until `addr` accepts connections.
-    pub fn start(mut command: Command, addr: SocketAddr, log: &Path) -> Server {
-        let log = std::fs::File::create(log).expect("server log");
+    /// `log`, and waits up to a minute until `addr` accepts connections.
+    pub fn start(command: Command, addr: SocketAddr, log: &Path) -> Server {
+        Server::start_within(command, addr, log, Duration::from_secs(60))
+    }
+
+    /// [`Server::start`], waiting up to `within`: a peer's first start
+    /// fetches its jars before it listens. A server that exits first fails
+    /// the bench at once with the end of its log (the log's folder goes
+    /// with the bench).
+    pub fn start_within(
+        mut command: Command,
+        addr: SocketAddr,
+        log_path: &Path,
+        within: Duration,
+    ) -> Server {
+        let log = std::fs::File::create(log_path).expect("server log");
         let child = command
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .spawn()
             .expect("start server");
-        let server = Server { child };
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut server = Server { child };
+        let deadline = Instant::now() + within;
         while std::net::TcpStream::connect(addr).is_err() {
+            if let Some(status) = server.child.try_wait().expect("server status") {
+                panic!(
+                    "server exited ({status}) before listening on {addr}; its log ends:\n{}",
+                    tail(log_path, 20)
+                );
+            }
             assert!(Instant::now() < deadline, "server did not listen on {addr}");
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -42,6 +61,13 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The last `lines` lines of the file at `path`.
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// A free loopback port.
