@@ -68,10 +68,14 @@ const PROBE_KEY_MS: u64 = 60_000;
 /// How often a waiter retries a taken entity lock.
 const LOCK_POLL: Duration = Duration::from_millis(5);
 
-/// `begin`: done → 2; lease taken now → 0; another holder's lease → 1.
+/// `begin`: done → 2; lease taken now → 0; another holder's lease → 1;
+/// the generation mark gone (the keys were lost) → 3, looked at only when
+/// its key is given (one server: a cluster's script cannot reach the mark's
+/// slot). KEYS: done, lease, and the mark or nothing. ARGV: lease ms.
 static BEGIN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then return 3 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 2 end
 if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return 0 end
 return 1
@@ -144,20 +148,6 @@ end
 return 1
 "
     ))
-});
-
-/// `begin` on one server, where a script may also look at the generation
-/// mark: as [`BEGIN`], and 3 when the mark is gone (the keys were lost).
-/// KEYS: done, lease, mark.
-static BEGIN_MARKED: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('EXISTS', KEYS[3]) == 0 then return 3 end
-if redis.call('EXISTS', KEYS[1]) == 1 then return 2 end
-if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return 0 end
-return 1
-",
-    )
 });
 
 /// An entity's lock and, when taken, its state, in one round trip on one
@@ -658,14 +648,9 @@ impl Ledger for RedisLedger {
     /// a ledger that lost its keys decides nothing until it is filled again.
     async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
         let mut conn = self.conn.clone();
-        let single = matches!(conn, Connection::Single(_));
-        let mut invocation = if single {
-            BEGIN_MARKED.key(self.delivery_key(delivery, "done"))
-        } else {
-            BEGIN.key(self.delivery_key(delivery, "done"))
-        };
+        let mut invocation = BEGIN.key(self.delivery_key(delivery, "done"));
         invocation.key(self.delivery_key(delivery, "lease"));
-        if single {
+        if let Connection::Single(_) = conn {
             invocation.key(self.key("checkpoint", GENERATION_MARK));
         }
         let answer: i32 = invocation

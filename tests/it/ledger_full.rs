@@ -64,10 +64,9 @@ async fn a_full_disk_fails_the_checkpoints_not_the_deliveries_and_freeing_space_
         }
     }
     assert!(failing, "the full disk never made a checkpoint fail");
-    assert_eq!(
-        crate::support::metric(&app.metrics().await, "posbridge_ledger_writable", &[]),
-        0.0
-    );
+    // The gauge `posbridge_ledger_writable` is process-wide, shared by the
+    // suite's apps: its 0 is checked on a recorder of its own
+    // (ledger::embedded::checkpoint's unit test); /readyz above is this app's.
     // Deliveries go on, decided from memory: an older state is stale.
     assert_eq!(
         status(

@@ -183,3 +183,28 @@ impl Checkpoint {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn writable_gauge(recorder: &metrics_exporter_prometheus::PrometheusRecorder) -> String {
+        crate::telemetry::rendered(recorder, crate::telemetry::LEDGER_WRITABLE)
+    }
+
+    /// On a recorder of its own: the suite's apps share the global one.
+    #[test]
+    fn a_failed_checkpoint_shows_the_ledger_unwritable_until_one_works() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        metrics::with_local_recorder(&recorder, || {
+            let health = Health::default();
+            health.set(&Err(LedgerError::Closed));
+            assert_eq!(health.failing().as_deref(), Some("ledger is closed"));
+            assert_eq!(writable_gauge(&recorder), "posbridge_ledger_writable 0");
+            health.set(&Err(LedgerError::Closed));
+            health.set(&Ok(()));
+            assert_eq!(health.failing(), None);
+            assert_eq!(writable_gauge(&recorder), "posbridge_ledger_writable 1");
+        });
+    }
+}
