@@ -27,7 +27,9 @@ fn sale(delivery: &str, i: u32) -> serde_json::Value {
     )
 }
 
-async fn status(response: reqwest::Response) -> serde_json::Value {
+/// The answer's status to the `i`-th state of sale S-1 under `delivery`.
+async fn status(app: &TestApp, delivery: &str, i: u32) -> serde_json::Value {
+    let response = app.send("receiptroller", "main", &sale(delivery, i)).await;
     response.json::<serde_json::Value>().await.unwrap()["status"].clone()
 }
 
@@ -68,25 +70,10 @@ async fn a_full_disk_fails_the_checkpoints_not_the_deliveries_and_freeing_space_
     // suite's apps: its 0 is checked on a recorder of its own
     // (ledger::embedded::checkpoint's unit test); /readyz above is this app's.
     // Deliveries go on, decided from memory: an older state is stale.
-    assert_eq!(
-        status(
-            app.send("receiptroller", "main", &sale("full-older", 1))
-                .await
-        )
-        .await,
-        "stale"
-    );
+    assert_eq!(status(&app, "full-older", 1).await, "stale");
     newest += 1;
     assert_eq!(
-        status(
-            app.send(
-                "receiptroller",
-                "main",
-                &sale(&format!("full-{newest}"), newest)
-            )
-            .await
-        )
-        .await,
+        status(&app, &format!("full-{newest}"), newest).await,
         "published",
         "taken while the checkpoints fail"
     );
@@ -109,33 +96,11 @@ async fn a_full_disk_fails_the_checkpoints_not_the_deliveries_and_freeing_space_
     // is stale.
     let app = TestApp::start_with(config).await;
     assert_eq!(
-        status(
-            app.send(
-                "receiptroller",
-                "main",
-                &sale(&format!("full-{newest}"), newest)
-            )
-            .await
-        )
-        .await,
+        status(&app, &format!("full-{newest}"), newest).await,
         "duplicate"
     );
-    assert_eq!(
-        status(
-            app.send("receiptroller", "main", &sale("full-older", 1))
-                .await
-        )
-        .await,
-        "duplicate"
-    );
-    assert_eq!(
-        status(
-            app.send("receiptroller", "main", &sale("full-older-2", 2))
-                .await
-        )
-        .await,
-        "stale"
-    );
+    assert_eq!(status(&app, "full-older", 1).await, "duplicate");
+    assert_eq!(status(&app, "full-older-2", 2).await, "stale");
 
     // The topic never went back: states in order, the last one the newest.
     let records = read_topic(&brokers(), &app.topic("sales"));
