@@ -7,6 +7,7 @@
 //! source names, outcomes and reason codes; never a delivery or entity id.
 
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -122,9 +123,32 @@ pub fn install() -> PrometheusHandle {
             // Another recorder already installed (an embedding program): ours
             // still renders what it records through `handle`.
             let _ = metrics::set_global_recorder(recorder);
+            keep_up(handle.clone());
             handle
         })
         .clone()
+}
+
+/// How often the histograms' samples are folded into their buckets.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Folds the histograms' samples into their buckets every
+/// [`UPKEEP_EVERY`], on a thread of its own. The recorder keeps every raw
+/// sample until it folds them, which it otherwise does only when `/metrics`
+/// is scraped: unscraped (or scraped rarely), memory would grow with every
+/// delivery.
+fn keep_up(handle: PrometheusHandle) {
+    let started = std::thread::Builder::new()
+        .name("metrics-upkeep".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(UPKEEP_EVERY);
+                handle.run_upkeep();
+            }
+        });
+    if let Err(error) = started {
+        tracing::warn!(%error, "The metrics' upkeep thread could not start: histogram samples are folded only when /metrics is scraped.");
+    }
 }
 
 /// The first line a test's own recorder renders for the series `name`

@@ -193,17 +193,19 @@ async fn connect(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
     sender
 }
 
-/// Sends one request and reads the whole answer; whether it was `accepted`.
+/// Sends one request and reads the whole answer: whether it was
+/// `accepted`, `None` when the connection broke (a server killed under
+/// load, as `scripts/bench rebuild` does).
 async fn send(
     sender: &mut SendRequest<Full<Bytes>>,
     request: hyper::Request<Full<Bytes>>,
     accepted: hyper::StatusCode,
-) -> bool {
-    sender.ready().await.expect("connection ready");
-    let response = sender.send_request(request).await.expect("answer");
+) -> Option<bool> {
+    sender.ready().await.ok()?;
+    let response = sender.send_request(request).await.ok()?;
     let ok = response.status() == accepted;
-    response.into_body().collect().await.expect("answer body");
-    ok
+    response.into_body().collect().await.ok()?;
+    Some(ok)
 }
 
 /// Runs `load` against `addr`, which speaks `dialect`, for `duration`
@@ -241,10 +243,14 @@ pub async fn run(
                 let mut errors = 0;
                 while let Some(due) = schedule.due(next.fetch_add(1, Ordering::Relaxed)).await {
                     let request = request(addr, dialect, &ids.get(due.1));
-                    if !send(&mut sender, request, dialect.accepted()).await {
+                    let answer = send(&mut sender, request, dialect.accepted()).await;
+                    latencies.push(due.0.elapsed());
+                    if answer != Some(true) {
                         errors += 1;
                     }
-                    latencies.push(due.0.elapsed());
+                    if answer.is_none() {
+                        break;
+                    }
                 }
                 (latencies, errors)
             })
@@ -259,7 +265,10 @@ pub async fn run(
     }
     let elapsed = started.elapsed();
     latencies.sort_unstable();
-    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
+    let pct = |p: f64| {
+        let at = ((latencies.len().max(1) - 1) as f64 * p) as usize;
+        latencies.get(at).copied().unwrap_or_default()
+    };
     Measured {
         requests: latencies.len(),
         errors,

@@ -41,11 +41,16 @@
 //! their size and the purge's cost (`fill.rs`), then runs posbridge on empty
 //! and on filled ledgers side by side.
 //!
+//! `rebuild` (after `--`) times the ledger's rebuild from the topics: the
+//! tail after a SIGKILL under load and the whole after a lost ledger, on
+//! `POSBRIDGE_BENCH_ENTITIES` entities (`rebuild.rs`).
+//!
 //! Asserts nothing about speed: it prints figures.
 
 mod fill;
 mod limit;
 mod load;
+mod rebuild;
 mod report;
 mod server;
 
@@ -137,6 +142,8 @@ fn main() {
     let run = run_id();
     if args.iter().any(|a| a == "scale") {
         runtime.block_on(scale(&settings, &run));
+    } else if args.iter().any(|a| a == "rebuild") {
+        runtime.block_on(rebuild::run(&settings, &run));
     } else {
         if settings.camel.is_none() {
             println!(
