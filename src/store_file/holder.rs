@@ -125,7 +125,20 @@ mod tests {
             .stdin(std::fs::File::open(&path).unwrap())
             .spawn()
             .unwrap();
-        let found = find(&path);
+        // `spawn` returns once the child has left this process's memory,
+        // which is before the kernel has set up its new command line: until
+        // then /proc shows it empty. Wait for the exec to finish.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let found = loop {
+            let found = find(&path);
+            let execed = found
+                .as_ref()
+                .is_some_and(|holder| !holder.command.is_empty());
+            if execed || std::time::Instant::now() > deadline {
+                break found;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
         child.kill().unwrap();
         child.wait().unwrap();
         let found = found.expect("the sleeping child has it open");
