@@ -150,9 +150,21 @@ mod tests {
             include_str!("../../config/posbridge.example.toml"),
             // The only one with live `api` tables of both providers.
             include_str!("../../config/posbridge.demo.toml"),
+            readme_configuration(),
         ] {
             assert_eq!(problems(&Config::from_toml(text).unwrap()), vec![]);
         }
+    }
+
+    /// The TOML block under the README's "A minimal configuration".
+    fn readme_configuration() -> &'static str {
+        let readme = include_str!("../../README.md");
+        let section = readme
+            .split("## A minimal configuration")
+            .nth(1)
+            .expect("the README has a minimal configuration");
+        let block = section.split("```toml\n").nth(1).expect("a TOML block");
+        block.split("```").next().unwrap()
     }
 
     /// The image's configuration carries no secrets: without them from the

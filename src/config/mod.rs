@@ -1,11 +1,13 @@
 //! Configuration: plain data, loaded once from a TOML file with every key
 //! overridable by `POSBRIDGE__SECTION__KEY` environment variables.
 //!
-//! Nothing here opens a connection or knows a provider's details: `App::build`
-//! turns this data into a running service, and the checks that need provider
-//! knowledge (signature secrets, API settings) run where the providers are
-//! assembled (`app::check`). [`Config::problems`] reports every mistake the
-//! data alone shows, each with its key path.
+//! Nothing here opens a connection: `App::build` turns this data into a
+//! running service. Of the providers it knows only the timing limits a value
+//! must respect on its own (Mekari's retry window, both providers' 10 s
+//! answer timeout, Mekari's one-hour cap on Retry-After); the checks that
+//! need more provider knowledge (signature secrets, API settings) run where
+//! the providers are assembled (`app::check`). [`Config::problems`] reports
+//! every mistake the data alone shows, each with its key path.
 
 mod admin;
 mod kafka;

@@ -107,7 +107,7 @@ pub async fn serve(
         let watcher = graceful.watcher();
         connections.spawn(async move {
             match opening(&stream, limits.header_read_timeout).await {
-                // The 400 the README promises for anything not HTTP/1.1.
+                // The 400 the status codes table promises for anything not HTTP/1.1.
                 Opening::Http2 => {
                     let answer =
                         closing_json_answer("400 Bad Request", "", "malformed HTTP request");
