@@ -61,7 +61,7 @@ const WRITES_IN_FLIGHT: usize = 512;
 
 /// Commits after which a rebuild makes the ledger durable, so memory stays
 /// bounded however many entities the topics hold.
-const PERSIST_EVERY: usize = 200_000;
+const PERSIST_EVERY: usize = 50_000;
 
 /// How often a store without offsets is asked whether its mark is still
 /// there (a Redis Cluster, whose scripts cannot look at it: one server's
@@ -93,7 +93,16 @@ struct Summary {
     done: u64,
 }
 
-/// What the records read so far say the ledger held.
+impl Summary {
+    fn add(&mut self, other: Summary) {
+        self.records += other.records;
+        self.unknown += other.unknown;
+        self.entities += other.entities;
+        self.done += other.done;
+    }
+}
+
+/// What the records of one partition say the ledger held.
 #[derive(Debug, Default)]
 struct Found {
     entities: HashMap<EntitySlot, EntityState>,
@@ -322,11 +331,12 @@ impl Rebuild {
         let read_counter = metrics::counter!(telemetry::REBUILD_RECORDS);
         let mut left = to_read;
         remaining.set(left as f64);
-        let mut found = Found::default();
+        let mut summary = Summary::default();
         let mut ends = Offsets::new();
         for (topic, entity_type, mut reader, ranges) in plan {
             for (extent, start) in ranges {
                 ends.insert((topic.to_owned(), extent.partition), extent.high);
+                let mut found = Found::default();
                 if start < extent.high {
                     reader.assign(extent.partition, start, extent.high)?;
                     while let Some(record) = reader.next().await? {
@@ -344,12 +354,19 @@ impl Rebuild {
                         }
                     }
                 }
+                // A key's records are in one partition, so what it found
+                // is written before the next is read: memory holds one
+                // partition's states, not every topic's. Only a topic whose
+                // partitions grew has a key in two: from the second
+                // partition on, an older state than the one written is
+                // left out.
+                let first = summary.records == 0;
+                summary.add(found.summary());
+                self.write(found, check_held || !first).await?;
                 self.gate.read(0, true);
             }
         }
         remaining.set(0.0);
-        let summary = found.summary();
-        self.write(found, check_held).await?;
         if summary.records > 0 || from.is_empty() {
             info!(
                 records = summary.records,

@@ -555,6 +555,9 @@ fn camel_command(settings: &Settings, script: &Path, addr: SocketAddr, topic: &s
 
 /// The release posbridge, `serve` with its defaults but for the listener,
 /// broker, topic prefix, ledger and the bench's secret; its files in `dir`.
+/// Its topics are its own (named after `dir`): on topics an earlier server
+/// wrote, a new ledger would be filled from them first, and every
+/// repetition would start on more state than the one before.
 fn posbridge_command(
     settings: &Settings,
     addr: SocketAddr,
@@ -564,9 +567,9 @@ fn posbridge_command(
     binary: &Path,
 ) -> Command {
     std::fs::create_dir_all(dir).expect("posbridge dir");
+    let name = dir.file_name().expect("named dir").to_string_lossy();
     let ledger = match ledger {
         LedgerChoice::Redis { url, prefix } => {
-            let name = dir.file_name().expect("named dir").to_string_lossy();
             let unique = format!("{run}.{name}:");
             let prefix = prefix.clone().unwrap_or(unique);
             format!("backend = \"redis\"\nredis_url = \"{url}\"\nredis_prefix = \"{prefix}\"")
@@ -586,7 +589,7 @@ fn posbridge_command(
         .collect();
     let text = format!(
         "[server]\nlisten = \"{addr}\"\n\
-         [kafka]\nbrokers = \"{}\"\ntopic_prefix = \"{run}.posbridge.\"\npartitions = {}\n\
+         [kafka]\nbrokers = \"{}\"\ntopic_prefix = \"{run}.{name}.\"\npartitions = {}\n\
          [kafka.librdkafka]\n{librdkafka}\
          [ledger]\n{ledger}\n\
          [receiptroller.sources.main]\nsecrets = [\"{}\"]\n",

@@ -49,7 +49,7 @@ pub async fn run(settings: &Settings, run: &str) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000_000);
     let work = tempfile::tempdir().expect("work dir");
-    let dir = work.path().join("posbridge-embedded");
+    let dir = work.path().join("posbridge");
     let embedded = LedgerChoice::Embedded(None);
     let binary = Path::new(env!("CARGO_BIN_EXE_posbridge"));
     let start = |ledger: &LedgerChoice, dir: &Path, name: &str| {
@@ -117,7 +117,8 @@ pub async fn run(settings: &Settings, run: &str) {
             url: url.clone(),
             prefix: None,
         };
-        let (server, addr, started) = start(&redis, &work.path().join("redis"), "redis");
+        // The same topics (named after the directory), a Redis prefix never used.
+        let (server, addr, started) = start(&redis, &dir, "redis");
         row("redis, full (new prefix)", &server, addr, started).await;
     }
 }

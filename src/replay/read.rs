@@ -88,6 +88,9 @@ pub struct Reader {
     reading: Option<(i32, i64, i64)>,
 }
 
+/// What librdkafka fetches ahead of the reading loop, in KiB.
+const QUEUED_KBYTES: &str = "8192";
+
 impl Reader {
     /// A consumer of `topic` with the producer's connection settings.
     ///
@@ -108,6 +111,13 @@ impl Reader {
             // The end of a partition ends its read even when its last offsets
             // hold no record.
             .set("enable.partition.eof", "true")
+            // One partition is read at a time, by a loop that keeps up with
+            // the fetches: librdkafka's default queue of 64 MiB ahead of it
+            // is memory for nothing. A full queue postpones the next fetch
+            // by a second by default, which a queue this small reaches at
+            // once: ask again soon instead.
+            .set("queued.max.messages.kbytes", QUEUED_KBYTES)
+            .set("fetch.queue.backoff.ms", "10")
             .create()
             .map_err(ReadError::Config)?;
         Ok(Reader {
