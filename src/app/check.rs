@@ -5,6 +5,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::config::{Config, ConfigError, OnBrokerUnavailable, Problem, SourceEntry};
 use crate::ingress::{RequestMeters, WebhookSource};
@@ -40,6 +41,7 @@ fn named_at(message: &str, name: &str) -> Option<usize> {
 /// Every mistake in `config`, each with its key path. Empty means valid.
 pub fn problems(config: &Config) -> Vec<Problem> {
     let mut problems = config.problems();
+    problems.extend(delivery_rule_problems(config));
     if let Err(error) = crate::publish::validate(&config.kafka, config.max_record_bytes()) {
         // librdkafka names the property it refuses: point at that key.
         let message = error.to_string();
@@ -93,6 +95,87 @@ pub fn problems(config: &Config) -> Vec<Problem> {
                 problems.push(Problem::new(at, message));
             }
         }
+    }
+    problems
+}
+
+/// What the providers' delivery rules ask of the settings, each against
+/// the strictest provider: answers well inside the shortest answer limit,
+/// done ids kept past the last retry of any, a `Retry-After` every one
+/// honours.
+fn delivery_rule_problems(config: &Config) -> Vec<Problem> {
+    let rules = || {
+        providers::ALL
+            .iter()
+            .map(|p| (p.kind(), p.delivery_rules()))
+    };
+    let mut problems = Vec::new();
+    if let Some((name, limit)) = rules()
+        .map(|(k, r)| (k, r.answer_timeout))
+        .min_by_key(|(_, t)| *t)
+    {
+        for (key, ms) in [
+            (
+                "server.header_read_timeout_ms",
+                config.server.header_read_timeout_ms,
+            ),
+            (
+                "server.body_read_timeout_ms",
+                config.server.body_read_timeout_ms,
+            ),
+        ] {
+            if Duration::from_millis(ms) >= limit {
+                problems.push(Problem::new(
+                    key,
+                    format!(
+                        "must be well under {name}'s {} s answer limit",
+                        limit.as_secs()
+                    ),
+                ));
+            }
+        }
+        let budget = Duration::from_millis(config.kafka.delivery_timeout_ms)
+            + Duration::from_millis(config.server.inflight_wait_ms);
+        let room = limit.mul_f32(0.9);
+        if budget >= room {
+            problems.push(Problem::new(
+                "kafka.delivery_timeout_ms",
+                format!(
+                    "delivery_timeout_ms + server.inflight_wait_ms = {} ms leaves no room inside {name}'s {} s answer limit; keep the sum under {}",
+                    budget.as_millis(),
+                    limit.as_secs(),
+                    room.as_millis()
+                ),
+            ));
+        }
+    }
+    if let Some((name, window)) = rules()
+        .map(|(k, r)| (k, r.retry_window))
+        .max_by_key(|(_, w)| *w)
+        && Duration::from_secs(config.ledger.dedup_ttl_secs) <= window
+    {
+        problems.push(Problem::new(
+            "ledger.dedup_ttl_secs",
+            format!(
+                "{} s is shorter than {name}'s retry window ({} s); a late retry would be published twice. Use at least {}",
+                config.ledger.dedup_ttl_secs,
+                window.as_secs(),
+                window.as_secs() + 1
+            ),
+        ));
+    }
+    if let Some((name, longest)) = rules()
+        .filter_map(|(k, r)| Some((k, r.longest_retry_after?)))
+        .min_by_key(|(_, l)| *l)
+        && config.server.retry_after_secs > longest.as_secs()
+    {
+        problems.push(Problem::new(
+            "server.retry_after_secs",
+            format!(
+                "must be at most {} ({name} caps Retry-After there)",
+                longest.as_secs()
+            ),
+        ));
     }
     problems
 }
@@ -286,6 +369,61 @@ mod tests {
             .find(|p| p.key == "mekari.sources.other.api")
             .unwrap();
         assert!(unknown.message.contains("colour"), "{unknown}");
+    }
+
+    /// Each setting the providers' rules bound is refused past the
+    /// strictest provider's bound, at its key, and taken within it.
+    #[test]
+    fn the_providers_delivery_rules_bound_the_settings() {
+        let keys = |settings: &str| {
+            let config = Config::from_toml(&format!(
+                "{settings}\n[mekari.sources.main]\nsecrets = [\"mekari-secret-1\"]\n"
+            ))
+            .unwrap();
+            problems(&config)
+                .into_iter()
+                .map(|p| p.key)
+                .collect::<Vec<_>>()
+        };
+        for (settings, key) in [
+            (
+                "[server]\nheader_read_timeout_ms = 10000",
+                "server.header_read_timeout_ms",
+            ),
+            (
+                "[server]\nbody_read_timeout_ms = 10000",
+                "server.body_read_timeout_ms",
+            ),
+            (
+                "[kafka]\ndelivery_timeout_ms = 6000",
+                "kafka.delivery_timeout_ms",
+            ),
+            ("[ledger]\ndedup_ttl_secs = 39900", "ledger.dedup_ttl_secs"),
+            (
+                "[server]\nretry_after_secs = 3601",
+                "server.retry_after_secs",
+            ),
+        ] {
+            assert_eq!(keys(settings), [key], "{settings}");
+        }
+        for settings in [
+            "[server]\nheader_read_timeout_ms = 9000",
+            "[kafka]\ndelivery_timeout_ms = 5999",
+            "[ledger]\ndedup_ttl_secs = 39901",
+            "[server]\nretry_after_secs = 3600",
+        ] {
+            assert_eq!(keys(settings), Vec::<String>::new(), "{settings}");
+        }
+        let config = Config::from_toml(
+            "[ledger]\ndedup_ttl_secs = 3600\n[mekari.sources.main]\nsecrets = [\"mekari-secret-1\"]\n",
+        )
+        .unwrap();
+        let found = problems(&config);
+        assert!(
+            found[0].message.contains("mekari's retry window"),
+            "{}",
+            found[0]
+        );
     }
 
     /// librdkafka itself judges its properties: an unknown one, a value it

@@ -333,46 +333,129 @@ const PARTITIONER: &str = "murmur2_random";
 /// longer than the JSON they came from, so it is at most twice the body plus this.
 pub const RECORD_ENVELOPE_BYTES: usize = 64 * 1024;
 
-/// Confluent Schema Registry settings.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RegistryConfig {
-    /// Registry base URL; when absent, records use Avro single-object encoding.
-    #[serde(default)]
-    pub url: Option<String>,
-    /// Basic-auth user, when the registry needs one.
-    #[serde(default)]
-    pub username: Option<String>,
-    /// Basic-auth password.
-    #[serde(default)]
-    pub password: Option<super::Secret>,
-    /// Bearer token (`Authorization: Bearer …`), instead of basic auth.
-    #[serde(default)]
-    pub token: Option<super::Secret>,
-    /// PEM file of the CA that signed the registry's certificate, when it is
-    /// not in the system's trust store.
-    #[serde(default)]
-    pub ca_file: Option<std::path::PathBuf>,
-    /// Register the schema at start-up (`true`), or only look it up and
-    /// refuse to start when it is not registered (`false`: registries where
-    /// only CI registers schemas; see `posbridge schema check`).
-    #[serde(default = "default_true")]
-    pub auto_register: bool,
-}
-
-impl Default for RegistryConfig {
-    fn default() -> Self {
-        RegistryConfig {
-            url: None,
-            username: None,
-            password: None,
-            token: None,
-            ca_file: None,
-            auto_register: true,
+impl KafkaConfig {
+    /// The section's mistakes, as (key, what is wrong). `needed` is the
+    /// record size the body limit asks for (`Config::max_record_bytes`),
+    /// `body_limit` that limit. The produce deadline against the providers'
+    /// answer limit is checked in `app::check`.
+    pub fn problems(&self, needed: usize, body_limit: usize) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        let mut problem = |key: &str, message: String| problems.push((key.to_owned(), message));
+        match self
+            .librdkafka
+            .get("message.max.bytes")
+            .map(|v| v.trim().parse::<usize>())
+        {
+            Some(Err(_)) => problem(
+                "kafka.librdkafka.\"message.max.bytes\"",
+                "must be a number of bytes".into(),
+            ),
+            Some(Ok(max)) if needed > max => {
+                // A body limit is only a fix when it would still take a body.
+                let fitting_body = max.saturating_sub(RECORD_ENVELOPE_BYTES) / 2;
+                let or_lower = if fitting_body > 0 {
+                    format!(" or lower server.body_limit_bytes to {fitting_body}")
+                } else {
+                    format!(" ({max} is not even room for the envelope, so no body limit fits it)")
+                };
+                problem(
+                    "kafka.librdkafka.\"message.max.bytes\"",
+                    format!(
+                        "{max} cannot hold every accepted event: a record holds its body at most twice (raw and normalized) plus up to {RECORD_ENVELOPE_BYTES} bytes of envelope, so server.body_limit_bytes = {body_limit} needs {needed}; leave message.max.bytes unset (posbridge then sets it, and the created topics' max.message.bytes, to that){or_lower}",
+                    ),
+                );
+            }
+            Some(_) | None => {}
         }
+        if self.delivery_timeout_ms < 100 {
+            problem(
+                "kafka.delivery_timeout_ms",
+                "must be at least 100 ms".into(),
+            );
+        }
+        if self.brokers.trim().is_empty() {
+            problem("kafka.brokers", "must name at least one broker".into());
+        }
+        if self.partitions < 1 {
+            problem("kafka.partitions", "must be at least 1".into());
+        }
+        if self.replication_factor.is_some_and(|rf| rf < 1) {
+            problem("kafka.replication_factor", "must be at least 1".into());
+        }
+        for name in self.topics.keys() {
+            if !EntityType::ALL.iter().any(|t| t.plural() == name) {
+                problem(
+                    &format!("kafka.topics.{name}"),
+                    format!(
+                        "unknown entity type; use one of {}",
+                        EntityType::ALL.map(EntityType::plural).join(", ")
+                    ),
+                );
+            }
+        }
+        let mut topics: Vec<(String, String)> = EntityType::ALL
+            .iter()
+            .map(|t| (format!("kafka.topics.{}", t.plural()), self.topic(*t)))
+            .collect();
+        topics.push(("kafka.dead_letter_topic".into(), self.dead_letter_topic()));
+        for (key, topic) in &topics {
+            if !valid_topic_name(topic) {
+                problem(
+                    key,
+                    format!(
+                        "`{topic}` is not a valid Kafka topic name (1-249 of a-z A-Z 0-9 . _ -)"
+                    ),
+                );
+            }
+            if topics.iter().filter(|(_, t)| t == topic).count() > 1 {
+                problem(key, format!("topic `{topic}` is used twice"));
+            }
+        }
+        if let Some(letters) = &self.dead_letter_topic
+            && !self.topic_prefix.is_empty()
+            && letters.starts_with(&self.topic_prefix)
+        {
+            let prefix = &self.topic_prefix;
+            let fix = KafkaConfig {
+                dead_letter_topic: None,
+                ..self.clone()
+            }
+            .dead_letter_topic();
+            let fix = if fix.starts_with(prefix.as_str()) {
+                "a name that does not start with it".to_owned()
+            } else {
+                format!("`{fix}` (the default: remove the setting)")
+            };
+            problem(
+                "kafka.dead_letter_topic",
+                format!(
+                    "`{letters}` starts with the entity topics' prefix `{prefix}`: a consumer subscribing to the entity topics by that prefix would get raw JSON letters among its Avro records; use {fix}"
+                ),
+            );
+        }
+        for (name, value) in &self.librdkafka {
+            if let Some(why) = self.refusal(name, value) {
+                problem(&format!("kafka.librdkafka.\"{name}\""), why);
+            }
+        }
+        problems
     }
 }
 
+fn valid_topic_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 249
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// Whether two listeners would take the same port: the same address, or
+/// one of them on every address of the other's family (`0.0.0.0` takes
+/// every IPv4 address; `[::]`, dual-stack on Linux, every address). Port 0
+/// lets the system pick, so never collides.
 #[cfg(test)]
 mod tests {
     use super::*;

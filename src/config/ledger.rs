@@ -162,6 +162,35 @@ const fn default_dedup_ttl_secs() -> u64 {
     24 * 3600
 }
 
+impl LedgerConfig {
+    /// The section's mistakes, as (key, what is wrong). How long done ids
+    /// must be kept follows from the providers' retry windows, checked in
+    /// `app::check`.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        if let Some(file) = &self.redis_ca_file
+            && !file.is_file()
+        {
+            problems.push((
+                "ledger.redis_ca_file".to_owned(),
+                format!("`{}` is not a readable file", file.display()),
+            ));
+        }
+        if self.backend == LedgerBackend::Redis {
+            let url = &self.redis_url;
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                problems.push((
+                    "ledger.redis_url".to_owned(),
+                    format!("`{url}` must start with redis:// or rediss://"),
+                ));
+            } else if let Err(error) = Self::redis_nodes(url) {
+                problems.push(("ledger.redis_url".to_owned(), error.to_string()));
+            }
+        }
+        problems
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;

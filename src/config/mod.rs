@@ -1,19 +1,19 @@
 //! Configuration: plain data, loaded once from a TOML file with every key
 //! overridable by `POSBRIDGE__SECTION__KEY` environment variables.
 //!
-//! Nothing here opens a connection: `App::build` turns this data into a
-//! running service. Of the providers it knows only the timing limits a value
-//! must respect on its own (Mekari's retry window, both providers' 10 s
-//! answer timeout, Mekari's one-hour cap on Retry-After); the checks that
-//! need more provider knowledge (signature secrets, API settings) run where
-//! the providers are assembled (`app::check`). [`Config::problems`] reports
-//! every mistake the data alone shows, each with its key path.
+//! Nothing here opens a connection or knows a provider's rules: `App::build`
+//! turns this data into a running service, and the checks that need the
+//! providers (signature secrets, API settings, the bounds their delivery
+//! rules set) run where the providers are assembled (`app::check`).
+//! [`Config::problems`] reports every mistake the data alone shows, each
+//! with its key path: each section checks its own values.
 
 mod admin;
 mod kafka;
 mod ledger;
 mod read;
 mod reconcile;
+mod registry;
 mod server;
 mod source;
 mod spool;
@@ -24,14 +24,14 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::event::{EntityType, ProviderKind, Source};
-use source::MIN_TOLERANCE_SECS;
+use crate::event::{ProviderKind, Source};
 
 pub use admin::AdminConfig;
-pub use kafka::{KafkaConfig, RegistryConfig};
+pub use kafka::KafkaConfig;
 pub use ledger::{LedgerBackend, LedgerConfig};
 pub use read::{ENV_PREFIX, ENV_SEPARATOR, LIBRDKAFKA_ENV_PREFIX};
 pub use reconcile::{MIN_BODY_BYTES, ReconcileConfig, WatchdogConfig};
+pub use registry::RegistryConfig;
 pub use server::ServerConfig;
 pub use source::{
     ApiSection, OnBrokerUnavailable, ProviderConfig, SchemeName, Secret, Secrets, SourceConfig,
@@ -39,17 +39,14 @@ pub use source::{
 pub use spool::SpoolConfig;
 pub use telemetry::{OtlpConfig, TelemetryConfig};
 
-/// Mekari's last retry comes about 11 hours after the first attempt (plus up
-/// to a minute of jitter); a done delivery id must be remembered longer.
-const LONGEST_RETRY_WINDOW: Duration = Duration::from_secs(11 * 3600 + 5 * 60);
-
 /// The longest window or interval the reconciler and watchdog take: far
 /// beyond any real need, and well inside what time arithmetic can hold.
 const LONGEST_WINDOW: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
-/// Both providers give up on an attempt after 10 s; our answer must come well
-/// before that, including the wait for Kafka's acknowledgement.
-const PROVIDER_TIMEOUT: Duration = Duration::from_secs(10);
+/// What a value past [`LONGEST_WINDOW`] is told.
+fn longest_window_message() -> String {
+    format!("must be at most {} (ten years)", LONGEST_WINDOW.as_secs())
+}
 
 /// Why the configuration could not be read at all.
 #[derive(Debug, thiserror::Error)]
@@ -207,405 +204,74 @@ impl Config {
         })
     }
 
-    /// Every mistake found, each with its key path. Empty means valid.
+    /// Every mistake the data alone shows, each with its key path: each
+    /// section's own, then what two sections must agree on. Empty means
+    /// valid. What the providers' delivery rules ask of the settings is
+    /// checked in `app::check`, with them.
     pub fn problems(&self) -> Vec<Problem> {
-        let mut problems = Vec::new();
-        let mut problem = |key: &str, message: String| problems.push(Problem::new(key, message));
+        let sources = self.sources().flat_map(|entry| {
+            let key = entry.key();
+            entry.config.problems(&key, entry.name)
+        });
+        self.server
+            .problems()
+            .into_iter()
+            .chain(self.admin.problems())
+            .chain(self.telemetry.otlp.problems())
+            .chain(
+                self.kafka
+                    .problems(self.record_bytes_needed(), self.server.body_limit_bytes),
+            )
+            .chain(self.schema_registry.problems())
+            .chain(self.ledger.problems())
+            .chain(sources.collect::<Vec<_>>())
+            .chain(self.reconcile.problems())
+            .chain(self.watchdog.problems())
+            .chain(self.spool.problems())
+            .chain(self.across_sections())
+            .map(|(key, message)| Problem::new(key, message))
+            .collect()
+    }
 
-        if self.server.listen.parse::<std::net::SocketAddr>().is_err() {
-            problem(
-                "server.listen",
-                format!(
-                    "`{}` is not an address like 127.0.0.1:8080",
-                    self.server.listen
-                ),
-            );
-        }
-        if self.server.body_limit_bytes == 0 {
-            problem("server.body_limit_bytes", "must be above 0".into());
-        }
+    /// What two sections must agree on.
+    fn across_sections(&self) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
         if let Some(listen) = &self.admin.listen {
             let admin = listen.parse::<std::net::SocketAddr>();
             if admin.is_err() {
-                problem(
-                    "admin.listen",
+                problems.push((
+                    "admin.listen".to_owned(),
                     format!("`{listen}` is not an address like 127.0.0.1:9090"),
-                );
+                ));
             } else if let (Ok(admin), Ok(server)) = (admin, self.server.listen.parse())
                 && listeners_collide(admin, server)
             {
-                problem(
-                    "admin.listen",
+                problems.push((
+                    "admin.listen".to_owned(),
                     "takes the same port as server.listen: the status page needs a listener of its own"
-                        .into(),
-                );
-            }
-        }
-        for (key, message) in self
-            .admin
-            .problems()
-            .into_iter()
-            .chain(self.telemetry.otlp.problems())
-        {
-            problem(&key, message);
-        }
-        for (key, ms) in [
-            (
-                "server.header_read_timeout_ms",
-                self.server.header_read_timeout_ms,
-            ),
-            (
-                "server.body_read_timeout_ms",
-                self.server.body_read_timeout_ms,
-            ),
-        ] {
-            if ms == 0 || Duration::from_millis(ms) >= PROVIDER_TIMEOUT {
-                problem(
-                    key,
-                    "must be above 0 and well under the providers' 10 s answer limit".into(),
-                );
-            }
-        }
-        let needed = self.record_bytes_needed();
-        match self
-            .kafka
-            .librdkafka
-            .get("message.max.bytes")
-            .map(|v| v.trim().parse::<usize>())
-        {
-            Some(Err(_)) => problem(
-                "kafka.librdkafka.\"message.max.bytes\"",
-                "must be a number of bytes".into(),
-            ),
-            Some(Ok(max)) if needed > max => {
-                // A body limit is only a fix when it would still take a body.
-                let fitting_body = max.saturating_sub(kafka::RECORD_ENVELOPE_BYTES) / 2;
-                let or_lower = if fitting_body > 0 {
-                    format!(" or lower server.body_limit_bytes to {fitting_body}")
-                } else {
-                    format!(" ({max} is not even room for the envelope, so no body limit fits it)")
-                };
-                problem(
-                    "kafka.librdkafka.\"message.max.bytes\"",
-                    format!(
-                        "{max} cannot hold every accepted event: a record holds its body at most twice (raw and normalized) plus up to {} bytes of envelope, so server.body_limit_bytes = {} needs {needed}; leave message.max.bytes unset (posbridge then sets it, and the created topics' max.message.bytes, to that){or_lower}",
-                        kafka::RECORD_ENVELOPE_BYTES,
-                        self.server.body_limit_bytes,
-                    ),
-                );
-            }
-            Some(_) | None => {}
-        }
-        if self.server.max_connections == 0 {
-            problem("server.max_connections", "must be above 0".into());
-        }
-        if self.server.max_body_bytes_in_flight < self.server.body_limit_bytes {
-            problem(
-                "server.max_body_bytes_in_flight",
-                format!(
-                    "{} is below server.body_limit_bytes ({}): a body of the largest accepted size could never be read",
-                    self.server.max_body_bytes_in_flight, self.server.body_limit_bytes
-                ),
-            );
-        }
-        if self.server.max_event_ahead_ms < ServerConfig::MIN_EVENT_AHEAD_MS {
-            problem(
-                "server.max_event_ahead_ms",
-                format!(
-                    "{} ms dead-letters good events as time_in_future whenever the provider's clock runs a little ahead of ours; use at least {} (the default is 300000)",
-                    self.server.max_event_ahead_ms,
-                    ServerConfig::MIN_EVENT_AHEAD_MS
-                ),
-            );
-        }
-        if self.server.max_event_ahead_ms >= ServerConfig::MAX_EVENT_AHEAD_LIMIT_MS {
-            problem(
-                "server.max_event_ahead_ms",
-                format!(
-                    "must be below {} (Kafka refuses record timestamps more than an hour ahead by default, message.timestamp.after.max.ms)",
-                    ServerConfig::MAX_EVENT_AHEAD_LIMIT_MS
-                ),
-            );
-        }
-        if self.server.retry_after_secs == 0 || self.server.retry_after_secs > 3600 {
-            problem(
-                "server.retry_after_secs",
-                "must be 1..=3600 (Mekari caps Retry-After at one hour)".into(),
-            );
-        }
-        let answer_budget = Duration::from_millis(self.kafka.delivery_timeout_ms)
-            + Duration::from_millis(self.server.inflight_wait_ms);
-        if answer_budget >= PROVIDER_TIMEOUT.mul_f32(0.9) {
-            problem(
-                "kafka.delivery_timeout_ms",
-                format!(
-                    "delivery_timeout_ms + server.inflight_wait_ms = {} ms leaves no room inside the providers' 10 s answer limit; keep the sum under 9000",
-                    answer_budget.as_millis()
-                ),
-            );
-        }
-        if self.kafka.delivery_timeout_ms < 100 {
-            problem(
-                "kafka.delivery_timeout_ms",
-                "must be at least 100 ms".into(),
-            );
-        }
-        if self.kafka.brokers.trim().is_empty() {
-            problem("kafka.brokers", "must name at least one broker".into());
-        }
-        if self.kafka.partitions < 1 {
-            problem("kafka.partitions", "must be at least 1".into());
-        }
-        if self.kafka.replication_factor.is_some_and(|rf| rf < 1) {
-            problem("kafka.replication_factor", "must be at least 1".into());
-        }
-        for name in self.kafka.topics.keys() {
-            if !EntityType::ALL.iter().any(|t| t.plural() == name) {
-                problem(
-                    &format!("kafka.topics.{name}"),
-                    format!(
-                        "unknown entity type; use one of {}",
-                        EntityType::ALL.map(EntityType::plural).join(", ")
-                    ),
-                );
-            }
-        }
-        let mut topics: Vec<(String, String)> = EntityType::ALL
-            .iter()
-            .map(|t| (format!("kafka.topics.{}", t.plural()), self.kafka.topic(*t)))
-            .collect();
-        topics.push((
-            "kafka.dead_letter_topic".into(),
-            self.kafka.dead_letter_topic(),
-        ));
-        for (key, topic) in &topics {
-            if !valid_topic_name(topic) {
-                problem(
-                    key,
-                    format!(
-                        "`{topic}` is not a valid Kafka topic name (1-249 of a-z A-Z 0-9 . _ -)"
-                    ),
-                );
-            }
-            if topics.iter().filter(|(_, t)| t == topic).count() > 1 {
-                problem(key, format!("topic `{topic}` is used twice"));
-            }
-        }
-        if let Some(letters) = &self.kafka.dead_letter_topic
-            && !self.kafka.topic_prefix.is_empty()
-            && letters.starts_with(&self.kafka.topic_prefix)
-        {
-            let prefix = &self.kafka.topic_prefix;
-            let fix = KafkaConfig {
-                dead_letter_topic: None,
-                ..self.kafka.clone()
-            }
-            .dead_letter_topic();
-            let fix = if fix.starts_with(prefix.as_str()) {
-                "a name that does not start with it".to_owned()
-            } else {
-                format!("`{fix}` (the default: remove the setting)")
-            };
-            problem(
-                "kafka.dead_letter_topic",
-                format!(
-                    "`{letters}` starts with the entity topics' prefix `{prefix}`: a consumer subscribing to the entity topics by that prefix would get raw JSON letters among its Avro records; use {fix}"
-                ),
-            );
-        }
-        for (name, value) in &self.kafka.librdkafka {
-            if let Some(why) = self.kafka.refusal(name, value) {
-                problem(&format!("kafka.librdkafka.\"{name}\""), why);
-            }
-        }
-        if self.schema_registry.token.is_some()
-            && (self.schema_registry.username.is_some() || self.schema_registry.password.is_some())
-        {
-            problem(
-                "schema_registry.token",
-                "a registry takes either a bearer token or basic auth (username/password), not both"
-                    .into(),
-            );
-        }
-        for (key, file) in [
-            ("schema_registry.ca_file", &self.schema_registry.ca_file),
-            ("ledger.redis_ca_file", &self.ledger.redis_ca_file),
-        ] {
-            if let Some(file) = file
-                && !file.is_file()
-            {
-                problem(key, format!("`{}` is not a readable file", file.display()));
-            }
-        }
-        if let Some(url) = &self.schema_registry.url
-            && !(url.starts_with("http://") || url.starts_with("https://"))
-        {
-            problem(
-                "schema_registry.url",
-                format!("`{url}` must start with http:// or https://"),
-            );
-        }
-        if self.ledger.backend == LedgerBackend::Redis {
-            let url = &self.ledger.redis_url;
-            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                problem(
-                    "ledger.redis_url",
-                    format!("`{url}` must start with redis:// or rediss://"),
-                );
-            } else if let Err(error) = LedgerConfig::redis_nodes(url) {
-                problem("ledger.redis_url", error.to_string());
-            }
-        }
-        if Duration::from_secs(self.ledger.dedup_ttl_secs) <= LONGEST_RETRY_WINDOW {
-            problem(
-                "ledger.dedup_ttl_secs",
-                format!(
-                    "{} s is shorter than Mekari's retry window (~11 h); a late retry would be published twice. Use at least {}",
-                    self.ledger.dedup_ttl_secs,
-                    LONGEST_RETRY_WINDOW.as_secs() + 1
-                ),
-            );
-        }
-
-        let mut any_source = false;
-        for entry in self.sources() {
-            any_source = true;
-            let (key, name, source) = (entry.key(), entry.name, entry.config);
-            if !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            {
-                problem(
-                    &key,
-                    "source names go into URLs: use a-z, 0-9, - and _".into(),
-                );
-            }
-            if source.secrets.0.is_empty() && !source.reads_secret_files() {
-                problem(
-                    &format!("{key}.secrets"),
-                    "at least one secret is needed to verify signatures: set secrets, secrets_files or secrets_dir".into(),
-                );
-            }
-            if let Some(header) = &source.header
-                && axum::http::HeaderName::from_bytes(header.as_bytes()).is_err()
-            {
-                problem(
-                    &format!("{key}.header"),
-                    format!(
-                        "`{header}` is not an HTTP header name (letters, digits and - only, like X-Signature): no delivery could carry it, so every one would be refused 401"
-                    ),
-                );
-            }
-            if source.tolerance_secs < MIN_TOLERANCE_SECS {
-                problem(
-                    &format!("{key}.tolerance_secs"),
-                    format!(
-                        "{} s refuses good deliveries whose signed time is a moment off ours (clock drift, transit, a queue at the provider); use at least {MIN_TOLERANCE_SECS} (the default is 300)",
-                        source.tolerance_secs
-                    ),
-                );
-            }
-            if let Some(account) = &source.account
-                && (account.is_empty() || account.contains(':'))
-            {
-                problem(
-                    &format!("{key}.account"),
-                    "must be non-empty and without `:` (it is part of the record key)".into(),
-                );
-            }
-        }
-        for (key, value) in [
-            (
-                "server.secrets_recheck_secs",
-                self.server.secrets_recheck_secs,
-            ),
-            ("reconcile.interval_secs", self.reconcile.interval_secs),
-            ("reconcile.step_secs", self.reconcile.step_secs),
-            ("watchdog.interval_secs", self.watchdog.interval_secs),
-            (
-                "reconcile.request_timeout_ms",
-                self.reconcile.request_timeout_ms,
-            ),
-            (
-                "reconcile.max_pages_per_run",
-                u64::from(self.reconcile.max_pages_per_run),
-            ),
-            ("reconcile.max_run_secs", self.reconcile.max_run_secs),
-        ] {
-            if value == 0 {
-                problem(key, "must be above 0".into());
-            }
-        }
-        for (key, value) in [
-            ("reconcile.interval_secs", self.reconcile.interval_secs),
-            ("reconcile.step_secs", self.reconcile.step_secs),
-            ("reconcile.lookback_secs", self.reconcile.lookback_secs),
-            (
-                "reconcile.initial_window_secs",
-                self.reconcile.initial_window_secs,
-            ),
-            ("watchdog.interval_secs", self.watchdog.interval_secs),
-            (
-                "server.secrets_recheck_secs",
-                self.server.secrets_recheck_secs,
-            ),
-            ("reconcile.max_run_secs", self.reconcile.max_run_secs),
-        ] {
-            if value > LONGEST_WINDOW.as_secs() {
-                problem(
-                    key,
-                    format!("must be at most {} (ten years)", LONGEST_WINDOW.as_secs()),
-                );
+                        .to_owned(),
+                ));
             }
         }
         if self.spools() && self.ledger.embedded_file_is(&self.spool.path) {
-            problem(
-                "spool.path",
+            problems.push((
+                "spool.path".to_owned(),
                 format!(
                     "`{}` is ledger.path too; the spool and the embedded ledger need a file each (one process may hold a file once)",
                     self.spool.path.display()
                 ),
-            );
+            ));
         }
-        if self.spool.max_bytes == 0 {
-            problem("spool.max_bytes", "must be above 0".into());
-        }
-        if self.spool.max_entries == 0 {
-            problem("spool.max_entries", "must be above 0".into());
-        }
-        if self.reconcile.max_attempts == 0 {
-            problem("reconcile.max_attempts", "must be at least 1".into());
-        }
-        if self.reconcile.max_body_bytes < MIN_BODY_BYTES {
-            problem(
-                "reconcile.max_body_bytes",
-                format!("must be at least {MIN_BODY_BYTES}: ordinary pages are larger"),
-            );
-        }
-        if !any_source {
-            problem(
-                "receiptroller.sources / mekari.sources",
-                "no webhook source is configured; every request would get 404".into(),
-            );
+        if self.sources().next().is_none() {
+            problems.push((
+                "receiptroller.sources / mekari.sources".to_owned(),
+                "no webhook source is configured; every request would get 404".to_owned(),
+            ));
         }
         problems
     }
 }
 
-fn valid_topic_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 249
-        && name != "."
-        && name != ".."
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
-}
-
-/// Whether two listeners would take the same port: the same address, or
-/// one of them on every address of the other's family (`0.0.0.0` takes
-/// every IPv4 address; `[::]`, dual-stack on Linux, every address). Port 0
-/// lets the system pick, so never collides.
 fn listeners_collide(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
     use std::net::IpAddr;
     let covers = |wide: IpAddr, other: IpAddr| match wide {
@@ -622,6 +288,7 @@ fn listeners_collide(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::EntityType;
 
     fn parse(text: &str) -> Config {
         Config::from_toml(text).unwrap()
@@ -741,15 +408,13 @@ mod tests {
         let config = parse(
             r#"
             [kafka]
-            delivery_timeout_ms = 9500
+            delivery_timeout_ms = 50
             [kafka.topics]
             sale = "x"
             [kafka.librdkafka]
             "acks" = "1"
             [reconcile]
             initial_window_secs = 9223372036854775807
-            [ledger]
-            dedup_ttl_secs = 3600
             [mekari.sources.main]
             secrets = []
             "#,
@@ -759,7 +424,6 @@ mod tests {
             "kafka.delivery_timeout_ms",
             "kafka.topics.sale",
             "kafka.librdkafka.\"acks\"",
-            "ledger.dedup_ttl_secs",
             "mekari.sources.main.secrets",
             "reconcile.initial_window_secs",
         ] {
@@ -941,10 +605,7 @@ mod tests {
             Vec::<String>::new()
         );
         assert_eq!(
-            problems(
-                "header_read_timeout_ms = 10000\nbody_read_timeout_ms = 0",
-                ""
-            ),
+            problems("header_read_timeout_ms = 0\nbody_read_timeout_ms = 0", ""),
             vec![
                 "server.header_read_timeout_ms",
                 "server.body_read_timeout_ms"

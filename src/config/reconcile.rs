@@ -124,3 +124,62 @@ impl Default for WatchdogConfig {
 const fn default_watchdog_interval_secs() -> u64 {
     60
 }
+
+impl ReconcileConfig {
+    /// The section's mistakes, as (key, what is wrong).
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        for (key, value) in [
+            ("reconcile.interval_secs", self.interval_secs),
+            ("reconcile.step_secs", self.step_secs),
+            ("reconcile.request_timeout_ms", self.request_timeout_ms),
+            (
+                "reconcile.max_pages_per_run",
+                u64::from(self.max_pages_per_run),
+            ),
+            ("reconcile.max_run_secs", self.max_run_secs),
+        ] {
+            if value == 0 {
+                problems.push((key.to_owned(), "must be above 0".to_owned()));
+            }
+        }
+        for (key, value) in [
+            ("reconcile.interval_secs", self.interval_secs),
+            ("reconcile.step_secs", self.step_secs),
+            ("reconcile.lookback_secs", self.lookback_secs),
+            ("reconcile.initial_window_secs", self.initial_window_secs),
+            ("reconcile.max_run_secs", self.max_run_secs),
+        ] {
+            if value > super::LONGEST_WINDOW.as_secs() {
+                problems.push((key.to_owned(), super::longest_window_message()));
+            }
+        }
+        if self.max_attempts == 0 {
+            problems.push((
+                "reconcile.max_attempts".to_owned(),
+                "must be at least 1".to_owned(),
+            ));
+        }
+        if self.max_body_bytes < MIN_BODY_BYTES {
+            problems.push((
+                "reconcile.max_body_bytes".to_owned(),
+                format!("must be at least {MIN_BODY_BYTES}: ordinary pages are larger"),
+            ));
+        }
+        problems
+    }
+}
+
+impl WatchdogConfig {
+    /// The section's mistakes, as (key, what is wrong).
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let key = "watchdog.interval_secs".to_owned();
+        if self.interval_secs == 0 {
+            vec![(key, "must be above 0".to_owned())]
+        } else if self.interval_secs > super::LONGEST_WINDOW.as_secs() {
+            vec![(key, super::longest_window_message())]
+        } else {
+            Vec::new()
+        }
+    }
+}

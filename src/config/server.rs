@@ -143,3 +143,67 @@ const fn default_max_event_ahead_ms() -> u64 {
 const fn default_secrets_recheck_secs() -> u64 {
     60
 }
+
+impl ServerConfig {
+    /// The section's mistakes, as (key, what is wrong). What the providers'
+    /// rules ask of it (timeouts under their answer limit, `Retry-After`
+    /// within what they honour) is checked where the providers are
+    /// assembled, `app::check`.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        let mut problem = |key: &str, message: String| problems.push((key.to_owned(), message));
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            problem(
+                "server.listen",
+                format!("`{}` is not an address like 127.0.0.1:8080", self.listen),
+            );
+        }
+        for (key, value) in [
+            ("server.body_limit_bytes", self.body_limit_bytes as u64),
+            ("server.max_connections", self.max_connections as u64),
+            ("server.header_read_timeout_ms", self.header_read_timeout_ms),
+            ("server.body_read_timeout_ms", self.body_read_timeout_ms),
+            ("server.retry_after_secs", self.retry_after_secs),
+            ("server.secrets_recheck_secs", self.secrets_recheck_secs),
+        ] {
+            if value == 0 {
+                problem(key, "must be above 0".into());
+            }
+        }
+        if self.secrets_recheck_secs > super::LONGEST_WINDOW.as_secs() {
+            problem(
+                "server.secrets_recheck_secs",
+                super::longest_window_message(),
+            );
+        }
+        if self.max_body_bytes_in_flight < self.body_limit_bytes {
+            problem(
+                "server.max_body_bytes_in_flight",
+                format!(
+                    "{} is below server.body_limit_bytes ({}): a body of the largest accepted size could never be read",
+                    self.max_body_bytes_in_flight, self.body_limit_bytes
+                ),
+            );
+        }
+        if self.max_event_ahead_ms < Self::MIN_EVENT_AHEAD_MS {
+            problem(
+                "server.max_event_ahead_ms",
+                format!(
+                    "{} ms dead-letters good events as time_in_future whenever the provider's clock runs a little ahead of ours; use at least {} (the default is 300000)",
+                    self.max_event_ahead_ms,
+                    Self::MIN_EVENT_AHEAD_MS
+                ),
+            );
+        }
+        if self.max_event_ahead_ms >= Self::MAX_EVENT_AHEAD_LIMIT_MS {
+            problem(
+                "server.max_event_ahead_ms",
+                format!(
+                    "must be below {} (Kafka refuses record timestamps more than an hour ahead by default, message.timestamp.after.max.ms)",
+                    Self::MAX_EVENT_AHEAD_LIMIT_MS
+                ),
+            );
+        }
+        problems
+    }
+}

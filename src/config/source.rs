@@ -189,6 +189,65 @@ where
         .collect())
 }
 
+impl SourceConfig {
+    /// The source's mistakes, as (key, what is wrong); `key` is its table
+    /// (`mekari.sources.main`) and `name` its name in URLs.
+    pub fn problems(&self, key: &str, name: &str) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        let mut problem = |field: &str, message: String| {
+            let at = if field.is_empty() {
+                key.to_owned()
+            } else {
+                format!("{key}.{field}")
+            };
+            problems.push((at, message));
+        };
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            problem(
+                "",
+                "source names go into URLs: use a-z, 0-9, - and _".into(),
+            );
+        }
+        if self.secrets.0.is_empty() && !self.reads_secret_files() {
+            problem(
+                "secrets",
+                "at least one secret is needed to verify signatures: set secrets, secrets_files or secrets_dir".into(),
+            );
+        }
+        if let Some(header) = &self.header
+            && axum::http::HeaderName::from_bytes(header.as_bytes()).is_err()
+        {
+            problem(
+                "header",
+                format!(
+                    "`{header}` is not an HTTP header name (letters, digits and - only, like X-Signature): no delivery could carry it, so every one would be refused 401"
+                ),
+            );
+        }
+        if self.tolerance_secs < MIN_TOLERANCE_SECS {
+            problem(
+                "tolerance_secs",
+                format!(
+                    "{} s refuses good deliveries whose signed time is a moment off ours (clock drift, transit, a queue at the provider); use at least {MIN_TOLERANCE_SECS} (the default is 300)",
+                    self.tolerance_secs
+                ),
+            );
+        }
+        if let Some(account) = &self.account
+            && (account.is_empty() || account.contains(':'))
+        {
+            problem(
+                "account",
+                "must be non-empty and without `:` (it is part of the record key)".into(),
+            );
+        }
+        problems
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,3 +40,17 @@ const fn default_max_bytes() -> u64 {
 const fn default_max_entries() -> u64 {
     1_000_000
 }
+
+impl SpoolConfig {
+    /// The section's mistakes, as (key, what is wrong).
+    pub fn problems(&self) -> Vec<(String, String)> {
+        [
+            ("spool.max_bytes", self.max_bytes == 0),
+            ("spool.max_entries", self.max_entries == 0),
+        ]
+        .into_iter()
+        .filter(|(_, zero)| *zero)
+        .map(|(key, _)| (key.to_owned(), "must be above 0".to_owned()))
+        .collect()
+    }
+}

@@ -129,10 +129,26 @@ pub struct Context<'a> {
     pub max_event_ahead: Duration,
 }
 
+/// What a provider's delivery rules ask of posbridge's settings: the
+/// configuration is checked against every provider's (`app::check`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryRules {
+    /// An attempt without an answer within this counts as failed.
+    pub answer_timeout: Duration,
+    /// How long after its first attempt a delivery's last retry may come:
+    /// a done delivery id must be remembered longer.
+    pub retry_window: Duration,
+    /// The longest `Retry-After` the provider honours; `None` when it
+    /// ignores the header.
+    pub longest_retry_after: Option<Duration>,
+}
+
 /// One provider: its wire format, its API settings and its API.
 pub trait Provider: Send + Sync + 'static {
     /// Which provider this is.
     fn kind(&self) -> ProviderKind;
+    /// Its delivery rules, as far as settings must respect them.
+    fn delivery_rules(&self) -> DeliveryRules;
     /// Header carrying the delivery id, equal to the body's `id`.
     fn delivery_id_header(&self) -> &'static str;
     /// Signature scheme when a source names none.

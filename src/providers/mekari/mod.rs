@@ -11,11 +11,13 @@
 mod api;
 mod webhook;
 
+use std::time::Duration;
+
 use serde_json::Value;
 use time::OffsetDateTime;
 
 use super::api::{ApiOptions, FetchError, ProviderApi};
-use super::{Context, NormalizeError, Provider};
+use super::{Context, DeliveryRules, NormalizeError, Provider};
 use crate::config::{ApiSection, SchemeName};
 use crate::event::{Normalized, ProviderKind};
 
@@ -33,6 +35,16 @@ pub struct Mekari;
 impl Provider for Mekari {
     fn kind(&self) -> ProviderKind {
         ProviderKind::Mekari
+    }
+
+    fn delivery_rules(&self) -> DeliveryRules {
+        DeliveryRules {
+            answer_timeout: Duration::from_secs(10),
+            // Eight attempts, the last about 11 hours after the first (plus
+            // up to a minute of jitter).
+            retry_window: Duration::from_secs(11 * 3600 + 5 * 60),
+            longest_retry_after: Some(Duration::from_secs(3600)),
+        }
     }
 
     fn delivery_id_header(&self) -> &'static str {

@@ -10,11 +10,13 @@
 mod api;
 mod webhook;
 
+use std::time::Duration;
+
 use serde_json::Value;
 use time::OffsetDateTime;
 
 use super::api::{ApiOptions, FetchError, ProviderApi};
-use super::{Context, NormalizeError, Provider};
+use super::{Context, DeliveryRules, NormalizeError, Provider};
 use crate::config::{ApiSection, SchemeName};
 use crate::event::{Normalized, ProviderKind};
 
@@ -30,6 +32,16 @@ pub struct ReceiptRoller;
 impl Provider for ReceiptRoller {
     fn kind(&self) -> ProviderKind {
         ProviderKind::ReceiptRoller
+    }
+
+    fn delivery_rules(&self) -> DeliveryRules {
+        DeliveryRules {
+            answer_timeout: Duration::from_secs(10),
+            // Four attempts, the last 71 minutes after the first plus up to
+            // 10 s of waiting per attempt.
+            retry_window: Duration::from_secs(71 * 60 + 40),
+            longest_retry_after: None,
+        }
     }
 
     fn delivery_id_header(&self) -> &'static str {
