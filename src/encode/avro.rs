@@ -413,21 +413,44 @@ mod tests {
         }
     }
 
-    /// The schema file and [`to_avro`] name the same fields in the same
-    /// order, so neither can gain a field the other lacks.
-    #[test]
-    fn to_avro_writes_every_schema_field_in_order() {
-        let schema: serde_json::Value = serde_json::from_str(super::super::SCHEMA_JSON).unwrap();
-        let wanted: Vec<&str> = schema["fields"]
+    /// The names of a schema record's fields, in order.
+    fn names(fields: &serde_json::Value) -> Vec<&str> {
+        fields
             .as_array()
             .unwrap()
             .iter()
             .map(|f| f["name"].as_str().unwrap())
-            .collect();
-        let Value::Record(fields) = to_avro(&super::super::tests::event()) else {
+            .collect()
+    }
+
+    /// The schema file and [`to_avro`] name the same fields in the same
+    /// order, the line items' too, so neither can gain a field the other
+    /// lacks. (`PosEvent`'s own fields are held to [`to_avro`], the datum
+    /// writer and the guard's hash by destructuring it whole in each: a
+    /// field added to the struct alone does not compile.)
+    #[test]
+    fn to_avro_writes_every_schema_field_in_order() {
+        let schema: serde_json::Value = serde_json::from_str(super::super::SCHEMA_JSON).unwrap();
+        let Value::Record(fields) = to_avro(&PosEvent::with_every_field()) else {
             panic!("an event is a record");
         };
         let written: Vec<&str> = fields.iter().map(|(name, _)| name.as_str()).collect();
-        assert_eq!(written, wanted);
+        assert_eq!(written, names(&schema["fields"]));
+
+        let items = schema["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == "items")
+            .unwrap();
+        let (_, Value::Array(lines)) = fields.iter().find(|(name, _)| name == "items").unwrap()
+        else {
+            panic!("items is an array");
+        };
+        let Some(Value::Record(line)) = lines.first() else {
+            panic!("an event with every field has a line item, a record");
+        };
+        let written: Vec<&str> = line.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(written, names(&items["type"]["items"]["fields"]));
     }
 }
