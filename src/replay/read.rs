@@ -91,6 +91,9 @@ pub struct Reader {
 /// What librdkafka fetches ahead of the reading loop, in KiB.
 const QUEUED_KBYTES: &str = "8192";
 
+/// How long the broker may hold a fetch that finds no new record, in ms.
+const FETCH_WAIT_MS: &str = "10";
+
 impl Reader {
     /// A consumer of `topic` with the producer's connection settings.
     ///
@@ -118,6 +121,11 @@ impl Reader {
             // once: ask again soon instead.
             .set("queued.max.messages.kbytes", QUEUED_KBYTES)
             .set("fetch.queue.backoff.ms", "10")
+            // Past a partition's end the broker holds a fetch this long for
+            // new records, and the next partition's fetch waits behind it on
+            // the same connection: librdkafka's 500 ms made every partition
+            // read cost half a second.
+            .set("fetch.wait.max.ms", FETCH_WAIT_MS)
             .create()
             .map_err(ReadError::Config)?;
         Ok(Reader {
