@@ -11,7 +11,7 @@ use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::Producer as _;
 use rdkafka::util::Timeout;
 
-use super::{PublishError, Publisher, Topics, watch};
+use super::{PublishError, Publisher, TopicChange, Topics, watch};
 
 /// Room for a record batch's header beside its one record.
 const BATCH_OVERHEAD_BYTES: usize = 1024;
@@ -199,7 +199,7 @@ impl Publisher {
             return;
         };
         for topic in topics.entities() {
-            for reason in watch::TopicChange::REASONS {
+            for reason in TopicChange::REASONS {
                 metrics::gauge!(
                     crate::telemetry::TOPIC_CHANGED,
                     crate::telemetry::TOPIC => topic.to_owned(),

@@ -17,7 +17,7 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tracing::{debug, error, info, warn};
 
-use super::watch::TopicChange;
+use super::change::TopicChange;
 use crate::telemetry;
 
 /// Kafka's reachability: up until a send fails for want of a broker, down

@@ -27,6 +27,7 @@
 //! `watch.rs` asks the entity topics' again while running.
 
 mod admin;
+mod change;
 mod error;
 mod health;
 mod replace;
@@ -47,12 +48,12 @@ use crate::config::KafkaConfig;
 use crate::event::EntityType;
 use crate::telemetry;
 
+pub use change::TopicChange;
 use error::classify;
 pub use error::{PUBLISH_REFUSED, PublishError, REFUSAL_CODES, TIMESTAMP_REFUSED};
 use health::BrokerContext;
 pub use health::{BrokerHealth, Refusal};
 use replace::{Replace, Streak, needs_new_producer_id};
-pub use watch::TopicChange;
 
 /// How often the probe asks for metadata while no broker answers.
 const PROBE_EVERY: Duration = Duration::from_secs(1);

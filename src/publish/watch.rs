@@ -15,7 +15,6 @@
 //! spool) until it is as it was; the other topics publish.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
@@ -26,6 +25,7 @@ use rdkafka::producer::Producer as _;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::util::Timeout;
 
+use super::change::TopicChange;
 use super::health::BrokerHealth;
 use super::{Current, KafkaProducer, PublishError};
 
@@ -52,38 +52,7 @@ pub struct Observed {
     pub min_insync: Option<usize>,
 }
 
-/// How an entity topic differs from what posbridge found at start-up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TopicChange {
-    /// The cluster no longer knows the topic (deleted).
-    Missing,
-    /// Its partition count is not the one found at start-up.
-    Partitions {
-        /// Found at start-up.
-        from: usize,
-        /// Found now.
-        to: usize,
-    },
-    /// Its `cleanup.policy` no longer compacts.
-    NotCompacted {
-        /// The policy found.
-        policy: String,
-    },
-}
-
 impl TopicChange {
-    /// Every `reason` label value, for series that exist from start-up.
-    pub const REASONS: [&'static str; 3] = ["missing", "partitions", "cleanup_policy"];
-
-    /// The `reason` metric label.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            TopicChange::Missing => Self::REASONS[0],
-            TopicChange::Partitions { .. } => Self::REASONS[1],
-            TopicChange::NotCompacted { .. } => Self::REASONS[2],
-        }
-    }
-
     /// How `now` differs from `started` (the partitions found at start-up),
     /// if it does. A topic never seen is not missing: it did not change
     /// under posbridge (and a produce that creates it is looked at next).
@@ -107,25 +76,6 @@ impl TopicChange {
                 policy: policy.clone(),
             }),
             _ => None,
-        }
-    }
-}
-
-impl fmt::Display for TopicChange {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TopicChange::Missing => write!(
-                f,
-                "changed under posbridge: the topic is gone (deleted); re-create it compacted with its partitions (a produce would re-create it with the broker's defaults)"
-            ),
-            TopicChange::Partitions { from, to } => write!(
-                f,
-                "changed under posbridge: {to} partitions where start-up found {from}; a key's next state would go to another partition than its last (compaction keeps both); go back to {from} partitions (re-create the topic and replay), or restart posbridge to accept {to}"
-            ),
-            TopicChange::NotCompacted { policy } => write!(
-                f,
-                "changed under posbridge: cleanup.policy is `{policy}`, so the broker drops entities' latest states by age; set it back with `kafka-configs --alter --entity-type topics --entity-name TOPIC --add-config cleanup.policy=compact`"
-            ),
         }
     }
 }
