@@ -357,12 +357,11 @@ impl Rebuild {
                 // A key's records are in one partition, so what it found
                 // is written before the next is read: memory holds one
                 // partition's states, not every topic's. Only a topic whose
-                // partitions grew has a key in two: from the second
-                // partition on, an older state than the one written is
-                // left out.
-                let first = summary.records == 0;
+                // partitions grew has a key in two: once states are
+                // written, an older state than the one written is left out.
+                let written_before = summary.entities > 0;
                 summary.add(found.summary());
-                self.write(found, check_held || !first).await?;
+                self.write(found, check_held || written_before).await?;
                 self.gate.read(0, true);
             }
         }

@@ -128,7 +128,7 @@ pub struct KafkaConfig {
     #[serde(default)]
     pub replication_factor: Option<i32>,
     /// Create missing topics at start-up (compact for entities, delete for dead letters).
-    #[serde(default = "default_true")]
+    #[serde(default = "super::default_true")]
     pub create_topics: bool,
     /// How long one record may take to be acknowledged before the delivery is
     /// answered 503; must leave room inside the providers' 10 s.
@@ -178,9 +178,6 @@ fn default_topic_prefix() -> String {
 }
 const fn default_partitions() -> i32 {
     6
-}
-const fn default_true() -> bool {
-    true
 }
 const fn default_delivery_timeout_ms() -> u64 {
     5000

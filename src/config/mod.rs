@@ -43,6 +43,11 @@ pub use telemetry::{OtlpConfig, TelemetryConfig};
 /// beyond any real need, and well inside what time arithmetic can hold.
 const LONGEST_WINDOW: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
+/// A serde default for switches that are on unless turned off.
+const fn default_true() -> bool {
+    true
+}
+
 /// What a value past [`LONGEST_WINDOW`] is told.
 fn longest_window_message() -> String {
     format!("must be at most {} (ten years)", LONGEST_WINDOW.as_secs())
@@ -224,7 +229,7 @@ impl Config {
             )
             .chain(self.schema_registry.problems())
             .chain(self.ledger.problems())
-            .chain(sources.collect::<Vec<_>>())
+            .chain(sources)
             .chain(self.reconcile.problems())
             .chain(self.watchdog.problems())
             .chain(self.spool.problems())

@@ -26,7 +26,7 @@ pub struct RegistryConfig {
     /// Register the schema at start-up (`true`), or only look it up and
     /// refuse to start when it is not registered (`false`: registries where
     /// only CI registers schemas; see `posbridge schema check`).
-    #[serde(default = "default_auto_register")]
+    #[serde(default = "super::default_true")]
     pub auto_register: bool,
 }
 
@@ -41,10 +41,6 @@ impl Default for RegistryConfig {
             auto_register: true,
         }
     }
-}
-
-const fn default_auto_register() -> bool {
-    true
 }
 
 impl RegistryConfig {
