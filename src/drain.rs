@@ -127,8 +127,7 @@ impl Drainer {
                     () = tokio::time::sleep(IDLE) => continue,
                 }
             }
-            let ready =
-                self.spool.stats().entries > 0 && self.pipeline.publisher().health().is_up();
+            let ready = self.spool.stats().entries > 0 && self.pipeline.producer().health().is_up();
             if !ready {
                 if let Some((since, entries)) = draining.take()
                     && self.spool.stats().entries == 0
@@ -254,7 +253,7 @@ impl Drainer {
                     done.push((seq, key));
                 }
                 Err(error) => {
-                    if self.pipeline.publisher().health().is_up()
+                    if self.pipeline.producer().health().is_up()
                         && about_the_entry(&error)
                         && self.failed_too_often(seq)
                         && self.set_aside(&delivery, &error).await
@@ -447,16 +446,12 @@ mod tests {
         );
     }
 
-    /// Without a broker a pass stops at the first entry and keeps it (and
-    /// everything after it) for the next pass.
-    #[tokio::test]
-    async fn what_kafka_cannot_take_stays_in_the_spool() {
-        let dir = tempfile::tempdir().unwrap();
-        let pipeline = Pipeline::without_broker(dir.path(), Duration::from_millis(100)).await;
-        let spool = pipeline.spool().unwrap().clone();
-        for id in ["k-1", "k-2"] {
+    /// Spools one Mekari delivery per id, each a newer state of order
+    /// `O-1` than the one before.
+    async fn spool_orders(spool: &Spool, ids: &[&str]) {
+        for (minute, id) in ids.iter().enumerate() {
             let body = format!(
-                r#"{{"id":"{id}","event":"order.created","occurred_at":"2026-11-29T10:00:00Z","data":{{"id":"O-1"}}}}"#
+                r#"{{"id":"{id}","event":"order.updated","occurred_at":"2026-11-29T10:{minute:02}:00Z","data":{{"id":"O-1"}}}}"#
             );
             spool
                 .append(&SpooledDelivery {
@@ -466,17 +461,58 @@ mod tests {
                         name: "main".into(),
                         account: None,
                     },
-                    delivery_id: id.into(),
+                    delivery_id: (*id).into(),
                     received_at: OffsetDateTime::now_utc(),
                     body: bytes::Bytes::from(body),
                 })
                 .await
                 .unwrap();
         }
+    }
+
+    /// Without a broker a pass stops at the first entry and keeps it (and
+    /// everything after it) for the next pass.
+    #[tokio::test]
+    async fn what_kafka_cannot_take_stays_in_the_spool() {
+        let dir = tempfile::tempdir().unwrap();
+        let (pipeline, broker) =
+            Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100)).await;
+        broker.go_down();
+        let spool = pipeline.spool().unwrap().clone();
+        spool_orders(&spool, &["k-1", "k-2"]).await;
         let drainer = Drainer::new(pipeline, spool.clone());
         let error = drainer.drain_all().await.unwrap_err();
         assert!(matches!(error, DrainError::Pipeline(_)), "{error}");
         assert_eq!(spool.stats().entries, 2);
         assert_eq!(spool.delivery_ids(), ["k-1", "k-2"], "kept, in order");
+    }
+
+    /// With a broker that takes them, a pass publishes every entry once, an
+    /// entity's in the order spooled, and empties the spool.
+    #[tokio::test]
+    async fn a_pass_publishes_the_spool_in_order_and_empties_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (pipeline, broker) =
+            Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100)).await;
+        let spool = pipeline.spool().unwrap().clone();
+        spool_orders(&spool, &["k-1", "k-2", "k-3"]).await;
+        let drainer = Drainer::new(pipeline, spool.clone());
+        drainer.drain_all().await.unwrap();
+        assert_eq!(spool.stats().entries, 0);
+        let ids: Vec<String> = broker
+            .taken()
+            .iter()
+            .map(|record| {
+                let (_, id) = record
+                    .headers
+                    .iter()
+                    .find(|(name, _)| *name == crate::pipeline::HEADER_DELIVERY_ID)
+                    .unwrap();
+                format!("{}/{id}", record.key)
+            })
+            .collect();
+        assert_eq!(ids, ["mekari:O-1/k-1", "mekari:O-1/k-2", "mekari:O-1/k-3"]);
+        assert_eq!(drainer.drain_all().await.unwrap().entries, 0);
+        assert_eq!(broker.taken().len(), 3, "nothing twice");
     }
 }

@@ -212,6 +212,8 @@ async fn encoder(
 pub struct App {
     /// The HTTP state (holds the pipeline).
     state: AppState,
+    /// The producer the pipeline hands its records to.
+    publisher: Publisher,
     /// Shutdown budget for the producer flush.
     shutdown_timeout: Duration,
     /// The sources whose secrets come from files, read again while serving.
@@ -371,7 +373,7 @@ impl App {
                     Stages {
                         ledger,
                         encoder,
-                        publisher,
+                        producer: Arc::new(publisher.clone()),
                         topics,
                         spool,
                         traces,
@@ -399,6 +401,7 @@ impl App {
                 metrics,
                 board,
             },
+            publisher,
             shutdown_timeout: Duration::from_millis(config.server.shutdown_timeout_ms),
             secret_files,
             _rebuild: background.drop_guard().into(),
@@ -419,6 +422,11 @@ impl App {
     /// The pipeline, for callers other than the HTTP handler (the reconciler).
     pub fn pipeline(&self) -> &Pipeline {
         &self.state.pipeline
+    }
+
+    /// The producer, for what only the real one knows (its replacements).
+    pub fn publisher(&self) -> &Publisher {
+        &self.publisher
     }
 
     /// The status board the handler, the reconciler and the watchdog write.
@@ -475,7 +483,7 @@ impl App {
     /// `server.shutdown_timeout_ms`.
     pub async fn flush(&self) {
         let pipeline = &self.state.pipeline;
-        pipeline.publisher().flush(self.shutdown_timeout).await;
+        pipeline.producer().flush(self.shutdown_timeout).await;
         if let Err(error) = pipeline.ledger().persist().await {
             warn!(%error, "The ledger's last checkpoint failed: the next start reads the topics from the one before.");
         }

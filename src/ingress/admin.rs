@@ -155,7 +155,7 @@ async fn gather(state: &AdminState) -> Status {
                 .map(|spool| spool.depth_per_minute(now))
                 .unwrap_or_default(),
             dead_letters_since_start: pipeline.dead_letters_written(),
-            failing_topics: pipeline.publisher().health().failing_topics(),
+            failing_topics: pipeline.producer().health().failing_topics(),
         },
         sources: state.board.snapshot(now),
     }
@@ -209,7 +209,9 @@ mod tests {
     async fn unknown_paths_and_methods_are_json_errors() {
         let dir = tempfile::tempdir().unwrap();
         let state = AdminState {
-            pipeline: Pipeline::without_broker(dir.path(), Duration::from_millis(100)).await,
+            pipeline: Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100))
+                .await
+                .0,
             board: Board::new([]),
         };
         let json = Some("application/json".to_owned());

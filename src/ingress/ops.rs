@@ -43,11 +43,11 @@ impl Readiness {
         let broker = async {
             if ask_broker {
                 pipeline
-                    .publisher()
+                    .producer()
                     .broker_reachable(BROKER_PROBE_TIMEOUT)
                     .await
             } else {
-                pipeline.publisher().health().is_up()
+                pipeline.producer().health().is_up()
             }
         };
         let registry = async {
@@ -139,7 +139,7 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
             "ledger": readiness.ledger_text(),
             "ledger_rebuild": pipeline.ledger().rebuild_progress(),
             "spool": spool,
-            "failing_topics": pipeline.publisher().health().failing_topics(),
+            "failing_topics": pipeline.producer().health().failing_topics(),
         })),
     )
         .into_response()

@@ -1,6 +1,6 @@
 //! Every status the ingress can answer, through the router as a tower
 //! service (`oneshot`), without a socket or a broker: the pipeline behind it
-//! has a real ledger and a broker address that refuses connections.
+//! has a real ledger and the fake broker, down unless a test brings it up.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -27,6 +27,8 @@ const RETRY_AFTER_SECS: u64 = 7;
 struct Harness {
     router: Router,
     pipeline: Pipeline,
+    /// The broker the pipeline produces to; down until `recover`.
+    broker: Arc<crate::publish::FakeBroker>,
     /// What the status page would show.
     board: Board,
     /// The router's bound on body bytes in flight, to see it taken.
@@ -60,7 +62,8 @@ async fn harness() -> Harness {
     // Before the meters are registered, so they record.
     crate::telemetry::install();
     let dir = tempfile::tempdir().unwrap();
-    let pipeline = Pipeline::without_broker(dir.path(), Duration::from_millis(100)).await;
+    let (pipeline, broker) = Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100)).await;
+    broker.go_down();
     let secrets: Secrets = serde_json::from_value(json!([SECRET])).unwrap();
     let verifier =
         Verifier::new(SchemeName::Base64, "x-mekari-signature", &secrets.0, 300).unwrap();
@@ -87,6 +90,7 @@ async fn harness() -> Harness {
         board: state.board.clone(),
         router: router(state),
         pipeline,
+        broker,
         _dir: dir,
     }
 }
@@ -248,6 +252,23 @@ async fn kafka_unreachable_is_503_with_retry_after_and_no_internals() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(retry_after.as_deref(), Some("7"));
     assert_eq!(error_text(&json), "temporarily unavailable, retry later");
+}
+
+#[tokio::test]
+async fn a_delivery_kafka_takes_is_200_published_and_its_retry_200_duplicate() {
+    let h = harness().await;
+    h.broker.recover();
+    for status in ["published", "duplicate"] {
+        let (code, retry_after, json) =
+            post_order(&h, Some("d-200"), "d-200", "2026-11-29T10:00:00Z").await;
+        assert_eq!(
+            (code, json["status"].as_str()),
+            (StatusCode::OK, Some(status)),
+            "{json}"
+        );
+        assert_eq!(retry_after, None);
+    }
+    assert_eq!(h.broker.taken().len(), 1);
 }
 
 #[tokio::test]

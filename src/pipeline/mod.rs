@@ -37,7 +37,9 @@ use time::OffsetDateTime;
 use crate::encode::Encoder;
 use crate::event::Source;
 use crate::ledger::Ledger;
-use crate::publish::{Publisher, Topics};
+#[cfg(test)]
+use crate::publish::FakeBroker;
+use crate::publish::{Produce, Topics};
 use crate::spool::Spool;
 use crate::traces::{DeliveryTrace, Origin as TraceOrigin, Traces};
 use crate::verify::VerifiedBody;
@@ -82,8 +84,8 @@ struct Inner {
     ledger: Arc<dyn Ledger>,
     /// Avro, with or without a registry.
     encoder: Encoder,
-    /// The idempotent producer.
-    publisher: Publisher,
+    /// The idempotent producer (a fake broker in the unit tests).
+    producer: Arc<dyn Produce>,
     /// Where each record goes.
     topics: Topics,
     /// How long a duplicate waits for the same delivery in flight.
@@ -109,8 +111,8 @@ pub struct Stages {
     pub ledger: Arc<dyn Ledger>,
     /// Avro, with or without a registry.
     pub encoder: Encoder,
-    /// The idempotent producer.
-    pub publisher: Publisher,
+    /// The idempotent producer (a fake broker in the unit tests).
+    pub producer: Arc<dyn Produce>,
     /// Where each record goes.
     pub topics: Topics,
     /// The outage spool, when any source spools.
@@ -150,7 +152,7 @@ impl Pipeline {
         let Stages {
             ledger,
             encoder,
-            publisher,
+            producer,
             topics,
             spool,
             traces,
@@ -159,7 +161,7 @@ impl Pipeline {
             inner: Arc::new(Inner {
                 ledger,
                 encoder,
-                publisher,
+                producer,
                 topics,
                 inflight_wait: timing.inflight_wait,
                 answer_budget: timing.answer_budget,
@@ -172,19 +174,16 @@ impl Pipeline {
         }
     }
 
-    /// A pipeline that needs no broker, for tests of everything short of an
-    /// acknowledged record: an embedded ledger and a spool of three entries
-    /// in `dir`, the registry-less encoder, and a broker address that refuses
-    /// connections, so whatever would be produced fails retryably within 300 ms.
+    /// A pipeline on a fake broker, for tests of its decisions to the
+    /// record acknowledged: an embedded ledger and a spool of three entries
+    /// in `dir`, the registry-less encoder, and the [`FakeBroker`] it
+    /// produces to, which the test commands.
     #[cfg(test)]
-    pub(crate) async fn without_broker(dir: &std::path::Path, inflight_wait: Duration) -> Pipeline {
-        use crate::config::{Config, KafkaConfig, LedgerConfig, RegistryConfig};
-        let kafka = KafkaConfig {
-            // Nothing listens on port 1.
-            brokers: "127.0.0.1:1".into(),
-            delivery_timeout_ms: 300,
-            ..KafkaConfig::default()
-        };
+    pub(crate) async fn on_fake_broker(
+        dir: &std::path::Path,
+        inflight_wait: Duration,
+    ) -> (Pipeline, Arc<FakeBroker>) {
+        use crate::config::{KafkaConfig, LedgerConfig, RegistryConfig};
         let ledger = LedgerConfig {
             path: dir.join("ledger.redb"),
             ..LedgerConfig::default()
@@ -194,15 +193,15 @@ impl Pipeline {
             .expect("a fresh ledger file opens");
         // Nothing to fill it from: decided at once.
         opened.gate.end(Ok(()));
-        Pipeline::new(
+        let broker = Arc::new(FakeBroker::default());
+        let pipeline = Pipeline::new(
             Stages {
                 ledger: opened.ledger,
                 encoder: Encoder::new(&RegistryConfig::default(), &[])
                     .await
                     .expect("the registry-less encoder needs nothing"),
-                publisher: Publisher::new(&kafka, Config::default().max_record_bytes())
-                    .expect("default producer settings are valid"),
-                topics: Topics::new(&kafka),
+                producer: broker.clone(),
+                topics: Topics::new(&KafkaConfig::default()),
                 spool: Some(
                     Spool::open(&crate::config::SpoolConfig {
                         path: dir.join("spool.redb"),
@@ -218,7 +217,8 @@ impl Pipeline {
                 answer_budget: Duration::from_millis(300) + inflight_wait,
                 max_event_ahead: crate::config::ServerConfig::default().max_event_ahead(),
             },
-        )
+        );
+        (pipeline, broker)
     }
 
     /// The outage spool, when any source spools.
@@ -227,8 +227,8 @@ impl Pipeline {
     }
 
     /// The producer, for readiness checks and the shutdown flush.
-    pub fn publisher(&self) -> &Publisher {
-        &self.inner.publisher
+    pub fn producer(&self) -> &dyn Produce {
+        self.inner.producer.as_ref()
     }
 
     /// The encoder, for readiness checks.

@@ -129,7 +129,7 @@ impl Pipeline {
             // Held until the commit: no checkpoint counts this record's
             // partition past it before its state is in the ledger.
             let sending = pipeline.inner.ledger.sending();
-            let delivered = match producing.result(pipeline.inner.publisher.send(&record).await) {
+            let delivered = match producing.result(pipeline.inner.producer.send(&record).await) {
                 Ok(delivered) => delivered,
                 Err(PublishError::Refused(reason)) => {
                     return Ok(Written::Refused {
@@ -263,17 +263,17 @@ impl Pipeline {
         let pipeline = self.clone();
         let trace = trace.clone();
         self.to_the_end(async move {
-            let publisher = &pipeline.inner.publisher;
+            let producer = &pipeline.inner.producer;
             let sending = pipeline.inner.ledger.sending();
             let topic = record.topic.clone();
-            let sent = match publisher.send(&record).await {
+            let sent = match producer.send(&record).await {
                 // Too large whole: a cut copy is still a permanent outcome,
                 // where refusing would ask the provider to retry what can
                 // never fit. It is cut to what the topic takes now, and to
                 // no body at all should even that be refused (the limit
                 // lowered meanwhile).
                 Err(error) if error.is_too_large() => {
-                    let limit = publisher.dead_letter_limit(&record.topic).await;
+                    let limit = producer.topic_limit(&record.topic).await;
                     let why = match limit {
                         Some(limit) => format!(
                             "the dead-letter topic takes at most {limit} bytes (max.message.bytes): {error}"
@@ -281,9 +281,9 @@ impl Pipeline {
                         None => error.to_string(),
                     };
                     warn!(%error, limit, "Dead letter refused whole; writing the head that fits, with the body's length and hash.");
-                    match publisher.send(&cut_dead_letter(record.clone(), limit, &why)).await {
+                    match producer.send(&cut_dead_letter(record.clone(), limit, &why)).await {
                         Err(error) if error.is_too_large() => {
-                            publisher
+                            producer
                                 .send(&cut_dead_letter(record, Some(0), &why))
                                 .await
                         }

@@ -21,6 +21,9 @@
 //! fails at once instead of waiting out the deadline, and a probe once a
 //! second notices the broker's return.
 //!
+//! `produce.rs` is what the pipeline needs of a producer, as a trait the
+//! `Publisher` and the unit tests' `fake.rs` both implement.
+//!
 //! `error.rs` sorts the errors and names Kafka's refusals; `replace.rs`
 //! replaces a failed producer (with a growing wait while the replacements
 //! keep failing); `admin.rs` holds start-up's questions to the cluster and
@@ -29,7 +32,10 @@
 mod admin;
 mod change;
 mod error;
+#[cfg(test)]
+mod fake;
 mod health;
+mod produce;
 mod replace;
 mod watch;
 
@@ -51,8 +57,11 @@ use crate::telemetry;
 pub use change::TopicChange;
 use error::classify;
 pub use error::{PUBLISH_REFUSED, PublishError, REFUSAL_CODES, TIMESTAMP_REFUSED};
+#[cfg(test)]
+pub use fake::FakeBroker;
 use health::BrokerContext;
 pub use health::{BrokerHealth, Refusal};
+pub use produce::Produce;
 use replace::{Replace, Streak, needs_new_producer_id};
 
 /// How often the probe asks for metadata while no broker answers.

@@ -113,7 +113,7 @@ async fn kafka_only_authorization_errors_are_named_and_a_denied_producer_is_not_
         assert_eq!(answer.status(), 503, "delivery {n}");
         assert!(answer.headers().contains_key("retry-after"));
     }
-    let replaced = app.pipeline.publisher().replacements();
+    let replaced = app.publisher.replacements();
     println!("{deliveries} denied deliveries replaced the producer {replaced} times");
     assert!(
         replaced <= 4,

@@ -253,66 +253,6 @@ async fn spooled_deliveries_are_deduplicated_bounded_and_drained_once() {
     app.stop().await;
 }
 
-/// A dead letter Kafka acknowledges after its delivery's work deadline (a
-/// spooling source, a frozen broker: the delivery is spooled at the
-/// deadline, its dead letter still waits in the producer) is committed when
-/// it is acknowledged, so the spool's replay finds the delivery done instead
-/// of writing the dead letter a second time.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_dead_letter_acknowledged_after_its_delivery_was_spooled_is_not_written_again() {
-    let broker = OwnBroker::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = spool_config(&broker.address(), &unique("late-dead"), dir.path());
-    // An answer budget of 4.1 s, spooled at 3.1 s; the dead letter may wait 4 s.
-    config.kafka.delivery_timeout_ms = 4000;
-    config.server.inflight_wait_ms = 100;
-    let app = TestApp::start_with(config).await;
-    assert_eq!(
-        app.send("receiptroller", "main", &sale(900)).await.status(),
-        200
-    );
-    let before = Meter::read(&app).await;
-
-    broker.freeze();
-    let junk = rr_sale(
-        "late-dead-1",
-        "customer.created",
-        "2026-11-29T10:15:30Z",
-        "T1|2026-11|0901",
-        100,
-    );
-    let answer = app.send("receiptroller", "main", &junk).await;
-    assert_eq!(answer.status(), 200);
-    assert_eq!(answer.json::<Value>().await.unwrap()["status"], "spooled");
-    // The dead letter's own 4 s end after the thaw: Kafka takes it.
-    broker.thaw();
-    drained(&app).await;
-
-    let all = read_topic(&broker.address(), &app.config.kafka.dead_letter_topic());
-    let letters: Vec<_> = all
-        .into_iter()
-        .filter(|r| r.key == "receiptroller:late-dead-1")
-        .collect();
-    assert_eq!(
-        letters.len(),
-        1,
-        "the late-acknowledged dead letter once, not again by the replay"
-    );
-    // The replay found the delivery done: the late letter was committed. A
-    // replay that dead-lettered would mean a second letter or a first one
-    // that never reached Kafka, so the case was not exercised.
-    let after = Meter::read(&app).await;
-    assert!(
-        after.delta(
-            &before,
-            "posbridge_spool_drained_total",
-            &[("provider", "receiptroller"), ("outcome", "duplicate")]
-        ) >= 1.0,
-        "the replay found the delivery done"
-    );
-    app.stop().await;
-}
-
 /// posbridge killed (SIGKILL) with deliveries in its spool loses none: the
 /// next start drains them.
 #[tokio::test(flavor = "multi_thread")]

@@ -132,6 +132,8 @@ pub struct TestApp {
     pub base: String,
     /// The running app's pipeline, for a reconciler in the test.
     pub pipeline: posbridge::pipeline::Pipeline,
+    /// The running app's producer, for what only it knows.
+    pub publisher: posbridge::publish::Publisher,
     /// The running app's status board, for the admin router in the test.
     pub board: posbridge::status::Board,
     pub config: Config,
@@ -176,6 +178,7 @@ impl TestApp {
             );
         };
         let pipeline = app.pipeline().clone();
+        let publisher = app.publisher().clone();
         let board = app.board().clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
@@ -187,6 +190,7 @@ impl TestApp {
         TestApp {
             base: format!("http://{addr}"),
             pipeline,
+            publisher,
             board,
             config,
             prefix,

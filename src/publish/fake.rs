@@ -1,0 +1,191 @@
+//! A fake of the broker, in memory, for the unit tests: it takes records
+//! and acknowledges them, or fails, delays or holds them on command, and
+//! says what it took. It stands in for what the pipeline decides given an
+//! answer of Kafka's; what Kafka itself does (replication, idempotence,
+//! compaction, its limits and refusals as configured) stays with the
+//! integration tests on the real brokers.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use tokio::sync::watch;
+
+use super::error::classify;
+use super::{BrokerHealth, Delivered, OutgoingRecord, Produce, PublishError};
+
+/// The fake broker. Every topic has one partition.
+#[derive(Debug)]
+pub struct FakeBroker {
+    health: BrokerHealth,
+    state: Mutex<State>,
+    /// Sends that reached the broker (failed ones included).
+    arrived: watch::Sender<usize>,
+    /// While `true`, sends that reached the broker wait for their answer.
+    holding: watch::Sender<bool>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// What was acknowledged, in order.
+    taken: Vec<OutgoingRecord>,
+    /// Each topic's next offset.
+    next_offset: BTreeMap<String, i64>,
+    /// How the next sends fail, one each, front first.
+    next_failures: VecDeque<RDKafkaErrorCode>,
+    /// How every send fails, after `next_failures`.
+    every_failure: Option<RDKafkaErrorCode>,
+    /// How long each send takes to be answered.
+    delay: Duration,
+    /// Topics' `max.message.bytes`.
+    limits: BTreeMap<String, usize>,
+}
+
+impl Default for FakeBroker {
+    fn default() -> FakeBroker {
+        FakeBroker {
+            health: BrokerHealth::default(),
+            state: Mutex::default(),
+            arrived: watch::Sender::new(0),
+            holding: watch::Sender::new(false),
+        }
+    }
+}
+
+impl FakeBroker {
+    /// The next send fails with librdkafka's `code`, sorted as the real
+    /// producer sorts it (retryable, or refused for good).
+    pub fn fail_next(&self, code: RDKafkaErrorCode) {
+        self.state().next_failures.push_back(code);
+    }
+
+    /// Every send fails with `code` until [`FakeBroker::recover`].
+    pub fn fail_every(&self, code: RDKafkaErrorCode) {
+        self.state().every_failure = Some(code);
+    }
+
+    /// No broker answers: sends fail at once, as the real producer's do once
+    /// it knows, until [`FakeBroker::recover`].
+    pub fn go_down(&self) {
+        self.health.mark_down("the fake broker is down");
+    }
+
+    /// Sends succeed again, and the broker answers.
+    pub fn recover(&self) {
+        self.state().every_failure = None;
+        self.health.mark_up();
+    }
+
+    /// Each send is answered `delay` after it reached the broker.
+    pub fn delay(&self, delay: Duration) {
+        self.state().delay = delay;
+    }
+
+    /// Sends that reach the broker wait for their answer until
+    /// [`FakeBroker::release`]: a record in flight, on command.
+    pub fn hold(&self) {
+        self.holding.send_replace(true);
+    }
+
+    /// Answers the sends held, and those after.
+    pub fn release(&self) {
+        self.holding.send_replace(false);
+    }
+
+    /// `topic` takes records of at most `bytes` (key, value and headers).
+    pub fn limit(&self, topic: &str, bytes: usize) {
+        self.state().limits.insert(topic.to_owned(), bytes);
+    }
+
+    /// Waits until `count` sends in all have reached the broker.
+    pub async fn arrivals(&self, count: usize) {
+        let mut arrived = self.arrived.subscribe();
+        // The sender lives as long as `self`.
+        let _ = arrived.wait_for(|arrived| *arrived >= count).await;
+    }
+
+    /// Every record acknowledged, in order.
+    pub fn taken(&self) -> Vec<OutgoingRecord> {
+        self.state().taken.clone()
+    }
+
+    /// The records acknowledged on `topic`, in order.
+    pub fn taken_on(&self, topic: &str) -> Vec<OutgoingRecord> {
+        self.state()
+            .taken
+            .iter()
+            .filter(|record| record.topic == topic)
+            .cloned()
+            .collect()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The answer to `record` once it is due.
+    fn answer(&self, record: &OutgoingRecord) -> Result<Delivered, PublishError> {
+        let mut state = self.state();
+        let failure = state.next_failures.pop_front().or(state.every_failure);
+        let too_large = state
+            .limits
+            .get(&record.topic)
+            .is_some_and(|limit| size(record) > *limit);
+        let failure = failure.or(too_large.then_some(RDKafkaErrorCode::MessageSizeTooLarge));
+        if let Some(code) = failure {
+            return Err(classify(KafkaError::MessageProduction(code)));
+        }
+        let offset = state.next_offset.entry(record.topic.clone()).or_default();
+        let delivered = Delivered {
+            partition: 0,
+            offset: *offset,
+        };
+        *offset += 1;
+        state.taken.push(record.clone());
+        Ok(delivered)
+    }
+}
+
+/// What a record weighs against a topic's limit.
+fn size(record: &OutgoingRecord) -> usize {
+    let headers: usize = record
+        .headers
+        .iter()
+        .map(|(name, value)| name.len() + value.len())
+        .sum();
+    record.key.len() + record.payload.as_ref().map_or(0, Vec::len) + headers
+}
+
+#[async_trait]
+impl Produce for FakeBroker {
+    async fn send(&self, record: &OutgoingRecord) -> Result<Delivered, PublishError> {
+        if !self.health.is_up() {
+            return Err(PublishError::BrokerDown);
+        }
+        self.arrived.send_modify(|arrived| *arrived += 1);
+        let delay = self.state().delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let mut holding = self.holding.subscribe();
+        // The sender lives as long as `self`.
+        let _ = holding.wait_for(|holding| !holding).await;
+        self.answer(record)
+    }
+
+    async fn topic_limit(&self, topic: &str) -> Option<usize> {
+        self.state().limits.get(topic).copied()
+    }
+
+    fn health(&self) -> &BrokerHealth {
+        &self.health
+    }
+
+    async fn broker_reachable(&self, _timeout: Duration) -> bool {
+        self.health.is_up()
+    }
+
+    async fn flush(&self, _timeout: Duration) {}
+}
