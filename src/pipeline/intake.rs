@@ -5,16 +5,17 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tracing::{Instrument, debug, warn};
+use tracing::debug;
 
 use super::lease::{Lease, Released};
+use super::outcome::ended;
 use super::{DeadLetter, Delivery, Handled, Outcome, Pipeline, PipelineError};
 use crate::event::{DeliveryKey, EntityKey, Normalized, Origin, ProviderKind};
 use crate::ledger::Begin;
 use crate::providers::{self, Context, NormalizeError};
 use crate::spool::SpooledDelivery;
 use crate::telemetry;
-use crate::traces::{DeliveryTrace, Origin as TraceOrigin, Stage};
+use crate::traces::{Origin as TraceOrigin, Stage};
 
 /// How often a duplicate re-checks the ledger while the first attempt runs.
 const IN_FLIGHT_POLL: Duration = Duration::from_millis(20);
@@ -45,39 +46,6 @@ impl Pipeline {
             .await
     }
 
-    /// Runs `work` on a task of its own, in the current span, which goes on
-    /// when the caller's future is dropped; shutdown waits for it
-    /// ([`Pipeline::finish_deliveries`]).
-    pub(super) async fn to_the_end<T: Send + 'static>(
-        &self,
-        work: impl Future<Output = T> + Send + 'static,
-    ) -> T {
-        let task = self
-            .inner
-            .deliveries
-            .spawn(work.instrument(tracing::Span::current()));
-        match task.await {
-            Ok(result) => result,
-            // A panic in the delivery: the ingress answers a panic 503.
-            Err(error) => std::panic::resume_unwind(error.into_panic()),
-        }
-    }
-
-    /// Waits, at most `timeout`, for the deliveries still running (those
-    /// whose requests went away included) to reach their outcome.
-    pub async fn finish_deliveries(&self, timeout: Duration) {
-        self.inner.deliveries.close();
-        if tokio::time::timeout(timeout, self.inner.deliveries.wait())
-            .await
-            .is_err()
-        {
-            warn!(
-                running = self.inner.deliveries.len(),
-                "Deliveries still running at the end of the shutdown budget."
-            );
-        }
-    }
-
     /// [`Pipeline::deliver`] on the caller's task.
     async fn deliver_here(&self, delivery: Delivery) -> Result<Handled, PipelineError> {
         let key = key_of(&delivery);
@@ -89,7 +57,9 @@ impl Pipeline {
             Some(_) => deadline - SPOOL_MARGIN.min(self.inner.answer_budget / 4),
             None => deadline,
         };
-        let result = self.run(delivery.clone(), &key, work_deadline, true).await;
+        let result = self
+            .run(delivery.clone(), &key, work_deadline, Attempt::Provider)
+            .await;
         match (result, spool) {
             (Err(error), Some(spool)) if error.spoolable() => {
                 // The lease may have failed before the body was read: a body
@@ -138,7 +108,8 @@ impl Pipeline {
         let replayed = async {
             let key = key_of(&delivery);
             let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;
-            self.run(delivery, &key, deadline, false).await
+            self.run(delivery, &key, deadline, Attempt::SpoolReplay)
+                .await
         }
         .await;
         let outcome = replayed.map(|handled| handled.outcome);
@@ -147,22 +118,22 @@ impl Pipeline {
     }
 
     /// Takes the lease and processes before `deadline`; the lease goes down
-    /// the line with the delivery ([`Lease`]). With `spooled_is_duplicate` (a provider's delivery,
-    /// not a replay), a delivery id the spool holds is a duplicate.
+    /// the line with the delivery ([`Lease`]). For a provider's `attempt`, a
+    /// delivery id the spool holds is a duplicate.
     ///
     /// The body is parsed only once the lease is held: a delivery id already
     /// done is answered from the ledger alone, as both providers advise (a
     /// retry repeats the signed bytes of a delivery already checked).
-    pub(super) async fn run(
+    async fn run(
         &self,
         delivery: Delivery,
         key: &DeliveryKey,
         deadline: Instant,
-        spooled_is_duplicate: bool,
+        attempt: Attempt,
     ) -> Result<Handled, PipelineError> {
         let provider = delivery.source.provider;
         let dedup = delivery.trace.stage(Stage::Dedup);
-        if !dedup.result(self.lease(key, deadline, spooled_is_duplicate).await)? {
+        if !dedup.result(self.lease(key, deadline, attempt).await)? {
             return Ok(Handled::bare(self.duplicate(provider)));
         }
         // Boxed: the processing future is a few KiB, and `leased` would
@@ -184,22 +155,22 @@ impl Pipeline {
     }
 
     /// Takes the lease of a new delivery before `deadline`; `Ok(false)`
-    /// when it is a duplicate (done, or with `spooled_is_duplicate` in the
+    /// when it is a duplicate (done, or for a provider's `attempt` in the
     /// spool), and then no lease is held.
     async fn lease(
         &self,
         key: &DeliveryKey,
         deadline: Instant,
-        spooled_is_duplicate: bool,
+        attempt: Attempt,
     ) -> Result<bool, PipelineError> {
-        let acquired = tokio::time::timeout_at(deadline.into(), self.acquire(key, false))
+        let acquired = tokio::time::timeout_at(deadline.into(), self.acquire(key))
             .await
             .unwrap_or(Err(PipelineError::DeadlinePassed));
         if !acquired? {
             return Ok(false);
         }
         if let Some(spool) = &self.inner.spool
-            && spooled_is_duplicate
+            && matches!(attempt, Attempt::Provider)
         {
             match spool.contains(key) {
                 Ok(false) => {}
@@ -241,23 +212,30 @@ impl Pipeline {
         Outcome::Duplicate
     }
 
-    /// Takes the delivery's lease. `Ok(false)` means it is already done
-    /// (never with `again`, which leases a done delivery too). A duplicate of
-    /// an attempt in flight waits for it: if that attempt fails and releases,
-    /// this one takes over.
-    pub(super) async fn acquire(
-        &self,
-        key: &DeliveryKey,
-        again: bool,
-    ) -> Result<bool, PipelineError> {
+    /// Takes the delivery's lease; `Ok(false)` when it is already done.
+    async fn acquire(&self, key: &DeliveryKey) -> Result<bool, PipelineError> {
+        self.wait_out_in_flight(|| self.inner.ledger.begin(key))
+            .await
+    }
+
+    /// Takes the lease of a delivery done or not (a dead letter put through
+    /// again).
+    pub(super) async fn acquire_again(&self, key: &DeliveryKey) -> Result<(), PipelineError> {
+        self.wait_out_in_flight(|| self.inner.ledger.begin_again(key))
+            .await
+            .map(drop)
+    }
+
+    /// Asks `begin` until the delivery is not in flight: a duplicate of an
+    /// attempt in flight waits for it, and if that attempt fails and
+    /// releases, this one takes over. `Ok(false)` when it is done.
+    async fn wait_out_in_flight<F>(&self, begin: impl Fn() -> F) -> Result<bool, PipelineError>
+    where
+        F: Future<Output = Result<Begin, crate::ledger::LedgerError>>,
+    {
         let deadline = Instant::now() + self.inner.inflight_wait;
         loop {
-            let begun = if again {
-                self.inner.ledger.begin_again(key).await?
-            } else {
-                self.inner.ledger.begin(key).await?
-            };
-            match begun {
+            match begin().await? {
                 Begin::New => return Ok(true),
                 Begin::Done => return Ok(false),
                 Begin::InFlight if Instant::now() >= deadline => {
@@ -344,13 +322,15 @@ impl Pipeline {
     }
 }
 
-/// Puts how work no request waits for ended on its span (for a webhook,
-/// the request's answer does that).
-pub(super) fn ended(trace: &DeliveryTrace, result: &Result<Outcome, PipelineError>) {
-    match result {
-        Ok(outcome) => trace.outcome(outcome.as_str(), None),
-        Err(error) => trace.failed(error),
-    }
+/// Which attempt of a delivery runs the line: what a copy of it in the
+/// spool means.
+#[derive(Debug, Clone, Copy)]
+enum Attempt {
+    /// A provider's delivery: a copy in the spool is a duplicate, which the
+    /// drainer publishes.
+    Provider,
+    /// The drainer's replay of that copy.
+    SpoolReplay,
 }
 
 /// What a signed body says of itself, before it is normalized.

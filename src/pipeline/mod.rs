@@ -13,10 +13,16 @@
 //! stale or unchanged. Any failure before that releases the lease and answers
 //! "try again", so the provider's retry is processed.
 //!
-//! Read top-down: `intake.rs` (a webhook's task, its lease, the spool,
-//! normalization), `write.rs` (guard → encode → publish → commit, dead
-//! letters: where every path ends), `redeliver.rs` (a dead letter again),
-//! `outcome.rs` (what the line answers), `record.rs` (the records, no I/O).
+//! One webhook delivery, top-down: [`Pipeline::deliver`] (`intake.rs`, on
+//! a task that runs to its end: `tasks.rs`) → `deliver_here` (the answer
+//! budget; the spool when Kafka cannot take it in time) → `run` (the lease
+//! on its id, `lease.rs`; a done id is a duplicate, answered from the
+//! ledger) → `process` (the body parsed and normalized by its provider's
+//! folder) → `apply_as` (`write.rs`; a refusal for good becomes a dead
+//! letter) → `write` (the guard under the entity's lock, the encoding, the
+//! record built without I/O in `record.rs`, then its send and commit on a
+//! task of their own). `redeliver.rs` puts a dead letter through the same
+//! `write`; `outcome.rs` holds what the line answers.
 
 #[cfg(test)]
 mod fuzz;
@@ -25,6 +31,7 @@ mod lease;
 mod outcome;
 mod record;
 mod redeliver;
+mod tasks;
 #[cfg(test)]
 mod tests;
 mod write;

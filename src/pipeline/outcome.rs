@@ -7,6 +7,7 @@ use crate::event::{EntityKey, PosEvent};
 use crate::ledger::LedgerError;
 use crate::publish::PublishError;
 use crate::spool::SpoolError;
+use crate::traces::DeliveryTrace;
 
 /// What the pipeline did with an event; the `outcome` metric label of a
 /// handled request and of a reconciled record.
@@ -191,4 +192,13 @@ pub(super) enum Written {
         /// The reason in words.
         reason: String,
     },
+}
+
+/// Puts how work no request waits for ended on its span (for a webhook,
+/// the request's answer does that).
+pub(super) fn ended(trace: &DeliveryTrace, result: &Result<Outcome, PipelineError>) {
+    match result {
+        Ok(outcome) => trace.outcome(outcome.as_str(), None),
+        Err(error) => trace.failed(error),
+    }
 }

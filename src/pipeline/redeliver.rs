@@ -43,7 +43,7 @@ impl Pipeline {
         let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;
         let dedup = delivery.trace.stage(Stage::Dedup);
         dedup.result(
-            tokio::time::timeout_at(deadline.into(), self.acquire(&key, true))
+            tokio::time::timeout_at(deadline.into(), self.acquire_again(&key))
                 .await
                 .unwrap_or(Err(PipelineError::DeadlinePassed)),
         )?;

@@ -3,9 +3,8 @@
 
 use tracing::{debug, info, warn};
 
-use super::intake::ended;
 use super::lease::Lease;
-use super::outcome::Written;
+use super::outcome::{Written, ended};
 use super::{
     DeadLetter, Outcome, Pipeline, PipelineError, cut_dead_letter, dead_letter_record,
     entity_record,

@@ -88,8 +88,11 @@ async fn kafka_only_a_record_in_doubt_never_lands_after_a_newer_state_of_its_key
         outcome["status"] == "stale" || outcome["status"] == "duplicate",
         "the older delivery's retry writes nothing: {outcome}"
     );
-    // Let anything still in flight land before reading.
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    // Whatever the producer still holds (the record in doubt) lands or
+    // fails before the topic is read.
+    app.publisher
+        .flush(std::time::Duration::from_secs(10))
+        .await;
     let records = read_topic(&broker.address(), &app.topic("orders"));
     let of_key: Vec<_> = records.iter().filter(|r| r.key == "mekari:ORD-D").collect();
     let states: Vec<_> = of_key
