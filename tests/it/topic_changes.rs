@@ -18,7 +18,8 @@ use serde_json::{Value, json};
 use crate::support::operator::{delete_topic, raise_partitions, set_topic_config};
 use crate::support::wait::{wait_for, wait_until};
 use crate::support::{
-    BrokerKind, TestApp, broker_kind, brokers, mekari_order, metric, rr_sale, spool_config, unique,
+    BrokerKind, OwnBroker, TestApp, broker_kind, brokers, mekari_order, metric, rr_sale,
+    spool_config, unique,
 };
 
 /// A posbridge whose topics have `partitions` partitions, checked again
@@ -178,11 +179,18 @@ async fn kafka_only_a_topic_set_to_delete_under_a_running_posbridge_is_refused_u
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_topic_deleted_under_a_running_posbridge_is_refused_not_recreated_by_a_delivery() {
-    let app = start("deleted", 1).await;
+    // A broker of its own: on tansu a topic deleted on the shared broker made
+    // other tests' posbridges answer 503 while it ran.
+    let broker = OwnBroker::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = spool_config(&broker.address(), &unique("deleted"), dir.path());
+    config.kafka.topic_check_secs = 1;
+    let mut app = TestApp::start_with(config).await;
+    app.keep(dir);
     let orders = app.topic("orders");
     assert_eq!(answer(&app, "mekari", &order(0)).await.0, 200);
 
-    delete_topic(&brokers(), &orders).await;
+    delete_topic(&broker.address(), &orders).await;
     let why = named_in_readyz(&app, &orders).await;
     assert!(why.contains("changed under posbridge"), "{why}");
     let (status, retry_after, body) = answer(&app, "mekari", &order(1)).await;
