@@ -1,0 +1,68 @@
+-- The seven tables the PostgreSQL sink (deploy/connect/pos-postgres-sink.json)
+-- writes, created before the connector starts (docs/SINK.md). The Debezium
+-- JDBC sink could create them itself (schema.evolution=basic), but:
+--
+-- * its timestamps would be `timestamp(6)` without time zone: Connect has no
+--   time-zone-aware timestamp type but Debezium's string ZonedTimestamp, and
+--   posbridge's timestamp-micros fields arrive as int64 (bigint columns) until
+--   the connector's TimestampConverter steps make them Connect Timestamps.
+--   Created here, they are `timestamptz`; the sink binds UTC instants into them
+--   (the worker's JVM runs in UTC, which the driver sends as the session's
+--   TimeZone);
+-- * a table it creates from a tombstone (a topic whose first record the sink
+--   reads is a delete) has the key column alone, and adding the value's
+--   required columns afterwards fails ("not optional but has no default
+--   value"): the task stops.
+--
+-- Columns follow schemas/pos_event.avsc, field by field, under the same
+-- names; `key` is the record key (`{provider}:{entity_id}`). The line items
+-- (`items`, `items_given`: arrays of records) are not here: the sink has no
+-- column type for them (see docs/SINK.md); `raw` keeps the provider's JSON.
+-- Columns a later schema version adds are added by the sink itself (ALTER
+-- TABLE … ADD COLUMN, nullable); this file need not change for them.
+--
+--   psql -h 127.0.0.1 -p PORT -U postgres -d posbridge -f deploy/connect/tables.sql
+DO $$
+DECLARE
+  entity text;
+BEGIN
+  FOREACH entity IN ARRAY ARRAY['sales', 'orders', 'refunds', 'returns', 'exchanges', 'products', 'collections'] LOOP
+    EXECUTE format($ddl$
+      CREATE TABLE IF NOT EXISTS %I (
+        key            text PRIMARY KEY,
+        event_id       text NOT NULL,
+        provider       text NOT NULL,
+        source         text NOT NULL,
+        account        text,
+        entity_type    text NOT NULL,
+        entity_id      text NOT NULL,
+        event_type     text NOT NULL,
+        occurred_at    timestamptz NOT NULL,
+        version_at     timestamptz NOT NULL,
+        version_rank   integer NOT NULL,
+        received_at    timestamptz NOT NULL,
+        origin         text NOT NULL,
+        outlet_id      text,
+        store_id       text,
+        terminal_id    text,
+        currency       text,
+        subtotal       numeric(38,4),
+        tax            numeric(38,4),
+        total          numeric(38,4),
+        status         text,
+        kitchen_status text,
+        business_at    timestamptz,
+        name           text,
+        sku            text,
+        price          numeric(38,4),
+        active         boolean,
+        product_ids    text[],
+        order_id       text,
+        reason         text,
+        payment_method text,
+        customer_id    text,
+        raw            text NOT NULL
+      )$ddl$, 'pos_' || entity);
+  END LOOP;
+END
+$$;
