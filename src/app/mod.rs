@@ -483,7 +483,7 @@ impl App {
     /// `server.shutdown_timeout_ms`.
     pub async fn flush(&self) {
         let pipeline = &self.state.pipeline;
-        pipeline.producer().flush(self.shutdown_timeout).await;
+        self.publisher.flush(self.shutdown_timeout).await;
         if let Err(error) = pipeline.ledger().persist().await {
             warn!(%error, "The ledger's last checkpoint failed: the next start reads the topics from the one before.");
         }

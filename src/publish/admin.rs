@@ -217,9 +217,9 @@ impl Publisher {
         runtime.spawn(watch.run(topics.entities().map(str::to_owned).collect(), every));
     }
 
-    /// The dead-letter topic's `max.message.bytes` as the broker says it
-    /// now, for a letter refused as too large: what its cut copy must fit.
-    pub async fn dead_letter_limit(&self, topic: &str) -> Option<usize> {
+    /// A topic's `max.message.bytes` as the broker says it now, for a dead
+    /// letter refused as too large: what its cut copy must fit.
+    pub async fn topic_limit(&self, topic: &str) -> Option<usize> {
         let topics = [topic.to_owned()];
         watch::observe(&self.admin_config, self.producer().0, &topics)
             .await

@@ -46,7 +46,7 @@ impl Produce for Publisher {
     }
 
     async fn topic_limit(&self, topic: &str) -> Option<usize> {
-        self.dead_letter_limit(topic).await
+        Publisher::topic_limit(self, topic).await
     }
 
     fn health(&self) -> &BrokerHealth {
