@@ -18,8 +18,12 @@
 -- names; `key` is the record key (`{provider}:{entity_id}`). The line items
 -- (`items`, `items_given`: arrays of records) are not here: the sink has no
 -- column type for them (see docs/SINK.md); `raw` keeps the provider's JSON.
--- Columns a later schema version adds are added by the sink itself (ALTER
--- TABLE … ADD COLUMN, nullable); this file need not change for them.
+-- A column a later schema version adds is added by the sink itself (ALTER
+-- TABLE … ADD COLUMN, nullable, schema.evolution=basic) with the type it
+-- maps the field to: right for text, numeric(38,4), boolean and text[], but
+-- `timestamp` without time zone for a timestamp field. Add such a column
+-- here and to the live tables (timestamptz) before the posbridge that
+-- writes it is deployed (docs/SINK.md, "When the schema gains a field").
 --
 --   psql -h 127.0.0.1 -p PORT -U postgres -d posbridge -f deploy/connect/tables.sql
 DO $$
