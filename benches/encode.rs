@@ -1,6 +1,6 @@
 //! The Avro encoder against the well-kept alternative, in one run: every
 //! record's value is written by posbridge's own datum writer
-//! (`src/encode/datum.rs`, through [`Encoder::encode`]); apache-avro 0.22's
+//! (`src/adapters/encode/datum.rs`, through [`Encoder::encode`]); apache-avro 0.22's
 //! schema-aware serde serializer writes a `#[derive(Serialize)]` view of the
 //! same event straight to bytes, without its value tree. Both write the same
 //! bytes (checked before timing); the bench prints the time per record of
@@ -15,12 +15,12 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use apache_avro::writer::datum::GenericDatumWriter;
+use posbridge::adapters::encode::{Encoder, SCHEMA};
+use posbridge::adapters::providers::{self, Context};
 use posbridge::config::RegistryConfig;
-use posbridge::encode::{Encoder, SCHEMA};
-use posbridge::event::{
+use posbridge::domain::event::{
     Decimal, EntityType, LineItem, Origin, PosEvent, ProviderKind, Source, micros,
 };
-use posbridge::providers::{self, Context};
 use serde::Serialize;
 
 /// The Avro record, field for field in the schema's order.

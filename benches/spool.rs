@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use futures::stream::{self, StreamExt};
 use posbridge::app::App;
 use posbridge::config::Config;
-use posbridge::config::SchemeName;
-use posbridge::verify::sign;
+use posbridge::domain::verify::SchemeName;
+use posbridge::domain::verify::sign;
 
 const SECRET: &str = "bench-secret-1";
 

@@ -13,56 +13,29 @@
 //! producer keyed by the entity's business id, and answered 2xx only after
 //! Kafka acknowledged it.
 //!
-//! # Layout
+//! # Floors
 //!
-//! From the bottom up; a module uses only those above it in this list.
+//! Each folder is a floor; a floor uses only the floors below it, never one
+//! above, so the folders tell the design from the bottom up:
 //!
-//! * [`event`]: the normalized event and its identifiers.
+//! * [`domain`]: what posbridge decides without any I/O: the normalized
+//!   event, the stale-event guard, the signature schemes.
 //! * [`config`]: the configuration file as plain data, and the checks the data alone allows.
-//! * [`telemetry`]: every metric name and label key; the Prometheus recorder.
-//! * [`traces`]: a span per delivery and its stages over OTLP, the records' `traceparent`.
-//! * [`ticker`]: the tick of background loops that stop with the service.
-//! * [`verify`]: signature schemes, constant-time, several secrets.
-//! * [`secrets`]: secrets from files, read again when they change.
-//! * [`panics`]: the text of a caught panic.
-//! * [`store_file`]: opening the redb files, refusing damaged ones.
-//! * [`ledger`]: delivery ids, entity versions, per-entity locks, checkpoints.
-//! * [`guard`]: an older state never overwrites a newer one.
-//! * [`encode`]: Avro, Confluent wire format or single-object encoding.
-//! * [`publish`]: the idempotent producer, topic routing and creation.
-//! * [`spool`]: the outage spool, verified deliveries Kafka could not take in time.
-//! * [`providers`]: all that differs between ReceiptRoller and Mekari, one folder each.
-//! * [`pipeline`]: the data line both the ingress and the reconciler call.
-//! * [`drain`]: replays the spool through the pipeline once Kafka is back.
-//! * [`rebuild`]: fills a lost ledger from the topics at start.
-//! * [`reconcile`]: reads what webhooks missed from the providers' APIs.
-//! * [`replay`]: puts dead letters through the pipeline again once their cause is cleared.
-//! * [`watchdog`]: notices switched-off webhooks, resumes them, catches up.
-//! * [`ingress`]: routes, the webhook handler, the status mapping, ops endpoints.
+//! * [`observe`]: what the service tells about itself: metric names, spans,
+//!   the status board, a long run's progress.
+//! * [`adapters`]: everything that talks to the world outside the process:
+//!   the providers (one folder each), Kafka, the registry, the ledger's
+//!   stores, the spool, secret files.
+//! * [`services`]: the data line and the loops that drive it: the pipeline,
+//!   the spool drain, the ledger rebuild, the reconciler, the dead-letter
+//!   replay, the watchdog.
+//! * [`http`]: the listeners: webhook ingress, ops and admin endpoints, the status page.
 //! * [`app`]: start-up; checks the config against the providers and builds the pieces.
 
+pub mod adapters;
 pub mod app;
 pub mod config;
-pub mod drain;
-pub mod encode;
-pub mod event;
-pub mod guard;
-pub mod ingress;
-pub mod ledger;
-pub mod panics;
-pub mod pipeline;
-pub mod progress;
-pub mod providers;
-pub mod publish;
-pub mod rebuild;
-pub mod reconcile;
-pub mod replay;
-pub mod secrets;
-pub mod spool;
-pub mod status;
-pub mod store_file;
-pub mod telemetry;
-pub mod ticker;
-pub mod traces;
-pub mod verify;
-pub mod watchdog;
+pub mod domain;
+pub mod http;
+pub mod observe;
+pub mod services;

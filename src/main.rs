@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use posbridge::app::{self, App};
 use posbridge::config::{Config, LedgerBackend};
-use posbridge::event::ProviderKind;
-use posbridge::reconcile::Reconciler;
-use posbridge::replay::{self, Replay};
-use posbridge::watchdog::Watchdog;
+use posbridge::domain::event::ProviderKind;
+use posbridge::services::reconcile::Reconciler;
+use posbridge::services::replay::{self, Replay};
+use posbridge::services::watchdog::Watchdog;
 use std::io::IsTerminal;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;

@@ -6,8 +6,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use posbridge::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
-use posbridge::ledger::{Begin, Commit, EmbeddedLedger, EntitySlot, EntityState, Ledger};
+use posbridge::adapters::ledger::{Begin, Commit, EmbeddedLedger, EntitySlot, Ledger};
+use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
+use posbridge::domain::guard::EntityState;
 
 use crate::fjall_store::FjallStore;
 use crate::floor::Floor;
@@ -113,7 +114,7 @@ impl Engine {
     /// One new delivery, begin then commit; its id once durable.
     pub async fn deliver(&self, tag: &str, n: u64) -> Result<String, String> {
         let (key, slot, state) = delivery(tag, n);
-        let error = |e: posbridge::ledger::LedgerError| e.to_string();
+        let error = |e: posbridge::adapters::ledger::LedgerError| e.to_string();
         match self {
             Engine::Ours(ledger) => {
                 let begun = ledger.begin(&key).await.map_err(error)?;

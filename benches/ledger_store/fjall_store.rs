@@ -19,7 +19,7 @@ use fjall::compaction::filter::{
     CompactionFilter, CompactionFilterResult, Context, Factory, ItemAccessor, Verdict,
 };
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
-use posbridge::ledger::Begin;
+use posbridge::adapters::ledger::Begin;
 use tokio::sync::{mpsc, oneshot};
 
 /// As posbridge's writer: a commit under load waits at most this long to

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
+use posbridge::adapters::ledger::{self, Commit, EntitySlot, Ledger};
 use posbridge::config::{LedgerBackend, LedgerConfig};
-use posbridge::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
-use posbridge::ledger::{self, Commit, EntitySlot, EntityState, Ledger};
+use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
+use posbridge::domain::guard::EntityState;
 
 /// Commits in flight while filling.
 const IN_FLIGHT: usize = 4096;

@@ -14,8 +14,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use posbridge::config::SchemeName;
-use posbridge::verify::sign;
+use posbridge::domain::verify::SchemeName;
+use posbridge::domain::verify::sign;
 
 /// The webhook secret both servers are configured with.
 pub const SECRET: &str = "bench-secret-1";

@@ -62,8 +62,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use load::{Dialect, Ids, Load, Measured};
+use posbridge::adapters::publish::{Publisher, Topics};
 use posbridge::config::{Config, KafkaConfig};
-use posbridge::publish::{Publisher, Topics};
 use report::{Phase, Row};
 use server::{Server, Usage, free_addr};
 
@@ -385,7 +385,7 @@ async fn bench(settings: &Settings, run: &str, specs: &[Spec]) -> Vec<Row> {
         .await
         .expect("limit topics");
     drop(publisher);
-    let limit_topic = limit_kafka.topic(posbridge::event::EntityType::Sale);
+    let limit_topic = limit_kafka.topic(posbridge::domain::event::EntityType::Sale);
 
     report::header(&settings_line(settings, specs));
     warm_broker(settings, &limit_topic, work.path()).await;

@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use posbridge::event::{EntityType, ProviderKind};
+use posbridge::domain::event::{EntityType, ProviderKind};
 use rand::RngExt;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;

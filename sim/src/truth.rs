@@ -8,7 +8,7 @@
 //! way posbridge writes them.
 
 use bytes::Bytes;
-use posbridge::event::{Decimal, EntityKey, EntityType, ProviderKind};
+use posbridge::domain::event::{Decimal, EntityKey, EntityType, ProviderKind};
 use serde_json::{Map, Value, json};
 use time::OffsetDateTime;
 
@@ -247,8 +247,8 @@ fn create(spec: &EntitySpec, step: &Step, at: OffsetDateTime) -> Entity {
 mod tests {
     use super::*;
     use crate::plan::{self, PlanConfig};
-    use posbridge::event::Origin;
-    use posbridge::providers::{Context, for_kind};
+    use posbridge::adapters::providers::{Context, for_kind};
+    use posbridge::domain::event::Origin;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
     use time::macros::datetime;
@@ -278,7 +278,7 @@ mod tests {
             at += time::Duration::milliseconds(37);
             let happened = truth.apply(step, at);
             let body: Value = serde_json::from_slice(&happened.body).unwrap();
-            let source = posbridge::event::Source {
+            let source = posbridge::domain::event::Source {
                 provider: happened.provider,
                 name: "main".into(),
                 account: None,
@@ -312,8 +312,8 @@ mod tests {
             if !entity.deleted {
                 // The same state read back from the API is the same state.
                 assert_eq!(
-                    posbridge::guard::state_hash(&pushed.event, &pushed.content),
-                    posbridge::guard::state_hash(&reconciled.event, &reconciled.content),
+                    posbridge::domain::guard::state_hash(&pushed.event, &pushed.content),
+                    posbridge::domain::guard::state_hash(&reconciled.event, &reconciled.content),
                     "{} pushed and fetched",
                     happened.event_type
                 );

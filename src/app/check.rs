@@ -7,11 +7,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::adapters::providers;
+use crate::adapters::secrets::{self, LoadError};
 use crate::config::{Config, ConfigError, OnBrokerUnavailable, Problem, SourceEntry};
-use crate::ingress::{RequestMeters, WebhookSource};
-use crate::providers;
-use crate::secrets::{self, LoadError};
-use crate::verify::Verifier;
+use crate::domain::verify::Verifier;
+use crate::http::ingress::{RequestMeters, WebhookSource};
 
 /// Reads a configuration file with its environment overrides and checks it
 /// completely: what the data alone shows and what the providers need.
@@ -42,7 +42,8 @@ fn named_at(message: &str, name: &str) -> Option<usize> {
 pub fn problems(config: &Config) -> Vec<Problem> {
     let mut problems = config.problems();
     problems.extend(delivery_rule_problems(config));
-    if let Err(error) = crate::publish::validate(&config.kafka, config.max_record_bytes()) {
+    if let Err(error) = crate::adapters::publish::validate(&config.kafka, config.max_record_bytes())
+    {
         // librdkafka names the property it refuses: point at that key.
         let message = error.to_string();
         let refused = match &error {
@@ -182,7 +183,7 @@ fn delivery_rule_problems(config: &Config) -> Vec<Problem> {
 
 /// A source's scheme and signature header: its own, else the scheme's fixed
 /// header, else the provider's defaults.
-pub(super) fn signature(entry: SourceEntry<'_>) -> (crate::config::SchemeName, &str) {
+pub(super) fn signature(entry: SourceEntry<'_>) -> (crate::domain::verify::SchemeName, &str) {
     let defaults = providers::for_kind(entry.provider);
     let scheme = entry
         .config
@@ -515,12 +516,18 @@ mod tests {
         let main = entries.next().unwrap();
         assert_eq!(
             signature(main),
-            (crate::config::SchemeName::Base64, "x-mekari-signature")
+            (
+                crate::domain::verify::SchemeName::Base64,
+                "x-mekari-signature"
+            )
         );
         let stripe = entries.next().unwrap();
         assert_eq!(
             signature(stripe),
-            (crate::config::SchemeName::Stripe, "stripe-signature")
+            (
+                crate::domain::verify::SchemeName::Stripe,
+                "stripe-signature"
+            )
         );
     }
 }

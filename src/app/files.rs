@@ -6,10 +6,10 @@
 
 use serde_json::{Value, json};
 
+use crate::adapters::ledger::{EmbeddedLedger, LedgerError};
+use crate::adapters::spool::{Spool, SpoolError};
+use crate::adapters::store_file::StoreFileError;
 use crate::config::{Config, LedgerBackend};
-use crate::ledger::{EmbeddedLedger, LedgerError};
-use crate::spool::{Spool, SpoolError};
-use crate::store_file::StoreFileError;
 
 /// What the check found.
 #[derive(Debug)]
@@ -108,8 +108,8 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::event::{DeliveryKey, ProviderKind, Source};
-    use crate::spool::SpooledDelivery;
+    use crate::adapters::spool::SpooledDelivery;
+    use crate::domain::event::{DeliveryKey, ProviderKind, Source};
 
     fn config(dir: &Path) -> Config {
         Config::from_toml(&format!(

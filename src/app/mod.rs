@@ -18,21 +18,21 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::adapters::encode::{EncodeError, Encoder};
+use crate::adapters::ledger::{self, LedgerError};
+use crate::adapters::providers::NormalizeError;
+use crate::adapters::publish::{PublishError, Publisher, Topics};
+use crate::adapters::secrets::{LoadError, ReloadRequest, SecretFiles};
+use crate::adapters::spool::{Spool, SpoolError};
+use crate::adapters::store_file::StoreFileError;
 use crate::config::{AdminConfig, Config};
-use crate::drain::Drainer;
-use crate::encode::{EncodeError, Encoder};
-use crate::event::ProviderKind;
-use crate::ingress::{self, AppState, ConnectionLimits, WebhookSource};
-use crate::ledger::{self, LedgerError};
-use crate::pipeline::{Pipeline, Stages, Timing};
-use crate::providers::NormalizeError;
-use crate::publish::{PublishError, Publisher, Topics};
-use crate::secrets::{LoadError, ReloadRequest, SecretFiles};
-use crate::spool::{Spool, SpoolError};
-use crate::status::Board;
-use crate::store_file::StoreFileError;
-use crate::telemetry;
-use crate::traces::{TraceError, Traces};
+use crate::domain::event::ProviderKind;
+use crate::http::ingress::{self, AppState, ConnectionLimits, WebhookSource};
+use crate::observe::Board;
+use crate::observe::telemetry;
+use crate::observe::traces::{TraceError, Traces};
+use crate::services::drain::Drainer;
+use crate::services::pipeline::{Pipeline, Stages, Timing};
 
 pub use check::{load, problems, webhook_source};
 
@@ -153,8 +153,8 @@ fn announce_series(
     }
     let dead_letter_codes = NormalizeError::CODES
         .into_iter()
-        .chain(crate::publish::REFUSAL_CODES)
-        .chain([crate::drain::SPOOL_UNPUBLISHABLE]);
+        .chain(crate::adapters::publish::REFUSAL_CODES)
+        .chain([crate::services::drain::SPOOL_UNPUBLISHABLE]);
     for provider in ProviderKind::ALL {
         metrics::counter!(telemetry::DUPLICATES, telemetry::PROVIDER => provider.as_str())
             .increment(0);
@@ -185,7 +185,7 @@ async fn encoder(
     topics: &[String],
     known: &mut known::Known,
 ) -> Result<Encoder, EncodeError> {
-    let schema = format!("{:016x}", crate::encode::fingerprint());
+    let schema = format!("{:016x}", crate::adapters::encode::fingerprint());
     match Encoder::new(&config.schema_registry, topics).await {
         Ok(encoder) => {
             if let (Some(url), Some(ids)) = (&config.schema_registry.url, encoder.ids()) {
@@ -231,7 +231,7 @@ impl App {
     /// A [`BuildError`] naming what failed.
     pub async fn build(config: &Config) -> Result<App, BuildError> {
         // Before the spool opens: the gauges it sets then are kept.
-        crate::telemetry::install();
+        crate::observe::telemetry::install();
         let spool = config
             .spools()
             .then(|| Spool::open(&config.spool))
@@ -255,7 +255,7 @@ impl App {
         first_fill: FirstFill,
     ) -> Result<App, BuildError> {
         // First, so every series recorded from here on is kept.
-        let metrics = crate::telemetry::install();
+        let metrics = crate::observe::telemetry::install();
         let kafka = &config.kafka;
         let inflight_wait = Duration::from_millis(config.server.inflight_wait_ms);
         // A lease outlives the longest a delivery can legitimately take.
@@ -338,7 +338,7 @@ impl App {
         // Started last: a start-up that fails before lets go of the ledger.
         let background = CancellationToken::new();
         tokio::spawn(
-            crate::rebuild::Rebuild::new(
+            crate::services::rebuild::Rebuild::new(
                 kafka,
                 &topics,
                 opened.store.clone(),
@@ -542,8 +542,8 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::config::SchemeName;
-    use crate::verify::sign;
+    use crate::domain::verify::SchemeName;
+    use crate::domain::verify::sign;
 
     /// The assembled app, without a broker: each source gets its provider's
     /// default signature (Mekari: base64 in `X-Mekari-Signature`) and its
@@ -572,7 +572,7 @@ mod tests {
         // start-up (the source's name is this test's alone, so no other test
         // of the process made them), and the build says its version and
         // wire format.
-        let started = crate::telemetry::install().render();
+        let started = crate::observe::telemetry::install().render();
         let line = |text: &str, name: &str, labels: &[&str]| {
             text.lines()
                 .any(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
@@ -635,7 +635,7 @@ mod tests {
             .unwrap();
         assert_eq!(right.status(), StatusCode::SERVICE_UNAVAILABLE);
         // The wrongly signed one, counted once.
-        let failures_after = failures(&crate::telemetry::install().render());
+        let failures_after = failures(&crate::observe::telemetry::install().render());
         assert_eq!(failures_after, Some(1.0));
     }
 }

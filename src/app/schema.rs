@@ -3,9 +3,9 @@
 //! subject's own compatibility rules, asked of the registry itself. For CI
 //! with `schema_registry.auto_register = false`, where only CI registers.
 
+use crate::adapters::encode::{RegistryClient, RegistryError, SCHEMA_JSON, value_subject};
+use crate::adapters::publish::Topics;
 use crate::config::Config;
-use crate::encode::{RegistryClient, RegistryError, SCHEMA_JSON, value_subject};
-use crate::publish::Topics;
 
 /// What the registry says of one subject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use super::source::Secret;
+use crate::domain::secret::Secret;
 
 /// The shortest token or password a status page beyond loopback takes:
 /// the page shows the whole pipeline and its replay actions.

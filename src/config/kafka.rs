@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::event::EntityType;
+use crate::domain::event::EntityType;
 
 /// librdkafka's aliases (the "Alias for" rows of librdkafka 2.12's
 /// CONFIGURATION.md), each beside the property it sets. A refusal is

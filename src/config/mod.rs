@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::event::{ProviderKind, Source};
+use crate::domain::event::{ProviderKind, Source};
 
 pub use admin::AdminConfig;
 pub use kafka::KafkaConfig;
@@ -33,9 +33,7 @@ pub use read::{ENV_PREFIX, ENV_SEPARATOR, LIBRDKAFKA_ENV_PREFIX};
 pub use reconcile::{MIN_BODY_BYTES, ReconcileConfig, WatchdogConfig};
 pub use registry::RegistryConfig;
 pub use server::ServerConfig;
-pub use source::{
-    ApiSection, OnBrokerUnavailable, ProviderConfig, SchemeName, Secret, Secrets, SourceConfig,
-};
+pub use source::{ApiSection, OnBrokerUnavailable, ProviderConfig, Secrets, SourceConfig};
 pub use spool::SpoolConfig;
 pub use telemetry::{OtlpConfig, TelemetryConfig};
 
@@ -293,7 +291,7 @@ fn listeners_collide(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::EntityType;
+    use crate::domain::event::EntityType;
 
     fn parse(text: &str) -> Config {
         Config::from_toml(text).unwrap()

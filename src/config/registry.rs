@@ -15,10 +15,10 @@ pub struct RegistryConfig {
     pub username: Option<String>,
     /// Basic-auth password.
     #[serde(default)]
-    pub password: Option<super::Secret>,
+    pub password: Option<crate::domain::secret::Secret>,
     /// Bearer token (`Authorization: Bearer …`), instead of basic auth.
     #[serde(default)]
-    pub token: Option<super::Secret>,
+    pub token: Option<crate::domain::secret::Secret>,
     /// PEM file of the CA that signed the registry's certificate, when it is
     /// not in the system's trust store.
     #[serde(default)]

@@ -10,6 +10,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer};
 
+use crate::domain::secret::Secret;
+use crate::domain::verify::SchemeName;
+
 /// One provider's webhooks.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -82,21 +85,6 @@ const fn default_tolerance_secs() -> u64 {
     300
 }
 
-/// The signature schemes a source can be configured with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SchemeName {
-    /// Hex HMAC-SHA256 of the body, optionally prefixed `sha256=` (GitHub-style;
-    /// ReceiptRoller's default).
-    Hex,
-    /// Base64 HMAC-SHA256 of the body (Shopify-style; Mekari's default).
-    Base64,
-    /// `t=<unix>,v1=<hex>` over `{t}.{body}`, with a time tolerance.
-    Stripe,
-    /// Standard Webhooks: `v1,<base64>` over `{id}.{timestamp}.{body}`, `whsec_` secrets.
-    StandardWebhooks,
-}
-
 /// A source's `api` table, kept as read (environment overrides included) for
 /// the provider to turn into its own typed settings. Its `Debug` hides the
 /// values: the table holds credentials.
@@ -122,29 +110,6 @@ impl fmt::Debug for ApiSection {
     }
 }
 
-/// A secret value whose `Debug` never shows it, so it cannot reach logs.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    /// A secret read from elsewhere than the configuration (a secrets file).
-    pub fn new(secret: String) -> Secret {
-        Secret(secret)
-    }
-
-    /// The secret itself; call only where it is used.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[redacted]")
-    }
-}
-
 impl SourceConfig {
     /// Whether some of its secrets come from files, to be read again.
     pub fn reads_secret_files(&self) -> bool {
@@ -160,7 +125,7 @@ pub struct Secrets(pub Vec<Secret>);
 impl<'de> Deserialize<'de> for Secrets {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let list: Vec<String> = list_or_joined(deserializer)?;
-        Ok(Secrets(list.into_iter().map(Secret).collect()))
+        Ok(Secrets(list.into_iter().map(Secret::new).collect()))
     }
 }
 

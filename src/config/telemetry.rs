@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::source::Secret;
+use crate::domain::secret::Secret;
 
 /// Telemetry beyond `/metrics`.
 #[derive(Debug, Clone, Default, Deserialize)]

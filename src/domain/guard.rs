@@ -7,8 +7,17 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::event::{Content, Decimal, LineItem, Origin, PosEvent, micros};
-use crate::ledger::EntityState;
+use crate::domain::event::{Content, Decimal, LineItem, Origin, PosEvent, Version, micros};
+
+/// The latest state written for an entity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntityState {
+    /// Its version; anything older is stale.
+    pub version: Version,
+    /// A hash of its content, so an equal version with equal content is a
+    /// no-op and a reconciled copy of the same state publishes nothing.
+    pub state_hash: [u8; 16],
+}
 
 /// What to do with an incoming state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,7 +33,7 @@ pub enum Decision {
 /// Compares an incoming state with the written one.
 ///
 /// Versions keep the precision the provider sent (nanoseconds below the
-/// stored microsecond order first within it; see [`crate::event::Version`]),
+/// stored microsecond order first within it; see [`crate::domain::event::Version`]),
 /// so equal versions are one instant as the provider sent it, never two
 /// instants truncated together.
 ///
@@ -159,7 +168,7 @@ pub fn state_hash(event: &PosEvent, content: &Content) -> [u8; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::Version;
+    use crate::domain::event::Version;
 
     fn state(at: i64, rank: u32, hash: u8) -> EntityState {
         EntityState {
@@ -269,7 +278,7 @@ mod tests {
 
     #[test]
     fn every_business_field_changes_the_hash() {
-        use crate::event::EntityType;
+        use crate::domain::event::EntityType;
         let base = PosEvent {
             items: vec![LineItem {
                 sku: None,

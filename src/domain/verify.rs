@@ -19,7 +19,24 @@ use bytes::Bytes;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
-use crate::config::{SchemeName, Secret};
+use serde::Deserialize;
+
+use crate::domain::secret::Secret;
+
+/// The signature schemes a source can be configured with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SchemeName {
+    /// Hex HMAC-SHA256 of the body, optionally prefixed `sha256=` (GitHub-style;
+    /// ReceiptRoller's default).
+    Hex,
+    /// Base64 HMAC-SHA256 of the body (Shopify-style; Mekari's default).
+    Base64,
+    /// `t=<unix>,v1=<hex>` over `{t}.{body}`, with a time tolerance.
+    Stripe,
+    /// Standard Webhooks: `v1,<base64>` over `{id}.{timestamp}.{body}`, `whsec_` secrets.
+    StandardWebhooks,
+}
 
 type HmacSha256 = Hmac<Sha256>;
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Serialize;
 use time::OffsetDateTime;
 
-use crate::event::ProviderKind;
+use crate::domain::event::ProviderKind;
 
 /// Deliveries kept per source for the "last deliveries" table.
 pub const RECENT: usize = 20;

@@ -34,7 +34,7 @@ use opentelemetry_sdk::trace::{
 use tracing::{info, warn};
 
 use crate::config::OtlpConfig;
-use crate::event::{EntityKey, PosEvent, ProviderKind};
+use crate::domain::event::{EntityKey, PosEvent, ProviderKind};
 
 /// Record header: the W3C trace context of the span that produced it.
 pub const HEADER_TRACEPARENT: &str = "traceparent";

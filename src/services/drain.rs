@@ -35,12 +35,12 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::event::DeliveryKey;
-use crate::pipeline::{DeadLetter, Delivery, Outcome, Pipeline, PipelineError};
-use crate::spool::{Spool, SpoolError, SpooledDelivery};
-use crate::telemetry;
-use crate::traces::DeliveryTrace;
-use crate::verify::VerifiedBody;
+use crate::adapters::spool::{Spool, SpoolError, SpooledDelivery};
+use crate::domain::event::DeliveryKey;
+use crate::domain::verify::VerifiedBody;
+use crate::observe::telemetry;
+use crate::observe::traces::DeliveryTrace;
+use crate::services::pipeline::{DeadLetter, Delivery, Outcome, Pipeline, PipelineError};
 
 /// How many entries one pass reads from the spool.
 const BATCH: usize = 256;
@@ -402,7 +402,7 @@ mod tests {
 
     #[test]
     fn a_ledger_that_cannot_answer_sets_no_spooled_entry_aside() {
-        use crate::ledger::LedgerError;
+        use crate::adapters::ledger::LedgerError;
         assert!(!about_the_entry(&PipelineError::Ledger(
             LedgerError::Closed
         )));
@@ -413,8 +413,8 @@ mod tests {
         )));
         assert!(about_the_entry(&PipelineError::DeliveryIdMismatch));
     }
-    use crate::event::{ProviderKind, Source};
-    use crate::spool::SpooledDelivery;
+    use crate::adapters::spool::SpooledDelivery;
+    use crate::domain::event::{ProviderKind, Source};
 
     #[test]
     fn passes_the_spool_stops_wait_twice_as_long_each_time_up_to_the_cap() {
@@ -455,7 +455,7 @@ mod tests {
             );
             spool
                 .append(&SpooledDelivery {
-                    key: crate::event::DeliveryKey::new(ProviderKind::Mekari, id),
+                    key: crate::domain::event::DeliveryKey::new(ProviderKind::Mekari, id),
                     source: Source {
                         provider: ProviderKind::Mekari,
                         name: "main".into(),
@@ -506,7 +506,7 @@ mod tests {
                 let (_, id) = record
                     .headers
                     .iter()
-                    .find(|(name, _)| *name == crate::pipeline::HEADER_DELIVERY_ID)
+                    .find(|(name, _)| *name == crate::services::pipeline::HEADER_DELIVERY_ID)
                     .unwrap();
                 format!("{}/{id}", record.key)
             })

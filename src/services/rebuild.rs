@@ -42,18 +42,19 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::adapters::ledger::{Commit, EntitySlot, Gate, Ledger, LedgerError, Offsets};
+use crate::adapters::publish::Topics;
 use crate::config::KafkaConfig;
-use crate::event::{DeliveryKey, EntityType, ProviderKind};
-use crate::ledger::{Commit, EntitySlot, EntityState, Gate, Ledger, LedgerError, Offsets};
-use crate::pipeline::{
+use crate::domain::event::{DeliveryKey, EntityType, ProviderKind};
+use crate::domain::guard::EntityState;
+use crate::observe::telemetry;
+use crate::services::pipeline::{
     HEADER_DELIVERY_ID, HEADER_PROVIDER, HEADER_STATE_HASH, HEADER_VERSION, state_from_headers,
 };
-use crate::publish::Topics;
-use crate::replay::{Extent, Letter, ReadError, Reader};
-use crate::telemetry;
+use crate::services::replay::{Extent, Letter, ReadError, Reader};
 
 /// The generation mark: the unix second the store was last filled.
-const REBUILT: &str = crate::ledger::GENERATION_MARK;
+const REBUILT: &str = crate::adapters::ledger::GENERATION_MARK;
 
 /// How many ledger writes a rebuild keeps in flight (a Redis round trip
 /// each).
@@ -438,7 +439,7 @@ async fn extents(reader: &Reader) -> Result<Vec<Extent>, ReadError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::Version;
+    use crate::domain::event::Version;
 
     fn record(key: &str, delivery: &str, at: i64, rank: u32, hash: u8, time_ms: i64) -> Letter {
         Letter {

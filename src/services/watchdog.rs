@@ -19,13 +19,13 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::event::{ProviderKind, Source};
-use crate::ledger::{Commit, LedgerError};
-use crate::providers::api::{ProviderApi, WebhookState};
-use crate::reconcile::Reconciler;
-use crate::status::board::WebhookSeen;
-use crate::telemetry;
-use crate::ticker::Every;
+use crate::adapters::ledger::{Commit, LedgerError};
+use crate::adapters::providers::api::{ProviderApi, WebhookState};
+use crate::domain::event::{ProviderKind, Source};
+use crate::observe::board::WebhookSeen;
+use crate::observe::telemetry;
+use crate::services::reconcile::Reconciler;
+use crate::services::ticker::Every;
 
 /// What one check found for a source.
 #[derive(Debug, Clone, PartialEq, Eq)]

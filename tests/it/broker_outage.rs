@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use posbridge::event::{DeliveryKey, ProviderKind};
-use posbridge::ledger::Begin;
+use posbridge::adapters::ledger::Begin;
+use posbridge::domain::event::{DeliveryKey, ProviderKind};
 
 use crate::support::wait::wait_for;
 use crate::support::{OwnBroker, TestApp, config, read_topic, rr_sale, signed_request, unique};
@@ -241,7 +241,7 @@ async fn readiness_follows_the_broker_and_shutdown_finishes_in_flight_deliveries
     let written: Vec<(&str, String)> = records
         .iter()
         .map(|r| {
-            let event = posbridge::encode::decode(r.payload.as_deref().unwrap()).unwrap();
+            let event = posbridge::adapters::encode::decode(r.payload.as_deref().unwrap()).unwrap();
             (r.key.as_str(), event.event_id)
         })
         .collect();

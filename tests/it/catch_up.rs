@@ -6,11 +6,11 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use posbridge::adapters::encode::decode;
 use posbridge::config::{ApiSection, Config};
-use posbridge::encode::decode;
-use posbridge::event::{EntityType, ProviderKind};
-use posbridge::reconcile::{ReconcileError, Reconciler, Summary};
-use posbridge::watchdog::Watchdog;
+use posbridge::domain::event::{EntityType, ProviderKind};
+use posbridge::services::reconcile::{ReconcileError, Reconciler, Summary};
+use posbridge::services::watchdog::Watchdog;
 use serde_json::Value;
 use time::OffsetDateTime;
 

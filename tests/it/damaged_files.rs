@@ -91,7 +91,7 @@ async fn ledger_check_reports_a_damaged_spool_without_a_panic() {
     std::fs::write(&path, &text).unwrap();
     let config = posbridge::config::Config::from_toml(&text).unwrap();
     {
-        let spool = posbridge::spool::Spool::open(&config.spool).unwrap();
+        let spool = posbridge::adapters::spool::Spool::open(&config.spool).unwrap();
         for i in 0..3 {
             let id = format!("dspool-{i}");
             let body = serde_json::to_vec(&rr_sale(
@@ -103,13 +103,13 @@ async fn ledger_check_reports_a_damaged_spool_without_a_panic() {
             ))
             .unwrap();
             spool
-                .append(&posbridge::spool::SpooledDelivery {
-                    key: posbridge::event::DeliveryKey::new(
-                        posbridge::event::ProviderKind::ReceiptRoller,
+                .append(&posbridge::adapters::spool::SpooledDelivery {
+                    key: posbridge::domain::event::DeliveryKey::new(
+                        posbridge::domain::event::ProviderKind::ReceiptRoller,
                         &id,
                     ),
-                    source: posbridge::event::Source {
-                        provider: posbridge::event::ProviderKind::ReceiptRoller,
+                    source: posbridge::domain::event::Source {
+                        provider: posbridge::domain::event::ProviderKind::ReceiptRoller,
                         name: "main".into(),
                         account: None,
                     },

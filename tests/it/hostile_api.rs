@@ -7,9 +7,9 @@
 use std::time::Duration;
 
 use posbridge::config::Config;
-use posbridge::event::ProviderKind;
-use posbridge::reconcile::{ReconcileError, Reconciler};
-use posbridge::watchdog::Watchdog;
+use posbridge::domain::event::ProviderKind;
+use posbridge::services::reconcile::{ReconcileError, Reconciler};
+use posbridge::services::watchdog::Watchdog;
 use time::OffsetDateTime;
 
 use crate::catch_up::{MEKARI_CLIENT_SECRET, Sim, switched_off_receiptroller_with};

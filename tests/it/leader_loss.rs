@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use posbridge::encode::decode;
+use posbridge::adapters::encode::decode;
 use serde_json::Value;
 
 use crate::support::cluster::KafkaCluster;

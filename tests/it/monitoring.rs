@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use posbridge::event::ProviderKind;
+use posbridge::domain::event::ProviderKind;
 use promql_parser::label::MatchOp;
 use promql_parser::parser::{Expr, VectorSelector};
 use serde_json::Value;

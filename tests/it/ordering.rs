@@ -5,7 +5,7 @@
 //! (`pipeline/tests/broker.rs`), the kitchen stage's tie-break with Mekari's
 //! normalization.
 
-use posbridge::encode::decode;
+use posbridge::adapters::encode::decode;
 
 use crate::support::wait::wait_for;
 use crate::support::{TestApp, mekari_order, read_topic};

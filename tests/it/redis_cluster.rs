@@ -11,8 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use posbridge::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
-use posbridge::ledger::{Begin, Commit, EntitySlot, EntityState, Ledger, RedisLedger};
+use posbridge::adapters::ledger::{Begin, Commit, EntitySlot, Ledger, RedisLedger};
+use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
+use posbridge::domain::guard::EntityState;
 
 use crate::support::redis::{RedisServer, cli};
 use crate::support::unique;

@@ -2,9 +2,9 @@
 //! TopicNameStrategy in the real registry (Apicurio, through its
 //! Confluent-compatible API), bytes decoded by Confluent's own Python client.
 
+use posbridge::adapters::encode::decode;
 use posbridge::app::App;
-use posbridge::encode::decode;
-use posbridge::event::EntityType;
+use posbridge::domain::event::EntityType;
 
 use crate::support::registry::Registry;
 use crate::support::{TestApp, brokers, config, decode_with_python, read_topic, rr_sale, unique};
@@ -123,7 +123,7 @@ async fn the_registry_accepts_this_schema_over_the_previous_version() {
     }
     // A schema with a new field and no default cannot read v1's records.
     let mut breaking: serde_json::Value =
-        serde_json::from_str(posbridge::encode::SCHEMA_JSON).unwrap();
+        serde_json::from_str(posbridge::adapters::encode::SCHEMA_JSON).unwrap();
     breaking["fields"]
         .as_array_mut()
         .unwrap()
@@ -180,29 +180,32 @@ async fn fastavro_reads_records_across_schema_versions() {
         "ORD-EV",
         "new",
     );
-    let source = posbridge::event::Source {
-        provider: posbridge::event::ProviderKind::Mekari,
+    let source = posbridge::domain::event::Source {
+        provider: posbridge::domain::event::ProviderKind::Mekari,
         name: "main".into(),
         account: None,
     };
-    let ctx = posbridge::providers::Context {
+    let ctx = posbridge::adapters::providers::Context {
         event_id: "ev-1",
         source: &source,
         received_at: time::OffsetDateTime::now_utc(),
         raw: "{}",
-        origin: posbridge::event::Origin::Webhook,
+        origin: posbridge::domain::event::Origin::Webhook,
         max_event_ahead: posbridge::config::ServerConfig::default().max_event_ahead(),
     };
-    let mut event = posbridge::providers::for_kind(posbridge::event::ProviderKind::Mekari)
-        .normalize(&body, &ctx)
-        .unwrap()
-        .event;
+    let mut event =
+        posbridge::adapters::providers::for_kind(posbridge::domain::event::ProviderKind::Mekari)
+            .normalize(&body, &ctx)
+            .unwrap()
+            .event;
     event.name = Some("Teh Manis".into());
     event.product_ids = Some(vec!["P-1".into()]);
-    let encoder =
-        posbridge::encode::Encoder::new(&posbridge::config::RegistryConfig::default(), &[])
-            .await
-            .unwrap();
+    let encoder = posbridge::adapters::encode::Encoder::new(
+        &posbridge::config::RegistryConfig::default(),
+        &[],
+    )
+    .await
+    .unwrap();
     let message = encoder.encode("t", &event).unwrap();
     let new = read(v2, v2, &message);
     assert_eq!(new["name"], "Teh Manis");
@@ -235,7 +238,7 @@ async fn without_auto_register_posbridge_starts_only_once_ci_registered_the_sche
         let subject = format!("{prefix}.{}-value", entity.plural());
         assert_eq!(
             registry
-                .register(&subject, posbridge::encode::SCHEMA_JSON)
+                .register(&subject, posbridge::adapters::encode::SCHEMA_JSON)
                 .await,
             200
         );
@@ -276,7 +279,7 @@ async fn schema_check_says_which_subjects_take_this_schema() {
     assert_eq!(registry.register(&subject("sales"), V1_SCHEMA).await, 200);
     assert_eq!(
         registry
-            .register(&subject("orders"), posbridge::encode::SCHEMA_JSON)
+            .register(&subject("orders"), posbridge::adapters::encode::SCHEMA_JSON)
             .await,
         200
     );

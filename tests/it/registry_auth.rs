@@ -8,7 +8,8 @@
 use std::path::Path;
 
 use posbridge::app::App;
-use posbridge::config::{Config, Secret};
+use posbridge::config::Config;
+use posbridge::domain::secret::Secret;
 use reqwest::StatusCode;
 use serde_json::Value;
 

@@ -237,7 +237,7 @@ async fn an_event_too_large_for_kafka_is_dead_lettered_cut_not_retried_forever()
     let letter = &letters[0];
     assert_eq!(
         letter.payload.as_deref(),
-        Some(&sent[..posbridge::pipeline::DEAD_LETTER_KEPT_BYTES])
+        Some(&sent[..posbridge::services::pipeline::DEAD_LETTER_KEPT_BYTES])
     );
     assert_eq!(
         letter.headers["posbridge-body-bytes"],

@@ -136,7 +136,7 @@ async fn dead_letters_are_published_once_their_cause_is_cleared_and_never_twice(
     let replayed = &sales[1];
     assert_eq!(replayed.key, "receiptroller:T1|2026-11|77");
     assert_eq!(replayed.headers["posbridge-delivery-id"], "rp-1");
-    let event = posbridge::encode::decode(replayed.payload.as_deref().unwrap()).unwrap();
+    let event = posbridge::adapters::encode::decode(replayed.payload.as_deref().unwrap()).unwrap();
     assert_eq!(
         Some((event.received_at.unix_timestamp_nanos() / 1_000_000) as i64),
         letters[0].timestamp_ms,

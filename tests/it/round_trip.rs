@@ -1,7 +1,7 @@
 //! A signed delivery ends as a keyed record that decodes to the same event.
 
-use posbridge::encode::decode;
-use posbridge::event::{EntityType, Origin, ProviderKind};
+use posbridge::adapters::encode::decode;
+use posbridge::domain::event::{EntityType, Origin, ProviderKind};
 
 use crate::support::{
     TestApp, brokers, decode_with_python, latest_per_key, mekari_order, read_topic, rr_sale,
@@ -149,8 +149,8 @@ async fn mekari_product_deleted_writes_a_tombstone() {
 /// compares, so the API's record is not "unchanged"; reading it again is.
 #[tokio::test]
 async fn a_reconciled_rename_reaches_the_topic_and_a_second_read_writes_nothing() {
-    use posbridge::pipeline::Outcome;
-    use posbridge::providers::{Context, for_kind};
+    use posbridge::adapters::providers::{Context, for_kind};
+    use posbridge::services::pipeline::Outcome;
     let app = TestApp::start().await;
     let product = serde_json::json!({"id": "P-REN", "sku": "SKU-1", "name": "Teh Manis",
         "price": 8000, "currency": "IDR", "status": "active"});
@@ -158,7 +158,7 @@ async fn a_reconciled_rename_reaches_the_topic_and_a_second_read_writes_nothing(
         "occurred_at": "2026-11-29T17:15:30+07:00", "data": product});
     assert_eq!(app.send("mekari", "main", &body).await.status(), 200);
 
-    let source = posbridge::event::Source {
+    let source = posbridge::domain::event::Source {
         provider: ProviderKind::Mekari,
         name: "main".into(),
         account: None,

@@ -5,10 +5,11 @@
 use std::time::Duration;
 
 use futures::future::join_all;
+use posbridge::adapters::encode::decode;
+use posbridge::adapters::ledger::{Begin, Commit, EntitySlot, Ledger, RedisLedger};
 use posbridge::config::LedgerBackend;
-use posbridge::encode::decode;
-use posbridge::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
-use posbridge::ledger::{Begin, Commit, EntitySlot, EntityState, Ledger, RedisLedger};
+use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
+use posbridge::domain::guard::EntityState;
 
 use crate::support::{
     TestApp, brokers, config, latest_per_key, mekari_order, read_topic, rr_sale, unique,
@@ -108,16 +109,19 @@ async fn a_redis_ledger_without_its_generation_mark_decides_nothing() {
         .unwrap()
         .get_connection()
         .unwrap();
-    let mark = format!("{prefix}checkpoint:{}", posbridge::ledger::GENERATION_MARK);
+    let mark = format!(
+        "{prefix}checkpoint:{}",
+        posbridge::adapters::ledger::GENERATION_MARK
+    );
     let removed: i32 = redis::cmd("DEL").arg(&mark).query(&mut redis).unwrap();
     assert_eq!(removed, 1, "the mark is where the ledger keeps it");
     assert!(matches!(
         marked.begin(&delivery).await,
-        Err(posbridge::ledger::LedgerError::Lost)
+        Err(posbridge::adapters::ledger::LedgerError::Lost)
     ));
     assert!(matches!(
         marked.lock_and_read(&slot).await,
-        Err(posbridge::ledger::LedgerError::Lost)
+        Err(posbridge::adapters::ledger::LedgerError::Lost)
     ));
     drop(marked.lock_entity(&slot).await.unwrap());
 }

@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use posbridge::config::AdminConfig;
-use posbridge::event::ProviderKind;
-use posbridge::reconcile::Reconciler;
-use posbridge::watchdog::Watchdog;
+use posbridge::domain::event::ProviderKind;
+use posbridge::services::reconcile::Reconciler;
+use posbridge::services::watchdog::Watchdog;
 use serde_json::json;
 
 use crate::catch_up::{MEKARI_CLIENT_SECRET, switched_off_receiptroller};
@@ -93,21 +93,21 @@ fn section<'a>(text: &'a str, title: &str) -> &'a str {
 async fn serve_status(app: &TestApp) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = listener.local_addr().unwrap();
-    let router = posbridge::ingress::admin_router(
-        posbridge::ingress::AdminState {
+    let router = posbridge::http::ingress::admin_router(
+        posbridge::http::ingress::AdminState {
             pipeline: app.pipeline.clone(),
             board: app.board.clone(),
         },
         &AdminConfig::default(),
     );
     // Served as `serve` serves it: the admin listener's connection rules.
-    let limits = posbridge::ingress::ConnectionLimits {
+    let limits = posbridge::http::ingress::ConnectionLimits {
         header_read_timeout: std::time::Duration::from_secs(2),
         max_connections: 512,
         shutdown_timeout: std::time::Duration::from_secs(1),
         retry_after_secs: 1,
     };
-    tokio::spawn(posbridge::ingress::serve_admin(
+    tokio::spawn(posbridge::http::ingress::serve_admin(
         listener,
         router,
         limits,
@@ -315,7 +315,7 @@ async fn an_operator_sees_the_sources_their_deliveries_and_a_switched_off_webhoo
 /// the colours of what did not happen (503, refused, dead-lettered).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_new_users_first_deliveries_are_drawn_in_the_charts() {
-    use posbridge::status::chart::{P99_COLOUR, SERIES, SPOOL_COLOUR};
+    use posbridge::http::status::chart::{P99_COLOUR, SERIES, SPOOL_COLOUR};
 
     let broker = OwnBroker::start().await;
     let dir = tempfile::tempdir().unwrap();

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use posbridge::event::{DeliveryKey, ProviderKind};
-use posbridge::ledger::{Begin, Commit, Ledger, RedisLedger};
+use posbridge::adapters::ledger::{Begin, Commit, Ledger, RedisLedger};
+use posbridge::domain::event::{DeliveryKey, ProviderKind};
 
 use crate::support::tls::TestCa;
 use crate::support::wait::look_for;

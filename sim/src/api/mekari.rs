@@ -19,8 +19,8 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{MethodRouter, get, post, put};
 use axum::{Json, Router};
-use posbridge::event::{EntityType, ProviderKind};
-use posbridge::providers::mekari::{API_CLOCK_SKEW_SECS, api_authorization};
+use posbridge::adapters::providers::mekari::{API_CLOCK_SKEW_SECS, api_authorization};
+use posbridge::domain::event::{EntityType, ProviderKind};
 use serde_json::{Value, json};
 use tracing::info;
 

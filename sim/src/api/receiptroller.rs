@@ -21,7 +21,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use bytes::Bytes;
 use futures::StreamExt as _;
-use posbridge::event::{EntityType, ProviderKind};
+use posbridge::domain::event::{EntityType, ProviderKind};
 use serde_json::{Value, json};
 use tracing::info;
 

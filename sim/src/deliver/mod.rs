@@ -17,7 +17,7 @@ pub mod receiptroller;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use posbridge::event::ProviderKind;
+use posbridge::domain::event::ProviderKind;
 use tokio::time::{Instant, sleep, sleep_until};
 use tracing::{debug, info};
 

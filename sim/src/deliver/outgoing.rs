@@ -8,9 +8,9 @@
 //! counted on its event's record.
 
 use bytes::Bytes;
-use posbridge::event::ProviderKind;
-use posbridge::providers;
-use posbridge::verify::sign;
+use posbridge::adapters::providers;
+use posbridge::domain::event::ProviderKind;
+use posbridge::domain::verify::sign;
 use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use tracing::debug;
 

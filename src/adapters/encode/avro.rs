@@ -6,7 +6,7 @@ use apache_avro::types::Value;
 use time::OffsetDateTime;
 
 use super::DecodeError;
-use crate::event::{
+use crate::domain::event::{
     Decimal, EntityType, LineItem, Origin, PosEvent, ProviderKind, Version, from_micros, micros,
 };
 

@@ -6,7 +6,7 @@
 //! the tests below compare them on varied events, and `encode`'s tests pin
 //! the bytes consumers already read. The field order is the schema's.
 
-use crate::event::{Decimal, LineItem, PosEvent, micros};
+use crate::domain::event::{Decimal, LineItem, PosEvent, micros};
 
 /// Appends an Avro `long` (or `int`): zig-zag, then base-128 varint.
 fn long(out: &mut Vec<u8>, value: i64) {
@@ -96,7 +96,7 @@ fn symbol<T: PartialEq>(out: &mut Vec<u8>, all: &[T], item: &T) {
 /// (no `..`), so a field added to the event without a place here fails to
 /// compile.
 pub fn write(event: &PosEvent, out: &mut Vec<u8>) {
-    use crate::event::{EntityType, ProviderKind};
+    use crate::domain::event::{EntityType, ProviderKind};
     let PosEvent {
         event_id,
         provider,
@@ -178,7 +178,7 @@ pub fn write(event: &PosEvent, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{EntityType, Origin, ProviderKind, Version};
+    use crate::domain::event::{EntityType, Origin, ProviderKind, Version};
     use time::macros::datetime;
 
     /// What `apache_avro` writes for the event's value tree.

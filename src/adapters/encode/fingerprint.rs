@@ -123,7 +123,7 @@ mod tests {
         assert_eq!(hex::encode(fingerprint().to_le_bytes()), "29ef1678077fa4da");
         assert_eq!(
             hex::encode(
-                fingerprint_of(include_str!("../../schemas/history/pos_event.v1.avsc"))
+                fingerprint_of(include_str!("../../../schemas/history/pos_event.v1.avsc"))
                     .to_le_bytes()
             ),
             "ecb1a1634e293ff8"

@@ -31,7 +31,7 @@ use schema_registry_converter::schema_registry_common::{
 };
 
 use crate::config::RegistryConfig;
-use crate::event::PosEvent;
+use crate::domain::event::PosEvent;
 
 pub use avro::from_avro;
 #[cfg(test)]
@@ -40,7 +40,7 @@ pub use fingerprint::fingerprint;
 pub use registry::{RegistryClient, RegistryError};
 
 /// The event schema, the contract with consumers.
-pub const SCHEMA_JSON: &str = include_str!("../../schemas/pos_event.avsc");
+pub const SCHEMA_JSON: &str = include_str!("../../../schemas/pos_event.avsc");
 
 /// The parsed event schema.
 pub static SCHEMA: LazyLock<Schema> = LazyLock::new(|| {
@@ -359,7 +359,7 @@ mod tests {
     fn the_schema_evolves_compatibly_both_ways() {
         use apache_avro::schema_compatibility::SchemaCompatibility;
         let v1 =
-            Schema::parse_str(include_str!("../../schemas/history/pos_event.v1.avsc")).unwrap();
+            Schema::parse_str(include_str!("../../../schemas/history/pos_event.v1.avsc")).unwrap();
         SchemaCompatibility::can_read(&v1, &SCHEMA).expect("v2 reads v1");
         SchemaCompatibility::can_read(&SCHEMA, &v1).expect("v1 reads v2");
         assert_eq!(

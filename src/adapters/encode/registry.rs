@@ -8,7 +8,8 @@ use reqwest::StatusCode;
 use schema_registry_converter::async_impl::schema_registry::SrSettings;
 use serde_json::{Value, json};
 
-use crate::config::{RegistryConfig, Secret};
+use crate::config::RegistryConfig;
+use crate::domain::secret::Secret;
 
 /// How long one registry call may take.
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);

@@ -23,8 +23,8 @@ use async_trait::async_trait;
 use tracing::{error, info, warn};
 
 use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
-use crate::event::DeliveryKey;
-use crate::telemetry;
+use crate::domain::event::DeliveryKey;
+use crate::observe::telemetry;
 
 /// How often a fenced ledger tries to heal.
 pub const RETRY_EVERY: Duration = Duration::from_secs(1);
@@ -321,10 +321,11 @@ mod tests {
     use async_trait::async_trait;
 
     use super::Fenced;
-    use crate::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
-    use crate::ledger::{
-        Begin, Commit, EmbeddedLedger, EntityLock, EntitySlot, EntityState, Ledger, LedgerError,
+    use crate::adapters::ledger::{
+        Begin, Commit, EmbeddedLedger, EntityLock, EntitySlot, Ledger, LedgerError,
     };
+    use crate::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
+    use crate::domain::guard::EntityState;
 
     /// A real embedded ledger whose writes (leases, commits) fail while
     /// `failing` is set: the full disk of `tests/it/ledger_full.rs`, or a
@@ -428,7 +429,7 @@ mod tests {
     }
 
     fn writable_gauge(recorder: &metrics_exporter_prometheus::PrometheusRecorder) -> String {
-        crate::telemetry::rendered(recorder, crate::telemetry::LEDGER_WRITABLE)
+        crate::observe::telemetry::rendered(recorder, crate::observe::telemetry::LEDGER_WRITABLE)
     }
 
     /// The gauge of this ledger alone (a recorder of the test's own): a

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError, Sending};
-use crate::event::DeliveryKey;
+use crate::domain::event::DeliveryKey;
 
 /// How long a lease or a guard read waits for a closed gate to open.
 const WAIT_FOR_OPEN: Duration = Duration::from_secs(1);

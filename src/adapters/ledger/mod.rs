@@ -16,7 +16,7 @@
 //!
 //! The ledger is a cache of the topics: every record posbridge writes
 //! carries its delivery id, entity version and state hash, so what a ledger
-//! lost is read back from them (`crate::rebuild`), from the offsets its last
+//! lost is read back from them (`crate::services::rebuild`), from the offsets its last
 //! checkpoint recorded ([`placements`]).
 
 mod embedded;
@@ -31,7 +31,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::config::{LedgerBackend, LedgerConfig};
-use crate::event::{DeliveryKey, EntityKey, EntityType, Version};
+use crate::domain::event::{DeliveryKey, EntityKey, EntityType, Version};
+use crate::domain::guard::EntityState;
 
 pub use embedded::{DEFAULT_CHECKPOINT_EVERY, EmbeddedLedger, LedgerCounts};
 pub use fence::Fenced;
@@ -46,7 +47,7 @@ impl LedgerError {
     pub fn is_held_elsewhere(&self) -> bool {
         matches!(
             self,
-            LedgerError::File(crate::store_file::StoreFileError::Held { .. })
+            LedgerError::File(crate::adapters::store_file::StoreFileError::Held { .. })
         )
     }
 }
@@ -66,7 +67,7 @@ pub enum LedgerError {
     },
     /// The embedded store's file is damaged or not a database.
     #[error(transparent)]
-    File(#[from] crate::store_file::StoreFileError),
+    File(#[from] crate::adapters::store_file::StoreFileError),
     /// A read or write of the embedded store failed. Shared: one failed
     /// group commit answers every delivery in it.
     #[error("embedded ledger: {0}")]
@@ -210,16 +211,7 @@ impl EntitySlot {
     }
 }
 
-/// The latest state written for an entity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EntityState {
-    /// Its version; anything older is stale.
-    pub version: Version,
-    /// A hash of its content, so an equal version with equal content is a
-    /// no-op and a reconciled copy of the same state publishes nothing.
-    pub state_hash: [u8; 16],
-}
-
+/// The ledger's storage form of an [`EntityState`], the same in both backends.
 impl EntityState {
     /// Storage form: version time and rank big-endian (so byte order is
     /// version order), then the hash.

@@ -24,7 +24,7 @@ pub type Partition = (String, i32);
 pub type Offsets = HashMap<Partition, i64>;
 
 /// A record the ledger holds the state of: where it lies, and the epoch its
-/// send was taken in. Plain data, carried in a [`crate::ledger::Commit`].
+/// send was taken in. Plain data, carried in a [`crate::adapters::ledger::Commit`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placed {
     /// Its topic.

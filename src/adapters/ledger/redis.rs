@@ -53,7 +53,7 @@ use super::{
     Begin, Commit, EntityLock, EntitySlot, EntityState, GENERATION_MARK, Ledger, LedgerError,
 };
 use crate::config::LedgerConfig;
-use crate::event::DeliveryKey;
+use crate::domain::event::DeliveryKey;
 
 /// How often the readiness check reads `maxmemory-policy` again: a policy
 /// changed under a running posbridge is seen within this, and readiness

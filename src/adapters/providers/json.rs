@@ -6,7 +6,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::{Context, NormalizeError};
-use crate::event::{Content, Decimal, LineItem, micros};
+use crate::domain::event::{Content, Decimal, LineItem, micros};
 
 /// The earliest event time accepted, 1970-01-01T00:00:00.001Z in
 /// nanoseconds since the epoch: the first instant whose Kafka record
@@ -321,7 +321,7 @@ fn leaf(field: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Origin, ProviderKind};
+    use crate::domain::event::{Origin, ProviderKind};
     use serde_json::json;
     use std::time::Duration;
     use time::macros::datetime;
@@ -333,7 +333,7 @@ mod tests {
     fn event_times_before_1970_or_too_far_ahead_are_refused() {
         let ctx = Context {
             event_id: "e-1",
-            source: crate::providers::test_source(ProviderKind::Mekari, None),
+            source: crate::adapters::providers::test_source(ProviderKind::Mekari, None),
             received_at: datetime!(2026-11-29 10:00 UTC),
             raw: "{}",
             origin: Origin::Webhook,

@@ -2,7 +2,7 @@
 //! per provider.
 //!
 //! A provider knows its delivery-id header, its default signature scheme and
-//! header, how to turn its JSON into a [`crate::event::PosEvent`] (and the
+//! header, how to turn its JSON into a [`crate::domain::event::PosEvent`] (and the
 //! entity's business content), how its `api` settings
 //! look and how to read its API ([`api::ProviderApi`]). The rest of the
 //! service never looks at a provider's JSON or names a provider: adding one
@@ -22,8 +22,9 @@ use std::time::Duration;
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use crate::config::{ApiSection, SchemeName};
-use crate::event::{EntityType, Normalized, Origin, ProviderKind, Source};
+use crate::config::ApiSection;
+use crate::domain::event::{EntityType, Normalized, Origin, ProviderKind, Source};
+use crate::domain::verify::SchemeName;
 
 use api::{ApiOptions, FetchError, ProviderApi};
 

@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 use time::macros::datetime;
 
 use super::*;
-use crate::event::{EntityType, Normalized, Origin, ProviderKind};
-use crate::guard::state_hash;
+use crate::domain::event::{EntityType, Normalized, Origin, ProviderKind};
+use crate::domain::guard::state_hash;
 
 #[test]
 fn every_provider_kind_is_registered_once() {
@@ -165,7 +165,7 @@ fn hash(normalized: &Normalized) -> [u8; 16] {
 }
 
 fn pushed(provider: ProviderKind, event_type: &str, data: &Value) -> Normalized {
-    let source = crate::providers::test_source(provider, None);
+    let source = crate::adapters::providers::test_source(provider, None);
     for_kind(provider)
         .normalize(
             &webhook(provider, event_type, data),
@@ -175,7 +175,7 @@ fn pushed(provider: ProviderKind, event_type: &str, data: &Value) -> Normalized 
 }
 
 fn fetched(provider: ProviderKind, entity_type: EntityType, data: &Value) -> Normalized {
-    let source = crate::providers::test_source(provider, None);
+    let source = crate::adapters::providers::test_source(provider, None);
     for_kind(provider)
         .normalize_record(entity_type, data, &ctx(source, Origin::Reconciler))
         .unwrap()

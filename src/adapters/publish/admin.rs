@@ -201,9 +201,9 @@ impl Publisher {
         for topic in topics.entities() {
             for reason in TopicChange::REASONS {
                 metrics::gauge!(
-                    crate::telemetry::TOPIC_CHANGED,
-                    crate::telemetry::TOPIC => topic.to_owned(),
-                    crate::telemetry::REASON => reason
+                    crate::observe::telemetry::TOPIC_CHANGED,
+                    crate::observe::telemetry::TOPIC => topic.to_owned(),
+                    crate::observe::telemetry::REASON => reason
                 )
                 .set(0.0);
             }

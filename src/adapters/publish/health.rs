@@ -18,7 +18,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tracing::{debug, error, info, warn};
 
 use super::change::TopicChange;
-use crate::telemetry;
+use crate::observe::telemetry;
 
 /// Kafka's reachability: up until a send fails for want of a broker, down
 /// until a broker answers again.

@@ -51,8 +51,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::util::Timeout;
 
 use crate::config::KafkaConfig;
-use crate::event::EntityType;
-use crate::telemetry;
+use crate::domain::event::EntityType;
+use crate::observe::telemetry;
 
 pub use change::TopicChange;
 use error::classify;

@@ -13,7 +13,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use super::health::BrokerContext;
 use super::{PublishError, Publisher};
-use crate::telemetry;
+use crate::observe::telemetry;
 
 /// The first wait before replacing a producer again when the one before
 /// it failed for good too without a record acknowledged in between: a

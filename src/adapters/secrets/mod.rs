@@ -18,8 +18,10 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::config::{SchemeName, Secret, SourceConfig};
-use crate::verify::SecretError;
+use crate::config::SourceConfig;
+use crate::domain::secret::Secret;
+use crate::domain::verify::SchemeName;
+use crate::domain::verify::SecretError;
 
 pub use watch::{ReloadRequest, SecretFiles};
 
@@ -178,7 +180,7 @@ pub fn read(source: &SourceConfig) -> Result<Vec<Found>, ReadError> {
     Ok(found)
 }
 
-/// The secrets of `found`, in its order: what a [`crate::verify::Verifier`]
+/// The secrets of `found`, in its order: what a [`crate::domain::verify::Verifier`]
 /// is built from or given.
 pub fn secrets_of(found: &[Found]) -> Vec<Secret> {
     found.iter().map(|f| f.secret.clone()).collect()

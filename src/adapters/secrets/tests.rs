@@ -12,9 +12,9 @@ use tokio_util::sync::CancellationToken;
 use super::watch::Reloaded;
 use super::*;
 use crate::config::Config;
-use crate::verify::{KeyChange, Verifier, sign};
+use crate::domain::verify::{KeyChange, Verifier, sign};
 
-#[path = "../../tests/it/support/secret_mount.rs"]
+#[path = "../../../tests/it/support/secret_mount.rs"]
 mod secret_mount;
 use secret_mount::SecretMount;
 

@@ -26,9 +26,10 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::config::{SchemeName, SourceEntry};
-use crate::telemetry;
-use crate::verify::{KeyChange, Verifier};
+use crate::config::SourceEntry;
+use crate::domain::verify::SchemeName;
+use crate::domain::verify::{KeyChange, Verifier};
+use crate::observe::telemetry;
 
 /// How long after a change is seen the files are read: the few events of
 /// one update (Kubernetes: a directory, a link, a rename, removals) arrive

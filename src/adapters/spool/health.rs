@@ -18,8 +18,8 @@ use redb::{Database, TableDefinition};
 use tracing::{error, info};
 
 use super::Inner;
-use crate::store_file::{self, Integrity, ReopenError};
-use crate::telemetry;
+use crate::adapters::store_file::{self, Integrity, ReopenError};
+use crate::observe::telemetry;
 
 /// How often an unwritable spool tries to heal, as the ledger's fence does.
 pub const RETRY_EVERY: Duration = Duration::from_secs(1);
@@ -140,7 +140,7 @@ impl Inner {
         // still full can fail (redb repairs a file it could not close
         // cleanly, which writes), and would leave no handle to read the
         // spooled entries through while the drainer replays them.
-        if let Err(error) = crate::store_file::probe_disk(&self.path, probe_bytes) {
+        if let Err(error) = crate::adapters::store_file::probe_disk(&self.path, probe_bytes) {
             self.health.not_healed(&error);
             return false;
         }

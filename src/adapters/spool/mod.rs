@@ -30,10 +30,10 @@ use depth::DepthHistory;
 pub use depth::MINUTES as DEPTH_MINUTES;
 use health::{Health, PROBE_BYTES};
 
+use crate::adapters::store_file::{self, Reopenable};
 use crate::config::SpoolConfig;
-use crate::event::{DeliveryKey, ProviderKind, Source, from_micros, micros};
-use crate::store_file::{self, Reopenable};
-use crate::telemetry;
+use crate::domain::event::{DeliveryKey, ProviderKind, Source, from_micros, micros};
+use crate::observe::telemetry;
 
 /// Sequence number → an encoded [`SpooledDelivery`]; oldest first.
 const ENTRIES: TableDefinition<u64, &[u8]> = TableDefinition::new("entries");
@@ -54,7 +54,7 @@ pub enum SpoolError {
     },
     /// The spool's file is damaged or not a database.
     #[error(transparent)]
-    File(#[from] crate::store_file::StoreFileError),
+    File(#[from] crate::adapters::store_file::StoreFileError),
     /// A read or write failed.
     #[error("spool storage: {0}")]
     Storage(#[source] Arc<redb::Error>),

@@ -168,7 +168,7 @@ pub fn guarded<R>(path: &Path, read: impl FnOnce() -> R) -> Result<R, StoreFileE
 fn damaged(path: &Path, panic: &(dyn std::any::Any + Send)) -> StoreFileError {
     StoreFileError::Damaged {
         path: path.display().to_string(),
-        detail: crate::panics::message(panic).to_owned(),
+        detail: crate::observe::panics::message(panic).to_owned(),
     }
 }
 

@@ -18,8 +18,9 @@ use time::OffsetDateTime;
 use super::ops::Readiness;
 use super::response::WebhookError;
 use crate::config::AdminConfig;
-use crate::pipeline::Pipeline;
-use crate::status::{Board, Health, Status};
+use crate::http::status::{Health, Status};
+use crate::observe::Board;
+use crate::services::pipeline::Pipeline;
 
 /// What the admin routes read.
 #[derive(Clone)]
@@ -118,7 +119,7 @@ const PAGE_POLICY: &str = "default-src 'none'; style-src 'unsafe-inline'";
 async fn status_page(State(state): State<AdminState>) -> Response {
     (
         [(header::CONTENT_SECURITY_POLICY, PAGE_POLICY)],
-        Html(crate::status::page::render(&gather(&state).await)),
+        Html(crate::http::status::page::render(&gather(&state).await)),
     )
         .into_response()
 }

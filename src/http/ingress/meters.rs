@@ -12,8 +12,8 @@ use std::time::Duration;
 use metrics::{Counter, Histogram, SharedString};
 
 use super::RequestOutcome;
-use crate::event::{ProviderKind, Source};
-use crate::telemetry;
+use crate::domain::event::{ProviderKind, Source};
+use crate::observe::telemetry;
 
 /// The `source` label of requests to a source that is not configured (labels
 /// stay bounded whatever paths clients send).

@@ -23,10 +23,10 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::event::{ProviderKind, Source};
-use crate::pipeline::Pipeline;
-use crate::status::Board;
-use crate::verify::Verifier;
+use crate::domain::event::{ProviderKind, Source};
+use crate::domain::verify::Verifier;
+use crate::observe::Board;
+use crate::services::pipeline::Pipeline;
 
 pub use admin::{AdminState, router as admin_router};
 pub use listen::ConnectionLimits;

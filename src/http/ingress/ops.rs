@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::AppState;
-use crate::pipeline::Pipeline;
+use crate::services::pipeline::Pipeline;
 
 /// How long `/readyz` waits for the broker's metadata answer.
 const BROKER_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -30,9 +30,9 @@ pub(super) struct Readiness {
     /// Whether the schema registry answers (true without one).
     pub registry: bool,
     /// The ledger's check.
-    pub ledger: Result<(), crate::ledger::LedgerError>,
+    pub ledger: Result<(), crate::adapters::ledger::LedgerError>,
     /// The spool's figures, when a source spools.
-    pub spool: Option<crate::spool::SpoolStats>,
+    pub spool: Option<crate::adapters::spool::SpoolStats>,
 }
 
 impl Readiness {
@@ -63,7 +63,7 @@ impl Readiness {
             broker,
             registry,
             ledger,
-            spool: pipeline.spool().map(crate::spool::Spool::stats),
+            spool: pipeline.spool().map(crate::adapters::spool::Spool::stats),
         }
     }
 

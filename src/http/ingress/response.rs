@@ -17,8 +17,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tracing::{debug, error};
 
-use crate::pipeline::{Outcome, PipelineError};
-use crate::verify::VerifyError;
+use crate::domain::verify::VerifyError;
+use crate::services::pipeline::{Outcome, PipelineError};
 
 /// Why a webhook request was not accepted.
 #[derive(Debug, thiserror::Error)]
@@ -172,7 +172,7 @@ pub async fn add_retry_after(
 /// body, logged at ERROR, instead of a connection closed without an answer.
 /// The provider retries; the lease of its delivery lapses meanwhile.
 pub fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
-    let detail = crate::panics::message(panic.as_ref());
+    let detail = crate::observe::panics::message(panic.as_ref());
     error!(
         panic = detail,
         "A request panicked; answered 503 so the provider retries."

@@ -15,10 +15,12 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 use super::*;
-use crate::config::{SchemeName, Secrets};
-use crate::event::{EntityKey, EntityType, Version};
-use crate::ledger::{Commit, EntitySlot, EntityState};
-use crate::verify::sign;
+use crate::adapters::ledger::{Commit, EntitySlot};
+use crate::config::Secrets;
+use crate::domain::event::{EntityKey, EntityType, Version};
+use crate::domain::guard::EntityState;
+use crate::domain::verify::SchemeName;
+use crate::domain::verify::sign;
 
 const SECRET: &str = "ingress-test-secret";
 const BODY_LIMIT: usize = 4096;
@@ -28,7 +30,7 @@ struct Harness {
     router: Router,
     pipeline: Pipeline,
     /// The broker the pipeline produces to; down until `recover`.
-    broker: Arc<crate::publish::FakeBroker>,
+    broker: Arc<crate::adapters::publish::FakeBroker>,
     /// What the status page would show.
     board: Board,
     /// The router's bound on body bytes in flight, to see it taken.
@@ -52,7 +54,7 @@ fn state(pipeline: Pipeline, sources: HashMap<(ProviderKind, String), WebhookSou
             retry_after_secs: RETRY_AFTER_SECS,
         },
         retry_after_secs: RETRY_AFTER_SECS,
-        metrics: crate::telemetry::install(),
+        metrics: crate::observe::telemetry::install(),
         board: Board::new(sources.keys().cloned()),
         sources: Arc::new(sources),
     }
@@ -60,7 +62,7 @@ fn state(pipeline: Pipeline, sources: HashMap<(ProviderKind, String), WebhookSou
 
 async fn harness() -> Harness {
     // Before the meters are registered, so they record.
-    crate::telemetry::install();
+    crate::observe::telemetry::install();
     let dir = tempfile::tempdir().unwrap();
     let (pipeline, broker) = Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100)).await;
     broker.go_down();
@@ -274,7 +276,7 @@ async fn a_delivery_kafka_takes_is_200_published_and_its_retry_200_duplicate() {
 #[tokio::test]
 async fn a_duplicate_of_a_delivery_in_flight_is_503() {
     let h = harness().await;
-    let key = crate::event::DeliveryKey::new(ProviderKind::Mekari, "d-busy");
+    let key = crate::domain::event::DeliveryKey::new(ProviderKind::Mekari, "d-busy");
     h.pipeline.ledger().begin(&key).await.unwrap();
     let (status, retry_after, _) =
         post_order(&h, Some("d-busy"), "d-busy", "2026-11-29T10:00:00Z").await;
@@ -288,7 +290,7 @@ async fn a_done_delivery_and_a_stale_event_are_200_without_kafka() {
     h.pipeline
         .ledger()
         .commit(Commit {
-            delivery: Some(crate::event::DeliveryKey::new(
+            delivery: Some(crate::domain::event::DeliveryKey::new(
                 ProviderKind::Mekari,
                 "d-done",
             )),
@@ -346,16 +348,16 @@ async fn the_same_state_again_is_200_unchanged() {
         name: "main".into(),
         account: None,
     };
-    let ctx = crate::providers::Context {
+    let ctx = crate::adapters::providers::Context {
         event_id: "d-first",
         source: &source,
         received_at: time::OffsetDateTime::now_utc(),
         raw: "{}",
-        origin: crate::event::Origin::Webhook,
+        origin: crate::domain::event::Origin::Webhook,
         max_event_ahead: std::time::Duration::from_secs(300),
     };
-    let crate::event::Normalized { event, content } =
-        crate::providers::for_kind(ProviderKind::Mekari)
+    let crate::domain::event::Normalized { event, content } =
+        crate::adapters::providers::for_kind(ProviderKind::Mekari)
             .normalize(&body, &ctx)
             .unwrap();
     h.pipeline
@@ -365,7 +367,7 @@ async fn the_same_state_again_is_200_unchanged() {
                 EntitySlot::new(event.entity_type, &event.key()),
                 EntityState {
                     version: event.version,
-                    state_hash: crate::guard::state_hash(&event, &content),
+                    state_hash: crate::domain::guard::state_hash(&event, &content),
                 },
             )),
             ..Commit::default()

@@ -18,12 +18,12 @@ use tracing::{Instrument, error, info_span};
 use super::meters;
 use super::response::{RequestOutcome, WebhookError, accepted};
 use super::{AppState, WebhookSource};
-use crate::event::ProviderKind;
-use crate::pipeline::{Delivery, Handled};
-use crate::providers;
-use crate::status::board;
-use crate::telemetry;
-use crate::traces::{DeliveryTrace, Stage};
+use crate::adapters::providers;
+use crate::domain::event::ProviderKind;
+use crate::observe::board;
+use crate::observe::telemetry;
+use crate::observe::traces::{DeliveryTrace, Stage};
+use crate::services::pipeline::{Delivery, Handled};
 
 /// `POST /webhooks/{provider}/{source}`.
 pub async fn receive(

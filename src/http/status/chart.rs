@@ -10,7 +10,7 @@
 
 use std::fmt::Write as _;
 
-use super::board::MinuteSnapshot;
+use crate::observe::board::MinuteSnapshot;
 
 /// The whole drawing's size, and the plot's place in it.
 const WIDTH: f64 = 540.0;

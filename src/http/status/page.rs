@@ -10,9 +10,9 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use time::macros::format_description;
 
-use super::board::SourceSnapshot;
 use super::chart;
-use crate::spool::SpoolStats;
+use crate::adapters::spool::SpoolStats;
+use crate::observe::board::SourceSnapshot;
 
 /// How the page groups answers, in its column order: outcome keys of 2xx
 /// answers, then refusals by status.
@@ -50,7 +50,7 @@ pub struct Health {
     /// `ok` or the ledger's error.
     pub ledger: String,
     /// Where the ledger's last (or running) fill from the topics stands.
-    pub ledger_rebuild: Option<crate::ledger::Progress>,
+    pub ledger_rebuild: Option<crate::adapters::ledger::Progress>,
     /// `ok`, `unavailable`, or `not used`.
     pub schema_registry: &'static str,
     /// The spool's entries and bytes, when a source spools.

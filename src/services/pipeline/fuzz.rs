@@ -23,12 +23,13 @@ use serde_json::{Value, json};
 
 use super::intake::{Envelope, identify};
 use super::{Delivery, PipelineError};
-use crate::config::{RegistryConfig, Secret};
-use crate::encode::{Encoder, decode};
-use crate::event::{Origin, ProviderKind, Source};
-use crate::providers::{self, Context};
-use crate::traces::DeliveryTrace;
-use crate::verify::{Verifier, sign};
+use crate::adapters::encode::{Encoder, decode};
+use crate::adapters::providers::{self, Context};
+use crate::config::RegistryConfig;
+use crate::domain::event::{Origin, ProviderKind, Source};
+use crate::domain::secret::Secret;
+use crate::domain::verify::{Verifier, sign};
+use crate::observe::traces::DeliveryTrace;
 
 const SECRET: &str = "fuzz-secret";
 
@@ -233,7 +234,7 @@ const PATHS: &[&[&str]] = &[
 /// What became of one signed body.
 #[derive(Debug)]
 enum Fate {
-    Event(Box<crate::event::PosEvent>),
+    Event(Box<crate::domain::event::PosEvent>),
     DeadLetter(&'static str),
     Mismatch,
 }

@@ -10,12 +10,12 @@ use tracing::debug;
 use super::lease::{Lease, Released};
 use super::outcome::ended;
 use super::{DeadLetter, Delivery, Handled, Outcome, Pipeline, PipelineError};
-use crate::event::{DeliveryKey, EntityKey, Normalized, Origin, ProviderKind};
-use crate::ledger::Begin;
-use crate::providers::{self, Context, NormalizeError};
-use crate::spool::SpooledDelivery;
-use crate::telemetry;
-use crate::traces::{Origin as TraceOrigin, Stage};
+use crate::adapters::ledger::Begin;
+use crate::adapters::providers::{self, Context, NormalizeError};
+use crate::adapters::spool::SpooledDelivery;
+use crate::domain::event::{DeliveryKey, EntityKey, Normalized, Origin, ProviderKind};
+use crate::observe::telemetry;
+use crate::observe::traces::{Origin as TraceOrigin, Stage};
 
 /// How often a duplicate re-checks the ledger while the first attempt runs.
 const IN_FLIGHT_POLL: Duration = Duration::from_millis(20);
@@ -231,7 +231,7 @@ impl Pipeline {
     /// releases, this one takes over. `Ok(false)` when it is done.
     async fn wait_out_in_flight<F>(&self, begin: impl Fn() -> F) -> Result<bool, PipelineError>
     where
-        F: Future<Output = Result<Begin, crate::ledger::LedgerError>>,
+        F: Future<Output = Result<Begin, crate::adapters::ledger::LedgerError>>,
     {
         let deadline = Instant::now() + self.inner.inflight_wait;
         loop {

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
-use crate::event::DeliveryKey;
-use crate::ledger::Ledger;
+use crate::adapters::ledger::Ledger;
+use crate::domain::event::DeliveryKey;
 
 /// The lease of one delivery, taken from the ledger.
 pub(super) struct Lease {
@@ -92,8 +92,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::event::ProviderKind;
-    use crate::ledger::{Begin, EmbeddedLedger};
+    use crate::adapters::ledger::{Begin, EmbeddedLedger};
+    use crate::domain::event::ProviderKind;
 
     #[tokio::test]
     async fn a_dropped_lease_is_given_back_before_wait_returns_and_an_ended_one_is_not() {

@@ -41,15 +41,15 @@ use std::time::{Duration, Instant};
 
 use time::OffsetDateTime;
 
-use crate::encode::Encoder;
-use crate::event::Source;
-use crate::ledger::Ledger;
+use crate::adapters::encode::Encoder;
+use crate::adapters::ledger::Ledger;
 #[cfg(test)]
-use crate::publish::FakeBroker;
-use crate::publish::{Produce, Topics};
-use crate::spool::Spool;
-use crate::traces::{DeliveryTrace, Origin as TraceOrigin, Traces};
-use crate::verify::VerifiedBody;
+use crate::adapters::publish::FakeBroker;
+use crate::adapters::publish::{Produce, Topics};
+use crate::adapters::spool::Spool;
+use crate::domain::event::Source;
+use crate::domain::verify::VerifiedBody;
+use crate::observe::traces::{DeliveryTrace, Origin as TraceOrigin, Traces};
 
 pub use outcome::{Handled, Outcome, PipelineError, Redelivery};
 pub use record::{
@@ -195,7 +195,7 @@ impl Pipeline {
             path: dir.join("ledger.redb"),
             ..LedgerConfig::default()
         };
-        let opened = crate::ledger::open(&ledger, Duration::from_secs(30))
+        let opened = crate::adapters::ledger::open(&ledger, Duration::from_secs(30))
             .await
             .expect("a fresh ledger file opens");
         // Nothing to fill it from: decided at once.

@@ -2,12 +2,12 @@
 //! handled, and what a redelivered dead letter came to.
 
 use super::lease::Lease;
-use crate::encode::EncodeError;
-use crate::event::{EntityKey, PosEvent};
-use crate::ledger::LedgerError;
-use crate::publish::PublishError;
-use crate::spool::SpoolError;
-use crate::traces::DeliveryTrace;
+use crate::adapters::encode::EncodeError;
+use crate::adapters::ledger::LedgerError;
+use crate::adapters::publish::PublishError;
+use crate::adapters::spool::SpoolError;
+use crate::domain::event::{EntityKey, PosEvent};
+use crate::observe::traces::DeliveryTrace;
 
 /// What the pipeline did with an event; the `outcome` metric label of a
 /// handled request and of a reconciled record.

@@ -6,9 +6,9 @@
 
 use time::OffsetDateTime;
 
-use crate::event::{DeliveryKey, EntityKey, PosEvent, ProviderKind, Version};
-use crate::ledger::EntityState;
-use crate::publish::OutgoingRecord;
+use crate::adapters::publish::OutgoingRecord;
+use crate::domain::event::{DeliveryKey, EntityKey, PosEvent, ProviderKind, Version};
+use crate::domain::guard::EntityState;
 
 /// Record header: the provider's delivery id.
 pub const HEADER_DELIVERY_ID: &str = "posbridge-delivery-id";
@@ -219,7 +219,7 @@ fn millis(at: OffsetDateTime) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::Origin;
+    use crate::domain::event::Origin;
     use time::macros::datetime;
 
     fn event() -> PosEvent {

@@ -7,9 +7,9 @@ use super::lease::Lease;
 use super::outcome::{MISMATCH_CODE, Written};
 use super::write::entity_state;
 use super::{Delivery, Outcome, Pipeline, PipelineError, Redelivery};
-use crate::event::Normalized;
-use crate::guard::{self, Decision};
-use crate::traces::{Origin as TraceOrigin, Stage};
+use crate::domain::event::Normalized;
+use crate::domain::guard::{self, Decision};
+use crate::observe::traces::{Origin as TraceOrigin, Stage};
 
 impl Pipeline {
     /// Puts a dead letter's body through the line again as its original

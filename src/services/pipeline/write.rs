@@ -9,13 +9,14 @@ use super::{
     DeadLetter, Outcome, Pipeline, PipelineError, cut_dead_letter, dead_letter_record,
     entity_record,
 };
-use crate::encode::EncodeError;
-use crate::event::{Content, EntityKey, Normalized, Origin, PosEvent};
-use crate::guard::{self, Decision};
-use crate::ledger::{Commit, EntityLock, EntitySlot, EntityState, LedgerError, Placed};
-use crate::publish::PublishError;
-use crate::telemetry;
-use crate::traces::{DeliveryTrace, Origin as TraceOrigin, Stage};
+use crate::adapters::encode::EncodeError;
+use crate::adapters::ledger::{Commit, EntityLock, EntitySlot, LedgerError, Placed};
+use crate::adapters::publish::PublishError;
+use crate::domain::event::{Content, EntityKey, Normalized, Origin, PosEvent};
+use crate::domain::guard::EntityState;
+use crate::domain::guard::{self, Decision};
+use crate::observe::telemetry;
+use crate::observe::traces::{DeliveryTrace, Origin as TraceOrigin, Stage};
 
 impl Pipeline {
     /// Guards, encodes and publishes one normalized event, then records the
@@ -183,7 +184,7 @@ impl Pipeline {
     /// ends its `lease`), the entity's new state, or both, with where its
     /// record lies (`placed`); nothing to write, nothing done. A commit
     /// that fails gives the lease back itself
-    /// ([`crate::ledger::Ledger::commit`]): the lease is ended either way.
+    /// ([`crate::adapters::ledger::Ledger::commit`]): the lease is ended either way.
     pub(super) async fn commit(
         &self,
         lease: Option<Lease>,

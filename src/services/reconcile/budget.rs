@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::ReconcileError;
 use crate::config::ReconcileConfig;
-use crate::event::Source;
+use crate::domain::event::Source;
 
 /// A bound of one run (`[reconcile]`) that the source's API made it reach.
 #[derive(Debug, thiserror::Error)]

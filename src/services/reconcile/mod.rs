@@ -33,18 +33,18 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
+use crate::adapters::ledger::{Commit, Ledger, LedgerError};
+use crate::adapters::providers::api::{ApiOptions, FetchError, Job, Paging, ProviderApi};
+use crate::adapters::providers::{self, Context};
 use crate::config::{Config, ReconcileConfig};
-use crate::event::{EntityType, Origin, ProviderKind, Source, Version};
-use crate::ledger::{Commit, Ledger, LedgerError};
-use crate::pipeline::{DeadLetter, Outcome, Pipeline, PipelineError};
-use crate::providers::api::{ApiOptions, FetchError, Job, Paging, ProviderApi};
-use crate::providers::{self, Context};
-use crate::status::Board;
-use crate::status::board::{ReconcileRun, Window};
-use crate::telemetry;
-use crate::ticker::Every;
+use crate::domain::event::{EntityType, Origin, ProviderKind, Source, Version};
+use crate::observe::Board;
+use crate::observe::board::{ReconcileRun, Window};
+use crate::observe::telemetry;
+use crate::services::pipeline::{DeadLetter, Outcome, Pipeline, PipelineError};
+use crate::services::ticker::Every;
 
-use crate::progress::Progress;
+use crate::observe::progress::Progress;
 
 use budget::Budget;
 pub use budget::RunLimit;

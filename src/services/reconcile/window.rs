@@ -3,9 +3,9 @@
 
 use time::OffsetDateTime;
 
+use crate::adapters::providers::api::{Job, Paging};
 use crate::config::ReconcileConfig;
-use crate::event::Source;
-use crate::providers::api::{Job, Paging};
+use crate::domain::event::Source;
 
 /// The ledger name of a job's checkpoint:
 /// `{provider}/{source}/{outlet or -}/{entity type}`, e.g. `mekari/main/OUT-1/orders`.
@@ -66,7 +66,7 @@ fn seconds(secs: u64) -> time::Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{EntityType, ProviderKind};
+    use crate::domain::event::{EntityType, ProviderKind};
     use time::macros::datetime;
 
     #[test]

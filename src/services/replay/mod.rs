@@ -23,11 +23,11 @@ use std::time::Instant;
 
 use tracing::{info, warn};
 
+use crate::adapters::ledger::{Commit, LedgerError};
 use crate::config::Config;
-use crate::ledger::{Commit, LedgerError};
-use crate::pipeline::{Pipeline, PipelineError};
+use crate::services::pipeline::{Pipeline, PipelineError};
 
-use crate::progress::Progress;
+use crate::observe::progress::Progress;
 use checkpoint::Cursor;
 
 use report::{Line, Verdict};

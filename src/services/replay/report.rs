@@ -3,7 +3,9 @@
 
 use serde::Serialize;
 
-use crate::pipeline::{HEADER_DELIVERY_ID, HEADER_PROVIDER, HEADER_SOURCE, Outcome, Redelivery};
+use crate::services::pipeline::{
+    HEADER_DELIVERY_ID, HEADER_PROVIDER, HEADER_SOURCE, Outcome, Redelivery,
+};
 
 use super::select::{Letter, Skip};
 
@@ -157,7 +159,7 @@ impl Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{EntityKey, ProviderKind};
+    use crate::domain::event::{EntityKey, ProviderKind};
 
     fn letter() -> Letter {
         Letter {

@@ -9,14 +9,14 @@ use std::time::Instant;
 use bytes::Bytes;
 use time::OffsetDateTime;
 
-use crate::event::{ProviderKind, Source};
-use crate::pipeline::{
+use crate::domain::event::{ProviderKind, Source};
+use crate::domain::verify::VerifiedBody;
+use crate::observe::traces::DeliveryTrace;
+use crate::services::pipeline::{
     Delivery, HEADER_BODY_BYTES, HEADER_DELIVERY_ID, HEADER_PROVIDER, HEADER_REASON,
     HEADER_REASON_CODE, HEADER_SOURCE,
 };
-use crate::reconcile::RECONCILED_ID_PREFIX;
-use crate::traces::DeliveryTrace;
-use crate::verify::VerifiedBody;
+use crate::services::reconcile::RECONCILED_ID_PREFIX;
 
 /// One record of the dead-letter topic, owned.
 #[derive(Debug, Clone)]

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use posbridge::app::App;
 use posbridge::config::Config;
-use posbridge::config::SchemeName;
-use posbridge::verify::sign;
+use posbridge::domain::verify::SchemeName;
+use posbridge::domain::verify::sign;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -131,11 +131,11 @@ pub fn config_text(brokers: &str, prefix: &str, dir: &Path) -> String {
 pub struct TestApp {
     pub base: String,
     /// The running app's pipeline, for a reconciler in the test.
-    pub pipeline: posbridge::pipeline::Pipeline,
+    pub pipeline: posbridge::services::pipeline::Pipeline,
     /// The running app's producer, for what only it knows.
-    pub publisher: posbridge::publish::Publisher,
+    pub publisher: posbridge::adapters::publish::Publisher,
     /// The running app's status board, for the admin router in the test.
-    pub board: posbridge::status::Board,
+    pub board: posbridge::observe::Board,
     pub config: Config,
     pub prefix: String,
     stop: Option<oneshot::Sender<()>>,
@@ -286,8 +286,8 @@ impl TestApp {
     /// The status page's HTML, from the admin router on this app's
     /// pipeline and board (no credentials).
     pub async fn status_page(&self) -> String {
-        let router = posbridge::ingress::admin_router(
-            posbridge::ingress::AdminState {
+        let router = posbridge::http::ingress::admin_router(
+            posbridge::http::ingress::AdminState {
                 pipeline: self.pipeline.clone(),
                 board: self.board.clone(),
             },

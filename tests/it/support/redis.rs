@@ -77,8 +77,8 @@ pub async fn cli(port: u16, args: &[&str]) -> String {
 /// Marks a Redis ledger opened directly (not by `App::build`, which fills
 /// it from the topics) as filled: without its generation mark it decides
 /// nothing.
-pub async fn mark_filled(ledger: &posbridge::ledger::RedisLedger) {
-    use posbridge::ledger::{Commit, GENERATION_MARK, Ledger};
+pub async fn mark_filled(ledger: &posbridge::adapters::ledger::RedisLedger) {
+    use posbridge::adapters::ledger::{Commit, GENERATION_MARK, Ledger};
     ledger
         .commit(Commit {
             checkpoint: Some((GENERATION_MARK.to_owned(), 1)),

@@ -1,6 +1,6 @@
 //! A directory laid out as the kubelet mounts a Kubernetes Secret, and
 //! updated as the kubelet updates it. The secret files' unit tests
-//! (`src/secrets/tests.rs`) use this file too.
+//! (`src/adapters/secrets/tests.rs`) use this file too.
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};

@@ -18,8 +18,8 @@ use tracing::{error, info};
 
 use super::store::{Recent, Store};
 use super::tables::{Sweep, Tables, unix_now, write_batch};
-use crate::ledger::LedgerError;
-use crate::ledger::placements::{Offsets, Placements};
+use crate::adapters::ledger::LedgerError;
+use crate::adapters::ledger::placements::{Offsets, Placements};
 
 /// How long a checkpoint waits for the sends of the epoch it sealed to
 /// end: their offsets are counted now, not at the next checkpoint. A send
@@ -55,12 +55,12 @@ impl Health {
         let mut failing = self.failing.lock().unwrap_or_else(PoisonError::into_inner);
         match (outcome, failing.is_some()) {
             (Err(error), false) => {
-                metrics::gauge!(crate::telemetry::LEDGER_WRITABLE).set(0.0);
+                metrics::gauge!(crate::observe::telemetry::LEDGER_WRITABLE).set(0.0);
                 error!(%error, "The ledger's checkpoint failed: deliveries go on (the topics hold their outcomes), and the ledger is read back from its last checkpoint's offsets should posbridge stop before one works.");
                 *failing = Some(error.to_string());
             }
             (Ok(()), true) => {
-                metrics::gauge!(crate::telemetry::LEDGER_WRITABLE).set(1.0);
+                metrics::gauge!(crate::observe::telemetry::LEDGER_WRITABLE).set(1.0);
                 info!("The ledger's checkpoints work again.");
                 *failing = None;
             }
@@ -156,9 +156,11 @@ impl Checkpoint {
             // Room first: a reopen on a disk still full may fail and leave
             // no handle for the reads memory does not answer.
             let bytes = 64 * 1024 + 64 * flushing.len() as u64;
-            crate::store_file::probe_disk(&store.path, bytes).map_err(|e| LedgerError::Open {
-                path: store.path.display().to_string(),
-                source: e.into(),
+            crate::adapters::store_file::probe_disk(&store.path, bytes).map_err(|e| {
+                LedgerError::Open {
+                    path: store.path.display().to_string(),
+                    source: e.into(),
+                }
             })?;
             store.reopen()?;
         }
@@ -189,7 +191,7 @@ mod tests {
     use super::*;
 
     fn writable_gauge(recorder: &metrics_exporter_prometheus::PrometheusRecorder) -> String {
-        crate::telemetry::rendered(recorder, crate::telemetry::LEDGER_WRITABLE)
+        crate::observe::telemetry::rendered(recorder, crate::observe::telemetry::LEDGER_WRITABLE)
     }
 
     /// On a recorder of its own: the suite's apps share the global one.

@@ -5,7 +5,7 @@
 //! would keep (its delivery id, entity version and state hash). A thread
 //! (`checkpoint.rs`) makes memory's writes durable in the file every
 //! `ledger.checkpoint_interval_ms`, in one redb commit with the offsets of
-//! the records they came from (`crate::ledger::placements`); at the next
+//! the records they came from (`crate::adapters::ledger::placements`); at the next
 //! start the topics are read from those offsets to their end, so a crash
 //! loses nothing the topics hold. Reads look in memory, then in redb
 //! through table handles kept from its last checkpoint. Leases and entity
@@ -30,7 +30,7 @@ use tokio::sync::oneshot;
 
 use super::placements::{Offsets, Placements, Sending};
 use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
-use crate::event::DeliveryKey;
+use crate::domain::event::DeliveryKey;
 use checkpoint::{Ask, Health, checkpoint_loop};
 use store::Store;
 use tables::{CHECKPOINTS, DONE, ENTITIES, unix_now};

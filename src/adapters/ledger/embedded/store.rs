@@ -11,8 +11,8 @@ use tracing::info;
 use super::tables::{
     CHECKPOINTS, DONE, ENTITIES, OFFSETS, OLD_DONE_BY_EXPIRY, OLD_REDO, Tables, Write,
 };
-use crate::ledger::LedgerError;
-use crate::store_file::{self, Integrity, ReopenError, Reopenable};
+use crate::adapters::ledger::LedgerError;
+use crate::adapters::store_file::{self, Integrity, ReopenError, Reopenable};
 
 /// The open database, replaced by [`Store::reopen`] after a failure, and
 /// what was written since its last checkpoint, which outlives a reopen.

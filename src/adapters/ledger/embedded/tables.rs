@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use crate::ledger::placements::Offsets;
+use crate::adapters::ledger::placements::Offsets;
 
 /// One write the ledger makes. Ordered by kind, then key.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

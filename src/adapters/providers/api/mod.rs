@@ -19,7 +19,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::config::ReconcileConfig;
-use crate::event::EntityType;
+use crate::domain::event::EntityType;
 
 pub use client::{ApiClient, AttemptError, Authorize, FetchError};
 

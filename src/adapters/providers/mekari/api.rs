@@ -14,12 +14,13 @@ use serde_json::{Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::config::{ApiSection, Secret};
-use crate::event::EntityType;
-use crate::providers::api::{
+use crate::adapters::providers::api::{
     ApiClient, ApiOptions, Authorize, FetchError, Job, Page, Paging, Paths, ProviderApi,
     Settings as ApiSettings, WebhookState, default_per_page, rfc3339,
 };
+use crate::config::ApiSection;
+use crate::domain::event::EntityType;
+use crate::domain::secret::Secret;
 
 /// Default paths; each can be overridden under `api.paths`.
 const DEFAULT_PATHS: [(&str, &str); 8] = [
@@ -140,10 +141,9 @@ pub fn api_authorization(
 ) -> String {
     use base64::Engine;
     let signing = format!("date: {date}\n{method} {path_and_query} HTTP/1.1");
-    let signature = base64::engine::general_purpose::STANDARD.encode(crate::verify::hmac_sha256(
-        client_secret.as_bytes(),
-        &[signing.as_bytes()],
-    ));
+    let signature = base64::engine::general_purpose::STANDARD.encode(
+        crate::domain::verify::hmac_sha256(client_secret.as_bytes(), &[signing.as_bytes()]),
+    );
     format!(
         "hmac username=\"{client_id}\", algorithm=\"hmac-sha256\", headers=\"date request-line\", signature=\"{signature}\""
     )
@@ -320,8 +320,8 @@ impl ProviderApi for MekariApi {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adapters::providers::api::fake::{Answer, FakeProviderApi, api_section};
     use crate::config::ReconcileConfig;
-    use crate::providers::api::fake::{Answer, FakeProviderApi, api_section};
 
     #[tokio::test]
     async fn a_page_with_more_items_than_asked_is_refused() {

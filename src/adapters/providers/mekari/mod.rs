@@ -18,8 +18,9 @@ use time::OffsetDateTime;
 
 use super::api::{ApiOptions, FetchError, ProviderApi};
 use super::{Context, DeliveryRules, NormalizeError, Provider};
-use crate::config::{ApiSection, SchemeName};
-use crate::event::{Normalized, ProviderKind};
+use crate::config::ApiSection;
+use crate::domain::event::{Normalized, ProviderKind};
+use crate::domain::verify::SchemeName;
 
 pub use api::{API_CLOCK_SKEW_SECS, api_authorization};
 

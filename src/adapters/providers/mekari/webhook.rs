@@ -7,12 +7,12 @@
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use crate::event::{EntityType, Normalized, PosEvent, ProviderKind, Version};
-use crate::providers::json::{
+use crate::adapters::providers::json::{
     content, envelope, first_decimal, items, lines, optional_bool, optional_decimal, optional_ids,
     optional_text, optional_time, required_str,
 };
-use crate::providers::{Context, NormalizeError};
+use crate::adapters::providers::{Context, NormalizeError};
+use crate::domain::event::{EntityType, Normalized, PosEvent, ProviderKind, Version};
 
 /// Top-level data fields that say when the record was last touched, not what
 /// the entity is: left out of the business content, so a webhook and an API
@@ -167,9 +167,9 @@ fn kitchen_rank(status: Option<&str>) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::Origin;
-    use crate::providers::mekari::Mekari;
-    use crate::providers::{Provider, test_source};
+    use crate::adapters::providers::mekari::Mekari;
+    use crate::adapters::providers::{Provider, test_source};
+    use crate::domain::event::Origin;
     use serde_json::json;
     use time::macros::datetime;
 

@@ -12,12 +12,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
-use crate::config::{ApiSection, Secret};
-use crate::event::EntityType;
-use crate::providers::api::{
+use crate::adapters::providers::api::{
     ApiClient, ApiOptions, Authorize, FetchError, Job, Page, Paging, Paths, ProviderApi,
     Settings as ApiSettings, WebhookState, default_per_page, rfc3339,
 };
+use crate::config::ApiSection;
+use crate::domain::event::EntityType;
+use crate::domain::secret::Secret;
 
 /// Default paths; each can be overridden under `api.paths`.
 const DEFAULT_PATHS: [(&str, &str); 2] = [
@@ -200,8 +201,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::adapters::providers::api::fake::{Answer, FakeProviderApi, api_section};
     use crate::config::ReconcileConfig;
-    use crate::providers::api::fake::{Answer, FakeProviderApi, api_section};
 
     #[tokio::test]
     async fn a_page_with_more_items_than_asked_is_refused() {

@@ -17,8 +17,9 @@ use time::OffsetDateTime;
 
 use super::api::{ApiOptions, FetchError, ProviderApi};
 use super::{Context, DeliveryRules, NormalizeError, Provider};
-use crate::config::{ApiSection, SchemeName};
-use crate::event::{Normalized, ProviderKind};
+use crate::config::ApiSection;
+use crate::domain::event::{Normalized, ProviderKind};
+use crate::domain::verify::SchemeName;
 
 /// Delivery id header (documented).
 pub const DELIVERY_HEADER: &str = "x-rr-delivery";

@@ -7,11 +7,11 @@
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use crate::event::{EntityType, Normalized, PosEvent, ProviderKind, Version};
-use crate::providers::json::{
+use crate::adapters::providers::json::{
     content, envelope, items, optional_decimal, optional_text, optional_time, required_str,
 };
-use crate::providers::{Context, NormalizeError, RECONCILED_VERB};
+use crate::adapters::providers::{Context, NormalizeError, RECONCILED_VERB};
+use crate::domain::event::{EntityType, Normalized, PosEvent, ProviderKind, Version};
 
 /// A webhook body: `type`, `timestamp` (the version) and the entity's `data`.
 pub fn normalize(body: &Value, ctx: &Context<'_>) -> Result<Normalized, NormalizeError> {
@@ -93,9 +93,9 @@ pub fn entity_event(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::Origin;
-    use crate::providers::receiptroller::ReceiptRoller;
-    use crate::providers::{Provider, test_source};
+    use crate::adapters::providers::receiptroller::ReceiptRoller;
+    use crate::adapters::providers::{Provider, test_source};
+    use crate::domain::event::Origin;
     use serde_json::json;
     use time::macros::datetime;
 

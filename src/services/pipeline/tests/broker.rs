@@ -11,8 +11,8 @@ use rdkafka::error::RDKafkaErrorCode;
 use sha2::{Digest, Sha256};
 
 use super::*;
-use crate::event::EntityKey;
-use crate::publish::{FakeBroker, OutgoingRecord};
+use crate::adapters::publish::{FakeBroker, OutgoingRecord};
+use crate::domain::event::EntityKey;
 
 /// The order every test delivery is about.
 const ORDER: &str = "mekari:ORD-1";

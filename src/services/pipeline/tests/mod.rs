@@ -14,14 +14,16 @@ use time::macros::datetime;
 
 use super::intake::{Envelope, identify};
 use super::*;
-use crate::config::{SchemeName, Secrets};
-use crate::event::{
+use crate::adapters::ledger::{Begin, Commit, EntitySlot};
+use crate::adapters::publish::PublishError;
+use crate::config::Secrets;
+use crate::domain::event::{
     Content, DeliveryKey, EntityType, Normalized, Origin, PosEvent, ProviderKind, Version,
 };
-use crate::guard;
-use crate::ledger::{Begin, Commit, EntitySlot, EntityState};
-use crate::publish::PublishError;
-use crate::verify::{Verifier, sign};
+use crate::domain::guard;
+use crate::domain::guard::EntityState;
+use crate::domain::verify::SchemeName;
+use crate::domain::verify::{Verifier, sign};
 
 const SECRET: &str = "pipeline-test-secret";
 
@@ -223,7 +225,7 @@ async fn a_record_kafka_did_not_take_leaves_the_delivery_retryable() {
     );
     let slot = EntitySlot::new(
         EntityType::Order,
-        &crate::event::EntityKey::new(ProviderKind::Mekari, None, "ORD-1"),
+        &crate::domain::event::EntityKey::new(ProviderKind::Mekari, None, "ORD-1"),
     );
     assert_eq!(pipeline.ledger().entity(&slot).await.unwrap(), None);
 }
@@ -468,7 +470,7 @@ async fn a_redelivered_dead_letter_is_guarded_like_any_delivery() {
     .await;
     done(&pipeline, "d-old").await;
     let old = delivery("d-old", "d-old", "2026-11-29T11:00:00Z");
-    let entity = crate::event::EntityKey::new(ProviderKind::Mekari, None, "ORD-1");
+    let entity = crate::domain::event::EntityKey::new(ProviderKind::Mekari, None, "ORD-1");
     let stale = Redelivery::Applied {
         outcome: Outcome::Stale,
         entity,
@@ -526,7 +528,7 @@ async fn a_redelivery_kafka_cannot_take_stays_retryable_and_writes_nothing() {
     assert_kafka_did_not_take(&error);
     let slot = EntitySlot::new(
         EntityType::Order,
-        &crate::event::EntityKey::new(ProviderKind::Mekari, None, "ORD-1"),
+        &crate::domain::event::EntityKey::new(ProviderKind::Mekari, None, "ORD-1"),
     );
     assert_eq!(pipeline.ledger().entity(&slot).await.unwrap(), None);
     assert_eq!(

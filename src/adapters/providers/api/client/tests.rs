@@ -6,8 +6,8 @@ use std::sync::Mutex;
 use serde_json::json;
 
 use super::*;
+use crate::adapters::providers::api::fake::{Answer, FakeProviderApi};
 use crate::config::ReconcileConfig;
-use crate::providers::api::fake::{Answer, FakeProviderApi};
 
 struct NoAuth;
 
