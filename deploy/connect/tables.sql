@@ -25,10 +25,18 @@
 -- here and to the live tables (timestamptz) before the posbridge that
 -- writes it is deployed (docs/SINK.md, "When the schema gains a field").
 --
+-- The tables are pos_{entity}, the names the connector gives the topics
+-- pos.{entity}; for another topic prefix (a test's own topics), set
+-- posbridge.table_prefix in the session first: the connector's table for
+-- topic {prefix}.sales is {prefix}_sales (collection.name.format=${topic},
+-- dots as underscores).
+--
 --   psql -h 127.0.0.1 -p PORT -U postgres -d posbridge -f deploy/connect/tables.sql
+--   psql … -c "SET posbridge.table_prefix = 't1_'" -f deploy/connect/tables.sql
 DO $$
 DECLARE
   entity text;
+  prefix text := coalesce(nullif(current_setting('posbridge.table_prefix', true), ''), 'pos_');
 BEGIN
   FOREACH entity IN ARRAY ARRAY['sales', 'orders', 'refunds', 'returns', 'exchanges', 'products', 'collections'] LOOP
     EXECUTE format($ddl$
@@ -66,7 +74,7 @@ BEGIN
         payment_method text,
         customer_id    text,
         raw            text NOT NULL
-      )$ddl$, 'pos_' || entity);
+      )$ddl$, prefix || entity);
   END LOOP;
 END
 $$;
