@@ -29,6 +29,7 @@ use crate::config::{AdminConfig, Config};
 use crate::domain::event::ProviderKind;
 use crate::http::ingress::{self, AppState, ConnectionLimits, WebhookSource};
 use crate::observe::Board;
+use crate::observe::delivery;
 use crate::observe::telemetry;
 use crate::observe::traces::{TraceError, Traces};
 use crate::services::drain::Drainer;
@@ -136,36 +137,15 @@ fn announce_series(
             telemetry::SOURCE => source.clone()
         )
         .set(webhook.verifier.secrets_in_use() as f64);
-        metrics::counter!(
-            telemetry::SIGNATURE_FAILURES,
-            telemetry::PROVIDER => provider,
-            telemetry::SOURCE => source.clone()
-        )
-        .increment(0);
-        if webhook.spools {
-            metrics::counter!(
-                telemetry::SPOOLED,
-                telemetry::PROVIDER => provider,
-                telemetry::SOURCE => source
-            )
-            .increment(0);
-        }
+        delivery::announce_source(&webhook.source, webhook.spools);
     }
-    let dead_letter_codes = NormalizeError::CODES
+    let dead_letter_codes: Vec<&'static str> = NormalizeError::CODES
         .into_iter()
         .chain(crate::adapters::publish::REFUSAL_CODES)
-        .chain([crate::services::drain::SPOOL_UNPUBLISHABLE]);
+        .chain([crate::services::drain::SPOOL_UNPUBLISHABLE])
+        .collect();
     for provider in ProviderKind::ALL {
-        metrics::counter!(telemetry::DUPLICATES, telemetry::PROVIDER => provider.as_str())
-            .increment(0);
-        for code in dead_letter_codes.clone() {
-            metrics::counter!(
-                telemetry::DEAD_LETTERS,
-                telemetry::PROVIDER => provider.as_str(),
-                telemetry::REASON => code
-            )
-            .increment(0);
-        }
+        delivery::announce_provider(provider, &dead_letter_codes);
         metrics::counter!(telemetry::PUBLISH_FAILURES, telemetry::PROVIDER => provider.as_str(), telemetry::KIND => "retryable")
             .increment(0);
     }

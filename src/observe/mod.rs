@@ -4,12 +4,15 @@
 //!
 //! * [`telemetry`]: every metric name and label key; the Prometheus recorder.
 //! * [`traces`]: a span per delivery and its stages over OTLP, the records' `traceparent`.
+//! * [`delivery`]: each stage's counter beside its one log line, and the
+//!   series made to exist at start-up.
 //! * [`board`]: the in-memory board of recent deliveries, webhook checks and
 //!   reconcile runs that the status page draws.
 //! * [`progress`]: a long run's live line or periodic log line.
 //! * [`panics`]: the text of a caught panic.
 
 pub mod board;
+pub mod delivery;
 pub mod panics;
 pub mod progress;
 pub mod telemetry;

@@ -5,7 +5,7 @@
 //! hand the delivery to the pipeline.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use time::OffsetDateTime;
-use tracing::{Instrument, error, info_span};
+use tracing::{Instrument, info_span};
 
 use super::meters;
 use super::response::{RequestOutcome, WebhookError, accepted};
@@ -21,7 +21,7 @@ use super::{AppState, WebhookSource};
 use crate::adapters::providers;
 use crate::domain::event::ProviderKind;
 use crate::observe::board;
-use crate::observe::telemetry;
+use crate::observe::delivery;
 use crate::observe::traces::{DeliveryTrace, Stage};
 use crate::services::pipeline::{Delivery, Handled};
 
@@ -71,52 +71,83 @@ pub async fn receive(
         }
         None => Err(WebhookError::UnknownSource(key.1)),
     };
-    let outcome = match &result {
-        Ok(handled) => RequestOutcome::Handled(handled.outcome),
-        Err(error) => error.outcome(),
+    observe_answer(
+        &state,
+        source,
+        provider,
+        &trace,
+        Answered {
+            result: &result,
+            elapsed: started.elapsed(),
+            delivery_id,
+        },
+    );
+    match result {
+        Ok(handled) => accepted(handled.outcome),
+        Err(error) => error.into_response(),
+    }
+}
+
+/// How a request was answered, for [`observe_answer`].
+struct Answered<'a> {
+    /// What the pipeline did, or why the request was refused.
+    result: &'a Result<Handled, WebhookError>,
+    /// From arrival to the answer.
+    elapsed: Duration,
+    /// The delivery-id header's value, when it had one.
+    delivery_id: Option<String>,
+}
+
+/// The request's answer as the operator sees it, in one place: the end of
+/// its delivery's span, the request meters (a source that is not configured
+/// counted under `unknown`) and the status board's row of a configured source.
+fn observe_answer(
+    state: &AppState,
+    source: Option<&WebhookSource>,
+    provider: ProviderKind,
+    trace: &DeliveryTrace,
+    answered: Answered<'_>,
+) {
+    let Answered {
+        result,
+        elapsed,
+        delivery_id,
+    } = answered;
+    let (outcome, status) = match result {
+        Ok(handled) => (RequestOutcome::Handled(handled.outcome), StatusCode::OK),
+        Err(error) => (error.outcome(), error.status()),
     };
-    match &result {
+    match result {
         Ok(handled) => trace.answered(
             outcome.as_str(),
             handled.dead_letter_reason,
-            StatusCode::OK.as_u16(),
+            status.as_u16(),
             None,
         ),
-        Err(error) => trace.answered(outcome.as_str(), None, error.status().as_u16(), Some(error)),
+        Err(error) => trace.answered(outcome.as_str(), None, status.as_u16(), Some(error)),
     }
-    let elapsed = started.elapsed();
-    match source {
-        Some(source) => source.meters.record(outcome, elapsed),
-        None => meters::record_unknown(provider, outcome, elapsed),
-    }
-    let (response, event_type, entity_key, dead_letter_reason) = match result {
-        Ok(handled) => (
-            accepted(handled.outcome),
-            handled.event_type,
-            handled.entity_key,
-            handled.dead_letter_reason,
-        ),
-        Err(error) => (error.into_response(), None, None, None),
+    let Some(source) = source else {
+        meters::record_unknown(provider, outcome, elapsed);
+        return;
     };
-    if source.is_some() {
-        state.board.delivered(
-            provider,
-            source_label,
-            board::Delivery {
-                at: OffsetDateTime::now_utc(),
-                delivery_id,
-                event_type,
-                entity_key,
-                dead_letter_reason,
-                answer: board::Answer {
-                    outcome: outcome.as_str(),
-                    status: response.status().as_u16(),
-                },
-                latency_ms: board::millis(elapsed),
+    source.meters.record(outcome, elapsed);
+    let handled = result.as_ref().ok();
+    state.board.delivered(
+        provider,
+        &source.source.name,
+        board::Delivery {
+            at: OffsetDateTime::now_utc(),
+            delivery_id,
+            event_type: handled.and_then(|h| h.event_type.clone()),
+            entity_key: handled.and_then(|h| h.entity_key.clone()),
+            dead_letter_reason: handled.and_then(|h| h.dead_letter_reason),
+            answer: board::Answer {
+                outcome: outcome.as_str(),
+                status: status.as_u16(),
             },
-        );
-    }
-    response
+            latency_ms: board::millis(elapsed),
+        },
+    );
 }
 
 /// A webhook request as it came, for [`handle`].
@@ -177,17 +208,7 @@ async fn handle(
             .verifier
             .verify(&headers, bytes, now.unix_timestamp()),
     );
-    let body = verified.inspect_err(|e| {
-        metrics::counter!(
-            telemetry::SIGNATURE_FAILURES,
-            telemetry::PROVIDER => provider.as_str(),
-            telemetry::SOURCE => webhook.source.name.clone()
-        )
-        .increment(1);
-        // Loud on purpose: a wrong secret silences a ReceiptRoller webhook
-        // after four refused attempts, and pauses a Mekari endpoint after ten.
-        error!(error = %e, "Webhook signature refused; check this source's secrets and scheme.");
-    })?;
+    let body = verified.inspect_err(|e| delivery::signature_refused(&webhook.source, e))?;
     // Checked only now: a request that is not signed is a 401 first.
     let delivery_id = delivery_id.ok_or_else(|| {
         WebhookError::MissingDeliveryId(providers::for_kind(provider).delivery_id_header())

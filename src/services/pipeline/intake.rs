@@ -5,7 +5,6 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tracing::debug;
 
 use super::lease::{Lease, Released};
 use super::outcome::ended;
@@ -14,7 +13,7 @@ use crate::adapters::ledger::Begin;
 use crate::adapters::providers::{self, Context, NormalizeError};
 use crate::adapters::spool::SpooledDelivery;
 use crate::domain::event::{DeliveryKey, EntityKey, Normalized, Origin, ProviderKind};
-use crate::observe::telemetry;
+use crate::observe::delivery as observe;
 use crate::observe::traces::{Origin as TraceOrigin, Stage};
 
 /// How often a duplicate re-checks the ledger while the first attempt runs.
@@ -81,13 +80,7 @@ impl Pipeline {
                 );
                 match appended {
                     Ok(()) => {
-                        debug!(%error, "Delivery spooled.");
-                        metrics::counter!(
-                            telemetry::SPOOLED,
-                            telemetry::PROVIDER => spooled.source.provider.as_str(),
-                            telemetry::SOURCE => spooled.source.name.clone()
-                        )
-                        .increment(1);
+                        observe::spooled(&spooled.source, &error);
                         Ok(Handled::bare(Outcome::Spooled))
                     }
                     Err(error) => Err(error),
@@ -197,7 +190,7 @@ impl Pipeline {
         work: impl Future<Output = Result<T, PipelineError>>,
         released: Released,
     ) -> Result<T, PipelineError> {
-        let _in_flight = InFlight::count(provider);
+        let _in_flight = observe::InFlight::count(provider);
         let result = tokio::time::timeout_at(deadline.into(), work)
             .await
             .unwrap_or(Err(PipelineError::DeadlinePassed));
@@ -206,9 +199,7 @@ impl Pipeline {
     }
 
     pub(super) fn duplicate(&self, provider: ProviderKind) -> Outcome {
-        metrics::counter!(telemetry::DUPLICATES, telemetry::PROVIDER => provider.as_str())
-            .increment(1);
-        debug!("Duplicate delivery answered without producing.");
+        observe::duplicate(provider);
         Outcome::Duplicate
     }
 
@@ -377,22 +368,4 @@ fn envelope_of(delivery: &Delivery) -> Result<Envelope, PipelineError> {
             },
         },
     )
-}
-
-/// Counts a delivery in `posbridge_deliveries_in_flight` while it lives, so
-/// the gauge stays right when a client hangs up and its request is dropped.
-struct InFlight(metrics::Gauge);
-
-impl InFlight {
-    pub(super) fn count(provider: ProviderKind) -> InFlight {
-        let gauge = metrics::gauge!(telemetry::IN_FLIGHT, telemetry::PROVIDER => provider.as_str());
-        gauge.increment(1.0);
-        InFlight(gauge)
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.decrement(1.0);
-    }
 }

@@ -1,7 +1,7 @@
 //! Guard → encode → publish → commit under the entity's lock, and the
 //! dead-letter topic: where every path (webhook, reconciler, replay) ends.
 
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::lease::Lease;
 use super::outcome::{Written, ended};
@@ -15,7 +15,7 @@ use crate::adapters::publish::PublishError;
 use crate::domain::event::{Content, EntityKey, Normalized, Origin, PosEvent};
 use crate::domain::guard::EntityState;
 use crate::domain::guard::{self, Decision};
-use crate::observe::telemetry;
+use crate::observe::delivery::{self as observe, DeadLetterSeen};
 use crate::observe::traces::{DeliveryTrace, Origin as TraceOrigin, Stage};
 
 impl Pipeline {
@@ -86,17 +86,7 @@ impl Pipeline {
         let (lock, decision) = guarding.result(self.guard(&slot, &incoming, event.origin).await)?;
         match decision {
             Decision::Stale => {
-                metrics::counter!(
-                    telemetry::STALE_EVENTS,
-                    telemetry::PROVIDER => event.provider.as_str(),
-                    telemetry::ENTITY_TYPE => event.entity_type.as_str()
-                )
-                .increment(1);
-                info!(
-                    entity = %key,
-                    event_type = %event.event_type,
-                    "Stale event held back: the topic already has a newer state."
-                );
+                observe::stale(&event, key);
                 self.commit(lease, None, None, trace).await?;
                 return Ok(Written::Done(Outcome::Stale));
             }
@@ -247,15 +237,13 @@ impl Pipeline {
         lease: Option<Lease>,
         trace: &DeliveryTrace,
     ) -> Result<(), PipelineError> {
-        // The one log line of a dead letter, whichever stage could not go on.
-        warn!(
-            provider = %letter.provider,
-            source = letter.source,
-            delivery_id = letter.delivery_id,
-            code = letter.code,
-            reason = %letter.reason,
-            "Event dead-lettered with its raw body."
-        );
+        observe::dead_lettering(DeadLetterSeen {
+            provider: letter.provider,
+            source: letter.source,
+            delivery_id: letter.delivery_id,
+            code: letter.code,
+            reason: &letter.reason,
+        });
         let (provider, code) = (letter.provider, letter.code);
         let topic = self.inner.topics.dead_letter();
         let producing = trace.produce(topic);
@@ -293,12 +281,7 @@ impl Pipeline {
                 sent => sent,
             };
             let delivered = producing.result(sent)?;
-            metrics::counter!(
-                telemetry::DEAD_LETTERS,
-                telemetry::PROVIDER => provider.as_str(),
-                telemetry::REASON => code
-            )
-            .increment(1);
+            observe::dead_lettered(provider, code);
             pipeline
                 .inner
                 .dead_letters

@@ -1,0 +1,152 @@
+//! What a delivery's stages tell the operator, each counter beside its one
+//! log line: a stage says what happened in one call, and every series a
+//! delivery touches on its way is named and made to exist here.
+//!
+//! The request's own answer (its span's end, the request meters, the status
+//! board) is observed in one place too, where the handler answers
+//! (`http::ingress::webhook::observe_answer`); a stage's span wraps the
+//! stage's work and so stays with it.
+
+use std::fmt::Display;
+
+use tracing::{debug, error, info, warn};
+
+use super::telemetry;
+use crate::domain::event::{EntityKey, PosEvent, ProviderKind, Source};
+
+/// Makes the per-source series exist at 0 from start-up (a `rate()` or an
+/// absence alert needs the series before the first event).
+pub fn announce_source(source: &Source, spools: bool) {
+    let provider = source.provider.as_str();
+    metrics::counter!(
+        telemetry::SIGNATURE_FAILURES,
+        telemetry::PROVIDER => provider,
+        telemetry::SOURCE => source.name.clone()
+    )
+    .increment(0);
+    if spools {
+        metrics::counter!(
+            telemetry::SPOOLED,
+            telemetry::PROVIDER => provider,
+            telemetry::SOURCE => source.name.clone()
+        )
+        .increment(0);
+    }
+}
+
+/// Makes the per-provider series exist at 0 from start-up, a dead-letter
+/// series for each reason code in `dead_letter_codes`.
+pub fn announce_provider(provider: ProviderKind, dead_letter_codes: &[&'static str]) {
+    metrics::counter!(telemetry::DUPLICATES, telemetry::PROVIDER => provider.as_str()).increment(0);
+    for &code in dead_letter_codes {
+        metrics::counter!(
+            telemetry::DEAD_LETTERS,
+            telemetry::PROVIDER => provider.as_str(),
+            telemetry::REASON => code
+        )
+        .increment(0);
+    }
+}
+
+/// A webhook whose signature no secret of its source verifies.
+pub fn signature_refused(source: &Source, reason: &dyn Display) {
+    metrics::counter!(
+        telemetry::SIGNATURE_FAILURES,
+        telemetry::PROVIDER => source.provider.as_str(),
+        telemetry::SOURCE => source.name.clone()
+    )
+    .increment(1);
+    // Loud on purpose: a wrong secret silences a ReceiptRoller webhook after
+    // four refused attempts, and pauses a Mekari endpoint after ten.
+    error!(error = %reason, "Webhook signature refused; check this source's secrets and scheme.");
+}
+
+/// A delivery kept in the outage spool because Kafka could not take it in time.
+pub fn spooled(source: &Source, reason: &dyn Display) {
+    debug!(error = %reason, "Delivery spooled.");
+    metrics::counter!(
+        telemetry::SPOOLED,
+        telemetry::PROVIDER => source.provider.as_str(),
+        telemetry::SOURCE => source.name.clone()
+    )
+    .increment(1);
+}
+
+/// A delivery already handled, answered without producing.
+pub fn duplicate(provider: ProviderKind) {
+    metrics::counter!(telemetry::DUPLICATES, telemetry::PROVIDER => provider.as_str()).increment(1);
+    debug!("Duplicate delivery answered without producing.");
+}
+
+/// An event older than its entity's written state, kept out of the topic.
+pub fn stale(event: &PosEvent, key: &EntityKey) {
+    metrics::counter!(
+        telemetry::STALE_EVENTS,
+        telemetry::PROVIDER => event.provider.as_str(),
+        telemetry::ENTITY_TYPE => event.entity_type.as_str()
+    )
+    .increment(1);
+    info!(
+        entity = %key,
+        event_type = %event.event_type,
+        "Stale event held back: the topic already has a newer state."
+    );
+}
+
+/// What a dead letter is about, for its log line.
+#[derive(Debug, Clone, Copy)]
+pub struct DeadLetterSeen<'a> {
+    /// The provider that sent the event.
+    pub provider: ProviderKind,
+    /// The source it came through.
+    pub source: &'a str,
+    /// Its delivery id.
+    pub delivery_id: &'a str,
+    /// The bounded reason code.
+    pub code: &'static str,
+    /// The reason in words.
+    pub reason: &'a str,
+}
+
+/// An event that goes to the dead-letter topic with its raw body: said once,
+/// whichever stage could not go on.
+pub fn dead_lettering(letter: DeadLetterSeen<'_>) {
+    warn!(
+        provider = %letter.provider,
+        source = letter.source,
+        delivery_id = letter.delivery_id,
+        code = letter.code,
+        reason = %letter.reason,
+        "Event dead-lettered with its raw body."
+    );
+}
+
+/// A dead letter Kafka acknowledged.
+pub fn dead_lettered(provider: ProviderKind, code: &'static str) {
+    metrics::counter!(
+        telemetry::DEAD_LETTERS,
+        telemetry::PROVIDER => provider.as_str(),
+        telemetry::REASON => code
+    )
+    .increment(1);
+}
+
+/// Counts a delivery in `posbridge_deliveries_in_flight` while it lives, so
+/// the gauge stays right when a client hangs up and its request is dropped.
+#[must_use = "the delivery is counted only while this lives"]
+pub struct InFlight(metrics::Gauge);
+
+impl InFlight {
+    /// Counts one more delivery of `provider` in flight.
+    pub fn count(provider: ProviderKind) -> InFlight {
+        let gauge = metrics::gauge!(telemetry::IN_FLIGHT, telemetry::PROVIDER => provider.as_str());
+        gauge.increment(1.0);
+        InFlight(gauge)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
