@@ -9,10 +9,10 @@
 --   Created here, they are `timestamptz`; the sink binds UTC instants into them
 --   (the worker's JVM runs in UTC, which the driver sends as the session's
 --   TimeZone);
--- * a table it creates from a tombstone (a topic whose first record the sink
---   reads is a delete) has the key column alone, and adding the value's
---   required columns afterwards fails ("not optional but has no default
---   value"): the task stops.
+-- * a tombstone for a table that does not exist yet (a topic whose first
+--   record the sink reads is a delete, as a compacted topic's oldest can
+--   be) stops the task: the sink has no value schema to make the table from
+--   (a NullPointerException on the null value, tried with 3.3.1.Final).
 --
 -- Columns follow schemas/pos_event.avsc, field by field, under the same
 -- names; `key` is the record key (`{provider}:{entity_id}`). The line items
