@@ -1,11 +1,10 @@
 //! The operator's page, rendered on the server from a [`Status`]: one HTML
 //! document with its style and charts inline (no scripts, no external
-//! assets, nothing to build), refreshed by the browser every 10 s. Every
-//! value that came from a provider (delivery ids, event types, keys) is
-//! escaped.
+//! assets, nothing to build), refreshed by the browser every 10 s. Its
+//! markup is a maud template: every value spliced in (delivery ids, event
+//! types, keys, a provider's detail) is escaped by the template itself.
 
-use std::fmt::Write as _;
-
+use maud::{DOCTYPE, Markup, PreEscaped, html};
 use serde::Serialize;
 use time::OffsetDateTime;
 use time::macros::format_description;
@@ -64,197 +63,181 @@ pub struct Health {
     pub failing_topics: std::collections::BTreeMap<String, String>,
 }
 
-/// The HTML page.
+/// The page's style, inline (no external assets).
+const STYLE: &str = concat!(
+    "body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}",
+    "h1{font-size:1.4em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ccc}",
+    "table{border-collapse:collapse;margin:.5em 0}td,th{padding:.2em .6em;border:1px solid #ddd;text-align:left}",
+    "th{background:#f4f4f4}td.n{text-align:right}.ok{color:#176f2c}.bad{color:#b00020;font-weight:bold}",
+    ".charts .chart{display:inline-block;vertical-align:top;margin:0 1em .5em 0;max-width:542px}.charts svg{border:1px solid #ddd;background:#fcfcfc}",
+    ".legend{margin:.2em 0}",
+    ".legend span{margin-right:1em;white-space:nowrap}.legend i{display:inline-block;width:.8em;height:.8em;margin-right:.3em;vertical-align:-.05em}",
+);
+
+/// The HTML page. maud escapes every value it splices in, so a
+/// provider-sent string never becomes markup; only the charts' SVG, which
+/// holds numbers and our own words, goes in as it is.
 pub fn render(status: &Status) -> String {
-    let mut html = String::with_capacity(16 * 1024);
-    html.push_str(concat!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-        "<meta http-equiv=\"refresh\" content=\"10\">",
-        "<title>posbridge status</title><style>",
-        "body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}",
-        "h1{font-size:1.4em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ccc}",
-        "table{border-collapse:collapse;margin:.5em 0}td,th{padding:.2em .6em;border:1px solid #ddd;text-align:left}",
-        "th{background:#f4f4f4}td.n{text-align:right}.ok{color:#176f2c}.bad{color:#b00020;font-weight:bold}",
-        ".charts .chart{display:inline-block;vertical-align:top;margin:0 1em .5em 0;max-width:542px}.charts svg{border:1px solid #ddd;background:#fcfcfc}",
-        ".legend{margin:.2em 0}",
-        ".legend span{margin-right:1em;white-space:nowrap}.legend i{display:inline-block;width:.8em;height:.8em;margin-right:.3em;vertical-align:-.05em}",
-        "</style></head><body>"
-    ));
-    let _ = write!(
-        html,
-        "<h1>posbridge</h1><p>As of {} (refreshes every 10 s).</p>",
-        time_text(status.generated_at)
-    );
-    health(&mut html, &status.health);
-    for source in &status.sources {
-        source_section(&mut html, source);
-    }
-    html.push_str("</body></html>");
-    html
-}
-
-fn health(html: &mut String, health: &Health) {
-    html.push_str("<table id=\"health\"><tr><th>broker</th><th>ledger</th><th>schema registry</th><th>spool</th><th>dead letters since start</th></tr><tr>");
-    let _ = write!(
-        html,
-        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td></tr></table>",
-        state_cell(health.broker),
-        state_cell(&health.ledger),
-        state_cell(health.schema_registry),
-        match health.spool {
-            None => "not used".to_owned(),
-            Some(spool) => format!(
-                "{} waiting, {} bytes{}",
-                spool.entries,
-                spool.bytes,
-                match (spool.writable, spool.has_room) {
-                    (false, _) => ", <span class=\"bad\">cannot write</span>",
-                    (true, false) => ", <span class=\"bad\">full</span>",
-                    (true, true) => "",
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta http-equiv="refresh" content="10";
+                title { "posbridge status" }
+                style { (PreEscaped(STYLE)) }
+            }
+            body {
+                h1 { "posbridge" }
+                p { "As of " (time_text(status.generated_at)) " (refreshes every 10 s)." }
+                (health(&status.health))
+                @for source in &status.sources {
+                    (source_section(source))
                 }
-            ),
-        },
-        health.dead_letters_since_start
-    );
-    if health.spool.is_some() {
-        html.push_str("<div class=\"charts\">");
-        chart::spool(html, &health.spool_depth_per_minute);
-        html.push_str("</div>");
-    }
-    if !health.failing_topics.is_empty() {
-        html.push_str("<table id=\"failing-topics\"><tr><th>topic refused</th><th>why</th></tr>");
-        for (topic, why) in &health.failing_topics {
-            let _ = write!(
-                html,
-                "<tr><td class=\"bad\">{}</td><td>{}</td></tr>",
-                escape(topic),
-                escape(why)
-            );
+            }
         }
-        html.push_str("</table>");
+    }
+    .into_string()
+}
+
+fn health(health: &Health) -> Markup {
+    html! {
+        table #health {
+            tr {
+                th { "broker" } th { "ledger" } th { "schema registry" } th { "spool" }
+                th { "dead letters since start" }
+            }
+            tr {
+                td { (state_cell(health.broker)) }
+                td { (state_cell(&health.ledger)) }
+                td { (state_cell(health.schema_registry)) }
+                td {
+                    @match health.spool {
+                        None => "not used",
+                        Some(spool) => {
+                            (spool.entries) " waiting, " (spool.bytes) " bytes"
+                            @match (spool.writable, spool.has_room) {
+                                (false, _) => { ", " span.bad { "cannot write" } }
+                                (true, false) => { ", " span.bad { "full" } }
+                                (true, true) => {}
+                            }
+                        }
+                    }
+                }
+                td.n { (health.dead_letters_since_start) }
+            }
+        }
+        @if health.spool.is_some() {
+            div.charts { (svg(|html| chart::spool(html, &health.spool_depth_per_minute))) }
+        }
+        @if !health.failing_topics.is_empty() {
+            table #failing-topics {
+                tr { th { "topic refused" } th { "why" } }
+                @for (topic, why) in &health.failing_topics {
+                    tr { td.bad { (topic) } td { (why) } }
+                }
+            }
+        }
     }
 }
 
-fn state_cell(state: &str) -> String {
+fn state_cell(state: &str) -> Markup {
     let class = if state == "ok" || state == "not used" {
         "ok"
     } else {
         "bad"
     };
-    format!("<span class=\"{class}\">{}</span>", escape(state))
+    html! { span class=(class) { (state) } }
 }
 
-fn source_section(html: &mut String, source: &SourceSnapshot) {
-    let _ = write!(
-        html,
-        "<section class=\"source\" id=\"{p}-{s}\"><h2>{p} / {s}</h2>",
-        p = source.provider,
-        s = escape(&source.source)
-    );
-    match &source.webhook {
-        None => html.push_str("<p>Webhook: not watched (no webhook id / endpoint key configured for the watchdog).</p>"),
-        Some(seen) => {
-            let state = if seen.state == "active" {
-                "<span class=\"ok\">active</span>".to_owned()
-            } else if seen.state == "unknown" {
-                format!(
-                    "<span class=\"bad\">unknown</span>{}",
-                    seen.detail.as_deref().map(|d| format!(" ({})", escape(d))).unwrap_or_default()
-                )
-            } else {
-                format!(
-                    "<span class=\"bad\">switched off / paused</span>{}",
-                    seen.detail.as_deref().map(|d| format!(" ({})", escape(d))).unwrap_or_default()
-                )
-            };
-            let _ = write!(
-                html,
-                "<p class=\"webhook\">Webhook: {state}{}; checked {}; last seen active {}.</p>",
-                if seen.resumed { ", switched back on by the watchdog" } else { "" },
-                time_text(seen.checked_at),
-                seen.last_seen_active.map_or("never".to_owned(), time_text),
-            );
-        }
-    }
-    html.push_str("<table class=\"counts\"><tr><th></th>");
-    for (_, title) in COLUMNS {
-        let _ = write!(html, "<th>{title}</th>");
-    }
-    html.push_str("</tr>");
-    for (label, counts) in [
-        ("last 5 min", &source.last_5_min),
-        ("last hour", &source.last_hour),
-    ] {
-        let _ = write!(html, "<tr><th>{label}</th>");
-        for (key, _) in COLUMNS {
-            let _ = write!(
-                html,
-                "<td class=\"n\">{}</td>",
-                counts.get(key).copied().unwrap_or(0)
-            );
-        }
-        html.push_str("</tr>");
-    }
-    html.push_str("</table>");
-    let _ = write!(
-        html,
-        "<p>Signature failures since start: {}{}.</p>",
-        source.signature_failures,
-        source
-            .last_signature_failure
-            .map(|at| format!(", the last at {}", time_text(at)))
-            .unwrap_or_default()
-    );
-    html.push_str("<div class=\"charts\">");
-    chart::answers(html, &source.per_minute);
-    chart::p99(html, &source.per_minute);
-    html.push_str("</div>");
-    html.push_str("<table class=\"recent\"><tr><th>time</th><th>delivery id</th><th>event type</th><th>entity key</th><th>outcome</th><th>latency</th></tr>");
-    if source.recent.is_empty() {
-        html.push_str("<tr><td colspan=\"6\">No deliveries since start.</td></tr>");
-    }
-    for delivery in &source.recent {
-        let outcome = if (200..300).contains(&delivery.answer.status) {
-            let outcome = delivery.answer.outcome.replace('_', "-");
-            match delivery.dead_letter_reason {
-                Some(reason) => format!("{outcome} ({})", escape(reason)),
-                None => outcome,
+fn source_section(source: &SourceSnapshot) -> Markup {
+    html! {
+        section.source id={ (source.provider) "-" (source.source) } {
+            h2 { (source.provider) " / " (source.source) }
+            @match &source.webhook {
+                None => p { "Webhook: not watched (no webhook id / endpoint key configured for the watchdog)." },
+                Some(seen) => p.webhook {
+                    "Webhook: "
+                    @if seen.state == "active" {
+                        span.ok { "active" }
+                    } @else {
+                        span.bad { @if seen.state == "unknown" { "unknown" } @else { "switched off / paused" } }
+                        @if let Some(detail) = &seen.detail { " (" (detail) ")" }
+                    }
+                    @if seen.resumed { ", switched back on by the watchdog" }
+                    "; checked " (time_text(seen.checked_at))
+                    "; last seen active " (seen.last_seen_active.map_or("never".to_owned(), time_text)) "."
+                },
             }
-        } else {
-            format!("{} {}", delivery.answer.status, delivery.answer.outcome)
-        };
-        let _ = write!(
-            html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{:.1} ms</td></tr>",
-            time_text(delivery.at),
-            escape(delivery.delivery_id.as_deref().unwrap_or("")),
-            escape(delivery.event_type.as_deref().unwrap_or("")),
-            escape(delivery.entity_key.as_deref().unwrap_or("")),
-            outcome,
-            delivery.latency_ms
-        );
-    }
-    html.push_str("</table>");
-    match &source.reconcile {
-        None => html.push_str("<p>Reconciler: no run since start.</p>"),
-        Some(run) => {
-            let window = run
-                .window
-                .map_or("each list from its checkpoint".to_owned(), |w| {
-                    format!("window {} to {}", time_text(w.from), time_text(w.to))
-                });
-            let _ = write!(
-                html,
-                "<p class=\"reconcile\">Last reconcile run: {window}, ended {}: {} records read, {} published, {} dead-lettered; {}.</p>",
-                time_text(run.finished_at),
-                run.records,
-                run.published,
-                run.dead_lettered,
-                state_cell(&run.result)
-            );
+            table.counts {
+                tr {
+                    th {}
+                    @for (_, title) in COLUMNS { th { (title) } }
+                }
+                @for (label, counts) in [("last 5 min", &source.last_5_min), ("last hour", &source.last_hour)] {
+                    tr {
+                        th { (label) }
+                        @for (key, _) in COLUMNS { td.n { (counts.get(key).copied().unwrap_or(0)) } }
+                    }
+                }
+            }
+            p {
+                "Signature failures since start: " (source.signature_failures)
+                @if let Some(at) = source.last_signature_failure { ", the last at " (time_text(at)) }
+                "."
+            }
+            div.charts {
+                (svg(|html| chart::answers(html, &source.per_minute)))
+                (svg(|html| chart::p99(html, &source.per_minute)))
+            }
+            table.recent {
+                tr {
+                    th { "time" } th { "delivery id" } th { "event type" } th { "entity key" }
+                    th { "outcome" } th { "latency" }
+                }
+                @if source.recent.is_empty() {
+                    tr { td colspan="6" { "No deliveries since start." } }
+                }
+                @for delivery in &source.recent {
+                    tr {
+                        td { (time_text(delivery.at)) }
+                        td { (delivery.delivery_id.as_deref().unwrap_or("")) }
+                        td { (delivery.event_type.as_deref().unwrap_or("")) }
+                        td { (delivery.entity_key.as_deref().unwrap_or("")) }
+                        td {
+                            @if (200..300).contains(&delivery.answer.status) {
+                                (delivery.answer.outcome.replace('_', "-"))
+                                @if let Some(reason) = delivery.dead_letter_reason { " (" (reason) ")" }
+                            } @else {
+                                (delivery.answer.status) " " (delivery.answer.outcome)
+                            }
+                        }
+                        td.n { (format!("{:.1}", delivery.latency_ms)) " ms" }
+                    }
+                }
+            }
+            @match &source.reconcile {
+                None => p { "Reconciler: no run since start." },
+                Some(run) => p.reconcile {
+                    "Last reconcile run: "
+                    @match run.window {
+                        None => "each list from its checkpoint",
+                        Some(w) => { "window " (time_text(w.from)) " to " (time_text(w.to)) }
+                    }
+                    ", ended " (time_text(run.finished_at)) ": " (run.records) " records read, "
+                    (run.published) " published, " (run.dead_lettered) " dead-lettered; "
+                    (state_cell(&run.result)) "."
+                },
+            }
         }
     }
-    html.push_str("</section>");
+}
+
+/// A chart's SVG, drawn by `chart.rs` from numbers and our own labels, as markup.
+fn svg(draw: impl FnOnce(&mut String)) -> PreEscaped<String> {
+    let mut svg = String::new();
+    draw(&mut svg);
+    PreEscaped(svg)
 }
 
 /// A time to the second, UTC (`/status.json` has them whole, RFC 3339).
@@ -266,18 +249,87 @@ fn time_text(at: OffsetDateTime) -> String {
     .unwrap_or_default()
 }
 
-/// Text as HTML: provider-controlled strings never become markup.
-pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
+#[cfg(test)]
+mod tests {
+    use time::macros::datetime;
+
+    use super::*;
+    use crate::domain::event::ProviderKind;
+    use crate::observe::board::{Answer, Board, Delivery, WebhookSeen};
+
+    const HOSTILE: &str = "<script>alert('x')</script>&\"";
+
+    fn page_with_hostile_strings() -> String {
+        let now = datetime!(2026-12-03 10:00:00 UTC);
+        let board = Board::new([(ProviderKind::Mekari, "main".to_owned())]);
+        board.delivered(
+            ProviderKind::Mekari,
+            "main",
+            Delivery {
+                at: now,
+                delivery_id: Some(HOSTILE.to_owned()),
+                event_type: Some(HOSTILE.to_owned()),
+                entity_key: Some(HOSTILE.to_owned()),
+                dead_letter_reason: Some("invalid_field"),
+                answer: Answer {
+                    outcome: "dead_lettered",
+                    status: 200,
+                },
+                latency_ms: 1.5,
+            },
+        );
+        board.webhook_checked(
+            ProviderKind::Mekari,
+            "main",
+            WebhookSeen {
+                state: "off",
+                detail: Some(HOSTILE.to_owned()),
+                resumed: false,
+                checked_at: now,
+                last_seen_active: None,
+            },
+        );
+        render(&Status {
+            generated_at: now,
+            health: Health {
+                broker: "ok",
+                ledger: HOSTILE.to_owned(),
+                ledger_rebuild: None,
+                schema_registry: "not used",
+                spool: None,
+                spool_depth_per_minute: Vec::new(),
+                dead_letters_since_start: 1,
+                failing_topics: [(HOSTILE.to_owned(), HOSTILE.to_owned())].into(),
+            },
+            sources: board.snapshot(now),
+        })
     }
-    out
+
+    #[test]
+    fn provider_sent_strings_are_text_never_markup() {
+        let page = page_with_hostile_strings();
+        assert!(!page.contains("<script>"), "{page}");
+        // Delivery id, event type, key, the webhook's detail, the ledger's
+        // error and the failing topic with its reason: seven places.
+        let escaped = "&lt;script&gt;alert('x')&lt;/script&gt;&amp;&quot;";
+        assert_eq!(page.matches(escaped).count(), 7, "{page}");
+    }
+
+    #[test]
+    fn a_dead_letter_shows_its_reason_and_the_webhook_its_state() {
+        let page = page_with_hostile_strings();
+        assert!(
+            page.contains("<td>dead-lettered (invalid_field)</td>"),
+            "{page}"
+        );
+        assert!(
+            page.contains("<span class=\"bad\">switched off / paused</span>"),
+            "{page}"
+        );
+        assert!(page.contains("<td class=\"n\">1.5 ms</td>"), "{page}");
+        assert!(
+            page.starts_with("<!DOCTYPE html><html lang=\"en\">"),
+            "{page}"
+        );
+    }
 }
