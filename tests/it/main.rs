@@ -34,6 +34,7 @@ mod replicas;
 mod round_trip;
 mod secret_rotation;
 mod shared_ledger;
+mod sink;
 mod slow_clients;
 mod spool;
 mod spool_full;
