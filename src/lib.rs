@@ -23,9 +23,11 @@
 //! * [`config`]: the configuration file as plain data, and the checks the data alone allows.
 //! * [`observe`]: what the service tells about itself: metric names, spans,
 //!   the status board, a long run's progress.
-//! * [`adapters`]: everything that talks to the world outside the process:
-//!   the providers (one folder each), Kafka, the registry, the ledger's
-//!   stores, the spool, secret files.
+//! * [`adapters`]: what the data passes through outside the process: the
+//!   providers (one folder each), Kafka, the registry, the ledger's stores,
+//!   the spool, secret files. (The OTLP exporter and the Prometheus
+//!   recorder are [`observe`]'s: they carry what the service says of
+//!   itself, not its data.)
 //! * [`services`]: the data line and the loops that drive it: the pipeline,
 //!   the spool drain, the ledger rebuild, the reconciler, the dead-letter
 //!   replay, the watchdog.

@@ -1,4 +1,4 @@
-//! Everything that talks to the world outside the process, each behind the
+//! What the data passes through outside the process, each behind the
 //! types the services above call: the providers' webhooks and APIs, Kafka,
 //! the schema registry, the ledger's stores, the outage spool and secret
 //! files.

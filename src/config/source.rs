@@ -1,7 +1,7 @@
 //! The webhook sources: one table per configured webhook of a provider, with
 //! its secrets, signature settings and (optionally) the provider's API.
 //!
-//! The `api` table's shape belongs to the provider (`providers/<name>/api.rs`
+//! The `api` table's shape belongs to the provider (`src/adapters/providers/<name>/api.rs`
 //! reads it), so it stays opaque here: config knows no provider's fields.
 
 use std::collections::BTreeMap;

@@ -6,7 +6,7 @@
 //! [`VerifiedBody`], so no later stage can be reached without passing here.
 //!
 //! The secrets can change while serving ([`Verifier::replace`], from
-//! `secrets::watch`): the set is swapped whole (`arc-swap`), so a request
+//! `adapters::secrets::watch`): the set is swapped whole (`arc-swap`), so a request
 //! takes no lock and a check in progress keeps the set it began with.
 
 use std::sync::Arc;

@@ -1,11 +1,15 @@
 //! What a delivery's stages tell the operator, each counter beside its one
-//! log line: a stage says what happened in one call, and every series a
-//! delivery touches on its way is named and made to exist here.
+//! log line: a stage says what happened in one call (a refused signature, a
+//! spooled delivery, a duplicate, a stale event, a dead letter, the
+//! in-flight gauge), and the series they count are made to exist here.
 //!
-//! The request's own answer (its span's end, the request meters, the status
-//! board) is observed in one place too, where the handler answers
-//! (`http::ingress::webhook::observe_answer`); a stage's span wraps the
-//! stage's work and so stays with it.
+//! Elsewhere, by what they belong to: the request's answer (its span's end,
+//! the request meters of `http::ingress::meters`, the status board) is
+//! observed in one place where the handler answers
+//! (`http::ingress::webhook::observe_answer`); the producer's failures are
+//! counted where they are sorted (`adapters::publish`); a stage's span wraps
+//! the stage's work and so stays with it. The log lines here carry this
+//! module as their target.
 
 use std::fmt::Display;
 

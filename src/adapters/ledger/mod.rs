@@ -16,7 +16,7 @@
 //!
 //! The ledger is a cache of the topics: every record posbridge writes
 //! carries its delivery id, entity version and state hash, so what a ledger
-//! lost is read back from them (`crate::services::rebuild`), from the offsets its last
+//! lost is read back from them (by the rebuild, a service above), from the offsets its last
 //! checkpoint recorded ([`placements`]).
 
 mod embedded;
