@@ -1,0 +1,254 @@
+//! The `[kafka]` section: broker, topics and producer settings; what the
+//! pass-through table of librdkafka properties may hold is `properties.rs`.
+
+mod properties;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::domain::event::EntityType;
+
+/// Broker, topics and producer settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`.
+    #[serde(default = "default_brokers")]
+    pub brokers: String,
+    /// Prefix of every default topic name (`pos.` gives `pos.sales`, …).
+    #[serde(default = "default_topic_prefix")]
+    pub topic_prefix: String,
+    /// Per entity type (plural name: `sales`, `orders`, …) a full topic name
+    /// that replaces `{topic_prefix}{plural}`.
+    #[serde(default)]
+    pub topics: BTreeMap<String, String>,
+    /// Where events we cannot normalize go, raw; default `pos-dead-letter`
+    /// for the prefix `pos.` (outside the entity topics' pattern).
+    #[serde(default)]
+    pub dead_letter_topic: Option<String>,
+    /// Partitions for topics posbridge creates.
+    #[serde(default = "default_partitions")]
+    pub partitions: i32,
+    /// Replication factor for topics posbridge creates; by default as many
+    /// replicas as the cluster has brokers, at most 3. Created topics get
+    /// `min.insync.replicas` one less (at least 1), so `acks=all` means a
+    /// record on at least two brokers wherever there are three.
+    #[serde(default)]
+    pub replication_factor: Option<i32>,
+    /// Create missing topics at start-up (compact for entities, delete for dead letters).
+    #[serde(default = "super::default_true")]
+    pub create_topics: bool,
+    /// How long one record may take to be acknowledged before the delivery is
+    /// answered 503; must leave room inside the providers' 10 s.
+    #[serde(default = "default_delivery_timeout_ms")]
+    pub delivery_timeout_ms: u64,
+    /// Replace the producer (a new producer id) after a timed-out record,
+    /// not only after a fatal error: for tansu 0.6, which panics on the
+    /// epoch librdkafka bumps instead. Off for Kafka and every broker that
+    /// implements KIP-360, where a new producer id could let a record in
+    /// doubt land after a newer record of the same key.
+    #[serde(default)]
+    pub new_producer_after_timeout: bool,
+    /// How often the entity topics are checked again while running, as at
+    /// start-up: a topic whose partitions changed, whose `cleanup.policy`
+    /// no longer compacts, or that is gone has its records refused (503, or
+    /// the spool) until it is as it was. 0 checks only at start-up.
+    #[serde(default = "default_topic_check_secs")]
+    pub topic_check_secs: u64,
+    /// Any other librdkafka producer property, passed through as is.
+    #[serde(default)]
+    pub librdkafka: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: default_brokers(),
+            topic_prefix: default_topic_prefix(),
+            topics: BTreeMap::new(),
+            dead_letter_topic: None,
+            partitions: default_partitions(),
+            replication_factor: None,
+            create_topics: true,
+            delivery_timeout_ms: default_delivery_timeout_ms(),
+            new_producer_after_timeout: false,
+            topic_check_secs: default_topic_check_secs(),
+            librdkafka: BTreeMap::new(),
+        }
+    }
+}
+
+fn default_brokers() -> String {
+    "127.0.0.1:9092".into()
+}
+fn default_topic_prefix() -> String {
+    "pos.".into()
+}
+const fn default_partitions() -> i32 {
+    6
+}
+const fn default_delivery_timeout_ms() -> u64 {
+    5000
+}
+/// Often enough that a changed topic takes few records before it is
+/// refused, rare enough that the two admin requests a look costs do not
+/// count on the cluster.
+const fn default_topic_check_secs() -> u64 {
+    30
+}
+
+impl KafkaConfig {
+    /// The topic an entity type's records go to.
+    pub fn topic(&self, entity: EntityType) -> String {
+        self.topics
+            .get(entity.plural())
+            .cloned()
+            .unwrap_or_else(|| format!("{}{}", self.topic_prefix, entity.plural()))
+    }
+
+    /// The dead-letter topic: by default `{topic_prefix}` without its
+    /// trailing separator, then `-dead-letter` (`pos.` gives
+    /// `pos-dead-letter`), so a consumer subscribing to the entity topics by
+    /// pattern (`pos\..*`) with an Avro deserializer does not also get the
+    /// raw JSON of dead letters.
+    pub fn dead_letter_topic(&self) -> String {
+        self.dead_letter_topic.clone().unwrap_or_else(|| {
+            let stem = self.topic_prefix.trim_end_matches(['.', '_', '-']);
+            if stem.is_empty() {
+                "dead-letter".to_owned()
+            } else {
+                format!("{stem}-dead-letter")
+            }
+        })
+    }
+
+    /// The produce deadline as a duration.
+    pub fn delivery_timeout(&self) -> Duration {
+        Duration::from_millis(self.delivery_timeout_ms)
+    }
+}
+
+/// Room for an event record's fields, headers and key beside its body: a
+/// record carries the raw body once and its normalized fields, which are never
+/// longer than the JSON they came from, so it is at most twice the body plus this.
+pub const RECORD_ENVELOPE_BYTES: usize = 64 * 1024;
+
+impl KafkaConfig {
+    /// The section's mistakes, as (key, what is wrong). `needed` is the
+    /// record size the body limit asks for (`Config::max_record_bytes`),
+    /// `body_limit` that limit. The produce deadline against the providers'
+    /// answer limit is checked in `app::check`.
+    pub fn problems(&self, needed: usize, body_limit: usize) -> Vec<(String, String)> {
+        let mut problems = Vec::new();
+        let mut problem = |key: &str, message: String| problems.push((key.to_owned(), message));
+        match self
+            .librdkafka
+            .get("message.max.bytes")
+            .map(|v| v.trim().parse::<usize>())
+        {
+            Some(Err(_)) => problem(
+                "kafka.librdkafka.\"message.max.bytes\"",
+                "must be a number of bytes".into(),
+            ),
+            Some(Ok(max)) if needed > max => {
+                // A body limit is only a fix when it would still take a body.
+                let fitting_body = max.saturating_sub(RECORD_ENVELOPE_BYTES) / 2;
+                let or_lower = if fitting_body > 0 {
+                    format!(" or lower server.body_limit_bytes to {fitting_body}")
+                } else {
+                    format!(" ({max} is not even room for the envelope, so no body limit fits it)")
+                };
+                problem(
+                    "kafka.librdkafka.\"message.max.bytes\"",
+                    format!(
+                        "{max} cannot hold every accepted event: a record holds its body at most twice (raw and normalized) plus up to {RECORD_ENVELOPE_BYTES} bytes of envelope, so server.body_limit_bytes = {body_limit} needs {needed}; leave message.max.bytes unset (posbridge then sets it, and the created topics' max.message.bytes, to that){or_lower}",
+                    ),
+                );
+            }
+            Some(_) | None => {}
+        }
+        if self.delivery_timeout_ms < 100 {
+            problem(
+                "kafka.delivery_timeout_ms",
+                "must be at least 100 ms".into(),
+            );
+        }
+        if self.brokers.trim().is_empty() {
+            problem("kafka.brokers", "must name at least one broker".into());
+        }
+        if self.partitions < 1 {
+            problem("kafka.partitions", "must be at least 1".into());
+        }
+        if self.replication_factor.is_some_and(|rf| rf < 1) {
+            problem("kafka.replication_factor", "must be at least 1".into());
+        }
+        for name in self.topics.keys() {
+            if !EntityType::ALL.iter().any(|t| t.plural() == name) {
+                problem(
+                    &format!("kafka.topics.{name}"),
+                    format!(
+                        "unknown entity type; use one of {}",
+                        EntityType::ALL.map(EntityType::plural).join(", ")
+                    ),
+                );
+            }
+        }
+        let mut topics: Vec<(String, String)> = EntityType::ALL
+            .iter()
+            .map(|t| (format!("kafka.topics.{}", t.plural()), self.topic(*t)))
+            .collect();
+        topics.push(("kafka.dead_letter_topic".into(), self.dead_letter_topic()));
+        for (key, topic) in &topics {
+            if !valid_topic_name(topic) {
+                problem(
+                    key,
+                    format!(
+                        "`{topic}` is not a valid Kafka topic name (1-249 of a-z A-Z 0-9 . _ -)"
+                    ),
+                );
+            }
+            if topics.iter().filter(|(_, t)| t == topic).count() > 1 {
+                problem(key, format!("topic `{topic}` is used twice"));
+            }
+        }
+        if let Some(letters) = &self.dead_letter_topic
+            && !self.topic_prefix.is_empty()
+            && letters.starts_with(&self.topic_prefix)
+        {
+            let prefix = &self.topic_prefix;
+            let fix = KafkaConfig {
+                dead_letter_topic: None,
+                ..self.clone()
+            }
+            .dead_letter_topic();
+            let fix = if fix.starts_with(prefix.as_str()) {
+                "a name that does not start with it".to_owned()
+            } else {
+                format!("`{fix}` (the default: remove the setting)")
+            };
+            problem(
+                "kafka.dead_letter_topic",
+                format!(
+                    "`{letters}` starts with the entity topics' prefix `{prefix}`: a consumer subscribing to the entity topics by that prefix would get raw JSON letters among its Avro records; use {fix}"
+                ),
+            );
+        }
+        for (name, value) in &self.librdkafka {
+            if let Some(why) = self.refusal(name, value) {
+                problem(&format!("kafka.librdkafka.\"{name}\""), why);
+            }
+        }
+        problems
+    }
+}
+
+fn valid_topic_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 249
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
