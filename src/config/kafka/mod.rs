@@ -2,6 +2,7 @@
 //! pass-through table of librdkafka properties may hold is `properties.rs`.
 
 mod properties;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
