@@ -21,8 +21,8 @@
 //! are equal up to and including the tag's `}` and share a slot whatever the
 //! delivery id or the prefix holds (only a prefix whose first `{` is
 //! followed at once by `}` defeats the tag). Entity, lock and checkpoint
-//! keys are only ever touched one at a time, so they need no tag and keep
-//! the names they had before clusters were supported.
+//! keys are only ever touched one at a time, so they need no tag (and a
+//! ledger on one server keeps its key names when it moves to a cluster).
 //!
 //! **A commit is three writes, in order**: the entity's state, the
 //! checkpoint, then the done mark with the end of the lease. On a cluster
@@ -40,14 +40,19 @@
 //! older event roll the entity back. Each write is idempotent, so the fence
 //! writing a failed commit again is safe.
 
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+mod connection;
+mod scripts;
+
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
+use redis::{AsyncCommands, ScriptInvocation, Value};
+
+use connection::{
+    Connection, collect_text, connect_cluster, connect_single, is_cluster_node, without_password,
+};
+use scripts::{BEGIN, COMMIT, LOCK_AND_READ, MARK_DONE, SET_STATE, UNLOCK};
 
 use super::{
     Begin, Commit, EntityLock, EntitySlot, EntityState, GENERATION_MARK, Ledger, LedgerError,
@@ -67,206 +72,6 @@ const PROBE_KEY_MS: u64 = 60_000;
 
 /// How often a waiter retries a taken entity lock.
 const LOCK_POLL: Duration = Duration::from_millis(5);
-
-/// `begin`: done → 2; lease taken now → 0; another holder's lease → 1;
-/// the generation mark gone (the keys were lost) → 3, looked at only when
-/// its key is given (one server: a cluster's script cannot reach the mark's
-/// slot). KEYS: done, lease, and the mark or nothing. ARGV: lease ms.
-static BEGIN: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then return 3 end
-if redis.call('EXISTS', KEYS[1]) == 1 then return 2 end
-if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return 0 end
-return 1
-",
-    )
-});
-
-/// Whether a state `new` is not older than `old`: their first 12 bytes are
-/// the version, big-endian, compared byte by byte (Lua's `<` on strings
-/// follows the server's locale).
-macro_rules! not_older_lua {
-    () => {
-        r"
-local function not_older(new, old)
-  for i = 1, 12 do
-    local a, b = string.byte(new, i), string.byte(old, i)
-    if a ~= b then return a > b end
-  end
-  return true
-end
-local function set_state(key, new)
-  local current = redis.call('GET', key)
-  if (not current) or not_older(new, current) then
-    redis.call('SET', key, new)
-  end
-end
-"
-    };
-}
-
-/// A commit's entity state, written only if not older. KEYS: the state.
-/// ARGV: the new state.
-static SET_STATE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        not_older_lua!(),
-        r"
-set_state(KEYS[1], ARGV[1])
-return 1
-"
-    ))
-});
-
-/// A commit's last write: the delivery is done, and its lease ends.
-/// KEYS: done, lease (one slot). ARGV: done TTL s.
-static MARK_DONE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-redis.call('SET', KEYS[1], '1', 'EX', ARGV[1])
-redis.call('DEL', KEYS[2])
-return 1
-",
-    )
-});
-
-/// A whole commit on one server, where a script may touch keys of any slot:
-/// the three writes of a cluster's commit, in the same order, in one round
-/// trip. KEYS: entity state, checkpoint, done, lease. ARGV: the new state,
-/// the checkpoint, the done TTL in seconds; an empty one is not written (a
-/// state is never empty).
-static COMMIT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        not_older_lua!(),
-        r"
-if ARGV[1] ~= '' then set_state(KEYS[1], ARGV[1]) end
-if ARGV[2] ~= '' then redis.call('SET', KEYS[2], ARGV[2]) end
-if ARGV[3] ~= '' then
-  redis.call('SET', KEYS[3], '1', 'EX', ARGV[3])
-  redis.call('DEL', KEYS[4])
-end
-return 1
-"
-    ))
-});
-
-/// An entity's lock and, when taken, its state, in one round trip on one
-/// server: `{1, state}` when taken (nil for a state not yet written),
-/// `{0, nil}` when another holds it, `{2, nil}` when the generation mark
-/// is gone (looked at only when its key is given).
-/// KEYS: lock, state, and the mark or nothing. ARGV: token, lock lease ms.
-static LOCK_AND_READ: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then return {2, false} end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, redis.call('GET', KEYS[2])}
-end
-return {0, false}
-",
-    )
-});
-
-/// Releases a lock only if it still holds our token.
-static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-",
-    )
-});
-
-/// A connection to one server or to a cluster; both reconnect by themselves
-/// and commands wait for them.
-#[derive(Clone)]
-enum Connection {
-    /// One server.
-    Single(ConnectionManager),
-    /// A Redis Cluster: each command goes to the master of its keys' slot,
-    /// following `MOVED`/`ASK` and the new slot map after a failover.
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for Connection {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Connection::Single(conn) => conn.req_packed_command(cmd),
-            Connection::Cluster(conn) => conn.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Connection::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Connection::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Connection::Single(conn) => conn.get_db(),
-            Connection::Cluster(conn) => conn.get_db(),
-        }
-    }
-}
-
-/// `url` (one node's, or a comma-separated list) as said in an error: its
-/// passwords replaced, since the error reaches logs and start-up output.
-fn without_password(url: &str) -> String {
-    url.split(',')
-        .map(|node| match url::Url::parse(node.trim()) {
-            Ok(mut parsed) if parsed.password().is_some() => {
-                let _ = parsed.set_password(Some("***"));
-                parsed.to_string()
-            }
-            _ => node.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// Every string in a reply, one after another: `INFO` answers one text
-/// from one server and a map of texts from a cluster's masters.
-fn collect_text(value: &Value, text: &mut String) {
-    match value {
-        Value::BulkString(bytes) => text.push_str(&String::from_utf8_lossy(bytes)),
-        Value::SimpleString(s) => text.push_str(s),
-        Value::VerbatimString { text: s, .. } => text.push_str(s),
-        Value::Array(values) | Value::Set(values) => {
-            for value in values {
-                collect_text(value, text);
-            }
-        }
-        Value::Map(pairs) => {
-            for (_, value) in pairs {
-                collect_text(value, text);
-            }
-        }
-        _ => {}
-    }
-    text.push('\n');
-}
-
-/// Why a Redis Cluster could not be used.
-#[derive(Debug, thiserror::Error)]
-enum ClusterError {
-    /// redis-rs's cluster client takes a CA only with rustls; posbridge's
-    /// Redis TLS is native-tls (the same OpenSSL as its Kafka TLS).
-    #[error(
-        "ledger.redis_ca_file cannot be used with a Redis Cluster: its nodes are verified against the system's trust store only; add the CA there and remove redis_ca_file"
-    )]
-    CaFile,
-}
-
-/// How long to wait for a node to connect or answer: a command against a
-/// server that is gone fails (the delivery is answered 503) instead of hanging.
-const TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The Redis ledger. Cheap to clone.
 #[derive(Clone)]
@@ -530,91 +335,6 @@ impl RedisLedger {
 /// comes first.
 fn delivery_key(prefix: &str, delivery: &str, kind: &str) -> String {
     format!("{prefix}{{d:{delivery}}}:{kind}")
-}
-
-/// One server, as before clusters were supported: `rediss://` uses the
-/// system's trust store, or `ca_file` when given.
-async fn connect_single(
-    url: &str,
-    ca_file: Option<&std::path::Path>,
-) -> Result<ConnectionManager, LedgerError> {
-    let open_error = |e: redis::RedisError| LedgerError::Open {
-        path: without_password(url),
-        source: Box::new(e),
-    };
-    let client = match ca_file {
-        None => redis::Client::open(url).map_err(open_error)?,
-        Some(path) => {
-            let root_cert = std::fs::read(path).map_err(|e| LedgerError::Open {
-                path: path.display().to_string(),
-                source: Box::new(e),
-            })?;
-            redis::Client::build_with_tls(
-                url,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(root_cert),
-                },
-            )
-            .map_err(open_error)?
-        }
-    };
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(TIMEOUT))
-        .set_response_timeout(Some(TIMEOUT))
-        .set_number_of_retries(2);
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        ConnectionManager::new_with_config(client, config),
-    )
-    .await
-    .map_err(|_| LedgerError::Open {
-        path: url.to_owned(),
-        source: "no answer within 10 s".into(),
-    })?
-    .map_err(open_error)
-}
-
-/// Whether a server is a node of a Redis Cluster. A server that refuses
-/// `INFO` (some managed ones restrict it) is taken for one server, as
-/// before clusters were supported.
-async fn is_cluster_node(mut conn: ConnectionManager) -> bool {
-    let info: redis::RedisResult<String> = redis::cmd("INFO")
-        .arg("cluster")
-        .query_async(&mut conn)
-        .await;
-    info.is_ok_and(|info| info.lines().any(|line| line.trim() == "cluster_enabled:1"))
-}
-
-/// A Redis Cluster from its seed nodes; the client asks them for the slot
-/// map and every other node.
-async fn connect_cluster(
-    nodes: &[&str],
-    ca_file: Option<&std::path::Path>,
-) -> Result<ClusterConnection, LedgerError> {
-    let path = without_password(&nodes.join(","));
-    if ca_file.is_some() {
-        return Err(LedgerError::Open {
-            path,
-            source: Box::new(ClusterError::CaFile),
-        });
-    }
-    let open_error = |e: redis::RedisError| LedgerError::Open {
-        path: path.clone(),
-        source: Box::new(e),
-    };
-    let client = ClusterClient::builder(nodes.iter().copied())
-        .connection_timeout(TIMEOUT)
-        .response_timeout(TIMEOUT)
-        .build()
-        .map_err(open_error)?;
-    tokio::time::timeout(Duration::from_secs(10), client.get_async_connection())
-        .await
-        .map_err(|_| LedgerError::Open {
-            path: path.clone(),
-            source: "no answer within 10 s".into(),
-        })?
-        .map_err(open_error)
 }
 
 /// Held entity lock; dropping it releases the lock in the background.

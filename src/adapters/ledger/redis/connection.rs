@@ -1,0 +1,187 @@
+//! The connection of the Redis ledger: one server or a Redis Cluster,
+//! opened with time limits, and what an error may say of the server's URL.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use super::super::LedgerError;
+
+/// A connection to one server or to a cluster; both reconnect by themselves
+/// and commands wait for them.
+#[derive(Clone)]
+pub(super) enum Connection {
+    /// One server.
+    Single(ConnectionManager),
+    /// A Redis Cluster: each command goes to the master of its keys' slot,
+    /// following `MOVED`/`ASK` and the new slot map after a failover.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(conn) => conn.req_packed_command(cmd),
+            Connection::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(conn) => conn.get_db(),
+            Connection::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// `url` (one node's, or a comma-separated list) as said in an error: its
+/// passwords replaced, since the error reaches logs and start-up output.
+pub(super) fn without_password(url: &str) -> String {
+    url.split(',')
+        .map(|node| match url::Url::parse(node.trim()) {
+            Ok(mut parsed) if parsed.password().is_some() => {
+                let _ = parsed.set_password(Some("***"));
+                parsed.to_string()
+            }
+            _ => node.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Every string in a reply, one after another: `INFO` answers one text
+/// from one server and a map of texts from a cluster's masters.
+pub(super) fn collect_text(value: &Value, text: &mut String) {
+    match value {
+        Value::BulkString(bytes) => text.push_str(&String::from_utf8_lossy(bytes)),
+        Value::SimpleString(s) => text.push_str(s),
+        Value::VerbatimString { text: s, .. } => text.push_str(s),
+        Value::Array(values) | Value::Set(values) => {
+            for value in values {
+                collect_text(value, text);
+            }
+        }
+        Value::Map(pairs) => {
+            for (_, value) in pairs {
+                collect_text(value, text);
+            }
+        }
+        _ => {}
+    }
+    text.push('\n');
+}
+
+/// Why a Redis Cluster could not be used.
+#[derive(Debug, thiserror::Error)]
+enum ClusterError {
+    /// redis-rs's cluster client takes a CA only with rustls; posbridge's
+    /// Redis TLS is native-tls (the same OpenSSL as its Kafka TLS).
+    #[error(
+        "ledger.redis_ca_file cannot be used with a Redis Cluster: its nodes are verified against the system's trust store only; add the CA there and remove redis_ca_file"
+    )]
+    CaFile,
+}
+
+/// How long to wait for a node to connect or answer: a command against a
+/// server that is gone fails (the delivery is answered 503) instead of hanging.
+const TIMEOUT: Duration = Duration::from_secs(3);
+
+/// One server: `rediss://` uses the system's trust store, or `ca_file`
+/// when given.
+pub(super) async fn connect_single(
+    url: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Result<ConnectionManager, LedgerError> {
+    let open_error = |e: redis::RedisError| LedgerError::Open {
+        path: without_password(url),
+        source: Box::new(e),
+    };
+    let client = match ca_file {
+        None => redis::Client::open(url).map_err(open_error)?,
+        Some(path) => {
+            let root_cert = std::fs::read(path).map_err(|e| LedgerError::Open {
+                path: path.display().to_string(),
+                source: Box::new(e),
+            })?;
+            redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                },
+            )
+            .map_err(open_error)?
+        }
+    };
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(TIMEOUT))
+        .set_response_timeout(Some(TIMEOUT))
+        .set_number_of_retries(2);
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        ConnectionManager::new_with_config(client, config),
+    )
+    .await
+    .map_err(|_| LedgerError::Open {
+        path: url.to_owned(),
+        source: "no answer within 10 s".into(),
+    })?
+    .map_err(open_error)
+}
+
+/// Whether a server is a node of a Redis Cluster. A server that refuses
+/// `INFO` (some managed ones restrict it) is taken for one server: a
+/// cluster node always answers it.
+pub(super) async fn is_cluster_node(mut conn: ConnectionManager) -> bool {
+    let info: redis::RedisResult<String> = redis::cmd("INFO")
+        .arg("cluster")
+        .query_async(&mut conn)
+        .await;
+    info.is_ok_and(|info| info.lines().any(|line| line.trim() == "cluster_enabled:1"))
+}
+
+/// A Redis Cluster from its seed nodes; the client asks them for the slot
+/// map and every other node.
+pub(super) async fn connect_cluster(
+    nodes: &[&str],
+    ca_file: Option<&std::path::Path>,
+) -> Result<ClusterConnection, LedgerError> {
+    let path = without_password(&nodes.join(","));
+    if ca_file.is_some() {
+        return Err(LedgerError::Open {
+            path,
+            source: Box::new(ClusterError::CaFile),
+        });
+    }
+    let open_error = |e: redis::RedisError| LedgerError::Open {
+        path: path.clone(),
+        source: Box::new(e),
+    };
+    let client = ClusterClient::builder(nodes.iter().copied())
+        .connection_timeout(TIMEOUT)
+        .response_timeout(TIMEOUT)
+        .build()
+        .map_err(open_error)?;
+    tokio::time::timeout(Duration::from_secs(10), client.get_async_connection())
+        .await
+        .map_err(|_| LedgerError::Open {
+            path: path.clone(),
+            source: "no answer within 10 s".into(),
+        })?
+        .map_err(open_error)
+}

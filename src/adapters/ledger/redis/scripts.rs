@@ -1,0 +1,118 @@
+//! The Lua scripts of the Redis ledger, each with what it returns and the
+//! keys and arguments it takes. A script runs whole on one server, so each
+//! is one step no other replica can interleave with; on a cluster each
+//! touches keys of one hash slot only (the module documentation of
+//! `redis/mod.rs` says how the keys are tagged for that).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// `begin`: done → 2; lease taken now → 0; another holder's lease → 1;
+/// the generation mark gone (the keys were lost) → 3, looked at only when
+/// its key is given (one server: a cluster's script cannot reach the mark's
+/// slot). KEYS: done, lease, and the mark or nothing. ARGV: lease ms.
+pub(super) static BEGIN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then return 3 end
+if redis.call('EXISTS', KEYS[1]) == 1 then return 2 end
+if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return 0 end
+return 1
+",
+    )
+});
+
+/// Whether a state `new` is not older than `old`: their first 12 bytes are
+/// the version, big-endian, compared byte by byte (Lua's `<` on strings
+/// follows the server's locale).
+macro_rules! not_older_lua {
+    () => {
+        r"
+local function not_older(new, old)
+  for i = 1, 12 do
+    local a, b = string.byte(new, i), string.byte(old, i)
+    if a ~= b then return a > b end
+  end
+  return true
+end
+local function set_state(key, new)
+  local current = redis.call('GET', key)
+  if (not current) or not_older(new, current) then
+    redis.call('SET', key, new)
+  end
+end
+"
+    };
+}
+
+/// A commit's entity state, written only if not older. KEYS: the state.
+/// ARGV: the new state.
+pub(super) static SET_STATE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        not_older_lua!(),
+        r"
+set_state(KEYS[1], ARGV[1])
+return 1
+"
+    ))
+});
+
+/// A commit's last write: the delivery is done, and its lease ends.
+/// KEYS: done, lease (one slot). ARGV: done TTL s.
+pub(super) static MARK_DONE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+redis.call('SET', KEYS[1], '1', 'EX', ARGV[1])
+redis.call('DEL', KEYS[2])
+return 1
+",
+    )
+});
+
+/// A whole commit on one server, where a script may touch keys of any slot:
+/// the three writes of a cluster's commit, in the same order, in one round
+/// trip. KEYS: entity state, checkpoint, done, lease. ARGV: the new state,
+/// the checkpoint, the done TTL in seconds; an empty one is not written (a
+/// state is never empty).
+pub(super) static COMMIT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        not_older_lua!(),
+        r"
+if ARGV[1] ~= '' then set_state(KEYS[1], ARGV[1]) end
+if ARGV[2] ~= '' then redis.call('SET', KEYS[2], ARGV[2]) end
+if ARGV[3] ~= '' then
+  redis.call('SET', KEYS[3], '1', 'EX', ARGV[3])
+  redis.call('DEL', KEYS[4])
+end
+return 1
+"
+    ))
+});
+
+/// An entity's lock and, when taken, its state, in one round trip on one
+/// server: `{1, state}` when taken (nil for a state not yet written),
+/// `{0, nil}` when another holds it, `{2, nil}` when the generation mark
+/// is gone (looked at only when its key is given).
+/// KEYS: lock, state, and the mark or nothing. ARGV: token, lock lease ms.
+pub(super) static LOCK_AND_READ: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then return {2, false} end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('GET', KEYS[2])}
+end
+return {0, false}
+",
+    )
+});
+
+/// Releases a lock only if it still holds our token.
+pub(super) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+",
+    )
+});
