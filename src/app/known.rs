@@ -8,7 +8,7 @@
 //!
 //! The file lives beside the spool when a source spools, else beside the
 //! embedded ledger; with neither there is nothing to keep it in, and
-//! start-up needs both servers as before. It is written whole to a
+//! start-up needs both servers to answer. It is written whole to a
 //! temporary file and renamed over the old one, so a crash leaves the old
 //! or the new, never half of one.
 

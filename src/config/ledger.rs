@@ -83,7 +83,7 @@ fn default_checkpoint_interval_ms() -> u64 {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RedisUrlError {
     /// A node of a list that is not a Redis URL (with one URL, the Redis
-    /// client itself judges it, as before lists were read).
+    /// client itself judges it, and says why in its own words).
     #[error("`{0}` must start with redis:// or rediss://")]
     Scheme(String),
     /// Some nodes with TLS and some without: one cluster's nodes are reached

@@ -106,7 +106,7 @@ impl RedisLedger {
     /// ([`LedgerConfig::redis_nodes`]). A list is a cluster; so is one URL
     /// whose server says `cluster_enabled:1` (`INFO cluster`), so pointing
     /// at any node of a cluster, or at a managed cluster's one configuration
-    /// endpoint, works too. Anything else is used as one server, as before.
+    /// endpoint, works too. Anything else is used as one server.
     ///
     /// A server whose `maxmemory-policy` may evict posbridge's keys is
     /// refused unless `allow_eviction`, and then said.
