@@ -179,8 +179,9 @@ async fn kafka_only_a_topic_set_to_delete_under_a_running_posbridge_is_refused_u
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_topic_deleted_under_a_running_posbridge_is_refused_not_recreated_by_a_delivery() {
-    // A broker of its own: on tansu a topic deleted on the shared broker made
-    // other tests' posbridges answer 503 while it ran.
+    // A broker of its own: deleting a topic a producer writes to makes
+    // tansu 0.6's storage panic, after which the broker serves no client
+    // (every other test's posbridge answered 503; docs/REAL-SERVERS.md).
     let broker = OwnBroker::start().await;
     let dir = tempfile::tempdir().unwrap();
     let mut config = spool_config(&broker.address(), &unique("deleted"), dir.path());
