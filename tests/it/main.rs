@@ -8,6 +8,7 @@ mod support;
 mod broker_outage;
 mod catch_up;
 mod compaction;
+mod compose;
 mod consumers;
 mod crash;
 mod damaged_files;
