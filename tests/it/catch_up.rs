@@ -178,7 +178,9 @@ impl Sim {
     }
 }
 
-async fn reconcile_both(reconciler: &Reconciler, from: OffsetDateTime) -> Summary {
+/// One reconcile of both providers' `main` source over `[from, now + 1 min)`,
+/// summed.
+pub(crate) async fn reconcile_both(reconciler: &Reconciler, from: OffsetDateTime) -> Summary {
     let to = OffsetDateTime::now_utc() + time::Duration::minutes(1);
     let mut total = Summary::default();
     for provider in ProviderKind::ALL {
