@@ -13,19 +13,18 @@
 //! postgres) and psql; without one of them the test says so loudly and
 //! passes, unless POSBRIDGE_TEST_REQUIRE_SINK=1 (CI), where it fails.
 //!
-//! Order and time to ready (measured here, one test alone: 71 s in all):
-//! PostgreSQL (`scripts/postgres`, initdb to answering 1.8 s) and its
-//! tables (tables.sql with `posbridge.table_prefix`); v1 records (schema
-//! registered first, topics made compacted); posbridge in process (it
-//! registers its schema as the next version); the Connect worker
-//! (`scripts/connect` under a unique group; REST answers after 9–16 s); the
-//! connector (`scripts/sink-connector`: RUNNING 3 s after the PUT, plus its
-//! 15 s settle); the simulator (150 events, about 10 s) and a reconcile;
-//! webhooks over v1 keys; then `scripts/compare-sink --truth` retried until
-//! it exits 0 (the first try usually does; 5–8 s a run). Then the same with
-//! a second connector whose deletes are off, which must make it exit 1.
-//! scripts/test fetches the worker first (`scripts/ensure-connect`, 60 s
-//! once, from Maven Central); .ci/run installs PostgreSQL (Debian
+//! In order: PostgreSQL (`scripts/postgres`) and its tables (tables.sql
+//! with `posbridge.table_prefix`); v1 records (schema registered first,
+//! topics made compacted); posbridge in process (it registers its schema as
+//! the next version); the Connect worker (`scripts/connect` under a unique
+//! group); the connector (`scripts/sink-connector`, which waits until it
+//! has run longer than the sink retries a failing write); the simulator and
+//! a reconcile; webhooks over v1 keys; then `scripts/compare-sink --truth`
+//! retried until it exits 0. Then the same with a second connector whose
+//! deletes are off, which must make it exit 1 (docs/SINK.md says how long
+//! each part takes to be ready).
+//! scripts/test fetches the worker first (`scripts/ensure-connect`, once,
+//! from Maven Central); .ci/run installs PostgreSQL (Debian
 //! `postgresql`). Blocking commands (psql, compare-sink, sink-connector) run
 //! off the runtime's threads, so the posbridge in this process keeps its own.
 
@@ -112,8 +111,8 @@ fn which(program: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// A throwaway PostgreSQL cluster (`scripts/postgres`, about 2 s from
-/// initdb to answering); fast shutdown (SIGINT) on drop.
+/// A throwaway PostgreSQL cluster (`scripts/postgres`); fast shutdown
+/// (SIGINT) on drop.
 struct Postgres {
     port: u16,
     child: Child,
@@ -236,8 +235,8 @@ impl Drop for Postgres {
 
 /// A Kafka Connect worker of its own (`scripts/connect`: distributed mode,
 /// one worker, its group and internal topics named from a unique group id on
-/// the shared broker). Its REST API answers 15 s after the start here; 120 s
-/// allowed under a loaded suite. Killed (SIGTERM, then waited for) on drop.
+/// the shared broker). Its REST API is given 120 s: a JVM starting beside
+/// a loaded suite. Killed (SIGTERM, then waited for) on drop.
 struct Worker {
     rest: String,
     child: Child,
