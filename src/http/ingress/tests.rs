@@ -625,6 +625,27 @@ async fn every_answer_reaches_the_status_board() {
 }
 
 #[tokio::test]
+async fn a_handled_delivery_reaches_the_board_with_its_event_and_entity() {
+    let h = harness().await;
+    h.broker.recover();
+    let (status, _, _) = post_order(&h, Some("d-board"), "d-board", "2026-11-29T10:00:00Z").await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, json) = get(&admin(&h, &Default::default()), "/status.json", None).await;
+    let json: Value = serde_json::from_str(&json).unwrap();
+    let row = &json["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["source"] == "main")
+        .expect("the configured source is listed")["recent"][0];
+    assert_eq!(row["delivery_id"], "d-board", "{row}");
+    assert_eq!(row["event_type"], "order.updated", "{row}");
+    assert_eq!(row["entity_key"], "mekari:ORD-7", "{row}");
+    assert_eq!(row["answer"]["outcome"], "published", "{row}");
+    assert_eq!(row["answer"]["status"], 200, "{row}");
+}
+
+#[tokio::test]
 async fn the_status_page_escapes_what_providers_sent() {
     let h = harness().await;
     let hostile = "<script>alert(1)</script>";

@@ -23,7 +23,7 @@ use crate::domain::event::ProviderKind;
 use crate::observe::board;
 use crate::observe::delivery;
 use crate::observe::traces::{DeliveryTrace, Stage};
-use crate::services::pipeline::{Delivery, Handled};
+use crate::services::pipeline::{Delivery, Handled, Outcome};
 
 /// `POST /webhooks/{provider}/{source}`.
 pub async fn receive(
@@ -71,27 +71,21 @@ pub async fn receive(
         }
         None => Err(WebhookError::UnknownSource(key.1)),
     };
-    observe_answer(
-        &state,
-        source,
-        provider,
-        &trace,
-        Answered {
-            result: &result,
-            elapsed: started.elapsed(),
-            delivery_id,
-        },
-    );
-    match result {
-        Ok(handled) => accepted(handled.outcome),
+    let answered = Answered {
+        result,
+        elapsed: started.elapsed(),
+        delivery_id,
+    };
+    match observe_answer(&state, source, provider, &trace, answered) {
+        Ok(outcome) => accepted(outcome),
         Err(error) => error.into_response(),
     }
 }
 
 /// How a request was answered, for [`observe_answer`].
-struct Answered<'a> {
+struct Answered {
     /// What the pipeline did, or why the request was refused.
-    result: &'a Result<Handled, WebhookError>,
+    result: Result<Handled, WebhookError>,
     /// From arrival to the answer.
     elapsed: Duration,
     /// The delivery-id header's value, when it had one.
@@ -101,23 +95,25 @@ struct Answered<'a> {
 /// The request's answer as the operator sees it, in one place: the end of
 /// its delivery's span, the request meters (a source that is not configured
 /// counted under `unknown`) and the status board's row of a configured source.
+/// Hands back what the answer is made of: the outcome, or the refusal (the
+/// delivery's strings move into the board's row, copied nowhere).
 fn observe_answer(
     state: &AppState,
     source: Option<&WebhookSource>,
     provider: ProviderKind,
     trace: &DeliveryTrace,
-    answered: Answered<'_>,
-) {
+    answered: Answered,
+) -> Result<Outcome, WebhookError> {
     let Answered {
         result,
         elapsed,
         delivery_id,
     } = answered;
-    let (outcome, status) = match result {
+    let (outcome, status) = match &result {
         Ok(handled) => (RequestOutcome::Handled(handled.outcome), StatusCode::OK),
         Err(error) => (error.outcome(), error.status()),
     };
-    match result {
+    match &result {
         Ok(handled) => trace.answered(
             outcome.as_str(),
             handled.dead_letter_reason,
@@ -128,19 +124,28 @@ fn observe_answer(
     }
     let Some(source) = source else {
         meters::record_unknown(provider, outcome, elapsed);
-        return;
+        return result.map(|handled| handled.outcome);
     };
     source.meters.record(outcome, elapsed);
-    let handled = result.as_ref().ok();
+    let (handled, answer) = match result {
+        Ok(handled) => {
+            let outcome = handled.outcome;
+            (Some(handled), Ok(outcome))
+        }
+        Err(error) => (None, Err(error)),
+    };
+    let (event_type, entity_key, dead_letter_reason) = handled.map_or((None, None, None), |h| {
+        (h.event_type, h.entity_key, h.dead_letter_reason)
+    });
     state.board.delivered(
         provider,
         &source.source.name,
         board::Delivery {
             at: OffsetDateTime::now_utc(),
             delivery_id,
-            event_type: handled.and_then(|h| h.event_type.clone()),
-            entity_key: handled.and_then(|h| h.entity_key.clone()),
-            dead_letter_reason: handled.and_then(|h| h.dead_letter_reason),
+            event_type,
+            entity_key,
+            dead_letter_reason,
             answer: board::Answer {
                 outcome: outcome.as_str(),
                 status: status.as_u16(),
@@ -148,6 +153,7 @@ fn observe_answer(
             latency_ms: board::millis(elapsed),
         },
     );
+    answer
 }
 
 /// A webhook request as it came, for [`handle`].
