@@ -74,8 +74,7 @@ async fn java_view(java: &std::path::Path, args: &[&str], who: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_consumer_examples_read_both_framings_into_the_latest_state() {
     let rust = example_binary("consumer");
-    let python = std::env::var("POSBRIDGE_TEST_PYTHON")
-        .expect("POSBRIDGE_TEST_PYTHON (Confluent's client) is set by scripts/test");
+    let python = crate::support::python_path();
     let python_example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/consumer.py");
     let java = std::path::Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),

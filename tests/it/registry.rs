@@ -139,8 +139,7 @@ async fn the_registry_accepts_this_schema_over_the_previous_version() {
 /// schema, the new fields ignored.
 #[tokio::test]
 async fn fastavro_reads_records_across_schema_versions() {
-    let python = std::env::var("POSBRIDGE_TEST_PYTHON")
-        .expect("POSBRIDGE_TEST_PYTHON (Confluent's client) is set by scripts/test");
+    let python = crate::support::python_path();
     let dir = tempfile::tempdir().unwrap();
     let v1_path = dir.path().join("v1.avsc");
     std::fs::write(&v1_path, V1_SCHEMA).unwrap();

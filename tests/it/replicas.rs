@@ -18,8 +18,7 @@ async fn kafka_only_three_replicas_behind_haproxy_lose_nothing_when_one_is_kille
         return;
     }
     let work = tempfile::tempdir().unwrap();
-    let python = std::env::var("POSBRIDGE_TEST_PYTHON")
-        .expect("POSBRIDGE_TEST_PYTHON (Confluent's client) is set by scripts/test");
+    let python = crate::support::python_path();
     let output = tokio::process::Command::new(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/replicas"),
     )

@@ -4,7 +4,8 @@
 
 use super::ports::{free_port, free_ports};
 use super::proxy::CutProxy;
-use std::path::{Path, PathBuf};
+use super::script;
+use std::path::PathBuf;
 
 /// Which broker the suite runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,13 +29,6 @@ fn tansu_binary() -> PathBuf {
     std::env::var_os("POSBRIDGE_TEST_TANSU")
         .map(PathBuf::from)
         .expect("POSBRIDGE_TEST_TANSU is set by scripts/test on tansu")
-}
-
-/// A script of this repository.
-fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("scripts")
-        .join(name)
 }
 
 /// A private broker behind a TCP proxy the test can cut, as a crashed

@@ -4,8 +4,10 @@
 pub mod apicurio;
 mod broker;
 pub mod cluster;
+pub mod connect;
 pub mod operator;
 pub mod ports;
+pub mod postgres;
 pub mod proxy;
 pub mod redis;
 pub mod registry;
@@ -411,12 +413,43 @@ pub async fn decode_with_python(topic: &str, registry: Option<&str>) -> Value {
     serde_json::from_slice(first).unwrap()
 }
 
+/// The venv's Python, with Confluent's client (scripts/test makes it).
+pub fn python_path() -> String {
+    std::env::var("POSBRIDGE_TEST_PYTHON")
+        .expect("POSBRIDGE_TEST_PYTHON (Confluent's client) is set by scripts/test")
+}
+
+/// A script of this repository.
+pub fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts")
+        .join(name)
+}
+
+/// The last 40 lines of a log file, or why there are none: for the message
+/// of a test that failed on a server it started.
+pub fn log_tail(path: &Path) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        }
+        Err(error) => format!("({}: {error})", path.display()),
+    }
+}
+
+/// Runs a command that blocks (psql, a script) off the runtime's threads,
+/// so the posbridge a test runs in its process keeps them.
+pub async fn off_the_runtime(mut command: std::process::Command) -> std::process::Output {
+    tokio::task::spawn_blocking(move || command.output().expect("the command starts"))
+        .await
+        .unwrap()
+}
+
 /// Runs the venv's Python (Confluent's client) with `args`; fails the test
 /// with its stderr unless it succeeds.
 pub async fn python(args: &[&str]) -> std::process::Output {
-    let python = std::env::var("POSBRIDGE_TEST_PYTHON")
-        .expect("POSBRIDGE_TEST_PYTHON (Confluent's client) is set by scripts/test");
-    let output = tokio::process::Command::new(python)
+    let output = tokio::process::Command::new(python_path())
         .args(args)
         .output()
         .await
