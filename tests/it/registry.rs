@@ -6,11 +6,8 @@ use posbridge::adapters::encode::decode;
 use posbridge::app::App;
 use posbridge::domain::event::EntityType;
 
-use crate::support::registry::Registry;
+use crate::support::registry::{Registry, V1_SCHEMA};
 use crate::support::{TestApp, brokers, config, decode_with_python, read_topic, rr_sale, unique};
-
-/// The first release's schema, as consumers' registries hold it.
-const V1_SCHEMA: &str = include_str!("../../schemas/history/pos_event.v1.avsc");
 
 /// The first release's schema with a numeric `event_id`: a schema this
 /// version cannot read, so the registry refuses this version over it.

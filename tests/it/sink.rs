@@ -43,12 +43,11 @@ use time::OffsetDateTime;
 use crate::catch_up::{MEKARI_CLIENT_SECRET, Sim, reconcile_both};
 use crate::support::connect::{self, Worker};
 use crate::support::postgres::{self, Postgres};
-use crate::support::registry::Registry;
+use crate::support::registry::{Registry, V1_SCHEMA};
 use crate::support::wait::look_for;
 use crate::support::{BrokerKind, broker_kind, off_the_runtime, python_path, script};
 use crate::support::{TestApp, brokers, config, unique};
 
-const V1_SCHEMA: &str = include_str!("../../schemas/history/pos_event.v1.avsc");
 const PLURALS: [&str; 7] = [
     "sales",
     "orders",

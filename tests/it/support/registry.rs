@@ -6,6 +6,10 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+/// The first released schema (schemas/history/): what an older posbridge
+/// registered and wrote.
+pub const V1_SCHEMA: &str = include_str!("../../../schemas/history/pos_event.v1.avsc");
+
 /// The registry's Confluent-compatible base URL.
 pub fn registry_url() -> String {
     std::env::var("POSBRIDGE_TEST_REGISTRY")
