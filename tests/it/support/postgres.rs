@@ -9,42 +9,14 @@ use super::ports::free_port;
 use super::wait::look_for;
 use super::{log_tail, script};
 
-/// Why this machine cannot run a throwaway PostgreSQL, if it cannot.
+/// Why this machine cannot run a throwaway PostgreSQL, if it cannot, in
+/// `scripts/postgres --check`'s words (the script knows what it needs).
 pub fn missing() -> Option<String> {
-    let server = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|version| version.path().join("bin/postgres").is_file())
-        || which("postgres");
-    if !server {
-        return Some("no PostgreSQL server (Debian: apt-get install postgresql-15)".into());
-    }
-    let root = Command::new("id")
-        .arg("-u")
+    let check = Command::new(script("postgres"))
+        .arg("--check")
         .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-    if root
-        && !(which("setpriv")
-            && Command::new("id")
-                .arg("postgres")
-                .output()
-                .is_ok_and(|o| o.status.success()))
-    {
-        return Some("as root, scripts/postgres runs the server as the OS user postgres (made by Debian's postgresql package) through setpriv".into());
-    }
-    if !which("psql") {
-        return Some("no psql (Debian: apt-get install postgresql-client-15)".into());
-    }
-    None
-}
-
-fn which(program: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+        .expect("scripts/postgres starts");
+    (!check.status.success()).then(|| String::from_utf8_lossy(&check.stderr).trim().to_owned())
 }
 
 /// A throwaway PostgreSQL cluster (`scripts/postgres`); fast shutdown
