@@ -172,6 +172,20 @@ enum LedgerCommand {
         #[arg(long, short, env = "POSBRIDGE_CONFIG")]
         config: PathBuf,
     },
+    /// Keep the partition count each entity topic has now (or only the
+    /// `--topic`s named), after growing a topic on purpose: posbridge
+    /// refuses a topic whose count differs from the one its ledger kept.
+    /// Keys written before keep a stale state in their old partition until
+    /// it is overwritten there. With the embedded ledger, run it with
+    /// posbridge stopped; then start posbridge.
+    AcceptPartitions {
+        /// TOML configuration file.
+        #[arg(long, short, env = "POSBRIDGE_CONFIG")]
+        config: PathBuf,
+        /// A topic to accept (repeatable); every entity topic when none.
+        #[arg(long)]
+        topic: Vec<String>,
+    },
 }
 
 #[tokio::main]
@@ -238,6 +252,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Ledger {
             command: LedgerCommand::Check { config },
         } => ledger_check(config),
+        Command::Ledger {
+            command: LedgerCommand::AcceptPartitions { config, topic },
+        } => accept_partitions(config, &topic).await,
         Command::CheckConfig { config } => check_config(config),
     }
 }
@@ -374,6 +391,23 @@ fn ledger_check(path: PathBuf) -> anyhow::Result<()> {
     println!("{}", checked.report);
     if !checked.problems.is_empty() {
         anyhow::bail!("{}", checked.problems.join("\n"));
+    }
+    Ok(())
+}
+
+async fn accept_partitions(path: PathBuf, topics: &[String]) -> anyhow::Result<()> {
+    let config = load(&path)?;
+    let accepted = app::partitions::accept_partitions(&config, topics)
+        .await
+        .map_err(start_error)?;
+    for (topic, (before, now)) in accepted {
+        match before {
+            Some(before) if before != now => {
+                println!("{topic}: {now} partitions kept (was {before})");
+            }
+            Some(_) => println!("{topic}: {now} partitions, as kept"),
+            None => println!("{topic}: {now} partitions kept"),
+        }
     }
     Ok(())
 }

@@ -8,6 +8,7 @@
 mod check;
 pub mod files;
 mod known;
+pub mod partitions;
 pub mod schema;
 
 use std::collections::HashMap;
@@ -149,6 +150,7 @@ fn announce_series(
         metrics::counter!(telemetry::PUBLISH_FAILURES, telemetry::PROVIDER => provider.as_str(), telemetry::KIND => "retryable")
             .increment(0);
     }
+    metrics::counter!(telemetry::LEDGER_TOPICS_REPLACED).increment(0);
     metrics::gauge!(
         telemetry::BUILD_INFO,
         telemetry::VERSION => env!("CARGO_PKG_VERSION"),
@@ -245,6 +247,12 @@ impl App {
 
         let topics = Topics::new(kafka);
         let publisher = Publisher::new(kafka, config.max_record_bytes())?;
+        // The partitions the ledger's checkpoint kept: a topic grown while
+        // posbridge was stopped is refused from the start, as while running
+        // (the rebuild lets go of them if the ledger cached other topics).
+        if let Some(seen) = opened.store.cached().await?.and_then(|c| c.topics) {
+            publisher.keep_partitions(&seen.partitions());
+        }
         let known_path = known::path(config);
         let mut known = known_path.as_deref().map(known::load).unwrap_or_default();
         let wanted = topics.all();
@@ -321,6 +329,7 @@ impl App {
             crate::services::rebuild::Rebuild::new(
                 kafka,
                 &topics,
+                publisher.clone(),
                 opened.store.clone(),
                 opened.gate.clone(),
                 Duration::from_secs(config.ledger.dedup_ttl_secs),

@@ -55,12 +55,16 @@ pub const LEDGER_WRITABLE: &str = "posbridge_ledger_writable";
 pub const REBUILD_RUNNING: &str = "posbridge_ledger_rebuild_running";
 /// Counter: records read from the topics to fill the ledger.
 pub const REBUILD_RECORDS: &str = "posbridge_ledger_rebuild_records_total";
+/// Counter: times the ledger was found caching other topics than the
+/// cluster holds (another cluster id or topic id, offsets past a
+/// partition's end) and was forgotten and filled again from the topics.
+pub const LEDGER_TOPICS_REPLACED: &str = "posbridge_ledger_other_topics_total";
 /// Gauge: records the running rebuild still has to read.
 pub const REBUILD_REMAINING: &str = "posbridge_ledger_rebuild_records_remaining";
 /// 1 while a broker answers, 0 while none does.
 pub const BROKER_UP: &str = "posbridge_broker_up";
 /// 1 while an entity topic's records are refused because it changed under
-/// posbridge since start-up, by topic and reason (`partitions`,
+/// posbridge (its partitions since the ledger kept them), by topic and reason (`partitions`,
 /// `cleanup_policy`, `missing`); 0 otherwise, from start-up.
 pub const TOPIC_CHANGED: &str = "posbridge_topic_changed";
 /// Producers replaced (a fatal error, or a timeout on a broker that needs

@@ -21,6 +21,7 @@ mod kafka_acls;
 mod kafka_security;
 mod leader_loss;
 mod ledger_full;
+mod ledger_topics;
 mod monitoring;
 mod ordering;
 mod outage_start;

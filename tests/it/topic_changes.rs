@@ -97,7 +97,7 @@ async fn kafka_only_partitions_raised_under_a_running_posbridge_stop_that_topic_
     raise_partitions(&brokers(), &orders, 12).await;
     let why = named_in_readyz(&app, &orders).await;
     assert!(
-        why.contains("12 partitions where start-up found 3"),
+        why.contains("12 partitions where posbridge keeps 3"),
         "{why}"
     );
 

@@ -293,12 +293,21 @@ impl<L: Ledger> Ledger for Fenced<L> {
         self.inner.reopen().await
     }
 
-    async fn stored_offsets(&self) -> Result<Option<super::Offsets>, LedgerError> {
-        self.inner.stored_offsets().await
+    async fn cached(&self) -> Result<Option<super::Cached>, LedgerError> {
+        self.inner.cached().await
     }
 
-    fn restore_offsets(&self, offsets: &super::Offsets) {
-        self.inner.restore_offsets(offsets);
+    fn restore(&self, offsets: &super::Offsets, topics: &super::TopicsSeen) {
+        self.inner.restore(offsets, topics);
+    }
+
+    /// Commits kept to be written again are of the topics forgotten: they
+    /// go too.
+    async fn forget_topics(&self) -> Result<(), LedgerError> {
+        if let Some(fence) = self.fence().as_mut() {
+            fence.pending.clear();
+        }
+        self.inner.forget_topics().await
     }
 
     /// The store's own check. On Redis it writes, as `begin` does, so a
@@ -366,6 +375,9 @@ mod tests {
         }
         async fn reopen(&self) -> Result<(), LedgerError> {
             self.ledger.reopen().await
+        }
+        async fn forget_topics(&self) -> Result<(), LedgerError> {
+            self.ledger.forget_topics().await
         }
         async fn check(&self) -> Result<(), LedgerError> {
             self.ledger.check().await

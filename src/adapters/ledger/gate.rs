@@ -38,6 +38,9 @@ pub struct Progress {
     pub eta_secs: Option<f64>,
     /// Why the last attempt failed, when it did (it is tried again).
     pub failed: Option<String>,
+    /// Why the ledger was last forgotten and filled whole though it held
+    /// offsets (it cached other topics than the cluster's), since start-up.
+    pub forgotten_because: Option<String>,
 }
 
 /// The gate and the progress behind it. Shared by the ledger wrapper, the
@@ -74,15 +77,24 @@ impl Gate {
     /// A rebuild begins: closed, its figures reset.
     pub fn begin(&self, partitions: u64, records_to_read: u64) {
         self.open.store(false, Ordering::Release);
-        *self.progress() = (
+        let mut progress = self.progress();
+        let forgotten_because = progress.0.forgotten_because.take();
+        *progress = (
             Progress {
                 running: true,
                 partitions,
                 records_to_read,
+                forgotten_because,
                 ..Progress::default()
             },
             Some(Instant::now()),
         );
+    }
+
+    /// The ledger was found caching other topics than the cluster's, and
+    /// is forgotten and filled whole: `/readyz` and `/status` say why.
+    pub fn filled_whole_because(&self, why: String) {
+        self.progress().0.forgotten_because = Some(why);
     }
 
     /// `records` more were read; `partition_done` when a partition ended.
@@ -257,12 +269,16 @@ impl Ledger for Gated {
         self.inner.reopen().await
     }
 
-    async fn stored_offsets(&self) -> Result<Option<super::Offsets>, LedgerError> {
-        self.inner.stored_offsets().await
+    async fn cached(&self) -> Result<Option<super::Cached>, LedgerError> {
+        self.inner.cached().await
     }
 
-    fn restore_offsets(&self, offsets: &super::Offsets) {
-        self.inner.restore_offsets(offsets);
+    fn restore(&self, offsets: &super::Offsets, topics: &super::TopicsSeen) {
+        self.inner.restore(offsets, topics);
+    }
+
+    async fn forget_topics(&self) -> Result<(), LedgerError> {
+        self.inner.forget_topics().await
     }
 
     fn rebuild_progress(&self) -> Option<Progress> {

@@ -19,6 +19,7 @@
 //! lost is read back from them (by the rebuild, a service above), from the offsets its last
 //! checkpoint recorded ([`placements`]).
 
+mod cached;
 mod embedded;
 mod fence;
 mod gate;
@@ -34,6 +35,7 @@ use crate::config::{LedgerBackend, LedgerConfig};
 use crate::domain::event::{DeliveryKey, EntityKey, EntityType, Version};
 use crate::domain::guard::EntityState;
 
+pub use cached::{Cached, TopicSeen, TopicsSeen};
 pub use embedded::{DEFAULT_CHECKPOINT_EVERY, EmbeddedLedger, LedgerCounts};
 pub use fence::Fenced;
 pub use gate::{Gate, Gated, Progress};
@@ -352,13 +354,14 @@ pub trait Ledger: Send + Sync + 'static {
         Ok(())
     }
 
-    /// The offsets up to which the store holds the topics' records: where
-    /// the start-up read begins. `None` for a store that keeps no offsets
-    /// (its commits are durable when made).
+    /// What the store holds of the topics: the offsets up to which it has
+    /// applied their records (where the start-up read begins) and the
+    /// cluster and topics they are of. `None` for a store that keeps no
+    /// offsets (its commits are durable when made).
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be read.
-    async fn stored_offsets(&self) -> Result<Option<Offsets>, LedgerError> {
+    async fn cached(&self) -> Result<Option<Cached>, LedgerError> {
         Ok(None)
     }
 
@@ -368,9 +371,18 @@ pub trait Ledger: Send + Sync + 'static {
         None
     }
 
-    /// Offsets a rebuild read the topics up to: the next checkpoint
-    /// records them.
-    fn restore_offsets(&self, _offsets: &Offsets) {}
+    /// What a rebuild read the topics up to, and what they are: the next
+    /// checkpoint records both.
+    fn restore(&self, _offsets: &Offsets, _topics: &TopicsSeen) {}
+
+    /// Forgets everything the store holds of the topics (done ids, entity
+    /// states, offsets, checkpoints, what the topics were): it was found
+    /// caching other topics than the cluster's, and is filled again from
+    /// what they hold. Durable when it returns.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the store cannot be written.
+    async fn forget_topics(&self) -> Result<(), LedgerError>;
 
     /// Whether the store is open and answering, for `/readyz`.
     ///

@@ -94,6 +94,14 @@ impl Placements {
         }
     }
 
+    /// Forgets every offset: the ledger forgot the topics they are of.
+    /// Sends in flight stay counted.
+    pub fn forget(&self) {
+        let mut inner = self.inner();
+        inner.applied.clear();
+        inner.safe.clear();
+    }
+
     /// Seals the current epoch: sends from now on take the next one. The
     /// epoch sealed.
     pub fn seal(&self) -> u64 {

@@ -11,6 +11,7 @@ use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::Producer as _;
 use rdkafka::util::Timeout;
 
+use super::describe::Described;
 use super::{PublishError, Publisher, TopicChange, Topics, watch};
 
 /// Room for a record batch's header beside its one record.
@@ -186,7 +187,48 @@ impl Publisher {
             }
         }
         self.baseline.learn(&observed);
+        // A topic changed while posbridge was stopped (the ledger kept its
+        // partitions) is refused from the start, as the watch refuses one
+        // changed while running.
+        for (topic, seen) in &observed {
+            let change = TopicChange::between(self.baseline.get(topic), seen);
+            self.health.topic_shape(topic, change);
+        }
         Ok(())
+    }
+
+    /// Keeps the partitions the ledger's checkpoint kept for each topic,
+    /// before start-up looks at the topics: a topic whose count differs is
+    /// then refused as if it had changed while running.
+    pub fn keep_partitions(&self, kept: &BTreeMap<String, usize>) {
+        self.baseline.keep(kept);
+    }
+
+    /// The partitions posbridge keeps for each entity topic: what the
+    /// ledger's checkpoint records.
+    pub fn kept_partitions(&self) -> BTreeMap<String, usize> {
+        self.baseline.all()
+    }
+
+    /// Forgets the partitions kept for `topics` and keeps what `now` says:
+    /// the ledger was found caching other topics (a new cluster, a topic
+    /// made again), whose counts are not changes. A refusal of those topics
+    /// for their partitions ends.
+    pub fn keep_partitions_anew(&self, now: &BTreeMap<String, usize>) {
+        self.baseline.keep(now);
+        for topic in now.keys() {
+            if let Some(TopicChange::Partitions { .. }) = self.health.changed(topic) {
+                self.health.topic_shape(topic, None);
+            }
+        }
+    }
+
+    /// The cluster's id and each of `topics`' id and partitions.
+    ///
+    /// # Errors
+    /// [`PublishError::Describe`] when the cluster does not answer.
+    pub async fn describe(&self, topics: &[String]) -> Result<Described, PublishError> {
+        super::describe::describe(&self.admin_config, topics).await
     }
 
     /// Runs the start-up check of the entity topics again every `every`

@@ -46,7 +46,7 @@ impl fmt::Display for TopicChange {
             ),
             TopicChange::Partitions { from, to } => write!(
                 f,
-                "changed under posbridge: {to} partitions where start-up found {from}; a key's next state would go to another partition than its last (compaction keeps both); go back to {from} partitions (re-create the topic and replay), or restart posbridge to accept {to}"
+                "changed under posbridge: {to} partitions where posbridge keeps {from}; a key's next state would go to another partition than its last (compaction keeps both); go back to {from} partitions (re-create the topic and replay), or accept {to} with `posbridge ledger accept-partitions` and restart posbridge"
             ),
             TopicChange::NotCompacted { policy } => write!(
                 f,

@@ -62,6 +62,9 @@ pub enum PublishError {
     /// The topics could not be created at start-up (no broker answered).
     #[error("creating topics: {0}")]
     CreateTopics(#[source] KafkaError),
+    /// The cluster could not be described (its id, its topics' ids).
+    #[error("describing the cluster and its topics: {0}")]
+    Describe(String),
     /// The broker refused to create a topic.
     #[error("cannot create topic `{topic}`: {}", Cause(Some(*.code)))]
     CreateTopic {

@@ -31,6 +31,7 @@
 
 mod admin;
 mod change;
+mod describe;
 mod error;
 #[cfg(test)]
 mod fake;
@@ -55,6 +56,7 @@ use crate::domain::event::EntityType;
 use crate::observe::telemetry;
 
 pub use change::TopicChange;
+pub use describe::{Described, TopicIdentity};
 use error::classify;
 pub use error::{PUBLISH_REFUSED, PublishError, REFUSAL_CODES, TIMESTAMP_REFUSED};
 #[cfg(test)]

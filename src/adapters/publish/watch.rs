@@ -174,12 +174,30 @@ pub(super) async fn observe(
     Ok(observed)
 }
 
-/// The partitions each entity topic had when posbridge first looked: what
-/// the watch compares with. Shared by every clone of a `Publisher`.
+/// The partitions posbridge keeps for each entity topic: what the ledger's
+/// checkpoint kept (so a topic grown while posbridge was stopped is seen),
+/// else what posbridge first found. What the watch compares with. Shared by
+/// every clone of a `Publisher`.
 #[derive(Debug, Default)]
 pub(super) struct Baseline(Mutex<BTreeMap<String, usize>>);
 
 impl Baseline {
+    /// Keeps `kept` (the ledger's) before anything is learnt.
+    pub(super) fn keep(&self, kept: &BTreeMap<String, usize>) {
+        let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        for (topic, partitions) in kept {
+            known.insert(topic.clone(), *partitions);
+        }
+    }
+
+    /// Every topic's count.
+    pub(super) fn all(&self) -> BTreeMap<String, usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// Keeps the partitions of each topic not yet known; what was known stays.
     pub(super) fn learn(&self, observed: &BTreeMap<String, Observed>) {
         let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
@@ -198,7 +216,7 @@ impl Baseline {
             .insert(topic.to_owned(), partitions);
     }
 
-    fn get(&self, topic: &str) -> Option<usize> {
+    pub(super) fn get(&self, topic: &str) -> Option<usize> {
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -311,7 +329,7 @@ mod tests {
         assert_eq!(raised.reason(), "partitions");
         let text = raised.to_string();
         assert!(
-            text.contains("12 partitions where start-up found 3"),
+            text.contains("12 partitions where posbridge keeps 3"),
             "{text}"
         );
         let recreated = TopicChange::between(Some(1), &seen(Some(1), Some("delete"))).unwrap();

@@ -130,6 +130,11 @@ fn health(health: &Health) -> Markup {
         @if health.spool.is_some() {
             div.charts { (svg(|html| chart::spool(html, &health.spool_depth_per_minute))) }
         }
+        @if let Some(why) = health.ledger_rebuild.as_ref().and_then(|r| r.forgotten_because.as_ref()) {
+            p #ledger-forgotten {
+                span.bad { "The ledger cached other topics" } " and was filled again from the cluster's: " (why)
+            }
+        }
         @if !health.failing_topics.is_empty() {
             table #failing-topics {
                 tr { th { "topic refused" } th { "why" } }

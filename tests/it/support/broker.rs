@@ -226,6 +226,23 @@ impl OwnBroker {
         self.run().await;
     }
 
+    /// Replaces the broker by a new, empty one at the same address, as a
+    /// re-provisioned cluster looks to posbridge: its data gone, a new
+    /// cluster id (Kafka formats a new one), new topic ids.
+    pub async fn replace(&mut self) {
+        self.kill();
+        let data = match self.kind {
+            BrokerKind::Kafka => self.dir.path().join("kafka"),
+            BrokerKind::Tansu => self.dir.path().join("tansu.db"),
+        };
+        if data.is_dir() {
+            std::fs::remove_dir_all(&data).unwrap();
+        } else if data.exists() {
+            std::fs::remove_file(&data).unwrap();
+        }
+        self.run().await;
+    }
+
     fn signal(&self, which: &str) {
         let pid = self.child.as_ref().expect("the broker runs").id();
         let status = std::process::Command::new("kill")

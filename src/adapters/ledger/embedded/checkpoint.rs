@@ -18,8 +18,8 @@ use tracing::{error, info};
 
 use super::store::{Recent, Store};
 use super::tables::{Sweep, Tables, unix_now, write_batch};
-use crate::adapters::ledger::LedgerError;
 use crate::adapters::ledger::placements::{Offsets, Placements};
+use crate::adapters::ledger::{LedgerError, TopicsSeen};
 
 /// How long a checkpoint waits for the sends of the epoch it sealed to
 /// end: their offsets are counted now, not at the next checkpoint. A send
@@ -33,7 +33,14 @@ pub(super) enum Ask {
     Soon,
     /// A checkpoint now, answered when durable (shutdown).
     Now(oneshot::Sender<Result<(), LedgerError>>),
+    /// Everything forgotten, answered when durable: the file cached other
+    /// topics. Done here, between checkpoints, so none writes half of it.
+    Forget(oneshot::Sender<Result<(), LedgerError>>),
 }
+
+/// The cluster and topics the offsets restored are of, set by a rebuild;
+/// the next checkpoint records them with the offsets.
+pub(super) type Seen = Mutex<Option<TopicsSeen>>;
 
 /// Whether the last checkpoint failed, and why: `/readyz` shows it, and the
 /// next one reopens the file first.
@@ -74,6 +81,7 @@ impl Health {
 pub(super) fn checkpoint_loop(
     store: &Store,
     placements: &Placements,
+    seen: &Seen,
     health: &Health,
     asked: &AtomicBool,
     asks: &Receiver<Ask>,
@@ -88,11 +96,15 @@ pub(super) fn checkpoint_loop(
             Ok(ask) => Some(ask),
             Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => {
-                health.set(&checkpoint.take(store, placements, health));
+                health.set(&checkpoint.take(store, placements, seen, health));
                 return;
             }
         };
-        let outcome = checkpoint.take(store, placements, health);
+        if let Some(Ask::Forget(reply)) = asked {
+            let _ = reply.send(checkpoint.forget(store, placements));
+            continue;
+        }
+        let outcome = checkpoint.take(store, placements, seen, health);
         health.set(&outcome);
         if let Some(Ask::Now(reply)) = asked {
             // The asker may have given up waiting; nothing to tell it.
@@ -107,6 +119,8 @@ struct Checkpoint {
     sweep: Sweep,
     /// The offsets the file records.
     offsets: Offsets,
+    /// The cluster and topics the file records they are of.
+    topics: Option<TopicsSeen>,
 }
 
 impl Checkpoint {
@@ -116,6 +130,7 @@ impl Checkpoint {
         &mut self,
         store: &Store,
         placements: &Placements,
+        seen: &Seen,
         health: &Health,
     ) -> Result<(), LedgerError> {
         let sealed = placements.seal();
@@ -124,6 +139,13 @@ impl Checkpoint {
             std::thread::sleep(Duration::from_millis(1));
         }
         let offsets = placements.safe(sealed);
+        // Read after the offsets: a rebuild restores its offsets first, so
+        // topics read here are never newer than the offsets written with them.
+        let topics = seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .filter(|topics| self.topics.as_ref() != Some(topics));
         let flushing = {
             let mut layers = store.layers();
             let current = std::mem::take(&mut layers.current);
@@ -131,11 +153,17 @@ impl Checkpoint {
             layers.flushing = Some(flushing.clone());
             flushing
         };
-        if flushing.len() == 0 && offsets == self.offsets {
+        if flushing.len() == 0 && offsets == self.offsets && topics.is_none() {
             store.layers().flushing = None;
             return Ok(());
         }
-        let written = self.write(store, &flushing, &offsets, health.failing().is_some());
+        let written = self.write(
+            store,
+            &flushing,
+            &offsets,
+            topics,
+            health.failing().is_some(),
+        );
         let mut layers = store.layers();
         layers.flushing = None;
         if written.is_err() {
@@ -150,6 +178,7 @@ impl Checkpoint {
         store: &Store,
         flushing: &Recent,
         offsets: &Offsets,
+        topics: Option<TopicsSeen>,
         reopen_first: bool,
     ) -> Result<(), LedgerError> {
         if reopen_first {
@@ -170,6 +199,7 @@ impl Checkpoint {
             &opened.db,
             &flushing.writes(),
             offsets,
+            topics.as_ref(),
             &mut self.sweep,
             unix_now(),
         )
@@ -182,6 +212,29 @@ impl Checkpoint {
             .write()
             .unwrap_or_else(PoisonError::into_inner) = tables;
         self.offsets.clone_from(offsets);
+        if topics.is_some() {
+            self.topics = topics;
+        }
+        Ok(())
+    }
+
+    /// Forgets what memory and the file hold, durably.
+    fn forget(&mut self, store: &Store, placements: &Placements) -> Result<(), LedgerError> {
+        {
+            let mut layers = store.layers();
+            layers.current = Recent::default();
+            layers.flushing = None;
+        }
+        placements.forget();
+        let opened = store.get()?;
+        let storage = |e: redb::Error| LedgerError::Embedded(Arc::new(e));
+        super::tables::forget(&opened.db).map_err(storage)?;
+        let tables = Tables::open(&opened.db).map_err(storage)?;
+        *opened
+            .tables
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = tables;
+        *self = Checkpoint::default();
         Ok(())
     }
 }

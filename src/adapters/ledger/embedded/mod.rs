@@ -29,9 +29,11 @@ use redb::ReadableDatabase;
 use tokio::sync::oneshot;
 
 use super::placements::{Offsets, Placements, Sending};
-use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
+use super::{
+    Begin, Cached, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError, TopicsSeen,
+};
 use crate::domain::event::DeliveryKey;
-use checkpoint::{Ask, Health, checkpoint_loop};
+use checkpoint::{Ask, Health, Seen, checkpoint_loop};
 use store::Store;
 use tables::{CHECKPOINTS, DONE, ENTITIES, unix_now};
 
@@ -63,6 +65,8 @@ pub struct EmbeddedLedger {
     dedup_ttl: Duration,
     /// The sends in flight and the offsets committed, for checkpoints.
     placements: Arc<Placements>,
+    /// The cluster and topics a rebuild found, for the next checkpoint.
+    seen: Arc<Seen>,
     /// Whether the last checkpoint failed.
     health: Arc<Health>,
     /// Whether a checkpoint was asked for and has not begun yet.
@@ -99,13 +103,15 @@ impl EmbeddedLedger {
         };
         let store = Arc::new(Store::open(path)?);
         let placements = Arc::new(Placements::default());
+        let seen = Arc::new(Seen::default());
         let health = Arc::new(Health::default());
         let asked = Arc::new(AtomicBool::new(false));
 
         let (asks, queue) = std::sync::mpsc::channel();
-        let (thread_store, thread_placements, thread_health, thread_asked) = (
+        let (thread_store, thread_placements, thread_seen, thread_health, thread_asked) = (
             store.clone(),
             placements.clone(),
+            seen.clone(),
             health.clone(),
             asked.clone(),
         );
@@ -115,6 +121,7 @@ impl EmbeddedLedger {
                 checkpoint_loop(
                     &thread_store,
                     &thread_placements,
+                    &thread_seen,
                     &thread_health,
                     &thread_asked,
                     &queue,
@@ -134,6 +141,7 @@ impl EmbeddedLedger {
             ),
             dedup_ttl,
             placements,
+            seen,
             health,
             asked,
             asks,
@@ -326,14 +334,26 @@ impl Ledger for EmbeddedLedger {
         self.placements.sending()
     }
 
-    async fn stored_offsets(&self) -> Result<Option<Offsets>, LedgerError> {
-        tables::offsets(&self.store.get()?.db)
-            .map(Some)
-            .map_err(storage)
+    async fn cached(&self) -> Result<Option<Cached>, LedgerError> {
+        let opened = self.store.get()?;
+        Ok(Some(Cached {
+            offsets: tables::offsets(&opened.db).map_err(storage)?,
+            topics: tables::topics_seen(&opened.db).map_err(storage)?,
+        }))
     }
 
-    fn restore_offsets(&self, offsets: &Offsets) {
+    fn restore(&self, offsets: &Offsets, topics: &TopicsSeen) {
         self.placements.restore(offsets);
+        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = Some(topics.clone());
+    }
+
+    async fn forget_topics(&self) -> Result<(), LedgerError> {
+        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        let (reply, answer) = oneshot::channel();
+        self.asks
+            .send(Ask::Forget(reply))
+            .map_err(|_| LedgerError::Closed)?;
+        answer.await.unwrap_or(Err(LedgerError::Closed))
     }
 
     async fn persist(&self) -> Result<(), LedgerError> {

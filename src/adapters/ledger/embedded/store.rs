@@ -9,7 +9,7 @@ use redb::Database;
 use tracing::info;
 
 use super::tables::{
-    CHECKPOINTS, DONE, ENTITIES, OFFSETS, OLD_DONE_BY_EXPIRY, OLD_REDO, Tables, Write,
+    CHECKPOINTS, DONE, ENTITIES, META, OFFSETS, OLD_DONE_BY_EXPIRY, OLD_REDO, Tables, Write,
 };
 use crate::adapters::ledger::LedgerError;
 use crate::adapters::store_file::{self, Integrity, ReopenError, Reopenable};
@@ -131,6 +131,7 @@ impl Store {
         txn.open_table(CHECKPOINTS)
             .map_err(|e| redb_error(e.into()))?;
         txn.open_table(OFFSETS).map_err(|e| redb_error(e.into()))?;
+        txn.open_table(META).map_err(|e| redb_error(e.into()))?;
         txn.delete_table(OLD_DONE_BY_EXPIRY)
             .map_err(|e| redb_error(e.into()))?;
         let had_redo_log = txn

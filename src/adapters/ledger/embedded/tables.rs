@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
+use crate::adapters::ledger::TopicsSeen;
 use crate::adapters::ledger::placements::Offsets;
 
 /// One write the ledger makes. Ordered by kind, then key.
@@ -37,6 +38,12 @@ pub(super) const OLD_REDO: TableDefinition<&str, u64> = TableDefinition::new("re
 /// (topic, partition) → the next offset to read: the state of every record
 /// below it is in this file.
 pub(super) const OFFSETS: TableDefinition<(&str, i32), i64> = TableDefinition::new("offsets");
+
+/// What the file knows of itself: [`TOPICS_SEEN`], the cluster and topics
+/// its offsets are of (JSON, so a field added later reads as absent).
+pub(super) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+/// [`META`]'s key for the [`TopicsSeen`].
+const TOPICS_SEEN: &str = "topics_seen";
 
 /// How many done ids each commit looks at, in key order from where the last
 /// one stopped, deleting those expired: the sweep walks the whole table in
@@ -71,15 +78,17 @@ pub(super) struct Sweep {
     after: Option<String>,
 }
 
-/// Writes `writes` and the `offsets` they cover in one durable transaction
-/// at unix second `now`, with the next step of the sweep; how many expired
-/// ids the sweep deleted. The sweep looks at
+/// Writes `writes` and the `offsets` they cover (with the `topics` those
+/// are of, when they changed) in one durable transaction at unix second
+/// `now`, with the next step of the sweep; how many expired ids the sweep
+/// deleted. The sweep looks at
 /// [`SWEEP_PER_COMMIT`] ids and two more per id written, so it keeps up
 /// with what is added however many ids each commit holds.
 pub(super) fn write_batch(
     db: &Database,
     writes: &[Write<'_>],
     offsets: &Offsets,
+    topics: Option<&TopicsSeen>,
     sweep: &mut Sweep,
     now: u64,
 ) -> Result<usize, redb::Error> {
@@ -106,6 +115,11 @@ pub(super) fn write_batch(
         let mut stored = txn.open_table(OFFSETS)?;
         for ((topic, partition), next) in offsets {
             stored.insert((topic.as_str(), *partition), *next)?;
+        }
+        if let Some(topics) = topics {
+            // Plain data of strings and numbers: it always serializes.
+            let json = serde_json::to_vec(topics).expect("the topics seen serialize");
+            txn.open_table(META)?.insert(TOPICS_SEEN, json.as_slice())?;
         }
         let range = match &sweep.after {
             Some(after) => {
@@ -147,6 +161,29 @@ pub(super) fn offsets(db: &Database) -> Result<Offsets, redb::Error> {
         offsets.insert((topic.to_owned(), partition), next.value());
     }
     Ok(offsets)
+}
+
+/// The cluster and topics the file's offsets are of; `None` in a file
+/// written before they were kept (or one whose record does not read).
+pub(super) fn topics_seen(db: &Database) -> Result<Option<TopicsSeen>, redb::Error> {
+    let txn = db.begin_read()?;
+    let table = txn.open_table(META)?;
+    Ok(table
+        .get(TOPICS_SEEN)?
+        .and_then(|json| serde_json::from_slice(json.value()).ok()))
+}
+
+/// Empties every table in one durable transaction: the file cached other
+/// topics than the cluster's.
+pub(super) fn forget(db: &Database) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    txn.open_table(DONE)?.retain(|_, _| false)?;
+    txn.open_table(ENTITIES)?.retain(|_, _| false)?;
+    txn.open_table(CHECKPOINTS)?.retain(|_, _| false)?;
+    txn.open_table(OFFSETS)?.retain(|_, _| false)?;
+    txn.open_table(META)?.retain(|_, _| false)?;
+    txn.commit()?;
+    Ok(())
 }
 
 pub(super) fn unix_now() -> u64 {

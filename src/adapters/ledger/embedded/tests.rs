@@ -201,8 +201,8 @@ async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
     drop(fast);
     ledger.persist().await.unwrap();
     assert_eq!(
-        ledger.stored_offsets().await.unwrap(),
-        Some(Offsets::new()),
+        ledger.cached().await.unwrap().unwrap().offsets,
+        Offsets::new(),
         "the slow send may lie below 41"
     );
     ledger
@@ -215,7 +215,7 @@ async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
     drop(slow);
     ledger.persist().await.unwrap();
     drop(ledger);
-    let offsets = reopen(&dir).await.stored_offsets().await.unwrap().unwrap();
+    let offsets = reopen(&dir).await.cached().await.unwrap().unwrap().offsets;
     assert_eq!(offsets.get(&("pos.orders".to_owned(), 2)), Some(&42));
 }
 
@@ -239,7 +239,11 @@ async fn an_earlier_versions_redo_log_is_removed() {
     std::fs::write(&wal, b"frames").unwrap();
     let ledger = open(&dir);
     assert!(!wal.exists());
-    assert_eq!(ledger.stored_offsets().await.unwrap(), Some(Offsets::new()));
+    assert_eq!(
+        ledger.cached().await.unwrap(),
+        Some(Cached::default()),
+        "no offsets, no topics"
+    );
 }
 
 #[tokio::test]
@@ -254,7 +258,7 @@ async fn the_sweep_forgets_expired_ids_a_few_at_a_time() {
     };
     let write = |db: &Database, done: &[(String, u64)], sweep: &mut Sweep, now| {
         let writes: Vec<Write<'_>> = done.iter().map(|(id, at)| Write::Done(id, *at)).collect();
-        write_batch(db, &writes, &Offsets::new(), sweep, now).unwrap()
+        write_batch(db, &writes, &Offsets::new(), None, sweep, now).unwrap()
     };
     let t0 = 1_000_000;
     let expiring = done(&ids("p", SWEEP_PER_COMMIT * 2 + 50), t0 + 1);
@@ -271,4 +275,58 @@ async fn the_sweep_forgets_expired_ids_a_few_at_a_time() {
     let txn = db.begin_read().unwrap();
     use redb::ReadableTableMetadata;
     assert_eq!(txn.open_table(DONE).unwrap().len().unwrap(), 10);
+}
+
+/// What a rebuild restores (offsets and the topics they are of) is kept by
+/// the next checkpoint; forgetting the topics empties memory and the file.
+#[tokio::test]
+async fn the_topics_seen_are_kept_with_the_offsets_and_forgotten_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = open(&dir);
+    let (id, slot, state) = sample();
+    ledger
+        .commit(Commit {
+            delivery: Some(id.clone()),
+            entity: Some((slot.clone(), state)),
+            checkpoint: Some(("reconcile".to_owned(), 7)),
+            ..Commit::default()
+        })
+        .await
+        .unwrap();
+    let offsets = Offsets::from([(("pos.orders".to_owned(), 0), 12)]);
+    let seen = TopicsSeen {
+        cluster: Some("cluster-a".to_owned()),
+        topics: [(
+            "pos.orders".to_owned(),
+            crate::adapters::ledger::TopicSeen {
+                id: Some("id-1".to_owned()),
+                partitions: Some(2),
+            },
+        )]
+        .into(),
+    };
+    ledger.restore(&offsets, &seen);
+    ledger.persist().await.unwrap();
+    drop(ledger);
+    let ledger = reopen(&dir).await;
+    assert_eq!(
+        ledger.cached().await.unwrap(),
+        Some(Cached {
+            offsets,
+            topics: Some(seen)
+        })
+    );
+    assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
+    ledger.forget_topics().await.unwrap();
+    assert_eq!(ledger.cached().await.unwrap(), Some(Cached::default()));
+    assert_eq!(ledger.entity(&slot).await.unwrap(), None);
+    assert_eq!(ledger.checkpoint("reconcile").await.unwrap(), None);
+    drop(ledger);
+    let ledger = reopen(&dir).await;
+    assert_eq!(ledger.cached().await.unwrap(), Some(Cached::default()));
+    assert_eq!(
+        ledger.begin(&id).await.unwrap(),
+        Begin::New,
+        "forgotten for good"
+    );
 }

@@ -337,6 +337,19 @@ fn delivery_key(prefix: &str, delivery: &str, kind: &str) -> String {
     format!("{prefix}{{d:{delivery}}}:{kind}")
 }
 
+/// `text` with the characters a `SCAN`/`KEYS` pattern gives a meaning to
+/// escaped, so a prefix matches only itself.
+fn glob_escaped(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
 /// Held entity lock; dropping it releases the lock in the background.
 struct RedisLock {
     conn: Connection,
@@ -452,6 +465,36 @@ impl Ledger for RedisLedger {
             self.release(delivery).await;
         }
         result
+    }
+
+    /// Every key under the prefix is deleted: `SCAN` on one server (it
+    /// blocks nothing), `KEYS` on a cluster, where redis-rs asks every
+    /// master and joins the answers (a `SCAN` cursor is one node's). Rare
+    /// (the ledger cached another cluster's topics), and the gate is closed.
+    async fn forget_topics(&self) -> Result<(), LedgerError> {
+        let pattern = format!("{}*", glob_escaped(&self.prefix));
+        let mut conn = self.conn.clone();
+        let keys: Vec<String> = match &self.conn {
+            Connection::Single(single) => {
+                let mut single = single.clone();
+                let mut found = Vec::new();
+                let mut iter = single.scan_match::<_, String>(&pattern).await?;
+                while let Some(key) = futures::StreamExt::next(&mut iter).await {
+                    found.push(key?);
+                }
+                found
+            }
+            Connection::Cluster(_) => {
+                redis::cmd("KEYS")
+                    .arg(&pattern)
+                    .query_async(&mut conn)
+                    .await?
+            }
+        };
+        for key in keys {
+            let _: i64 = conn.unlink(key).await?;
+        }
+        Ok(())
     }
 
     /// A PING, then a write: a Redis at `maxmemory` under `noeviction`

@@ -32,7 +32,10 @@
 //! ledger should hold, without I/O; [`Rebuild`] reads the topics and
 //! commits it.
 
-use std::collections::{HashMap, HashSet};
+mod found;
+mod verdict;
+
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,18 +43,16 @@ use backon::{ExponentialBuilder, Retryable};
 use futures::StreamExt;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::adapters::ledger::{Commit, EntitySlot, Gate, Ledger, LedgerError, Offsets};
-use crate::adapters::publish::Topics;
+use crate::adapters::publish::{Described, Publisher, Topics};
 use crate::config::KafkaConfig;
-use crate::domain::event::{DeliveryKey, EntityType, ProviderKind};
-use crate::domain::guard::EntityState;
+use crate::domain::event::EntityType;
 use crate::observe::telemetry;
-use crate::services::pipeline::{
-    HEADER_DELIVERY_ID, HEADER_PROVIDER, HEADER_STATE_HASH, HEADER_VERSION, state_from_headers,
-};
-use crate::services::replay::{Extent, Letter, ReadError, Reader};
+use crate::services::replay::{Extent, ReadError, Reader};
+use found::{Found, Summary};
+use verdict::{Look, Verdict, judge};
 
 /// The generation mark: the unix second the store was last filled.
 const REBUILT: &str = crate::adapters::ledger::GENERATION_MARK;
@@ -80,104 +81,14 @@ pub enum RebuildError {
     Ledger(#[from] LedgerError),
 }
 
-/// What a rebuild read and wrote.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Summary {
-    /// Records read.
-    records: u64,
-    /// Entity records without the state headers (written before they
-    /// existed): their state is unknown, and left out.
-    unknown: u64,
-    /// Entity states written.
-    entities: u64,
-    /// Delivery ids marked done.
-    done: u64,
-}
-
-impl Summary {
-    fn add(&mut self, other: Summary) {
-        self.records += other.records;
-        self.unknown += other.unknown;
-        self.entities += other.entities;
-        self.done += other.done;
-    }
-}
-
-/// What the records of one partition say the ledger held.
-#[derive(Debug, Default)]
-struct Found {
-    entities: HashMap<EntitySlot, EntityState>,
-    done: HashSet<DeliveryKey>,
-    records: u64,
-    unknown: u64,
-}
-
-impl Found {
-    /// An entity record of `entity_type`'s topic. Its delivery id counts
-    /// as done when its record time is at or after `done_since_ms`.
-    fn entity_record(&mut self, entity_type: EntityType, record: &Letter, done_since_ms: i64) {
-        self.records += 1;
-        let state = record
-            .header(HEADER_VERSION)
-            .zip(record.header(HEADER_STATE_HASH))
-            .and_then(|(version, hash)| state_from_headers(version.as_bytes(), hash.as_bytes()));
-        let (Some(key), Some(state)) = (&record.key, state) else {
-            self.unknown += 1;
-            return;
-        };
-        let slot = EntitySlot::of_record_key(entity_type, key);
-        let newer = self
-            .entities
-            .get(&slot)
-            .is_none_or(|held| held.version <= state.version);
-        if newer {
-            self.entities.insert(slot, state);
-        }
-        if recent(record, done_since_ms)
-            && let Some(provider) = record.header(HEADER_PROVIDER).and_then(ProviderKind::parse)
-            && let Some(delivery) = record.header(HEADER_DELIVERY_ID)
-        {
-            self.done.insert(DeliveryKey::new(provider, delivery));
-        }
-    }
-
-    /// A dead letter: its key is its delivery, done when recent.
-    fn dead_letter(&mut self, record: &Letter, done_since_ms: i64) {
-        self.records += 1;
-        if recent(record, done_since_ms)
-            && let Some(key) = &record.key
-        {
-            self.done.insert(DeliveryKey::from_stored(key.clone()));
-        }
-    }
-
-    /// What was found, in figures.
-    fn summary(&self) -> Summary {
-        Summary {
-            records: self.records,
-            unknown: self.unknown,
-            entities: self.entities.len() as u64,
-            done: self.done.len() as u64,
-        }
-    }
-
-    /// The commits that write it into a ledger: every entity state, then
-    /// every done id.
-    fn into_commits(self) -> impl Iterator<Item = Commit> {
-        let entities = self.entities.into_iter().map(|(slot, state)| Commit {
-            entity: Some((slot, state)),
-            ..Commit::default()
-        });
-        let done = self.done.into_iter().map(|delivery| Commit {
-            delivery: Some(delivery),
-            ..Commit::default()
-        });
-        entities.chain(done)
-    }
-}
-
-fn recent(record: &Letter, done_since_ms: i64) -> bool {
-    record.timestamp_ms.is_some_and(|at| at >= done_since_ms)
+/// Whether a fill reads on over what the ledger holds or into an empty one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// The store may hold newer states than the records read: an older
+    /// state than the one held is left out (Redis itself refuses one).
+    Kept,
+    /// The store held nothing of the topics when the fill began.
+    Nothing,
 }
 
 /// Whether `ledger` holds the [`REBUILT`] mark.
@@ -192,6 +103,8 @@ pub async fn is_marked(ledger: &dyn Ledger) -> Result<bool, LedgerError> {
 pub struct Rebuild {
     kafka: KafkaConfig,
     topics: Topics,
+    /// For the cluster's and the topics' ids, and the partitions it keeps.
+    publisher: Publisher,
     /// The store itself (not behind the gate).
     store: Arc<dyn Ledger>,
     gate: Arc<Gate>,
@@ -203,6 +116,7 @@ impl Rebuild {
     pub fn new(
         kafka: &KafkaConfig,
         topics: &Topics,
+        publisher: Publisher,
         store: Arc<dyn Ledger>,
         gate: Arc<Gate>,
         dedup_ttl: Duration,
@@ -210,6 +124,7 @@ impl Rebuild {
         Rebuild {
             kafka: kafka.clone(),
             topics: topics.clone(),
+            publisher,
             store,
             gate,
             dedup_ttl,
@@ -239,7 +154,7 @@ impl Rebuild {
                 filled = filled => if filled.is_ok() { self.gate.end(Ok(())) },
             }
             metrics::gauge!(telemetry::REBUILD_RUNNING).set(0.0);
-            let keeps_offsets = matches!(self.store.stored_offsets().await, Ok(Some(_)));
+            let keeps_offsets = matches!(self.store.cached().await, Ok(Some(_)));
             loop {
                 tokio::select! {
                     () = stop.cancelled() => return,
@@ -255,15 +170,25 @@ impl Rebuild {
         }
     }
 
-    /// One fill: from the stored offsets, or whole when the mark is gone.
+    /// One fill: from the stored offsets (whole when they are of other
+    /// topics than the cluster's), or whole when the mark is gone.
     async fn once(&self) -> Result<(), RebuildError> {
         let now = OffsetDateTime::now_utc();
         let done_since_ms =
             i64::try_from((now - self.dedup_ttl).unix_timestamp_nanos() / 1_000_000)
                 .unwrap_or(i64::MIN);
-        if let Some(offsets) = self.store.stored_offsets().await? {
-            let ends = self.fill(&offsets, done_since_ms, true).await?;
-            self.store.restore_offsets(&ends);
+        if let Some(cached) = self.store.cached().await? {
+            let look = self.look().await?;
+            let (from, before, held) = match judge(&cached, &look) {
+                Verdict::Same => (cached.offsets, cached.topics, Held::Kept),
+                Verdict::Other(why) => {
+                    self.forget(&look, why).await?;
+                    (Offsets::new(), None, Held::Nothing)
+                }
+            };
+            let ends = self.fill(&look, &from, done_since_ms, held).await?;
+            let seen = look.seen(before.as_ref(), &self.publisher.kept_partitions());
+            self.store.restore(&ends, &seen);
             self.store
                 .commit(Commit {
                     checkpoint: Some((REBUILT.to_owned(), now.unix_timestamp())),
@@ -286,7 +211,9 @@ impl Rebuild {
         info!(
             "The ledger holds no generation mark (it is new, or lost its keys): filling it from the topics before deciding deliveries."
         );
-        self.fill(&Offsets::new(), done_since_ms, false).await?;
+        let look = self.look().await?;
+        self.fill(&look, &Offsets::new(), done_since_ms, Held::Nothing)
+            .await?;
         self.store
             .commit(Commit {
                 checkpoint: Some((REBUILT.to_owned(), now.unix_timestamp())),
@@ -296,28 +223,70 @@ impl Rebuild {
         Ok(())
     }
 
+    /// The ledger caches other topics than the cluster's (`why`): what it
+    /// holds is forgotten, said loudly, and the partitions the topic watch
+    /// keeps are the cluster's now.
+    async fn forget(&self, look: &Look, why: String) -> Result<(), RebuildError> {
+        error!(
+            %why,
+            "The ledger caches other topics than the cluster holds now: it forgets them (done ids, entity states, offsets, reconciler and replay checkpoints) and is filled again from what the topics hold before any delivery is decided."
+        );
+        metrics::counter!(telemetry::LEDGER_TOPICS_REPLACED).increment(1);
+        self.gate.filled_whole_because(why);
+        self.store.forget_topics().await?;
+        self.publisher.keep_partitions_anew(&look.partitions());
+        Ok(())
+    }
+
+    /// What the cluster holds now: its ids (when it gives them) and every
+    /// topic's partitions.
+    async fn look(&self) -> Result<Look, RebuildError> {
+        let names: Vec<String> = self
+            .all_topics()
+            .into_iter()
+            .map(|(topic, _)| topic.to_owned())
+            .collect();
+        let described = match self.publisher.describe(&names).await {
+            Ok(described) => described,
+            Err(error) => {
+                // Where a broker gives no ids, the offsets alone tell other
+                // topics (`verdict`).
+                debug!(%error, "The cluster does not describe its topics' ids.");
+                Described::default()
+            }
+        };
+        let mut extents_of = BTreeMap::new();
+        for name in names {
+            let reader = Reader::new(&self.kafka, &name)?;
+            extents_of.insert(name, extents(&reader).await?);
+        }
+        Ok(Look {
+            described,
+            extents: extents_of,
+        })
+    }
+
     /// Reads every partition from `from` (its beginning where it has no
-    /// offset) to its end now, and commits what it says; the ends read.
-    /// With `check_held`, a state older than the one held is left out
-    /// (the store may hold newer ones than the records read; Redis itself
-    /// refuses an older state).
+    /// offset) to its end as `look` found it, and commits what it says;
+    /// the ends read.
     async fn fill(
         &self,
+        look: &Look,
         from: &Offsets,
         done_since_ms: i64,
-        check_held: bool,
+        held: Held,
     ) -> Result<Offsets, RebuildError> {
         let started = Instant::now();
         let mut plan = Vec::new();
         for (topic, entity_type) in self.all_topics() {
             let reader = Reader::new(&self.kafka, topic)?;
-            let mut ranges = Vec::new();
-            for extent in extents(&reader).await? {
-                let start = from
-                    .get(&(topic.to_owned(), extent.partition))
-                    .map_or(extent.low, |next| (*next).clamp(extent.low, extent.high));
-                ranges.push((extent, start));
-            }
+            let ranges: Vec<(Extent, i64)> = look
+                .extents
+                .get(topic)
+                .into_iter()
+                .flatten()
+                .map(|extent| (*extent, look.start(from, topic, extent)))
+                .collect();
             plan.push((topic, entity_type, reader, ranges));
         }
         let partitions: usize = plan.iter().map(|(_, _, _, ranges)| ranges.len()).sum();
@@ -362,7 +331,8 @@ impl Rebuild {
                 // written, an older state than the one written is left out.
                 let written_before = summary.entities > 0;
                 summary.add(found.summary());
-                self.write(found, check_held || written_before).await?;
+                self.write(found, held == Held::Kept || written_before)
+                    .await?;
                 self.gate.read(0, true);
             }
         }
@@ -434,95 +404,4 @@ async fn extents(reader: &Reader) -> Result<Vec<Extent>, ReadError> {
         })
         .sleep(tokio::time::sleep)
         .await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::domain::event::Version;
-
-    fn record(key: &str, delivery: &str, at: i64, rank: u32, hash: u8, time_ms: i64) -> Letter {
-        Letter {
-            partition: 0,
-            offset: 0,
-            timestamp_ms: Some(time_ms),
-            key: Some(key.to_owned()),
-            body: None,
-            headers: [
-                (HEADER_DELIVERY_ID, delivery.to_owned()),
-                (HEADER_PROVIDER, "mekari".to_owned()),
-                (HEADER_VERSION, format!("{at}:{rank}")),
-                (HEADER_STATE_HASH, hex::encode([hash; 16])),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect(),
-        }
-    }
-
-    #[test]
-    fn the_newest_state_of_each_key_and_the_recent_delivery_ids_are_found() {
-        let mut found = Found::default();
-        found.entity_record(
-            EntityType::Order,
-            &record("mekari:O-1", "d1", 10, 0, 1, 500),
-            1000,
-        );
-        found.entity_record(
-            EntityType::Order,
-            &record("mekari:O-1", "d2", 20, 0, 2, 1500),
-            1000,
-        );
-        // A compacted topic keeps the newest; an older one after it (never
-        // written by posbridge) does not roll it back.
-        found.entity_record(
-            EntityType::Order,
-            &record("mekari:O-1", "d0", 5, 0, 9, 1600),
-            1000,
-        );
-        found.entity_record(
-            EntityType::Product,
-            &record("mekari:O-1", "d3", 1, 0, 3, 2000),
-            1000,
-        );
-        let mut old = record("mekari:O-2", "d4", 1, 0, 4, 2000);
-        old.headers.remove(HEADER_VERSION);
-        found.entity_record(EntityType::Order, &old, 1000);
-        let mut letter = record("mekari:d5", "d5", 0, 0, 0, 2000);
-        letter.headers.clear();
-        found.dead_letter(&letter, 1000);
-
-        let summary = found.summary();
-        let commits: Vec<Commit> = found.into_commits().collect();
-        assert_eq!(
-            summary,
-            Summary {
-                records: 6,
-                unknown: 1,
-                entities: 2,
-                done: 4
-            }
-        );
-        let order = commits
-            .iter()
-            .find_map(|c| {
-                c.entity
-                    .as_ref()
-                    .filter(|(slot, _)| slot.as_str() == "orders/mekari:O-1")
-            })
-            .unwrap();
-        assert_eq!(
-            order.1.version,
-            Version {
-                at_micros: 20,
-                rank: 0
-            }
-        );
-        let mut done: Vec<&str> = commits
-            .iter()
-            .filter_map(|c| c.delivery.as_ref().map(DeliveryKey::as_str))
-            .collect();
-        done.sort_unstable();
-        assert_eq!(done, ["mekari:d0", "mekari:d2", "mekari:d3", "mekari:d5"]);
-    }
 }

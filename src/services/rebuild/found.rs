@@ -1,0 +1,208 @@
+//! What the records of one partition say the ledger held, folded without
+//! I/O: each key's newest state and the recent delivery ids.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::adapters::ledger::{Commit, EntitySlot};
+use crate::domain::event::{DeliveryKey, EntityType, ProviderKind};
+use crate::domain::guard::EntityState;
+use crate::services::pipeline::{
+    HEADER_DELIVERY_ID, HEADER_PROVIDER, HEADER_STATE_HASH, HEADER_VERSION, state_from_headers,
+};
+use crate::services::replay::Letter;
+
+/// What a rebuild read and wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Summary {
+    /// Records read.
+    pub(super) records: u64,
+    /// Entity records without the state headers (written before they
+    /// existed): their state is unknown, and left out.
+    pub(super) unknown: u64,
+    /// Entity states written.
+    pub(super) entities: u64,
+    /// Delivery ids marked done.
+    pub(super) done: u64,
+}
+
+impl Summary {
+    pub(super) fn add(&mut self, other: Summary) {
+        self.records += other.records;
+        self.unknown += other.unknown;
+        self.entities += other.entities;
+        self.done += other.done;
+    }
+}
+
+/// What the records of one partition say the ledger held.
+#[derive(Debug, Default)]
+pub(super) struct Found {
+    entities: HashMap<EntitySlot, EntityState>,
+    done: HashSet<DeliveryKey>,
+    records: u64,
+    unknown: u64,
+}
+
+impl Found {
+    /// An entity record of `entity_type`'s topic. Its delivery id counts
+    /// as done when its record time is at or after `done_since_ms`.
+    pub(super) fn entity_record(
+        &mut self,
+        entity_type: EntityType,
+        record: &Letter,
+        done_since_ms: i64,
+    ) {
+        self.records += 1;
+        let state = record
+            .header(HEADER_VERSION)
+            .zip(record.header(HEADER_STATE_HASH))
+            .and_then(|(version, hash)| state_from_headers(version.as_bytes(), hash.as_bytes()));
+        let (Some(key), Some(state)) = (&record.key, state) else {
+            self.unknown += 1;
+            return;
+        };
+        let slot = EntitySlot::of_record_key(entity_type, key);
+        let newer = self
+            .entities
+            .get(&slot)
+            .is_none_or(|held| held.version <= state.version);
+        if newer {
+            self.entities.insert(slot, state);
+        }
+        if recent(record, done_since_ms)
+            && let Some(provider) = record.header(HEADER_PROVIDER).and_then(ProviderKind::parse)
+            && let Some(delivery) = record.header(HEADER_DELIVERY_ID)
+        {
+            self.done.insert(DeliveryKey::new(provider, delivery));
+        }
+    }
+
+    /// A dead letter: its key is its delivery, done when recent.
+    pub(super) fn dead_letter(&mut self, record: &Letter, done_since_ms: i64) {
+        self.records += 1;
+        if recent(record, done_since_ms)
+            && let Some(key) = &record.key
+        {
+            self.done.insert(DeliveryKey::from_stored(key.clone()));
+        }
+    }
+
+    /// What was found, in figures.
+    pub(super) fn summary(&self) -> Summary {
+        Summary {
+            records: self.records,
+            unknown: self.unknown,
+            entities: self.entities.len() as u64,
+            done: self.done.len() as u64,
+        }
+    }
+
+    /// The commits that write it into a ledger: every entity state, then
+    /// every done id.
+    pub(super) fn into_commits(self) -> impl Iterator<Item = Commit> {
+        let entities = self.entities.into_iter().map(|(slot, state)| Commit {
+            entity: Some((slot, state)),
+            ..Commit::default()
+        });
+        let done = self.done.into_iter().map(|delivery| Commit {
+            delivery: Some(delivery),
+            ..Commit::default()
+        });
+        entities.chain(done)
+    }
+}
+
+fn recent(record: &Letter, done_since_ms: i64) -> bool {
+    record.timestamp_ms.is_some_and(|at| at >= done_since_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::event::Version;
+
+    fn record(key: &str, delivery: &str, at: i64, rank: u32, hash: u8, time_ms: i64) -> Letter {
+        Letter {
+            partition: 0,
+            offset: 0,
+            timestamp_ms: Some(time_ms),
+            key: Some(key.to_owned()),
+            body: None,
+            headers: [
+                (HEADER_DELIVERY_ID, delivery.to_owned()),
+                (HEADER_PROVIDER, "mekari".to_owned()),
+                (HEADER_VERSION, format!("{at}:{rank}")),
+                (HEADER_STATE_HASH, hex::encode([hash; 16])),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        }
+    }
+
+    #[test]
+    fn the_newest_state_of_each_key_and_the_recent_delivery_ids_are_found() {
+        let mut found = Found::default();
+        found.entity_record(
+            EntityType::Order,
+            &record("mekari:O-1", "d1", 10, 0, 1, 500),
+            1000,
+        );
+        found.entity_record(
+            EntityType::Order,
+            &record("mekari:O-1", "d2", 20, 0, 2, 1500),
+            1000,
+        );
+        // A compacted topic keeps the newest; an older one after it (never
+        // written by posbridge) does not roll it back.
+        found.entity_record(
+            EntityType::Order,
+            &record("mekari:O-1", "d0", 5, 0, 9, 1600),
+            1000,
+        );
+        found.entity_record(
+            EntityType::Product,
+            &record("mekari:O-1", "d3", 1, 0, 3, 2000),
+            1000,
+        );
+        let mut old = record("mekari:O-2", "d4", 1, 0, 4, 2000);
+        old.headers.remove(HEADER_VERSION);
+        found.entity_record(EntityType::Order, &old, 1000);
+        let mut letter = record("mekari:d5", "d5", 0, 0, 0, 2000);
+        letter.headers.clear();
+        found.dead_letter(&letter, 1000);
+
+        let summary = found.summary();
+        let commits: Vec<Commit> = found.into_commits().collect();
+        assert_eq!(
+            summary,
+            Summary {
+                records: 6,
+                unknown: 1,
+                entities: 2,
+                done: 4
+            }
+        );
+        let order = commits
+            .iter()
+            .find_map(|c| {
+                c.entity
+                    .as_ref()
+                    .filter(|(slot, _)| slot.as_str() == "orders/mekari:O-1")
+            })
+            .unwrap();
+        assert_eq!(
+            order.1.version,
+            Version {
+                at_micros: 20,
+                rank: 0
+            }
+        );
+        let mut done: Vec<&str> = commits
+            .iter()
+            .filter_map(|c| c.delivery.as_ref().map(DeliveryKey::as_str))
+            .collect();
+        done.sort_unstable();
+        assert_eq!(done, ["mekari:d0", "mekari:d2", "mekari:d3", "mekari:d5"]);
+    }
+}
