@@ -6,6 +6,7 @@
 //! than once, so there this says so and passes without a cleaner to watch.
 //! And an entity topic someone else made without compaction stops start-up.
 
+use crate::support::kafka_only;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
@@ -16,9 +17,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::Value;
 
-use crate::support::{
-    BrokerKind, TestApp, broker_kind, brokers, config, mekari_order, read_topic, unique,
-};
+use crate::support::{TestApp, brokers, config, mekari_order, read_topic, unique};
 
 /// Orders, and updates per order.
 const ORDERS: usize = 12;
@@ -69,10 +68,7 @@ fn shuffle<T>(items: &mut [T], mut seed: u64) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_only_the_log_cleaner_leaves_exactly_the_newest_state_of_every_live_entity() {
-    if broker_kind() == BrokerKind::Tansu {
-        eprintln!("compaction: Apache Kafka only (tansu's compaction is not Kafka's log cleaner)");
-        return;
-    }
+    kafka_only("tansu's compaction is not Kafka's log cleaner");
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("compaction");
     let topic = format!("{prefix}.orders");
@@ -193,16 +189,13 @@ async fn kafka_only_the_log_cleaner_leaves_exactly_the_newest_state_of_every_liv
 /// would lose entities' latest states by age: start-up refuses it, naming
 /// the topic, the setting and the fix; the other topics are not touched.
 #[tokio::test(flavor = "multi_thread")]
-async fn an_entity_topic_that_is_not_compacted_stops_start_up_naming_it() {
+async fn kafka_only_an_entity_topic_that_is_not_compacted_stops_start_up_naming_it() {
+    kafka_only("tansu 0.6 describes no topic settings: nothing to check");
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("uncompacted");
     let topic = format!("{prefix}.orders");
     create_topic(&topic, &[("cleanup.policy", "delete")]).await;
     let error = match posbridge::app::App::build(&config(&brokers(), &prefix, dir.path())).await {
-        Ok(_) if broker_kind() == BrokerKind::Tansu => {
-            eprintln!("uncompacted topic: tansu 0.6 describes no topic settings; nothing to check");
-            return;
-        }
         Ok(_) => panic!("start-up must refuse an uncompacted entity topic"),
         Err(error) => format!("{:#}", anyhow::Error::new(error)),
     };

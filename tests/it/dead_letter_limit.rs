@@ -8,11 +8,12 @@
 //! answers AlterConfigs with UnsupportedFeature, so no topic limit can be
 //! set there.
 
+use crate::support::kafka_only;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::support::operator::set_topic_config;
-use crate::support::{BrokerKind, TestApp, broker_kind, brokers, read_topic, spool_config, unique};
+use crate::support::{TestApp, brokers, read_topic, spool_config, unique};
 
 /// What the operator sets the dead-letter topic's `max.message.bytes` to.
 const LIMIT: usize = 4096;
@@ -20,10 +21,7 @@ const LIMIT: usize = 4096;
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_only_a_dead_letter_bigger_than_its_topic_takes_is_cut_to_fit_and_the_delivery_is_done()
  {
-    if broker_kind() == BrokerKind::Tansu {
-        eprintln!("dead-letter topic limit: Apache Kafka only (tansu 0.6 has no AlterConfigs)");
-        return;
-    }
+    kafka_only("tansu 0.6 has no AlterConfigs");
     let dir = tempfile::tempdir().unwrap();
     let mut app =
         TestApp::start_with(spool_config(&brokers(), &unique("dlqsize"), dir.path())).await;

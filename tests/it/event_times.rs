@@ -3,15 +3,13 @@
 //! with their raw body and a precise reason; the records written around them
 //! stay readable.
 
+use crate::support::kafka_only;
 use serde_json::Value;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::compaction::create_topic;
-use crate::support::{
-    BrokerKind, Meter, TestApp, broker_kind, brokers, config, mekari_order, read_topic, rr_sale,
-    unique,
-};
+use crate::support::{Meter, TestApp, brokers, config, mekari_order, read_topic, rr_sale, unique};
 
 /// Times before the Unix epoch, as providers with a broken clock or a
 /// zeroed field send them.
@@ -249,10 +247,7 @@ async fn an_event_far_ahead_of_the_clock_is_dead_lettered_and_does_not_freeze_it
 /// one still publishes. Apache Kafka only: tansu does not enforce the setting.
 #[tokio::test]
 async fn kafka_only_a_timestamp_the_topic_refuses_is_dead_lettered() {
-    if broker_kind() == BrokerKind::Tansu {
-        eprintln!("event_times: Apache Kafka only (tansu has no message.timestamp.before.max.ms)");
-        return;
-    }
+    kafka_only("tansu has no message.timestamp.before.max.ms");
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("event-times");
     create_topic(

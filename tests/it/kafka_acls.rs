@@ -7,13 +7,14 @@
 //! topic publishes and leaves `failing_topics`. Kafka only (`kafka_only`
 //! in its name): tansu has no authorizer.
 
+use crate::support::kafka_only;
 use std::time::Duration;
 
 use posbridge::app::App;
 use serde_json::Value;
 
 use crate::support::wait::wait_until;
-use crate::support::{BrokerKind, OwnBroker, TestApp, broker_kind, config, mekari_order, unique};
+use crate::support::{OwnBroker, TestApp, config, mekari_order, unique};
 
 /// Grants `User:posbridge` each `PERMISSION:OPERATION:RESOURCE:PATTERN:name`
 /// with Confluent's Python admin client over the PLAINTEXT listener (a
@@ -64,10 +65,7 @@ async fn start_up_error(config: &posbridge::config::Config) -> (String, &'static
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_only_authorization_errors_are_named_and_a_denied_producer_is_not_replaced_in_a_loop()
 {
-    if broker_kind() == BrokerKind::Tansu {
-        eprintln!("authorization errors: Apache Kafka only (tansu has no authorizer)");
-        return;
-    }
+    kafka_only("tansu has no authorizer");
     let broker = OwnBroker::start_with_acls().await;
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("acl");

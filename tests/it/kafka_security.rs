@@ -4,6 +4,7 @@
 //! Kafka only (the `kafka_only` in their names): tansu has neither TLS nor
 //! SASL, so on tansu each says so and passes without a broker to ask.
 
+use crate::support::kafka_only;
 use std::time::{Duration, Instant};
 
 use posbridge::app::App;
@@ -14,13 +15,10 @@ use crate::support::{
     KafkaSecurity, TestApp, config, kafka_security, read_topic_with, rr_sale, unique,
 };
 
-/// The shared Kafka's security settings, or `None` (said once) on tansu.
-fn on_kafka(test: &str) -> Option<KafkaSecurity> {
-    let security = kafka_security();
-    if security.is_none() {
-        eprintln!("{test}: Apache Kafka only (tansu has no TLS or SASL); not run on this broker");
-    }
-    security
+/// The shared Kafka's security settings (tansu has no TLS or SASL).
+fn on_kafka() -> KafkaSecurity {
+    kafka_only("tansu has no TLS or SASL");
+    kafka_security().expect("scripts/test names Kafka's TLS and SASL listeners")
 }
 
 /// A config for the SASL_SSL listener with `password`, trusting `ca_file`.
@@ -64,9 +62,7 @@ async fn start_up_error(config: &Config) -> (String, Duration) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_only_posbridge_publishes_over_sasl_ssl_with_scram_sha_512() {
-    let Some(security) = on_kafka("sasl_ssl") else {
-        return;
-    };
+    let security = on_kafka();
     let dir = tempfile::tempdir().unwrap();
     let config = scram_config(&security, security.password, &security.ca_file, dir.path());
     let app = TestApp::start_with(config).await;
@@ -89,9 +85,7 @@ async fn kafka_only_posbridge_publishes_over_sasl_ssl_with_scram_sha_512() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_only_a_wrong_scram_password_ends_start_up_naming_the_credentials() {
-    let Some(security) = on_kafka("wrong password") else {
-        return;
-    };
+    let security = on_kafka();
     let dir = tempfile::tempdir().unwrap();
     let mut config = scram_config(&security, "not-the-password", &security.ca_file, dir.path());
     // Without topic creation nothing else would ask the broker at start-up.
@@ -107,9 +101,7 @@ async fn kafka_only_a_wrong_scram_password_ends_start_up_naming_the_credentials(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_only_an_untrusted_broker_certificate_ends_start_up_naming_the_certificate() {
-    let Some(security) = on_kafka("unknown CA") else {
-        return;
-    };
+    let security = on_kafka();
     let dir = tempfile::tempdir().unwrap();
     // A CA of the test's own, which did not sign the broker's certificate.
     let other_ca = TestCa::new(dir.path());

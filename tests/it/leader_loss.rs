@@ -7,6 +7,7 @@
 //! replication factor 3, `min.insync.replicas` 2. Kafka only (`kafka_only`
 //! in its name): tansu is a single node.
 
+use crate::support::kafka_only;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
@@ -16,8 +17,7 @@ use serde_json::Value;
 use crate::support::cluster::KafkaCluster;
 use crate::support::wait::wait_until;
 use crate::support::{
-    BrokerKind, TestApp, broker_kind, latest_per_key, mekari_order, read_topic, rr_sale,
-    spool_config, timed, unique,
+    TestApp, latest_per_key, mekari_order, read_topic, rr_sale, spool_config, timed, unique,
 };
 
 /// `delivery_timeout_ms` + `inflight_wait_ms` of the test configuration,
@@ -58,10 +58,7 @@ fn events(tag: &str, n: u32) -> [(&'static str, Value); 2] {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_only_losing_a_partition_leader_under_load_loses_nothing_and_keeps_order() {
-    if broker_kind() == BrokerKind::Tansu {
-        eprintln!("leader loss: Apache Kafka only (tansu is a single node)");
-        return;
-    }
+    kafka_only("tansu is a single node");
     let mut cluster = KafkaCluster::start(3).await;
     let dir = tempfile::tempdir().unwrap();
     let tag = "leader";

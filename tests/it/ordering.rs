@@ -5,6 +5,7 @@
 //! (`pipeline/tests/broker.rs`), the kitchen stage's tie-break with Mekari's
 //! normalization.
 
+use crate::support::kafka_only;
 use posbridge::adapters::encode::decode;
 
 use crate::support::wait::wait_for;
@@ -22,12 +23,7 @@ use crate::support::{TestApp, mekari_order, read_topic};
 /// up that order.
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_only_a_record_in_doubt_never_lands_after_a_newer_state_of_its_key() {
-    if crate::support::broker_kind() == crate::support::BrokerKind::Tansu {
-        eprintln!(
-            "record in doubt: Apache Kafka only (tansu needs a new producer after a timeout)"
-        );
-        return;
-    }
+    kafka_only("tansu needs a new producer after a timeout");
     let broker = crate::support::OwnBroker::start().await;
     let dir = tempfile::tempdir().unwrap();
     let prefix = crate::support::unique("doubt");

@@ -7,16 +7,14 @@
 //! build and holds it to its verdict and figures. Kafka only (`kafka_only`
 //! in its name): tansu is a single node.
 
+use crate::support::kafka_only;
 use std::path::Path;
 
-use crate::support::{BrokerKind, broker_kind, free_ports};
+use crate::support::free_ports;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_only_three_replicas_behind_haproxy_lose_nothing_when_one_is_killed() {
-    if broker_kind() == BrokerKind::Tansu {
-        eprintln!("replicas: Apache Kafka only (the script runs a three-node cluster)");
-        return;
-    }
+    kafka_only("the script runs a three-node cluster");
     let work = tempfile::tempdir().unwrap();
     let python = crate::support::python_path();
     let output = tokio::process::Command::new(

@@ -4,6 +4,7 @@
 //! survives SIGKILL; a full spool answers 503; retries of spooled deliveries
 //! are duplicates.
 
+use crate::support::kafka_only;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -332,10 +333,7 @@ async fn a_spool_survives_sigkill_and_drains_on_the_next_start() {
 /// produce afterwards).
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_only_a_broker_killed_under_load_and_restarted_on_its_data_loses_nothing() {
-    if crate::support::broker_kind() == crate::support::BrokerKind::Tansu {
-        eprintln!("restart: Apache Kafka only (tansu cannot restart on its data)");
-        return;
-    }
+    kafka_only("tansu cannot restart on its data");
     let mut broker = OwnBroker::start().await;
     let dir = tempfile::tempdir().unwrap();
     let tag = "restart";

@@ -11,6 +11,7 @@
 //! their names): tansu 0.6 answers CreatePartitions and AlterConfigs with
 //! UnsupportedFeature. Deleting a topic is tried on both.
 
+use crate::support::kafka_only;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -18,8 +19,7 @@ use serde_json::{Value, json};
 use crate::support::operator::{delete_topic, raise_partitions, set_topic_config};
 use crate::support::wait::{wait_for, wait_until};
 use crate::support::{
-    BrokerKind, OwnBroker, TestApp, broker_kind, brokers, mekari_order, metric, rr_sale,
-    spool_config, unique,
+    OwnBroker, TestApp, brokers, mekari_order, metric, rr_sale, spool_config, unique,
 };
 
 /// A posbridge whose topics have `partitions` partitions, checked again
@@ -68,15 +68,6 @@ async fn answer(app: &TestApp, provider: &str, body: &Value) -> (u16, Option<Str
     (status, retry_after, response.json().await.unwrap())
 }
 
-/// Whether the suite runs on tansu, said for `what`.
-fn on_tansu(what: &str) -> bool {
-    let tansu = broker_kind() == BrokerKind::Tansu;
-    if tansu {
-        eprintln!("{what}: Apache Kafka only (tansu 0.6 has no CreatePartitions or AlterConfigs)");
-    }
-    tansu
-}
-
 fn changed(metrics: &str, topic: &str, reason: &str) -> f64 {
     metric(
         metrics,
@@ -87,9 +78,7 @@ fn changed(metrics: &str, topic: &str, reason: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_only_partitions_raised_under_a_running_posbridge_stop_that_topic_and_are_named() {
-    if on_tansu("raised partitions") {
-        return;
-    }
+    kafka_only("tansu 0.6 has no CreatePartitions");
     let app = start("parts", 3).await;
     let orders = app.topic("orders");
     assert_eq!(answer(&app, "mekari", &order(0)).await.0, 200);
@@ -144,9 +133,7 @@ async fn kafka_only_partitions_raised_under_a_running_posbridge_stop_that_topic_
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_only_a_topic_set_to_delete_under_a_running_posbridge_is_refused_until_it_compacts_again()
  {
-    if on_tansu("a changed cleanup policy") {
-        return;
-    }
+    kafka_only("tansu 0.6 has no AlterConfigs");
     let app = start("policy", 1).await;
     let orders = app.topic("orders");
     set_topic_config(&brokers(), &orders, &[("cleanup.policy", "delete")]).await;

@@ -5,12 +5,12 @@
 //! `/readyz` and the status page name the topic and the broker's reason.
 //! Kafka only (`kafka_only` in its name): tansu has no authorizer.
 
+use crate::support::kafka_only;
 use serde_json::Value;
 
 use crate::support::wait::look_for;
 use crate::support::{
-    BrokerKind, OwnBroker, TestApp, broker_kind, config, mekari_order, read_topic, rr_sale,
-    spool_config, unique,
+    OwnBroker, TestApp, config, mekari_order, read_topic, rr_sale, spool_config, unique,
 };
 
 /// Grants `User:posbridge` everything on topics starting with `prefix` and
@@ -69,10 +69,7 @@ async fn with_denied_topic(tag: &str, denied: &str, spool: bool) -> (OwnBroker, 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_only_a_topic_kafka_refuses_fails_alone_and_is_named() {
-    if broker_kind() == BrokerKind::Tansu {
-        eprintln!("topic failure: Apache Kafka only (tansu has no authorizer)");
-        return;
-    }
+    kafka_only("tansu has no authorizer");
     let (broker, app, orders) = with_denied_topic("denied", ".orders", false).await;
 
     // Denied, then at once a sale: the sale is not refused for the order's sake.
@@ -145,10 +142,7 @@ fn sale_keys(broker: &OwnBroker, app: &TestApp) -> usize {
 /// where `posbridge replay` can publish it once the cause is cleared.
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_only_a_spooled_delivery_its_topic_refuses_goes_aside_and_the_rest_drains() {
-    if broker_kind() == BrokerKind::Tansu {
-        eprintln!("spool set-aside: Apache Kafka only (tansu has no authorizer)");
-        return;
-    }
+    kafka_only("tansu has no authorizer");
     let (broker, app, _orders) = with_denied_topic("aside", ".orders", true).await;
 
     // ReceiptRoller spools: the refused order first, then sales while the
@@ -226,10 +220,7 @@ async fn kafka_only_a_spooled_delivery_its_topic_refuses_goes_aside_and_the_rest
 /// names the dead-letter topic and the broker's reason.
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_only_a_dead_letter_kafka_refuses_is_spooled_or_retried_and_named() {
-    if broker_kind() == BrokerKind::Tansu {
-        eprintln!("dead letter refused: Apache Kafka only (tansu has no authorizer)");
-        return;
-    }
+    kafka_only("tansu has no authorizer");
     let (_broker, app, dead_letters) = with_denied_topic("dlq", "-dead-letter", true).await;
     assert_eq!(app.config.kafka.dead_letter_topic(), dead_letters);
 

@@ -24,6 +24,19 @@ pub fn broker_kind() -> BrokerKind {
     }
 }
 
+/// Fails a test that cannot run on tansu when it runs there anyway, saying
+/// `why`. Such tests are named `kafka_only_…` and `scripts/test` skips
+/// them on tansu (`--skip kafka_only_`: libtest counts them as filtered
+/// out, not as passed), so a green tansu run means what it says; one run
+/// there all the same was asked for by name, and is told why it cannot.
+pub fn kafka_only(why: &str) {
+    assert_ne!(
+        broker_kind(),
+        BrokerKind::Tansu,
+        "an Apache Kafka only test run on tansu: {why}; scripts/test skips kafka_only_ tests there"
+    );
+}
+
 /// Path of the tansu binary `scripts/test` found.
 fn tansu_binary() -> PathBuf {
     std::env::var_os("POSBRIDGE_TEST_TANSU")

@@ -16,7 +16,7 @@ pub mod tls;
 pub mod tmpfs;
 pub mod wait;
 
-pub use broker::{BrokerKind, KafkaSecurity, OwnBroker, broker_kind, kafka_security};
+pub use broker::{BrokerKind, KafkaSecurity, OwnBroker, broker_kind, kafka_only, kafka_security};
 pub use ports::{free_port, free_ports};
 
 use std::collections::HashMap;
