@@ -342,6 +342,10 @@ mod tests {
     struct FailingWrites {
         ledger: EmbeddedLedger,
         failing: AtomicBool,
+        /// Calls that asked for an entity's lock so far (the holder's and
+        /// those waiting behind it): what a test waits for, instead of a
+        /// sleep that passes whether or not a waiter got there.
+        locks_asked: tokio::sync::watch::Sender<usize>,
     }
 
     #[async_trait]
@@ -359,6 +363,7 @@ mod tests {
             self.ledger.release(delivery).await;
         }
         async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
+            self.locks_asked.send_modify(|asked| *asked += 1);
             self.ledger.lock_entity(slot).await
         }
         async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
@@ -396,6 +401,7 @@ mod tests {
         Fenced::new(FailingWrites {
             ledger,
             failing: AtomicBool::new(failing),
+            locks_asked: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -413,8 +419,14 @@ mod tests {
             let (fenced, slot) = (fenced.clone(), slot.clone());
             async move { fenced.lock_and_read(&slot).await.map(|(_, state)| state) }
         });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        // ...and fails to record it, then lets go of the lock.
+        // The waiter asks for the lock (past the fence, which is down)...
+        let _ = fenced
+            .inner
+            .locks_asked
+            .subscribe()
+            .wait_for(|asked| *asked == 2)
+            .await;
+        // ...while the holder fails to record its state, then lets go.
         fenced.inner.failing.store(true, Ordering::Release);
         let newer = EntityState {
             version: Version {

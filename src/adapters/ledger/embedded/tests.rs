@@ -50,6 +50,9 @@ fn in_file(ledger: &EmbeddedLedger, slot: &EntitySlot) -> bool {
 /// A ledger of `dir`'s file, waiting while the last handle's thread still
 /// holds it (it checkpoints once more when the handles are gone).
 async fn reopen(dir: &tempfile::TempDir) -> EmbeddedLedger {
+    // The dropped handle's checkpoint thread lets go of the file after its
+    // last checkpoint: only that refusal is waited out, and not for ever.
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match EmbeddedLedger::open(
             &dir.path().join("ledger.redb"),
@@ -57,7 +60,10 @@ async fn reopen(dir: &tempfile::TempDir) -> EmbeddedLedger {
             Duration::from_secs(10),
         ) {
             Ok(ledger) => break ledger,
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(error) if error.is_held_elsewhere() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("the ledger does not open again: {error}"),
         }
     }
 }
