@@ -28,7 +28,9 @@
 use std::collections::HashMap;
 use std::hash::{Hash as _, Hasher as _};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use backon::BackoffBuilder as _;
 use time::OffsetDateTime;

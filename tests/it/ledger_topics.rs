@@ -181,7 +181,12 @@ async fn kafka_only_a_topic_grown_while_posbridge_was_stopped_is_refused_at_star
         Duration::from_secs(10),
         "the ledger file to be free",
         || async {
-            match posbridge::app::partitions::accept_partitions(&config, &[orders.clone()]).await {
+            match posbridge::app::partitions::accept_partitions(
+                &config,
+                std::slice::from_ref(&orders),
+            )
+            .await
+            {
                 Ok(accepted) => Some(accepted),
                 Err(posbridge::app::BuildError::Ledger(error)) if error.is_held_elsewhere() => None,
                 Err(error) => panic!("{error}"),

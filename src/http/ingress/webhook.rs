@@ -5,7 +5,9 @@
 //! hand the delivery to the pipeline.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Path, State};

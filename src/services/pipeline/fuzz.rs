@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;

@@ -2,7 +2,9 @@
 //! id (a duplicate waits for the attempt in flight), the spool when Kafka
 //! cannot take it in time, normalization; and the spool's replay.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use serde_json::Value;
 
@@ -73,7 +75,7 @@ impl Pipeline {
                 };
                 let spooling = delivery.trace.stage(Stage::Spool);
                 let appended = spooling.result(
-                    tokio::time::timeout_at(deadline.into(), spool.append(&spooled))
+                    tokio::time::timeout_at(deadline, spool.append(&spooled))
                         .await
                         .map_err(|_| PipelineError::DeadlinePassed)
                         .and_then(|appended| appended.map_err(PipelineError::from)),
@@ -156,7 +158,7 @@ impl Pipeline {
         deadline: Instant,
         attempt: Attempt,
     ) -> Result<bool, PipelineError> {
-        let acquired = tokio::time::timeout_at(deadline.into(), self.acquire(key))
+        let acquired = tokio::time::timeout_at(deadline, self.acquire(key))
             .await
             .unwrap_or(Err(PipelineError::DeadlinePassed));
         if !acquired? {
@@ -191,7 +193,7 @@ impl Pipeline {
         released: Released,
     ) -> Result<T, PipelineError> {
         let _in_flight = observe::InFlight::count(provider);
-        let result = tokio::time::timeout_at(deadline.into(), work)
+        let result = tokio::time::timeout_at(deadline, work)
             .await
             .unwrap_or(Err(PipelineError::DeadlinePassed));
         released.wait().await;

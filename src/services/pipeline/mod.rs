@@ -37,7 +37,9 @@ mod tests;
 mod write;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use time::OffsetDateTime;
 

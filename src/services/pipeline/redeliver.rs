@@ -1,6 +1,6 @@
 //! A dead letter put through the line again, or planned on a dry run.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use super::intake::{Envelope, identify};
 use super::lease::Lease;
@@ -43,7 +43,7 @@ impl Pipeline {
         let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;
         let dedup = delivery.trace.stage(Stage::Dedup);
         dedup.result(
-            tokio::time::timeout_at(deadline.into(), self.acquire_again(&key))
+            tokio::time::timeout_at(deadline, self.acquire_again(&key))
                 .await
                 .unwrap_or(Err(PipelineError::DeadlinePassed)),
         )?;

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use time::OffsetDateTime;
