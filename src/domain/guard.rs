@@ -19,6 +19,26 @@ pub struct EntityState {
     pub state_hash: [u8; 16],
 }
 
+impl EntityState {
+    /// The hash a state is kept with while it is *in doubt*: its record was
+    /// handed to Kafka and no acknowledgement came (a timeout), so it may or
+    /// may not be in the topic. Kept at its version, an older event is
+    /// [`Decision::Stale`] (had it passed, it could land after the newer
+    /// record and compaction would keep it); the delivery's own retry, at the
+    /// same version with another hash, is [`Decision::Publish`]ed again
+    /// (at most one more copy of what may have landed, never a loss). No
+    /// state hashes to it (a SHA-256 prefix of 128 ones).
+    pub const IN_DOUBT: [u8; 16] = [0xff; 16];
+
+    /// This state, kept as in doubt.
+    pub fn in_doubt(self) -> EntityState {
+        EntityState {
+            state_hash: EntityState::IN_DOUBT,
+            ..self
+        }
+    }
+}
+
 /// What to do with an incoming state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {

@@ -110,6 +110,20 @@ impl PublishError {
         }
     }
 
+    /// Whether the record may be in the topic though no acknowledgement came:
+    /// librdkafka gave up waiting for it (`MessageTimedOut`), or posbridge did
+    /// ([`PublishError::DeadlinePassed`]) while it may still land. Every other
+    /// failure left nothing in the log.
+    pub fn is_in_doubt(&self) -> bool {
+        match self {
+            PublishError::DeadlinePassed => true,
+            PublishError::Unavailable(error) => {
+                error.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageTimedOut)
+            }
+            _ => false,
+        }
+    }
+
     /// Whether a later attempt may succeed; the `kind` metric label says the same.
     pub fn is_retryable(&self) -> bool {
         !matches!(self, PublishError::Refused(_))

@@ -16,8 +16,25 @@ use tokio::sync::watch;
 use super::error::classify;
 use super::{BrokerHealth, Delivered, OutgoingRecord, Produce, PublishError};
 
+/// What the broker does with one send, when a plan decides
+/// ([`FakeBroker::plan`]): a simulation's seeded schedule of faults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Takes the record and acknowledges it.
+    Take,
+    /// Takes the record and acknowledges it after this long.
+    Late(Duration),
+    /// Refuses it with librdkafka's code (sorted as the real producer sorts it).
+    Fail(RDKafkaErrorCode),
+    /// Takes the record, and the acknowledgement is lost: the producer
+    /// reports a timeout for a record the log holds (the in-doubt case).
+    LoseAck,
+}
+
+/// Decides each send's [`Fault`].
+type Plan = Box<dyn FnMut(&OutgoingRecord) -> Fault + Send>;
+
 /// The fake broker. Every topic has one partition.
-#[derive(Debug)]
 pub struct FakeBroker {
     health: BrokerHealth,
     state: Mutex<State>,
@@ -25,6 +42,16 @@ pub struct FakeBroker {
     arrived: watch::Sender<usize>,
     /// While `true`, sends that reached the broker wait for their answer.
     holding: watch::Sender<bool>,
+    /// Each send's fault, when a plan decides them.
+    plan: Mutex<Option<Plan>>,
+}
+
+impl std::fmt::Debug for FakeBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeBroker")
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -50,6 +77,7 @@ impl Default for FakeBroker {
             state: Mutex::default(),
             arrived: watch::Sender::new(0),
             holding: watch::Sender::new(false),
+            plan: Mutex::default(),
         }
     }
 }
@@ -99,6 +127,12 @@ impl FakeBroker {
         self.state().limits.insert(topic.to_owned(), bytes);
     }
 
+    /// Each send from now on does what `plan` decides for it (after the
+    /// failures asked for one by one, and while the broker is up).
+    pub fn plan(&self, plan: impl FnMut(&OutgoingRecord) -> Fault + Send + 'static) {
+        *self.plan.lock().unwrap_or_else(PoisonError::into_inner) = Some(Box::new(plan));
+    }
+
     /// Waits until `count` sends in all have reached the broker.
     pub async fn arrivals(&self, count: usize) {
         let mut arrived = self.arrived.subscribe();
@@ -125,15 +159,20 @@ impl FakeBroker {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The answer to `record` once it is due.
-    fn answer(&self, record: &OutgoingRecord) -> Result<Delivered, PublishError> {
+    /// The answer to `record` once it is due, as `fault` says.
+    fn answer(&self, record: &OutgoingRecord, fault: Fault) -> Result<Delivered, PublishError> {
         let mut state = self.state();
         let failure = state.next_failures.pop_front().or(state.every_failure);
         let too_large = state
             .limits
             .get(&record.topic)
             .is_some_and(|limit| size(record) > *limit);
-        let failure = failure.or(too_large.then_some(RDKafkaErrorCode::MessageSizeTooLarge));
+        let failure = failure
+            .or(too_large.then_some(RDKafkaErrorCode::MessageSizeTooLarge))
+            .or(match fault {
+                Fault::Fail(code) => Some(code),
+                _ => None,
+            });
         if let Some(code) = failure {
             return Err(classify(KafkaError::MessageProduction(code)));
         }
@@ -144,6 +183,11 @@ impl FakeBroker {
         };
         *offset += 1;
         state.taken.push(record.clone());
+        if fault == Fault::LoseAck {
+            return Err(classify(KafkaError::MessageProduction(
+                RDKafkaErrorCode::MessageTimedOut,
+            )));
+        }
         Ok(delivered)
     }
 }
@@ -165,14 +209,23 @@ impl Produce for FakeBroker {
             return Err(PublishError::BrokerDown);
         }
         self.arrived.send_modify(|arrived| *arrived += 1);
-        let delay = self.state().delay;
+        let fault = self
+            .plan
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+            .map_or(Fault::Take, |plan| plan(record));
+        let mut delay = self.state().delay;
+        if let Fault::Late(late) = fault {
+            delay += late;
+        }
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
         let mut holding = self.holding.subscribe();
         // The sender lives as long as `self`.
         let _ = holding.wait_for(|holding| !holding).await;
-        self.answer(record)
+        self.answer(record, fault)
     }
 
     async fn topic_limit(&self, topic: &str) -> Option<usize> {

@@ -60,7 +60,7 @@ pub use describe::{Described, TopicIdentity};
 use error::classify;
 pub use error::{PUBLISH_REFUSED, PublishError, REFUSAL_CODES, TIMESTAMP_REFUSED};
 #[cfg(test)]
-pub use fake::FakeBroker;
+pub use fake::{FakeBroker, Fault};
 use health::BrokerContext;
 pub use health::{BrokerHealth, Refusal};
 pub use produce::Produce;

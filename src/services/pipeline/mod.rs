@@ -26,6 +26,8 @@
 
 #[cfg(test)]
 mod fuzz;
+#[cfg(test)]
+mod sim;
 mod intake;
 mod lease;
 mod outcome;

@@ -129,7 +129,19 @@ impl Pipeline {
                         reason: reason.to_string(),
                     });
                 }
-                Err(error) => return Err(error.into()),
+                Err(error) => {
+                    // The record may be in the topic: its state is kept in
+                    // doubt, so no older event passes the guard meanwhile
+                    // and lands after it; the delivery stays undone, and
+                    // its retry publishes the state again. A failed write
+                    // is the fence's, as a commit's is.
+                    if error.is_in_doubt() {
+                        let _ = pipeline
+                            .commit(None, Some((slot, incoming.in_doubt())), None, &trace)
+                            .await;
+                    }
+                    return Err(error.into());
+                }
             };
             // The record is in Kafka, so the delivery is answered 2xx. A
             // failed write raised the ledger's fence, which keeps it and

@@ -1,0 +1,124 @@
+//! A deterministic simulation of the delivery core: the real pipeline and
+//! the real embedded ledger, over a fake broker whose every answer a seeded
+//! schedule decides, driven by providers that retry, duplicate and reorder
+//! as their documented rules allow, on a virtual clock. One `u64` seed
+//! decides every choice; a failing seed replays exactly.
+//!
+//! **Mechanism.** Each seed runs on a tokio current-thread runtime with its
+//! clock paused: timers fire in virtual time the moment every task waits,
+//! so a schedule of minutes runs in milliseconds, and tasks are polled in
+//! the order they were woken, the same on every run. The core counts its
+//! deadlines, leases and retries in `tokio::time::Instant` for this. The
+//! fakes (the broker's faults, the providers' timings) draw from one
+//! `StdRng` seeded with the seed. madsim and turmoil were the other
+//! candidates: madsim replaces tokio and libc's clock and randomness for
+//! the whole crate (a second build of every dependency, rdkafka's C code
+//! not covered), turmoil simulates a network posbridge's core does not
+//! have behind its `Produce` seam; a paused current-thread runtime needs
+//! neither and drives the same code production runs.
+//!
+//! **What is not deterministic yet**, named: the embedded ledger's
+//! checkpoint thread runs on a real thread with real time (reads look in
+//! memory before the file, so what a decision sees does not depend on where
+//! a checkpoint stands); crashes, restarts and the rebuild from the topics
+//! are not simulated yet (they need a read seam beside `Produce`).
+//!
+//! **Invariants** (`check.rs`), checked after every schedule from the
+//! broker's log and the providers' record of answers: no delivery answered
+//! 2xx is missing (its record, or a newer state of its key, is in the log);
+//! no key's versions go back; no retry of a delivery answered 2xx wrote a
+//! record; no delivery written more than once unless it was in doubt, and
+//! then at most once more per lost acknowledgement; every answer within the
+//! providers' 10 s.
+//!
+//! **Running it.** `cargo test --lib sim` runs [`SEEDS`] seeds (or
+//! `POSBRIDGE_SIM_SEEDS`); `POSBRIDGE_SIM_SEED=N cargo test --lib sim --
+//! --nocapture` replays seed `N` alone and prints its schedule step by
+//! step; `scripts/simulate --seeds N` is the long run.
+
+mod check;
+mod world;
+
+use world::World;
+
+/// Seeds `cargo test` runs: about 30 s in a debug build on a 2-core machine.
+const SEEDS: u64 = 2000;
+
+/// The seeds to run: one to replay, or a budget from 0.
+fn seeds() -> (std::ops::Range<u64>, bool) {
+    if let Some(seed) = std::env::var("POSBRIDGE_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        return (seed..seed + 1, true);
+    }
+    let budget = std::env::var("POSBRIDGE_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(SEEDS);
+    let first = std::env::var("POSBRIDGE_SIM_FIRST")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (first..first + budget, false)
+}
+
+/// Runs one seed's world to its end and checks it; the violations, with
+/// the schedule that led to them.
+pub(super) fn run(seed: u64) -> Result<Vec<String>, (Vec<String>, Vec<String>)> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime builds");
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let world = World::new(seed, dir.path()).await;
+        let ended = world.run().await;
+        let violations = check::violations(&ended);
+        if violations.is_empty() {
+            Ok(ended.steps)
+        } else {
+            Err((violations, ended.steps))
+        }
+    })
+}
+
+#[test]
+fn every_guarantee_holds_over_the_seed_budget() {
+    let (seeds, replay) = seeds();
+    let started = std::time::Instant::now();
+    let count = seeds.end - seeds.start;
+    for seed in seeds {
+        match run(seed) {
+            Ok(steps) => {
+                if replay {
+                    println!("{}", steps.join("\n"));
+                }
+            }
+            Err((violations, steps)) => {
+                if replay {
+                    println!("{}", steps.join("\n"));
+                }
+                panic!(
+                    "seed {seed} broke a guarantee:\n  {}\nreplay it step by step: POSBRIDGE_SIM_SEED={seed} cargo test --lib sim -- --nocapture",
+                    violations.join("\n  ")
+                );
+            }
+        }
+    }
+    println!(
+        "simulation: {count} seeds in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Found by the simulation (seed 10): a record whose acknowledgement was
+/// lost (in the topic, unknown to the ledger) let an older event of its
+/// key pass the guard and land after it. The state is now kept in doubt.
+#[test]
+fn seed_10_an_older_event_does_not_land_after_a_record_in_doubt() {
+    if let Err((violations, steps)) = run(10) {
+        panic!("{}\n{}", violations.join("\n"), steps.join("\n"));
+    }
+}
