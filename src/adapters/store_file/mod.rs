@@ -1,14 +1,16 @@
 //! Opening the redb files posbridge keeps (the embedded ledger, the spool).
 //!
 //! A missing file is new and is created. Anything else must already be a
-//! valid database: redb alone would take a 0-byte file for a new one (so
-//! every done delivery would be published again) and would open a file with
-//! damaged pages and panic later, in the middle of a request. So an existing
-//! file is checked page by page before use, and one that is empty or not a
-//! database stops start-up with a message naming it. A file another process
-//! holds is not damaged, and the refusal says so and names the process
-//! (`holder.rs`).
+//! valid database: redb alone would take a 0-byte file for a new one (and
+//! say nothing of what was lost) and would open a file with damaged pages
+//! and panic later, in the middle of a request. So an existing file is
+//! checked page by page before use, and one that is empty, damaged or not a
+//! database is refused with an error naming it; the ledger and the spool
+//! then set it aside (`aside.rs`) and start on a new file, the spool with
+//! what it salvages from the old one. A file another process holds is not
+//! damaged, and the refusal says so and names the process (`holder.rs`).
 
+mod aside;
 mod holder;
 mod reopen;
 
@@ -17,6 +19,7 @@ use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::Once;
 
+pub use aside::{count_set_aside, set_aside};
 pub use holder::Holder;
 pub use reopen::{ReopenError, Reopenable, is_held};
 
@@ -43,9 +46,7 @@ pub enum StoreFileError {
         source: std::io::Error,
     },
     /// The file exists but holds nothing: a truncated or foreign file, not a new one.
-    #[error(
-        "{path} exists but is empty (0 bytes); it is not a posbridge database. Move it aside to start with an empty one"
-    )]
+    #[error("{path} exists but is empty (0 bytes); it is not a posbridge database")]
     Empty {
         /// The file.
         path: String,
@@ -67,7 +68,7 @@ pub enum StoreFileError {
         source: redb::DatabaseError,
     },
     /// redb could not open it, or found it damaged beyond repair.
-    #[error("{path} is not a usable database: {source}. Move it aside to start with an empty one")]
+    #[error("{path} is not a usable database: {source}")]
     Database {
         /// The file.
         path: String,
@@ -76,15 +77,38 @@ pub enum StoreFileError {
         source: redb::DatabaseError,
     },
     /// redb failed on damaged pages while opening or checking it.
-    #[error(
-        "{path} is damaged (redb stopped on a damaged page: {detail}). Move it aside to start with an empty one"
-    )]
+    #[error("{path} is damaged (redb stopped on a damaged page: {detail})")]
     Damaged {
         /// The file.
         path: String,
         /// What redb stumbled on.
         detail: String,
     },
+}
+
+impl StoreFileError {
+    /// Whether the file itself cannot be used (empty, damaged, not a redb
+    /// database): what the ledger and the spool set aside to start on a new
+    /// file. Not a file another process holds, a directory or file that
+    /// cannot be read (permissions, an I/O error) or one of a redb format
+    /// this build does not open: nothing is wrong with those files, and a
+    /// new one beside them would only hide them.
+    pub fn is_damage(&self) -> bool {
+        use redb::{DatabaseError, StorageError};
+        match self {
+            StoreFileError::Empty { .. } | StoreFileError::Damaged { .. } => true,
+            StoreFileError::Database { source, .. } => match source {
+                DatabaseError::Storage(StorageError::Corrupted(_)) => true,
+                // How redb says a file is not a database, or is cut short.
+                DatabaseError::Storage(StorageError::Io(error)) => matches!(
+                    error.kind(),
+                    std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
+                ),
+                _ => false,
+            },
+            StoreFileError::Directory { .. } | StoreFileError::Held { .. } => false,
+        }
+    }
 }
 
 /// Opens `path`, creating it (and its directory) when it does not exist,
@@ -254,7 +278,7 @@ mod tests {
         std::fs::write(&path, b"").unwrap();
         let error = open(&path).unwrap_err();
         assert!(matches!(error, StoreFileError::Empty { .. }), "{error}");
-        assert!(error.to_string().contains("Move it aside"));
+        assert!(error.is_damage(), "{error}");
     }
 
     #[test]
@@ -264,6 +288,7 @@ mod tests {
         std::fs::write(&path, vec![0x5a; 8192]).unwrap();
         let error = open(&path).unwrap_err();
         assert!(matches!(error, StoreFileError::Database { .. }), "{error}");
+        assert!(error.is_damage(), "{error}");
     }
 }
 
@@ -314,7 +339,7 @@ mod damage {
             flip(&path, 1 + 5 * usize::try_from(seed).unwrap(), seed);
             let db = match open(&path) {
                 Ok(db) => db,
-                Err(StoreFileError::Damaged { .. } | StoreFileError::Database { .. }) => {
+                Err(error) if error.is_damage() => {
                     refused += 1;
                     continue;
                 }
