@@ -14,6 +14,10 @@
 //! is cleared; the entries behind it drain meanwhile. While no broker
 //! answers, nothing counts as an attempt.
 //!
+//! An entry whose bytes do not match their checksum never reaches a lane:
+//! the spool's read moves it to its quarantine (`adapters/spool/quarantine.rs`)
+//! and gives back the entries after it, so the drain goes on.
+//!
 //! It runs inside `serve` from start-up, so a spool left by a crash is
 //! drained as soon as the broker answers. A replayed delivery whose id the
 //! ledger already knows as done (published just before a crash) is a
