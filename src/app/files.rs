@@ -1,8 +1,9 @@
 //! `posbridge ledger check`: what the embedded ledger and the spool hold,
 //! or why one cannot be read. Both files are checked whatever the first
 //! shows, and neither is changed. Each gets a status an operator can act
-//! on: a `damaged` spool is set aside by `serve` (kept for a look) and a new
-//! one started with every intact entry salvaged from the old file;
+//! on: a `damaged` file is set aside by `serve` (kept for a look) and a new
+//! one started, the ledger filled again from the topics (its cache: nothing
+//! is lost), the spool with every intact entry salvaged from the old file;
 //! a file `in_use` is left alone (its holder is running); a spool's
 //! `damaged_entries` go to its quarantine when `serve` starts.
 
@@ -47,10 +48,7 @@ pub fn check(config: &Config) -> FilesReport {
         };
     };
     if config.ledger.backend == LedgerBackend::Embedded {
-        let lease = std::time::Duration::from_secs(1);
-        let ledger = EmbeddedLedger::open(&config.ledger.path, lease, lease);
-        let counts = ledger.and_then(|ledger| ledger.counts());
-        match counts {
+        match EmbeddedLedger::check(&config.ledger.path) {
             Ok(counts) => note("ledger", &config.ledger.path, Ok(json!(counts))),
             Err(error) => note("ledger", &config.ledger.path, Err(Refusal::Ledger(&error))),
         }
@@ -104,6 +102,9 @@ impl Refusal<'_> {
     /// What `serve` does with the file, in the operator's words.
     fn what_serve_does(&self) -> &'static str {
         match (self, self.status()) {
+            (Refusal::Ledger(_), "damaged") => {
+                "serve sets it aside (renamed <path>.damaged-<unix seconds>, kept for a look) and fills a new ledger from the topics before deciding deliveries: the ledger is their cache, nothing is lost"
+            }
             (Refusal::Spool(_), "damaged") => {
                 "serve sets it aside (renamed <path>.damaged-<unix seconds>, kept for a look) and moves every intact entry it finds in it to a new spool, published as it drains; damaged entries are lost unless their provider sends them again or a reconcile over their time reads them"
             }
@@ -209,6 +210,34 @@ mod tests {
                 "{what}: the check sets nothing aside"
             );
         }
+    }
+
+    /// A damaged ledger is reported with what `serve` does about it (sets
+    /// it aside, fills a new one from the topics), not the old advice that
+    /// an empty ledger publishes retries again; the check changes nothing.
+    #[tokio::test]
+    async fn a_damaged_ledger_is_reported_with_what_serve_does_and_left_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path());
+        std::fs::write(&config.ledger.path, vec![0x5a; 8192]).unwrap();
+        let found = check(&config);
+        assert_eq!(found.report["ledger"]["status"], "damaged", "{found:?}");
+        let serve = found.report["ledger"]["serve"].as_str().unwrap_or_default();
+        assert!(
+            serve.contains("fills a new ledger from the topics"),
+            "{found:?}"
+        );
+        assert_eq!(found.problems.len(), 1, "{:?}", found.problems);
+        for problem in &found.problems {
+            assert!(
+                !problem.contains("publish again") && !problem.contains("Move it aside"),
+                "{problem}"
+            );
+        }
+        assert!(
+            std::fs::read(&config.ledger.path).unwrap() == vec![0x5a; 8192],
+            "left in place"
+        );
     }
 
     /// Spool entries that do not match their checksum are counted and
