@@ -102,6 +102,16 @@ pub(super) fn open(stored: &[u8]) -> Result<&[u8], Damage> {
     Ok(rest)
 }
 
+/// What follows a frame's header, unverified (an unframed entry whole):
+/// for a person looking at a damaged entry.
+pub(super) fn unverified_payload(stored: &[u8]) -> &[u8] {
+    if stored.starts_with(&MAGIC) {
+        stored.get(HEADER_LEN..).unwrap_or_default()
+    } else {
+        stored
+    }
+}
+
 /// The payload length a frame's header states, and what follows the
 /// header, once its version and checksum are verified against the first
 /// `length` bytes of what follows.

@@ -68,11 +68,12 @@ pub enum SpoolError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// The spool's file cannot be opened for a reason that is not damage
-    /// (another process holds it, its directory cannot be made); a damaged
-    /// one is set aside and salvaged instead.
+    /// The spool's file cannot be opened. From [`Spool::open`] never for
+    /// damage (a damaged file is set aside and salvaged), but because
+    /// another process holds it or its directory cannot be made; from
+    /// [`Spool::check`], damage too.
     #[error(transparent)]
-    File(#[from] crate::adapters::store_file::StoreFileError),
+    File(#[from] StoreFileError),
     /// The spool's file is damaged and could not be set aside to start on
     /// a new one.
     #[error("the spool file {path} is damaged ({damage}) and cannot be set aside: {source}")]
@@ -120,10 +121,10 @@ fn storage(error: impl Into<redb::Error>) -> SpoolError {
     SpoolError::Storage(Arc::new(error.into()))
 }
 
-/// A redb error while the file is first read at start-up: damage redb
-/// reports instead of panicking is damage (set aside and salvaged), any
-/// other error stops start-up.
-fn first_read(path: &Path) -> impl Fn(redb::Error) -> SpoolError + '_ {
+/// A redb error while the file is opened and first read (or, salvaged,
+/// first written): damage redb reports instead of panicking is damage (set
+/// aside and salvaged), any other error stops start-up.
+fn opening_error(path: &Path) -> impl Fn(redb::Error) -> SpoolError + '_ {
     move |error| match error {
         redb::Error::Corrupted(detail) => SpoolError::File(StoreFileError::Damaged {
             path: path.display().to_string(),
@@ -347,6 +348,7 @@ impl Spool {
             }
         }
         if !damaged.is_empty() {
+            // A write and fsyncs on this thread, but only for damage found.
             let taken = self
                 .inner
                 .quarantine
@@ -540,7 +542,7 @@ impl Spool {
 /// are returned beside the counts, which include them.
 fn open_file(path: &Path) -> Result<(Database, Counts, Vec<Damaged>), SpoolError> {
     let db = store_file::open(path)?;
-    let fail = first_read(path);
+    let fail = opening_error(path);
     // A damaged entry page the check let through makes redb panic here.
     let read = store_file::guarded(path, || -> Result<(Counts, Vec<Damaged>), SpoolError> {
         let txn = db.begin_write().map_err(|e| fail(e.into()))?;

@@ -1,7 +1,8 @@
 //! Where damaged spool entries go: a directory beside the spool file
 //! (`<spool path>.quarantine/`), two files per entry: its stored bytes as
 //! they were (`<seq>-<unix µs>.entry`) and why it was set aside (`.json`:
-//! reason, sequence number, when, the spool file).
+//! reason, sequence number, when, the spool file, and its header as found
+//! if it still parses: the provider, source and delivery id to ask for).
 //!
 //! Not the dead-letter topic: the spool holds deliveries because Kafka did
 //! not answer, so that topic is as far away as the others when the entry is
@@ -21,7 +22,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use tracing::error;
 
-use super::frame::Damage;
+use super::frame::{self, Damage};
 use super::{BY_DELIVERY, ENTRIES, SpoolError, storage};
 
 /// The file name ending of a quarantined entry's bytes.
@@ -139,10 +140,18 @@ impl Quarantine {
         let now = OffsetDateTime::now_utc();
         let name = format!("{seq}-{}", now.unix_timestamp_nanos() / 1000);
         let entry = self.dir.join(format!("{name}.{ENTRY}"));
+        // What the header says, if it still parses: which delivery to ask
+        // its provider for (not trusted: it may be what changed).
+        let payload = frame::unverified_payload(stored);
+        let header = payload
+            .iter()
+            .position(|b| *b == b'\n')
+            .and_then(|end| serde_json::from_slice::<serde_json::Value>(&payload[..end]).ok());
         let record = serde_json::json!({
             "seq": seq,
             "reason": damage.as_str(),
             "detail": damage.to_string(),
+            "header_as_found": header,
             "quarantined_at": now.format(&Rfc3339).unwrap_or_default(),
             "spool": self.spool.display().to_string(),
             "bytes": stored.len(),

@@ -108,7 +108,7 @@ pub(super) fn recover(
 
 /// Writes `deliveries` into the new spool file, durably, in one commit.
 fn write(path: &Path, db: &Database, deliveries: &[SpooledDelivery]) -> Result<Counts, SpoolError> {
-    let fail = super::first_read(path);
+    let fail = super::opening_error(path);
     let mut counts = Counts::default();
     let txn = db.begin_write().map_err(|e| fail(e.into()))?;
     {

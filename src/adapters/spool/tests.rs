@@ -194,6 +194,10 @@ async fn an_entry_that_fails_its_checksum_is_quarantined_not_returned() {
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0]["seq"], 1);
     assert_eq!(records[0]["reason"], "checksum");
+    assert_eq!(
+        records[0]["header_as_found"]["delivery_id"], "sale-2",
+        "which delivery to ask its provider for"
+    );
     let dir = Quarantine::beside(&config.path).dir;
     let kept = std::fs::read_dir(&dir)
         .unwrap()
