@@ -219,11 +219,19 @@ impl Spool {
         let path: &Path = &config.path;
         let quarantine = Quarantine::beside(path);
         let (db, mut counts) = match open_file(path) {
-            Ok((db, mut counts, damaged)) => {
+            Ok(OpenedFile {
+                db,
+                mut counts,
+                damaged,
+                rolled_back,
+            }) => {
                 if !damaged.is_empty() {
                     let taken = quarantine.take(&db, damaged)?;
                     counts.entries -= taken.entries;
                     counts.bytes -= taken.bytes;
+                }
+                if rolled_back {
+                    salvage::after_rollback(path, &db, &mut counts)?;
                 }
                 (db, counts)
             }
@@ -528,20 +536,30 @@ impl Spool {
     /// [`SpoolError`] when the file cannot be opened or read; for a damaged
     /// file, [`SpoolError::File`] whose error says [`StoreFileError::is_damage`].
     pub fn check(config: &SpoolConfig) -> Result<Checked, SpoolError> {
-        let (_, counts, damaged) = open_file(&config.path)?;
+        let opened = open_file(&config.path)?;
         Ok(Checked {
-            entries: counts.entries,
-            bytes: counts.bytes,
-            damaged_entries: damaged.len() as u64,
+            entries: opened.counts.entries,
+            bytes: opened.counts.bytes,
+            damaged_entries: opened.damaged.len() as u64,
         })
     }
 }
 
+/// A spool file opened, counted and verified.
+struct OpenedFile {
+    db: Database,
+    /// What it holds, damaged entries included.
+    counts: Counts,
+    /// The entries that do not verify.
+    damaged: Vec<Damaged>,
+    /// Whether redb rolled it back to an earlier commit (damaged pages).
+    rolled_back: bool,
+}
+
 /// Opens the spool file at `path`, counts what it holds and verifies every
-/// entry (here, once, whatever its place in the spool): the damaged ones
-/// are returned beside the counts, which include them.
-fn open_file(path: &Path) -> Result<(Database, Counts, Vec<Damaged>), SpoolError> {
-    let db = store_file::open(path)?;
+/// entry (here, once, whatever its place in the spool).
+fn open_file(path: &Path) -> Result<OpenedFile, SpoolError> {
+    let store_file::Opened { db, rolled_back } = store_file::open_noting_rollback(path)?;
     let fail = opening_error(path);
     // A damaged entry page the check let through makes redb panic here.
     let read = store_file::guarded(path, || -> Result<(Counts, Vec<Damaged>), SpoolError> {
@@ -566,7 +584,12 @@ fn open_file(path: &Path) -> Result<(Database, Counts, Vec<Damaged>), SpoolError
         Ok((counts, damaged))
     });
     let (counts, damaged) = read??;
-    Ok((db, counts, damaged))
+    Ok(OpenedFile {
+        db,
+        counts,
+        damaged,
+        rolled_back,
+    })
 }
 
 fn unix_minute(at: OffsetDateTime) -> i64 {

@@ -1,7 +1,13 @@
 //! A spool file redb refuses (damaged pages, empty, not a database): set
 //! aside (`store_file::set_aside`), and every intact entry found in its
 //! bytes written to a new spool file at the same path, so that posbridge
-//! serves and the deliveries the old file still holds are published.
+//! serves and the deliveries the old file still holds are published. And a
+//! spool file redb repaired by rolling it back to an earlier commit (its
+//! last commits' pages damaged, after an unclean stop): the deliveries the
+//! commits after it appended, each answered 2xx, are gone from its tables
+//! but their pages are still in the file (what the repair did not write
+//! over), so every intact entry found there that the spool does not hold
+//! is added to it.
 //!
 //! redb keeps each value whole in one page, so each entry's frame
 //! (`frame.rs`) lies in the file as it was written: the salvage finds each
@@ -24,7 +30,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use redb::Database;
+use redb::{Database, ReadableTable as _};
 use tracing::error;
 
 use super::frame::{self, Found};
@@ -93,7 +99,8 @@ pub(super) fn recover(
         Err(error) => (Salvaged::default(), Some(error)),
     };
     let db = store_file::open(path)?;
-    let counts = write(path, &db, &salvaged.deliveries)?;
+    let mut counts = Counts::default();
+    write(path, &db, &salvaged.deliveries, &mut counts)?;
     error!(
         path = %path.display(),
         set_aside = %aside.display(),
@@ -106,28 +113,64 @@ pub(super) fn recover(
     Ok((db, counts))
 }
 
-/// Writes `deliveries` into the new spool file, durably, in one commit.
-fn write(path: &Path, db: &Database, deliveries: &[SpooledDelivery]) -> Result<Counts, SpoolError> {
+/// Looks in the bytes of the spool file at `path`, which redb rolled back
+/// to an earlier commit, for intact entries the spool `db` does not hold,
+/// and adds them after its entries (they came after them). Said once, at
+/// ERROR, with what was found.
+///
+/// # Errors
+/// [`SpoolError::Open`] when they cannot be written.
+pub(super) fn after_rollback(
+    path: &Path,
+    db: &Database,
+    counts: &mut Counts,
+) -> Result<(), SpoolError> {
+    let (salvaged, unread) = match std::fs::read(path) {
+        Ok(bytes) => (Salvaged::from_bytes(&bytes), None),
+        Err(error) => (Salvaged::default(), Some(error)),
+    };
+    let added = write(path, db, &salvaged.deliveries, counts)?;
+    error!(
+        path = %path.display(),
+        added,
+        damaged = salvaged.damaged,
+        unread = unread.map(|error| error.to_string()),
+        "redb found damaged pages in the spool file and rolled it back to an earlier commit: the intact deliveries of the later commits found in the file are back in the spool (with older copies of deliveries drained before, which replay as duplicates); damaged ones are lost unless their provider sends them again or a reconcile over their time reads them."
+    );
+    Ok(())
+}
+
+/// Writes the `deliveries` whose key the spool `db` does not hold after
+/// what it holds (`counts`, updated), durably, in one commit; how many.
+fn write(
+    path: &Path,
+    db: &Database,
+    deliveries: &[SpooledDelivery],
+    counts: &mut Counts,
+) -> Result<u64, SpoolError> {
     let fail = super::opening_error(path);
-    let mut counts = Counts::default();
+    let mut written = 0;
     let txn = db.begin_write().map_err(|e| fail(e.into()))?;
     {
         let mut entries = txn.open_table(ENTRIES).map_err(|e| fail(e.into()))?;
         let mut by_delivery = txn.open_table(BY_DELIVERY).map_err(|e| fail(e.into()))?;
         for delivery in deliveries {
+            let key = delivery.key.as_str();
+            if by_delivery.get(key).map_err(|e| fail(e.into()))?.is_some() {
+                continue;
+            }
             let stored = delivery.encode();
             let seq = counts.next_seq;
             entries
                 .insert(seq, stored.as_slice())
                 .map_err(|e| fail(e.into()))?;
-            by_delivery
-                .insert(delivery.key.as_str(), seq)
-                .map_err(|e| fail(e.into()))?;
+            by_delivery.insert(key, seq).map_err(|e| fail(e.into()))?;
             counts.entries += 1;
             counts.bytes += stored.len() as u64;
             counts.next_seq += 1;
+            written += 1;
         }
     }
     txn.commit().map_err(|e| fail(e.into()))?;
-    Ok(counts)
+    Ok(written)
 }

@@ -17,7 +17,8 @@ mod reopen;
 use std::cell::Cell;
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
-use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Once};
 
 pub use aside::{count_set_aside, set_aside};
 pub use holder::Holder;
@@ -135,6 +136,29 @@ pub enum Integrity {
 /// # Errors
 /// [`StoreFileError`] naming the file and what is wrong with it.
 pub fn open_with(path: &Path, integrity: Integrity) -> Result<Database, StoreFileError> {
+    opened(path, integrity).map(|opened| opened.db)
+}
+
+/// A store file opened and checked.
+pub struct Opened {
+    /// The database.
+    pub db: Database,
+    /// Whether its check found damaged pages and rolled the file back to
+    /// an earlier commit: what the commits after it wrote is gone from its
+    /// tables, though their pages may still hold it (the spool looks there
+    /// for the deliveries it held).
+    pub rolled_back: bool,
+}
+
+/// [`open`], saying whether the check rolled the file back.
+///
+/// # Errors
+/// [`StoreFileError`] naming the file and what is wrong with it.
+pub fn open_noting_rollback(path: &Path) -> Result<Opened, StoreFileError> {
+    opened(path, Integrity::Check)
+}
+
+fn opened(path: &Path, integrity: Integrity) -> Result<Opened, StoreFileError> {
     let name = || path.display().to_string();
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| StoreFileError::Directory {
@@ -158,10 +182,21 @@ pub fn open_with(path: &Path, integrity: Integrity) -> Result<Database, StoreFil
             source,
         },
     };
+    // The repair redb runs at open after an unclean stop reports its
+    // progress: 0.3 only where the last commit's pages did not verify and
+    // it falls back to the commit before (a repair whose last commit
+    // verifies goes from 0.0 to 0.6).
+    let fell_back = Arc::new(AtomicBool::new(false));
+    let noted = fell_back.clone();
     // redb panics on some damaged pages instead of returning an error.
     let opened = quietly(|| {
         let mut db = redb::Builder::new()
             .set_cache_size(CACHE_BYTES)
+            .set_repair_callback(move |session| {
+                if session.progress() > 0.0 && session.progress() < 0.5 {
+                    noted.store(true, Ordering::Relaxed);
+                }
+            })
             .create(path)?;
         let intact = !existed || integrity == Integrity::Trust || db.check_integrity()?;
         Ok((db, intact))
@@ -170,13 +205,14 @@ pub fn open_with(path: &Path, integrity: Integrity) -> Result<Database, StoreFil
         Ok(result) => result.map_err(database)?,
         Err(panic) => return Err(damaged(path, panic.as_ref())),
     };
-    if !intact {
+    let rolled_back = !intact || fell_back.load(Ordering::Relaxed);
+    if rolled_back {
         warn!(
             path = %path.display(),
             "Damaged pages were found and the file was rolled back to its last intact commit."
         );
     }
-    Ok(db)
+    Ok(Opened { db, rolled_back })
 }
 
 /// Runs `read`, a first read of the file at `path` just opened (counting
