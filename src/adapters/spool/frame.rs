@@ -34,8 +34,7 @@ pub(super) const HEADER_LEN: usize = 45;
 const LENGTH_AT: usize = 9;
 const CHECKSUM_AT: usize = 13;
 
-/// Why a stored entry cannot be trusted; also the metric's `reason` label
-/// and the quarantine record's `reason`.
+/// Why a stored entry cannot be trusted: the quarantine record's `reason`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Damage {
     /// The payload does not match its checksum (a changed byte).
@@ -53,15 +52,7 @@ pub enum Damage {
 }
 
 impl Damage {
-    /// Every reason, for the series announced at 0.
-    pub const ALL: [Damage; 4] = [
-        Damage::Checksum,
-        Damage::Length,
-        Damage::Version,
-        Damage::Header,
-    ];
-
-    /// The bounded code for the metric label and the quarantine record.
+    /// Its code, for the log and the quarantine record.
     pub fn as_str(self) -> &'static str {
         match self {
             Damage::Checksum => "checksum",

@@ -39,7 +39,6 @@ mod salvage;
 use depth::DepthHistory;
 pub use depth::MINUTES as DEPTH_MINUTES;
 pub use entry::SpooledDelivery;
-pub use frame::Damage;
 use health::{Health, PROBE_BYTES};
 use quarantine::{Damaged, Quarantine};
 
