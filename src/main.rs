@@ -164,9 +164,11 @@ enum SchemaCommand {
 #[derive(Subcommand)]
 enum LedgerCommand {
     /// Check every page of the embedded ledger (and the spool, when one is
-    /// configured) and print what each holds, or why it cannot be read
-    /// (`damaged`, `in_use` by the named process); exit status 1 unless both
-    /// are `ok`. Run it with posbridge stopped: the files admit one process at a time.
+    /// configured, every entry's checksum too) and print what each holds, or
+    /// why it cannot be read (`damaged`, which `serve` sets aside, `in_use`
+    /// by the named process), changing nothing; exit status 1 unless both
+    /// are `ok` without damaged entries. Run it with posbridge stopped: the
+    /// files admit one process at a time.
     Check {
         /// TOML configuration file (its ledger and spool sections).
         #[arg(long, short, env = "POSBRIDGE_CONFIG")]

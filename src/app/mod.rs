@@ -101,8 +101,11 @@ impl BuildError {
             | BuildError::Spool(SpoolError::File(StoreFileError::Held { .. })) => {
                 "another process has the file open: it is not damaged, do not move it aside; stop that process first (one posbridge process per ledger or spool file), or give this one files of its own"
             }
+            // A damaged file is set aside at start-up: what stops it is the
+            // file's directory, permissions or disk, or a redb format this
+            // build does not read.
             BuildError::Ledger(LedgerError::File(_)) | BuildError::Spool(SpoolError::File(_)) => {
-                "the file is damaged: `posbridge ledger check` reads both files; to start empty on purpose, move the file aside (an empty ledger forgets done deliveries and entity versions, so retried deliveries publish again; an empty spool loses what it held)"
+                "the file cannot be read (its directory, permissions or disk; a damaged file would have been set aside and a new one started): `posbridge ledger check` reads both files"
             }
             BuildError::Ledger(_) => {
                 "check ledger.path or ledger.redis_url; the embedded ledger allows one posbridge process per ledger file (run the reconciler inside `serve` with reconcile.enabled, or share a Redis ledger with ledger.backend = \"redis\")"

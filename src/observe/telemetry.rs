@@ -88,6 +88,15 @@ pub const SPOOL_DRAINED: &str = "posbridge_spool_drained_total";
 /// 1 while spool writes work, 0 from a failed write (a full disk) until a
 /// heal's probe write works again.
 pub const SPOOL_WRITABLE: &str = "posbridge_spool_writable";
+/// Damaged spool entries in the quarantine directory beside the spool file
+/// (counted at start-up, then one more per entry set aside): a gauge, so
+/// it is there from the first scrape and stays until an operator has
+/// looked at them and removed them.
+pub const SPOOL_QUARANTINED: &str = "posbridge_spool_quarantined_entries";
+/// Files set aside beside a store's file (`<path>.damaged-<unix seconds>`)
+/// because they could not be opened, by store (`ledger`, `spool`); counted
+/// at start-up, so a set aside then shows from the first scrape on.
+pub const STORE_FILES_SET_ASIDE: &str = "posbridge_store_files_set_aside";
 
 /// Label keys.
 pub const PROVIDER: &str = "provider";
@@ -107,6 +116,8 @@ pub const VERSION: &str = "version";
 pub const ENCODING: &str = "encoding";
 /// Label key: retryable or permanent.
 pub const KIND: &str = "kind";
+/// Label key: which store file (`ledger`, `spool`).
+pub const STORE: &str = "store";
 
 /// Buckets fitting a delivery deadline of a few seconds.
 const SECONDS_BUCKETS: [f64; 14] = [

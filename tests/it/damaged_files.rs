@@ -1,8 +1,10 @@
-//! A damaged ledger stops start-up instead of being taken for a new one.
+//! A damaged ledger or spool is reported by `ledger check` and set aside by
+//! `serve`, which serves on a new file; a file another process holds is
+//! refused.
 
 use std::process::Output;
 
-use crate::support::{TestApp, brokers, config_text, rr_sale, unique};
+use crate::support::{TestApp, brokers, config_text, read_topic, rr_sale, unique};
 
 fn posbridge(args: &[&str], config: &std::path::Path) -> Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_posbridge"))
@@ -15,8 +17,13 @@ fn posbridge(args: &[&str], config: &std::path::Path) -> Output {
         .unwrap()
 }
 
+/// The case: a sale published, posbridge stopped, one bit changed
+/// in its delivery id inside the ledger file. `ledger check` reports the file
+/// damaged and says what `serve` does; `serve` then sets it aside, fills a
+/// new ledger from the topics and serves: the sale's retry finds its state,
+/// known from its record in the topic, and publishes nothing.
 #[tokio::test]
-async fn a_truncated_ledger_stops_start_up_and_ledger_check_reports_it() {
+async fn a_damaged_ledger_is_set_aside_and_filled_again_from_the_topics() {
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("damaged");
     let path = dir.path().join("posbridge.toml");
@@ -43,16 +50,55 @@ async fn a_truncated_ledger_stops_start_up_and_ledger_check_reports_it() {
     assert_eq!(report["ledger"]["done_deliveries"], 1, "{report}");
     assert_eq!(report["ledger"]["entities"], 1, "{report}");
 
-    std::fs::File::create(dir.path().join("ledger.redb")).unwrap();
-    for args in [&["ledger", "check"][..], &["serve"][..]] {
-        let output = posbridge(args, &path);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            !output.status.success(),
-            "{args:?} accepted an empty ledger"
-        );
-        assert!(stderr.contains("exists but is empty"), "{args:?}: {stderr}");
+    let ledger = dir.path().join("ledger.redb");
+    let mut bytes = std::fs::read(&ledger).unwrap();
+    // Every copy the file holds (freed pages keep older ones).
+    let copies: Vec<usize> = (0..bytes.len() - 2)
+        .filter(|&at| &bytes[at..at + 3] == b"d-1")
+        .collect();
+    assert!(!copies.is_empty(), "the delivery id is in the file");
+    for at in copies {
+        bytes[at + 2] ^= 0x01;
     }
+    std::fs::write(&ledger, &bytes).unwrap();
+
+    let checked = posbridge(&["ledger", "check"], &path);
+    let stderr = String::from_utf8_lossy(&checked.stderr);
+    assert!(
+        !checked.status.success(),
+        "a damaged ledger passed: {stderr}"
+    );
+    assert!(
+        stderr.contains("fills a new ledger from the topics"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("publish again"), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&checked.stdout).unwrap();
+    assert_eq!(report["ledger"]["status"], "damaged", "{report}");
+
+    let app = TestApp::start_with(crate::support::config(&brokers(), &prefix, dir.path())).await;
+    let again = app.send("receiptroller", "main", &sale).await;
+    assert_eq!(again.status(), 200);
+    // The sale's time is older than dedup_ttl, so its id is not restored;
+    // its state is, and the retry writes nothing.
+    assert_eq!(
+        again.json::<serde_json::Value>().await.unwrap()["status"],
+        "unchanged",
+        "the new ledger holds the sale's state from its record"
+    );
+    assert_eq!(read_topic(&brokers(), &app.topic("sales")).len(), 1);
+    let set_aside = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|file| {
+            file.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("ledger.redb.damaged-")
+        })
+        .count();
+    assert_eq!(set_aside, 1, "the damaged file is kept for a look");
+    app.stop().await;
 }
 
 /// A ledger a running posbridge holds is in use, not damaged: `ledger check`
@@ -135,6 +181,7 @@ async fn ledger_check_reports_a_damaged_spool_without_a_panic() {
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(stderr.contains("spool.redb is damaged"), "{stderr}");
+    assert!(stderr.contains("moves every intact entry"), "{stderr}");
     let report: serde_json::Value = serde_json::from_slice(&checked.stdout).unwrap();
     assert_eq!(report["spool"]["status"], "damaged", "{report}");
     assert_eq!(report["ledger"]["status"], "ok", "{report}");

@@ -14,26 +14,41 @@
 //!
 //! A failed write (its disk full) makes the spool unwritable until a heal
 //! reopens the file and a probe write works (`health.rs`).
+//!
+//! Each entry is stored in a frame with a checksum (`frame.rs`), verified
+//! whenever it is read: a damaged entry is never replayed as something it
+//! was not, but moved to the quarantine beside the file (`quarantine.rs`),
+//! and the drain goes on with the next. A spool file redb refuses (damaged
+//! pages, empty, not a database) is set aside and every intact entry found
+//! in its bytes salvaged into a new file (`salvage.rs`): posbridge serves
+//! either way.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use bytes::Bytes;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
-use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 mod depth;
+mod entry;
+mod frame;
 mod health;
+mod quarantine;
+mod salvage;
 
 use depth::DepthHistory;
 pub use depth::MINUTES as DEPTH_MINUTES;
+pub use entry::SpooledDelivery;
 use health::{Health, PROBE_BYTES};
+use quarantine::{Damaged, Quarantine};
 
-use crate::adapters::store_file::{self, Reopenable};
+use crate::adapters::store_file::{self, Reopenable, StoreFileError};
 use crate::config::SpoolConfig;
-use crate::domain::event::{DeliveryKey, ProviderKind, Source, from_micros, micros};
+use crate::domain::event::DeliveryKey;
 use crate::observe::telemetry;
+
+/// The spool's `store` label on `posbridge_store_files_set_aside`.
+const STORE: &str = "spool";
 
 /// Sequence number → an encoded [`SpooledDelivery`]; oldest first.
 const ENTRIES: TableDefinition<u64, &[u8]> = TableDefinition::new("entries");
@@ -52,9 +67,34 @@ pub enum SpoolError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// The spool's file is damaged or not a database.
+    /// The spool's file cannot be opened. From [`Spool::open`] never for
+    /// damage (a damaged file is set aside and salvaged), but because
+    /// another process holds it or its directory cannot be made; from
+    /// [`Spool::check`], damage too.
     #[error(transparent)]
-    File(#[from] crate::adapters::store_file::StoreFileError),
+    File(#[from] StoreFileError),
+    /// The spool's file is damaged and could not be set aside to start on
+    /// a new one.
+    #[error("the spool file {path} is damaged ({damage}) and cannot be set aside: {source}")]
+    SetAside {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it (boxed: it is large, and rare).
+        damage: Box<StoreFileError>,
+        /// The rename's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A damaged entry could not be written to the quarantine, so it stays
+    /// in the spool (it is never replayed).
+    #[error("cannot quarantine a damaged spool entry in {dir}: {source}")]
+    Quarantine {
+        /// The quarantine directory.
+        dir: PathBuf,
+        /// The filesystem's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A read or write failed.
     #[error("spool storage: {0}")]
     Storage(#[source] Arc<redb::Error>),
@@ -66,9 +106,6 @@ pub enum SpoolError {
         /// Bytes spooled.
         bytes: u64,
     },
-    /// An entry is not one this version wrote.
-    #[error("spool entry {0} is corrupt")]
-    Corrupt(u64),
     /// A write failed and none has worked since (see `health.rs`).
     #[error(
         "spool writes are failing ({reason}); the spool takes nothing until a write works again"
@@ -83,68 +120,19 @@ fn storage(error: impl Into<redb::Error>) -> SpoolError {
     SpoolError::Storage(Arc::new(error.into()))
 }
 
-/// One spooled delivery: everything the pipeline needs to process it later.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpooledDelivery {
-    /// Its dedup key in the ledger (the provider and its delivery id); kept
-    /// as stored, so an entry is removed under the key it was added with.
-    pub key: DeliveryKey,
-    /// The source it came through (its account is part of record keys).
-    pub source: Source,
-    /// The delivery-id header's value.
-    pub delivery_id: String,
-    /// When it arrived.
-    pub received_at: OffsetDateTime,
-    /// The verified body, exactly as signed.
-    pub body: Bytes,
-}
-
-/// The stored header of an entry; the body follows it after a newline.
-#[derive(Serialize, Deserialize)]
-struct Header {
-    key: String,
-    provider: ProviderKind,
-    source: String,
-    account: Option<String>,
-    delivery_id: String,
-    received_at_us: i64,
-}
-
-impl SpooledDelivery {
-    fn encode(&self) -> Vec<u8> {
-        let header = Header {
-            key: self.key.as_str().to_owned(),
-            provider: self.source.provider,
-            source: self.source.name.clone(),
-            account: self.source.account.clone(),
-            delivery_id: self.delivery_id.clone(),
-            received_at_us: micros(self.received_at),
-        };
-        // A struct of strings and numbers always serializes.
-        let mut bytes = serde_json::to_vec(&header).expect("a spool header serializes");
-        bytes.push(b'\n');
-        bytes.extend_from_slice(&self.body);
-        bytes
-    }
-
-    fn decode(seq: u64, bytes: &[u8]) -> Result<SpooledDelivery, SpoolError> {
-        let split = bytes
-            .iter()
-            .position(|b| *b == b'\n')
-            .ok_or(SpoolError::Corrupt(seq))?;
-        let header: Header =
-            serde_json::from_slice(&bytes[..split]).map_err(|_| SpoolError::Corrupt(seq))?;
-        Ok(SpooledDelivery {
-            key: DeliveryKey::from_stored(header.key),
-            source: Source {
-                provider: header.provider,
-                name: header.source,
-                account: header.account,
-            },
-            delivery_id: header.delivery_id,
-            received_at: from_micros(header.received_at_us).ok_or(SpoolError::Corrupt(seq))?,
-            body: Bytes::copy_from_slice(&bytes[split + 1..]),
-        })
+/// A redb error while the file is opened and first read (or, salvaged,
+/// first written): damage redb reports instead of panicking is damage (set
+/// aside and salvaged), any other error stops start-up.
+fn opening_error(path: &Path) -> impl Fn(redb::Error) -> SpoolError + '_ {
+    move |error| match error {
+        redb::Error::Corrupted(detail) => SpoolError::File(StoreFileError::Damaged {
+            path: path.display().to_string(),
+            detail,
+        }),
+        error => SpoolError::Open {
+            path: path.to_owned(),
+            source: error.into(),
+        },
     }
 }
 
@@ -160,6 +148,9 @@ pub struct SpoolStats {
     pub has_room: bool,
     /// Whether writes work (see `health.rs`).
     pub writable: bool,
+    /// Damaged entries in the quarantine beside the spool file, waiting
+    /// for an operator to look at them (`quarantine.rs`).
+    pub quarantined: u64,
 }
 
 /// The spool handle. Cheap to clone.
@@ -173,6 +164,8 @@ struct Inner {
     path: PathBuf,
     /// The spool file, reopened by a heal.
     db: Reopenable<Database>,
+    /// Where damaged entries go.
+    quarantine: Quarantine,
     /// Whether writes work.
     health: Health,
     /// Counts kept beside the file, so the bound is checked without a scan.
@@ -189,6 +182,8 @@ struct Counts {
     bytes: u64,
     next_seq: u64,
     depth: DepthHistory,
+    /// Entries in the quarantine directory.
+    quarantined: u64,
 }
 
 impl std::fmt::Debug for Spool {
@@ -211,41 +206,44 @@ impl Spool {
 }
 
 impl Spool {
-    /// Opens (or creates) the spool file and counts what it holds.
+    /// Opens (or creates) the spool file and counts what it holds, moving
+    /// damaged entries to the quarantine. A file redb refuses as damaged is
+    /// set aside and what it holds salvaged into a new one (`salvage.rs`).
     ///
     /// # Errors
-    /// [`SpoolError::Open`] when the file cannot be opened, e.g. because
-    /// another posbridge process holds it.
+    /// [`SpoolError::File`] when the file cannot be opened for a reason
+    /// other than damage, e.g. because another posbridge process holds it;
+    /// [`SpoolError::SetAside`] when a damaged file cannot be renamed.
     pub fn open(config: &SpoolConfig) -> Result<Spool, SpoolError> {
         let path: &Path = &config.path;
-        let open_error = |e: Box<dyn std::error::Error + Send + Sync>| SpoolError::Open {
-            path: path.to_owned(),
-            source: e,
-        };
-        let db = store_file::open(path)?;
-        // A damaged entry page the check let through makes redb panic here.
-        let counted = store_file::guarded(path, || -> Result<Counts, SpoolError> {
-            let txn = db.begin_write().map_err(|e| open_error(e.into()))?;
-            txn.open_table(ENTRIES).map_err(|e| open_error(e.into()))?;
-            txn.open_table(BY_DELIVERY)
-                .map_err(|e| open_error(e.into()))?;
-            txn.commit().map_err(|e| open_error(e.into()))?;
-            let mut counts = Counts::default();
-            let read = db.begin_read().map_err(|e| open_error(e.into()))?;
-            let entries = read.open_table(ENTRIES).map_err(|e| open_error(e.into()))?;
-            counts.entries = entries.len().map_err(|e| open_error(e.into()))?;
-            for entry in entries.iter().map_err(|e| open_error(e.into()))? {
-                let (seq, value) = entry.map_err(|e| open_error(e.into()))?;
-                counts.bytes += value.value().len() as u64;
-                counts.next_seq = seq.value() + 1;
+        let quarantine = Quarantine::beside(path);
+        let (db, mut counts) = match open_file(path) {
+            Ok(OpenedFile {
+                db,
+                mut counts,
+                damaged,
+                rolled_back,
+            }) => {
+                if !damaged.is_empty() {
+                    let taken = quarantine.take(&db, damaged)?;
+                    counts.entries -= taken.entries;
+                    counts.bytes -= taken.bytes;
+                }
+                if rolled_back {
+                    salvage::after_rollback(path, &db, &mut counts)?;
+                }
+                (db, counts)
             }
-            Ok(counts)
-        });
-        let counts = counted??;
+            Err(SpoolError::File(damage)) if damage.is_damage() => salvage::recover(path, damage)?,
+            Err(error) => return Err(error),
+        };
+        store_file::count_set_aside(STORE, path);
+        counts.quarantined = quarantine.count();
         let spool = Spool {
             inner: Arc::new(Inner {
                 path: path.to_owned(),
                 db: Reopenable::new(db),
+                quarantine,
                 health: Health::new(),
                 counts: Mutex::new(counts),
                 max_bytes: config.max_bytes,
@@ -331,23 +329,51 @@ impl Spool {
         Ok(table.get(delivery.as_str()).map_err(storage)?.is_some())
     }
 
-    /// Up to `limit` of the oldest entries, oldest first, with their sequence numbers.
+    /// Up to `limit` of the oldest entries, oldest first, with their
+    /// sequence numbers, each verified against its checksum. A damaged one
+    /// (changed on disk while posbridge runs) is moved to the quarantine
+    /// instead of returned, so fewer than `limit` may come back while more
+    /// are spooled.
     ///
     /// # Errors
-    /// [`SpoolError`] when the spool cannot be read or an entry is corrupt.
+    /// [`SpoolError`] when the spool cannot be read, or a damaged entry
+    /// cannot be moved out of it (it is still not returned).
     pub fn oldest(&self, limit: usize) -> Result<Vec<(u64, SpooledDelivery)>, SpoolError> {
-        let txn = self.db()?.begin_read().map_err(storage)?;
-        let table = txn.open_table(ENTRIES).map_err(storage)?;
-        table
-            .iter()
-            .map_err(storage)?
-            .take(limit)
-            .map(|entry| {
+        let db = self.db()?;
+        let mut intact = Vec::new();
+        let mut damaged = Vec::new();
+        {
+            let txn = db.begin_read().map_err(storage)?;
+            let table = txn.open_table(ENTRIES).map_err(storage)?;
+            for entry in table.iter().map_err(storage)?.take(limit) {
                 let (seq, value) = entry.map_err(storage)?;
-                let seq = seq.value();
-                Ok((seq, SpooledDelivery::decode(seq, value.value())?))
-            })
-            .collect()
+                let (seq, stored) = (seq.value(), value.value());
+                match SpooledDelivery::decode(stored) {
+                    Ok(delivery) => intact.push((seq, delivery)),
+                    Err(damage) => damaged.push(Damaged::new(seq, stored, damage)),
+                }
+            }
+        }
+        if !damaged.is_empty() {
+            // A write and fsyncs on this thread, but only for damage found.
+            let taken = self
+                .inner
+                .quarantine
+                .take(&db, damaged)
+                .inspect_err(|error| {
+                    if matches!(error, SpoolError::Storage(_)) {
+                        self.inner.health.failed(error);
+                    }
+                })?;
+            {
+                let mut counts = self.counts();
+                counts.entries = counts.entries.saturating_sub(taken.entries);
+                counts.bytes = counts.bytes.saturating_sub(taken.bytes);
+                counts.quarantined += taken.kept;
+            }
+            self.publish_gauges();
+        }
+        Ok(intact)
     }
 
     /// Removes entries whose outcome is durable, in one write.
@@ -399,6 +425,7 @@ impl Spool {
                 && counts.entries < self.inner.max_entries
                 && counts.bytes + average <= self.inner.max_bytes,
             writable,
+            quarantined: counts.quarantined,
         }
     }
 
@@ -485,7 +512,83 @@ impl Spool {
             .note(unix_minute(OffsetDateTime::now_utc()), stats.entries);
         metrics::gauge!(telemetry::SPOOL_ENTRIES).set(stats.entries as f64);
         metrics::gauge!(telemetry::SPOOL_BYTES).set(stats.bytes as f64);
+        metrics::gauge!(telemetry::SPOOL_QUARANTINED).set(stats.quarantined as f64);
     }
+}
+
+/// What `posbridge ledger check` finds in a spool file.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Checked {
+    /// Entries stored, damaged ones included.
+    pub entries: u64,
+    /// Their stored bytes.
+    pub bytes: u64,
+    /// Entries that do not verify: `serve` moves them to the quarantine.
+    pub damaged_entries: u64,
+}
+
+impl Spool {
+    /// Opens the spool file as start-up does and counts what it holds,
+    /// changing nothing: a damaged file or entry is reported, not set aside.
+    ///
+    /// # Errors
+    /// [`SpoolError`] when the file cannot be opened or read; for a damaged
+    /// file, [`SpoolError::File`] whose error says [`StoreFileError::is_damage`].
+    pub fn check(config: &SpoolConfig) -> Result<Checked, SpoolError> {
+        let opened = open_file(&config.path)?;
+        Ok(Checked {
+            entries: opened.counts.entries,
+            bytes: opened.counts.bytes,
+            damaged_entries: opened.damaged.len() as u64,
+        })
+    }
+}
+
+/// A spool file opened, counted and verified.
+struct OpenedFile {
+    db: Database,
+    /// What it holds, damaged entries included.
+    counts: Counts,
+    /// The entries that do not verify.
+    damaged: Vec<Damaged>,
+    /// Whether redb rolled it back to an earlier commit (damaged pages).
+    rolled_back: bool,
+}
+
+/// Opens the spool file at `path`, counts what it holds and verifies every
+/// entry (here, once, whatever its place in the spool).
+fn open_file(path: &Path) -> Result<OpenedFile, SpoolError> {
+    let store_file::Opened { db, rolled_back } = store_file::open_noting_rollback(path)?;
+    let fail = opening_error(path);
+    // A damaged entry page the check let through makes redb panic here.
+    let read = store_file::guarded(path, || -> Result<(Counts, Vec<Damaged>), SpoolError> {
+        let txn = db.begin_write().map_err(|e| fail(e.into()))?;
+        txn.open_table(ENTRIES).map_err(|e| fail(e.into()))?;
+        txn.open_table(BY_DELIVERY).map_err(|e| fail(e.into()))?;
+        txn.commit().map_err(|e| fail(e.into()))?;
+        let mut counts = Counts::default();
+        let mut damaged = Vec::new();
+        let read = db.begin_read().map_err(|e| fail(e.into()))?;
+        let entries = read.open_table(ENTRIES).map_err(|e| fail(e.into()))?;
+        counts.entries = entries.len().map_err(|e| fail(e.into()))?;
+        for entry in entries.iter().map_err(|e| fail(e.into()))? {
+            let (seq, value) = entry.map_err(|e| fail(e.into()))?;
+            let (seq, stored) = (seq.value(), value.value());
+            counts.bytes += stored.len() as u64;
+            counts.next_seq = seq + 1;
+            if let Err(damage) = SpooledDelivery::decode(stored) {
+                damaged.push(Damaged::new(seq, stored, damage));
+            }
+        }
+        Ok((counts, damaged))
+    });
+    let (counts, damaged) = read??;
+    Ok(OpenedFile {
+        db,
+        counts,
+        damaged,
+        rolled_back,
+    })
 }
 
 fn unix_minute(at: OffsetDateTime) -> i64 {
@@ -493,77 +596,4 @@ fn unix_minute(at: OffsetDateTime) -> i64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use time::macros::datetime;
-
-    fn config(dir: &Path, max_entries: u64) -> SpoolConfig {
-        SpoolConfig {
-            path: dir.join("spool.redb"),
-            max_bytes: 1 << 20,
-            max_entries,
-        }
-    }
-
-    fn delivery(id: &str) -> SpooledDelivery {
-        SpooledDelivery {
-            key: DeliveryKey::new(ProviderKind::ReceiptRoller, id),
-            source: Source {
-                provider: ProviderKind::ReceiptRoller,
-                name: "main".into(),
-                account: Some("acme".into()),
-            },
-            delivery_id: id.into(),
-            received_at: datetime!(2026-11-29 10:15:30.123456 UTC),
-            body: Bytes::from_static(b"{\"id\":\"x\"}\n\xff raw"),
-        }
-    }
-
-    #[tokio::test]
-    async fn entries_come_back_oldest_first_and_survive_a_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let spool = Spool::open(&config(dir.path(), 10)).unwrap();
-        for id in ["a", "b", "c"] {
-            spool.append(&delivery(id)).await.unwrap();
-        }
-        assert!(spool.contains(&delivery("b").key).unwrap());
-        assert!(!spool.contains(&delivery("z").key).unwrap());
-        drop(spool);
-        let spool = Spool::open(&config(dir.path(), 10)).unwrap();
-        let oldest = spool.oldest(10).unwrap();
-        let ids: Vec<&str> = oldest.iter().map(|(_, d)| d.delivery_id.as_str()).collect();
-        assert_eq!(ids, ["a", "b", "c"]);
-        assert_eq!(
-            oldest[0].1,
-            delivery("a"),
-            "every field comes back as written"
-        );
-        assert_eq!(spool.stats().entries, 3);
-        spool
-            .remove(vec![(oldest[0].0, delivery("a").key)])
-            .await
-            .unwrap();
-        assert!(!spool.contains(&delivery("a").key).unwrap());
-        assert_eq!(spool.stats().entries, 2);
-        spool.append(&delivery("d")).await.unwrap();
-        assert_eq!(
-            spool.delivery_ids(),
-            ["b", "c", "d"],
-            "a new entry goes after the old ones"
-        );
-    }
-
-    #[tokio::test]
-    async fn beyond_its_bound_the_spool_refuses() {
-        let dir = tempfile::tempdir().unwrap();
-        let spool = Spool::open(&config(dir.path(), 2)).unwrap();
-        spool.append(&delivery("a")).await.unwrap();
-        spool.append(&delivery("b")).await.unwrap();
-        assert!(!spool.stats().has_room);
-        assert!(matches!(
-            spool.append(&delivery("c")).await,
-            Err(SpoolError::Full { entries: 2, .. })
-        ));
-        assert!(!spool.contains(&delivery("c").key).unwrap());
-    }
-}
+mod tests;

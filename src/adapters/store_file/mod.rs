@@ -1,22 +1,26 @@
 //! Opening the redb files posbridge keeps (the embedded ledger, the spool).
 //!
 //! A missing file is new and is created. Anything else must already be a
-//! valid database: redb alone would take a 0-byte file for a new one (so
-//! every done delivery would be published again) and would open a file with
-//! damaged pages and panic later, in the middle of a request. So an existing
-//! file is checked page by page before use, and one that is empty or not a
-//! database stops start-up with a message naming it. A file another process
-//! holds is not damaged, and the refusal says so and names the process
-//! (`holder.rs`).
+//! valid database: redb alone would take a 0-byte file for a new one (and
+//! say nothing of what was lost) and would open a file with damaged pages
+//! and panic later, in the middle of a request. So an existing file is
+//! checked page by page before use, and one that is empty, damaged or not a
+//! database is refused with an error naming it; the ledger and the spool
+//! then set it aside (`aside.rs`) and start on a new file, the spool with
+//! what it salvages from the old one. A file another process holds is not
+//! damaged, and the refusal says so and names the process (`holder.rs`).
 
+mod aside;
 mod holder;
 mod reopen;
 
 use std::cell::Cell;
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
-use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Once};
 
+pub use aside::{count_set_aside, set_aside};
 pub use holder::Holder;
 pub use reopen::{ReopenError, Reopenable, is_held};
 
@@ -43,9 +47,7 @@ pub enum StoreFileError {
         source: std::io::Error,
     },
     /// The file exists but holds nothing: a truncated or foreign file, not a new one.
-    #[error(
-        "{path} exists but is empty (0 bytes); it is not a posbridge database. Move it aside to start with an empty one"
-    )]
+    #[error("{path} exists but is empty (0 bytes); it is not a posbridge database")]
     Empty {
         /// The file.
         path: String,
@@ -67,7 +69,7 @@ pub enum StoreFileError {
         source: redb::DatabaseError,
     },
     /// redb could not open it, or found it damaged beyond repair.
-    #[error("{path} is not a usable database: {source}. Move it aside to start with an empty one")]
+    #[error("{path} is not a usable database: {source}")]
     Database {
         /// The file.
         path: String,
@@ -76,15 +78,38 @@ pub enum StoreFileError {
         source: redb::DatabaseError,
     },
     /// redb failed on damaged pages while opening or checking it.
-    #[error(
-        "{path} is damaged (redb stopped on a damaged page: {detail}). Move it aside to start with an empty one"
-    )]
+    #[error("{path} is damaged (redb stopped on a damaged page: {detail})")]
     Damaged {
         /// The file.
         path: String,
         /// What redb stumbled on.
         detail: String,
     },
+}
+
+impl StoreFileError {
+    /// Whether the file itself cannot be used (empty, damaged, not a redb
+    /// database): what the ledger and the spool set aside to start on a new
+    /// file. Not a file another process holds, a directory or file that
+    /// cannot be read (permissions, an I/O error) or one of a redb format
+    /// this build does not open: nothing is wrong with those files, and a
+    /// new one beside them would only hide them.
+    pub fn is_damage(&self) -> bool {
+        use redb::{DatabaseError, StorageError};
+        match self {
+            StoreFileError::Empty { .. } | StoreFileError::Damaged { .. } => true,
+            StoreFileError::Database { source, .. } => match source {
+                DatabaseError::Storage(StorageError::Corrupted(_)) => true,
+                // How redb says a file is not a database, or is cut short.
+                DatabaseError::Storage(StorageError::Io(error)) => matches!(
+                    error.kind(),
+                    std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
+                ),
+                _ => false,
+            },
+            StoreFileError::Directory { .. } | StoreFileError::Held { .. } => false,
+        }
+    }
 }
 
 /// Opens `path`, creating it (and its directory) when it does not exist,
@@ -111,6 +136,29 @@ pub enum Integrity {
 /// # Errors
 /// [`StoreFileError`] naming the file and what is wrong with it.
 pub fn open_with(path: &Path, integrity: Integrity) -> Result<Database, StoreFileError> {
+    opened(path, integrity).map(|opened| opened.db)
+}
+
+/// A store file opened and checked.
+pub struct Opened {
+    /// The database.
+    pub db: Database,
+    /// Whether its check found damaged pages and rolled the file back to
+    /// an earlier commit: what the commits after it wrote is gone from its
+    /// tables, though their pages may still hold it (the spool looks there
+    /// for the deliveries it held).
+    pub rolled_back: bool,
+}
+
+/// [`open`], saying whether the check rolled the file back.
+///
+/// # Errors
+/// [`StoreFileError`] naming the file and what is wrong with it.
+pub fn open_noting_rollback(path: &Path) -> Result<Opened, StoreFileError> {
+    opened(path, Integrity::Check)
+}
+
+fn opened(path: &Path, integrity: Integrity) -> Result<Opened, StoreFileError> {
     let name = || path.display().to_string();
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| StoreFileError::Directory {
@@ -134,10 +182,21 @@ pub fn open_with(path: &Path, integrity: Integrity) -> Result<Database, StoreFil
             source,
         },
     };
+    // The repair redb runs at open after an unclean stop reports its
+    // progress: 0.3 only where the last commit's pages did not verify and
+    // it falls back to the commit before (a repair whose last commit
+    // verifies goes from 0.0 to 0.6).
+    let fell_back = Arc::new(AtomicBool::new(false));
+    let noted = fell_back.clone();
     // redb panics on some damaged pages instead of returning an error.
     let opened = quietly(|| {
         let mut db = redb::Builder::new()
             .set_cache_size(CACHE_BYTES)
+            .set_repair_callback(move |session| {
+                if session.progress() > 0.0 && session.progress() < 0.5 {
+                    noted.store(true, Ordering::Relaxed);
+                }
+            })
             .create(path)?;
         let intact = !existed || integrity == Integrity::Trust || db.check_integrity()?;
         Ok((db, intact))
@@ -146,13 +205,14 @@ pub fn open_with(path: &Path, integrity: Integrity) -> Result<Database, StoreFil
         Ok(result) => result.map_err(database)?,
         Err(panic) => return Err(damaged(path, panic.as_ref())),
     };
-    if !intact {
+    let rolled_back = !intact || fell_back.load(Ordering::Relaxed);
+    if rolled_back {
         warn!(
             path = %path.display(),
             "Damaged pages were found and the file was rolled back to its last intact commit."
         );
     }
-    Ok(db)
+    Ok(Opened { db, rolled_back })
 }
 
 /// Runs `read`, a first read of the file at `path` just opened (counting
@@ -254,7 +314,7 @@ mod tests {
         std::fs::write(&path, b"").unwrap();
         let error = open(&path).unwrap_err();
         assert!(matches!(error, StoreFileError::Empty { .. }), "{error}");
-        assert!(error.to_string().contains("Move it aside"));
+        assert!(error.is_damage(), "{error}");
     }
 
     #[test]
@@ -264,6 +324,7 @@ mod tests {
         std::fs::write(&path, vec![0x5a; 8192]).unwrap();
         let error = open(&path).unwrap_err();
         assert!(matches!(error, StoreFileError::Database { .. }), "{error}");
+        assert!(error.is_damage(), "{error}");
     }
 }
 
@@ -314,7 +375,7 @@ mod damage {
             flip(&path, 1 + 5 * usize::try_from(seed).unwrap(), seed);
             let db = match open(&path) {
                 Ok(db) => db,
-                Err(StoreFileError::Damaged { .. } | StoreFileError::Database { .. }) => {
+                Err(error) if error.is_damage() => {
                     refused += 1;
                     continue;
                 }

@@ -121,6 +121,9 @@ fn health(health: &Health) -> Markup {
                                 (true, false) => { ", " span.bad { "full" } }
                                 (true, true) => {}
                             }
+                            @if spool.quarantined > 0 {
+                                ", " span.bad { (spool.quarantined) " damaged in quarantine" }
+                            }
                         }
                     }
                 }
@@ -334,6 +337,37 @@ mod tests {
         assert!(page.contains("<td class=\"n\">1.5 ms</td>"), "{page}");
         assert!(
             page.starts_with("<!DOCTYPE html><html lang=\"en\">"),
+            "{page}"
+        );
+    }
+
+    #[test]
+    fn damaged_spool_entries_in_quarantine_show_beside_the_spool() {
+        let now = datetime!(2026-12-03 10:00:00 UTC);
+        let page = render(&Status {
+            generated_at: now,
+            health: Health {
+                broker: "down",
+                ledger: "ok".to_owned(),
+                ledger_rebuild: None,
+                schema_registry: "not used",
+                spool: Some(SpoolStats {
+                    entries: 2,
+                    bytes: 900,
+                    has_room: true,
+                    writable: true,
+                    quarantined: 1,
+                }),
+                spool_depth_per_minute: Vec::new(),
+                dead_letters_since_start: 0,
+                failing_topics: Default::default(),
+            },
+            sources: Board::new([]).snapshot(now),
+        });
+        assert!(
+            page.contains(
+                "2 waiting, 900 bytes, <span class=\"bad\">1 damaged in quarantine</span>"
+            ),
             "{page}"
         );
     }

@@ -11,8 +11,15 @@
 //! through table handles kept from its last checkpoint. Leases and entity
 //! locks live in memory: they only need to outlive a request, and a crash
 //! must not leave a delivery blocked.
+//!
+//! The file is a cache of the topics, so a damaged one (empty, damaged
+//! pages, not a database) does not stop start-up: it is set aside for a
+//! look and a new file opened, which has no offsets, so the rebuild reads
+//! every partition from its beginning before the gate lets a delivery be
+//! decided.
 
 mod checkpoint;
+mod opening;
 mod store;
 mod tables;
 #[cfg(test)]
@@ -37,7 +44,7 @@ use super::{
 use crate::domain::event::DeliveryKey;
 use checkpoint::{Ask, Health, Seen, checkpoint_loop};
 use store::Store;
-use tables::{CHECKPOINTS, DONE, ENTITIES, unix_now};
+use tables::{DONE, unix_now};
 
 /// How often memory's writes are made durable when the config says nothing.
 pub const DEFAULT_CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
@@ -88,11 +95,13 @@ impl EmbeddedLedger {
     }
 
     /// Opens (or creates) the ledger file and starts its checkpoint thread,
-    /// which checkpoints every `checkpoint_every`.
+    /// which checkpoints every `checkpoint_every`. A damaged file is set
+    /// aside (`<path>.damaged-<unix seconds>`) and a new one opened.
     ///
     /// # Errors
-    /// [`LedgerError::Open`] when the file cannot be opened, e.g. because
-    /// another posbridge process holds it.
+    /// [`LedgerError::File`] when the file cannot be opened for a reason
+    /// other than damage, e.g. because another posbridge process holds it;
+    /// [`LedgerError::Open`] when a damaged file cannot be set aside.
     pub fn open_with(
         path: &Path,
         dedup_ttl: Duration,
@@ -103,7 +112,7 @@ impl EmbeddedLedger {
             path: path.display().to_string(),
             source: e,
         };
-        let store = Arc::new(Store::open(path)?);
+        let store = Arc::new(opening::open_or_set_aside(path)?);
         let placements = Arc::new(Placements::default());
         let seen = Arc::new(Seen::default());
         let health = Arc::new(Health::default());
@@ -185,33 +194,6 @@ impl EmbeddedLedger {
             let _ = self.asks.send(Ask::Soon);
         }
         Ok(())
-    }
-
-    /// How many done ids, entity states and checkpoints the file holds; for
-    /// `posbridge ledger check`, which has already had the file checked by opening it.
-    ///
-    /// # Errors
-    /// [`LedgerError::Embedded`] when a table cannot be read.
-    pub fn counts(&self) -> Result<LedgerCounts, LedgerError> {
-        use redb::ReadableTableMetadata;
-        let txn = self.store.get()?.db.begin_read().map_err(storage)?;
-        Ok(LedgerCounts {
-            done_deliveries: txn
-                .open_table(DONE)
-                .map_err(storage)?
-                .len()
-                .map_err(storage)?,
-            entities: txn
-                .open_table(ENTITIES)
-                .map_err(storage)?
-                .len()
-                .map_err(storage)?,
-            checkpoints: txn
-                .open_table(CHECKPOINTS)
-                .map_err(storage)?
-                .len()
-                .map_err(storage)?,
-        })
     }
 
     fn is_done(&self, delivery: &DeliveryKey) -> Result<bool, LedgerError> {

@@ -14,6 +14,10 @@
 //! is cleared; the entries behind it drain meanwhile. While no broker
 //! answers, nothing counts as an attempt.
 //!
+//! An entry whose bytes do not match their checksum never reaches a lane:
+//! the spool's read moves it to its quarantine (`adapters/spool/quarantine.rs`)
+//! and gives back the entries after it, so the drain goes on.
+//!
 //! It runs inside `serve` from start-up, so a spool left by a crash is
 //! drained as soon as the broker answers. A replayed delivery whose id the
 //! ledger already knows as done (published just before a crash) is a
@@ -399,122 +403,4 @@ fn about_the_entry(error: &PipelineError) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_ledger_that_cannot_answer_sets_no_spooled_entry_aside() {
-        use crate::adapters::ledger::LedgerError;
-        assert!(!about_the_entry(&PipelineError::Ledger(
-            LedgerError::Closed
-        )));
-        assert!(!about_the_entry(&PipelineError::Ledger(
-            LedgerError::Unwritable {
-                reason: "OOM command not allowed".into()
-            }
-        )));
-        assert!(about_the_entry(&PipelineError::DeliveryIdMismatch));
-    }
-    use crate::adapters::spool::SpooledDelivery;
-    use crate::domain::event::{ProviderKind, Source};
-
-    #[test]
-    fn passes_the_spool_stops_wait_twice_as_long_each_time_up_to_the_cap() {
-        let mut stops = SpoolStops::default();
-        assert!(stops.may_pass());
-        let error = SpoolError::Unwritable {
-            reason: "No space left on device".into(),
-        };
-        for attempt in 0..12 {
-            let before = Instant::now();
-            stops.stopped(&error);
-            let wait = stops.next_pass.unwrap() - before;
-            let base = (IDLE * 2u32.pow(attempt)).min(SPOOL_BACKOFF_MAX / 2);
-            assert!(
-                wait >= base && wait <= base * 2 + Duration::from_millis(50),
-                "attempt {attempt}: waited {wait:?}, base {base:?}"
-            );
-            assert!(!stops.may_pass());
-        }
-        stops.healed();
-        assert!(stops.may_pass(), "a healed spool is drained at once");
-        stops.stopped(&error);
-        stops.passed();
-        stops.stopped(&error);
-        let wait = stops.next_pass.unwrap() - Instant::now();
-        assert!(
-            wait <= IDLE * 2,
-            "a pass that worked starts the back-off over: {wait:?}"
-        );
-    }
-
-    /// Spools one Mekari delivery per id, each a newer state of order
-    /// `O-1` than the one before.
-    async fn spool_orders(spool: &Spool, ids: &[&str]) {
-        for (minute, id) in ids.iter().enumerate() {
-            let body = format!(
-                r#"{{"id":"{id}","event":"order.updated","occurred_at":"2026-11-29T10:{minute:02}:00Z","data":{{"id":"O-1"}}}}"#
-            );
-            spool
-                .append(&SpooledDelivery {
-                    key: crate::domain::event::DeliveryKey::new(ProviderKind::Mekari, id),
-                    source: Source {
-                        provider: ProviderKind::Mekari,
-                        name: "main".into(),
-                        account: None,
-                    },
-                    delivery_id: (*id).into(),
-                    received_at: OffsetDateTime::now_utc(),
-                    body: bytes::Bytes::from(body),
-                })
-                .await
-                .unwrap();
-        }
-    }
-
-    /// Without a broker a pass stops at the first entry and keeps it (and
-    /// everything after it) for the next pass.
-    #[tokio::test]
-    async fn what_kafka_cannot_take_stays_in_the_spool() {
-        let dir = tempfile::tempdir().unwrap();
-        let (pipeline, broker) =
-            Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100)).await;
-        broker.go_down();
-        let spool = pipeline.spool().unwrap().clone();
-        spool_orders(&spool, &["k-1", "k-2"]).await;
-        let drainer = Drainer::new(pipeline, spool.clone());
-        let error = drainer.drain_all().await.unwrap_err();
-        assert!(matches!(error, DrainError::Pipeline(_)), "{error}");
-        assert_eq!(spool.stats().entries, 2);
-        assert_eq!(spool.delivery_ids(), ["k-1", "k-2"], "kept, in order");
-    }
-
-    /// With a broker that takes them, a pass publishes every entry once, an
-    /// entity's in the order spooled, and empties the spool.
-    #[tokio::test]
-    async fn a_pass_publishes_the_spool_in_order_and_empties_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let (pipeline, broker) =
-            Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100)).await;
-        let spool = pipeline.spool().unwrap().clone();
-        spool_orders(&spool, &["k-1", "k-2", "k-3"]).await;
-        let drainer = Drainer::new(pipeline, spool.clone());
-        drainer.drain_all().await.unwrap();
-        assert_eq!(spool.stats().entries, 0);
-        let ids: Vec<String> = broker
-            .taken()
-            .iter()
-            .map(|record| {
-                let (_, id) = record
-                    .headers
-                    .iter()
-                    .find(|(name, _)| *name == crate::services::pipeline::HEADER_DELIVERY_ID)
-                    .unwrap();
-                format!("{}/{id}", record.key)
-            })
-            .collect();
-        assert_eq!(ids, ["mekari:O-1/k-1", "mekari:O-1/k-2", "mekari:O-1/k-3"]);
-        assert_eq!(drainer.drain_all().await.unwrap().entries, 0);
-        assert_eq!(broker.taken().len(), 3, "nothing twice");
-    }
-}
+mod tests;
