@@ -26,13 +26,13 @@
 
 #[cfg(test)]
 mod fuzz;
-#[cfg(test)]
-mod sim;
 mod intake;
 mod lease;
 mod outcome;
 mod record;
 mod redeliver;
+#[cfg(test)]
+mod sim;
 mod tasks;
 #[cfg(test)]
 mod tests;

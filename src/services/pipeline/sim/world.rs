@@ -167,7 +167,10 @@ impl World {
         tokio::time::sleep(Duration::from_secs(60)).await;
         let record = std::mem::take(&mut *noted(&self.record));
         Ended {
-            events: events.into_iter().map(|(id, (event, _))| (id, event)).collect(),
+            events: events
+                .into_iter()
+                .map(|(id, (event, _))| (id, event))
+                .collect(),
             answers: record.answers,
             log: self.broker.taken(),
             lost_acks: record.lost_acks,
@@ -310,8 +313,10 @@ async fn send(
         if last {
             return;
         }
-        tokio::time::sleep(Duration::from_secs(waits[attempt]) + Duration::from_millis(jitter[attempt]))
-            .await;
+        tokio::time::sleep(
+            Duration::from_secs(waits[attempt]) + Duration::from_millis(jitter[attempt]),
+        )
+        .await;
     }
 }
 
