@@ -131,6 +131,49 @@ async fn an_older_event_after_a_newer_one_writes_nothing_and_the_newest_stays_la
     assert_eq!(ids, ["d-b", "d-c"]);
 }
 
+/// A record whose acknowledgement is lost may be in the topic: its state is
+/// kept in doubt, so an older event of its entity is stale instead of
+/// landing after it, and the delivery's retry publishes it again (one more
+/// copy at most). Found by the simulation (seed 10).
+#[tokio::test]
+async fn a_record_in_doubt_holds_back_older_events_and_its_retry_publishes_it_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pipeline, broker) = taking(dir.path(), Duration::from_millis(100)).await;
+    let mut faults = vec![crate::adapters::publish::Fault::LoseAck];
+    broker.plan(move |_| {
+        faults
+            .pop()
+            .unwrap_or(crate::adapters::publish::Fault::Take)
+    });
+    let newer = delivery("d-new", "d-new", "2026-11-29T11:30:00Z");
+    let error = pipeline.deliver(newer.clone()).await.unwrap_err();
+    assert!(error.is_retryable(), "{error}");
+    let older = pipeline
+        .deliver(delivery("d-old", "d-old", "2026-11-29T11:00:00Z"))
+        .await
+        .unwrap();
+    assert_eq!(
+        older.outcome,
+        Outcome::Stale,
+        "nothing lands after the record in doubt"
+    );
+    assert_eq!(
+        pipeline.deliver(newer.clone()).await.unwrap().outcome,
+        Outcome::Published,
+        "the retry writes the state in doubt again"
+    );
+    assert_eq!(
+        pipeline.deliver(newer).await.unwrap().outcome,
+        Outcome::Duplicate
+    );
+    let ids: Vec<_> = broker
+        .taken()
+        .iter()
+        .map(|record| header(record, HEADER_DELIVERY_ID).to_owned())
+        .collect();
+    assert_eq!(ids, ["d-new", "d-new"]);
+}
+
 /// Events of one entity arriving together, in any order, are written one at
 /// a time under the entity's lock: the records' versions only ever rise, so
 /// the newest is the last and no older state follows a newer one.
