@@ -47,6 +47,15 @@ fn header<'r>(record: &'r OutgoingRecord, name: &str) -> &'r str {
         .map_or("", |(_, value)| value.as_str())
 }
 
+/// The delivery id of every record the broker took, in order.
+fn delivery_ids(broker: &FakeBroker) -> Vec<String> {
+    broker
+        .taken()
+        .iter()
+        .map(|record| header(record, HEADER_DELIVERY_ID).to_owned())
+        .collect()
+}
+
 /// The order's state in the ledger.
 async fn order_state(pipeline: &Pipeline) -> Option<EntityState> {
     let slot = EntitySlot::new(
@@ -123,11 +132,7 @@ async fn an_older_event_after_a_newer_one_writes_nothing_and_the_newest_stays_la
         let handled = pipeline.deliver(delivery(id, id, at)).await.unwrap();
         assert_eq!(handled.outcome, outcome, "{id}");
     }
-    let ids: Vec<_> = broker
-        .taken()
-        .iter()
-        .map(|record| header(record, HEADER_DELIVERY_ID).to_owned())
-        .collect();
+    let ids = delivery_ids(&broker);
     assert_eq!(ids, ["d-b", "d-c"]);
 }
 
@@ -166,11 +171,7 @@ async fn a_record_in_doubt_holds_back_older_events_and_its_retry_publishes_it_ag
         pipeline.deliver(newer).await.unwrap().outcome,
         Outcome::Duplicate
     );
-    let ids: Vec<_> = broker
-        .taken()
-        .iter()
-        .map(|record| header(record, HEADER_DELIVERY_ID).to_owned())
-        .collect();
+    let ids = delivery_ids(&broker);
     assert_eq!(ids, ["d-new", "d-new"]);
 }
 
