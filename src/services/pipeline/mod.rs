@@ -194,6 +194,16 @@ impl Pipeline {
         dir: &std::path::Path,
         inflight_wait: Duration,
     ) -> (Pipeline, Arc<FakeBroker>) {
+        Self::on_fake_broker_spooling(dir, inflight_wait, 3).await
+    }
+
+    /// [`Pipeline::on_fake_broker`] with a spool of `spool_entries`.
+    #[cfg(test)]
+    pub(crate) async fn on_fake_broker_spooling(
+        dir: &std::path::Path,
+        inflight_wait: Duration,
+        spool_entries: u64,
+    ) -> (Pipeline, Arc<FakeBroker>) {
         use crate::config::{KafkaConfig, LedgerConfig, RegistryConfig};
         let ledger = LedgerConfig {
             path: dir.join("ledger.redb"),
@@ -217,7 +227,7 @@ impl Pipeline {
                     Spool::open(&crate::config::SpoolConfig {
                         path: dir.join("spool.redb"),
                         max_bytes: 1 << 20,
-                        max_entries: 3,
+                        max_entries: spool_entries,
                     })
                     .expect("a fresh spool file opens"),
                 ),

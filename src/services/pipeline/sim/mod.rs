@@ -72,7 +72,16 @@ pub(super) fn run(seed: u64) -> Result<Vec<String>, (Vec<String>, Vec<String>)> 
         .build()
         .expect("a current-thread runtime builds");
     runtime.block_on(async {
-        let dir = tempfile::tempdir().expect("a temporary directory");
+        // The ledger's and the spool's files: in memory where the machine
+        // has a tmpfs (their fsyncs cost nothing there; what is durable is
+        // the same), else in the temporary directory.
+        let shm = std::path::Path::new("/dev/shm");
+        let dir = if shm.is_dir() {
+            tempfile::tempdir_in(shm)
+        } else {
+            tempfile::tempdir()
+        }
+        .expect("a temporary directory");
         let world = World::new(seed, dir.path()).await;
         let ended = world.run().await;
         let violations = check::violations(&ended);
@@ -113,12 +122,15 @@ fn every_guarantee_holds_over_the_seed_budget() {
     );
 }
 
-/// Found by the simulation (seed 10): a record whose acknowledgement was
-/// lost (in the topic, unknown to the ledger) let an older event of its
-/// key pass the guard and land after it. The state is now kept in doubt.
+/// Found by the simulation: a record whose acknowledgement was lost (in
+/// the topic, unknown to the ledger) let an older event of its key pass the
+/// guard and land after it. The state is now kept in doubt. Seed 6 of this
+/// world is the first the old behaviour fails (seed 10 was, before the
+/// spool joined the world: a change to what a world draws renumbers its
+/// seeds, and this one is found again by putting the old behaviour back).
 #[test]
-fn seed_10_an_older_event_does_not_land_after_a_record_in_doubt() {
-    if let Err((violations, steps)) = run(10) {
+fn seed_6_an_older_event_does_not_land_after_a_record_in_doubt() {
+    if let Err((violations, steps)) = run(6) {
         panic!("{}\n{}", violations.join("\n"), steps.join("\n"));
     }
 }

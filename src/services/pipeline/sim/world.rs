@@ -19,6 +19,7 @@ use crate::config::Secrets;
 use crate::domain::event::{EntityType, ProviderKind, Source};
 use crate::domain::verify::{SchemeName, Verifier, sign};
 use crate::observe::traces::DeliveryTrace;
+use crate::services::drain::Drainer;
 use crate::services::pipeline::{Delivery, Outcome, Pipeline};
 
 const SECRET: &str = "simulation-secret";
@@ -86,6 +87,10 @@ pub(super) struct Ended {
     pub(super) lost_acks: BTreeMap<String, u32>,
     /// When the broker's faults ended, from the world's start.
     pub(super) faults_end: Duration,
+    /// Whether ReceiptRoller's source spools (`on_broker_unavailable = "spool"`).
+    pub(super) spools: bool,
+    /// Deliveries the spool still held at the end.
+    pub(super) spooled_at_end: usize,
     /// The schedule, step by step.
     pub(super) steps: Vec<String>,
 }
@@ -99,6 +104,7 @@ pub(super) struct World {
     record: Arc<Mutex<Record>>,
     started: Instant,
     faults: (Duration, Duration),
+    spools: bool,
 }
 
 /// What the world notes as it runs.
@@ -117,9 +123,10 @@ impl World {
     /// The world of `seed`, its ledger and spool files in `dir`.
     pub(super) async fn new(seed: u64, dir: &std::path::Path) -> World {
         let mut rng = StdRng::seed_from_u64(seed);
-        let (pipeline, broker) = Pipeline::on_fake_broker(dir, INFLIGHT_WAIT).await;
+        let (pipeline, broker) = Pipeline::on_fake_broker_spooling(dir, INFLIGHT_WAIT, 1_000).await;
         let start = Duration::from_millis(rng.random_range(0..120_000));
         let length = Duration::from_millis(rng.random_range(0..900_000));
+        let spools = rng.random_bool(0.5);
         World {
             rng,
             pipeline,
@@ -127,6 +134,7 @@ impl World {
             record: Arc::default(),
             started: Instant::now(),
             faults: (start, start + length),
+            spools,
         }
     }
 
@@ -135,6 +143,24 @@ impl World {
     pub(super) async fn run(mut self) -> Ended {
         self.plan_faults();
         let events = self.events();
+        let spool = self
+            .pipeline
+            .spool()
+            .expect("the fake broker's pipeline spools")
+            .clone();
+        let draining = tokio_util::sync::CancellationToken::new();
+        // Only a world whose source spools needs its drainer (it looks
+        // four times a second of virtual time, hours of it).
+        let drainer = self.spools.then(|| {
+            tokio::spawn(Drainer::new(self.pipeline.clone(), spool.clone()).run(draining.clone()))
+        });
+        if self.spools {
+            record_step(
+                &self.record,
+                Duration::ZERO,
+                "ReceiptRoller spools".to_owned(),
+            );
+        }
         let mut senders = Vec::new();
         for (delivery, (event, body)) in &events {
             let first = Duration::from_millis(self.rng.random_range(0..60_000));
@@ -146,12 +172,13 @@ impl World {
                     .map(|_| self.rng.random_range(0..5_000))
                     .collect();
                 let offset = Duration::from_millis(copy * self.rng.random_range(0..500));
+                let spools = self.spools && event.provider == ProviderKind::ReceiptRoller;
                 senders.push(tokio::spawn(send(
                     self.pipeline.clone(),
                     self.broker.clone(),
                     self.record.clone(),
                     self.started,
-                    Arc::new(source(event.provider)),
+                    (Arc::new(source(event.provider)), spools),
                     delivery.clone(),
                     body.clone(),
                     first + offset,
@@ -163,8 +190,19 @@ impl World {
             sender.await.expect("a provider's task does not panic");
         }
         // Records still in the producer when their answer was cut are
-        // committed by their own tasks: let them end.
-        tokio::time::sleep(Duration::from_secs(60)).await;
+        // committed by their own tasks, and the drainer empties the spool
+        // once the faults ended: let them end.
+        let deadline = self.started + self.faults.1 + Duration::from_secs(3600);
+        loop {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            if spool.stats().entries == 0 || Instant::now() > deadline {
+                break;
+            }
+        }
+        draining.cancel();
+        if let Some(drainer) = drainer {
+            drainer.await.expect("the drainer does not panic");
+        }
         let record = std::mem::take(&mut *noted(&self.record));
         Ended {
             events: events
@@ -175,6 +213,8 @@ impl World {
             log: self.broker.taken(),
             lost_acks: record.lost_acks,
             faults_end: self.faults.1,
+            spools: self.spools,
+            spooled_at_end: usize::try_from(spool.stats().entries).unwrap_or(usize::MAX),
             steps: record.steps,
         }
     }
@@ -268,7 +308,7 @@ async fn send(
     broker: Arc<FakeBroker>,
     noted: Arc<Mutex<Record>>,
     started: Instant,
-    source: Arc<Source>,
+    (source, spools): (Arc<Source>, bool),
     delivery_id: String,
     body: Vec<u8>,
     first: Duration,
@@ -280,7 +320,7 @@ async fn send(
         let at = started.elapsed();
         let sent = Instant::now();
         let answered = pipeline
-            .deliver(signed(source.clone(), &delivery_id, body.clone()))
+            .deliver(signed(source.clone(), &delivery_id, body.clone(), spools))
             .await;
         let took = sent.elapsed();
         let outcome = match answered {
@@ -329,7 +369,7 @@ fn source(provider: ProviderKind) -> Source {
 }
 
 /// `body` from `source` as the ingress hands it on: verified.
-fn signed(source: Arc<Source>, delivery_id: &str, body: Vec<u8>) -> Delivery {
+fn signed(source: Arc<Source>, delivery_id: &str, body: Vec<u8>, spools: bool) -> Delivery {
     let secrets: Secrets = serde_json::from_value(json!([SECRET])).expect("one secret");
     let verifier = Verifier::new(SchemeName::Hex, "x-sig", &secrets.0, 300).expect("a verifier");
     let mut headers = HeaderMap::new();
@@ -348,7 +388,7 @@ fn signed(source: Arc<Source>, delivery_id: &str, body: Vec<u8>) -> Delivery {
         // After every event time: none lies ahead of its arrival.
         received_at: datetime!(2026-11-29 12:00 UTC),
         arrived: Instant::now(),
-        spools: false,
+        spools,
         trace: DeliveryTrace::default(),
     }
 }
