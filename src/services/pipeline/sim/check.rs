@@ -4,22 +4,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::world::{Ended, entity_type};
-use crate::adapters::publish::{OutgoingRecord, Topics};
+use super::world::{Ended, delivery_of, entity_type};
+use crate::adapters::publish::Topics;
 use crate::config::KafkaConfig;
-use crate::services::pipeline::{HEADER_DELIVERY_ID, Outcome};
+use crate::services::pipeline::Outcome;
 
 /// The providers give up on an answer after this long.
 const ANSWER_LIMIT: Duration = Duration::from_secs(10);
-
-/// A record's delivery id header.
-pub(super) fn delivery_of(record: &OutgoingRecord) -> Option<String> {
-    record
-        .headers
-        .iter()
-        .find(|(name, _)| *name == HEADER_DELIVERY_ID)
-        .map(|(_, value)| value.clone())
-}
 
 /// Every guarantee the world broke, in words.
 pub(super) fn violations(ended: &Ended) -> Vec<String> {

@@ -20,7 +20,7 @@ use crate::domain::event::{EntityType, ProviderKind, Source};
 use crate::domain::verify::{SchemeName, Verifier, sign};
 use crate::observe::traces::DeliveryTrace;
 use crate::services::drain::Drainer;
-use crate::services::pipeline::{Delivery, Outcome, Pipeline};
+use crate::services::pipeline::{Delivery, HEADER_DELIVERY_ID, Outcome, Pipeline};
 
 const SECRET: &str = "simulation-secret";
 
@@ -247,7 +247,7 @@ impl World {
             } else {
                 Fault::Take
             };
-            let delivery = super::check::delivery_of(sent).unwrap_or_default();
+            let delivery = delivery_of(sent).unwrap_or_default();
             let mut noted = noted(&record);
             if fault == Fault::LoseAck {
                 *noted.lost_acks.entry(delivery.clone()).or_default() += 1;
@@ -428,4 +428,13 @@ pub(super) fn entity_type(provider: ProviderKind) -> EntityType {
         ProviderKind::Mekari => EntityType::Order,
         ProviderKind::ReceiptRoller => EntityType::Sale,
     }
+}
+
+/// A record's delivery id header.
+pub(super) fn delivery_of(record: &OutgoingRecord) -> Option<String> {
+    record
+        .headers
+        .iter()
+        .find(|(name, _)| *name == HEADER_DELIVERY_ID)
+        .map(|(_, value)| value.clone())
 }
