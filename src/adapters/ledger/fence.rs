@@ -310,6 +310,10 @@ impl<L: Ledger> Ledger for Fenced<L> {
         self.inner.forget_topics().await
     }
 
+    async fn kept_writes(&self) -> Result<(), LedgerError> {
+        self.inner.kept_writes().await
+    }
+
     /// The store's own check. On Redis it writes, as `begin` does, so a
     /// store that took writes again is seen at the next `/readyz` even
     /// while no delivery arrives; on the embedded store both only read.
@@ -378,6 +382,9 @@ mod tests {
         }
         async fn forget_topics(&self) -> Result<(), LedgerError> {
             self.ledger.forget_topics().await
+        }
+        async fn kept_writes(&self) -> Result<(), LedgerError> {
+            self.ledger.kept_writes().await
         }
         async fn check(&self) -> Result<(), LedgerError> {
             self.ledger.check().await

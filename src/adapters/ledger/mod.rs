@@ -114,6 +114,17 @@ pub enum LedgerError {
     /// The store lost its keys (its generation mark is gone).
     #[error("the ledger lost its keys; it is being rebuilt from the topics")]
     Lost,
+    /// The store may have lost its last writes though it kept its keys: the
+    /// Redis it talks to is another (restarted from a snapshot, a replica
+    /// promoted), or cannot be told from another (a reconnect). What it
+    /// lost is in the topics after its offsets: they are read again.
+    #[error(
+        "the ledger may have lost its last writes ({why}); the topics are read from its offsets"
+    )]
+    Changed {
+        /// What changed, in words.
+        why: String,
+    },
     /// The ledger is shut down.
     #[error("ledger is closed")]
     Closed,
@@ -166,13 +177,14 @@ async fn open_store(
             Duration::from_millis(config.checkpoint_interval_ms),
         )?)),
         LedgerBackend::Redis => Arc::new(Fenced::new(
-            RedisLedger::connect(
+            RedisLedger::connect_with(
                 &config.redis_url,
                 &config.redis_prefix,
                 dedup_ttl,
                 lease,
                 config.redis_ca_file.as_deref(),
                 config.redis_allow_eviction,
+                Duration::from_millis(config.checkpoint_interval_ms),
             )
             .await?,
         )),
@@ -383,6 +395,15 @@ pub trait Ledger: Send + Sync + 'static {
     /// # Errors
     /// [`LedgerError`] when the store cannot be written.
     async fn forget_topics(&self) -> Result<(), LedgerError>;
+
+    /// Whether the store still holds every write made to it since it was
+    /// last filled, asked every second by the rebuild and before a decision
+    /// after a reconnect: [`LedgerError::Lost`] when it lost its keys,
+    /// [`LedgerError::Changed`] when it may have lost only its last writes.
+    ///
+    /// # Errors
+    /// As said, or [`LedgerError`] when the store cannot be asked.
+    async fn kept_writes(&self) -> Result<(), LedgerError>;
 
     /// Whether the store is open and answering, for `/readyz`.
     ///

@@ -116,3 +116,26 @@ return 0
 ",
     )
 });
+
+/// A replica's checkpoint: its offsets, stamped with the server's time, in
+/// the hash of every replica's (one field each); the entries of replicas
+/// that wrote none for `gone after` ms are dropped (they stopped); the
+/// topics seen, when given. KEYS: the offsets hash, the topics key (one
+/// slot). ARGV: the replica's id, its offsets, gone after ms, the topics or
+/// nothing.
+pub(super) static CHECKPOINT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', now) .. ' ' .. ARGV[2])
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local at = tonumber(string.match(all[i + 1], '^(%d+) '))
+  if (not at) or at < now - tonumber(ARGV[3]) then redis.call('HDEL', KEYS[1], all[i]) end
+end
+if ARGV[4] ~= '' then redis.call('SET', KEYS[2], ARGV[4]) end
+return 1
+",
+    )
+});
