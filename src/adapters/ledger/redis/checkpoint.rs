@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 
 use super::connection::Counted;
+use super::generation::Watch;
 use super::scripts::CHECKPOINT;
 use crate::adapters::ledger::placements::{Offsets, Placed, Placements};
 use crate::adapters::ledger::{LedgerError, TopicsSeen};
@@ -145,9 +146,20 @@ impl Checkpoints {
     }
 
     /// One checkpoint: look at the others' offsets, seal the epoch, wait
-    /// briefly for its sends, then write what is safe.
-    pub(super) async fn take(&self, conn: &Counted) -> Result<(), LedgerError> {
+    /// briefly for its sends, then write what is safe, on the server the
+    /// last fill read against only: a server that replaced it (restarted
+    /// from a snapshot, promoted) does not hold the states below these
+    /// offsets until a fill has read the topics into it.
+    pub(super) async fn take(&self, conn: &Counted, watch: &Watch) -> Result<(), LedgerError> {
         let mut written = self.written.lock().await;
+        let (generation, suspect) = watch.accepted(conn);
+        let (run_ids, replids) = match &generation {
+            Some(generation) => generation.ids(),
+            // A server that refuses INFO cannot be told from another after
+            // a reconnect: nothing is written until a fill.
+            None if suspect => return Ok(()),
+            None => (String::new(), String::new()),
+        };
         let others = highest(self.entries(conn).await?);
         let placements = &self.placements;
         let sealed = placements.seal();
@@ -176,15 +188,21 @@ impl Checkpoints {
             Some(topics) => serde_json::to_string(topics).unwrap_or_default(),
             None => String::new(),
         };
-        let _: i32 = CHECKPOINT
+        let taken: i32 = CHECKPOINT
             .key(&self.offsets_key)
             .key(&self.topics_key)
             .arg(&self.replica)
             .arg(encode(&offsets))
             .arg(u64::try_from(GONE_AFTER.as_millis()).unwrap_or(u64::MAX))
             .arg(topics_json)
+            .arg(run_ids)
+            .arg(replids)
             .invoke_async(&mut conn.clone())
             .await?;
+        if taken == 0 {
+            // Another server: the fill that reads against it comes first.
+            return Ok(());
+        }
         written.offsets = offsets;
         if topics.is_some() {
             written.topics = topics;
@@ -197,6 +215,7 @@ impl Checkpoints {
     pub(super) async fn run(
         self: Arc<Self>,
         conn: Counted,
+        watch: Arc<Watch>,
         every: Duration,
         stop: tokio_util::sync::CancellationToken,
     ) {
@@ -205,7 +224,7 @@ impl Checkpoints {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(every) => {}
             }
-            let outcome = self.take(&conn).await;
+            let outcome = self.take(&conn, &watch).await;
             let mut failing = self.failing.lock().unwrap_or_else(PoisonError::into_inner);
             match (&outcome, *failing) {
                 (Err(error), false) => tracing::warn!(

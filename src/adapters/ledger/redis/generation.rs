@@ -137,6 +137,15 @@ fn join(ids: &BTreeSet<String>) -> String {
     ids.iter().cloned().collect::<Vec<_>>().join(",")
 }
 
+impl Generation {
+    /// The run ids and the replication ids, each space-separated, as the
+    /// checkpoint script takes them.
+    pub(super) fn ids(&self) -> (String, String) {
+        let spaced = |ids: &BTreeSet<String>| ids.iter().cloned().collect::<Vec<_>>().join(" ");
+        (spaced(&self.run_ids), spaced(&self.replids))
+    }
+}
+
 /// What the ledger knows of the generation: the one its last fill read the
 /// topics against, and the one the fill running now began on.
 #[derive(Debug, Default)]
@@ -174,6 +183,14 @@ impl Watch {
             known.filled = generation;
             known.drops = drops;
         }
+    }
+
+    /// The generation the last fill read against (`None` when `INFO` was
+    /// refused), and whether the connection failed since it was last known
+    /// unchanged: what a checkpoint may be written on.
+    pub(super) fn accepted(&self, conn: &Counted) -> (Option<Generation>, bool) {
+        let known = self.known();
+        (known.filled.clone(), known.drops != conn.drops())
     }
 
     /// Whether the connection failed since the generation was last known

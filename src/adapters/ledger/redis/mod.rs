@@ -203,12 +203,14 @@ impl RedisLedger {
             None => {}
         }
         let checkpoints = Arc::new(Checkpoints::new(prefix));
+        let watch = Arc::new(Watch::default());
         let stop = tokio_util::sync::CancellationToken::new();
-        tokio::spawn(
-            checkpoints
-                .clone()
-                .run(conn.clone(), checkpoint_every, stop.clone()),
-        );
+        tokio::spawn(checkpoints.clone().run(
+            conn.clone(),
+            watch.clone(),
+            checkpoint_every,
+            stop.clone(),
+        ));
         let ledger = RedisLedger {
             conn,
             prefix: prefix.to_owned(),
@@ -217,10 +219,20 @@ impl RedisLedger {
             allow_eviction,
             policy: Arc::new(Mutex::new((Instant::now(), found))),
             checkpoints,
-            watch: Arc::default(),
+            watch,
             _stop: Arc::new(stop.drop_guard()),
         };
         ledger.check().await.map_err(|e| open_error(Box::new(e)))?;
+        // The server found at connect is the one decisions are made on
+        // until a fill reads against another: the rebuild's first fill
+        // comes before any (the gate is closed), and a ledger used without
+        // one (a test, a tool) is still told when the server changes.
+        ledger
+            .watch
+            .fill_begins(&ledger.conn)
+            .await
+            .map_err(|e| open_error(Box::new(e)))?;
+        ledger.watch.fill_ended();
         Ok(ledger)
     }
 
@@ -437,7 +449,7 @@ impl Ledger for RedisLedger {
     /// This replica's offsets, written now (shutdown, and the end of a
     /// fill).
     async fn persist(&self) -> Result<(), LedgerError> {
-        self.checkpoints.take(&self.conn).await
+        self.checkpoints.take(&self.conn, &self.watch).await
     }
 
     /// `None` without the generation mark: the keys are lost (or were never
