@@ -385,4 +385,26 @@ mod tests {
             .await
             .expect("the rebuild task is woken");
     }
+
+    /// A Redis restarted while a fill read the topics: that fill does not
+    /// open the gate, the next one (begun after) does.
+    #[test]
+    fn a_fill_begun_before_the_last_loss_does_not_open_the_gate() {
+        let gate = Gate::closed();
+        let losses = gate.losses();
+        gate.begin(1, 10);
+        gate.found_lost(&LedgerError::Changed {
+            why: "Redis restarted".to_owned(),
+        });
+        assert!(!gate.end_filled(losses));
+        assert!(!gate.is_open());
+        let losses = gate.losses();
+        gate.begin(1, 10);
+        gate.restarted();
+        assert!(gate.end_filled(losses));
+        assert!(gate.is_open());
+        let progress = gate.snapshot();
+        assert!(!progress.running);
+        assert_eq!(progress.restarted, 1);
+    }
 }

@@ -74,8 +74,10 @@ const WATCH_EVERY: Duration = Duration::from_secs(1);
 const FILL_TOKEN: &str = "posbridge:fill-token";
 
 /// Commits after which a fill looks whether what it wrote is still there,
-/// so a store flushed early in a long fill starts it again early.
+/// so a store flushed early in a long fill starts it again early. A
+/// divisor of [`PERSIST_EVERY`].
 const PROOF_EVERY: usize = 10_000;
+const _: () = assert!(PERSIST_EVERY.is_multiple_of(PROOF_EVERY));
 
 /// Why the ledger could not be rebuilt; tried again with a growing wait.
 #[derive(Debug, thiserror::Error)]
@@ -467,8 +469,13 @@ impl Rebuild {
             .collect()
     }
 
-    /// Commits what was found, made durable every [`PERSIST_EVERY`], and
-    /// looks whether what was written is still there every [`PROOF_EVERY`].
+    /// Commits what was found in chunks of [`PROOF_EVERY`], looking after
+    /// each whether what was written is still there, and making it durable
+    /// every [`PERSIST_EVERY`]. Between chunks nothing is in flight: a
+    /// Redis command awaited while commits wait unpolled in the stream
+    /// timed out (redis-rs queues requests in a bounded channel whose free
+    /// places go to the waiters in order, and those waiters are not polled
+    /// until the loop goes on).
     async fn write(
         &self,
         found: Found,
@@ -476,30 +483,34 @@ impl Rebuild {
         proof: Proof,
     ) -> Result<(), RebuildError> {
         let store = self.store.as_ref();
-        let mut written = futures::stream::iter(found.into_commits())
-            .map(|commit| async move {
-                if check_held
-                    && let Some((slot, state)) = &commit.entity
-                    && let Some(held) = store.entity(slot).await?
-                    && held.version > state.version
-                {
-                    return Ok(());
-                }
-                store.commit(commit).await
-            })
-            .buffer_unordered(WRITES_IN_FLIGHT);
+        let mut commits = found.into_commits();
         let mut count = 0;
-        while let Some(result) = written.next().await {
-            result?;
-            count += 1;
+        loop {
+            let chunk: Vec<Commit> = commits.by_ref().take(PROOF_EVERY).collect();
+            if chunk.is_empty() {
+                return Ok(());
+            }
+            let mut written = futures::stream::iter(chunk)
+                .map(|commit| async move {
+                    if check_held
+                        && let Some((slot, state)) = &commit.entity
+                        && let Some(held) = store.entity(slot).await?
+                        && held.version > state.version
+                    {
+                        return Ok(());
+                    }
+                    store.commit(commit).await
+                })
+                .buffer_unordered(WRITES_IN_FLIGHT);
+            while let Some(result) = written.next().await {
+                result?;
+                count += 1;
+            }
             if count % PERSIST_EVERY == 0 {
                 store.persist().await?;
             }
-            if count % PROOF_EVERY == 0 {
-                proof.holds(store).await?;
-            }
+            proof.holds(store).await?;
         }
-        Ok(())
     }
 }
 
