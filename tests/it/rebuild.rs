@@ -62,7 +62,7 @@ async fn second_life(config: Config, newer: &Value, older: &Value, letter: (Stri
 /// The status of the answer to what `send` sends, sent again as a
 /// provider would while it is answered 503 (the ledger being filled): each
 /// 503 carries `Retry-After` and a JSON error.
-async fn status(mut send: impl AsyncFnMut() -> reqwest::Response) -> Value {
+pub(crate) async fn status(mut send: impl AsyncFnMut() -> reqwest::Response) -> Value {
     let answered = look_for(Duration::from_secs(30), async || {
         let response = send().await;
         if response.status() == 503 {
