@@ -386,6 +386,22 @@ mod tests {
         async fn kept_writes(&self) -> Result<(), LedgerError> {
             self.ledger.kept_writes().await
         }
+        fn sending(&self) -> crate::adapters::ledger::Sending {
+            self.ledger.sending()
+        }
+        async fn persist(&self) -> Result<(), LedgerError> {
+            self.ledger.persist().await
+        }
+        async fn cached(&self) -> Result<Option<crate::adapters::ledger::Cached>, LedgerError> {
+            self.ledger.cached().await
+        }
+        fn restore(
+            &self,
+            offsets: &crate::adapters::ledger::Offsets,
+            topics: &crate::adapters::ledger::TopicsSeen,
+        ) {
+            self.ledger.restore(offsets, topics);
+        }
         async fn check(&self) -> Result<(), LedgerError> {
             self.ledger.check().await
         }

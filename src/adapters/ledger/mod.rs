@@ -341,20 +341,15 @@ pub trait Ledger: Send + Sync + 'static {
 
     /// Starts a send whose outcome will be committed here: held until the
     /// commit is made, so a checkpoint never records an offset past a
-    /// record whose state it does not hold ([`placements`]). Stores that
-    /// keep no offsets track nothing.
-    fn sending(&self) -> Sending {
-        Sending::untracked()
-    }
+    /// record whose state it does not hold ([`placements`]).
+    fn sending(&self) -> Sending;
 
-    /// Makes every commit so far durable now (shutdown); stores whose
-    /// commits are durable when made have nothing to do.
+    /// Makes every commit so far durable now, with the offsets they are
+    /// of (shutdown, and the end of a fill).
     ///
     /// # Errors
     /// [`LedgerError`] when the write fails.
-    async fn persist(&self) -> Result<(), LedgerError> {
-        Ok(())
-    }
+    async fn persist(&self) -> Result<(), LedgerError>;
 
     /// Opens the store afresh, for a failure only a new handle clears (redb
     /// refuses every write after one I/O error). Stores that reconnect by
@@ -368,14 +363,14 @@ pub trait Ledger: Send + Sync + 'static {
 
     /// What the store holds of the topics: the offsets up to which it has
     /// applied their records (where the start-up read begins) and the
-    /// cluster and topics they are of. `None` for a store that keeps no
-    /// offsets (its commits are durable when made).
+    /// cluster and topics they are of. `None` for a store that holds
+    /// nothing it can vouch for (a Redis without its generation mark: new,
+    /// or its keys lost with the offsets), which is filled whole, one
+    /// replica at a time.
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be read.
-    async fn cached(&self) -> Result<Option<Cached>, LedgerError> {
-        Ok(None)
-    }
+    async fn cached(&self) -> Result<Option<Cached>, LedgerError>;
 
     /// Where the ledger's fill from the topics stands, for a ledger behind
     /// a [`Gate`].
@@ -385,7 +380,7 @@ pub trait Ledger: Send + Sync + 'static {
 
     /// What a rebuild read the topics up to, and what they are: the next
     /// checkpoint records both.
-    fn restore(&self, _offsets: &Offsets, _topics: &TopicsSeen) {}
+    fn restore(&self, offsets: &Offsets, topics: &TopicsSeen);
 
     /// Forgets everything the store holds of the topics (done ids, entity
     /// states, offsets, checkpoints, what the topics were): it was found

@@ -14,11 +14,19 @@
 //!   checkpoint's offsets to the end of each partition (a partition it has
 //!   no offset for, from its beginning: a new or lost file reads
 //!   everything), then checkpointed;
-//! * a store whose commits are durable when made (Redis) is read whole
-//!   only when its generation mark ([`REBUILT`]) is missing: new, or lost
+//! * Redis likewise, from the lowest offsets its replicas recorded, at
+//!   every start and whenever the server may have lost its last writes
+//!   (restarted from a snapshot, a replica promoted: [`Ledger::kept_writes`],
+//!   asked every second and before a decision after a reconnect); read
+//!   whole when its generation mark ([`REBUILT`]) is missing: new, or lost
 //!   (`FLUSHALL`, a failover to an empty replica). With several replicas,
-//!   one rebuilds under a lock in the ledger and the others wait for it,
-//!   then find the mark.
+//!   one fills it whole under a lock in the ledger and the others wait for
+//!   it, then read on from its offsets.
+//!
+//! **A fill proves what it wrote survived** ([`Proof`]): a store flushed in
+//! the middle of a fill holds only what came after it, so a fill whose
+//! token (or, reading on over a marked store, whose mark) is gone starts
+//! again instead of marking the store filled.
 //!
 //! **Done ids** are restored from records stamped within `dedup_ttl`. Why
 //! deciding a delivery again is safe when its id was not restored (its
