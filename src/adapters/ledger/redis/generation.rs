@@ -209,17 +209,7 @@ impl Watch {
         let drops = conn.drops();
         let now = Generation::read(conn).await?;
         let mut known = self.known();
-        let changed = match (&known.filled, &now) {
-            (Some(filled), Some(now)) => now.changed_from(filled),
-            (None, None) if known.drops != drops => Some(
-                "Redis reconnected, and refuses INFO: whether it is the same server cannot be told".to_owned(),
-            ),
-            (None, None) => None,
-            (Some(_), None) => Some(
-                "Redis reconnected, and refuses INFO now: whether it is the same server cannot be told".to_owned(),
-            ),
-            (None, Some(_)) => Some("Redis answers INFO now, and did not when filled".to_owned()),
-        };
+        let changed = changed(known.filled.as_ref(), now.as_ref(), known.drops != drops);
         match changed {
             Some(why) => Err(LedgerError::Changed { why }),
             None => {
@@ -227,6 +217,30 @@ impl Watch {
                 Ok(())
             }
         }
+    }
+}
+
+/// What changed between the generation the last fill read against
+/// (`filled`) and the one read `now` (`None`: `INFO` refused), in words;
+/// `reconnected` when the connection failed since the generation was last
+/// known unchanged. A server that refuses `INFO` cannot be told from
+/// another once the connection failed.
+fn changed(
+    filled: Option<&Generation>,
+    now: Option<&Generation>,
+    reconnected: bool,
+) -> Option<String> {
+    match (filled, now) {
+        (Some(filled), Some(now)) => now.changed_from(filled),
+        (None, None) if reconnected => Some(
+            "Redis reconnected, and refuses INFO: whether it is the same server cannot be told"
+                .to_owned(),
+        ),
+        (None, None) => None,
+        (Some(_), None) => {
+            Some("Redis refuses INFO now: whether it is the same server cannot be told".to_owned())
+        }
+        (None, Some(_)) => Some("Redis answers INFO now, and did not when filled".to_owned()),
     }
 }
 
@@ -271,6 +285,16 @@ mod tests {
         assert_eq!(same.changed_from(&before), None);
         let failed_over = Generation::parse(&info(&["r1", "r4", "r3"], &["a", "d", "c"])).unwrap();
         assert!(failed_over.changed_from(&before).is_some());
+    }
+
+    #[test]
+    fn a_server_that_refuses_info_is_taken_as_changed_only_after_a_reconnect() {
+        let generation = Generation::parse(&info(&["r1"], &["a"])).unwrap();
+        assert_eq!(changed(None, None, false), None);
+        assert!(changed(None, None, true).is_some());
+        assert!(changed(Some(&generation), None, false).is_some());
+        assert!(changed(None, Some(&generation), false).is_some());
+        assert_eq!(changed(Some(&generation), Some(&generation), true), None);
     }
 
     #[test]
