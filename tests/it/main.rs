@@ -27,6 +27,7 @@ mod ordering;
 mod outage_start;
 mod rebuild;
 mod redis_cluster;
+mod redis_lost_writes;
 mod redis_refusals;
 mod registry;
 mod registry_auth;

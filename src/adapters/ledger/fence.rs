@@ -312,6 +312,10 @@ impl<L: Ledger> Ledger for Fenced<L> {
         self.inner.forget_topics().await
     }
 
+    async fn kept_writes(&self) -> Result<(), LedgerError> {
+        self.inner.kept_writes().await
+    }
+
     /// The store's own check. On Redis it writes, as `begin` does, so a
     /// store that took writes again is seen at the next `/readyz` even
     /// while no delivery arrives; on the embedded store both only read.
@@ -385,6 +389,25 @@ mod tests {
         }
         async fn forget_topics(&self) -> Result<(), LedgerError> {
             self.ledger.forget_topics().await
+        }
+        async fn kept_writes(&self) -> Result<(), LedgerError> {
+            self.ledger.kept_writes().await
+        }
+        fn sending(&self) -> crate::adapters::ledger::Sending {
+            self.ledger.sending()
+        }
+        async fn persist(&self) -> Result<(), LedgerError> {
+            self.ledger.persist().await
+        }
+        async fn cached(&self) -> Result<Option<crate::adapters::ledger::Cached>, LedgerError> {
+            self.ledger.cached().await
+        }
+        fn restore(
+            &self,
+            offsets: &crate::adapters::ledger::Offsets,
+            topics: &crate::adapters::ledger::TopicsSeen,
+        ) {
+            self.ledger.restore(offsets, topics);
         }
         async fn check(&self) -> Result<(), LedgerError> {
             self.ledger.check().await

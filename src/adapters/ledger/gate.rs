@@ -41,6 +41,9 @@ pub struct Progress {
     /// Why the ledger was last forgotten and filled whole though it held
     /// offsets (it cached other topics than the cluster's), since start-up.
     pub forgotten_because: Option<String>,
+    /// Fills started again since start-up because the store lost what they
+    /// had written (a `FLUSHALL` in the middle of one).
+    pub restarted: u64,
 }
 
 /// The gate and the progress behind it. Shared by the ledger wrapper, the
@@ -51,7 +54,10 @@ pub struct Gate {
     opened: tokio::sync::Notify,
     /// Asked when a ledger is found lost while serving.
     lost: tokio::sync::Notify,
-    progress: Mutex<(Progress, Option<Instant>)>,
+    /// The progress, when the running fill began, and how many times the
+    /// ledger was found lost: a fill that began before the last loss does
+    /// not open the gate ([`Gate::end_filled`]).
+    progress: Mutex<(Progress, Option<Instant>, u64)>,
 }
 
 impl Gate {
@@ -70,7 +76,7 @@ impl Gate {
         self.open.load(Ordering::Acquire)
     }
 
-    fn progress(&self) -> std::sync::MutexGuard<'_, (Progress, Option<Instant>)> {
+    fn progress(&self) -> std::sync::MutexGuard<'_, (Progress, Option<Instant>, u64)> {
         self.progress.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -79,16 +85,21 @@ impl Gate {
         self.open.store(false, Ordering::Release);
         let mut progress = self.progress();
         let forgotten_because = progress.0.forgotten_because.take();
-        *progress = (
-            Progress {
-                running: true,
-                partitions,
-                records_to_read,
-                forgotten_because,
-                ..Progress::default()
-            },
-            Some(Instant::now()),
-        );
+        let restarted = progress.0.restarted;
+        progress.0 = Progress {
+            running: true,
+            partitions,
+            records_to_read,
+            forgotten_because,
+            restarted,
+            ..Progress::default()
+        };
+        progress.1 = Some(Instant::now());
+    }
+
+    /// A fill found the keys it wrote gone, and starts again.
+    pub fn restarted(&self) {
+        self.progress().0.restarted += 1;
     }
 
     /// The ledger was found caching other topics than the cluster's, and
@@ -118,9 +129,35 @@ impl Gate {
         }
     }
 
+    /// How many times the ledger was found lost so far: what a fill
+    /// notes when it begins, for [`Gate::end_filled`].
+    pub fn losses(&self) -> u64 {
+        self.progress().2
+    }
+
+    /// A fill that began when [`Gate::losses`] said `losses` ended well:
+    /// the gate opens, unless the ledger was found lost since (a Redis
+    /// restarted in the middle of the fill), which another fill must read
+    /// first: then it stays closed and `false` is returned. Decided under
+    /// the lock [`Gate::found_lost`] counts under, so no delivery is decided
+    /// between the two.
+    pub fn end_filled(&self, losses: u64) -> bool {
+        let mut progress = self.progress();
+        if progress.2 != losses {
+            return false;
+        }
+        progress.0.running = false;
+        progress.0.failed = None;
+        progress.0.secs = progress.1.map_or(0.0, |at| at.elapsed().as_secs_f64());
+        self.open.store(true, Ordering::Release);
+        drop(progress);
+        self.opened.notify_waiters();
+        true
+    }
+
     /// Where it stands now.
     pub fn snapshot(&self) -> Progress {
-        let (mut progress, started) = self.progress().clone();
+        let (mut progress, started, _) = self.progress().clone();
         if progress.running
             && let Some(started) = started
         {
@@ -134,13 +171,26 @@ impl Gate {
         progress
     }
 
-    /// Closes the gate: the ledger was found lost while serving. The
-    /// rebuild task, waiting in [`Gate::lost`], reads the topics again.
-    pub fn found_lost(&self) {
-        if self.open.swap(false, Ordering::AcqRel) {
-            tracing::error!(
-                "The ledger lost its keys while serving (its generation mark is gone: FLUSHALL, or a failover to an empty replica): deliveries wait while it is filled from the topics again."
-            );
+    /// Closes the gate: the ledger was found lost while serving
+    /// ([`LedgerError::Lost`]: its keys are gone; [`LedgerError::Changed`]:
+    /// its last writes may be). The rebuild task, waiting in
+    /// [`Gate::lost`], reads the topics again.
+    pub fn found_lost(&self, error: &LedgerError) {
+        let was_open = {
+            let mut progress = self.progress();
+            progress.2 += 1;
+            self.open.swap(false, Ordering::AcqRel)
+        };
+        if was_open {
+            match error {
+                LedgerError::Changed { why } => tracing::warn!(
+                    %why,
+                    "The ledger may have lost its last writes: deliveries wait while the topics are read from its offsets to their end."
+                ),
+                _ => tracing::error!(
+                    "The ledger lost its keys while serving (its generation mark is gone: FLUSHALL, or a failover to an empty replica): deliveries wait while it is filled from the topics again."
+                ),
+            }
         }
         self.lost.notify_one();
     }
@@ -189,8 +239,8 @@ impl Gated {
 
     /// A lost ledger found by `result` closes the gate.
     fn saw<T>(&self, result: Result<T, LedgerError>) -> Result<T, LedgerError> {
-        if let Err(LedgerError::Lost) = &result {
-            self.gate.found_lost();
+        if let Err(error @ (LedgerError::Lost | LedgerError::Changed { .. })) = &result {
+            self.gate.found_lost(error);
         }
         result
     }
@@ -198,10 +248,10 @@ impl Gated {
     /// Whether to ask again after `result`: the ledger was found lost, and
     /// refilled within the gate's wait.
     async fn again<T>(&self, result: &Result<T, LedgerError>) -> Result<bool, LedgerError> {
-        if !matches!(result, Err(LedgerError::Lost)) {
+        let Err(error @ (LedgerError::Lost | LedgerError::Changed { .. })) = result else {
             return Ok(false);
-        }
-        self.gate.found_lost();
+        };
+        self.gate.found_lost(error);
         self.gate.wait_open().await?;
         Ok(true)
     }
@@ -281,6 +331,10 @@ impl Ledger for Gated {
         self.inner.forget_topics().await
     }
 
+    async fn kept_writes(&self) -> Result<(), LedgerError> {
+        self.saw(self.inner.kept_writes().await)
+    }
+
     fn rebuild_progress(&self) -> Option<Progress> {
         Some(self.gate.snapshot())
     }
@@ -325,10 +379,32 @@ mod tests {
         assert!(waiting.await.unwrap().is_ok(), "a waiter is let through");
         assert!(!gate.snapshot().running);
 
-        gate.found_lost();
+        gate.found_lost(&LedgerError::Lost);
         assert!(!gate.is_open());
         tokio::time::timeout(Duration::from_millis(10), gate.lost())
             .await
             .expect("the rebuild task is woken");
+    }
+
+    /// A Redis restarted while a fill read the topics: that fill does not
+    /// open the gate, the next one (begun after) does.
+    #[test]
+    fn a_fill_begun_before_the_last_loss_does_not_open_the_gate() {
+        let gate = Gate::closed();
+        let losses = gate.losses();
+        gate.begin(1, 10);
+        gate.found_lost(&LedgerError::Changed {
+            why: "Redis restarted".to_owned(),
+        });
+        assert!(!gate.end_filled(losses));
+        assert!(!gate.is_open());
+        let losses = gate.losses();
+        gate.begin(1, 10);
+        gate.restarted();
+        assert!(gate.end_filled(losses));
+        assert!(gate.is_open());
+        let progress = gate.snapshot();
+        assert!(!progress.running);
+        assert_eq!(progress.restarted, 1);
     }
 }

@@ -114,6 +114,17 @@ pub enum LedgerError {
     /// The store lost its keys (its generation mark is gone).
     #[error("the ledger lost its keys; it is being rebuilt from the topics")]
     Lost,
+    /// The store may have lost its last writes though it kept its keys: the
+    /// Redis it talks to is another (restarted from a snapshot, a replica
+    /// promoted), or cannot be told from another (a reconnect). What it
+    /// lost is in the topics after its offsets: they are read again.
+    #[error(
+        "the ledger may have lost its last writes ({why}); the topics are read from its offsets"
+    )]
+    Changed {
+        /// What changed, in words.
+        why: String,
+    },
     /// The ledger is shut down.
     #[error("ledger is closed")]
     Closed,
@@ -166,13 +177,14 @@ async fn open_store(
             Duration::from_millis(config.checkpoint_interval_ms),
         )?)),
         LedgerBackend::Redis => Arc::new(Fenced::new(
-            RedisLedger::connect(
+            RedisLedger::connect_with(
                 &config.redis_url,
                 &config.redis_prefix,
                 dedup_ttl,
                 lease,
                 config.redis_ca_file.as_deref(),
                 config.redis_allow_eviction,
+                Duration::from_millis(config.checkpoint_interval_ms),
             )
             .await?,
         )),
@@ -329,20 +341,15 @@ pub trait Ledger: Send + Sync + 'static {
 
     /// Starts a send whose outcome will be committed here: held until the
     /// commit is made, so a checkpoint never records an offset past a
-    /// record whose state it does not hold ([`placements`]). Stores that
-    /// keep no offsets track nothing.
-    fn sending(&self) -> Sending {
-        Sending::untracked()
-    }
+    /// record whose state it does not hold ([`placements`]).
+    fn sending(&self) -> Sending;
 
-    /// Makes every commit so far durable now (shutdown); stores whose
-    /// commits are durable when made have nothing to do.
+    /// Makes every commit so far durable now, with the offsets they are
+    /// of (shutdown, and the end of a fill).
     ///
     /// # Errors
     /// [`LedgerError`] when the write fails.
-    async fn persist(&self) -> Result<(), LedgerError> {
-        Ok(())
-    }
+    async fn persist(&self) -> Result<(), LedgerError>;
 
     /// Opens the store afresh, for a failure only a new handle clears (redb
     /// refuses every write after one I/O error). Stores that reconnect by
@@ -356,14 +363,14 @@ pub trait Ledger: Send + Sync + 'static {
 
     /// What the store holds of the topics: the offsets up to which it has
     /// applied their records (where the start-up read begins) and the
-    /// cluster and topics they are of. `None` for a store that keeps no
-    /// offsets (its commits are durable when made).
+    /// cluster and topics they are of. `None` for a store that holds
+    /// nothing it can vouch for (a Redis without its generation mark: new,
+    /// or its keys lost with the offsets), which is filled whole, one
+    /// replica at a time.
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be read.
-    async fn cached(&self) -> Result<Option<Cached>, LedgerError> {
-        Ok(None)
-    }
+    async fn cached(&self) -> Result<Option<Cached>, LedgerError>;
 
     /// Where the ledger's fill from the topics stands, for a ledger behind
     /// a [`Gate`].
@@ -373,7 +380,7 @@ pub trait Ledger: Send + Sync + 'static {
 
     /// What a rebuild read the topics up to, and what they are: the next
     /// checkpoint records both.
-    fn restore(&self, _offsets: &Offsets, _topics: &TopicsSeen) {}
+    fn restore(&self, offsets: &Offsets, topics: &TopicsSeen);
 
     /// Forgets everything the store holds of the topics (done ids, entity
     /// states, offsets, checkpoints, what the topics were): it was found
@@ -383,6 +390,15 @@ pub trait Ledger: Send + Sync + 'static {
     /// # Errors
     /// [`LedgerError`] when the store cannot be written.
     async fn forget_topics(&self) -> Result<(), LedgerError>;
+
+    /// Whether the store still holds every write made to it since it was
+    /// last filled, asked every second by the rebuild and before a decision
+    /// after a reconnect: [`LedgerError::Lost`] when it lost its keys,
+    /// [`LedgerError::Changed`] when it may have lost only its last writes.
+    ///
+    /// # Errors
+    /// As said, or [`LedgerError`] when the store cannot be asked.
+    async fn kept_writes(&self) -> Result<(), LedgerError>;
 
     /// Whether the store is open and answering, for `/readyz`.
     ///

@@ -14,11 +14,19 @@
 //!   checkpoint's offsets to the end of each partition (a partition it has
 //!   no offset for, from its beginning: a new or lost file reads
 //!   everything), then checkpointed;
-//! * a store whose commits are durable when made (Redis) is read whole
-//!   only when its generation mark ([`REBUILT`]) is missing: new, or lost
+//! * Redis likewise, from the lowest offsets its replicas recorded, at
+//!   every start and whenever the server may have lost its last writes
+//!   (restarted from a snapshot, a replica promoted: [`Ledger::kept_writes`],
+//!   asked every second and before a decision after a reconnect); read
+//!   whole when its generation mark ([`REBUILT`]) is missing: new, or lost
 //!   (`FLUSHALL`, a failover to an empty replica). With several replicas,
-//!   one rebuilds under a lock in the ledger and the others wait for it,
-//!   then find the mark.
+//!   one fills it whole under a lock in the ledger and the others wait for
+//!   it, then read on from its offsets.
+//!
+//! **A fill proves what it wrote survived** ([`Proof`]): a store flushed in
+//! the middle of a fill holds only what came after it, so a fill whose
+//! token (or, reading on over a marked store, whose mark) is gone starts
+//! again instead of marking the store filled.
 //!
 //! **Done ids** are restored from records stamped within `dedup_ttl`. Why
 //! deciding a delivery again is safe when its id was not restored (its
@@ -45,7 +53,7 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::adapters::ledger::{Commit, EntitySlot, Gate, Ledger, LedgerError, Offsets};
+use crate::adapters::ledger::{Commit, EntitySlot, Gate, Ledger, LedgerError, Offsets, TopicsSeen};
 use crate::adapters::publish::{Described, Publisher, Topics};
 use crate::config::KafkaConfig;
 use crate::domain::event::EntityType;
@@ -65,10 +73,19 @@ const WRITES_IN_FLIGHT: usize = 512;
 /// bounded however many entities the topics hold.
 const PERSIST_EVERY: usize = 50_000;
 
-/// How often a store without offsets is asked whether its mark is still
-/// there (a Redis Cluster, whose scripts cannot look at it: one server's
-/// scripts see it with every lease and guard read).
-const MARK_CHECK: Duration = Duration::from_secs(5);
+/// How often the store is asked whether it still holds every write made
+/// to it ([`Ledger::kept_writes`]: on Redis its generation mark, which a
+/// cluster's scripts cannot look at, and the server's generation).
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// The checkpoint that holds a fill's token ([`Proof::Token`]).
+const FILL_TOKEN: &str = "posbridge:fill-token";
+
+/// Commits after which a fill looks whether what it wrote is still there,
+/// so a store flushed early in a long fill starts it again early. A
+/// divisor of [`PERSIST_EVERY`].
+const PROOF_EVERY: usize = 10_000;
+const _: () = assert!(PERSIST_EVERY.is_multiple_of(PROOF_EVERY));
 
 /// Why the ledger could not be rebuilt; tried again with a growing wait.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +96,52 @@ pub enum RebuildError {
     /// The ledger refused a write or a read.
     #[error("writing the rebuilt ledger: {0}")]
     Ledger(#[from] LedgerError),
+    /// The store lost what the fill wrote (its token or its mark is gone:
+    /// a `FLUSHALL` in the middle of it): the fill starts again.
+    #[error("the ledger lost what the fill wrote so far")]
+    Flushed,
+}
+
+/// What proves that what a fill wrote is still in the store when it ends:
+/// a store flushed in the middle of a fill holds only what came after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proof {
+    /// The generation mark, there when the fill began (it reads on over
+    /// what the store holds): gone, the store lost its keys.
+    Mark,
+    /// A random token this fill wrote when it began, for a store without
+    /// the mark: the fill writes the mark only if its token is still there.
+    Token(i64),
+}
+
+impl Proof {
+    /// The proof of a fill that begins now, written when it is a token.
+    async fn begin(store: &dyn Ledger) -> Result<Proof, LedgerError> {
+        if is_marked(store).await? {
+            return Ok(Proof::Mark);
+        }
+        let token = rand::random::<i64>();
+        store
+            .commit(Commit {
+                checkpoint: Some((FILL_TOKEN.to_owned(), token)),
+                ..Commit::default()
+            })
+            .await?;
+        Ok(Proof::Token(token))
+    }
+
+    /// Whether what the fill wrote is still there.
+    async fn holds(self, store: &dyn Ledger) -> Result<(), RebuildError> {
+        let holds = match self {
+            Proof::Mark => is_marked(store).await?,
+            Proof::Token(token) => store.checkpoint(FILL_TOKEN).await? == Some(token),
+        };
+        if holds {
+            Ok(())
+        } else {
+            Err(RebuildError::Flushed)
+        }
+    }
 }
 
 /// Whether a fill reads on over what the ledger holds or into an empty one.
@@ -132,8 +195,9 @@ impl Rebuild {
     }
 
     /// Fills the ledger now, tried again with a growing wait until it
-    /// works, then opens the gate; then waits for the ledger to be found
-    /// lost, and fills it again. Until `stop`.
+    /// works, then opens the gate; then watches whether the store still
+    /// holds what was written to it, and fills it again when it was found
+    /// lost. Until `stop`.
     pub async fn run(self, stop: CancellationToken) {
         loop {
             metrics::gauge!(telemetry::REBUILD_RUNNING).set(1.0);
@@ -149,20 +213,39 @@ impl Rebuild {
                     warn!(%error, ?wait, "The ledger cannot be filled from the topics yet; deliveries wait (sources that spool take them), and it is tried again.");
                 })
                 .sleep(tokio::time::sleep);
-            tokio::select! {
+            let losses = tokio::select! {
                 () = stop.cancelled() => return,
-                filled = filled => if filled.is_ok() { self.gate.end(Ok(())) },
+                filled = filled => filled,
+            };
+            if let Ok(losses) = losses {
+                // A server that changed while it was read without dropping
+                // the connection (a failover on one address) is read again
+                // before anything is decided on it.
+                if let Err(error @ (LedgerError::Lost | LedgerError::Changed { .. })) =
+                    self.store.kept_writes().await
+                {
+                    warn!(%error, "The ledger changed while it was filled: it is read again.");
+                    continue;
+                }
+                if !self.gate.end_filled(losses) {
+                    continue;
+                }
             }
             metrics::gauge!(telemetry::REBUILD_RUNNING).set(0.0);
-            let keeps_offsets = matches!(self.store.cached().await, Ok(Some(_)));
             loop {
                 tokio::select! {
                     () = stop.cancelled() => return,
                     () = self.gate.lost() => break,
-                    () = tokio::time::sleep(MARK_CHECK), if !keeps_offsets => {
-                        if let Ok(false) = is_marked(self.store.as_ref()).await {
-                            self.gate.found_lost();
-                            break;
+                    () = tokio::time::sleep(WATCH_EVERY) => {
+                        match self.store.kept_writes().await {
+                            Err(error @ (LedgerError::Lost | LedgerError::Changed { .. })) => {
+                                self.gate.found_lost(&error);
+                                break;
+                            }
+                            // A store that does not answer decides nothing
+                            // either; it is asked again.
+                            Err(error) => debug!(%error, "The ledger cannot be watched now."),
+                            Ok(()) => {}
                         }
                     }
                 }
@@ -170,9 +253,28 @@ impl Rebuild {
         }
     }
 
+    /// One fill, started again from the top while the store loses what it
+    /// wrote (said once per restart); how many times the gate had found the
+    /// ledger lost when the last attempt began ([`Gate::end_filled`]).
+    async fn once(&self) -> Result<u64, RebuildError> {
+        loop {
+            let losses = self.gate.losses();
+            match self.attempt().await {
+                Err(RebuildError::Flushed) => {
+                    self.gate.restarted();
+                    warn!(
+                        "The ledger lost what the fill had written (flushed in the middle of it): the fill starts again."
+                    );
+                }
+                done => return done.map(|()| losses),
+            }
+        }
+    }
+
     /// One fill: from the stored offsets (whole when they are of other
-    /// topics than the cluster's), or whole when the mark is gone.
-    async fn once(&self) -> Result<(), RebuildError> {
+    /// topics than the cluster's), or whole, one replica at a time, when
+    /// the store holds nothing it can vouch for (a Redis without its mark).
+    async fn attempt(&self) -> Result<(), RebuildError> {
         let now = OffsetDateTime::now_utc();
         let done_since_ms =
             i64::try_from((now - self.dedup_ttl).unix_timestamp_nanos() / 1_000_000)
@@ -186,9 +288,45 @@ impl Rebuild {
                     (Offsets::new(), None, Held::Nothing)
                 }
             };
-            let ends = self.fill(&look, &from, done_since_ms, held).await?;
+            let proof = Proof::begin(self.store.as_ref()).await?;
+            let ends = self.fill(&look, &from, done_since_ms, held, proof).await?;
             let seen = look.seen(before.as_ref(), &self.publisher.kept_partitions());
-            self.store.restore(&ends, &seen);
+            return self.finish(&ends, &seen, proof, now).await;
+        }
+        let _lock = self
+            .store
+            .lock_entity(&EntitySlot::of_record_key(EntityType::Sale, REBUILT))
+            .await?;
+        if is_marked(self.store.as_ref()).await? {
+            // Another replica filled it meanwhile: read on from its offsets.
+            return Box::pin(self.attempt()).await;
+        }
+        info!(
+            "The ledger holds no generation mark (it is new, or lost its keys): filling it from the topics before deciding deliveries."
+        );
+        let look = self.look().await?;
+        let proof = Proof::begin(self.store.as_ref()).await?;
+        let ends = self
+            .fill(&look, &Offsets::new(), done_since_ms, Held::Nothing, proof)
+            .await?;
+        let seen = look.seen(None, &self.publisher.kept_partitions());
+        self.finish(&ends, &seen, proof, now).await
+    }
+
+    /// The end of a fill: what it read up to is recorded and made durable;
+    /// then, if what it wrote is still there, the mark (when the fill had to
+    /// write a token: a store whose mark was there keeps it).
+    async fn finish(
+        &self,
+        ends: &Offsets,
+        seen: &TopicsSeen,
+        proof: Proof,
+        now: OffsetDateTime,
+    ) -> Result<(), RebuildError> {
+        self.store.restore(ends, seen);
+        self.store.persist().await?;
+        proof.holds(self.store.as_ref()).await?;
+        if let Proof::Token(_) = proof {
             self.store
                 .commit(Commit {
                     checkpoint: Some((REBUILT.to_owned(), now.unix_timestamp())),
@@ -196,30 +334,7 @@ impl Rebuild {
                 })
                 .await?;
             self.store.persist().await?;
-            return Ok(());
         }
-        if is_marked(self.store.as_ref()).await? {
-            return Ok(());
-        }
-        let _lock = self
-            .store
-            .lock_entity(&EntitySlot::of_record_key(EntityType::Sale, REBUILT))
-            .await?;
-        if is_marked(self.store.as_ref()).await? {
-            return Ok(());
-        }
-        info!(
-            "The ledger holds no generation mark (it is new, or lost its keys): filling it from the topics before deciding deliveries."
-        );
-        let look = self.look().await?;
-        self.fill(&look, &Offsets::new(), done_since_ms, Held::Nothing)
-            .await?;
-        self.store
-            .commit(Commit {
-                checkpoint: Some((REBUILT.to_owned(), now.unix_timestamp())),
-                ..Commit::default()
-            })
-            .await?;
         Ok(())
     }
 
@@ -275,6 +390,7 @@ impl Rebuild {
         from: &Offsets,
         done_since_ms: i64,
         held: Held,
+        proof: Proof,
     ) -> Result<Offsets, RebuildError> {
         let started = Instant::now();
         let mut plan = Vec::new();
@@ -331,8 +447,9 @@ impl Rebuild {
                 // written, an older state than the one written is left out.
                 let written_before = summary.entities > 0;
                 summary.add(found.summary());
-                self.write(found, held == Held::Kept || written_before)
+                self.write(found, held == Held::Kept || written_before, proof)
                     .await?;
+                proof.holds(self.store.as_ref()).await?;
                 self.gate.read(0, true);
             }
         }
@@ -360,30 +477,48 @@ impl Rebuild {
             .collect()
     }
 
-    /// Commits what was found, made durable every [`PERSIST_EVERY`].
-    async fn write(&self, found: Found, check_held: bool) -> Result<(), RebuildError> {
+    /// Commits what was found in chunks of [`PROOF_EVERY`], looking after
+    /// each whether what was written is still there, and making it durable
+    /// every [`PERSIST_EVERY`]. Between chunks nothing is in flight: a
+    /// Redis command awaited while commits wait unpolled in the stream
+    /// timed out (redis-rs queues requests in a bounded channel whose free
+    /// places go to the waiters in order, and those waiters are not polled
+    /// until the loop goes on).
+    async fn write(
+        &self,
+        found: Found,
+        check_held: bool,
+        proof: Proof,
+    ) -> Result<(), RebuildError> {
         let store = self.store.as_ref();
-        let mut written = futures::stream::iter(found.into_commits())
-            .map(|commit| async move {
-                if check_held
-                    && let Some((slot, state)) = &commit.entity
-                    && let Some(held) = store.entity(slot).await?
-                    && held.version > state.version
-                {
-                    return Ok(());
-                }
-                store.commit(commit).await
-            })
-            .buffer_unordered(WRITES_IN_FLIGHT);
+        let mut commits = found.into_commits();
         let mut count = 0;
-        while let Some(result) = written.next().await {
-            result?;
-            count += 1;
+        loop {
+            let chunk: Vec<Commit> = commits.by_ref().take(PROOF_EVERY).collect();
+            if chunk.is_empty() {
+                return Ok(());
+            }
+            let mut written = futures::stream::iter(chunk)
+                .map(|commit| async move {
+                    if check_held
+                        && let Some((slot, state)) = &commit.entity
+                        && let Some(held) = store.entity(slot).await?
+                        && held.version > state.version
+                    {
+                        return Ok(());
+                    }
+                    store.commit(commit).await
+                })
+                .buffer_unordered(WRITES_IN_FLIGHT);
+            while let Some(result) = written.next().await {
+                result?;
+                count += 1;
+            }
             if count % PERSIST_EVERY == 0 {
                 store.persist().await?;
             }
+            proof.holds(store).await?;
         }
-        Ok(())
     }
 }
 

@@ -1,6 +1,8 @@
 //! The connection of the Redis ledger: one server or a Redis Cluster,
 //! opened with time limits, and what an error may say of the server's URL.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -46,6 +48,87 @@ impl ConnectionLike for Connection {
             Connection::Single(conn) => conn.get_db(),
             Connection::Cluster(conn) => conn.get_db(),
         }
+    }
+}
+
+/// A [`Connection`] that counts the errors after which it reconnects: the
+/// first command after a Redis restarted (or a failover on one address)
+/// fails so, and the command after it reaches the new server. The count is
+/// taken in the same poll as the error, before the caller sees it, so a
+/// decision that began after the reconnect finds it changed.
+#[derive(Clone)]
+pub(super) struct Counted {
+    /// One server or a cluster.
+    pub(super) link: Connection,
+    /// Connection errors so far.
+    drops: Arc<AtomicU64>,
+}
+
+impl Counted {
+    pub(super) fn new(link: Connection) -> Counted {
+        Counted {
+            link,
+            drops: Arc::default(),
+        }
+    }
+
+    /// Whether this is one server (whose scripts may touch keys of any slot).
+    pub(super) fn is_single(&self) -> bool {
+        matches!(self.link, Connection::Single(_))
+    }
+
+    /// How many commands failed for the connection so far.
+    pub(super) fn drops(&self) -> u64 {
+        self.drops.load(Ordering::Acquire)
+    }
+
+    /// Counts `result` when it is a connection's failure.
+    fn saw<T>(drops: &AtomicU64, result: &redis::RedisResult<T>) {
+        if let Err(error) = result
+            && is_connection_error(error)
+        {
+            drops.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Whether an error means the connection (not the command) failed: the
+/// server may be another one when it answers again.
+pub(super) fn is_connection_error(error: &redis::RedisError) -> bool {
+    error.is_unrecoverable_error()
+        || error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+}
+
+impl ConnectionLike for Counted {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let drops = &self.drops;
+        let sent = self.link.req_packed_command(cmd);
+        Box::pin(async move {
+            let answer = sent.await;
+            Counted::saw(drops, &answer);
+            answer
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let drops = &self.drops;
+        let sent = self.link.req_packed_commands(pipeline, offset, count);
+        Box::pin(async move {
+            let answer = sent.await;
+            Counted::saw(drops, &answer);
+            answer
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.link.get_db()
     }
 }
 

@@ -10,7 +10,16 @@
 //! * `Pentity:<entity slot>`: the written state, replaced only by a version at
 //!   least as new, so even a holder whose lock lapsed cannot roll it back;
 //! * `Pcheckpoint:<name>`;
-//! * `Pprobe:writable`: the readiness check's write, lapsing after a minute.
+//! * `Pprobe:writable`: the readiness check's write, lapsing after a minute;
+//! * `P{offsets}:replicas` and `P{offsets}:topics`: how far each replica
+//!   applied the topics, and which topics they are (`checkpoint.rs`).
+//!
+//! **A Redis that lost its last writes** (restarted from its last snapshot,
+//! a replica promoted before it received them) keeps its generation mark,
+//! and every write it lost is in the topics after the offsets it kept: the
+//! ledger notices that the server changed (`generation.rs`), and the
+//! rebuild reads the topics from those offsets before anything is decided
+//! again.
 //!
 //! **One hash slot per script.** A Redis Cluster refuses (`CROSSSLOT`) a
 //! script whose keys hash to different slots, and a key's slot is that of
@@ -40,44 +49,43 @@
 //! older event roll the entity back. Each write is idempotent, so the fence
 //! writing a failed commit again is safe.
 
+mod checkpoint;
 mod connection;
+mod generation;
+mod lock;
+mod policy;
 mod scripts;
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use redis::{AsyncCommands, ScriptInvocation, Value};
+use redis::{AsyncCommands, ScriptInvocation};
 
+use checkpoint::Checkpoints;
 use connection::{
-    Connection, collect_text, connect_cluster, connect_single, is_cluster_node, without_password,
+    Connection, Counted, connect_cluster, connect_single, is_cluster_node, without_password,
 };
-use scripts::{BEGIN, COMMIT, LOCK_AND_READ, MARK_DONE, SET_STATE, UNLOCK};
+use generation::Watch;
+use scripts::{BEGIN, COMMIT, MARK_DONE, SET_STATE};
 
 use super::{
-    Begin, Commit, EntityLock, EntitySlot, EntityState, GENERATION_MARK, Ledger, LedgerError,
+    Begin, Cached, Commit, DEFAULT_CHECKPOINT_EVERY, EntityLock, EntitySlot, EntityState,
+    GENERATION_MARK, Ledger, LedgerError, Offsets, Sending, TopicsSeen,
 };
 use crate::config::LedgerConfig;
 use crate::domain::event::DeliveryKey;
-
-/// How often the readiness check reads `maxmemory-policy` again: a policy
-/// changed under a running posbridge is seen within this, and readiness
-/// probes and status pages in quick succession do not each ask every
-/// master for `INFO`.
-const POLICY_RECHECK: Duration = Duration::from_secs(5);
 
 /// How long the readiness check's write probe (`Pprobe:writable`) lives:
 /// it holds nothing, and lapses soon after the last check.
 const PROBE_KEY_MS: u64 = 60_000;
 
-/// How often a waiter retries a taken entity lock.
-const LOCK_POLL: Duration = Duration::from_millis(5);
-
 /// The Redis ledger. Cheap to clone.
 #[derive(Clone)]
 pub struct RedisLedger {
-    /// One server or a cluster; reconnects by itself.
-    conn: Connection,
+    /// One server or a cluster; reconnects by itself, and counts the
+    /// failures after which it did.
+    conn: Counted,
     /// Namespace of every key, so several deployments can share one Redis.
     prefix: String,
     /// How long done ids are kept.
@@ -89,31 +97,30 @@ pub struct RedisLedger {
     /// The last look at the policy: when, and the evicting policy found
     /// (`None` for `noeviction`, or when `INFO` is refused).
     policy: Arc<Mutex<(Instant, Option<String>)>>,
+    /// This replica's offsets and the task that writes them.
+    checkpoints: Arc<Checkpoints>,
+    /// The generation of the Redis the last fill was against.
+    watch: Arc<Watch>,
+    /// Ends the checkpoint task when the last handle goes.
+    _stop: Arc<tokio_util::sync::DropGuard>,
 }
 
 impl std::fmt::Debug for RedisLedger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisLedger")
             .field("prefix", &self.prefix)
-            .field("cluster", &matches!(self.conn, Connection::Cluster(_)))
+            .field("cluster", &!self.conn.is_single())
             .finish_non_exhaustive()
     }
 }
 
 impl RedisLedger {
-    /// Connects and checks the connection with a `PING`. `url` is one URL
-    /// or a comma-separated list of a cluster's nodes
-    /// ([`LedgerConfig::redis_nodes`]). A list is a cluster; so is one URL
-    /// whose server says `cluster_enabled:1` (`INFO cluster`), so pointing
-    /// at any node of a cluster, or at a managed cluster's one configuration
-    /// endpoint, works too. Anything else is used as one server.
-    ///
-    /// A server whose `maxmemory-policy` may evict posbridge's keys is
-    /// refused unless `allow_eviction`, and then said.
+    /// [`RedisLedger::connect_with`], checkpointing every
+    /// [`DEFAULT_CHECKPOINT_EVERY`]: for tests and tools that open a Redis
+    /// ledger directly.
     ///
     /// # Errors
-    /// [`LedgerError::Open`] when the URL or CA file is unusable, Redis
-    /// does not answer or does not take writes, or may evict our keys.
+    /// As [`RedisLedger::connect_with`].
     pub async fn connect(
         url: &str,
         prefix: &str,
@@ -122,12 +129,48 @@ impl RedisLedger {
         ca_file: Option<&std::path::Path>,
         allow_eviction: bool,
     ) -> Result<RedisLedger, LedgerError> {
+        Self::connect_with(
+            url,
+            prefix,
+            dedup_ttl,
+            lease,
+            ca_file,
+            allow_eviction,
+            DEFAULT_CHECKPOINT_EVERY,
+        )
+        .await
+    }
+
+    /// Connects and checks the connection with a `PING`. `url` is one URL
+    /// or a comma-separated list of a cluster's nodes
+    /// ([`LedgerConfig::redis_nodes`]). A list is a cluster; so is one URL
+    /// whose server says `cluster_enabled:1` (`INFO cluster`), so pointing
+    /// at any node of a cluster, or at a managed cluster's one configuration
+    /// endpoint, works too. Anything else is used as one server.
+    ///
+    /// A server whose `maxmemory-policy` may evict posbridge's keys is
+    /// refused unless `allow_eviction`, and then said. A task writes this
+    /// replica's offsets every `checkpoint_every` (`checkpoint.rs`) until
+    /// the last handle goes.
+    ///
+    /// # Errors
+    /// [`LedgerError::Open`] when the URL or CA file is unusable, Redis
+    /// does not answer or does not take writes, or may evict our keys.
+    pub async fn connect_with(
+        url: &str,
+        prefix: &str,
+        dedup_ttl: Duration,
+        lease: Duration,
+        ca_file: Option<&std::path::Path>,
+        allow_eviction: bool,
+        checkpoint_every: Duration,
+    ) -> Result<RedisLedger, LedgerError> {
         let open_error = |e: Box<dyn std::error::Error + Send + Sync>| LedgerError::Open {
             path: without_password(url),
             source: e,
         };
         let nodes = LedgerConfig::redis_nodes(url).map_err(|e| open_error(Box::new(e)))?;
-        let conn = if nodes.len() > 1 {
+        let conn = Counted::new(if nodes.len() > 1 {
             Connection::Cluster(connect_cluster(&nodes, ca_file).await?)
         } else {
             let single = connect_single(url, ca_file).await?;
@@ -136,7 +179,7 @@ impl RedisLedger {
             } else {
                 Connection::Single(single)
             }
-        };
+        });
         let found = match Self::evicting_policy(&conn).await {
             Ok(found) => found,
             Err(error) => {
@@ -159,6 +202,15 @@ impl RedisLedger {
             ),
             None => {}
         }
+        let checkpoints = Arc::new(Checkpoints::new(prefix));
+        let watch = Arc::new(Watch::default());
+        let stop = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(checkpoints.clone().run(
+            conn.clone(),
+            watch.clone(),
+            checkpoint_every,
+            stop.clone(),
+        ));
         let ledger = RedisLedger {
             conn,
             prefix: prefix.to_owned(),
@@ -166,50 +218,22 @@ impl RedisLedger {
             lease,
             allow_eviction,
             policy: Arc::new(Mutex::new((Instant::now(), found))),
+            checkpoints,
+            watch,
+            _stop: Arc::new(stop.drop_guard()),
         };
         ledger.check().await.map_err(|e| open_error(Box::new(e)))?;
+        // The server found at connect is the one decisions are made on
+        // until a fill reads against another: the rebuild's first fill
+        // comes before any (the gate is closed), and a ledger used without
+        // one (a test, a tool) is still told when the server changes.
+        ledger
+            .watch
+            .fill_begins(&ledger.conn)
+            .await
+            .map_err(|e| open_error(Box::new(e)))?;
+        ledger.watch.fill_ended();
         Ok(ledger)
-    }
-
-    /// The evicting policy as last seen, looked at again when
-    /// [`POLICY_RECHECK`] has passed; a refused `INFO` keeps what was seen.
-    async fn evicting_now(&self) -> Option<String> {
-        let due = {
-            let policy = self.policy.lock().unwrap_or_else(PoisonError::into_inner);
-            policy.0.elapsed() >= POLICY_RECHECK
-        };
-        if due {
-            let found = Self::evicting_policy(&self.conn).await;
-            let mut policy = self.policy.lock().unwrap_or_else(PoisonError::into_inner);
-            policy.0 = Instant::now();
-            if let Ok(found) = found {
-                policy.1 = found;
-            }
-        }
-        self.policy
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .1
-            .clone()
-    }
-
-    /// The `maxmemory-policy` of a server that may evict our keys, if any
-    /// does: every policy but `noeviction` may (the `volatile-*` ones too,
-    /// as done ids and leases carry a TTL). Read from `INFO memory`, which
-    /// managed services that rename `CONFIG` still answer; on a cluster,
-    /// every master's.
-    async fn evicting_policy(conn: &Connection) -> Result<Option<String>, LedgerError> {
-        let info: Value = redis::cmd("INFO")
-            .arg("memory")
-            .query_async(&mut conn.clone())
-            .await?;
-        let mut text = String::new();
-        collect_text(&info, &mut text);
-        Ok(text
-            .lines()
-            .filter_map(|line| line.trim().strip_prefix("maxmemory_policy:"))
-            .find(|policy| *policy != "noeviction")
-            .map(str::to_owned))
     }
 
     /// An entity's, a lock's or a checkpoint's key: each is touched alone.
@@ -254,58 +278,11 @@ impl RedisLedger {
         script
     }
 
-    /// Polls until the entity's lock is taken: on one server with the
-    /// state read in the same script (`LOCK_AND_READ`, which with
-    /// `check_mark` also finds a lost generation mark), on a cluster with
-    /// `SET NX PX` and then a `GET` (the lock's and the state's keys lie in
-    /// different slots).
-    async fn lock_and_read_marked(
-        &self,
-        slot: &EntitySlot,
-        check_mark: bool,
-    ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
-        let key = self.key("lock", slot.as_str());
-        let state_key = self.key("entity", slot.as_str());
-        let token = format!("{:032x}", rand::random::<u128>());
-        let mut conn = self.conn.clone();
-        let options = redis::SetOptions::default()
-            .conditional_set(redis::ExistenceCheck::NX)
-            .with_expiration(redis::SetExpiry::PX(self.lease_ms()));
-        let state: Option<Vec<u8>> = loop {
-            if let Connection::Single(_) = conn {
-                let mut invocation = LOCK_AND_READ.key(&key);
-                invocation.key(&state_key);
-                if check_mark {
-                    invocation.key(self.key("checkpoint", GENERATION_MARK));
-                }
-                let (taken, state): (i32, Option<Vec<u8>>) = invocation
-                    .arg(&token)
-                    .arg(self.lease_ms())
-                    .invoke_async(&mut conn)
-                    .await?;
-                match taken {
-                    1 => break state,
-                    2 => return Err(LedgerError::Lost),
-                    _ => {}
-                }
-            } else {
-                let taken: Option<String> = conn.set_options(&key, &token, options.clone()).await?;
-                if taken.is_some() {
-                    break conn.get(&state_key).await?;
-                }
-            }
-            tokio::time::sleep(LOCK_POLL).await;
-        };
-        let lock: EntityLock = Box::new(RedisLock { conn, key, token });
-        let state = state.map(|b| EntityState::decode(slot, &b)).transpose()?;
-        Ok((lock, state))
-    }
-
     /// A commit's three writes, in the order the module documentation
     /// explains: in one script on one server, one by one on a cluster.
     async fn write(&self, commit: &Commit) -> Result<(), LedgerError> {
         let mut conn = self.conn.clone();
-        if let Connection::Single(_) = conn {
+        if conn.is_single() {
             let _: i32 = self.commit_script(commit).invoke_async(&mut conn).await?;
             return Ok(());
         }
@@ -350,52 +327,37 @@ fn glob_escaped(text: &str) -> String {
     escaped
 }
 
-/// Held entity lock; dropping it releases the lock in the background.
-struct RedisLock {
-    conn: Connection,
-    key: String,
-    token: String,
-}
-
-impl Drop for RedisLock {
-    fn drop(&mut self) {
-        let (mut conn, key, token) = (
-            self.conn.clone(),
-            std::mem::take(&mut self.key),
-            std::mem::take(&mut self.token),
-        );
-        // Drop cannot await; a lock that fails to release lapses with its lease.
-        tokio::spawn(async move {
-            let released: redis::RedisResult<i32> =
-                UNLOCK.key(key).arg(token).invoke_async(&mut conn).await;
-            if let Err(error) = released {
-                tracing::warn!(%error, "Entity lock not released; it lapses with its lease.");
-            }
-        });
-    }
-}
-
 #[async_trait]
 impl Ledger for RedisLedger {
     /// On one server, the generation mark is looked at in the same script:
     /// a ledger that lost its keys decides nothing until it is filled again.
     async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
+        let drops = self.same_server().await?;
         let mut conn = self.conn.clone();
         let mut invocation = BEGIN.key(self.delivery_key(delivery, "done"));
         invocation.key(self.delivery_key(delivery, "lease"));
-        if let Connection::Single(_) = conn {
+        if conn.is_single() {
             invocation.key(self.key("checkpoint", GENERATION_MARK));
         }
         let answer: i32 = invocation
             .arg(self.lease_ms())
             .invoke_async(&mut conn)
             .await?;
-        Ok(match answer {
+        let begun = match answer {
             0 => Begin::New,
             2 => Begin::Done,
             3 => return Err(LedgerError::Lost),
             _ => Begin::InFlight,
-        })
+        };
+        // A done mark is true in any Redis that holds it; a lease taken on
+        // a server that changed meanwhile is given back.
+        if begun == Begin::New
+            && let Err(error) = self.still_same_server(drops).await
+        {
+            self.release(delivery).await;
+            return Err(error);
+        }
+        Ok(begun)
     }
 
     async fn begin_again(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
@@ -425,11 +387,17 @@ impl Ledger for RedisLedger {
         }
     }
 
+    /// The guard's read decides what is published, so it is made only on
+    /// the server the last fill was against (see [`RedisLedger::begin`]).
     async fn lock_and_read(
         &self,
         slot: &EntitySlot,
     ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
-        self.lock_and_read_marked(slot, true).await
+        let drops = self.same_server().await?;
+        let read = self.lock_and_read_marked(slot, true).await?;
+        // Dropping the lock releases it.
+        self.still_same_server(drops).await?;
+        Ok(read)
     }
 
     /// [`Ledger::lock_and_read`] with the state left unread by the caller:
@@ -457,14 +425,62 @@ impl Ledger for RedisLedger {
             .map_err(LedgerError::from)
     }
 
+    /// A record's place counts towards this replica's offsets only once
+    /// its state is written.
     async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
         let result = self.write(&commit).await;
+        match (&result, &commit.placed) {
+            (Ok(()), Some(placed)) => self.checkpoints.committed(placed),
+            (Err(_), Some(placed)) => self.checkpoints.failed(placed),
+            _ => {}
+        }
         if result.is_err()
             && let Some(delivery) = &commit.delivery
         {
             self.release(delivery).await;
         }
         result
+    }
+
+    fn sending(&self) -> Sending {
+        self.checkpoints.placements.sending()
+    }
+
+    /// This replica's offsets, written now (shutdown, and the end of a
+    /// fill).
+    async fn persist(&self) -> Result<(), LedgerError> {
+        self.checkpoints.take(&self.conn, &self.watch).await
+    }
+
+    /// `None` without the generation mark: the keys are lost (or were never
+    /// filled), and the offsets with them; the rebuild fills the ledger
+    /// whole, one replica at a time. Also notes the generation the fill
+    /// that asks reads the topics against.
+    async fn cached(&self) -> Result<Option<Cached>, LedgerError> {
+        self.watch.fill_begins(&self.conn).await?;
+        let (offsets, topics) = self.checkpoints.cached(&self.conn).await?;
+        // Looked at after the offsets: a FLUSHALL between the two is not
+        // taken for offsets of a marked ledger.
+        if !self.marked().await? {
+            return Ok(None);
+        }
+        Ok(Some(Cached { offsets, topics }))
+    }
+
+    /// The end of a fill: the next checkpoint records the offsets it read
+    /// up to, and the generation it read against is the one decisions are
+    /// made on from now.
+    fn restore(&self, offsets: &Offsets, topics: &TopicsSeen) {
+        self.checkpoints.restore(offsets, topics);
+        self.watch.fill_ended();
+    }
+
+    /// The mark, then the generation (every master's on a cluster).
+    async fn kept_writes(&self) -> Result<(), LedgerError> {
+        if !self.marked().await? {
+            return Err(LedgerError::Lost);
+        }
+        self.watch.look(&self.conn).await
     }
 
     /// Every key under the prefix is deleted: `SCAN` on one server (it
@@ -474,7 +490,7 @@ impl Ledger for RedisLedger {
     async fn forget_topics(&self) -> Result<(), LedgerError> {
         let pattern = format!("{}*", glob_escaped(&self.prefix));
         let mut conn = self.conn.clone();
-        let keys: Vec<String> = match &self.conn {
+        let keys: Vec<String> = match &self.conn.link {
             Connection::Single(single) => {
                 let mut single = single.clone();
                 let mut found = Vec::new();
@@ -494,6 +510,7 @@ impl Ledger for RedisLedger {
         for key in keys {
             let _: i64 = conn.unlink(key).await?;
         }
+        self.checkpoints.forget().await;
         Ok(())
     }
 

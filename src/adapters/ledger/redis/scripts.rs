@@ -116,3 +116,38 @@ return 0
 ",
     )
 });
+
+/// A replica's checkpoint: its offsets, stamped with the server's time, in
+/// the hash of every replica's (one field each); the entries of replicas
+/// that wrote none for `gone after` ms are dropped (they stopped); the
+/// topics seen, when given. Written only on a server whose `run_id` and
+/// `master_replid` are among those given (none given: not looked at): an
+/// offset written on another server than the one the states below it were
+/// committed to would be a lie; → 0 then, 1 when written. KEYS: the offsets
+/// hash, the topics key (one slot). ARGV: the replica's id, its offsets,
+/// gone after ms, the topics or nothing, the run ids and the replication
+/// ids expected (each space-separated, or nothing).
+pub(super) static CHECKPOINT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if ARGV[5] ~= '' then
+  local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or '?'
+  local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or '?'
+  if not string.find(' ' .. ARGV[5] .. ' ', ' ' .. run_id .. ' ', 1, true)
+    or not string.find(' ' .. ARGV[6] .. ' ', ' ' .. replid .. ' ', 1, true) then
+    return 0
+  end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', now) .. ' ' .. ARGV[2])
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local at = tonumber(string.match(all[i + 1], '^(%d+) '))
+  if (not at) or at < now - tonumber(ARGV[3]) then redis.call('HDEL', KEYS[1], all[i]) end
+end
+if ARGV[4] ~= '' then redis.call('SET', KEYS[2], ARGV[4]) end
+return 1
+",
+    )
+});
