@@ -24,7 +24,9 @@ use serde_json::Value;
 use crate::rebuild::status;
 use crate::support::redis::RedisServer;
 use crate::support::wait::wait_until;
-use crate::support::{TestApp, brokers, config, free_port, mekari_order, read_topic, unique};
+use crate::support::{
+    TestApp, brokers, config, free_port, kafka_only, mekari_order, read_topic, unique,
+};
 
 /// posbridge's config with its Redis ledger on `redis`.
 fn on(redis: &RedisServer, prefix: &str, dir: &std::path::Path) -> Config {
@@ -222,8 +224,13 @@ async fn entity_keys(redis: &mut redis::aio::MultiplexedConnection, prefix: &str
     keys.len()
 }
 
+/// Apache Kafka only: 30,000 records written into tansu 0.6's SQLite
+/// storage left the shared broker answering no metadata request for every
+/// test after it (seen in CI); what the fill does with a flush is the
+/// ledger's, the same on either broker.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_redis_flushed_in_the_middle_of_a_fill_is_filled_again() {
+async fn kafka_only_a_redis_flushed_in_the_middle_of_a_fill_is_filled_again() {
+    kafka_only("30,000 records into tansu 0.6's SQLite storage stall the shared broker");
     const ORDERS: usize = 30_000;
     let dir = tempfile::tempdir().unwrap();
     let redis = RedisServer::start(free_port(), &[]).await;
