@@ -67,7 +67,8 @@ impl Placements {
         let epoch = inner.epoch;
         *inner.open.entry(epoch).or_default() += 1;
         Sending {
-            placements: Some((self.clone(), epoch)),
+            placements: self.clone(),
+            epoch,
         }
     }
 
@@ -140,40 +141,33 @@ impl Placements {
     }
 }
 
-/// A send in flight; given back when dropped. A send without placements
-/// (a ledger that keeps no offsets) is [`Sending::untracked`].
+/// A send in flight; given back when dropped.
 #[derive(Debug)]
 #[must_use = "a send is tracked until this is dropped, after its commit"]
 pub struct Sending {
-    placements: Option<(Arc<Placements>, u64)>,
+    placements: Arc<Placements>,
+    epoch: u64,
 }
 
 impl Sending {
-    /// A send no checkpoint waits for.
-    pub fn untracked() -> Sending {
-        Sending { placements: None }
-    }
-
     /// Where the record of this send lies, to carry in its commit.
-    pub fn placed(&self, topic: &str, partition: i32, offset: i64) -> Option<Placed> {
-        self.placements.as_ref().map(|(_, epoch)| Placed {
+    pub fn placed(&self, topic: &str, partition: i32, offset: i64) -> Placed {
+        Placed {
             topic: topic.to_owned(),
             partition,
             offset,
-            epoch: *epoch,
-        })
+            epoch: self.epoch,
+        }
     }
 }
 
 impl Drop for Sending {
     fn drop(&mut self) {
-        if let Some((placements, epoch)) = self.placements.take() {
-            let mut inner = placements.inner();
-            if let Some(count) = inner.open.get_mut(&epoch) {
-                *count -= 1;
-                if *count == 0 {
-                    inner.open.remove(&epoch);
-                }
+        let mut inner = self.placements.inner();
+        if let Some(count) = inner.open.get_mut(&self.epoch) {
+            *count -= 1;
+            if *count == 0 {
+                inner.open.remove(&self.epoch);
             }
         }
     }
@@ -194,7 +188,7 @@ mod tests {
         let placements = Arc::new(Placements::default());
         let slow = placements.sending();
         let fast = placements.sending();
-        let placed_fast = fast.placed("t", 0, 11).unwrap();
+        let placed_fast = fast.placed("t", 0, 11);
         placements.applied(&placed_fast);
         drop(fast);
         let sealed = placements.seal();
@@ -205,7 +199,7 @@ mod tests {
             "10 is not in yet"
         );
 
-        let placed_slow = slow.placed("t", 0, 10).unwrap();
+        let placed_slow = slow.placed("t", 0, 10);
         placements.applied(&placed_slow);
         drop(slow);
         assert!(placements.finished(sealed));
@@ -220,11 +214,11 @@ mod tests {
         let old = placements.sending();
         let first = placements.seal();
         let new = placements.sending();
-        placements.applied(&new.placed("t", 0, 20).unwrap());
+        placements.applied(&new.placed("t", 0, 20));
         drop(new);
         let second = placements.seal();
         assert_eq!(at(&placements.safe(second), "t", 0), None);
-        placements.applied(&old.placed("t", 0, 5).unwrap());
+        placements.applied(&old.placed("t", 0, 5));
         drop(old);
         assert_eq!(at(&placements.safe(first), "t", 0), Some(6));
         assert_eq!(at(&placements.safe(second), "t", 0), Some(21));
@@ -235,10 +229,9 @@ mod tests {
         let placements = Arc::new(Placements::default());
         placements.restore(&[(("t".to_owned(), 1), 50)].into_iter().collect());
         let send = placements.sending();
-        placements.applied(&send.placed("t", 1, 7).unwrap());
+        placements.applied(&send.placed("t", 1, 7));
         drop(send);
         let sealed = placements.seal();
         assert_eq!(at(&placements.safe(sealed), "t", 1), Some(50));
-        assert!(Sending::untracked().placed("t", 0, 1).is_none());
     }
 }

@@ -147,7 +147,7 @@ impl Pipeline {
             // failed write raised the ledger's fence, which keeps it and
             // writes it before the ledger is read again; the fence logs the
             // failure.
-            let placed = sending.placed(&record.topic, delivered.partition, delivered.offset);
+            let placed = Some(sending.placed(&record.topic, delivered.partition, delivered.offset));
             let committed = pipeline
                 .commit(lease, Some((slot, incoming)), placed, &trace)
                 .await;
@@ -298,7 +298,7 @@ impl Pipeline {
                 .inner
                 .dead_letters
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let placed = sending.placed(&topic, delivered.partition, delivered.offset);
+            let placed = Some(sending.placed(&topic, delivered.partition, delivered.offset));
             pipeline.commit(lease, None, placed, &trace).await?;
             drop(sending);
             Ok(())

@@ -199,7 +199,7 @@ async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
         .commit(Commit {
             delivery: Some(id),
             entity: Some((slot, state)),
-            placed: fast.placed("pos.orders", 2, 41),
+            placed: Some(fast.placed("pos.orders", 2, 41)),
             ..Commit::default()
         })
         .await
@@ -213,7 +213,7 @@ async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
     );
     ledger
         .commit(Commit {
-            placed: slow.placed("pos.orders", 2, 40),
+            placed: Some(slow.placed("pos.orders", 2, 40)),
             ..Commit::default()
         })
         .await
