@@ -123,7 +123,10 @@ impl PipelineError {
         match self {
             PipelineError::Publish(error) => error.is_announced(),
             PipelineError::Ledger(
-                LedgerError::Unwritable { .. } | LedgerError::Rebuilding { .. } | LedgerError::Lost,
+                LedgerError::Unwritable { .. }
+                | LedgerError::Rebuilding { .. }
+                | LedgerError::Lost
+                | LedgerError::Changed { .. },
             ) => true,
             _ => false,
         }
