@@ -149,6 +149,17 @@ pub struct OutgoingRecord {
     pub provider: &'static str,
 }
 
+#[cfg(test)]
+impl OutgoingRecord {
+    /// A header's value: what the tests read back from the fake broker.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| *key == name)
+            .map(|(_, value)| value.as_str())
+    }
+}
+
 /// The producer in use and its generation, so concurrent failures replace it once.
 struct Current {
     /// The idempotent producer.

@@ -48,6 +48,13 @@ fn passes_the_spool_stops_wait_twice_as_long_each_time_up_to_the_cap() {
     );
 }
 
+/// A record's delivery id.
+fn delivery_id(record: &crate::adapters::publish::OutgoingRecord) -> &str {
+    record
+        .header(crate::services::pipeline::HEADER_DELIVERY_ID)
+        .unwrap()
+}
+
 /// Spools one Mekari delivery per id, each a newer state of order
 /// `O-1` than the one before.
 async fn spool_orders(spool: &Spool, ids: &[&str]) {
@@ -102,14 +109,7 @@ async fn a_pass_publishes_the_spool_in_order_and_empties_it() {
     let ids: Vec<String> = broker
         .taken()
         .iter()
-        .map(|record| {
-            let (_, id) = record
-                .headers
-                .iter()
-                .find(|(name, _)| *name == crate::services::pipeline::HEADER_DELIVERY_ID)
-                .unwrap();
-            format!("{}/{id}", record.key)
-        })
+        .map(|record| format!("{}/{}", record.key, delivery_id(record)))
         .collect();
     assert_eq!(ids, ["mekari:O-1/k-1", "mekari:O-1/k-2", "mekari:O-1/k-3"]);
     assert_eq!(drainer.drain_all().await.unwrap().entries, 0);
@@ -178,14 +178,7 @@ async fn the_intact_sales_of_a_spool_damaged_on_disk_reach_the_topic() {
     let mut ids: Vec<String> = broker
         .taken()
         .iter()
-        .map(|record| {
-            let (_, id) = record
-                .headers
-                .iter()
-                .find(|(name, _)| *name == crate::services::pipeline::HEADER_DELIVERY_ID)
-                .unwrap();
-            id.clone()
-        })
+        .map(|record| delivery_id(record).to_owned())
         .collect();
     // Two entities, two lanes: either may publish first.
     ids.sort();

@@ -301,11 +301,7 @@ mod tests {
     }
 
     fn header<'a>(record: &'a OutgoingRecord, name: &str) -> Option<&'a str> {
-        record
-            .headers
-            .iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| v.as_str())
+        record.header(name)
     }
 
     #[test]

@@ -432,9 +432,5 @@ pub(super) fn entity_type(provider: ProviderKind) -> EntityType {
 
 /// A record's delivery id header.
 pub(super) fn delivery_of(record: &OutgoingRecord) -> Option<String> {
-    record
-        .headers
-        .iter()
-        .find(|(name, _)| *name == HEADER_DELIVERY_ID)
-        .map(|(_, value)| value.clone())
+    record.header(HEADER_DELIVERY_ID).map(str::to_owned)
 }

@@ -40,11 +40,7 @@ fn dead_letters(pipeline: &Pipeline) -> String {
 }
 
 fn header<'r>(record: &'r OutgoingRecord, name: &str) -> &'r str {
-    record
-        .headers
-        .iter()
-        .find(|(key, _)| *key == name)
-        .map_or("", |(_, value)| value.as_str())
+    record.header(name).unwrap_or_default()
 }
 
 /// The delivery id of every record the broker took, in order.
