@@ -94,14 +94,19 @@ fn sale(n: i64, total: u32) -> SpooledDelivery {
 }
 
 /// Three sales spooled during an outage, the second with a total of 4321,
-/// and the spool closed (posbridge stopped).
-async fn three_sales(config: &SpoolConfig) -> [SpooledDelivery; 3] {
+/// and the spool that holds them, open.
+async fn spooled_sales(config: &SpoolConfig) -> (Spool, [SpooledDelivery; 3]) {
     let sales = [sale(1, 1200), sale(2, 4321), sale(3, 5000)];
     let spool = Spool::open(config).unwrap();
     for sale in &sales {
         spool.append(sale).await.unwrap();
     }
-    sales
+    (spool, sales)
+}
+
+/// The same, the spool closed (posbridge stopped).
+async fn three_sales(config: &SpoolConfig) -> [SpooledDelivery; 3] {
+    spooled_sales(config).await.1
 }
 
 /// `bytes` with every `from` replaced by `to` (of one length), and how
@@ -226,11 +231,7 @@ async fn an_entry_that_fails_its_checksum_is_quarantined_not_returned() {
 async fn an_entry_damaged_while_spooled_is_quarantined_when_read() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), 10);
-    let spool = Spool::open(&config).unwrap();
-    let sales = [sale(1, 1200), sale(2, 4321), sale(3, 5000)];
-    for sale in &sales {
-        spool.append(sale).await.unwrap();
-    }
+    let (spool, _) = spooled_sales(&config).await;
     change_entry(&spool.db().unwrap(), 1, b"4321", b"9321");
 
     let ids: Vec<String> = spool
@@ -323,11 +324,7 @@ async fn an_entry_written_before_frames_is_still_read() {
 async fn entries_of_commits_redb_rolls_back_are_found_in_the_file_and_kept() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), 10);
-    let spool = Spool::open(&config).unwrap();
-    let sales = [sale(1, 1200), sale(2, 4321), sale(3, 5000)];
-    for sale in &sales {
-        spool.append(sale).await.unwrap();
-    }
+    let (spool, sales) = spooled_sales(&config).await;
     let mut image = std::fs::read(&config.path).unwrap();
     drop(spool);
     let last = memchr::memmem::rfind(&image, br#""delivery_id":"sale-3""#).unwrap();
