@@ -37,6 +37,28 @@ fn on(redis: &RedisServer, prefix: &str, dir: &std::path::Path) -> Config {
     config
 }
 
+/// Waits until a replica's checkpoint in `redis` holds the offset past the
+/// first record of `topic`'s partition 0: the state it wrote is covered.
+async fn checkpointed(redis: &RedisServer, prefix: &str, topic: &str) {
+    let key = format!("{prefix}:{{offsets}}:replicas");
+    let field = format!("{topic}/0");
+    wait_until(
+        Duration::from_secs(10),
+        "a checkpoint to record the first record's offset",
+        async || {
+            // HGETALL: replica, then its entry (the server's time, then JSON).
+            redis.cli(&["HGETALL", &key]).await.lines().any(|line| {
+                line.split_once(' ')
+                    .and_then(|(_, json)| {
+                        serde_json::from_str::<std::collections::BTreeMap<String, i64>>(json).ok()
+                    })
+                    .is_some_and(|offsets| offsets.get(&field).is_some_and(|next| *next >= 1))
+            })
+        },
+    )
+    .await;
+}
+
 /// An RFC 3339 time `minutes` ago: a delivery id is restored from the
 /// topics when its record (stamped with the event's time) lies within the
 /// dedup window.
@@ -99,7 +121,7 @@ async fn a_redis_restarted_from_its_last_snapshot_is_read_from_the_offsets_it_ke
         "published"
     );
     // A checkpoint records the offsets, then Redis snapshots.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    checkpointed(&redis, &prefix, &app.topic("orders")).await;
     assert_eq!(redis.cli(&["SAVE"]).await.trim(), "OK");
     assert_eq!(
         status(async || app.send("mekari", "main", &at_1005).await).await,
@@ -150,7 +172,7 @@ async fn a_replica_promoted_before_it_received_the_last_writes_is_read_from_its_
     );
     // A checkpoint records the offsets, the replica receives everything so
     // far, and is promoted before the 10:05 publish.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    checkpointed(&primary, &prefix, &app.topic("orders")).await;
     assert_eq!(primary.cli(&["WAIT", "1", "5000"]).await.trim(), "1");
     assert_eq!(replica.cli(&["REPLICAOF", "NO", "ONE"]).await.trim(), "OK");
     assert_eq!(
@@ -263,25 +285,21 @@ async fn kafka_only_a_redis_flushed_in_the_middle_of_a_fill_is_filled_again() {
     // writes the rest.
     let flusher = {
         let mut conn = conn.clone();
-        tokio::spawn(async move {
-            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        async move {
             // The test's own server: its keys are the ledger's.
-            loop {
-                let keys: usize = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
-                if keys >= ORDERS / 4 {
-                    break;
-                }
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the fill wrote no part of the orders in 120 s"
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            wait_until(
+                Duration::from_secs(120),
+                "the fill to write a quarter of the orders",
+                async || {
+                    let keys: usize = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+                    keys >= ORDERS / 4
+                },
+            )
+            .await;
             let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
-        })
+        }
     };
-    let app = TestApp::start_with(config).await;
-    flusher.await.unwrap();
+    let (app, ()) = tokio::join!(TestApp::start_with(config), flusher);
     wait_until(
         Duration::from_secs(180),
         "the ledger to be filled",
