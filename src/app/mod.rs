@@ -330,9 +330,11 @@ impl App {
         let background = CancellationToken::new();
         tokio::spawn(
             crate::services::rebuild::Rebuild::new(
-                kafka,
+                Arc::new(crate::services::rebuild::Kafka::new(
+                    kafka,
+                    publisher.clone(),
+                )),
                 &topics,
-                publisher.clone(),
                 opened.store.clone(),
                 opened.gate.clone(),
                 Duration::from_secs(config.ledger.dedup_ttl_secs),

@@ -154,13 +154,39 @@ pub struct Opened {
 /// # Errors
 /// [`LedgerError::Open`] naming the file or server that could not be opened.
 pub async fn open(config: &LedgerConfig, lease: Duration) -> Result<Opened, LedgerError> {
-    let store = open_store(config, lease).await?;
-    let gate = Gate::closed();
-    Ok(Opened {
-        ledger: Arc::new(Gated::new(store.clone(), gate.clone())),
-        store,
-        gate,
-    })
+    Ok(Opened::behind_a_closed_gate(
+        open_store(config, lease).await?,
+    ))
+}
+
+/// An embedded ledger at `path` whose checkpoints are taken only when
+/// [`Ledger::persist`] asks, behind the fence and a closed [`Gate`]: what a
+/// simulation opens, so its seeded schedule decides what is durable when it
+/// crashes.
+///
+/// # Errors
+/// As [`open`].
+#[cfg(test)]
+pub(crate) fn open_driven(
+    path: &std::path::Path,
+    dedup_ttl: Duration,
+    lease: Duration,
+) -> Result<Opened, LedgerError> {
+    let store: Arc<dyn Ledger> = Arc::new(Fenced::new(EmbeddedLedger::open_driven(
+        path, dedup_ttl, lease,
+    )?));
+    Ok(Opened::behind_a_closed_gate(store))
+}
+
+impl Opened {
+    fn behind_a_closed_gate(store: Arc<dyn Ledger>) -> Opened {
+        let gate = Gate::closed();
+        Opened {
+            ledger: Arc::new(Gated::new(store.clone(), gate.clone())),
+            store,
+            gate,
+        }
+    }
 }
 
 /// The configured backend behind the fence.

@@ -56,8 +56,14 @@ impl std::fmt::Debug for FakeBroker {
 
 #[derive(Debug, Default)]
 struct State {
-    /// What was acknowledged, in order.
-    taken: Vec<OutgoingRecord>,
+    /// What was acknowledged, in order, with its offset in its topic.
+    taken: Vec<(i64, OutgoingRecord)>,
+    /// Sends that reached the broker and are not answered yet, by arrival.
+    in_flight: BTreeMap<u64, OutgoingRecord>,
+    /// Sends that reached the broker, ever.
+    arrivals: u64,
+    /// How many times the broker was replaced by an empty one.
+    generation: u64,
     /// Each topic's next offset.
     next_offset: BTreeMap<String, i64>,
     /// How the next sends fail, one each, front first.
@@ -142,16 +148,71 @@ impl FakeBroker {
 
     /// Every record acknowledged, in order.
     pub fn taken(&self) -> Vec<OutgoingRecord> {
-        self.state().taken.clone()
+        self.state()
+            .taken
+            .iter()
+            .map(|(_, record)| record.clone())
+            .collect()
+    }
+
+    /// How many records the log holds.
+    pub fn taken_count(&self) -> usize {
+        self.state().taken.len()
+    }
+
+    /// The records of `topic`'s one partition with their offsets, in order.
+    pub fn log_of(&self, topic: &str) -> Vec<(i64, OutgoingRecord)> {
+        self.state()
+            .taken
+            .iter()
+            .filter(|(_, record)| record.topic == topic)
+            .cloned()
+            .collect()
+    }
+
+    /// The offset `topic`'s next record gets: its partition's end.
+    pub fn end_of(&self, topic: &str) -> i64 {
+        self.state().next_offset.get(topic).copied().unwrap_or(0)
+    }
+
+    /// The cluster's id and each topic's, as `DescribeTopics` gives them:
+    /// new ones once the broker was replaced.
+    pub fn ids(&self) -> (String, u64) {
+        let generation = self.state().generation;
+        (format!("fake-cluster-{generation}"), generation)
+    }
+
+    /// The process that sent to it crashed: of the sends not answered yet,
+    /// those `reached` says the log took are in it, the others lost; none
+    /// is answered (the process that would hear it is gone).
+    pub fn crash(&self, mut reached: impl FnMut(&OutgoingRecord) -> bool) -> Vec<OutgoingRecord> {
+        let mut state = self.state();
+        let in_flight = std::mem::take(&mut state.in_flight);
+        let mut logged = Vec::new();
+        for record in in_flight.into_values() {
+            if reached(&record) {
+                state.append(&record);
+                logged.push(record);
+            }
+        }
+        logged
+    }
+
+    /// An empty broker at the same address: its log gone, its cluster and
+    /// topics new ones (another cluster id, other topic ids).
+    pub fn replace(&self) {
+        let mut state = self.state();
+        state.taken.clear();
+        state.next_offset.clear();
+        state.in_flight.clear();
+        state.generation += 1;
     }
 
     /// The records acknowledged on `topic`, in order.
     pub fn taken_on(&self, topic: &str) -> Vec<OutgoingRecord> {
-        self.state()
-            .taken
-            .iter()
-            .filter(|record| record.topic == topic)
-            .cloned()
+        self.log_of(topic)
+            .into_iter()
+            .map(|(_, record)| record)
             .collect()
     }
 
@@ -160,8 +221,14 @@ impl FakeBroker {
     }
 
     /// The answer to `record` once it is due, as `fault` says.
-    fn answer(&self, record: &OutgoingRecord, fault: Fault) -> Result<Delivered, PublishError> {
+    fn answer(
+        &self,
+        arrival: u64,
+        record: &OutgoingRecord,
+        fault: Fault,
+    ) -> Result<Delivered, PublishError> {
         let mut state = self.state();
+        state.in_flight.remove(&arrival);
         let failure = state.next_failures.pop_front().or(state.every_failure);
         let too_large = state
             .limits
@@ -176,19 +243,27 @@ impl FakeBroker {
         if let Some(code) = failure {
             return Err(classify(KafkaError::MessageProduction(code)));
         }
-        let offset = state.next_offset.entry(record.topic.clone()).or_default();
-        let delivered = Delivered {
-            partition: 0,
-            offset: *offset,
-        };
-        *offset += 1;
-        state.taken.push(record.clone());
+        let delivered = state.append(record);
         if fault == Fault::LoseAck {
             return Err(classify(KafkaError::MessageProduction(
                 RDKafkaErrorCode::MessageTimedOut,
             )));
         }
         Ok(delivered)
+    }
+}
+
+impl State {
+    /// `record` at the end of its topic's log.
+    fn append(&mut self, record: &OutgoingRecord) -> Delivered {
+        let offset = self.next_offset.entry(record.topic.clone()).or_default();
+        let delivered = Delivered {
+            partition: 0,
+            offset: *offset,
+        };
+        *offset += 1;
+        self.taken.push((delivered.offset, record.clone()));
+        delivered
     }
 }
 
@@ -215,7 +290,13 @@ impl Produce for FakeBroker {
             .unwrap_or_else(PoisonError::into_inner)
             .as_mut()
             .map_or(Fault::Take, |plan| plan(record));
-        let mut delay = self.state().delay;
+        let (mut delay, arrival) = {
+            let mut state = self.state();
+            state.arrivals += 1;
+            let arrival = state.arrivals;
+            state.in_flight.insert(arrival, record.clone());
+            (state.delay, arrival)
+        };
         if let Fault::Late(late) = fault {
             delay += late;
         }
@@ -225,7 +306,7 @@ impl Produce for FakeBroker {
         let mut holding = self.holding.subscribe();
         // The sender lives as long as `self`.
         let _ = holding.wait_for(|holding| !holding).await;
-        self.answer(record, fault)
+        self.answer(arrival, record, fault)
     }
 
     async fn topic_limit(&self, topic: &str) -> Option<usize> {

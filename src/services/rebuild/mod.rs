@@ -41,6 +41,7 @@
 //! commits it.
 
 mod found;
+mod source;
 mod verdict;
 
 use std::collections::BTreeMap;
@@ -54,12 +55,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::adapters::ledger::{Commit, EntitySlot, Gate, Ledger, LedgerError, Offsets, TopicsSeen};
-use crate::adapters::publish::{Described, Publisher, Topics};
-use crate::config::KafkaConfig;
+use crate::adapters::publish::Topics;
 use crate::domain::event::EntityType;
 use crate::observe::telemetry;
-use crate::services::replay::{Extent, ReadError, Reader};
+use crate::services::replay::{Extent, ReadError};
 use found::{Found, Summary};
+pub use source::{Kafka, TopicRead, TopicSource};
 use verdict::{Look, Verdict, judge};
 
 /// The generation mark: the unix second the store was last filled.
@@ -164,10 +165,10 @@ pub async fn is_marked(ledger: &dyn Ledger) -> Result<bool, LedgerError> {
 
 /// The rebuild of one ledger: what it reads and where it writes.
 pub struct Rebuild {
-    kafka: KafkaConfig,
+    /// The topics' records, the cluster's and the topics' ids, and the
+    /// partitions the topic watch keeps.
+    source: Arc<dyn TopicSource>,
     topics: Topics,
-    /// For the cluster's and the topics' ids, and the partitions it keeps.
-    publisher: Publisher,
     /// The store itself (not behind the gate).
     store: Arc<dyn Ledger>,
     gate: Arc<Gate>,
@@ -175,19 +176,17 @@ pub struct Rebuild {
 }
 
 impl Rebuild {
-    /// A rebuild of `store` from `topics`, behind `gate`.
+    /// A rebuild of `store` from `topics` read from `source`, behind `gate`.
     pub fn new(
-        kafka: &KafkaConfig,
+        source: Arc<dyn TopicSource>,
         topics: &Topics,
-        publisher: Publisher,
         store: Arc<dyn Ledger>,
         gate: Arc<Gate>,
         dedup_ttl: Duration,
     ) -> Rebuild {
         Rebuild {
-            kafka: kafka.clone(),
+            source,
             topics: topics.clone(),
-            publisher,
             store,
             gate,
             dedup_ttl,
@@ -290,7 +289,7 @@ impl Rebuild {
             };
             let proof = Proof::begin(self.store.as_ref()).await?;
             let ends = self.fill(&look, &from, done_since_ms, held, proof).await?;
-            let seen = look.seen(before.as_ref(), &self.publisher.kept_partitions());
+            let seen = look.seen(before.as_ref(), &self.source.kept_partitions());
             return self.finish(&ends, &seen, proof, now).await;
         }
         let _lock = self
@@ -309,7 +308,7 @@ impl Rebuild {
         let ends = self
             .fill(&look, &Offsets::new(), done_since_ms, Held::Nothing, proof)
             .await?;
-        let seen = look.seen(None, &self.publisher.kept_partitions());
+        let seen = look.seen(None, &self.source.kept_partitions());
         self.finish(&ends, &seen, proof, now).await
     }
 
@@ -349,7 +348,7 @@ impl Rebuild {
         metrics::counter!(telemetry::LEDGER_TOPICS_REPLACED).increment(1);
         self.gate.filled_whole_because(why);
         self.store.forget_topics().await?;
-        self.publisher.keep_partitions_anew(&look.partitions());
+        self.source.keep_partitions_anew(&look.partitions());
         Ok(())
     }
 
@@ -361,19 +360,11 @@ impl Rebuild {
             .into_iter()
             .map(|(topic, _)| topic.to_owned())
             .collect();
-        let described = match self.publisher.describe(&names).await {
-            Ok(described) => described,
-            Err(error) => {
-                // Where a broker gives no ids, the offsets alone tell other
-                // topics (`verdict`).
-                debug!(%error, "The cluster does not describe its topics' ids.");
-                Described::default()
-            }
-        };
+        let described = self.source.describe(&names).await;
         let mut extents_of = BTreeMap::new();
         for name in names {
-            let reader = Reader::new(&self.kafka, &name)?;
-            extents_of.insert(name, extents(&reader).await?);
+            let reader = self.source.reader(&name)?;
+            extents_of.insert(name, extents(reader.as_ref()).await?);
         }
         Ok(Look {
             described,
@@ -395,7 +386,7 @@ impl Rebuild {
         let started = Instant::now();
         let mut plan = Vec::new();
         for (topic, entity_type) in self.all_topics() {
-            let reader = Reader::new(&self.kafka, topic)?;
+            let reader = self.source.reader(topic)?;
             let ranges: Vec<(Extent, i64)> = look
                 .extents
                 .get(topic)
@@ -523,7 +514,7 @@ impl Rebuild {
 }
 
 /// A topic's partitions; none for a topic that does not exist.
-async fn extents(reader: &Reader) -> Result<Vec<Extent>, ReadError> {
+async fn extents(reader: &dyn TopicRead) -> Result<Vec<Extent>, ReadError> {
     // A topic created a moment ago (this start, or a replica's beside it)
     // may have partitions without a leader yet: asked again for a while.
     (|| reader.extents())

@@ -76,39 +76,83 @@ impl Health {
     }
 }
 
+/// Takes the checkpoints: on a thread of its own in the service
+/// ([`checkpoint_loop`]), on the caller's thread when a simulation drives
+/// them (`EmbeddedLedger::open_driven`).
+pub(super) struct Checkpointer {
+    pub(super) store: Arc<Store>,
+    pub(super) placements: Arc<Placements>,
+    pub(super) seen: Arc<Seen>,
+    pub(super) health: Arc<Health>,
+    /// How long a checkpoint waits for the sends of the epoch it sealed.
+    pub(super) seal_wait: Duration,
+    checkpoint: Checkpoint,
+}
+
+impl Checkpointer {
+    pub(super) fn new(
+        store: Arc<Store>,
+        placements: Arc<Placements>,
+        seen: Arc<Seen>,
+        health: Arc<Health>,
+    ) -> Checkpointer {
+        Checkpointer {
+            store,
+            placements,
+            seen,
+            health,
+            seal_wait: SEAL_WAIT,
+            checkpoint: Checkpoint::default(),
+        }
+    }
+
+    /// Does what was asked (`None`: the interval is up).
+    pub(super) fn handle(&mut self, ask: Option<Ask>) {
+        if let Some(Ask::Forget(reply)) = ask {
+            let _ = reply.send(self.checkpoint.forget(&self.store, &self.placements));
+            return;
+        }
+        let outcome = self.take();
+        if let Some(Ask::Now(reply)) = ask {
+            // The asker may have given up waiting; nothing to tell it.
+            let _ = reply.send(outcome);
+        }
+    }
+
+    /// One checkpoint, its outcome shown by the health.
+    fn take(&mut self) -> Result<(), LedgerError> {
+        let outcome = self.checkpoint.take(
+            &self.store,
+            &self.placements,
+            &self.seen,
+            &self.health,
+            self.seal_wait,
+        );
+        self.health.set(&outcome);
+        outcome
+    }
+}
+
 /// The thread's loop: a checkpoint every `every`, when asked, and a last
 /// one when every ledger handle is gone.
 pub(super) fn checkpoint_loop(
-    store: &Store,
-    placements: &Placements,
-    seen: &Seen,
-    health: &Health,
+    mut checkpointer: Checkpointer,
     asked: &AtomicBool,
     asks: &Receiver<Ask>,
     every: Duration,
 ) {
-    let mut checkpoint = Checkpoint::default();
     loop {
         let ask = asks.recv_timeout(every);
         // Commits from here on may ask again.
         asked.store(false, Ordering::Release);
-        let asked = match ask {
-            Ok(ask) => Some(ask),
-            Err(RecvTimeoutError::Timeout) => None,
+        match ask {
+            Ok(ask) => checkpointer.handle(Some(ask)),
+            Err(RecvTimeoutError::Timeout) => checkpointer.handle(None),
             Err(RecvTimeoutError::Disconnected) => {
-                health.set(&checkpoint.take(store, placements, seen, health));
+                // Its outcome is in the health; nobody is left to tell.
+                let _ = checkpointer.take();
                 return;
             }
-        };
-        if let Some(Ask::Forget(reply)) = asked {
-            let _ = reply.send(checkpoint.forget(store, placements));
-            continue;
-        }
-        let outcome = checkpoint.take(store, placements, seen, health);
-        health.set(&outcome);
-        if let Some(Ask::Now(reply)) = asked {
-            // The asker may have given up waiting; nothing to tell it.
-            let _ = reply.send(outcome);
         }
     }
 }
@@ -132,9 +176,10 @@ impl Checkpoint {
         placements: &Placements,
         seen: &Seen,
         health: &Health,
+        seal_wait: Duration,
     ) -> Result<(), LedgerError> {
         let sealed = placements.seal();
-        let deadline = Instant::now() + SEAL_WAIT;
+        let deadline = Instant::now() + seal_wait;
         while !placements.finished(sealed) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }

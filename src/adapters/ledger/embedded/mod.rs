@@ -42,7 +42,7 @@ use super::{
     Begin, Cached, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError, TopicsSeen,
 };
 use crate::domain::event::DeliveryKey;
-use checkpoint::{Ask, Health, Seen, checkpoint_loop};
+use checkpoint::{Ask, Checkpointer, Health, Seen, checkpoint_loop};
 use store::Store;
 use tables::{DONE, unix_now};
 
@@ -80,9 +80,38 @@ pub struct EmbeddedLedger {
     health: Arc<Health>,
     /// Whether a checkpoint was asked for and has not begun yet.
     asked: Arc<AtomicBool>,
-    /// To the checkpoint thread, which ends (with a last checkpoint) when
-    /// every handle is gone.
-    asks: std::sync::mpsc::Sender<Ask>,
+    /// To whoever takes the checkpoints.
+    asks: Asks,
+}
+
+/// Where a ledger's asks for a checkpoint go.
+#[derive(Clone)]
+enum Asks {
+    /// The checkpoint thread, which also checkpoints every interval and
+    /// ends (with a last checkpoint) when every handle is gone.
+    Thread(std::sync::mpsc::Sender<Ask>),
+    /// Taken on the asker's thread, and only when asked, without waiting
+    /// for sends of the sealed epoch: a simulation decides when each
+    /// checkpoint is taken, on its virtual clock, and a crash takes none.
+    #[cfg(test)]
+    Inline(Arc<Mutex<Checkpointer>>, Arc<AtomicBool>),
+}
+
+impl Asks {
+    fn send(&self, ask: Ask) -> Result<(), LedgerError> {
+        match self {
+            Asks::Thread(thread) => thread.send(ask).map_err(|_| LedgerError::Closed),
+            #[cfg(test)]
+            Asks::Inline(checkpointer, asked) => {
+                asked.store(false, Ordering::Release);
+                checkpointer
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .handle(Some(ask));
+                Ok(())
+            }
+        }
+    }
 }
 
 impl EmbeddedLedger {
@@ -108,39 +137,59 @@ impl EmbeddedLedger {
         lease: Duration,
         checkpoint_every: Duration,
     ) -> Result<Self, LedgerError> {
-        let open_error = |e: Box<dyn std::error::Error + Send + Sync>| LedgerError::Open {
-            path: path.display().to_string(),
-            source: e,
-        };
+        Self::open_taking(path, dedup_ttl, lease, |checkpointer, asked| {
+            let (asks, queue) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .name("ledger-checkpoint".into())
+                .spawn(move || checkpoint_loop(checkpointer, &asked, &queue, checkpoint_every))
+                .map_err(|e| LedgerError::Open {
+                    path: path.display().to_string(),
+                    source: e.into(),
+                })?;
+            Ok(Asks::Thread(asks))
+        })
+    }
+
+    /// Opens (or creates) the ledger file with no checkpoint thread: a
+    /// checkpoint is taken when [`Ledger::persist`] asks for one, on the
+    /// asker's thread, and none when the ledger is dropped (a crash).
+    ///
+    /// # Errors
+    /// As [`EmbeddedLedger::open_with`].
+    #[cfg(test)]
+    pub(crate) fn open_driven(
+        path: &Path,
+        dedup_ttl: Duration,
+        lease: Duration,
+    ) -> Result<Self, LedgerError> {
+        Self::open_taking(path, dedup_ttl, lease, |mut checkpointer, asked| {
+            checkpointer.seal_wait = Duration::ZERO;
+            Ok(Asks::Inline(Arc::new(Mutex::new(checkpointer)), asked))
+        })
+    }
+
+    /// Opens the file, a damaged one set aside, and hands its checkpoints
+    /// to whoever `start` says.
+    fn open_taking(
+        path: &Path,
+        dedup_ttl: Duration,
+        lease: Duration,
+        start: impl FnOnce(Checkpointer, Arc<AtomicBool>) -> Result<Asks, LedgerError>,
+    ) -> Result<Self, LedgerError> {
         let store = Arc::new(opening::open_or_set_aside(path)?);
         let placements = Arc::new(Placements::default());
         let seen = Arc::new(Seen::default());
         let health = Arc::new(Health::default());
         let asked = Arc::new(AtomicBool::new(false));
-
-        let (asks, queue) = std::sync::mpsc::channel();
-        let (thread_store, thread_placements, thread_seen, thread_health, thread_asked) = (
-            store.clone(),
-            placements.clone(),
-            seen.clone(),
-            health.clone(),
+        let asks = start(
+            Checkpointer::new(
+                store.clone(),
+                placements.clone(),
+                seen.clone(),
+                health.clone(),
+            ),
             asked.clone(),
-        );
-        std::thread::Builder::new()
-            .name("ledger-checkpoint".into())
-            .spawn(move || {
-                checkpoint_loop(
-                    &thread_store,
-                    &thread_placements,
-                    &thread_seen,
-                    &thread_health,
-                    &thread_asked,
-                    &queue,
-                    checkpoint_every,
-                );
-            })
-            .map_err(|e| open_error(e.into()))?;
-
+        )?;
         Ok(EmbeddedLedger {
             store,
             leases: Arc::default(),
@@ -334,9 +383,7 @@ impl Ledger for EmbeddedLedger {
     async fn forget_topics(&self) -> Result<(), LedgerError> {
         *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = None;
         let (reply, answer) = oneshot::channel();
-        self.asks
-            .send(Ask::Forget(reply))
-            .map_err(|_| LedgerError::Closed)?;
+        self.asks.send(Ask::Forget(reply))?;
         answer.await.unwrap_or(Err(LedgerError::Closed))
     }
 
@@ -349,9 +396,7 @@ impl Ledger for EmbeddedLedger {
 
     async fn persist(&self) -> Result<(), LedgerError> {
         let (reply, answer) = oneshot::channel();
-        self.asks
-            .send(Ask::Now(reply))
-            .map_err(|_| LedgerError::Closed)?;
+        self.asks.send(Ask::Now(reply))?;
         answer.await.unwrap_or(Err(LedgerError::Closed))
     }
 

@@ -4,9 +4,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::world::{Ended, delivery_of, entity_type};
-use crate::adapters::publish::Topics;
+use super::providers::entity_type;
+use super::world::{Answer, Ended, delivery_of};
+use crate::adapters::publish::{OutgoingRecord, Topics};
 use crate::config::KafkaConfig;
+use crate::domain::event::ProviderKind;
 use crate::services::pipeline::Outcome;
 
 /// The providers give up on an answer after this long.
@@ -14,12 +16,58 @@ const ANSWER_LIMIT: Duration = Duration::from_secs(10);
 
 /// Every guarantee the world broke, in words.
 pub(super) fn violations(ended: &Ended) -> Vec<String> {
-    let topics = Topics::new(&KafkaConfig::default());
     let mut broken = Vec::new();
+    // A replaced broker's log is gone: what each broker holds is checked
+    // against the answers given while it was the one.
+    let mut lost_to_the_spool = 0;
+    for (era, log) in ended.eras.iter().enumerate() {
+        let answers: Vec<&Answer> = ended.answers.iter().filter(|a| a.era == era).collect();
+        lost_to_the_spool += era_violations(ended, log, &answers, &mut broken);
+    }
+    if lost_to_the_spool > ended.quarantined {
+        broken.push(format!(
+            "{lost_to_the_spool} spooled deliveries are missing, and only {} spool entries were set aside as damaged",
+            ended.quarantined
+        ));
+    }
+    if ended.spooled_at_end > 0 {
+        broken.push(format!(
+            "the spool still held {} deliveries an hour after the faults ended",
+            ended.spooled_at_end
+        ));
+    }
+    for answer in &ended.answers {
+        if answer.took > ANSWER_LIMIT {
+            broken.push(format!(
+                "{} answered after {} ms, past the providers' 10 s",
+                answer.delivery,
+                answer.took.as_millis()
+            ));
+        }
+        if answer.outcome.is_err() && answer.last && answer.at > ended.quiet_from {
+            broken.push(format!(
+                "{}: its provider's last attempt, after the faults ended, was not taken: {:?}",
+                answer.delivery, answer.outcome
+            ));
+        }
+    }
+    broken
+}
+
+/// The guarantees over one broker's log and the answers given while it
+/// was the one; how many deliveries answered `spooled` are missing from it
+/// (a damaged spool entry may lose one).
+fn era_violations(
+    ended: &Ended,
+    log: &[OutgoingRecord],
+    answers: &[&Answer],
+    broken: &mut Vec<String>,
+) -> u64 {
+    let topics = Topics::new(&KafkaConfig::default());
     // The event index of every record of each key, in log order.
     let mut by_key: BTreeMap<&str, Vec<(usize, &str)>> = BTreeMap::new();
     let mut copies: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    for (at, record) in ended.log.iter().enumerate() {
+    for (at, record) in log.iter().enumerate() {
         if record.topic == topics.dead_letter() {
             broken.push(format!(
                 "a dead letter was written at {at} for a valid event: {:?}",
@@ -60,46 +108,28 @@ pub(super) fn violations(ended: &Ended) -> Vec<String> {
         }
     }
 
-    // At most one copy per delivery, one more per acknowledgement lost.
+    // At most one copy per delivery, one more per doubt.
+    let allowed = |delivery: &str| 1 + ended.in_doubt.get(delivery).copied().unwrap_or(0) as usize;
     for (delivery, at) in &copies {
-        let allowed = 1 + ended.lost_acks.get(*delivery).copied().unwrap_or(0) as usize;
-        if at.len() > allowed {
+        if at.len() > allowed(delivery) {
             broken.push(format!(
-                "{delivery} written {} times (at {at:?}), {} acknowledgement(s) lost",
+                "{delivery} written {} times (at {at:?}), {} time(s) in doubt",
                 at.len(),
-                allowed - 1
+                allowed(delivery) - 1
             ));
         }
     }
 
-    if ended.spooled_at_end > 0 {
-        broken.push(format!(
-            "the spool still held {} deliveries an hour after the faults ended",
-            ended.spooled_at_end
-        ));
-    }
+    let mut lost_to_the_spool = 0;
     let mut answered_2xx = BTreeSet::new();
-    for answer in &ended.answers {
-        if answer.took > ANSWER_LIMIT {
-            broken.push(format!(
-                "{} answered after {} ms, past the providers' 10 s",
-                answer.delivery,
-                answer.took.as_millis()
-            ));
-        }
+    for answer in answers {
         let Ok(outcome) = answer.outcome else {
-            if answer.last && answer.at > ended.faults_end + Duration::from_secs(5) {
-                broken.push(format!(
-                    "{}: its provider's last attempt, after the faults ended, was not taken: {:?}",
-                    answer.delivery, answer.outcome
-                ));
-            }
             continue;
         };
         let event = &ended.events[&answer.delivery];
         // Nothing of a delivery is written after it was answered 2xx the
         // first time; a spooled one, by the drainer, once (and once more
-        // per acknowledgement lost).
+        // per doubt).
         if answered_2xx.insert(answer.delivery.as_str()) {
             let later: Vec<&usize> = copies
                 .get(answer.delivery.as_str())
@@ -108,11 +138,7 @@ pub(super) fn violations(ended: &Ended) -> Vec<String> {
                 .filter(|at| **at >= answer.log_len)
                 .collect();
             let allowed = if outcome == Outcome::Spooled {
-                1 + ended
-                    .lost_acks
-                    .get(answer.delivery.as_str())
-                    .copied()
-                    .unwrap_or(0) as usize
+                allowed(&answer.delivery)
             } else {
                 0
             };
@@ -140,21 +166,25 @@ pub(super) fn violations(ended: &Ended) -> Vec<String> {
                 "{} answered dead_lettered: a valid event",
                 answer.delivery
             )),
-            Outcome::Spooled
-                if !ended.spools || event.provider != crate::domain::event::ProviderKind::ReceiptRoller =>
-            {
+            Outcome::Spooled if !ended.spools || event.provider != ProviderKind::ReceiptRoller => {
                 broken.push(format!(
                     "{} answered spooled, from a source that does not spool",
                     answer.delivery
                 ));
             }
-            _ if newest.is_none_or(|newest| newest < event.index) => broken.push(format!(
-                "{} (event {} of {}) answered {}, and the topic's newest state of its key is {newest:?}",
-                answer.delivery,
-                event.index,
-                event.key,
-                outcome.as_str()
-            )),
+            _ if newest.is_none_or(|newest| newest < event.index) => {
+                if outcome == Outcome::Spooled {
+                    lost_to_the_spool += 1;
+                } else {
+                    broken.push(format!(
+                        "{} (event {} of {}) answered {}, and the topic's newest state of its key is {newest:?}",
+                        answer.delivery,
+                        event.index,
+                        event.key,
+                        outcome.as_str()
+                    ));
+                }
+            }
             _ => {}
         }
     }
@@ -165,5 +195,5 @@ pub(super) fn violations(ended: &Ended) -> Vec<String> {
             broken.push(format!("{key}: the last record is not the newest state"));
         }
     }
-    broken
+    lost_to_the_spool
 }

@@ -37,6 +37,9 @@
 //! step; `scripts/simulate --seeds N` is the long run.
 
 mod check;
+mod process;
+mod providers;
+mod source;
 mod world;
 
 use world::World;
@@ -66,31 +69,23 @@ fn seeds() -> (std::ops::Range<u64>, bool) {
 /// Runs one seed's world to its end and checks it; the violations, with
 /// the schedule that led to them.
 pub(super) fn run(seed: u64) -> Result<Vec<String>, (Vec<String>, Vec<String>)> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime builds");
-    runtime.block_on(async {
-        // The ledger's and the spool's files: in memory where the machine
-        // has a tmpfs (their fsyncs cost nothing there; what is durable is
-        // the same), else in the temporary directory.
-        let shm = std::path::Path::new("/dev/shm");
-        let dir = if shm.is_dir() {
-            tempfile::tempdir_in(shm)
-        } else {
-            tempfile::tempdir()
-        }
-        .expect("a temporary directory");
-        let world = World::new(seed, dir.path()).await;
-        let ended = world.run().await;
-        let violations = check::violations(&ended);
-        if violations.is_empty() {
-            Ok(ended.steps)
-        } else {
-            Err((violations, ended.steps))
-        }
-    })
+    // The ledger's and the spool's files: in memory where the machine has
+    // a tmpfs (their fsyncs cost nothing there; what is durable is the
+    // same), else in the temporary directory.
+    let shm = std::path::Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::tempdir_in(shm)
+    } else {
+        tempfile::tempdir()
+    }
+    .expect("a temporary directory");
+    let ended = World::new(seed).run(dir.path());
+    let violations = check::violations(&ended);
+    if violations.is_empty() {
+        Ok(ended.steps)
+    } else {
+        Err((violations, ended.steps))
+    }
 }
 
 #[test]

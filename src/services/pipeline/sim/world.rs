@@ -1,41 +1,28 @@
 //! One seed's world: the entities and their events, the providers that
-//! deliver them by their rules, the broker's faults, and what happened.
+//! deliver them by their rules, the broker's faults, posbridge's crashes
+//! and what each leaves of its files, and what happened.
+//!
+//! Each life of posbridge runs on a runtime of its own: a crash ends the
+//! runtime, and with it every task and all the process's memory, at once;
+//! what outlives it is what outlives a real crash (the broker's log, the
+//! files as they were on disk, the providers' retries).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use axum::http::HeaderMap;
-use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rdkafka::error::RDKafkaErrorCode;
-use serde_json::json;
-use time::macros::datetime;
+use time::OffsetDateTime;
 use tokio::time::Instant;
 
+use super::process::{LedgerFate, Process, SpoolFate, after_crash};
+use super::providers::{Door, Sender, Senders, body, cut, send, unfinished};
 use crate::adapters::publish::{FakeBroker, Fault, OutgoingRecord};
-use crate::config::Secrets;
-use crate::domain::event::{EntityType, ProviderKind, Source};
-use crate::domain::verify::{SchemeName, Verifier, sign};
-use crate::observe::traces::DeliveryTrace;
-use crate::services::drain::Drainer;
-use crate::services::pipeline::{Delivery, HEADER_DELIVERY_ID, Outcome, Pipeline};
-
-const SECRET: &str = "simulation-secret";
-
-/// How long a delivery may wait for another attempt of its own.
-const INFLIGHT_WAIT: Duration = Duration::from_millis(200);
-
-/// Each provider's waits before its retries, after the first attempt
-/// (`docs/PROVIDERS.md`): Mekari's eight attempts over about 11 hours,
-/// ReceiptRoller's four over about 71 minutes.
-fn retry_waits(provider: ProviderKind) -> &'static [u64] {
-    match provider {
-        ProviderKind::Mekari => &[30, 120, 600, 1800, 3600, 10_800, 21_600],
-        ProviderKind::ReceiptRoller => &[60, 600, 3600],
-    }
-}
+use crate::domain::event::ProviderKind;
+use crate::services::pipeline::{HEADER_DELIVERY_ID, Outcome};
 
 /// Broker errors a send may meet that a later attempt may not: never a
 /// refusal for good (that is a dead letter, a decision of its own).
@@ -46,7 +33,11 @@ const RETRYABLE: [RDKafkaErrorCode; 4] = [
     RDKafkaErrorCode::LeaderNotAvailable,
 ];
 
-/// One event of one entity: its delivery, and its place among its entity's
+/// How long after the last start the rebuild may take before every
+/// delivery must be taken again.
+const START_SLACK: Duration = Duration::from_secs(30);
+
+/// One event of one entity: its key, and its place among its entity's
 /// events (a higher index is a newer state).
 #[derive(Debug, Clone)]
 pub(super) struct Event {
@@ -63,7 +54,7 @@ pub(super) struct Event {
 pub(super) struct Answer {
     /// Which delivery.
     pub(super) delivery: String,
-    /// 2xx with its outcome, or the error a provider retries.
+    /// 2xx with its outcome, or why its provider retries.
     pub(super) outcome: Result<Outcome, String>,
     /// How long the answer took.
     pub(super) took: Duration,
@@ -73,6 +64,8 @@ pub(super) struct Answer {
     pub(super) last: bool,
     /// When it started, from the world's start.
     pub(super) at: Duration,
+    /// Which broker answered: one more each time it was replaced.
+    pub(super) era: usize,
 }
 
 /// What a world ended with, for the checks.
@@ -81,151 +74,168 @@ pub(super) struct Ended {
     pub(super) events: BTreeMap<String, Event>,
     /// Every answer, in the order given.
     pub(super) answers: Vec<Answer>,
-    /// The broker's log, in order.
-    pub(super) log: Vec<OutgoingRecord>,
-    /// Acknowledgements lost, by delivery id: each lets one more copy be written.
-    pub(super) lost_acks: BTreeMap<String, u32>,
-    /// When the broker's faults ended, from the world's start.
-    pub(super) faults_end: Duration,
+    /// The broker's log in each era, in order: a replaced broker's, then
+    /// the one that replaced it.
+    pub(super) eras: Vec<Vec<OutgoingRecord>>,
+    /// Deliveries in doubt (an acknowledgement lost, a send a crash cut
+    /// after the log took it), by delivery id: each lets one more copy be
+    /// written.
+    pub(super) in_doubt: BTreeMap<String, u32>,
+    /// From when no fault of the broker or the process is left.
+    pub(super) quiet_from: Duration,
     /// Whether ReceiptRoller's source spools (`on_broker_unavailable = "spool"`).
     pub(super) spools: bool,
     /// Deliveries the spool still held at the end.
     pub(super) spooled_at_end: usize,
+    /// Spool entries found damaged and set aside, over every life.
+    pub(super) quarantined: u64,
     /// The schedule, step by step.
     pub(super) steps: Vec<String>,
+}
+
+/// The world's time: each life's runtime has a clock of its own, which
+/// this maps onto time from the world's start.
+#[derive(Clone)]
+pub(super) struct Clock {
+    /// The world time a life began at, and its runtime's instant then.
+    now: Arc<Mutex<(Duration, Instant)>>,
+    /// The wall-clock time the world began at (records' timestamps).
+    epoch: OffsetDateTime,
+}
+
+impl Clock {
+    fn new() -> Clock {
+        Clock {
+            now: Arc::new(Mutex::new((Duration::ZERO, Instant::now()))),
+            epoch: OffsetDateTime::now_utc(),
+        }
+    }
+
+    fn begin_life(&self, at: Duration) {
+        *self.now.lock().unwrap_or_else(PoisonError::into_inner) = (at, Instant::now());
+    }
+
+    /// The world time now (on a life's runtime).
+    pub(super) fn now(&self) -> Duration {
+        let (base, started) = *self.now.lock().unwrap_or_else(PoisonError::into_inner);
+        base + started.elapsed()
+    }
+
+    /// The runtime's instant of world time `at` (now, when past).
+    pub(super) fn instant_at(&self, at: Duration) -> Instant {
+        let (base, started) = *self.now.lock().unwrap_or_else(PoisonError::into_inner);
+        started + at.saturating_sub(base)
+    }
+
+    /// The wall-clock time of world time `at`.
+    pub(super) fn wall(&self, at: Duration) -> OffsetDateTime {
+        self.epoch + at
+    }
+}
+
+/// What the world notes as it runs, shared by the providers, the broker's
+/// plan and the crashes.
+#[derive(Clone)]
+pub(super) struct Shared {
+    record: Arc<Mutex<Record>>,
+    broker: Arc<FakeBroker>,
+}
+
+#[derive(Default)]
+struct Record {
+    answers: Vec<Answer>,
+    in_doubt: BTreeMap<String, u32>,
+    steps: Vec<String>,
+    era: usize,
+}
+
+impl Shared {
+    fn record(&self) -> std::sync::MutexGuard<'_, Record> {
+        self.record.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Notes an answer, and the broker's log and era when it was given.
+    pub(super) fn answered(&self, mut answer: Answer) {
+        answer.log_len = self.broker.taken_count();
+        let mut record = self.record();
+        answer.era = record.era;
+        let step = format!(
+            "t={:.3}s {} → {} in {} ms",
+            answer.at.as_secs_f64(),
+            answer.delivery,
+            match &answer.outcome {
+                Ok(outcome) => outcome.as_str().to_owned(),
+                Err(error) => format!("retry ({error})"),
+            },
+            answer.took.as_millis()
+        );
+        record.steps.push(step);
+        record.answers.push(answer);
+    }
+
+    fn step(&self, at: Duration, step: impl std::fmt::Display) {
+        self.record()
+            .steps
+            .push(format!("t={:.3}s {step}", at.as_secs_f64()));
+    }
+
+    fn in_doubt(&self, delivery: String) {
+        *self.record().in_doubt.entry(delivery).or_default() += 1;
+    }
+}
+
+/// One crash of posbridge and what it leaves.
+#[derive(Debug, Clone, Copy)]
+struct Crash {
+    /// When, from the world's start.
+    at: Duration,
+    /// How long posbridge stays down.
+    down: Duration,
+    ledger: LedgerFate,
+    spool: SpoolFate,
+    /// Whether the broker is replaced by an empty one while posbridge is down.
+    broker_replaced: bool,
 }
 
 /// The world of one seed.
 pub(super) struct World {
     rng: StdRng,
-    pipeline: Pipeline,
     broker: Arc<FakeBroker>,
-    /// Shared with the broker's plan and the providers.
-    record: Arc<Mutex<Record>>,
-    started: Instant,
+    shared: Shared,
+    clock: Clock,
     faults: (Duration, Duration),
+    crashes: Vec<Crash>,
     spools: bool,
 }
 
-/// What the world notes as it runs.
-#[derive(Default)]
-struct Record {
-    answers: Vec<Answer>,
-    lost_acks: BTreeMap<String, u32>,
-    steps: Vec<String>,
-}
-
-fn noted(record: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
-    record.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl World {
-    /// The world of `seed`, its ledger and spool files in `dir`.
-    pub(super) async fn new(seed: u64, dir: &std::path::Path) -> World {
+    /// The world of `seed`.
+    pub(super) fn new(seed: u64) -> World {
         let mut rng = StdRng::seed_from_u64(seed);
-        let (pipeline, broker) = Pipeline::on_fake_broker_spooling(dir, INFLIGHT_WAIT, 1_000).await;
         let start = Duration::from_millis(rng.random_range(0..120_000));
         let length = Duration::from_millis(rng.random_range(0..900_000));
         let spools = rng.random_bool(0.5);
+        let crashes = crashes(&mut rng);
+        let broker = Arc::new(FakeBroker::default());
         World {
             rng,
-            pipeline,
+            shared: Shared {
+                record: Arc::default(),
+                broker: broker.clone(),
+            },
             broker,
-            record: Arc::default(),
-            started: Instant::now(),
+            clock: Clock::new(),
             faults: (start, start + length),
+            crashes,
             spools,
         }
     }
 
-    /// Plays the schedule to its end: every provider's attempts, then the
-    /// records still in flight.
-    pub(super) async fn run(mut self) -> Ended {
-        self.plan_faults();
-        let events = self.events();
-        let spool = self
-            .pipeline
-            .spool()
-            .expect("the fake broker's pipeline spools")
-            .clone();
-        let draining = tokio_util::sync::CancellationToken::new();
-        // Only a world whose source spools needs its drainer (it looks
-        // four times a second of virtual time, hours of it).
-        let drainer = self.spools.then(|| {
-            tokio::spawn(Drainer::new(self.pipeline.clone(), spool.clone()).run(draining.clone()))
-        });
-        if self.spools {
-            record_step(
-                &self.record,
-                Duration::ZERO,
-                "ReceiptRoller spools".to_owned(),
-            );
-        }
-        let mut senders = Vec::new();
-        for (delivery, (event, body)) in &events {
-            let first = Duration::from_millis(self.rng.random_range(0..60_000));
-            // A provider may send a delivery twice at once (a duplicate).
-            let copies = if self.rng.random_bool(0.2) { 2 } else { 1 };
-            for copy in 0..copies {
-                let jitter: Vec<u64> = retry_waits(event.provider)
-                    .iter()
-                    .map(|_| self.rng.random_range(0..5_000))
-                    .collect();
-                let offset = Duration::from_millis(copy * self.rng.random_range(0..500));
-                let spools = self.spools && event.provider == ProviderKind::ReceiptRoller;
-                senders.push(tokio::spawn(send(
-                    self.pipeline.clone(),
-                    self.broker.clone(),
-                    self.record.clone(),
-                    self.started,
-                    (Arc::new(source(event.provider)), spools),
-                    delivery.clone(),
-                    body.clone(),
-                    first + offset,
-                    jitter,
-                )));
-            }
-        }
-        for sender in senders {
-            sender.await.expect("a provider's task does not panic");
-        }
-        // Records still in the producer when their answer was cut are
-        // committed by their own tasks, and the drainer empties the spool
-        // once the faults ended: let them end.
-        let deadline = self.started + self.faults.1 + Duration::from_secs(3600);
-        loop {
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            if spool.stats().entries == 0 || Instant::now() > deadline {
-                break;
-            }
-        }
-        draining.cancel();
-        if let Some(drainer) = drainer {
-            drainer.await.expect("the drainer does not panic");
-        }
-        let record = std::mem::take(&mut *noted(&self.record));
-        Ended {
-            events: events
-                .into_iter()
-                .map(|(id, (event, _))| (id, event))
-                .collect(),
-            answers: record.answers,
-            log: self.broker.taken(),
-            lost_acks: record.lost_acks,
-            faults_end: self.faults.1,
-            spools: self.spools,
-            spooled_at_end: usize::try_from(spool.stats().entries).unwrap_or(usize::MAX),
-            steps: record.steps,
-        }
-    }
-
-    /// The broker's answer to each send: faults while the window lasts,
-    /// acknowledgements (some late) outside it.
-    fn plan_faults(&mut self) {
-        let mut rng = StdRng::seed_from_u64(self.rng.random());
-        let (record, started, (from, to)) = (self.record.clone(), self.started, self.faults);
-        record_step(
-            &self.record,
+    /// Plays the schedule to its end, one life of posbridge per runtime, its
+    /// files in `dir`: every provider's attempts, then the spool drained.
+    pub(super) fn run(mut self, dir: &Path) -> Ended {
+        let (from, to) = self.faults;
+        self.shared.step(
             Duration::ZERO,
             format!(
                 "broker faults from {:.3}s to {:.3}s",
@@ -233,8 +243,149 @@ impl World {
                 to.as_secs_f64()
             ),
         );
+        if self.spools {
+            self.shared.step(Duration::ZERO, "ReceiptRoller spools");
+        }
+        self.plan_faults();
+        let events = self.events();
+        let senders = self.senders(&events);
+        let mut quarantined = 0;
+        let mut spooled_at_end = 0;
+        let mut eras = Vec::new();
+        let mut quiet_from = self.faults.1;
+        let mut life_dir = dir.join("life-0");
+        std::fs::create_dir_all(&life_dir).expect("a life's directory");
+        let mut begins = (Duration::ZERO, Duration::ZERO);
+        for life in 0..=self.crashes.len() {
+            let crash = self.crashes.get(life).copied();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .expect("a current-thread runtime builds");
+            let mut rng = StdRng::seed_from_u64(self.rng.random());
+            let lived = runtime.block_on(self.live(
+                &life_dir,
+                begins,
+                crash.map(|c| c.at),
+                &senders,
+                &mut rng,
+            ));
+            quarantined += lived.quarantined;
+            let Some(crash) = crash else {
+                spooled_at_end = lived.spooled;
+                break;
+            };
+            let next_dir = dir.join(format!("life-{}", life + 1));
+            for said in after_crash(&life_dir, &next_dir, crash.ledger, crash.spool, &mut rng) {
+                self.shared.step(crash.at, said);
+            }
+            if crash.broker_replaced {
+                eras.push(self.broker.taken());
+                self.broker.replace();
+                self.shared.record().era += 1;
+                self.shared
+                    .step(crash.at, "the broker is replaced by an empty one");
+            }
+            // Every task of the life ends here, its memory with it.
+            drop(runtime);
+            life_dir = next_dir;
+            begins = (crash.at, crash.down);
+            quiet_from = quiet_from.max(crash.at + crash.down + START_SLACK);
+        }
+        eras.push(self.broker.taken());
+        let record = std::mem::take(&mut *self.shared.record());
+        Ended {
+            events: events
+                .into_iter()
+                .map(|(id, (event, _))| (id, event))
+                .collect(),
+            answers: record.answers,
+            eras,
+            in_doubt: record.in_doubt,
+            quiet_from,
+            spools: self.spools,
+            spooled_at_end,
+            quarantined,
+            steps: record.steps,
+        }
+    }
+
+    /// One life: from world time `begins.0`, posbridge down for `begins.1`,
+    /// then up until it crashes at `crash` (or, at the end, until every
+    /// provider is done and the spool drained).
+    async fn live(
+        &self,
+        dir: &Path,
+        (at, down): (Duration, Duration),
+        crash: Option<Duration>,
+        senders: &Senders,
+        rng: &mut StdRng,
+    ) -> Lived {
+        self.clock.begin_life(at);
+        let door: Door = Arc::default();
+        let providers: Vec<_> = unfinished(senders)
+            .into_iter()
+            .map(|index| {
+                tokio::spawn(send(
+                    index,
+                    senders.clone(),
+                    door.clone(),
+                    self.shared.clone(),
+                    self.clock.clone(),
+                ))
+            })
+            .collect();
+        tokio::time::sleep(down).await;
+        let process = Process::start(dir, self.broker.clone(), self.spools).await;
+        self.shared.step(self.clock.now(), "posbridge starts");
+        *door.lock().unwrap_or_else(PoisonError::into_inner) = Some(process.pipeline.clone());
+        if let Some(crash) = crash {
+            tokio::time::sleep_until(self.clock.instant_at(crash)).await;
+            let now = self.clock.now();
+            self.shared.step(now, "posbridge crashes");
+            for record in self.broker.crash(|_| rng.random_bool(0.5)) {
+                let delivery = delivery_of(&record).unwrap_or_default();
+                self.shared.step(
+                    now,
+                    format!("the log took {delivery}, whose send the crash cut"),
+                );
+                self.shared.in_doubt(delivery);
+            }
+            cut(senders, &self.shared, now);
+            return Lived {
+                quarantined: process.spool.stats().quarantined,
+                spooled: 0,
+            };
+        }
+        for provider in providers {
+            provider.await.expect("a provider's task does not panic");
+        }
+        // Records still in the producer when their answer was cut are
+        // committed by their own tasks, and the drainer empties the spool
+        // once the faults ended: let them end.
+        let deadline = self.clock.instant_at(self.faults.1) + Duration::from_secs(3600);
+        loop {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            if process.spool.stats().entries == 0 || Instant::now() > deadline {
+                break;
+            }
+        }
+        process.stop();
+        let stats = process.spool.stats();
+        Lived {
+            quarantined: stats.quarantined,
+            spooled: usize::try_from(stats.entries).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// The broker's answer to each send: faults while the window lasts,
+    /// acknowledgements (some late) outside it.
+    fn plan_faults(&mut self) {
+        let mut rng = StdRng::seed_from_u64(self.rng.random());
+        let (shared, clock, (from, to)) = (self.shared.clone(), self.clock.clone(), self.faults);
         self.broker.plan(move |sent| {
-            let now = started.elapsed();
+            let now = clock.now();
             let fault = if now >= from && now < to {
                 match rng.random_range(0..100) {
                     0..40 => Fault::Fail(RETRYABLE[rng.random_range(0..RETRYABLE.len())]),
@@ -248,16 +399,14 @@ impl World {
                 Fault::Take
             };
             let delivery = delivery_of(sent).unwrap_or_default();
-            let mut noted = noted(&record);
             if fault == Fault::LoseAck {
-                *noted.lost_acks.entry(delivery.clone()).or_default() += 1;
+                shared.in_doubt(delivery.clone());
             }
             if fault != Fault::Take {
-                noted.steps.push(format!(
-                    "t={:.3}s broker: {fault:?} for {delivery} on {}",
-                    now.as_secs_f64(),
-                    sent.topic
-                ));
+                shared.step(
+                    now,
+                    format!("broker: {fault:?} for {delivery} on {}", sent.topic),
+                );
             }
             fault
         });
@@ -290,144 +439,71 @@ impl World {
         }
         events
     }
-}
 
-/// Notes a step of the schedule.
-fn record_step(record: &Mutex<Record>, at: Duration, step: String) {
-    noted(record)
-        .steps
-        .push(format!("t={:.3}s {step}", at.as_secs_f64()));
-}
-
-/// A provider delivering one delivery by its rules: the first attempt at
-/// `first`, then a retry after each answer that is not 2xx, for as many
-/// attempts as the provider makes.
-#[allow(clippy::too_many_arguments)]
-async fn send(
-    pipeline: Pipeline,
-    broker: Arc<FakeBroker>,
-    noted: Arc<Mutex<Record>>,
-    started: Instant,
-    (source, spools): (Arc<Source>, bool),
-    delivery_id: String,
-    body: Vec<u8>,
-    first: Duration,
-    jitter: Vec<u64>,
-) {
-    tokio::time::sleep_until(started + first).await;
-    let waits = retry_waits(source.provider);
-    for attempt in 0..=waits.len() {
-        let at = started.elapsed();
-        let sent = Instant::now();
-        let answered = pipeline
-            .deliver(signed(source.clone(), &delivery_id, body.clone(), spools))
-            .await;
-        let took = sent.elapsed();
-        let outcome = match answered {
-            Ok(handled) => Ok(handled.outcome),
-            Err(error) if error.is_retryable() => Err(error.to_string()),
-            Err(error) => panic!("{delivery_id}: a valid delivery refused for good: {error}"),
-        };
-        let last = outcome.is_ok() || attempt == waits.len();
-        {
-            let mut noted = self::noted(&noted);
-            noted.steps.push(format!(
-                "t={:.3}s {delivery_id} attempt {} → {} in {} ms",
-                at.as_secs_f64(),
-                attempt + 1,
-                match &outcome {
-                    Ok(outcome) => outcome.as_str().to_owned(),
-                    Err(error) => format!("retry ({error})"),
-                },
-                took.as_millis()
-            ));
-            noted.answers.push(Answer {
-                delivery: delivery_id.clone(),
-                outcome: outcome.clone(),
-                took,
-                log_len: broker.taken().len(),
-                last,
-                at,
-            });
+    /// Each delivery as its provider sends it: a first attempt in the first
+    /// minute, sometimes two copies at once (a duplicate), and a jitter on
+    /// each retry's wait.
+    fn senders(&mut self, events: &BTreeMap<String, (Event, Vec<u8>)>) -> Senders {
+        let mut senders = Vec::new();
+        for (delivery, (event, body)) in events {
+            let first = Duration::from_millis(self.rng.random_range(0..60_000));
+            let copies = if self.rng.random_bool(0.2) { 2 } else { 1 };
+            for copy in 0..copies {
+                let jitter = (0..8).map(|_| self.rng.random_range(0..5_000)).collect();
+                let offset = Duration::from_millis(copy * self.rng.random_range(0..500));
+                senders.push(Sender::new(
+                    delivery.clone(),
+                    body.clone(),
+                    event.provider,
+                    self.spools && event.provider == ProviderKind::ReceiptRoller,
+                    first + offset,
+                    jitter,
+                ));
+            }
         }
-        if last {
-            return;
-        }
-        tokio::time::sleep(
-            Duration::from_secs(waits[attempt]) + Duration::from_millis(jitter[attempt]),
-        )
-        .await;
+        Arc::new(Mutex::new(senders))
     }
 }
 
-fn source(provider: ProviderKind) -> Source {
-    Source {
-        provider,
-        name: "main".into(),
-        account: None,
-    }
+/// What one life left besides its files.
+struct Lived {
+    /// Spool entries it set aside as damaged.
+    quarantined: u64,
+    /// Deliveries its spool still held when it ended.
+    spooled: usize,
 }
 
-/// `body` from `source` as the ingress hands it on: verified.
-fn signed(source: Arc<Source>, delivery_id: &str, body: Vec<u8>, spools: bool) -> Delivery {
-    let secrets: Secrets = serde_json::from_value(json!([SECRET])).expect("one secret");
-    let verifier = Verifier::new(SchemeName::Hex, "x-sig", &secrets.0, 300).expect("a verifier");
-    let mut headers = HeaderMap::new();
-    for (name, value) in sign(SchemeName::Hex, "x-sig", SECRET, delivery_id, 0, &body) {
-        headers.insert(
-            axum::http::HeaderName::from_bytes(name.as_bytes()).expect("a header name"),
-            value.parse().expect("a header value"),
-        );
-    }
-    Delivery {
-        source,
-        delivery_id: delivery_id.into(),
-        body: verifier
-            .verify(&headers, Bytes::from(body), 0)
-            .expect("signed with the secret"),
-        // After every event time: none lies ahead of its arrival.
-        received_at: datetime!(2026-11-29 12:00 UTC),
-        arrived: Instant::now(),
-        spools,
-        trace: DeliveryTrace::default(),
-    }
-}
-
-/// The body of event `index` of entity `entity` of `provider`, and the
-/// entity's record key. Versions rise with `index` (the event's time), and
-/// every event's content differs.
-fn body(provider: ProviderKind, delivery: &str, entity: usize, index: usize) -> (String, Vec<u8>) {
-    let minute = 10 + index;
-    let body = match provider {
-        ProviderKind::Mekari => json!({
-            "id": delivery, "event": "order.updated",
-            "occurred_at": format!("2026-11-29T17:{minute:02}:00+07:00"),
-            "data": {"id": format!("ORD-{entity}"), "status": "paid", "total": 100 + index,
-                     "kitchen_status": "preparing"}
-        }),
-        ProviderKind::ReceiptRoller => json!({
-            "id": delivery, "type": "sale.updated",
-            "timestamp": format!("2026-11-29T10:{minute:02}:00Z"), "webhook_id": "wh_1",
-            "data": {"id": format!("T1|2026-11|{entity:04}"), "terminal_id": "T1", "store_id": "S1",
-                     "transaction_id": "000001", "transaction_type": 1,
-                     "transaction_at": "2026-11-29T10:00:00Z", "currency": "JPY",
-                     "sub_total": 100 + index, "tax_total": 0, "grand_total": 100 + index,
-                     "items": []}
-        }),
+/// Up to two crashes, each with how long posbridge stays down and what
+/// it leaves of the ledger, the spool and the broker.
+fn crashes(rng: &mut StdRng) -> Vec<Crash> {
+    let count = match rng.random_range(0..10) {
+        0..4 => 0,
+        4..7 => 1,
+        _ => 2,
     };
-    let key = match provider {
-        ProviderKind::Mekari => format!("mekari:ORD-{entity}"),
-        ProviderKind::ReceiptRoller => format!("receiptroller:T1|2026-11|{entity:04}"),
-    };
-    (key, serde_json::to_vec(&body).expect("JSON serializes"))
-}
-
-/// The entity type each provider's events are of here.
-pub(super) fn entity_type(provider: ProviderKind) -> EntityType {
-    match provider {
-        ProviderKind::Mekari => EntityType::Order,
-        ProviderKind::ReceiptRoller => EntityType::Sale,
+    let mut at = Duration::ZERO;
+    let mut crashes = Vec::new();
+    for _ in 0..count {
+        at += Duration::from_millis(rng.random_range(5_000..600_000));
+        let down = Duration::from_millis(rng.random_range(0..120_000));
+        crashes.push(Crash {
+            at,
+            down,
+            ledger: match rng.random_range(0..10) {
+                0..6 => LedgerFate::Kept,
+                6..8 => LedgerFate::Lost,
+                _ => LedgerFate::Damaged,
+            },
+            spool: if rng.random_bool(0.2) {
+                SpoolFate::Damaged
+            } else {
+                SpoolFate::Kept
+            },
+            broker_replaced: rng.random_bool(0.1),
+        });
+        at += down;
     }
+    crashes
 }
 
 /// A record's delivery id header.

@@ -1,0 +1,194 @@
+//! One life of a posbridge process, from its start to its crash: the real
+//! core's start-up over the files a crash left (the embedded ledger, its
+//! checkpoints taken on the simulation's clock, and the spool, each set
+//! aside when damaged), the rebuild from the broker's log behind the closed
+//! gate, the pipeline, and the spool's drainer.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::RngExt;
+use rand::rngs::StdRng;
+use tokio_util::sync::CancellationToken;
+
+use super::source::FakeSource;
+use crate::adapters::encode::Encoder;
+use crate::adapters::ledger::{self, Ledger};
+use crate::adapters::publish::{FakeBroker, Topics};
+use crate::adapters::spool::Spool;
+use crate::config::{KafkaConfig, RegistryConfig, SpoolConfig};
+use crate::observe::traces::Traces;
+use crate::services::drain::Drainer;
+use crate::services::pipeline::{Pipeline, Stages, Timing};
+use crate::services::rebuild::Rebuild;
+
+/// How long a done delivery id is remembered (the default).
+const DEDUP_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// How long a delivery's lease holds if its holder never ends it.
+const LEASE: Duration = Duration::from_secs(30);
+
+/// How often the ledger's memory is made durable (the default interval).
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a delivery may wait for another attempt of its own.
+const INFLIGHT_WAIT: Duration = Duration::from_millis(200);
+
+const LEDGER_FILE: &str = "ledger.redb";
+const SPOOL_FILE: &str = "spool.redb";
+
+/// A running posbridge process.
+pub(super) struct Process {
+    pub(super) pipeline: Pipeline,
+    pub(super) spool: Spool,
+    /// Its background tasks (rebuild, checkpoints, drainer) stop with it.
+    stop: CancellationToken,
+}
+
+impl Process {
+    /// Starts posbridge over the files in `dir`: the ledger closed until
+    /// the rebuild filled it from `broker`'s log.
+    pub(super) async fn start(dir: &Path, broker: Arc<FakeBroker>, drains: bool) -> Process {
+        let opened = ledger::open_driven(&dir.join(LEDGER_FILE), DEDUP_TTL, LEASE)
+            .expect("a ledger file opens, a damaged one set aside");
+        let spool = Spool::open(&SpoolConfig {
+            path: dir.join(SPOOL_FILE),
+            max_bytes: 1 << 20,
+            max_entries: 1_000,
+        })
+        .expect("a spool file opens, a damaged one set aside and salvaged");
+        let topics = Topics::new(&KafkaConfig::default());
+        let pipeline = Pipeline::new(
+            Stages {
+                ledger: opened.ledger,
+                encoder: Encoder::new(&RegistryConfig::default(), &[])
+                    .await
+                    .expect("the registry-less encoder needs nothing"),
+                producer: broker.clone(),
+                topics: topics.clone(),
+                spool: Some(spool.clone()),
+                traces: Traces::default(),
+            },
+            Timing {
+                inflight_wait: INFLIGHT_WAIT,
+                answer_budget: Duration::from_millis(300) + INFLIGHT_WAIT,
+                max_event_ahead: crate::config::ServerConfig::default().max_event_ahead(),
+            },
+        );
+        let stop = CancellationToken::new();
+        tokio::spawn(
+            Rebuild::new(
+                Arc::new(FakeSource { broker }),
+                &topics,
+                opened.store.clone(),
+                opened.gate,
+                DEDUP_TTL,
+            )
+            .run(stop.clone()),
+        );
+        tokio::spawn(checkpoints(opened.store, stop.clone()));
+        // Only a world whose source spools needs its drainer (it looks
+        // four times a second of virtual time, hours of it).
+        if drains {
+            tokio::spawn(Drainer::new(pipeline.clone(), spool.clone()).run(stop.clone()));
+        }
+        Process {
+            pipeline,
+            spool,
+            stop,
+        }
+    }
+
+    /// Stops its background tasks (the end of the world, not a crash: a
+    /// crash ends the runtime they run on).
+    pub(super) fn stop(&self) {
+        self.stop.cancel();
+    }
+}
+
+/// The ledger's checkpoints, every [`CHECKPOINT_EVERY`] of virtual time.
+async fn checkpoints(store: Arc<dyn Ledger>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(CHECKPOINT_EVERY) => {
+                // A failed one shows in the ledger's health; the next tries again.
+                let _ = store.persist().await;
+            }
+        }
+    }
+}
+
+/// What a crash does to the ledger's file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LedgerFate {
+    /// Kept as the crash left it.
+    Kept,
+    /// Lost whole (a disk replaced, a volume not mounted).
+    Lost,
+    /// Bytes changed on disk.
+    Damaged,
+}
+
+/// What a crash does to the spool's file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SpoolFate {
+    /// Kept as the crash left it.
+    Kept,
+    /// Bytes changed on disk.
+    Damaged,
+}
+
+/// The files a crash in `from` left, as the next life finds them in `to`:
+/// copied as they were on disk when the process died, then `ledger` and
+/// `spool` happen to them. What happened, in words.
+pub(super) fn after_crash(
+    from: &Path,
+    to: &Path,
+    ledger: LedgerFate,
+    spool: SpoolFate,
+    rng: &mut StdRng,
+) -> Vec<String> {
+    std::fs::create_dir_all(to).expect("the next life's directory");
+    let mut said = Vec::new();
+    if ledger != LedgerFate::Lost {
+        copy(from, to, LEDGER_FILE);
+    } else {
+        said.push("the ledger file is lost".to_owned());
+    }
+    copy(from, to, SPOOL_FILE);
+    if ledger == LedgerFate::Damaged {
+        said.push(damage(&to.join(LEDGER_FILE), rng));
+    }
+    if spool == SpoolFate::Damaged {
+        said.push(damage(&to.join(SPOOL_FILE), rng));
+    }
+    said
+}
+
+fn copy(from: &Path, to: &Path, file: &str) {
+    let source = from.join(file);
+    if source.exists() {
+        std::fs::copy(&source, to.join(file)).expect("a file copies");
+    }
+}
+
+/// Changes 1 to 64 bytes at a random place of `path`, as a disk may.
+fn damage(path: &PathBuf, rng: &mut StdRng) -> String {
+    let mut bytes = std::fs::read(path).expect("a file to damage");
+    if bytes.is_empty() {
+        return format!("{} is empty: nothing to damage", path.display());
+    }
+    let at = rng.random_range(0..bytes.len());
+    let len = rng.random_range(1..=64).min(bytes.len() - at);
+    for byte in &mut bytes[at..at + len] {
+        *byte ^= rng.random_range(1..=255u8);
+    }
+    std::fs::write(path, &bytes).expect("a damaged file writes");
+    format!(
+        "{len} byte(s) of {} changed at {at}",
+        path.file_name()
+            .map_or_else(String::new, |f| f.to_string_lossy().into_owned())
+    )
+}

@@ -1,0 +1,101 @@
+//! The simulated broker read back by the rebuild: its log, one partition
+//! per topic, with the ids `DescribeTopics` would give (new ones once the
+//! broker was replaced by an empty one).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::adapters::publish::{Described, FakeBroker, TopicIdentity};
+use crate::services::rebuild::{TopicRead, TopicSource};
+use crate::services::replay::{Extent, Letter, ReadError};
+
+/// The fake broker as the rebuild reads it.
+pub(super) struct FakeSource {
+    pub(super) broker: Arc<FakeBroker>,
+}
+
+#[async_trait]
+impl TopicSource for FakeSource {
+    async fn describe(&self, topics: &[String]) -> Described {
+        let (cluster, generation) = self.broker.ids();
+        Described {
+            cluster: Some(cluster),
+            topics: topics
+                .iter()
+                .map(|topic| {
+                    (
+                        topic.clone(),
+                        TopicIdentity {
+                            id: Some(format!("{topic}-{generation}")),
+                            partitions: 1,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    fn reader(&self, topic: &str) -> Result<Box<dyn TopicRead>, ReadError> {
+        Ok(Box::new(FakeReader {
+            broker: self.broker.clone(),
+            topic: topic.to_owned(),
+            left: Vec::new(),
+        }))
+    }
+
+    /// Every topic keeps its one partition.
+    fn kept_partitions(&self) -> BTreeMap<String, usize> {
+        BTreeMap::new()
+    }
+
+    fn keep_partitions_anew(&self, _now: &BTreeMap<String, usize>) {}
+}
+
+/// One topic of the fake broker, read from its log.
+struct FakeReader {
+    broker: Arc<FakeBroker>,
+    topic: String,
+    /// The assigned range's records not read yet, last first.
+    left: Vec<Letter>,
+}
+
+#[async_trait]
+impl TopicRead for FakeReader {
+    async fn extents(&self) -> Result<Vec<Extent>, ReadError> {
+        Ok(vec![Extent {
+            partition: 0,
+            low: 0,
+            high: self.broker.end_of(&self.topic),
+        }])
+    }
+
+    fn assign(&mut self, _partition: i32, from: i64, to: i64) -> Result<(), ReadError> {
+        self.left = self
+            .broker
+            .log_of(&self.topic)
+            .into_iter()
+            .filter(|(offset, _)| (from..to).contains(offset))
+            .rev()
+            .map(|(offset, record)| Letter {
+                partition: 0,
+                offset,
+                timestamp_ms: Some(record.timestamp_ms),
+                key: Some(record.key),
+                body: record.payload.map(Bytes::from),
+                headers: record
+                    .headers
+                    .into_iter()
+                    .map(|(name, value)| (name.to_owned(), value))
+                    .collect(),
+            })
+            .collect();
+        Ok(())
+    }
+
+    async fn next(&mut self) -> Result<Option<Letter>, ReadError> {
+        Ok(self.left.pop())
+    }
+}
