@@ -189,8 +189,9 @@ impl Checkpoint {
         let topics = seen
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .filter(|topics| self.topics.as_ref() != Some(topics));
+            .as_ref()
+            .filter(|topics| self.topics.as_ref() != Some(*topics))
+            .cloned();
         let flushing = {
             let mut layers = store.layers();
             let current = std::mem::take(&mut layers.current);

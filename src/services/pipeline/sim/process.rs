@@ -29,9 +29,6 @@ const DEDUP_TTL: Duration = Duration::from_secs(24 * 3600);
 /// How long a delivery's lease holds if its holder never ends it.
 const LEASE: Duration = Duration::from_secs(30);
 
-/// How often the ledger's memory is made durable (the default interval).
-const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
-
 /// How long a delivery may wait for another attempt of its own.
 const INFLIGHT_WAIT: Duration = Duration::from_millis(200);
 
@@ -49,7 +46,15 @@ pub(super) struct Process {
 impl Process {
     /// Starts posbridge over the files in `dir`: the ledger closed until
     /// the rebuild filled it from `broker`'s log.
-    pub(super) async fn start(dir: &Path, broker: Arc<FakeBroker>, drains: bool) -> Process {
+    /// Its ledger's memory is made durable every `checkpoint_every`; with
+    /// none (a life no crash ends, where what is durable decides nothing),
+    /// only when the rebuild asks.
+    pub(super) async fn start(
+        dir: &Path,
+        broker: Arc<FakeBroker>,
+        drains: bool,
+        checkpoint_every: Option<Duration>,
+    ) -> Process {
         let opened = ledger::open_driven(&dir.join(LEDGER_FILE), DEDUP_TTL, LEASE)
             .expect("a ledger file opens, a damaged one set aside");
         let spool = Spool::open(&SpoolConfig {
@@ -87,7 +92,9 @@ impl Process {
             )
             .run(stop.clone()),
         );
-        tokio::spawn(checkpoints(opened.store, stop.clone()));
+        if let Some(every) = checkpoint_every {
+            tokio::spawn(checkpoints(opened.store, every, stop.clone()));
+        }
         // Only a world whose source spools needs its drainer (it looks
         // four times a second of virtual time, hours of it).
         if drains {
@@ -107,12 +114,12 @@ impl Process {
     }
 }
 
-/// The ledger's checkpoints, every [`CHECKPOINT_EVERY`] of virtual time.
-async fn checkpoints(store: Arc<dyn Ledger>, stop: CancellationToken) {
+/// The ledger's checkpoints, every `every` of virtual time.
+async fn checkpoints(store: Arc<dyn Ledger>, every: Duration, stop: CancellationToken) {
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
-            () = tokio::time::sleep(CHECKPOINT_EVERY) => {
+            () = tokio::time::sleep(every) => {
                 // A failed one shows in the ledger's health; the next tries again.
                 let _ = store.persist().await;
             }

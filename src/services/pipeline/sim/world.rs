@@ -206,6 +206,8 @@ pub(super) struct World {
     faults: (Duration, Duration),
     crashes: Vec<Crash>,
     spools: bool,
+    /// `ledger.checkpoint_interval_ms`: how much memory a crash may lose.
+    checkpoint_every: Duration,
 }
 
 impl World {
@@ -216,6 +218,8 @@ impl World {
         let length = Duration::from_millis(rng.random_range(0..900_000));
         let spools = rng.random_bool(0.5);
         let crashes = crashes(&mut rng);
+        let checkpoint_every =
+            Duration::from_millis([250, 1_000, 1_000, 5_000][rng.random_range(0..4)]);
         let broker = Arc::new(FakeBroker::default());
         World {
             rng,
@@ -228,6 +232,7 @@ impl World {
             faults: (start, start + length),
             crashes,
             spools,
+            checkpoint_every,
         }
     }
 
@@ -246,6 +251,10 @@ impl World {
         if self.spools {
             self.shared.step(Duration::ZERO, "ReceiptRoller spools");
         }
+        self.shared.step(
+            Duration::ZERO,
+            format!("the ledger checkpoints every {:?}", self.checkpoint_every),
+        );
         self.plan_faults();
         let events = self.events();
         let senders = self.senders(&events);
@@ -337,7 +346,13 @@ impl World {
             })
             .collect();
         tokio::time::sleep(down).await;
-        let process = Process::start(dir, self.broker.clone(), self.spools).await;
+        let process = Process::start(
+            dir,
+            self.broker.clone(),
+            self.spools,
+            crash.map(|_| self.checkpoint_every),
+        )
+        .await;
         self.shared.step(self.clock.now(), "posbridge starts");
         *door.lock().unwrap_or_else(PoisonError::into_inner) = Some(process.pipeline.clone());
         if let Some(crash) = crash {
@@ -484,7 +499,13 @@ fn crashes(rng: &mut StdRng) -> Vec<Crash> {
     let mut at = Duration::ZERO;
     let mut crashes = Vec::new();
     for _ in 0..count {
-        at += Duration::from_millis(rng.random_range(5_000..600_000));
+        // Mostly while deliveries arrive (their first attempts come in the
+        // first minute), sometimes among the retries.
+        at += Duration::from_millis(if rng.random_bool(0.7) {
+            rng.random_range(1_000..90_000)
+        } else {
+            rng.random_range(90_000..900_000)
+        });
         let down = Duration::from_millis(rng.random_range(0..120_000));
         crashes.push(Crash {
             at,
