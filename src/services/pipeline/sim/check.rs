@@ -71,13 +71,6 @@ fn era_violations(
     let mut by_key: BTreeMap<&str, Vec<(usize, &str)>> = BTreeMap::new();
     let mut copies: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for (at, record) in log.iter().enumerate() {
-        if record.topic == topics.dead_letter() {
-            broken.push(format!(
-                "a dead letter was written at {at} for a valid event: {:?}",
-                delivery_of(record)
-            ));
-            continue;
-        }
         let Some(delivery) = delivery_of(record) else {
             broken.push(format!("record {at} carries no delivery id"));
             continue;
@@ -86,6 +79,16 @@ fn era_violations(
             broken.push(format!("record {at} is of no event: {delivery}"));
             continue;
         };
+        copies.entry(id.as_str()).or_default().push(at);
+        if record.topic == topics.dead_letter() || event.broken {
+            if !event.broken || record.topic != topics.dead_letter() {
+                broken.push(format!(
+                    "{delivery} (broken: {}) was written to {} at {at}",
+                    event.broken, record.topic
+                ));
+            }
+            continue;
+        }
         if record.topic != topics.entity(entity_type(event.provider)) || record.key != event.key {
             broken.push(format!(
                 "{delivery} went to {} under {}",
@@ -96,7 +99,6 @@ fn era_violations(
             .entry(event.key.as_str())
             .or_default()
             .push((event.index, id.as_str()));
-        copies.entry(id.as_str()).or_default().push(at);
     }
 
     // No key's versions go back.
@@ -123,6 +125,12 @@ fn era_violations(
         }
     }
 
+    let drained_later = |delivery: &str| {
+        later
+            .iter()
+            .flatten()
+            .any(|record| delivery_of(record).as_deref() == Some(delivery))
+    };
     let mut lost_to_the_spool = BTreeSet::new();
     let mut spooled = BTreeSet::new();
     let mut answered_2xx = BTreeSet::new();
@@ -163,6 +171,22 @@ fn era_violations(
             .get(event.key.as_str())
             .and_then(|indexes| indexes.iter().map(|(index, _)| *index).max());
         match outcome {
+            _ if event.broken => {
+                let written = copies.contains_key(answer.delivery.as_str());
+                if !matches!(
+                    outcome,
+                    Outcome::DeadLettered | Outcome::Duplicate | Outcome::Spooled
+                ) || (!written && !spooled.contains(answer.delivery.as_str()))
+                {
+                    broken.push(format!(
+                        "{}, which cannot be normalized, answered {} and has no dead letter",
+                        answer.delivery,
+                        outcome.as_str(),
+                    ));
+                } else if !written && !drained_later(&answer.delivery) {
+                    lost_to_the_spool.insert(answer.delivery.as_str());
+                }
+            }
             Outcome::Published if !copies.contains_key(answer.delivery.as_str()) => {
                 broken.push(format!(
                     "{} answered published, and its record is not in the topic",
@@ -184,10 +208,7 @@ fn era_violations(
                 // it waits in the spool) is written by the drainer, into
                 // whichever broker is there by then.
                 if spooled.contains(answer.delivery.as_str()) {
-                    let drained_later = later.iter().flatten().any(|record| {
-                        delivery_of(record).as_deref() == Some(answer.delivery.as_str())
-                    });
-                    if !drained_later {
+                    if !drained_later(&answer.delivery) {
                         lost_to_the_spool.insert(answer.delivery.as_str());
                     }
                 } else {

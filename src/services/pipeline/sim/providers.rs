@@ -211,15 +211,16 @@ fn signed(sender: &Sender, received_at: OffsetDateTime) -> Delivery {
 
 /// The body of event `index` of entity `entity` of `provider`, and the
 /// entity's record key. Versions rise with `index` (the event's time), and
-/// every event's content differs.
+/// every event's content differs. A `broken` one's data is no entity.
 pub(super) fn body(
     provider: ProviderKind,
     delivery: &str,
     entity: usize,
     index: usize,
+    broken: bool,
 ) -> (String, Vec<u8>) {
     let minute = 10 + index;
-    let body = match provider {
+    let mut body = match provider {
         ProviderKind::Mekari => json!({
             "id": delivery, "event": "order.updated",
             "occurred_at": format!("2026-11-29T17:{minute:02}:00+07:00"),
@@ -236,6 +237,9 @@ pub(super) fn body(
                      "items": []}
         }),
     };
+    if broken {
+        body["data"] = json!("not an entity");
+    }
     let key = match provider {
         ProviderKind::Mekari => format!("mekari:ORD-{entity}"),
         ProviderKind::ReceiptRoller => format!("receiptroller:T1|2026-11|{entity:04}"),

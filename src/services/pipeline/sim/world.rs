@@ -47,6 +47,9 @@ pub(super) struct Event {
     pub(super) index: usize,
     /// Its provider.
     pub(super) provider: ProviderKind,
+    /// Whether its body cannot be normalized (its data is not an entity):
+    /// a dead letter, written once.
+    pub(super) broken: bool,
 }
 
 /// One attempt's answer, as its provider saw it.
@@ -437,7 +440,8 @@ impl World {
                 for index in 0..self.rng.random_range(1..5) {
                     next += 1;
                     let delivery = format!("d-{next}");
-                    let (key, body) = body(provider, &delivery, entity, index);
+                    let broken = self.rng.random_bool(0.1);
+                    let (key, body) = body(provider, &delivery, entity, index, broken);
                     events.insert(
                         delivery,
                         (
@@ -445,6 +449,7 @@ impl World {
                                 key,
                                 index,
                                 provider,
+                                broken,
                             },
                             body,
                         ),
@@ -456,8 +461,8 @@ impl World {
     }
 
     /// Each delivery as its provider sends it: a first attempt in the first
-    /// minute, sometimes two copies at once (a duplicate), and a jitter on
-    /// each retry's wait.
+    /// minute, sometimes two copies (a duplicate, at once or minutes
+    /// later), and a jitter on each retry's wait.
     fn senders(&mut self, events: &BTreeMap<String, (Event, Vec<u8>)>) -> Senders {
         let mut senders = Vec::new();
         for (delivery, (event, body)) in events {
@@ -465,7 +470,13 @@ impl World {
             let copies = if self.rng.random_bool(0.2) { 2 } else { 1 };
             for copy in 0..copies {
                 let jitter = (0..8).map(|_| self.rng.random_range(0..5_000)).collect();
-                let offset = Duration::from_millis(copy * self.rng.random_range(0..500));
+                let offset = Duration::from_millis(
+                    copy * if self.rng.random_bool(0.7) {
+                        self.rng.random_range(0..500)
+                    } else {
+                        self.rng.random_range(1_000..600_000)
+                    },
+                );
                 senders.push(Sender::new(
                     delivery.clone(),
                     body.clone(),
