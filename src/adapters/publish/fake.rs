@@ -22,7 +22,8 @@ use super::{BrokerHealth, Delivered, OutgoingRecord, Produce, PublishError};
 pub enum Fault {
     /// Takes the record and acknowledges it.
     Take,
-    /// Takes the record and acknowledges it after this long.
+    /// Takes the record into the log at once and acknowledges it after
+    /// this long: sends after it may be acknowledged first, at higher offsets.
     Late(Duration),
     /// Refuses it with librdkafka's code (sorted as the real producer sorts it).
     Fail(RDKafkaErrorCode),
@@ -58,8 +59,9 @@ impl std::fmt::Debug for FakeBroker {
 struct State {
     /// What was acknowledged, in order, with its offset in its topic.
     taken: Vec<(i64, OutgoingRecord)>,
-    /// Sends that reached the broker and are not answered yet, by arrival.
-    in_flight: BTreeMap<u64, OutgoingRecord>,
+    /// Sends that reached the broker and are not answered yet, by arrival,
+    /// with where the log took each it took already.
+    in_flight: BTreeMap<u64, (OutgoingRecord, Option<Delivered>)>,
     /// Sends that reached the broker, ever.
     arrivals: u64,
     /// How many times the broker was replaced by an empty one.
@@ -183,15 +185,18 @@ impl FakeBroker {
     }
 
     /// The process that sent to it crashed: of the sends not answered yet,
-    /// those `reached` says the log took are in it, the others lost; none
-    /// is answered (the process that would hear it is gone).
+    /// those the log took already and those `reached` says it takes now
+    /// are in it, the others lost; none is answered (the process that
+    /// would hear it is gone). The sends the log holds.
     pub fn crash(&self, mut reached: impl FnMut(&OutgoingRecord) -> bool) -> Vec<OutgoingRecord> {
         let mut state = self.state();
         let in_flight = std::mem::take(&mut state.in_flight);
         let mut logged = Vec::new();
-        for record in in_flight.into_values() {
-            if reached(&record) {
-                state.append(&record);
+        for (record, taken) in in_flight.into_values() {
+            if taken.is_some() || reached(&record) {
+                if taken.is_none() {
+                    state.append(&record);
+                }
                 logged.push(record);
             }
         }
@@ -228,7 +233,9 @@ impl FakeBroker {
         fault: Fault,
     ) -> Result<Delivered, PublishError> {
         let mut state = self.state();
-        state.in_flight.remove(&arrival);
+        if let Some((_, Some(delivered))) = state.in_flight.remove(&arrival) {
+            return Ok(delivered);
+        }
         let failure = state.next_failures.pop_front().or(state.every_failure);
         let too_large = state
             .limits
@@ -294,7 +301,8 @@ impl Produce for FakeBroker {
             let mut state = self.state();
             state.arrivals += 1;
             let arrival = state.arrivals;
-            state.in_flight.insert(arrival, record.clone());
+            let taken = matches!(fault, Fault::Late(_)).then(|| state.append(record));
+            state.in_flight.insert(arrival, (record.clone(), taken));
             (state.delay, arrival)
         };
         if let Fault::Late(late) = fault {
