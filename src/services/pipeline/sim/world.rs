@@ -211,6 +211,8 @@ pub(super) struct World {
     spools: bool,
     /// `ledger.checkpoint_interval_ms`: how much memory a crash may lose.
     checkpoint_every: Duration,
+    /// The first attempts come within this many ms.
+    spread: u64,
 }
 
 impl World {
@@ -220,7 +222,10 @@ impl World {
         let start = Duration::from_millis(rng.random_range(0..120_000));
         let length = Duration::from_millis(rng.random_range(0..900_000));
         let spools = rng.random_bool(0.5);
-        let crashes = crashes(&mut rng);
+        // Some worlds send everything within a second or two, so that
+        // deliveries, acknowledgements and checkpoints overlap.
+        let spread = rng.random_range(1_000..60_000);
+        let crashes = crashes(&mut rng, spread);
         let checkpoint_every =
             Duration::from_millis([250, 1_000, 1_000, 5_000][rng.random_range(0..4)]);
         let broker = Arc::new(FakeBroker::default());
@@ -236,6 +241,7 @@ impl World {
             crashes,
             spools,
             checkpoint_every,
+            spread,
         }
     }
 
@@ -466,7 +472,7 @@ impl World {
     fn senders(&mut self, events: &BTreeMap<String, (Event, Vec<u8>)>) -> Senders {
         let mut senders = Vec::new();
         for (delivery, (event, body)) in events {
-            let first = Duration::from_millis(self.rng.random_range(0..60_000));
+            let first = Duration::from_millis(self.rng.random_range(0..self.spread));
             let copies = if self.rng.random_bool(0.2) { 2 } else { 1 };
             for copy in 0..copies {
                 let jitter = (0..8).map(|_| self.rng.random_range(0..5_000)).collect();
@@ -500,8 +506,9 @@ struct Lived {
 }
 
 /// Up to two crashes, each with how long posbridge stays down and what
-/// it leaves of the ledger, the spool and the broker.
-fn crashes(rng: &mut StdRng) -> Vec<Crash> {
+/// it leaves of the ledger, the spool and the broker; the first attempts
+/// come within `spread` ms.
+fn crashes(rng: &mut StdRng, spread: u64) -> Vec<Crash> {
     let count = match rng.random_range(0..10) {
         0..4 => 0,
         4..7 => 1,
@@ -510,10 +517,9 @@ fn crashes(rng: &mut StdRng) -> Vec<Crash> {
     let mut at = Duration::ZERO;
     let mut crashes = Vec::new();
     for _ in 0..count {
-        // Mostly while deliveries arrive (their first attempts come in the
-        // first minute), sometimes among the retries.
+        // Mostly while deliveries arrive, sometimes among the retries.
         at += Duration::from_millis(if rng.random_bool(0.7) {
-            rng.random_range(1_000..90_000)
+            rng.random_range(100..spread + 5_000)
         } else {
             rng.random_range(90_000..900_000)
         });
