@@ -19,15 +19,15 @@ pub(super) fn violations(ended: &Ended) -> Vec<String> {
     let mut broken = Vec::new();
     // A replaced broker's log is gone: what each broker holds is checked
     // against the answers given while it was the one.
-    let mut lost_to_the_spool = 0;
+    let mut lost_to_the_spool = BTreeSet::new();
     for (era, log) in ended.eras.iter().enumerate() {
         let answers: Vec<&Answer> = ended.answers.iter().filter(|a| a.era == era).collect();
         let later = &ended.eras[era + 1..];
-        lost_to_the_spool += era_violations(ended, log, later, &answers, &mut broken);
+        lost_to_the_spool.extend(era_violations(ended, log, later, &answers, &mut broken));
     }
-    if lost_to_the_spool > ended.quarantined {
+    if lost_to_the_spool.len() as u64 > ended.quarantined {
         broken.push(format!(
-            "{lost_to_the_spool} spooled deliveries are missing, and only {} spool entries were set aside as damaged",
+            "spooled deliveries {lost_to_the_spool:?} are missing, and only {} spool entries were set aside as damaged",
             ended.quarantined
         ));
     }
@@ -65,7 +65,7 @@ fn era_violations(
     later: &[Vec<OutgoingRecord>],
     answers: &[&Answer],
     broken: &mut Vec<String>,
-) -> u64 {
+) -> BTreeSet<String> {
     let topics = Topics::new(&KafkaConfig::default());
     // The event index of every record of each key, in log order.
     let mut by_key: BTreeMap<&str, Vec<(usize, &str)>> = BTreeMap::new();
@@ -184,7 +184,7 @@ fn era_violations(
                         outcome.as_str(),
                     ));
                 } else if !written && !drained_later(&answer.delivery) {
-                    lost_to_the_spool.insert(answer.delivery.as_str());
+                    lost_to_the_spool.insert(answer.delivery.clone());
                 }
             }
             Outcome::Published if !copies.contains_key(answer.delivery.as_str()) => {
@@ -209,7 +209,7 @@ fn era_violations(
                 // whichever broker is there by then.
                 if spooled.contains(answer.delivery.as_str()) {
                     if !drained_later(&answer.delivery) {
-                        lost_to_the_spool.insert(answer.delivery.as_str());
+                        lost_to_the_spool.insert(answer.delivery.clone());
                     }
                 } else {
                     broken.push(format!(
@@ -231,5 +231,5 @@ fn era_violations(
             broken.push(format!("{key}: the last record is not the newest state"));
         }
     }
-    lost_to_the_spool.len() as u64
+    lost_to_the_spool
 }

@@ -17,19 +17,41 @@
 //! have behind its `Produce` seam; a paused current-thread runtime needs
 //! neither and drives the same code production runs.
 //!
-//! **What is not deterministic yet**, named: the embedded ledger's
-//! checkpoint thread runs on a real thread with real time (reads look in
-//! memory before the file, so what a decision sees does not depend on where
-//! a checkpoint stands); crashes, restarts and the rebuild from the topics
-//! are not simulated yet (they need a read seam beside `Produce`).
+//! **Crashes.** Each life of posbridge runs on a runtime of its own; a
+//! crash ends it, and every task and all memory with it. The ledger's and
+//! the spool's files are copied as they were on disk (then lost, or bytes
+//! of them changed, as the seed says), the broker keeps its log (sends the
+//! crash cut may or may not be in it: in doubt), and the next life starts
+//! over those files through the real start-up: the ledger opened (a
+//! damaged file set aside), the spool opened (damaged entries quarantined,
+//! a damaged file salvaged), the rebuild reading the broker's log through
+//! the [`crate::services::rebuild::TopicSource`] seam behind the closed
+//! gate. The broker may be replaced by an empty one while posbridge is
+//! down (another cluster id, other topic ids).
+//!
+//! **What is not deterministic, or not simulated**, named: the ledger's
+//! checkpoints are taken on the virtual clock by the simulation
+//! (`EmbeddedLedger::open_driven`: no thread), but the spool's writes run
+//! on tokio's blocking pool (the clock does not move while one runs; a task
+//! it wakes is queued when the write ends); wall-clock reads (record
+//! timestamps, dedup expiry) are offset from the world's epoch and decide
+//! nothing within a world; not simulated: the reconciler, Redis, partition
+//! counts (the fake broker has one partition per topic), a torn write apart
+//! from changed bytes.
 //!
 //! **Invariants** (`check.rs`), checked after every schedule from the
 //! broker's log and the providers' record of answers: no delivery answered
 //! 2xx is missing (its record, or a newer state of its key, is in the log);
 //! no key's versions go back; no retry of a delivery answered 2xx wrote a
 //! record; no delivery written more than once unless it was in doubt, and
-//! then at most once more per lost acknowledgement; every answer within the
-//! providers' 10 s.
+//! then at most once more per doubt (an acknowledgement lost, a send a
+//! crash cut after the log took it); an event that cannot be normalized
+//! written once, to the dead-letter topic; every answer within the
+//! providers' 10 s; every last attempt after the faults and the restarts
+//! ended taken; the spool empty at the end. Each broker's log is checked
+//! against the answers given while it was the one (a spooled delivery may
+//! reach the one that replaced it); a spooled delivery is excused only as
+//! many times as spool entries were quarantined as damaged.
 //!
 //! **Running it.** `cargo test --lib sim` runs [`SEEDS`] seeds (or
 //! `POSBRIDGE_SIM_SEEDS`); `POSBRIDGE_SIM_SEED=N cargo test --lib sim --
@@ -44,7 +66,7 @@ mod world;
 
 use world::World;
 
-/// Seeds `cargo test` runs: about 30 s in a debug build on a 2-core machine.
+/// Seeds `cargo test` runs: about 60 s in a debug build on a 2-core machine.
 const SEEDS: u64 = 2000;
 
 /// The seeds to run: one to replay, or a budget from 0.
