@@ -148,6 +148,10 @@ impl Pipeline {
             // writes it before the ledger is read again; the fence logs the
             // failure.
             let placed = Some(sending.placed(&record.topic, delivered.partition, delivered.offset));
+            // In the simulation, the moment between an acknowledgement and
+            // its commit that a thread beside them (a checkpoint) may see.
+            #[cfg(test)]
+            super::sim::between_ack_and_commit().await;
             let committed = pipeline
                 .commit(lease, Some((slot, incoming)), placed, &trace)
                 .await;

@@ -16,7 +16,7 @@ const ANSWER_LIMIT: Duration = Duration::from_secs(10);
 
 /// Every guarantee the world broke, in words.
 pub(super) fn violations(ended: &Ended) -> Vec<String> {
-    let mut broken = Vec::new();
+    let mut broken = ended.internal.clone();
     // A replaced broker's log is gone: what each broker holds is checked
     // against the answers given while it was the one.
     let mut lost_to_the_spool = BTreeSet::new();

@@ -59,11 +59,13 @@
 //! step; `scripts/simulate --seeds N` is the long run.
 
 mod check;
+mod hooks;
 mod process;
 mod providers;
 mod source;
 mod world;
 
+pub(super) use hooks::between_ack_and_commit;
 use world::World;
 
 /// Seeds `cargo test` runs: about 60 s in a debug build on a 2-core machine.

@@ -14,13 +14,16 @@ use tokio_util::sync::CancellationToken;
 
 use super::source::FakeSource;
 use crate::adapters::encode::Encoder;
-use crate::adapters::ledger::{self, Ledger};
+use crate::adapters::ledger::{self, EntitySlot, Ledger};
 use crate::adapters::publish::{FakeBroker, Topics};
 use crate::adapters::spool::Spool;
 use crate::config::{KafkaConfig, RegistryConfig, SpoolConfig};
+use crate::domain::event::EntityType;
 use crate::observe::traces::Traces;
 use crate::services::drain::Drainer;
-use crate::services::pipeline::{Pipeline, Stages, Timing};
+use crate::services::pipeline::{
+    HEADER_STATE_HASH, HEADER_VERSION, Pipeline, Stages, Timing, state_from_headers,
+};
 use crate::services::rebuild::Rebuild;
 
 /// How long a done delivery id is remembered (the default).
@@ -49,11 +52,14 @@ impl Process {
     /// Its ledger's memory is made durable every `checkpoint_every`; with
     /// none (a life no crash ends, where what is durable decides nothing),
     /// only when the rebuild asks.
+    /// After each checkpoint, what the ledger holds is checked against
+    /// the broker's log; `violated` hears what does not hold.
     pub(super) async fn start(
         dir: &Path,
         broker: Arc<FakeBroker>,
         drains: bool,
         checkpoint_every: Option<Duration>,
+        violated: Violated,
     ) -> Process {
         let opened = ledger::open_driven(&dir.join(LEDGER_FILE), DEDUP_TTL, LEASE)
             .expect("a ledger file opens, a damaged one set aside");
@@ -84,7 +90,9 @@ impl Process {
         let stop = CancellationToken::new();
         tokio::spawn(
             Rebuild::new(
-                Arc::new(FakeSource { broker }),
+                Arc::new(FakeSource {
+                    broker: broker.clone(),
+                }),
                 &topics,
                 opened.store.clone(),
                 opened.gate,
@@ -93,7 +101,13 @@ impl Process {
             .run(stop.clone()),
         );
         if let Some(every) = checkpoint_every {
-            tokio::spawn(checkpoints(opened.store, every, stop.clone()));
+            tokio::spawn(checkpoints(
+                opened.store,
+                broker,
+                (topics.clone(), violated),
+                every,
+                stop.clone(),
+            ));
         }
         // Only a world whose source spools needs its drainer (it looks
         // four times a second of virtual time, hours of it).
@@ -114,17 +128,76 @@ impl Process {
     }
 }
 
-/// The ledger's checkpoints, every `every` of virtual time.
-async fn checkpoints(store: Arc<dyn Ledger>, every: Duration, stop: CancellationToken) {
+/// Hears what the ledger's checkpoints broke.
+pub(super) type Violated = Arc<dyn Fn(String) + Send + Sync>;
+
+/// The ledger's checkpoints, every `every` of virtual time, each followed
+/// by the check of what it recorded ([`below_the_offsets`]).
+async fn checkpoints(
+    store: Arc<dyn Ledger>,
+    broker: Arc<FakeBroker>,
+    (topics, violated): (Topics, Violated),
+    every: Duration,
+    stop: CancellationToken,
+) {
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(every) => {
                 // A failed one shows in the ledger's health; the next tries again.
-                let _ = store.persist().await;
+                if store.persist().await.is_ok() {
+                    for broken in below_the_offsets(store.as_ref(), &broker, &topics).await {
+                        violated(broken);
+                    }
+                }
             }
         }
     }
+}
+
+/// What a checkpoint may record, checked: every entity record below the
+/// offsets it holds has its state (or a newer one) in the ledger, since the
+/// next start reads the topics only from those offsets. What does not hold.
+async fn below_the_offsets(
+    store: &dyn Ledger,
+    broker: &FakeBroker,
+    topics: &Topics,
+) -> Vec<String> {
+    let Ok(Some(cached)) = store.cached().await else {
+        return Vec::new();
+    };
+    let mut broken = Vec::new();
+    for entity_type in EntityType::ALL {
+        let topic = topics.entity(entity_type);
+        let next = cached
+            .offsets
+            .get(&(topic.to_owned(), 0))
+            .copied()
+            .unwrap_or(0);
+        for (offset, record) in broker.log_of(topic) {
+            if offset >= next {
+                break;
+            }
+            let Some(state) = record
+                .header(HEADER_VERSION)
+                .zip(record.header(HEADER_STATE_HASH))
+                .and_then(|(version, hash)| {
+                    state_from_headers(version.as_bytes(), hash.as_bytes())
+                })
+            else {
+                continue;
+            };
+            let slot = EntitySlot::of_record_key(entity_type, &record.key);
+            let held = store.entity(&slot).await.ok().flatten();
+            if held.is_none_or(|held| held.version < state.version) {
+                broken.push(format!(
+                    "a checkpoint recorded {topic} read up to {next}, and the ledger does not hold the state of the record at {offset} ({})",
+                    record.key
+                ));
+            }
+        }
+    }
+    broken
 }
 
 /// What a crash does to the ledger's file.

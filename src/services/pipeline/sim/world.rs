@@ -18,6 +18,7 @@ use rdkafka::error::RDKafkaErrorCode;
 use time::OffsetDateTime;
 use tokio::time::Instant;
 
+use super::hooks::pause_commits;
 use super::process::{LedgerFate, Process, SpoolFate, after_crash};
 use super::providers::{Door, Sender, Senders, body, cut, send, unfinished};
 use crate::adapters::publish::{FakeBroker, Fault, OutgoingRecord};
@@ -92,6 +93,9 @@ pub(super) struct Ended {
     pub(super) spooled_at_end: usize,
     /// Spool entries found damaged and set aside, over every life.
     pub(super) quarantined: u64,
+    /// What the checks inside the core found broken as it ran (a checkpoint
+    /// past a record whose state the ledger does not hold).
+    pub(super) internal: Vec<String>,
     /// The schedule, step by step.
     pub(super) steps: Vec<String>,
 }
@@ -147,6 +151,8 @@ pub(super) struct Shared {
 #[derive(Default)]
 struct Record {
     answers: Vec<Answer>,
+    /// What the checks inside the core found broken as it ran.
+    internal: Vec<String>,
     in_doubt: BTreeMap<String, u32>,
     steps: Vec<String>,
     era: usize,
@@ -311,6 +317,7 @@ impl World {
             begins = (crash.at, crash.down);
             quiet_from = quiet_from.max(crash.at + crash.down + START_SLACK);
         }
+        pause_commits(None);
         eras.push(self.broker.taken());
         let record = std::mem::take(&mut *self.shared.record());
         Ended {
@@ -325,6 +332,7 @@ impl World {
             spools: self.spools,
             spooled_at_end,
             quarantined,
+            internal: record.internal,
             steps: record.steps,
         }
     }
@@ -341,6 +349,15 @@ impl World {
         rng: &mut StdRng,
     ) -> Lived {
         self.clock.begin_life(at);
+        // One commit in five waits up to 300 ms after its acknowledgement.
+        let mut pauses = StdRng::seed_from_u64(rng.random());
+        pause_commits(Some(Box::new(move || {
+            if pauses.random_bool(0.2) {
+                Duration::from_millis(pauses.random_range(1..300))
+            } else {
+                Duration::ZERO
+            }
+        })));
         let door: Door = Arc::default();
         let providers: Vec<_> = unfinished(senders)
             .into_iter()
@@ -360,6 +377,10 @@ impl World {
             self.broker.clone(),
             self.spools,
             crash.map(|_| self.checkpoint_every),
+            {
+                let shared = self.shared.clone();
+                Arc::new(move |broken| shared.record().internal.push(broken))
+            },
         )
         .await;
         self.shared.step(self.clock.now(), "posbridge starts");
