@@ -378,8 +378,13 @@ impl World {
             self.spools,
             crash.map(|_| self.checkpoint_every),
             {
-                let shared = self.shared.clone();
-                Arc::new(move |broken| shared.record().internal.push(broken))
+                let (shared, clock) = (self.shared.clone(), self.clock.clone());
+                Arc::new(move |broken| {
+                    let broken = format!("t={:.3}s {broken}", clock.now().as_secs_f64());
+                    let mut record = shared.record();
+                    record.steps.push(broken.clone());
+                    record.internal.push(broken);
+                })
             },
         )
         .await;
