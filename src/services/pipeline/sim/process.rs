@@ -42,6 +42,8 @@ const SPOOL_FILE: &str = "spool.redb";
 pub(super) struct Process {
     pub(super) pipeline: Pipeline,
     pub(super) spool: Spool,
+    /// The ledger without its gate: a clean stop makes it durable.
+    pub(super) store: Arc<dyn Ledger>,
     /// Its background tasks (rebuild, checkpoints, drainer) stop with it.
     stop: CancellationToken,
 }
@@ -102,7 +104,7 @@ impl Process {
         );
         if let Some(every) = checkpoint_every {
             tokio::spawn(checkpoints(
-                opened.store,
+                opened.store.clone(),
                 broker,
                 (topics.clone(), violated),
                 every,
@@ -117,6 +119,7 @@ impl Process {
         Process {
             pipeline,
             spool,
+            store: opened.store,
             stop,
         }
     }

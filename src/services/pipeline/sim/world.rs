@@ -34,6 +34,10 @@ const RETRYABLE: [RDKafkaErrorCode; 4] = [
     RDKafkaErrorCode::LeaderNotAvailable,
 ];
 
+/// How long a clean stop refuses requests before it ends (the deliveries
+/// in flight end meanwhile).
+const STOP_TAKES: Duration = Duration::from_secs(10);
+
 /// How long after the last start the rebuild may take before every
 /// delivery must be taken again.
 const START_SLACK: Duration = Duration::from_secs(30);
@@ -204,6 +208,11 @@ struct Crash {
     spool: SpoolFate,
     /// Whether the broker is replaced by an empty one while posbridge is down.
     broker_replaced: bool,
+    /// A stop, not a crash: requests refused from ten seconds before, the
+    /// ledger made durable and its files closed, as shutdown does. Bytes
+    /// damaged after a clean stop are read without the repair an unclean
+    /// one makes redb run (which checks every page).
+    clean: bool,
 }
 
 /// The world of one seed.
@@ -291,7 +300,7 @@ impl World {
             let lived = runtime.block_on(self.live(
                 &life_dir,
                 begins,
-                crash.map(|c| c.at),
+                crash.map(|c| (c.at, c.clean)),
                 &senders,
                 &mut rng,
             ));
@@ -300,6 +309,10 @@ impl World {
                 spooled_at_end = lived.spooled;
                 break;
             };
+            if crash.clean {
+                // Its files closed as a stopping process closes them.
+                drop(runtime);
+            }
             let next_dir = dir.join(format!("life-{}", life + 1));
             for said in after_crash(&life_dir, &next_dir, crash.ledger, crash.spool, &mut rng) {
                 self.shared.step(crash.at, said);
@@ -311,8 +324,6 @@ impl World {
                 self.shared
                     .step(crash.at, "the broker is replaced by an empty one");
             }
-            // Every task of the life ends here, its memory with it.
-            drop(runtime);
             life_dir = next_dir;
             begins = (crash.at, crash.down);
             quiet_from = quiet_from.max(crash.at + crash.down + START_SLACK);
@@ -338,13 +349,15 @@ impl World {
     }
 
     /// One life: from world time `begins.0`, posbridge down for `begins.1`,
-    /// then up until it crashes at `crash` (or, at the end, until every
-    /// provider is done and the spool drained).
+    /// then up until it crashes (or stops cleanly) at `crash` (or, at the
+    /// end, until every provider is done and the spool drained). A crash
+    /// ends the life's runtime when this returns, and every task and all
+    /// memory with it.
     async fn live(
         &self,
         dir: &Path,
         (at, down): (Duration, Duration),
-        crash: Option<Duration>,
+        crash: Option<(Duration, bool)>,
         senders: &Senders,
         rng: &mut StdRng,
     ) -> Lived {
@@ -390,10 +403,25 @@ impl World {
         .await;
         self.shared.step(self.clock.now(), "posbridge starts");
         *door.lock().unwrap_or_else(PoisonError::into_inner) = Some(process.pipeline.clone());
-        if let Some(crash) = crash {
+        if let Some((crash, clean)) = crash {
+            if clean {
+                let closing = crash.saturating_sub(STOP_TAKES);
+                tokio::time::sleep_until(self.clock.instant_at(closing)).await;
+                self.shared
+                    .step(self.clock.now(), "posbridge stops taking requests");
+                *door.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            }
             tokio::time::sleep_until(self.clock.instant_at(crash)).await;
             let now = self.clock.now();
-            self.shared.step(now, "posbridge crashes");
+            if clean {
+                process.stop();
+                // Its outcome is seen by the next start, which reads on from
+                // what is durable whatever it is.
+                let _ = process.store.persist().await;
+                self.shared.step(now, "posbridge stopped");
+            } else {
+                self.shared.step(now, "posbridge crashes");
+            }
             for record in self.broker.crash(|_| rng.random_bool(0.5)) {
                 let delivery = delivery_of(&record).unwrap_or_default();
                 self.shared.step(
@@ -564,6 +592,7 @@ fn crashes(rng: &mut StdRng, spread: u64) -> Vec<Crash> {
                 SpoolFate::Kept
             },
             broker_replaced: rng.random_bool(0.1),
+            clean: rng.random_bool(0.3),
         });
         at += down;
     }
