@@ -257,13 +257,21 @@ fn copy(from: &Path, to: &Path, file: &str) {
     }
 }
 
-/// Changes 1 to 64 bytes at a random place of `path`, as a disk may.
+/// Changes 1 to 64 bytes of `path`, as a disk may: at a random place, or
+/// (one time in two) inside a delivery's body, found by its `"data"` key,
+/// where the damage reaches what posbridge reads back rather than pages
+/// redb may never read again.
 fn damage(path: &PathBuf, rng: &mut StdRng) -> String {
     let mut bytes = std::fs::read(path).expect("a file to damage");
     if bytes.is_empty() {
         return format!("{} is empty: nothing to damage", path.display());
     }
-    let at = rng.random_range(0..bytes.len());
+    let bodies: Vec<usize> = memchr::memmem::find_iter(&bytes, b"\"data\"").collect();
+    let at = if !bodies.is_empty() && rng.random_bool(0.5) {
+        (bodies[rng.random_range(0..bodies.len())] + rng.random_range(0..32)).min(bytes.len() - 1)
+    } else {
+        rng.random_range(0..bytes.len())
+    };
     let len = rng.random_range(1..=64).min(bytes.len() - at);
     for byte in &mut bytes[at..at + len] {
         *byte ^= rng.random_range(1..=255u8);
