@@ -225,12 +225,14 @@ pub(super) enum SpoolFate {
 
 /// The files a crash in `from` left, as the next life finds them in `to`:
 /// copied as they were on disk when the process died, then `ledger` and
-/// `spool` happen to them. What happened, in words.
+/// `spool` happen to them (damage to the spool aimed, one time in two, at
+/// the entry of one of the deliveries `spooled` then). What happened, in
+/// words.
 pub(super) fn after_crash(
     from: &Path,
     to: &Path,
-    ledger: LedgerFate,
-    spool: SpoolFate,
+    (ledger, spool): (LedgerFate, SpoolFate),
+    spooled: &[String],
     rng: &mut StdRng,
 ) -> Vec<String> {
     std::fs::create_dir_all(to).expect("the next life's directory");
@@ -242,10 +244,14 @@ pub(super) fn after_crash(
     }
     copy(from, to, SPOOL_FILE);
     if ledger == LedgerFate::Damaged {
-        said.push(damage(&to.join(LEDGER_FILE), rng));
+        said.push(damage(&to.join(LEDGER_FILE), &[], rng));
     }
     if spool == SpoolFate::Damaged {
-        said.push(damage(&to.join(SPOOL_FILE), rng));
+        let markers: Vec<String> = spooled
+            .iter()
+            .map(|id| format!("\"id\":\"{id}\""))
+            .collect();
+        said.push(damage(&to.join(SPOOL_FILE), &markers, rng));
     }
     said
 }
@@ -258,17 +264,20 @@ fn copy(from: &Path, to: &Path, file: &str) {
 }
 
 /// Changes 1 to 64 bytes of `path`, as a disk may: at a random place, or
-/// (one time in two) inside a delivery's body, found by its `"data"` key,
-/// where the damage reaches what posbridge reads back rather than pages
-/// redb may never read again.
-fn damage(path: &PathBuf, rng: &mut StdRng) -> String {
+/// (one time in two) just after one of the `markers` found in it, where
+/// the damage reaches what posbridge reads back rather than pages redb may
+/// never read again.
+fn damage(path: &PathBuf, markers: &[String], rng: &mut StdRng) -> String {
     let mut bytes = std::fs::read(path).expect("a file to damage");
     if bytes.is_empty() {
         return format!("{} is empty: nothing to damage", path.display());
     }
-    let bodies: Vec<usize> = memchr::memmem::find_iter(&bytes, b"\"data\"").collect();
-    let at = if !bodies.is_empty() && rng.random_bool(0.5) {
-        (bodies[rng.random_range(0..bodies.len())] + rng.random_range(0..32)).min(bytes.len() - 1)
+    let aimed: Vec<usize> = markers
+        .iter()
+        .flat_map(|marker| memchr::memmem::find_iter(&bytes, marker.as_bytes()).collect::<Vec<_>>())
+        .collect();
+    let at = if !aimed.is_empty() && rng.random_bool(0.5) {
+        (aimed[rng.random_range(0..aimed.len())] + rng.random_range(0..32)).min(bytes.len() - 1)
     } else {
         rng.random_range(0..bytes.len())
     };

@@ -314,7 +314,13 @@ impl World {
                 drop(runtime);
             }
             let next_dir = dir.join(format!("life-{}", life + 1));
-            for said in after_crash(&life_dir, &next_dir, crash.ledger, crash.spool, &mut rng) {
+            for said in after_crash(
+                &life_dir,
+                &next_dir,
+                (crash.ledger, crash.spool),
+                &lived.spooled_ids,
+                &mut rng,
+            ) {
                 self.shared.step(crash.at, said);
             }
             if crash.broker_replaced {
@@ -434,6 +440,13 @@ impl World {
             return Lived {
                 quarantined: process.spool.stats().quarantined,
                 spooled: 0,
+                spooled_ids: process
+                    .spool
+                    .oldest(usize::MAX)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(_, spooled)| spooled.delivery_id)
+                    .collect(),
             };
         }
         for provider in providers {
@@ -454,6 +467,7 @@ impl World {
         Lived {
             quarantined: stats.quarantined,
             spooled: usize::try_from(stats.entries).unwrap_or(usize::MAX),
+            spooled_ids: Vec::new(),
         }
     }
 
@@ -557,6 +571,8 @@ struct Lived {
     quarantined: u64,
     /// Deliveries its spool still held when it ended.
     spooled: usize,
+    /// Their ids, when it ended with a crash.
+    spooled_ids: Vec<String>,
 }
 
 /// Up to two crashes, each with how long posbridge stays down and what
