@@ -162,12 +162,13 @@ impl FakeBroker {
         self.state().taken.len()
     }
 
-    /// The records of `topic`'s one partition with their offsets, in order.
-    pub fn log_of(&self, topic: &str) -> Vec<(i64, OutgoingRecord)> {
+    /// The records of `topic`'s one partition at `offsets`, with their
+    /// offsets, in order.
+    pub fn log_of(&self, topic: &str, offsets: std::ops::Range<i64>) -> Vec<(i64, OutgoingRecord)> {
         self.state()
             .taken
             .iter()
-            .filter(|(_, record)| record.topic == topic)
+            .filter(|(offset, record)| record.topic == topic && offsets.contains(offset))
             .cloned()
             .collect()
     }
@@ -215,7 +216,7 @@ impl FakeBroker {
 
     /// The records acknowledged on `topic`, in order.
     pub fn taken_on(&self, topic: &str) -> Vec<OutgoingRecord> {
-        self.log_of(topic)
+        self.log_of(topic, 0..i64::MAX)
             .into_iter()
             .map(|(_, record)| record)
             .collect()

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::source::FakeSource;
 use crate::adapters::encode::Encoder;
-use crate::adapters::ledger::{self, EntitySlot, Ledger};
+use crate::adapters::ledger::{self, EntitySlot, Ledger, Offsets};
 use crate::adapters::publish::{FakeBroker, Topics};
 use crate::adapters::spool::Spool;
 use crate::config::{KafkaConfig, RegistryConfig, SpoolConfig};
@@ -131,6 +131,10 @@ impl Process {
     }
 }
 
+/// Longer than any acknowledgement (a late one: 3 s) and its commit (a
+/// pause: 300 ms) take.
+const SETTLES_WITHIN: Duration = Duration::from_secs(5);
+
 /// Hears what the ledger's checkpoints broke.
 pub(super) type Violated = Arc<dyn Fn(String) + Send + Sync>;
 
@@ -143,13 +147,23 @@ async fn checkpoints(
     every: Duration,
     stop: CancellationToken,
 ) {
+    let mut checked = Offsets::new();
+    // The log's length, and when it last grew: once it has not for longer
+    // than an acknowledgement and its commit may take, no commit is left
+    // to move the offsets, and the check has nothing new to see.
+    let mut grown = (usize::MAX, tokio::time::Instant::now());
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(every) => {
+                let len = broker.taken_count();
+                if len != grown.0 {
+                    grown = (len, tokio::time::Instant::now());
+                }
+                let settling = grown.1.elapsed() <= SETTLES_WITHIN;
                 // A failed one shows in the ledger's health; the next tries again.
-                if store.persist().await.is_ok() {
-                    for broken in below_the_offsets(store.as_ref(), &broker, &topics).await {
+                if store.persist().await.is_ok() && settling {
+                    for broken in below_the_offsets(store.as_ref(), &broker, &topics, &mut checked).await {
                         violated(broken);
                     }
                 }
@@ -160,11 +174,15 @@ async fn checkpoints(
 
 /// What a checkpoint may record, checked: every entity record below the
 /// offsets it holds has its state (or a newer one) in the ledger, since the
-/// next start reads the topics only from those offsets. What does not hold.
+/// next start reads the topics only from those offsets. States only grow
+/// newer, so the records `checked` below before are not read again (all
+/// of them are once the offsets fall: the ledger forgot its topics). What
+/// does not hold.
 async fn below_the_offsets(
     store: &dyn Ledger,
     broker: &FakeBroker,
     topics: &Topics,
+    checked: &mut Offsets,
 ) -> Vec<String> {
     let Ok(Some(cached)) = store.cached().await else {
         return Vec::new();
@@ -177,10 +195,14 @@ async fn below_the_offsets(
             .get(&(topic.to_owned(), 0))
             .copied()
             .unwrap_or(0);
-        for (offset, record) in broker.log_of(topic) {
-            if offset >= next {
-                break;
-            }
+        let partition = (topic.to_owned(), 0);
+        let from = checked
+            .get(&partition)
+            .copied()
+            .filter(|from| *from <= next)
+            .unwrap_or(0);
+        checked.insert(partition, next);
+        for (offset, record) in broker.log_of(topic, from..next) {
             let Some(state) = record
                 .header(HEADER_VERSION)
                 .zip(record.header(HEADER_STATE_HASH))

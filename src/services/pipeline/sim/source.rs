@@ -75,9 +75,8 @@ impl TopicRead for FakeReader {
     fn assign(&mut self, _partition: i32, from: i64, to: i64) -> Result<(), ReadError> {
         self.left = self
             .broker
-            .log_of(&self.topic)
+            .log_of(&self.topic, from..to)
             .into_iter()
-            .filter(|(offset, _)| (from..to).contains(offset))
             .rev()
             .map(|(offset, record)| Letter {
                 partition: 0,
