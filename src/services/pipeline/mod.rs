@@ -204,7 +204,7 @@ impl Pipeline {
         inflight_wait: Duration,
         spool_entries: u64,
     ) -> (Pipeline, Arc<FakeBroker>) {
-        use crate::config::{KafkaConfig, LedgerConfig, RegistryConfig};
+        use crate::config::LedgerConfig;
         let ledger = LedgerConfig {
             path: dir.join("ledger.redb"),
             ..LedgerConfig::default()
@@ -215,22 +215,36 @@ impl Pipeline {
         // Nothing to fill it from: decided at once.
         opened.gate.end(Ok(()));
         let broker = Arc::new(FakeBroker::default());
-        let pipeline = Pipeline::new(
+        let spool = Spool::open(&crate::config::SpoolConfig {
+            path: dir.join("spool.redb"),
+            max_bytes: 1 << 20,
+            max_entries: spool_entries,
+        })
+        .expect("a fresh spool file opens");
+        let pipeline = Pipeline::on_fake(opened.ledger, broker.clone(), spool, inflight_wait).await;
+        (pipeline, broker)
+    }
+
+    /// A pipeline deciding with `ledger`, producing to `broker` and
+    /// spooling to `spool`, with the registry-less encoder and an answer
+    /// budget of 300 ms past `inflight_wait`.
+    #[cfg(test)]
+    pub(crate) async fn on_fake(
+        ledger: Arc<dyn Ledger>,
+        broker: Arc<FakeBroker>,
+        spool: Spool,
+        inflight_wait: Duration,
+    ) -> Pipeline {
+        use crate::config::{KafkaConfig, RegistryConfig};
+        Pipeline::new(
             Stages {
-                ledger: opened.ledger,
+                ledger,
                 encoder: Encoder::new(&RegistryConfig::default(), &[])
                     .await
                     .expect("the registry-less encoder needs nothing"),
-                producer: broker.clone(),
+                producer: broker,
                 topics: Topics::new(&KafkaConfig::default()),
-                spool: Some(
-                    Spool::open(&crate::config::SpoolConfig {
-                        path: dir.join("spool.redb"),
-                        max_bytes: 1 << 20,
-                        max_entries: spool_entries,
-                    })
-                    .expect("a fresh spool file opens"),
-                ),
+                spool: Some(spool),
                 traces: Traces::default(),
             },
             Timing {
@@ -238,8 +252,7 @@ impl Pipeline {
                 answer_budget: Duration::from_millis(300) + inflight_wait,
                 max_event_ahead: crate::config::ServerConfig::default().max_event_ahead(),
             },
-        );
-        (pipeline, broker)
+        )
     }
 
     /// The outage spool, when any source spools.

@@ -13,17 +13,13 @@ use rand::rngs::StdRng;
 use tokio_util::sync::CancellationToken;
 
 use super::source::FakeSource;
-use crate::adapters::encode::Encoder;
 use crate::adapters::ledger::{self, EntitySlot, Ledger, Offsets};
 use crate::adapters::publish::{FakeBroker, Topics};
 use crate::adapters::spool::Spool;
-use crate::config::{KafkaConfig, RegistryConfig, SpoolConfig};
+use crate::config::{KafkaConfig, SpoolConfig};
 use crate::domain::event::EntityType;
-use crate::observe::traces::Traces;
 use crate::services::drain::Drainer;
-use crate::services::pipeline::{
-    HEADER_STATE_HASH, HEADER_VERSION, Pipeline, Stages, Timing, state_from_headers,
-};
+use crate::services::pipeline::{HEADER_STATE_HASH, HEADER_VERSION, Pipeline, state_from_headers};
 use crate::services::rebuild::Rebuild;
 
 /// How long a done delivery id is remembered (the default).
@@ -72,23 +68,8 @@ impl Process {
         })
         .expect("a spool file opens, a damaged one set aside and salvaged");
         let topics = Topics::new(&KafkaConfig::default());
-        let pipeline = Pipeline::new(
-            Stages {
-                ledger: opened.ledger,
-                encoder: Encoder::new(&RegistryConfig::default(), &[])
-                    .await
-                    .expect("the registry-less encoder needs nothing"),
-                producer: broker.clone(),
-                topics: topics.clone(),
-                spool: Some(spool.clone()),
-                traces: Traces::default(),
-            },
-            Timing {
-                inflight_wait: INFLIGHT_WAIT,
-                answer_budget: Duration::from_millis(300) + INFLIGHT_WAIT,
-                max_event_ahead: crate::config::ServerConfig::default().max_event_ahead(),
-            },
-        );
+        let pipeline =
+            Pipeline::on_fake(opened.ledger, broker.clone(), spool.clone(), INFLIGHT_WAIT).await;
         let stop = CancellationToken::new();
         tokio::spawn(
             Rebuild::new(
