@@ -221,19 +221,23 @@ impl Pipeline {
             max_entries: spool_entries,
         })
         .expect("a fresh spool file opens");
-        let pipeline = Pipeline::on_fake(opened.ledger, broker.clone(), spool, inflight_wait).await;
+        let timing = Timing {
+            inflight_wait,
+            answer_budget: Duration::from_millis(300) + inflight_wait,
+            max_event_ahead: crate::config::ServerConfig::default().max_event_ahead(),
+        };
+        let pipeline = Pipeline::on_fake(opened.ledger, broker.clone(), spool, timing).await;
         (pipeline, broker)
     }
 
     /// A pipeline deciding with `ledger`, producing to `broker` and
-    /// spooling to `spool`, with the registry-less encoder and an answer
-    /// budget of 300 ms past `inflight_wait`.
+    /// spooling to `spool`, with the registry-less encoder.
     #[cfg(test)]
     pub(crate) async fn on_fake(
         ledger: Arc<dyn Ledger>,
         broker: Arc<FakeBroker>,
         spool: Spool,
-        inflight_wait: Duration,
+        timing: Timing,
     ) -> Pipeline {
         use crate::config::{KafkaConfig, RegistryConfig};
         Pipeline::new(
@@ -247,11 +251,7 @@ impl Pipeline {
                 spool: Some(spool),
                 traces: Traces::default(),
             },
-            Timing {
-                inflight_wait,
-                answer_budget: Duration::from_millis(300) + inflight_wait,
-                max_event_ahead: crate::config::ServerConfig::default().max_event_ahead(),
-            },
+            timing,
         )
     }
 

@@ -19,7 +19,9 @@ use crate::adapters::spool::Spool;
 use crate::config::{KafkaConfig, SpoolConfig};
 use crate::domain::event::EntityType;
 use crate::services::drain::Drainer;
-use crate::services::pipeline::{HEADER_STATE_HASH, HEADER_VERSION, Pipeline, state_from_headers};
+use crate::services::pipeline::{
+    HEADER_STATE_HASH, HEADER_VERSION, Pipeline, Timing, state_from_headers,
+};
 use crate::services::rebuild::Rebuild;
 
 /// How long a done delivery id is remembered (the default).
@@ -30,6 +32,11 @@ const LEASE: Duration = Duration::from_secs(30);
 
 /// How long a delivery may wait for another attempt of its own.
 const INFLIGHT_WAIT: Duration = Duration::from_millis(200);
+
+/// How long a webhook may take to its answer: short, so the broker's slow
+/// answers (up to 3 s while it is faulty) cut many, and long enough for its
+/// usual ones (up to 400 ms) and a pause before the commit (up to 300 ms).
+const ANSWER_BUDGET: Duration = Duration::from_millis(1_000);
 
 const LEDGER_FILE: &str = "ledger.redb";
 const SPOOL_FILE: &str = "spool.redb";
@@ -68,8 +75,13 @@ impl Process {
         })
         .expect("a spool file opens, a damaged one set aside and salvaged");
         let topics = Topics::new(&KafkaConfig::default());
+        let timing = Timing {
+            inflight_wait: INFLIGHT_WAIT,
+            answer_budget: ANSWER_BUDGET,
+            max_event_ahead: crate::config::ServerConfig::default().max_event_ahead(),
+        };
         let pipeline =
-            Pipeline::on_fake(opened.ledger, broker.clone(), spool.clone(), INFLIGHT_WAIT).await;
+            Pipeline::on_fake(opened.ledger, broker.clone(), spool.clone(), timing).await;
         let stop = CancellationToken::new();
         tokio::spawn(
             Rebuild::new(
