@@ -118,7 +118,17 @@ fn every_guarantee_holds_over_the_seed_budget() {
     let started = std::time::Instant::now();
     let count = seeds.end - seeds.start;
     for seed in seeds {
-        match run(seed) {
+        // A world that panics (the core refused to start, say) names its
+        // seed too.
+        let ran = std::panic::catch_unwind(|| run(seed)).unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_default();
+            Err((vec![format!("the world panicked: {why}")], Vec::new()))
+        });
+        match ran {
             Ok(steps) => {
                 if replay {
                     println!("{}", steps.join("\n"));
