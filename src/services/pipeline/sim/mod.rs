@@ -27,7 +27,11 @@
 //! a damaged file salvaged), the rebuild reading the broker's log through
 //! the [`crate::services::rebuild::TopicSource`] seam behind the closed
 //! gate. The broker may be replaced by an empty one while posbridge is
-//! down (another cluster id, other topic ids).
+//! down (another cluster id, other topic ids). Some stops are clean
+//! instead (requests refused, the ledger made durable, the files closed).
+//! Between an acknowledgement and its commit the core awaits the world's
+//! pause (`hooks.rs`), and after each checkpoint the world checks that the
+//! ledger holds the state of every record below the offsets it recorded.
 //!
 //! **What is not deterministic, or not simulated**, named: the ledger's
 //! checkpoints are taken on the virtual clock by the simulation
