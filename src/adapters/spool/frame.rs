@@ -134,10 +134,14 @@ fn read_header(frame: &[u8]) -> Result<(usize, &[u8]), Damage> {
 pub(super) enum Found<'a> {
     /// An intact frame's payload.
     Intact(&'a [u8]),
-    /// A frame that does not verify: damaged, or bytes that only start
-    /// like one.
-    Damaged(Damage),
+    /// A frame that does not verify (damaged, or bytes that only start
+    /// like one), and its bytes up to the next frame's magic (at most
+    /// [`DAMAGED_KEPT`]): what a person looking at it needs.
+    Damaged(Damage, &'a [u8]),
 }
+
+/// The most bytes of a damaged frame a scan hands on.
+pub(super) const DAMAGED_KEPT: usize = 64 * 1024;
 
 /// Every frame in `bytes`, in file order: an intact frame is skipped whole
 /// (a body that holds a frame's bytes is not taken for a second entry).
@@ -153,7 +157,11 @@ pub(super) fn scan(bytes: &[u8]) -> impl Iterator<Item = Found<'_>> {
             }
             Err(damage) => {
                 from = at + MAGIC.len();
-                Found::Damaged(damage)
+                let end = finder
+                    .find(&bytes[from..])
+                    .map_or(bytes.len(), |next| from + next)
+                    .min(at + DAMAGED_KEPT);
+                Found::Damaged(damage, &bytes[at..end])
             }
         };
         Some(found)
@@ -217,9 +225,9 @@ mod tests {
             found,
             [
                 Found::Intact(b"first"),
-                Found::Damaged(Damage::Checksum),
+                Found::Damaged(Damage::Checksum, &damaged),
                 Found::Intact(&outer_payload),
-                Found::Damaged(Damage::Length),
+                Found::Damaged(Damage::Length, &MAGIC),
             ]
         );
     }

@@ -230,11 +230,13 @@ impl Spool {
                     counts.bytes -= taken.bytes;
                 }
                 if rolled_back {
-                    salvage::after_rollback(path, &db, &mut counts)?;
+                    salvage::after_rollback(path, &db, &mut counts, &quarantine)?;
                 }
                 (db, counts)
             }
-            Err(SpoolError::File(damage)) if damage.is_damage() => salvage::recover(path, damage)?,
+            Err(SpoolError::File(damage)) if damage.is_damage() => {
+                salvage::recover(path, damage, &quarantine)?
+            }
             Err(error) => return Err(error),
         };
         store_file::count_set_aside(STORE, path);

@@ -91,7 +91,12 @@ impl Quarantine {
         let mut kept = Vec::with_capacity(damaged.len());
         for entry in &damaged {
             let file = self
-                .keep(entry.seq, &entry.stored, entry.damage)
+                .keep(
+                    &entry.seq.to_string(),
+                    Some(entry.seq),
+                    &entry.stored,
+                    entry.damage,
+                )
                 .map_err(|source| SpoolError::Quarantine {
                     dir: self.dir.clone(),
                     source,
@@ -131,14 +136,22 @@ impl Quarantine {
     }
 
     /// Keeps a damaged entry's bytes and why, durably (the entry is removed
-    /// from the spool only after this returns). Returns the entry file.
+    /// from the spool only after this returns), named `label` and the time;
+    /// `seq` is its sequence number when the spool's table held it (a frame
+    /// found by a salvage has none). Returns the entry file.
     ///
     /// # Errors
     /// The directory or a file could not be written or synced.
-    fn keep(&self, seq: u64, stored: &[u8], damage: Damage) -> std::io::Result<PathBuf> {
+    pub(super) fn keep(
+        &self,
+        label: &str,
+        seq: Option<u64>,
+        stored: &[u8],
+        damage: Damage,
+    ) -> std::io::Result<PathBuf> {
         std::fs::create_dir_all(&self.dir)?;
         let now = OffsetDateTime::now_utc();
-        let name = format!("{seq}-{}", now.unix_timestamp_nanos() / 1000);
+        let name = format!("{label}-{}", now.unix_timestamp_nanos() / 1000);
         let entry = self.dir.join(format!("{name}.{ENTRY}"));
         // What the header says, if it still parses: which delivery to ask
         // its provider for (not trusted: it may be what changed).

@@ -21,8 +21,8 @@
 //! removed), or, past `ledger.dedup_ttl_secs`, the guard finds its state in
 //! the ledger already (unchanged) or a newer one (stale), so nothing is
 //! published twice or over a newer state. A damaged frame cannot be told
-//! apart from a damaged old copy: the log counts them, and the file set
-//! aside keeps them for a look.
+//! apart from a damaged old copy: each goes to the quarantine, counted and
+//! alerted on like a damaged entry of the spool's table.
 //!
 //! The file is read whole: once, at a start that found it damaged; it is
 //! about `spool.max_bytes` at most, plus the pages redb freed.
@@ -33,7 +33,8 @@ use std::path::Path;
 use redb::{Database, ReadableTable as _};
 use tracing::error;
 
-use super::frame::{self, Found};
+use super::frame::{self, Damage, Found};
+use super::quarantine::Quarantine;
 use super::{BY_DELIVERY, Counts, ENTRIES, SpoolError, SpooledDelivery};
 use crate::adapters::store_file::{self, StoreFileError};
 
@@ -42,8 +43,9 @@ use crate::adapters::store_file::{self, StoreFileError};
 struct Salvaged {
     /// The intact deliveries, one per key, oldest first.
     deliveries: Vec<SpooledDelivery>,
-    /// Frames that did not verify (or whose header did not decode).
-    damaged: u64,
+    /// Frames that did not verify (or whose header did not decode), with
+    /// their bytes as found.
+    damaged: Vec<(Damage, Vec<u8>)>,
 }
 
 impl Salvaged {
@@ -51,17 +53,16 @@ impl Salvaged {
         let mut salvaged = Salvaged::default();
         let mut keys = HashSet::new();
         for found in frame::scan(bytes) {
-            let delivery = match found {
-                Found::Intact(payload) => SpooledDelivery::from_payload(payload).ok(),
-                Found::Damaged(_) => None,
-            };
-            match delivery {
-                Some(delivery) => {
-                    if keys.insert(delivery.key.as_str().to_owned()) {
-                        salvaged.deliveries.push(delivery);
+            match found {
+                Found::Intact(payload) => match SpooledDelivery::from_payload(payload) {
+                    Ok(delivery) => {
+                        if keys.insert(delivery.key.as_str().to_owned()) {
+                            salvaged.deliveries.push(delivery);
+                        }
                     }
-                }
-                None => salvaged.damaged += 1,
+                    Err(_) => salvaged.damaged.push((Damage::Header, payload.to_vec())),
+                },
+                Found::Damaged(damage, stored) => salvaged.damaged.push((damage, stored.to_vec())),
             }
         }
         // Stable: copies found in file order keep it within one instant.
@@ -83,6 +84,7 @@ impl Salvaged {
 pub(super) fn recover(
     path: &Path,
     damage: StoreFileError,
+    quarantine: &Quarantine,
 ) -> Result<(Database, Counts), SpoolError> {
     let aside = match store_file::set_aside(path) {
         Ok(aside) => aside,
@@ -101,14 +103,15 @@ pub(super) fn recover(
     let db = store_file::open(path)?;
     let mut counts = Counts::default();
     write(path, &db, &salvaged.deliveries, &mut counts)?;
+    let damaged = keep_damaged(quarantine, &salvaged.damaged);
     error!(
         path = %path.display(),
         set_aside = %aside.display(),
         error = %damage,
         salvaged = salvaged.deliveries.len(),
-        damaged = salvaged.damaged,
+        damaged,
         unread = unread.map(|error| error.to_string()),
-        "The spool file is damaged: it was set aside, and the intact deliveries found in it are in a new spool file, published as it drains. Damaged entries (some may be old copies of deliveries published already) are lost unless their provider sends them again or a reconcile over their time reads them."
+        "The spool file is damaged: it was set aside, and the intact deliveries found in it are in a new spool file, published as it drains. Damaged entries (some may be old copies of deliveries published already) are in the quarantine, lost unless their provider sends them again or a reconcile over their time reads them."
     );
     Ok((db, counts))
 }
@@ -124,20 +127,43 @@ pub(super) fn after_rollback(
     path: &Path,
     db: &Database,
     counts: &mut Counts,
+    quarantine: &Quarantine,
 ) -> Result<(), SpoolError> {
     let (salvaged, unread) = match std::fs::read(path) {
         Ok(bytes) => (Salvaged::from_bytes(&bytes), None),
         Err(error) => (Salvaged::default(), Some(error)),
     };
     let added = write(path, db, &salvaged.deliveries, counts)?;
+    let damaged = keep_damaged(quarantine, &salvaged.damaged);
     error!(
         path = %path.display(),
         added,
-        damaged = salvaged.damaged,
+        damaged,
         unread = unread.map(|error| error.to_string()),
-        "redb found damaged pages in the spool file and rolled it back to an earlier commit: the intact deliveries of the later commits found in the file are back in the spool (with older copies of deliveries drained before, which replay as duplicates); damaged ones are lost unless their provider sends them again or a reconcile over their time reads them."
+        "redb found damaged pages in the spool file and rolled it back to an earlier commit: the intact deliveries of the later commits found in the file are back in the spool (with older copies of deliveries drained before, which replay as duplicates); damaged ones are in the quarantine, lost unless their provider sends them again or a reconcile over their time reads them."
     );
     Ok(())
+}
+
+/// Keeps each damaged frame a salvage found in the quarantine, so that it
+/// is counted (`posbridge_spool_quarantined_entries`) and alerted on, and
+/// its bytes are there for a look: a damaged frame cannot be told from a
+/// damaged old copy of a drained entry, and either means the disk changed
+/// bytes. How many; one that cannot be kept is said and counted out.
+fn keep_damaged(quarantine: &Quarantine, damaged: &[(Damage, Vec<u8>)]) -> usize {
+    damaged
+        .iter()
+        .enumerate()
+        .filter(|(index, (damage, stored))| {
+            match quarantine.keep(&format!("found-{index}"), None, stored, *damage) {
+                Ok(_) => true,
+                Err(error) => {
+                    error!(%error, "A damaged spool frame found by the salvage cannot be kept in the quarantine.");
+                    false
+                }
+            }
+        })
+        .count()
 }
 
 /// Writes the `deliveries` whose key the spool `db` does not hold after

@@ -248,7 +248,7 @@ async fn an_entry_damaged_while_spooled_is_quarantined_when_read() {
 /// A spool file redb refuses (its header overwritten), which also holds an
 /// entry whose body changed and one of 50 KB (larger than a page): set
 /// aside whole, and every intact entry salvaged into a new spool in the
-/// order spooled; the changed one is not.
+/// order spooled; the changed one is not, and goes to the quarantine.
 #[tokio::test]
 async fn a_spool_file_redb_refuses_is_set_aside_and_its_intact_entries_salvaged() {
     let dir = tempfile::tempdir().unwrap();
@@ -275,6 +275,13 @@ async fn a_spool_file_redb_refuses_is_set_aside_and_its_intact_entries_salvaged(
         .collect();
     assert_eq!(back, [first, third, large]);
     assert_eq!(spool.stats().entries, 3);
+    // The changed one is not lost silently: counted, alerted on, kept.
+    let kept = quarantined(&config);
+    assert!(
+        !kept.is_empty() && kept.iter().all(|record| record["reason"] == "checksum"),
+        "{kept:?}"
+    );
+    assert_eq!(spool.stats().quarantined, kept.len() as u64);
     let aside: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|file| file.unwrap().file_name().to_string_lossy().into_owned())
