@@ -72,7 +72,7 @@ mod world;
 pub(super) use hooks::between_ack_and_commit;
 use world::World;
 
-/// Seeds `cargo test` runs: about 60 s in a debug build on a 2-core machine.
+/// Seeds `cargo test` runs, spread over the cores.
 const SEEDS: u64 = 2000;
 
 /// The seeds to run: one to replay, or a budget from 0.
@@ -116,38 +116,66 @@ pub(super) fn run(seed: u64) -> Result<Vec<String>, (Vec<String>, Vec<String>)> 
     }
 }
 
+/// Runs `seed`, a panic in its world (the core refused to start, say)
+/// counted as a violation that names the seed too.
+fn run_caught(seed: u64) -> Result<Vec<String>, (Vec<String>, Vec<String>)> {
+    std::panic::catch_unwind(|| run(seed)).unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_default();
+        Err((vec![format!("the world panicked: {why}")], Vec::new()))
+    })
+}
+
+/// Runs the seeds on every core, each thread its share in rising order;
+/// the lowest failing seed and its violations. Worlds share nothing, so
+/// which thread runs a seed changes nothing in it.
+fn lowest_failure(seeds: std::ops::Range<u64>) -> Option<(u64, Vec<String>)> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let lowest = AtomicU64::new(u64::MAX);
+    let failures = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for first in 0..threads {
+            let (seeds, lowest, failures) = (seeds.clone(), &lowest, &failures);
+            scope.spawn(move || {
+                for seed in seeds.skip(first as usize).step_by(threads as usize) {
+                    if seed > lowest.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    if let Err((violations, _)) = run_caught(seed) {
+                        lowest.fetch_min(seed, Ordering::Relaxed);
+                        failures.lock().expect("not poisoned").push((seed, violations));
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().expect("not poisoned");
+    failures.into_iter().min_by_key(|(seed, _)| *seed)
+}
+
 #[test]
 fn every_guarantee_holds_over_the_seed_budget() {
     let (seeds, replay) = seeds();
     let started = std::time::Instant::now();
     let count = seeds.end - seeds.start;
-    for seed in seeds {
-        // A world that panics (the core refused to start, say) names its
-        // seed too.
-        let ran = std::panic::catch_unwind(|| run(seed)).unwrap_or_else(|panic| {
-            let why = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_default();
-            Err((vec![format!("the world panicked: {why}")], Vec::new()))
-        });
-        match ran {
-            Ok(steps) => {
-                if replay {
-                    println!("{}", steps.join("\n"));
-                }
-            }
-            Err((violations, steps)) => {
-                if replay {
-                    println!("{}", steps.join("\n"));
-                }
-                panic!(
-                    "seed {seed} broke a guarantee:\n  {}\nreplay it step by step: POSBRIDGE_SIM_SEED={seed} cargo test --lib sim -- --nocapture",
-                    violations.join("\n  ")
-                );
-            }
-        }
+    let failure = if replay {
+        let ran = run_caught(seeds.start);
+        let (Ok(steps) | Err((_, steps))) = &ran;
+        println!("{}", steps.join("\n"));
+        ran.err().map(|(violations, _)| (seeds.start, violations))
+    } else {
+        lowest_failure(seeds)
+    };
+    if let Some((seed, violations)) = failure {
+        panic!(
+            "seed {seed} broke a guarantee:\n  {}\nreplay it step by step: POSBRIDGE_SIM_SEED={seed} cargo test --lib sim -- --nocapture",
+            violations.join("\n  ")
+        );
     }
     println!(
         "simulation: {count} seeds in {:.1} s",

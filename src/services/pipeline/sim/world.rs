@@ -222,6 +222,8 @@ pub(super) struct World {
     shared: Shared,
     clock: Clock,
     faults: (Duration, Duration),
+    /// Every send in the fault window fails (retryably).
+    outage: bool,
     crashes: Vec<Crash>,
     spools: bool,
     /// `ledger.checkpoint_interval_ms`: how much memory a crash may lose.
@@ -235,12 +237,19 @@ impl World {
     pub(super) fn new(seed: u64) -> World {
         let mut rng = StdRng::seed_from_u64(seed);
         let start = Duration::from_millis(rng.random_range(0..120_000));
-        let length = Duration::from_millis(rng.random_range(0..900_000));
+        // In some worlds the faults are an outage: every send fails while it
+        // lasts, so the spool holds entries and crashes meet them there.
+        let outage = rng.random_bool(0.25);
+        let length = Duration::from_millis(if outage {
+            rng.random_range(2_000..90_000)
+        } else {
+            rng.random_range(0..900_000)
+        });
         let spools = rng.random_bool(0.5);
         // Some worlds send everything within a second or two, so that
         // deliveries, acknowledgements and checkpoints overlap.
         let spread = rng.random_range(1_000..60_000);
-        let crashes = crashes(&mut rng, spread);
+        let crashes = crashes(&mut rng, spread, outage.then_some(start));
         let checkpoint_every =
             Duration::from_millis([250, 1_000, 1_000, 5_000][rng.random_range(0..4)]);
         let broker = Arc::new(FakeBroker::default());
@@ -253,6 +262,7 @@ impl World {
             broker,
             clock: Clock::new(),
             faults: (start, start + length),
+            outage,
             crashes,
             spools,
             checkpoint_every,
@@ -267,7 +277,8 @@ impl World {
         self.shared.step(
             Duration::ZERO,
             format!(
-                "broker faults from {:.3}s to {:.3}s",
+                "broker {} from {:.3}s to {:.3}s",
+                if self.outage { "outage" } else { "faults" },
                 from.as_secs_f64(),
                 to.as_secs_f64()
             ),
@@ -476,10 +487,11 @@ impl World {
     fn plan_faults(&mut self) {
         let mut rng = StdRng::seed_from_u64(self.rng.random());
         let (shared, clock, (from, to)) = (self.shared.clone(), self.clock.clone(), self.faults);
+        let outage = self.outage;
         self.broker.plan(move |sent| {
             let now = clock.now();
             let fault = if now >= from && now < to {
-                match rng.random_range(0..100) {
+                match if outage { 0 } else { rng.random_range(0..100) } {
                     0..40 => Fault::Fail(RETRYABLE[rng.random_range(0..RETRYABLE.len())]),
                     40..55 => Fault::LoseAck,
                     55..75 => Fault::Late(Duration::from_millis(rng.random_range(0..3_000))),
@@ -578,7 +590,7 @@ struct Lived {
 /// Up to two crashes, each with how long posbridge stays down and what
 /// it leaves of the ledger, the spool and the broker; the first attempts
 /// come within `spread` ms.
-fn crashes(rng: &mut StdRng, spread: u64) -> Vec<Crash> {
+fn crashes(rng: &mut StdRng, spread: u64, outage: Option<Duration>) -> Vec<Crash> {
     let count = match rng.random_range(0..10) {
         0..4 => 0,
         4..7 => 1,
@@ -587,12 +599,15 @@ fn crashes(rng: &mut StdRng, spread: u64) -> Vec<Crash> {
     let mut at = Duration::ZERO;
     let mut crashes = Vec::new();
     for _ in 0..count {
-        // Mostly while deliveries arrive, sometimes among the retries.
-        at += Duration::from_millis(if rng.random_bool(0.7) {
-            rng.random_range(100..spread + 5_000)
-        } else {
-            rng.random_range(90_000..900_000)
-        });
+        // Mostly while deliveries arrive, sometimes among the retries, and
+        // in an outage world sometimes while the outage lasts.
+        match (rng.random_range(0..10), outage) {
+            (0..2, Some(start)) => {
+                at = at.max(start) + Duration::from_millis(rng.random_range(1_000..60_000));
+            }
+            (0..7, _) => at += Duration::from_millis(rng.random_range(100..spread + 5_000)),
+            _ => at += Duration::from_millis(rng.random_range(90_000..900_000)),
+        }
         let down = Duration::from_millis(rng.random_range(0..120_000));
         crashes.push(Crash {
             at,
