@@ -35,9 +35,9 @@ use tracing::{error, info};
 
 use crate::adapters::ledger::{Commit, Ledger, LedgerError};
 use crate::adapters::providers::api::{ApiOptions, FetchError, Job, Paging, ProviderApi};
-use crate::adapters::providers::{self, Context};
+use crate::adapters::providers::{self, Context, NormalizeError};
 use crate::config::{Config, ReconcileConfig};
-use crate::domain::event::{EntityType, Origin, ProviderKind, Source, Version};
+use crate::domain::event::{EntityType, Normalized, Origin, ProviderKind, Source, Version};
 use crate::observe::Board;
 use crate::observe::board::{ReconcileRun, Window};
 use crate::observe::telemetry;
@@ -557,40 +557,71 @@ impl Reconciler {
         record: &Value,
         fetched_at: OffsetDateTime,
     ) -> Result<Outcome, PipelineError> {
-        let raw = record.to_string();
-        let event_id = format!(
-            "{RECONCILED_ID_PREFIX}{}",
-            Version::new(fetched_at, 0).at_micros
-        );
-        let ctx = Context {
-            event_id: &event_id,
-            source,
-            received_at: fetched_at,
-            raw: &raw,
-            origin: Origin::Reconciler,
-            // An API record's version is its fetch time: no event time to bound.
-            max_event_ahead: std::time::Duration::ZERO,
-        };
-        match providers::for_kind(source.provider).normalize_record(entity_type, record, &ctx) {
-            Ok(mut normalized) => {
-                let event = &mut normalized.event;
-                event.event_id = format!("{event_id}:{}", event.key());
-                self.pipeline.apply(normalized).await
-            }
-            Err(reason) => {
+        match reconciled(source, entity_type, record, fetched_at) {
+            Ok(normalized) => self.pipeline.apply(normalized).await,
+            Err(refused) => {
                 self.pipeline
                     .dead_letter(DeadLetter {
                         provider: source.provider,
                         source: &source.name,
-                        delivery_id: &event_id,
+                        delivery_id: &refused.event_id,
                         received_at: fetched_at,
-                        body: raw.into_bytes(),
-                        code: reason.code(),
-                        reason: reason.to_string(),
+                        body: refused.raw.into_bytes(),
+                        code: refused.reason.code(),
+                        reason: refused.reason.to_string(),
                     })
                     .await?;
                 Ok(Outcome::DeadLettered)
             }
         }
+    }
+}
+
+/// A record read from an API that cannot be normalized: its derived id and
+/// its body, for the dead-letter topic.
+pub(crate) struct Unnormalized {
+    /// `reconcile:{µs}`.
+    pub(crate) event_id: String,
+    /// The record as read.
+    pub(crate) raw: String,
+    /// Why.
+    pub(crate) reason: NormalizeError,
+}
+
+/// `record`, read from `source`'s API at `fetched_at`, as the reconciler
+/// publishes it: origin reconciler, the fetch time its version, its id
+/// derived from both and its key. One function, so that the simulation's
+/// reconciler writes exactly what this one does.
+pub(crate) fn reconciled(
+    source: &Source,
+    entity_type: EntityType,
+    record: &Value,
+    fetched_at: OffsetDateTime,
+) -> Result<Normalized, Unnormalized> {
+    let raw = record.to_string();
+    let event_id = format!(
+        "{RECONCILED_ID_PREFIX}{}",
+        Version::new(fetched_at, 0).at_micros
+    );
+    let ctx = Context {
+        event_id: &event_id,
+        source,
+        received_at: fetched_at,
+        raw: &raw,
+        origin: Origin::Reconciler,
+        // An API record's version is its fetch time: no event time to bound.
+        max_event_ahead: std::time::Duration::ZERO,
+    };
+    match providers::for_kind(source.provider).normalize_record(entity_type, record, &ctx) {
+        Ok(mut normalized) => {
+            let event = &mut normalized.event;
+            event.event_id = format!("{event_id}:{}", event.key());
+            Ok(normalized)
+        }
+        Err(reason) => Err(Unnormalized {
+            event_id,
+            raw,
+            reason,
+        }),
     }
 }

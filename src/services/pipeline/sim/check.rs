@@ -80,6 +80,15 @@ fn era_violations(
             continue;
         };
         copies.entry(id.as_str()).or_default().push(at);
+        let holds_raw = record
+            .payload
+            .as_deref()
+            .is_some_and(|payload| memchr::memmem::find(payload, &event.raw).is_some());
+        if !holds_raw {
+            broken.push(format!(
+                "{delivery}'s record at {at} does not hold its body as it was sent"
+            ));
+        }
         if record.topic == topics.dead_letter() || event.broken {
             if !event.broken || record.topic != topics.dead_letter() {
                 broken.push(format!(

@@ -62,6 +62,7 @@
 //! --nocapture` replays seed `N` alone and prints its schedule step by
 //! step; `scripts/simulate --seeds N` is the long run.
 
+mod api;
 mod check;
 mod hooks;
 mod process;
@@ -147,7 +148,10 @@ fn lowest_failure(seeds: std::ops::Range<u64>) -> Option<(u64, Vec<String>)> {
                     }
                     if let Err((violations, _)) = run_caught(seed) {
                         lowest.fetch_min(seed, Ordering::Relaxed);
-                        failures.lock().expect("not poisoned").push((seed, violations));
+                        failures
+                            .lock()
+                            .expect("not poisoned")
+                            .push((seed, violations));
                         return;
                     }
                 }

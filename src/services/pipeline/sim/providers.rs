@@ -193,11 +193,7 @@ fn signed(sender: &Sender, received_at: OffsetDateTime) -> Delivery {
         );
     }
     Delivery {
-        source: Arc::new(Source {
-            provider: sender.provider,
-            name: "main".into(),
-            account: None,
-        }),
+        source: source(sender.provider),
         delivery_id: sender.delivery.clone(),
         body: verifier
             .verify(&headers, Bytes::from(sender.body.clone()), 0)
@@ -219,17 +215,19 @@ pub(super) fn body(
     index: usize,
     broken: bool,
 ) -> (String, Vec<u8>) {
-    let minute = 10 + index;
+    let at = event_time(index)
+        .format(&time::format_description::well_known::Rfc3339)
+        .expect("a time formats");
     let mut body = match provider {
         ProviderKind::Mekari => json!({
             "id": delivery, "event": "order.updated",
-            "occurred_at": format!("2026-11-29T17:{minute:02}:00+07:00"),
+            "occurred_at": at,
             "data": {"id": format!("ORD-{entity}"), "status": "paid", "total": 100 + index,
                      "kitchen_status": "preparing"}
         }),
         ProviderKind::ReceiptRoller => json!({
             "id": delivery, "type": "sale.updated",
-            "timestamp": format!("2026-11-29T10:{minute:02}:00Z"), "webhook_id": "wh_1",
+            "timestamp": at, "webhook_id": "wh_1",
             "data": {"id": format!("T1|2026-11|{entity:04}"), "terminal_id": "T1", "store_id": "S1",
                      "transaction_id": "000001", "transaction_type": 1,
                      "transaction_at": "2026-11-29T10:00:00Z", "currency": "JPY",
@@ -245,6 +243,26 @@ pub(super) fn body(
         ProviderKind::ReceiptRoller => format!("receiptroller:T1|2026-11|{entity:04}"),
     };
     (key, serde_json::to_vec(&body).expect("JSON serializes"))
+}
+
+/// The time of event `index` of an entity (its body's time, in UTC).
+pub(super) fn event_time(index: usize) -> OffsetDateTime {
+    let minutes = i64::try_from(10 + index).expect("a few events");
+    OffsetDateTime::parse(
+        "2026-11-29T10:00:00Z",
+        &time::format_description::well_known::Rfc3339,
+    )
+    .expect("an RFC 3339 time")
+        + time::Duration::minutes(minutes)
+}
+
+/// Each provider's one source here.
+pub(super) fn source(provider: ProviderKind) -> Arc<Source> {
+    Arc::new(Source {
+        provider,
+        name: "main".into(),
+        account: None,
+    })
 }
 
 /// The entity type each provider's events are of here.

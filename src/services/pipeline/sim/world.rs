@@ -18,6 +18,7 @@ use rdkafka::error::RDKafkaErrorCode;
 use time::OffsetDateTime;
 use tokio::time::Instant;
 
+use super::api::{FakeApi, reconcile};
 use super::hooks::pause_commits;
 use super::process::{LedgerFate, Process, SpoolFate, after_crash};
 use super::providers::{Door, Sender, Senders, body, cut, send, unfinished};
@@ -55,6 +56,9 @@ pub(super) struct Event {
     /// Whether its body cannot be normalized (its data is not an entity):
     /// a dead letter, written once.
     pub(super) broken: bool,
+    /// The body as the provider sent it (an API's record, for the
+    /// reconciler's): every record of the event holds it as it was.
+    pub(super) raw: Vec<u8>,
 }
 
 /// One attempt's answer, as its provider saw it.
@@ -160,11 +164,18 @@ struct Record {
     in_doubt: BTreeMap<String, u32>,
     steps: Vec<String>,
     era: usize,
+    /// The reconciler's records: derived id → the event whose state each holds.
+    reconciled: BTreeMap<String, Event>,
 }
 
 impl Shared {
     fn record(&self) -> std::sync::MutexGuard<'_, Record> {
         self.record.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Notes a record the reconciler is about to publish.
+    pub(super) fn reconciled(&self, id: String, event: Event) {
+        self.record().reconciled.insert(id, event);
     }
 
     /// Notes an answer, and the broker's log and era when it was given.
@@ -186,7 +197,7 @@ impl Shared {
         record.answers.push(answer);
     }
 
-    fn step(&self, at: Duration, step: impl std::fmt::Display) {
+    pub(super) fn step(&self, at: Duration, step: impl std::fmt::Display) {
         self.record()
             .steps
             .push(format!("t={:.3}s {step}", at.as_secs_f64()));
@@ -230,6 +241,8 @@ pub(super) struct World {
     checkpoint_every: Duration,
     /// The first attempts come within this many ms.
     spread: u64,
+    /// How often the reconciler runs, in worlds where it does.
+    reconcile_every: Option<Duration>,
 }
 
 impl World {
@@ -252,6 +265,9 @@ impl World {
         let crashes = crashes(&mut rng, spread, outage.then_some(start));
         let checkpoint_every =
             Duration::from_millis([250, 1_000, 1_000, 5_000][rng.random_range(0..4)]);
+        let reconcile_every = rng
+            .random_bool(0.5)
+            .then(|| Duration::from_millis(rng.random_range(5_000..120_000)));
         let broker = Arc::new(FakeBroker::default());
         World {
             rng,
@@ -267,6 +283,7 @@ impl World {
             spools,
             checkpoint_every,
             spread,
+            reconcile_every,
         }
     }
 
@@ -292,7 +309,14 @@ impl World {
         );
         self.plan_faults();
         let events = self.events();
-        let senders = self.senders(&events);
+        let (senders, firsts) = self.senders(&events);
+        let api = self.reconcile_every.map(|every| {
+            self.shared.step(
+                Duration::ZERO,
+                format!("the reconciler runs every {every:?}"),
+            );
+            (Arc::new(FakeApi::new(&events, &firsts)), every)
+        });
         let mut quarantined = 0;
         let mut spooled_at_end = 0;
         let mut eras = Vec::new();
@@ -313,6 +337,7 @@ impl World {
                 begins,
                 crash.map(|c| (c.at, c.clean)),
                 &senders,
+                api.clone(),
                 &mut rng,
             ));
             quarantined += lived.quarantined;
@@ -352,6 +377,7 @@ impl World {
             events: events
                 .into_iter()
                 .map(|(id, (event, _))| (id, event))
+                .chain(record.reconciled)
                 .collect(),
             answers: record.answers,
             eras,
@@ -376,6 +402,7 @@ impl World {
         (at, down): (Duration, Duration),
         crash: Option<(Duration, bool)>,
         senders: &Senders,
+        api: Option<(Arc<FakeApi>, Duration)>,
         rng: &mut StdRng,
     ) -> Lived {
         self.clock.begin_life(at);
@@ -420,6 +447,15 @@ impl World {
         .await;
         self.shared.step(self.clock.now(), "posbridge starts");
         *door.lock().unwrap_or_else(PoisonError::into_inner) = Some(process.pipeline.clone());
+        if let Some((api, every)) = api {
+            tokio::spawn(reconcile(
+                process.pipeline.clone(),
+                api,
+                every,
+                self.shared.clone(),
+                self.clock.clone(),
+            ));
+        }
         if let Some((crash, clean)) = crash {
             if clean {
                 let closing = crash.saturating_sub(STOP_TAKES);
@@ -536,6 +572,7 @@ impl World {
                                 index,
                                 provider,
                                 broken,
+                                raw: body.clone(),
                             },
                             body,
                         ),
@@ -548,11 +585,17 @@ impl World {
 
     /// Each delivery as its provider sends it: a first attempt in the first
     /// minute, sometimes two copies (a duplicate, at once or minutes
-    /// later), and a jitter on each retry's wait.
-    fn senders(&mut self, events: &BTreeMap<String, (Event, Vec<u8>)>) -> Senders {
+    /// later), and a jitter on each retry's wait; and when each delivery's
+    /// first attempt comes.
+    fn senders(
+        &mut self,
+        events: &BTreeMap<String, (Event, Vec<u8>)>,
+    ) -> (Senders, BTreeMap<String, Duration>) {
         let mut senders = Vec::new();
+        let mut firsts = BTreeMap::new();
         for (delivery, (event, body)) in events {
             let first = Duration::from_millis(self.rng.random_range(0..self.spread));
+            firsts.insert(delivery.clone(), first);
             let copies = if self.rng.random_bool(0.2) { 2 } else { 1 };
             for copy in 0..copies {
                 let jitter = (0..8).map(|_| self.rng.random_range(0..5_000)).collect();
@@ -573,7 +616,7 @@ impl World {
                 ));
             }
         }
-        Arc::new(Mutex::new(senders))
+        (Arc::new(Mutex::new(senders)), firsts)
     }
 }
 
