@@ -134,11 +134,22 @@ fn era_violations(
         }
     }
 
+    // A spooled delivery reached a later broker: its own record, or (the
+    // drainer found a newer state there first) one at least as new.
     let drained_later = |delivery: &str| {
-        later
-            .iter()
-            .flatten()
-            .any(|record| delivery_of(record).as_deref() == Some(delivery))
+        let event = &ended.events[delivery];
+        later.iter().flatten().any(|record| {
+            let Some(id) = delivery_of(record) else {
+                return false;
+            };
+            id == delivery
+                || ended.events.get(&id).is_some_and(|written| {
+                    !event.broken
+                        && !written.broken
+                        && written.key == event.key
+                        && written.index >= event.index
+                })
+        })
     };
     let mut lost_to_the_spool = BTreeSet::new();
     let mut spooled = BTreeSet::new();

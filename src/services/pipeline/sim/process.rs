@@ -261,7 +261,9 @@ pub(super) fn after_crash(
     if ledger == LedgerFate::Damaged {
         said.push(damage(&to.join(LEDGER_FILE), &[], rng));
     }
-    if spool == SpoolFate::Damaged {
+    // A spool that holds entries is damaged more often: there damage
+    // meets what posbridge reads back.
+    if spool == SpoolFate::Damaged || (!spooled.is_empty() && rng.random_bool(0.4)) {
         let markers: Vec<String> = spooled
             .iter()
             .map(|id| format!("\"id\":\"{id}\""))
@@ -279,7 +281,7 @@ fn copy(from: &Path, to: &Path, file: &str) {
 }
 
 /// Changes 1 to 64 bytes of `path`, as a disk may: at a random place, or
-/// (one time in two) just after one of the `markers` found in it, where
+/// (three times in four) just after one of the `markers` found in it, where
 /// the damage reaches what posbridge reads back rather than pages redb may
 /// never read again.
 fn damage(path: &PathBuf, markers: &[String], rng: &mut StdRng) -> String {
@@ -291,7 +293,7 @@ fn damage(path: &PathBuf, markers: &[String], rng: &mut StdRng) -> String {
         .iter()
         .flat_map(|marker| memchr::memmem::find_iter(&bytes, marker.as_bytes()).collect::<Vec<_>>())
         .collect();
-    let at = if !aimed.is_empty() && rng.random_bool(0.5) {
+    let at = if !aimed.is_empty() && rng.random_bool(0.75) {
         (aimed[rng.random_range(0..aimed.len())] + rng.random_range(0..32)).min(bytes.len() - 1)
     } else {
         rng.random_range(0..bytes.len())

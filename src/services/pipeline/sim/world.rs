@@ -249,19 +249,20 @@ impl World {
     /// The world of `seed`.
     pub(super) fn new(seed: u64) -> World {
         let mut rng = StdRng::seed_from_u64(seed);
-        let start = Duration::from_millis(rng.random_range(0..120_000));
-        // In some worlds the faults are an outage: every send fails while it
-        // lasts, so the spool holds entries and crashes meet them there.
-        let outage = rng.random_bool(0.25);
-        let length = Duration::from_millis(if outage {
-            rng.random_range(2_000..90_000)
-        } else {
-            rng.random_range(0..900_000)
-        });
-        let spools = rng.random_bool(0.5);
         // Some worlds send everything within a second or two, so that
         // deliveries, acknowledgements and checkpoints overlap.
         let spread = rng.random_range(1_000..60_000);
+        // In some worlds the faults are an outage while deliveries arrive:
+        // every send fails while it lasts, so the spool holds entries and
+        // crashes meet them there.
+        let outage = rng.random_bool(0.25);
+        let (start, length) = if outage {
+            (rng.random_range(0..spread), rng.random_range(2_000..90_000))
+        } else {
+            (rng.random_range(0..120_000), rng.random_range(0..900_000))
+        };
+        let (start, length) = (Duration::from_millis(start), Duration::from_millis(length));
+        let spools = rng.random_bool(0.5);
         let crashes = crashes(&mut rng, spread, outage.then_some(start));
         let checkpoint_every =
             Duration::from_millis([250, 1_000, 1_000, 5_000][rng.random_range(0..4)]);
