@@ -263,7 +263,7 @@ pub(super) fn after_crash(
     }
     // A spool that holds entries is damaged more often: there damage
     // meets what posbridge reads back.
-    if spool == SpoolFate::Damaged || (!spooled.is_empty() && rng.random_bool(0.4)) {
+    if spool == SpoolFate::Damaged || (!spooled.is_empty() && rng.random_bool(0.6)) {
         let markers: Vec<String> = spooled
             .iter()
             .map(|id| format!("\"id\":\"{id}\""))

@@ -646,7 +646,7 @@ fn crashes(rng: &mut StdRng, spread: u64, outage: Option<Duration>) -> Vec<Crash
         // Mostly while deliveries arrive, sometimes among the retries, and
         // in an outage world sometimes while the outage lasts.
         match (rng.random_range(0..10), outage) {
-            (0..2, Some(start)) => {
+            (0..4, Some(start)) => {
                 at = at.max(start) + Duration::from_millis(rng.random_range(1_000..60_000));
             }
             (0..7, _) => at += Duration::from_millis(rng.random_range(100..spread + 5_000)),
