@@ -19,6 +19,7 @@
 //! decided.
 
 mod checkpoint;
+mod key_locks;
 mod opening;
 mod store;
 mod tables;
@@ -43,6 +44,7 @@ use super::{
 };
 use crate::domain::event::DeliveryKey;
 use checkpoint::{Ask, Checkpointer, Health, Seen, checkpoint_loop};
+use key_locks::KeyLocks;
 use store::Store;
 use tables::{DONE, unix_now};
 
@@ -56,9 +58,6 @@ const CHECKPOINT_AT: usize = 64 * 1024;
 /// 503 or spools): checkpoints keep failing, and memory must stay bounded.
 const MEMORY_AT_MOST: usize = 1024 * 1024;
 
-/// Number of entity lock stripes: enough that unrelated keys rarely share one.
-const LOCK_STRIPES: usize = 1024;
-
 /// The embedded, persistent ledger. Cheap to clone.
 #[derive(Clone)]
 pub struct EmbeddedLedger {
@@ -68,8 +67,8 @@ pub struct EmbeddedLedger {
     leases: Arc<Mutex<HashMap<String, Instant>>>,
     /// How long a lease holds if its holder never ends it.
     lease: Duration,
-    /// Striped per-entity locks.
-    locks: Arc<Vec<Arc<tokio::sync::Mutex<()>>>>,
+    /// One lock per entity key in flight.
+    locks: Arc<KeyLocks>,
     /// How long a done id is remembered.
     dedup_ttl: Duration,
     /// The sends in flight and the offsets committed, for checkpoints.
@@ -194,11 +193,7 @@ impl EmbeddedLedger {
             store,
             leases: Arc::default(),
             lease,
-            locks: Arc::new(
-                (0..LOCK_STRIPES)
-                    .map(|_| Arc::new(tokio::sync::Mutex::new(())))
-                    .collect(),
-            ),
+            locks: Arc::default(),
             dedup_ttl,
             placements,
             seen,
@@ -319,11 +314,7 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
-        use std::hash::{BuildHasher, RandomState};
-        static HASHER: std::sync::LazyLock<RandomState> =
-            std::sync::LazyLock::new(RandomState::new);
-        let stripe = usize::try_from(HASHER.hash_one(slot.as_str())).unwrap_or(0) % LOCK_STRIPES;
-        Ok(Box::new(self.locks[stripe].clone().lock_owned().await))
+        Ok(Box::new(self.locks.lock(slot.as_str()).await))
     }
 
     async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {

@@ -11,7 +11,7 @@ use rdkafka::error::RDKafkaErrorCode;
 use sha2::{Digest, Sha256};
 
 use super::*;
-use crate::adapters::publish::{FakeBroker, OutgoingRecord};
+use crate::adapters::publish::{FakeBroker, Fault, OutgoingRecord};
 use crate::domain::event::EntityKey;
 
 /// The order every test delivery is about.
@@ -140,12 +140,8 @@ async fn an_older_event_after_a_newer_one_writes_nothing_and_the_newest_stays_la
 async fn a_record_in_doubt_holds_back_older_events_and_its_retry_publishes_it_again() {
     let dir = tempfile::tempdir().unwrap();
     let (pipeline, broker) = taking(dir.path(), Duration::from_millis(100)).await;
-    let mut faults = vec![crate::adapters::publish::Fault::LoseAck];
-    broker.plan(move |_| {
-        faults
-            .pop()
-            .unwrap_or(crate::adapters::publish::Fault::Take)
-    });
+    let mut faults = vec![Fault::LoseAck];
+    broker.plan(move |_| faults.pop().unwrap_or(Fault::Take));
     let newer = delivery("d-new", "d-new", "2026-11-29T11:30:00Z");
     let error = pipeline.deliver(newer.clone()).await.unwrap_err();
     assert!(error.is_retryable(), "{error}");
@@ -417,4 +413,58 @@ async fn a_reconciled_state_and_the_same_state_by_webhook_write_one_record() {
         Outcome::Unchanged
     );
     assert_eq!(broker.taken().len(), 1);
+}
+
+/// Per-key order without other keys waiting: while one order's record
+/// waits for its acknowledgement (the entity's turn held across the broker's
+/// round trip), five thousand other orders are each published at once.
+/// With the entity locks striped over 1024 stripes, one of them would have
+/// shared the held order's stripe (all but certainly: 1 - (1023/1024)^5000)
+/// and waited out its answer budget.
+#[tokio::test(start_paused = true)]
+async fn one_key_waiting_for_its_acknowledgement_holds_up_no_other_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pipeline, broker) = taking(dir.path(), Duration::from_millis(100)).await;
+    broker.plan(|record| {
+        if record.header(HEADER_DELIVERY_ID) == Some("d-held") {
+            Fault::Late(Duration::from_secs(3600))
+        } else {
+            Fault::Take
+        }
+    });
+    let held = spawned(
+        &pipeline,
+        delivery("d-held", "d-held", "2026-11-29T11:00:00Z"),
+    );
+    broker.arrivals(1).await;
+    let started = Instant::now();
+    for n in 0..5_000 {
+        let body = serde_json::to_vec(&json!({
+            "id": format!("d-{n}"), "event": "order.updated",
+            "occurred_at": "2026-11-29T11:00:00Z",
+            "data": {"id": format!("ORD-other-{n}"), "status": "paid", "total": 10}
+        }))
+        .unwrap();
+        let handled = pipeline
+            .deliver(delivery_of(&format!("d-{n}"), body))
+            .await
+            .unwrap_or_else(|error| panic!("order {n} waited for another key: {error}"));
+        assert_eq!(handled.outcome, Outcome::Published);
+    }
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "no delivery waited on the clock"
+    );
+    assert!(!held.is_finished(), "the held order is still in flight");
+    // Its own next event waits for its turn.
+    let next = spawned(
+        &pipeline,
+        delivery("d-held-2", "d-held-2", "2026-11-29T11:05:00Z"),
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !next.is_finished(),
+        "the same order's next event did not wait"
+    );
 }
