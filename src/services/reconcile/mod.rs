@@ -597,7 +597,7 @@ pub(crate) fn reconciled(
     entity_type: EntityType,
     record: &Value,
     fetched_at: OffsetDateTime,
-) -> Result<Normalized, Unnormalized> {
+) -> Result<Normalized, Box<Unnormalized>> {
     let raw = record.to_string();
     let event_id = format!(
         "{RECONCILED_ID_PREFIX}{}",
@@ -618,10 +618,10 @@ pub(crate) fn reconciled(
             event.event_id = format!("{event_id}:{}", event.key());
             Ok(normalized)
         }
-        Err(reason) => Err(Unnormalized {
+        Err(reason) => Err(Box::new(Unnormalized {
             event_id,
             raw,
             reason,
-        }),
+        })),
     }
 }

@@ -43,7 +43,9 @@ impl FakeApi {
         events: &BTreeMap<String, (Event, Vec<u8>)>,
         firsts: &BTreeMap<String, Duration>,
     ) -> FakeApi {
-        let mut by_key: BTreeMap<&str, Vec<(&str, &Event, &[u8])>> = BTreeMap::new();
+        // Each key's events: delivery id, event, webhook body.
+        type Events<'a> = Vec<(&'a str, &'a Event, &'a [u8])>;
+        let mut by_key: BTreeMap<&str, Events> = BTreeMap::new();
         for (delivery, (event, body)) in events {
             by_key
                 .entry(&event.key)

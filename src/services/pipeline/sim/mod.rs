@@ -39,9 +39,14 @@
 //! on tokio's blocking pool (the clock does not move while one runs; a task
 //! it wakes is queued when the write ends); wall-clock reads (record
 //! timestamps, dedup expiry) are offset from the world's epoch and decide
-//! nothing within a world; not simulated: the reconciler, Redis, partition
-//! counts (the fake broker has one partition per topic), a torn write apart
-//! from changed bytes.
+//! nothing within a world; not simulated: Redis, partition counts (the fake
+//! broker has one partition per topic), a torn write apart from changed
+//! bytes, bytes changed under a running process.
+//!
+//! **The reconciler** runs in half the worlds through the real pipeline,
+//! over a fake API (`api.rs`) showing each entity's newest state by the
+//! fetch; **outages** (every send failing for 2-90 s while deliveries
+//! arrive) in a quarter, so crashes meet a spool that holds entries.
 //!
 //! **Invariants** (`check.rs`), checked after every schedule from the
 //! broker's log and the providers' record of answers: no delivery answered
