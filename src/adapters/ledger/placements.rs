@@ -8,7 +8,10 @@
 //! acknowledged at offset 10 may be committed after the record at 11, and a
 //! checkpoint taken between the two would skip 10 at the next start. So
 //! every send takes a [`Sending`] in the current *epoch* before the record
-//! leaves, and gives it back after its commit; a checkpoint *seals* the
+//! leaves, and gives it back after its commit: the acknowledgement turns it
+//! into the [`Placed`] the commit carries, so it cannot be given back before
+//! the commit is done with it (a commit the fence keeps to write again holds
+//! it until then); a checkpoint *seals* the
 //! epoch (new sends take the next one) and counts only the offsets of
 //! epochs older than the oldest one still sending. A partition's records
 //! reach it in send order (the producer is idempotent), so every record of
@@ -24,8 +27,10 @@ pub type Partition = (String, i32);
 pub type Offsets = HashMap<Partition, i64>;
 
 /// A record the ledger holds the state of: where it lies, and the epoch its
-/// send was taken in. Plain data, carried in a [`crate::adapters::ledger::Commit`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// send was taken in, carried in a [`crate::adapters::ledger::Commit`]. It
+/// holds its send's [`Sending`] until the last copy of it is dropped: after
+/// the commit, or once a commit the fence kept is written.
+#[derive(Debug, Clone)]
 pub struct Placed {
     /// Its topic.
     pub topic: String,
@@ -35,7 +40,19 @@ pub struct Placed {
     pub offset: i64,
     /// The epoch of the [`Sending`] it was sent under.
     pub epoch: u64,
+    /// The send, still open while this is (held, never read).
+    _sending: Arc<Sending>,
 }
+
+/// Where a record lies: its send is not part of what it is.
+impl PartialEq for Placed {
+    fn eq(&self, other: &Placed) -> bool {
+        (&self.topic, self.partition, self.offset, self.epoch)
+            == (&other.topic, other.partition, other.offset, other.epoch)
+    }
+}
+
+impl Eq for Placed {}
 
 /// The sends in flight and the offsets committed, by epoch. Shared by the
 /// ledger (which records commits and checkpoints) and every send.
@@ -143,20 +160,22 @@ impl Placements {
 
 /// A send in flight; given back when dropped.
 #[derive(Debug)]
-#[must_use = "a send is tracked until this is dropped, after its commit"]
+#[must_use = "a send is tracked until its commit is done with what `placed` made of it"]
 pub struct Sending {
     placements: Arc<Placements>,
     epoch: u64,
 }
 
 impl Sending {
-    /// Where the record of this send lies, to carry in its commit.
-    pub fn placed(&self, topic: &str, partition: i32, offset: i64) -> Placed {
+    /// Where the record of this send lies, to carry in its commit, which
+    /// gives the send back when done with it.
+    pub fn placed(self, topic: &str, partition: i32, offset: i64) -> Placed {
         Placed {
             topic: topic.to_owned(),
             partition,
             offset,
             epoch: self.epoch,
+            _sending: Arc::new(self),
         }
     }
 }
@@ -190,7 +209,7 @@ mod tests {
         let fast = placements.sending();
         let placed_fast = fast.placed("t", 0, 11);
         placements.applied(&placed_fast);
-        drop(fast);
+        drop(placed_fast);
         let sealed = placements.seal();
         assert!(!placements.finished(sealed));
         assert_eq!(
@@ -201,7 +220,7 @@ mod tests {
 
         let placed_slow = slow.placed("t", 0, 10);
         placements.applied(&placed_slow);
-        drop(slow);
+        drop(placed_slow);
         assert!(placements.finished(sealed));
         assert_eq!(at(&placements.safe(sealed), "t", 0), Some(12));
     }
@@ -215,11 +234,9 @@ mod tests {
         let first = placements.seal();
         let new = placements.sending();
         placements.applied(&new.placed("t", 0, 20));
-        drop(new);
         let second = placements.seal();
         assert_eq!(at(&placements.safe(second), "t", 0), None);
         placements.applied(&old.placed("t", 0, 5));
-        drop(old);
         assert_eq!(at(&placements.safe(first), "t", 0), Some(6));
         assert_eq!(at(&placements.safe(second), "t", 0), Some(21));
     }
@@ -230,7 +247,6 @@ mod tests {
         placements.restore(&[(("t".to_owned(), 1), 50)].into_iter().collect());
         let send = placements.sending();
         placements.applied(&send.placed("t", 1, 7));
-        drop(send);
         let sealed = placements.seal();
         assert_eq!(at(&placements.safe(sealed), "t", 1), Some(50));
     }

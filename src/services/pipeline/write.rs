@@ -116,8 +116,9 @@ impl Pipeline {
         let trace = trace.clone();
         self.to_the_end(async move {
             let _lock = lock;
-            // Held until the commit: no checkpoint counts this record's
-            // partition past it before its state is in the ledger.
+            // Held until the commit is done with where the record lies: no
+            // checkpoint counts this record's partition past it before its
+            // state is in the ledger.
             let sending = pipeline.inner.ledger.sending();
             let delivered = match producing.result(pipeline.inner.producer.send(&record).await) {
                 Ok(delivered) => delivered,
@@ -155,7 +156,6 @@ impl Pipeline {
             let committed = pipeline
                 .commit(lease, Some((slot, incoming)), placed, &trace)
                 .await;
-            drop(sending);
             if let Err(error) = committed {
                 debug!(entity = %record.key, %error, "Published; its ledger write waits behind the fence.");
             }
@@ -304,7 +304,6 @@ impl Pipeline {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let placed = Some(sending.placed(&topic, delivered.partition, delivered.offset));
             pipeline.commit(lease, None, placed, &trace).await?;
-            drop(sending);
             Ok(())
         })
         .await

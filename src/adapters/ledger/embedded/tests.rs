@@ -204,7 +204,6 @@ async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
         })
         .await
         .unwrap();
-    drop(fast);
     ledger.persist().await.unwrap();
     assert_eq!(
         ledger.cached().await.unwrap().unwrap().offsets,
@@ -218,7 +217,6 @@ async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
         })
         .await
         .unwrap();
-    drop(slow);
     ledger.persist().await.unwrap();
     drop(ledger);
     let offsets = reopen(&dir).await.cached().await.unwrap().unwrap().offsets;
