@@ -112,9 +112,10 @@ pub struct DeadLetterSeen<'a> {
     pub reason: &'a str,
 }
 
-/// An event that goes to the dead-letter topic with its raw body: said once,
-/// whichever stage could not go on.
-pub fn dead_lettering(letter: DeadLetterSeen<'_>) {
+/// A dead letter Kafka acknowledged, with the event's raw body: said once,
+/// whichever stage could not go on, and only once it is in the topic (an
+/// attempt the broker refused is the caller's to say), and counted.
+pub fn dead_lettered(letter: DeadLetterSeen<'_>) {
     warn!(
         provider = %letter.provider,
         source = letter.source,
@@ -123,14 +124,10 @@ pub fn dead_lettering(letter: DeadLetterSeen<'_>) {
         reason = %letter.reason,
         "Event dead-lettered with its raw body."
     );
-}
-
-/// A dead letter Kafka acknowledged.
-pub fn dead_lettered(provider: ProviderKind, code: &'static str) {
     metrics::counter!(
         telemetry::DEAD_LETTERS,
-        telemetry::PROVIDER => provider.as_str(),
-        telemetry::REASON => code
+        telemetry::PROVIDER => letter.provider.as_str(),
+        telemetry::REASON => letter.code
     )
     .increment(1);
 }

@@ -253,14 +253,13 @@ impl Pipeline {
         lease: Option<Lease>,
         trace: &DeliveryTrace,
     ) -> Result<(), PipelineError> {
-        observe::dead_lettering(DeadLetterSeen {
-            provider: letter.provider,
-            source: letter.source,
-            delivery_id: letter.delivery_id,
-            code: letter.code,
-            reason: &letter.reason,
-        });
+        // Said once the letter is in the topic.
         let (provider, code) = (letter.provider, letter.code);
+        let (source, delivery_id, reason) = (
+            letter.source.to_owned(),
+            letter.delivery_id.to_owned(),
+            letter.reason.clone(),
+        );
         let topic = self.inner.topics.dead_letter();
         let producing = trace.produce(topic);
         let record = dead_letter_record(letter, topic, producing.record_headers());
@@ -297,7 +296,13 @@ impl Pipeline {
                 sent => sent,
             };
             let delivered = producing.result(sent)?;
-            observe::dead_lettered(provider, code);
+            observe::dead_lettered(DeadLetterSeen {
+                provider,
+                source: &source,
+                delivery_id: &delivery_id,
+                code,
+                reason: &reason,
+            });
             pipeline
                 .inner
                 .dead_letters
