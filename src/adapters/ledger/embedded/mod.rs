@@ -258,20 +258,33 @@ impl EmbeddedLedger {
 
     /// Takes the delivery's lease unless one is held; with `check_done`, a
     /// done delivery is not leased (`begin`), without it, it is (`begin_again`).
+    ///
+    /// The lease is claimed first and the done ids read after, outside the
+    /// lease map's lock (a read may reach redb's pages): two attempts still
+    /// cannot both see `New`, since the second finds the first's claim and
+    /// waits for it as for any attempt in flight; a claim on a done delivery
+    /// is given back before `Done` is answered.
     fn lease(&self, delivery: &DeliveryKey, check_done: bool) -> Result<Begin, LedgerError> {
-        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = Instant::now();
-        if leases
-            .get(delivery.as_str())
-            .is_some_and(|lapses| *lapses > now)
         {
-            return Ok(Begin::InFlight);
+            let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = Instant::now();
+            if leases
+                .get(delivery.as_str())
+                .is_some_and(|lapses| *lapses > now)
+            {
+                return Ok(Begin::InFlight);
+            }
+            leases.insert(delivery.as_str().to_owned(), now + self.lease);
         }
-        // Checked under the lease map's lock, so two attempts cannot both see New.
-        if check_done && self.is_done(delivery)? {
-            return Ok(Begin::Done);
+        if check_done {
+            match self.is_done(delivery) {
+                Ok(false) => {}
+                done_or_failed => {
+                    self.end_lease(delivery);
+                    return done_or_failed.map(|_| Begin::Done);
+                }
+            }
         }
-        leases.insert(delivery.as_str().to_owned(), now + self.lease);
         Ok(Begin::New)
     }
 
