@@ -224,3 +224,43 @@ async fn two_replicas_sharing_redis_publish_each_delivery_once_and_never_roll_ba
     first.stop().await;
     second.stop().await;
 }
+
+/// The lock the fill holds (an entity lock taken with `lock_entity`) is
+/// renewed while it is held: a holder that keeps it five leases long still
+/// holds it, and a second replica waits for it rather than fill at the same
+/// time; once dropped, it is taken at once.
+#[tokio::test]
+async fn a_lock_held_longer_than_its_lease_is_renewed_and_a_second_replica_waits() {
+    let prefix = format!("{}:", unique("renewed"));
+    let short = |prefix: String| async move {
+        let ledger = RedisLedger::connect(
+            &redis_url(),
+            &prefix,
+            Duration::from_secs(3600),
+            Duration::from_millis(300),
+            None,
+            false,
+        )
+        .await
+        .expect("a Redis server at POSBRIDGE_TEST_REDIS");
+        crate::support::redis::mark_filled(&ledger).await;
+        ledger
+    };
+    let (a, b) = (short(prefix.clone()).await, short(prefix).await);
+    let slot = EntitySlot::new(
+        EntityType::Sale,
+        &EntityKey::new(ProviderKind::ReceiptRoller, None, "fill"),
+    );
+    let held = a.lock_entity(&slot).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let waiting = tokio::time::timeout(Duration::from_millis(600), b.lock_entity(&slot)).await;
+    assert!(
+        waiting.is_err(),
+        "the lock lapsed under its holder after its 300 ms lease"
+    );
+    drop(held);
+    tokio::time::timeout(Duration::from_secs(2), b.lock_entity(&slot))
+        .await
+        .expect("a dropped lock is released")
+        .unwrap();
+}

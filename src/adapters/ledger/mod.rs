@@ -326,7 +326,9 @@ pub trait Ledger: Send + Sync + 'static {
     /// provider's retry is processed.
     async fn release(&self, delivery: &DeliveryKey);
 
-    /// Takes the entity's lock, waiting for another holder.
+    /// Takes the entity's lock, waiting for another holder; it holds until
+    /// dropped, however long (a shared backend renews its lease: the fill
+    /// holds one through its whole run).
     ///
     /// # Errors
     /// [`LedgerError`] when a shared lock cannot be reached.

@@ -7,7 +7,7 @@ use redis::AsyncCommands;
 
 use super::RedisLedger;
 use super::connection::Counted;
-use super::scripts::{LOCK_AND_READ, UNLOCK};
+use super::scripts::{LOCK_AND_READ, RENEW, UNLOCK};
 use crate::adapters::ledger::{EntityLock, EntitySlot, EntityState, GENERATION_MARK, LedgerError};
 
 /// How often a waiter retries a taken entity lock.
@@ -23,7 +23,7 @@ impl RedisLedger {
         &self,
         slot: &EntitySlot,
         check_mark: bool,
-    ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
+    ) -> Result<(RedisLock, Option<EntityState>), LedgerError> {
         let key = self.key("lock", slot.as_str());
         let state_key = self.key("entity", slot.as_str());
         let token = format!("{:032x}", rand::random::<u128>());
@@ -56,21 +56,75 @@ impl RedisLedger {
             }
             tokio::time::sleep(LOCK_POLL).await;
         };
-        let lock: EntityLock = Box::new(RedisLock { conn, key, token });
         let state = state.map(|b| EntityState::decode(slot, &b)).transpose()?;
-        Ok((lock, state))
+        Ok((
+            RedisLock {
+                conn,
+                key,
+                token,
+                renewal: None,
+            },
+            state,
+        ))
+    }
+
+    /// An entity lock held for as long as its holder needs, however long
+    /// that is: its lease is renewed every third of it until the lock is
+    /// dropped. For the fill, which may outlast a delivery's lease (1 M
+    /// entities take 15-20 s): the other replicas wait for it rather than
+    /// fill at the same time.
+    pub(super) async fn lock_renewed(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
+        let (mut lock, _) = self.lock_and_read_marked(slot, false).await?;
+        let (mut conn, key, token, lease_ms) = (
+            lock.conn.clone(),
+            lock.key.clone(),
+            lock.token.clone(),
+            self.lease_ms(),
+        );
+        let every = Duration::from_millis(lease_ms / 3).max(LOCK_POLL);
+        lock.renewal = Some(
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let renewed: redis::RedisResult<i32> = RENEW
+                        .key(&key)
+                        .arg(&token)
+                        .arg(lease_ms)
+                        .invoke_async(&mut conn)
+                        .await;
+                    match renewed {
+                        Ok(1) => {}
+                        Ok(_) => {
+                            tracing::error!(lock = %key, "A renewed lock lapsed before its renewal (Redis lost it or was paused for longer than its lease): another replica may hold it now.");
+                            return;
+                        }
+                        // Tried again at the next turn, while the lease holds.
+                        Err(error) => {
+                            tracing::warn!(%error, lock = %key, "A held lock's lease was not renewed.");
+                        }
+                    }
+                }
+            })
+            .abort_handle(),
+        );
+        Ok(Box::new(lock))
     }
 }
 
 /// Held entity lock; dropping it releases the lock in the background.
-struct RedisLock {
+pub(super) struct RedisLock {
     conn: Counted,
     key: String,
     token: String,
+    /// The task renewing its lease, for a lock held longer than a delivery.
+    renewal: Option<tokio::task::AbortHandle>,
 }
 
 impl Drop for RedisLock {
     fn drop(&mut self) {
+        if let Some(renewal) = self.renewal.take() {
+            renewal.abort();
+        }
         let (mut conn, key, token) = (
             self.conn.clone(),
             std::mem::take(&mut self.key),

@@ -394,7 +394,8 @@ impl Ledger for RedisLedger {
         slot: &EntitySlot,
     ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
         let drops = self.same_server().await?;
-        let read = self.lock_and_read_marked(slot, true).await?;
+        let (lock, state) = self.lock_and_read_marked(slot, true).await?;
+        let read: (EntityLock, Option<EntityState>) = (Box::new(lock), state);
         // Dropping the lock releases it.
         self.still_same_server(drops).await?;
         Ok(read)
@@ -403,9 +404,10 @@ impl Ledger for RedisLedger {
     /// [`Ledger::lock_and_read`] with the state left unread by the caller:
     /// one polling loop for both (the delivery path takes the lock only with
     /// its state). The mark is not looked at: the rebuild takes a lock
-    /// while it is missing.
+    /// while it is missing, and holds it through the whole fill, so its
+    /// lease is renewed while it is held.
     async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
-        Ok(self.lock_and_read_marked(slot, false).await?.0)
+        self.lock_renewed(slot).await
     }
 
     async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {

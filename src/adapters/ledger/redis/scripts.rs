@@ -117,6 +117,16 @@ return 0
     )
 });
 
+/// Extends a lock's lease only if it still holds our token.
+pub(super) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+",
+    )
+});
+
 /// A replica's checkpoint: its offsets, stamped with the server's time, in
 /// the hash of every replica's (one field each); the entries of replicas
 /// that wrote none for `gone after` ms are dropped (they stopped); the
