@@ -24,6 +24,11 @@ pub struct SpooledDelivery {
     pub body: Bytes,
 }
 
+/// How every entry's header begins (`key` is its first field): what the
+/// salvage looks for inside a damaged run of bytes, where a second entry
+/// whose frame header the damage took may still be.
+pub(super) const HEADER_START: &[u8] = b"{\"key\":\"";
+
 /// The stored header of an entry; the body follows it after a newline.
 #[derive(Serialize, Deserialize)]
 struct Header {

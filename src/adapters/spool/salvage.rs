@@ -33,6 +33,7 @@ use std::path::Path;
 use redb::{Database, ReadableTable as _};
 use tracing::error;
 
+use super::entry::HEADER_START;
 use super::frame::{self, Damage, Found};
 use super::quarantine::Quarantine;
 use super::{BY_DELIVERY, Counts, ENTRIES, SpoolError, SpooledDelivery};
@@ -149,21 +150,46 @@ pub(super) fn after_rollback(
 /// is counted (`posbridge_spool_quarantined_entries`) and alerted on, and
 /// its bytes are there for a look: a damaged frame cannot be told from a
 /// damaged old copy of a drained entry, and either means the disk changed
-/// bytes. How many; one that cannot be kept is said and counted out.
+/// bytes. A damaged run that holds the header of another entry (the damage
+/// took that entry's frame header, so the scan ran on into it) is kept as
+/// one piece per entry, so that each lost entry is counted. How many; one
+/// that cannot be kept is said and counted out.
 fn keep_damaged(quarantine: &Quarantine, damaged: &[(Damage, Vec<u8>)]) -> usize {
     damaged
         .iter()
         .enumerate()
-        .filter(|(index, (damage, stored))| {
-            match quarantine.keep(&format!("found-{index}"), None, stored, *damage) {
-                Ok(_) => true,
-                Err(error) => {
-                    error!(%error, "A damaged spool frame found by the salvage cannot be kept in the quarantine.");
-                    false
-                }
+        .flat_map(|(index, (damage, stored))| {
+            entries_in(stored)
+                .into_iter()
+                .enumerate()
+                .map(move |(piece, bytes)| (format!("found-{index}-{piece}"), *damage, bytes))
+        })
+        .filter(|(label, damage, stored)| match quarantine.keep(label, None, stored, *damage) {
+            Ok(_) => true,
+            Err(error) => {
+                error!(%error, "A damaged spool frame found by the salvage cannot be kept in the quarantine.");
+                false
             }
         })
         .count()
+}
+
+/// A damaged run of bytes cut before each entry header it holds past its
+/// own frame's header: one piece per entry the damage reached.
+pub(super) fn entries_in(stored: &[u8]) -> Vec<&[u8]> {
+    let mut starts = vec![0];
+    starts.extend(
+        memchr::memmem::find_iter(stored, HEADER_START)
+            .filter(|at| *at > frame::HEADER_LEN)
+            .map(|at| at - frame::HEADER_LEN)
+            .filter(|start| *start > 0),
+    );
+    starts.dedup();
+    starts
+        .iter()
+        .zip(starts.iter().skip(1).chain([&stored.len()]))
+        .map(|(from, to)| &stored[*from..(*to).max(*from)])
+        .collect()
 }
 
 /// Writes the `deliveries` whose key the spool `db` does not hold after

@@ -375,3 +375,26 @@ async fn an_unclean_stop_without_damage_brings_back_nothing_drained() {
     let spool = Spool::open(&config).unwrap();
     assert_eq!(spool.delivery_ids(), ["sale-2", "sale-3"]);
 }
+
+/// Damage that runs from the end of one entry over the next one's frame
+/// header leaves one damaged run holding both: the salvage keeps (and
+/// counts) one piece per entry, not one for the run.
+#[test]
+fn a_damaged_run_over_two_entries_is_kept_as_two() {
+    let first = delivery("a").encode();
+    assert!(
+        first[frame::HEADER_LEN..].starts_with(entry::HEADER_START),
+        "an entry's header begins as the salvage looks for it"
+    );
+    let mut bytes = [first.clone(), delivery("b").encode()].concat();
+    for byte in &mut bytes[first.len() - 1..first.len() + 20] {
+        *byte ^= 0x5a;
+    }
+    let found: Vec<_> = frame::scan(&bytes).collect();
+    let [frame::Found::Damaged(_, run)] = found[..] else {
+        panic!("one damaged run: {found:?}");
+    };
+    let pieces = salvage::entries_in(run);
+    assert_eq!(pieces.len(), 2, "one piece per entry");
+    assert_eq!(pieces[0].len(), first.len());
+}

@@ -219,3 +219,13 @@ fn seed_23_an_older_event_does_not_land_after_a_record_in_doubt() {
 fn seed_619_a_damaged_spooled_delivery_is_quarantined_not_lost_silently() {
     replays_green(619);
 }
+
+/// Found by the long run: changed bytes that ran from the end of one
+/// spooled entry over the next one's frame header left one damaged run
+/// holding both, which the salvage quarantined (and counted) as one: two
+/// deliveries lost, one counted. Each entry header found in a damaged run
+/// is now kept and counted on its own.
+#[test]
+fn seed_3421_a_damaged_run_over_two_spooled_entries_counts_both() {
+    replays_green(3421);
+}
