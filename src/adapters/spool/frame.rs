@@ -49,6 +49,10 @@ pub enum Damage {
     /// The payload's header does not decode (an unframed entry's damage).
     #[error("its header does not decode")]
     Header,
+    /// An entry's header found where no frame begins: the damage took its
+    /// frame's header.
+    #[error("its frame header is gone")]
+    Unframed,
 }
 
 impl Damage {
@@ -59,6 +63,7 @@ impl Damage {
             Damage::Length => "length",
             Damage::Version => "version",
             Damage::Header => "header",
+            Damage::Unframed => "unframed",
         }
     }
 }

@@ -41,30 +41,45 @@ use crate::adapters::store_file::{self, StoreFileError};
 
 /// What a salvage found in a damaged file's bytes.
 #[derive(Debug, Default)]
-struct Salvaged {
+pub(super) struct Salvaged {
     /// The intact deliveries, one per key, oldest first.
-    deliveries: Vec<SpooledDelivery>,
+    pub(super) deliveries: Vec<SpooledDelivery>,
     /// Frames that did not verify (or whose header did not decode), with
     /// their bytes as found.
-    damaged: Vec<(Damage, Vec<u8>)>,
+    pub(super) damaged: Vec<(Damage, Vec<u8>)>,
 }
 
 impl Salvaged {
-    fn from_bytes(bytes: &[u8]) -> Salvaged {
+    pub(super) fn from_bytes(bytes: &[u8]) -> Salvaged {
         let mut salvaged = Salvaged::default();
         let mut keys = HashSet::new();
+        // Where each frame found lies, so that an entry header outside all
+        // of them (its frame's header damaged away) is found too.
+        let mut spans = Vec::new();
+        let at = |part: &[u8]| part.as_ptr() as usize - bytes.as_ptr() as usize;
         for found in frame::scan(bytes) {
             match found {
-                Found::Intact(payload) => match SpooledDelivery::from_payload(payload) {
-                    Ok(delivery) => {
-                        if keys.insert(delivery.key.as_str().to_owned()) {
-                            salvaged.deliveries.push(delivery);
+                Found::Intact(payload) => {
+                    spans.push(
+                        at(payload).saturating_sub(frame::HEADER_LEN)..at(payload) + payload.len(),
+                    );
+                    match SpooledDelivery::from_payload(payload) {
+                        Ok(delivery) => {
+                            if keys.insert(delivery.key.as_str().to_owned()) {
+                                salvaged.deliveries.push(delivery);
+                            }
                         }
+                        Err(_) => salvaged.damaged.push((Damage::Header, payload.to_vec())),
                     }
-                    Err(_) => salvaged.damaged.push((Damage::Header, payload.to_vec())),
-                },
-                Found::Damaged(damage, stored) => salvaged.damaged.push((damage, stored.to_vec())),
+                }
+                Found::Damaged(damage, stored) => {
+                    spans.push(at(stored)..at(stored) + stored.len());
+                    salvaged.damaged.push((damage, stored.to_vec()));
+                }
             }
+        }
+        for orphan in unframed(bytes, &spans) {
+            salvaged.damaged.push((Damage::Unframed, orphan.to_vec()));
         }
         // Stable: copies found in file order keep it within one instant.
         salvaged
@@ -172,6 +187,38 @@ fn keep_damaged(quarantine: &Quarantine, damaged: &[(Damage, Vec<u8>)]) -> usize
             }
         })
         .count()
+}
+
+/// The entry headers in `bytes` that lie in none of the frames found
+/// (`spans`, in file order, apart), each with its bytes up to the next
+/// frame or header (at most [`frame::DAMAGED_KEPT`]).
+fn unframed<'a>(bytes: &'a [u8], spans: &[std::ops::Range<usize>]) -> Vec<&'a [u8]> {
+    let starts: Vec<usize> = memchr::memmem::find_iter(bytes, HEADER_START).collect();
+    let after = |from: usize| {
+        let span = spans.partition_point(|span| span.start <= from);
+        let header = starts.partition_point(|start| *start <= from);
+        (span, header)
+    };
+    starts
+        .iter()
+        .filter(|start| {
+            let (span, _) = after(**start);
+            span == 0 || !spans[span - 1].contains(start)
+        })
+        .map(|start| {
+            let (span, header) = after(*start);
+            let end = [
+                spans.get(span).map(|s| s.start),
+                starts.get(header).copied(),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(bytes.len())
+            .min(start + frame::DAMAGED_KEPT);
+            &bytes[*start..end]
+        })
+        .collect()
 }
 
 /// A damaged run of bytes cut before each entry header it holds past its

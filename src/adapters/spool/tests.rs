@@ -398,3 +398,26 @@ fn a_damaged_run_over_two_entries_is_kept_as_two() {
     assert_eq!(pieces.len(), 2, "one piece per entry");
     assert_eq!(pieces[0].len(), first.len());
 }
+
+/// Damage that takes an entry's whole frame header leaves its entry header
+/// where no frame begins: the salvage finds it there and quarantines it,
+/// so the lost delivery is counted.
+#[test]
+fn an_entry_whose_frame_header_is_gone_is_quarantined() {
+    let first = delivery("a").encode();
+    let mut bytes = [first.clone(), delivery("b").encode()].concat();
+    // The second frame's header, all of it, changed.
+    for byte in &mut bytes[first.len()..first.len() + frame::HEADER_LEN] {
+        *byte ^= 0x5a;
+    }
+    let salvaged = salvage::Salvaged::from_bytes(&bytes);
+    assert_eq!(salvaged.deliveries.len(), 1, "the first is intact");
+    assert_eq!(
+        salvaged
+            .damaged
+            .iter()
+            .map(|(damage, _)| *damage)
+            .collect::<Vec<_>>(),
+        [frame::Damage::Unframed]
+    );
+}

@@ -229,3 +229,12 @@ fn seed_619_a_damaged_spooled_delivery_is_quarantined_not_lost_silently() {
 fn seed_3421_a_damaged_run_over_two_spooled_entries_counts_both() {
     replays_green(3421);
 }
+
+/// Found by the long run: changed bytes took a spooled entry's whole frame
+/// header, so the salvage's scan, which starts at each frame's magic, never
+/// saw it: a delivery lost with nothing counted. The salvage now finds
+/// entry headers outside every frame and quarantines each.
+#[test]
+fn seed_17265_an_entry_whose_frame_header_is_gone_is_counted() {
+    replays_green(17265);
+}
