@@ -22,11 +22,16 @@ fn redis_url() -> String {
 /// A Redis ledger under `prefix`, marked as filled from the topics (there
 /// are none here): without its generation mark it decides nothing.
 async fn ledger(prefix: &str) -> RedisLedger {
+    ledger_leasing(prefix, Duration::from_secs(10)).await
+}
+
+/// [`ledger`] whose locks and leases hold `lease` unless renewed.
+async fn ledger_leasing(prefix: &str, lease: Duration) -> RedisLedger {
     let ledger = RedisLedger::connect(
         &redis_url(),
         prefix,
         Duration::from_secs(3600),
-        Duration::from_secs(10),
+        lease,
         None,
         false,
     )
@@ -232,21 +237,11 @@ async fn two_replicas_sharing_redis_publish_each_delivery_once_and_never_roll_ba
 #[tokio::test]
 async fn a_lock_held_longer_than_its_lease_is_renewed_and_a_second_replica_waits() {
     let prefix = format!("{}:", unique("renewed"));
-    let short = |prefix: String| async move {
-        let ledger = RedisLedger::connect(
-            &redis_url(),
-            &prefix,
-            Duration::from_secs(3600),
-            Duration::from_millis(300),
-            None,
-            false,
-        )
-        .await
-        .expect("a Redis server at POSBRIDGE_TEST_REDIS");
-        crate::support::redis::mark_filled(&ledger).await;
-        ledger
-    };
-    let (a, b) = (short(prefix.clone()).await, short(prefix).await);
+    let lease = Duration::from_millis(300);
+    let (a, b) = (
+        ledger_leasing(&prefix, lease).await,
+        ledger_leasing(&prefix, lease).await,
+    );
     let slot = EntitySlot::new(
         EntityType::Sale,
         &EntityKey::new(ProviderKind::ReceiptRoller, None, "fill"),
