@@ -7,7 +7,9 @@
 //! deliveries about one entity are replayed in the order they arrived, and
 //! a slow or refused entity holds up only its own lane.
 //!
-//! An entry that keeps failing while Kafka answers (its topic refuses it)
+//! An entry that keeps failing while Kafka answers (its topic refuses it;
+//! a slow, unreachable or short-of-replicas broker does not count, it stops
+//! every entry alike)
 //! is tried in [`MAX_ATTEMPTS`] passes over [`SET_ASIDE_AFTER`] at least, then goes aside to the dead-letter
 //! topic with its raw body (reason code `spool_unpublishable`), where the
 //! status page counts it and `posbridge replay` publishes it once the cause
@@ -41,6 +43,7 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use crate::adapters::publish::PublishError;
 use crate::adapters::spool::{Spool, SpoolError, SpooledDelivery};
 use crate::domain::event::DeliveryKey;
 use crate::domain::verify::VerifiedBody;
@@ -61,6 +64,13 @@ pub const MAX_ATTEMPTS: u32 = 5;
 pub const SET_ASIDE_AFTER: Duration = Duration::from_secs(30);
 /// How often an idle drainer looks again (and refreshes the age gauge).
 const IDLE: Duration = Duration::from_millis(250);
+/// The longest wait between passes a refusing broker paused: each paused
+/// pass doubles the wait from [`IDLE`] up to this, so an outage in which
+/// the broker answers but refuses is not sent a record per lane four times
+/// a second; a pass that removes entries ends the pause. Plain doubling,
+/// no jitter (one drainer per process; and the simulation replays a seed
+/// exactly), unlike [`SpoolStops`]'s.
+const PAUSED_BACKOFF_MAX: Duration = Duration::from_secs(8);
 /// The longest wait between passes the spool stopped (jitter included).
 pub const SPOOL_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Reason code of a spooled delivery set aside after [`MAX_ATTEMPTS`].
@@ -117,9 +127,9 @@ impl Drainer {
         let mut draining: Option<(Instant, u64)> = None;
         let mut stopped = SpoolStops::default();
         let mut writable = true;
-        // Why the last pass paused, said once until a pass removes entries
-        // or the reason changes: a pass runs every 250 ms while it lasts.
-        let mut paused: Option<String> = None;
+        // Passes paused in a row since the last that removed entries: the
+        // pause is said once, and the wait between its passes grows.
+        let mut paused: u32 = 0;
         loop {
             self.refresh_age();
             // Cheap while the spool writes; else a heal when one is due.
@@ -171,19 +181,23 @@ impl Drainer {
                         started.1 += done.entries;
                         stopped.passed();
                         if done.entries > 0 {
-                            paused = None;
+                            paused = 0;
                         }
                     }
                     Err(DrainError::Pipeline(error)) => {
                         stopped.passed();
-                        let reason = error.to_string();
-                        if paused.as_ref() == Some(&reason) {
-                            debug!(%error, "Spool drain still paused.");
-                        } else {
+                        if paused == 0 {
                             warn!(%error, "Spool drain paused: a spooled delivery cannot be made durable yet.");
-                            paused = Some(reason);
+                        } else {
+                            debug!(%error, "Spool drain still paused.");
                         }
-                        tokio::time::sleep(IDLE).await;
+                        let wait = IDLE.saturating_mul(1 << paused.min(6)).min(PAUSED_BACKOFF_MAX);
+                        paused = paused.saturating_add(1);
+                        tokio::select! {
+                            biased;
+                            () = shutdown.cancelled() => return,
+                            () = tokio::time::sleep(wait) => {}
+                        }
                     }
                     Err(DrainError::Spool(error)) => stopped.stopped(&error),
                 },
@@ -407,11 +421,23 @@ fn count(provider: &'static str, outcome: Outcome) {
 
 /// Whether a replay's failure may be the entry's own (a topic refusing its
 /// records, an encoding it cannot take), so that it counts toward setting
-/// the entry aside; a ledger that cannot answer stops every entry alike,
-/// and setting good ones aside then would only move them out of the way
-/// of nothing.
+/// the entry aside. A ledger that cannot answer, and a broker that is slow,
+/// unreachable or short of in-sync replicas, stop every entry alike:
+/// setting good ones aside then would only move them out of the way of
+/// nothing, and out of their topic. (The simulation found a valid spooled
+/// delivery dead-lettered after half a minute of retryable faults.)
 fn about_the_entry(error: &PipelineError) -> bool {
-    !matches!(error, PipelineError::Ledger(_))
+    !matches!(
+        error,
+        PipelineError::Ledger(_)
+            | PipelineError::InFlight
+            | PipelineError::DeadlinePassed
+            | PipelineError::Publish(
+                PublishError::Unavailable(_)
+                    | PublishError::DeadlinePassed
+                    | PublishError::BrokerDown
+            )
+    )
 }
 
 #[cfg(test)]

@@ -18,6 +18,27 @@ fn a_ledger_that_cannot_answer_sets_no_spooled_entry_aside() {
     )));
     assert!(about_the_entry(&PipelineError::DeliveryIdMismatch));
 }
+
+#[test]
+fn a_slow_or_short_of_replicas_broker_sets_no_spooled_entry_aside_a_denied_topic_does() {
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+    let produce = |code| KafkaError::MessageProduction(code);
+    for transient in [
+        PublishError::Unavailable(produce(RDKafkaErrorCode::NotEnoughReplicas)),
+        PublishError::Unavailable(produce(RDKafkaErrorCode::RequestTimedOut)),
+        PublishError::DeadlinePassed,
+        PublishError::BrokerDown,
+    ] {
+        assert!(
+            !about_the_entry(&PipelineError::Publish(transient)),
+            "a broker condition counted against the entry"
+        );
+    }
+    assert!(!about_the_entry(&PipelineError::DeadlinePassed));
+    assert!(about_the_entry(&PipelineError::Publish(
+        PublishError::Denied(produce(RDKafkaErrorCode::TopicAuthorizationFailed))
+    )));
+}
 #[test]
 fn passes_the_spool_stops_wait_twice_as_long_each_time_up_to_the_cap() {
     let mut stops = SpoolStops::default();

@@ -238,3 +238,13 @@ fn seed_3421_a_damaged_run_over_two_spooled_entries_counts_both() {
 fn seed_17265_an_entry_whose_frame_header_is_gone_is_counted() {
     replays_green(17265);
 }
+
+/// Found when the drainer's paused passes began to back off: a valid
+/// spooled delivery went to the dead-letter topic after half a minute of
+/// retryable broker faults (five failed passes "while Kafka answered").
+/// Only a failure that may be the entry's own counts toward setting it
+/// aside now; a slow, unreachable or short-of-replicas broker does not.
+#[test]
+fn seed_668_a_valid_spooled_delivery_is_not_set_aside_for_a_flaky_broker() {
+    replays_green(668);
+}
