@@ -247,6 +247,9 @@ async fn a_lock_held_longer_than_its_lease_is_renewed_and_a_second_replica_waits
         &EntityKey::new(ProviderKind::ReceiptRoller, None, "fill"),
     );
     let held = a.lock_entity(&slot).await.unwrap();
+    // A point on the lease's timeline, not a wait for an event: Redis
+    // expires the key on its own clock, and what is tested is that nothing
+    // happens (the lock is still held) five leases later.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let waiting = tokio::time::timeout(Duration::from_millis(600), b.lock_entity(&slot)).await;
     assert!(

@@ -13,24 +13,32 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::OwnedMutexGuard;
 
+/// Each key in flight (shared by the map and its guards: one allocation
+/// per key's turn) and its lock.
+type Map = HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>;
+
 /// The locks of the keys in flight.
 #[derive(Default)]
-pub(super) struct KeyLocks(Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>);
+pub(super) struct KeyLocks(Arc<Mutex<Map>>);
 
 impl KeyLocks {
     /// Waits for `key`'s turn; the turn lasts as long as the guard.
     pub(super) async fn lock(&self, key: &str) -> KeyGuard {
-        let lock = self
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(key.to_owned())
-            .or_default()
-            .clone();
+        let (key, lock) = {
+            let mut locks = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            match locks.get_key_value(key) {
+                Some((key, lock)) => (key.clone(), lock.clone()),
+                None => {
+                    let (key, lock): (Arc<str>, _) = (Arc::from(key), Arc::default());
+                    locks.insert(key.clone(), Arc::clone(&lock));
+                    (key, lock)
+                }
+            }
+        };
         let held = lock.lock_owned().await;
         KeyGuard {
             locks: self.0.clone(),
-            key: key.to_owned(),
+            key,
             held: Some(held),
         }
     }
@@ -44,8 +52,8 @@ impl KeyLocks {
 
 /// A key's turn: ends when dropped (the next waiter of the key goes on).
 pub(super) struct KeyGuard {
-    locks: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
-    key: String,
+    locks: Arc<Mutex<Map>>,
+    key: Arc<str>,
     held: Option<OwnedMutexGuard<()>>,
 }
 
