@@ -114,10 +114,10 @@ async fn a_redis_ledger_without_its_generation_mark_decides_nothing() {
         .unwrap()
         .get_connection()
         .unwrap();
-    let mark = format!(
-        "{prefix}checkpoint:{}",
-        posbridge::adapters::ledger::GENERATION_MARK
-    );
+    // Where every version kept it: a replica of an older version and one
+    // of this version, side by side while a deployment upgrades, must find
+    // the same mark.
+    let mark = format!("{prefix}checkpoint:posbridge:rebuilt-from-topics");
     let removed: i32 = redis::cmd("DEL").arg(&mark).query(&mut redis).unwrap();
     assert_eq!(removed, 1, "the mark is where the ledger keeps it");
     assert!(matches!(
@@ -128,7 +128,8 @@ async fn a_redis_ledger_without_its_generation_mark_decides_nothing() {
         marked.lock_and_read(&slot).await,
         Err(posbridge::adapters::ledger::LedgerError::Lost)
     ));
-    drop(marked.lock_entity(&slot).await.unwrap());
+    assert_eq!(marked.generation_mark().await.unwrap(), None);
+    drop(marked.rebuild_lock().await.unwrap());
 }
 
 #[tokio::test]
@@ -230,35 +231,46 @@ async fn two_replicas_sharing_redis_publish_each_delivery_once_and_never_roll_ba
     second.stop().await;
 }
 
-/// The lock the fill holds (an entity lock taken with `lock_entity`) is
-/// renewed while it is held: a holder that keeps it five leases long still
-/// holds it, and a second replica waits for it rather than fill at the same
-/// time; once dropped, it is taken at once.
+/// The rebuild's lock is renewed while it is held: a holder that keeps it
+/// five leases long still holds it, and a second replica waits for it
+/// rather than fill at the same time; once dropped, it is taken at once.
+/// Its key is the one older versions took for the fill (an entity lock on a
+/// sale named after the mark), so they exclude each other while a
+/// deployment upgrades.
 #[tokio::test]
-async fn a_lock_held_longer_than_its_lease_is_renewed_and_a_second_replica_waits() {
+async fn the_rebuild_lock_held_longer_than_its_lease_is_renewed_and_a_second_replica_waits() {
     let prefix = format!("{}:", unique("renewed"));
     let lease = Duration::from_millis(300);
     let (a, b) = (
         ledger_leasing(&prefix, lease).await,
         ledger_leasing(&prefix, lease).await,
     );
-    let slot = EntitySlot::new(
-        EntityType::Sale,
-        &EntityKey::new(ProviderKind::ReceiptRoller, None, "fill"),
+    let held = a.rebuild_lock().await.unwrap();
+    let older_versions_lock =
+        EntitySlot::of_record_key(EntityType::Sale, "posbridge:rebuilt-from-topics");
+    let waiting = tokio::time::timeout(
+        Duration::from_millis(300),
+        b.lock_entity(&older_versions_lock),
+    )
+    .await;
+    assert!(
+        waiting.is_err(),
+        "an older version's replica waits for the rebuild's lock"
     );
-    let held = a.lock_entity(&slot).await.unwrap();
     // A point on the lease's timeline, not a wait for an event: Redis
     // expires the key on its own clock, and what is tested is that nothing
     // happens (the lock is still held) five leases later.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let waiting = tokio::time::timeout(Duration::from_millis(600), b.lock_entity(&slot)).await;
+    let waiting = tokio::time::timeout(Duration::from_millis(600), b.rebuild_lock()).await;
     assert!(
         waiting.is_err(),
         "the lock lapsed under its holder after its 300 ms lease"
     );
     drop(held);
-    tokio::time::timeout(Duration::from_secs(2), b.lock_entity(&slot))
-        .await
-        .expect("a dropped lock is released")
-        .unwrap();
+    drop(
+        tokio::time::timeout(Duration::from_secs(2), b.rebuild_lock())
+            .await
+            .expect("a dropped lock is released")
+            .unwrap(),
+    );
 }

@@ -24,7 +24,10 @@ use tokio::time::Instant;
 use async_trait::async_trait;
 use tracing::{error, info, warn};
 
-use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError};
+use super::{
+    Begin, Commit, EntityLock, EntitySlot, EntityState, FillToken, GenerationMark, Ledger,
+    LedgerError, RebuildLock,
+};
 use crate::domain::event::DeliveryKey;
 use crate::observe::telemetry;
 
@@ -287,6 +290,37 @@ impl<L: Ledger> Ledger for Fenced<L> {
         self.inner.sending()
     }
 
+    /// The fill's own writes and reads wait for the fence like a
+    /// checkpoint's: a store that cannot write fails the fill, which is
+    /// tried again.
+    async fn generation_mark(&self) -> Result<Option<GenerationMark>, LedgerError> {
+        self.open().await?;
+        self.inner.generation_mark().await
+    }
+
+    async fn mark_generation(&self, mark: GenerationMark) -> Result<(), LedgerError> {
+        self.open().await?;
+        self.inner.mark_generation(mark).await
+    }
+
+    async fn fill_token(&self) -> Result<Option<FillToken>, LedgerError> {
+        self.open().await?;
+        self.inner.fill_token().await
+    }
+
+    async fn begin_fill(&self, token: FillToken) -> Result<(), LedgerError> {
+        self.open().await?;
+        self.inner.begin_fill(token).await
+    }
+
+    async fn rebuild_lock(&self) -> Result<RebuildLock, LedgerError> {
+        self.inner.rebuild_lock().await
+    }
+
+    fn refuses_older_states(&self) -> bool {
+        self.inner.refuses_older_states()
+    }
+
     async fn persist(&self) -> Result<(), LedgerError> {
         self.inner.persist().await
     }
@@ -337,7 +371,8 @@ mod tests {
 
     use super::Fenced;
     use crate::adapters::ledger::{
-        Begin, Commit, EmbeddedLedger, EntityLock, EntitySlot, Ledger, LedgerError,
+        Begin, Commit, EmbeddedLedger, EntityLock, EntitySlot, FillToken, GenerationMark, Ledger,
+        LedgerError, RebuildLock,
     };
     use crate::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
     use crate::domain::guard::EntityState;
@@ -377,6 +412,21 @@ mod tests {
         }
         async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
             self.ledger.checkpoint(name).await
+        }
+        async fn generation_mark(&self) -> Result<Option<GenerationMark>, LedgerError> {
+            self.ledger.generation_mark().await
+        }
+        async fn mark_generation(&self, mark: GenerationMark) -> Result<(), LedgerError> {
+            self.ledger.mark_generation(mark).await
+        }
+        async fn fill_token(&self) -> Result<Option<FillToken>, LedgerError> {
+            self.ledger.fill_token().await
+        }
+        async fn begin_fill(&self, token: FillToken) -> Result<(), LedgerError> {
+            self.ledger.begin_fill(token).await
+        }
+        async fn rebuild_lock(&self) -> Result<RebuildLock, LedgerError> {
+            self.ledger.rebuild_lock().await
         }
         async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
             if self.failing.load(Ordering::Acquire) {

@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::{Begin, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError, Sending};
+use super::{
+    Begin, Commit, EntityLock, EntitySlot, EntityState, FillToken, GenerationMark, Ledger,
+    LedgerError, RebuildLock, Sending,
+};
 use crate::domain::event::DeliveryKey;
 
 /// How long a lease or a guard read waits for a closed gate to open.
@@ -309,6 +312,32 @@ impl Ledger for Gated {
 
     fn sending(&self) -> Sending {
         self.inner.sending()
+    }
+
+    /// The fill's own calls go to the store, not through the gate it
+    /// opens.
+    async fn generation_mark(&self) -> Result<Option<GenerationMark>, LedgerError> {
+        self.inner.generation_mark().await
+    }
+
+    async fn mark_generation(&self, mark: GenerationMark) -> Result<(), LedgerError> {
+        self.inner.mark_generation(mark).await
+    }
+
+    async fn fill_token(&self) -> Result<Option<FillToken>, LedgerError> {
+        self.inner.fill_token().await
+    }
+
+    async fn begin_fill(&self, token: FillToken) -> Result<(), LedgerError> {
+        self.inner.begin_fill(token).await
+    }
+
+    async fn rebuild_lock(&self) -> Result<RebuildLock, LedgerError> {
+        self.inner.rebuild_lock().await
+    }
+
+    fn refuses_older_states(&self) -> bool {
+        self.inner.refuses_older_states()
     }
 
     async fn persist(&self) -> Result<(), LedgerError> {

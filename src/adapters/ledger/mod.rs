@@ -1,6 +1,6 @@
 //! The ledger: what posbridge must remember between deliveries.
 //!
-//! Four things, behind one trait so an embedded store (one process) and a
+//! Five things, behind one trait so an embedded store (one process) and a
 //! shared store (several replicas) are interchangeable by config:
 //!
 //! * delivery ids: *in flight* (a lease, so a concurrent duplicate never
@@ -9,7 +9,9 @@
 //! * each entity's latest written version and state hash, for the stale-event guard;
 //! * a per-entity lock, so two events for one key are never guarded and
 //!   published concurrently;
-//! * the reconciler's checkpoints, so a restarted run resumes where the last stopped.
+//! * the reconciler's checkpoints, so a restarted run resumes where the last stopped;
+//! * what the rebuild needs of a shared store: its [`GenerationMark`], a
+//!   fill's [`FillToken`] and the [`RebuildLock`].
 //!
 //! A delivery becomes done in the same write as its entity version
 //! ([`Commit`]), so a crash cannot leave one recorded without the other.
@@ -130,10 +132,58 @@ pub enum LedgerError {
     Closed,
 }
 
-/// The checkpoint a store whose commits are durable when made (Redis)
-/// holds once it was filled from the topics: its generation mark. Gone,
-/// the store lost its keys.
-pub const GENERATION_MARK: &str = "posbridge:rebuilt-from-topics";
+/// The generation mark: that a store was filled from the topics, and the
+/// unix second that fill began. A store whose commits are durable when made
+/// (Redis) holds it once it was filled whole; gone, the store lost its keys
+/// (`FLUSHALL`, a failover to an empty replica) and decides nothing until
+/// it is filled again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GenerationMark {
+    /// When the fill that wrote it began, in unix seconds: for an operator
+    /// looking at the store, nothing decides on it.
+    pub filled_at: i64,
+}
+
+/// A fill's token: written when a fill into a store without the
+/// [`GenerationMark`] begins, looked at while it runs and at its end. A store
+/// flushed in the middle of a fill holds only what came after, so the fill
+/// marks the store only if its token is still there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FillToken(pub i64);
+
+impl FillToken {
+    /// A token no other fill holds.
+    pub fn random() -> FillToken {
+        FillToken(rand::random())
+    }
+}
+
+/// Held while one replica fills a store without its [`GenerationMark`]
+/// whole; the others wait for it, then find the mark and read on from the
+/// offsets it recorded. It holds until dropped, however long the fill runs:
+/// a shared store renews its lease while it is held.
+#[must_use = "the lock is let go when dropped"]
+pub struct RebuildLock {
+    /// The backend's guard; dropping it lets the lock go.
+    _held: Box<dyn Send + Sync>,
+}
+
+impl RebuildLock {
+    /// The lock a backend took, held while `held` lives.
+    fn new(held: impl Send + Sync + 'static) -> RebuildLock {
+        RebuildLock {
+            _held: Box::new(held),
+        }
+    }
+}
+
+/// Where both backends keep the generation mark and the fill token: under
+/// the names of the reconciler checkpoints they were before they had an
+/// API of their own (on Redis `<prefix>checkpoint:<name>`). A deployment
+/// upgrades one replica at a time, and an old replica and a new one must
+/// find the same mark and the same token.
+const GENERATION_MARK_NAME: &str = "posbridge:rebuilt-from-topics";
+const FILL_TOKEN_NAME: &str = "posbridge:fill-token";
 
 /// An opened ledger: the one deliveries use, behind the [`Gate`], and the
 /// same store without it, for the rebuild that opens the gate.
@@ -327,8 +377,8 @@ pub trait Ledger: Send + Sync + 'static {
     async fn release(&self, delivery: &DeliveryKey);
 
     /// Takes the entity's lock, waiting for another holder; it holds until
-    /// dropped, however long (a shared backend renews its lease: the fill
-    /// holds one through its whole run).
+    /// dropped (a shared backend's lapses with its lease should its holder
+    /// die).
     ///
     /// # Errors
     /// [`LedgerError`] when a shared lock cannot be reached.
@@ -427,6 +477,48 @@ pub trait Ledger: Send + Sync + 'static {
     /// # Errors
     /// As said, or [`LedgerError`] when the store cannot be asked.
     async fn kept_writes(&self) -> Result<(), LedgerError>;
+
+    /// The store's generation mark, if it was filled whole and has not lost
+    /// its keys since.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the store cannot be read.
+    async fn generation_mark(&self) -> Result<Option<GenerationMark>, LedgerError>;
+
+    /// Marks the store filled from the topics (the end of a fill whose
+    /// token was still there).
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the write fails.
+    async fn mark_generation(&self, mark: GenerationMark) -> Result<(), LedgerError>;
+
+    /// The token of the last fill into a store without the mark, if the
+    /// store still holds it.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the store cannot be read.
+    async fn fill_token(&self) -> Result<Option<FillToken>, LedgerError>;
+
+    /// Writes the token of a fill that begins (replacing another's).
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the write fails.
+    async fn begin_fill(&self, token: FillToken) -> Result<(), LedgerError>;
+
+    /// Takes the lock a whole fill holds, waiting while another replica
+    /// holds it.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when a shared lock cannot be reached.
+    async fn rebuild_lock(&self) -> Result<RebuildLock, LedgerError>;
+
+    /// Whether the store itself refuses an entity state older than the one
+    /// it holds (Redis compares versions in its scripts), so a fill that
+    /// may meet one (a state written before it, a key whose records it
+    /// writes in several batches) need not read the held state first.
+    fn refuses_older_states(&self) -> bool {
+        false
+    }
 
     /// Whether the store is open and answering, for `/readyz`.
     ///

@@ -18,10 +18,10 @@
 //!   every start and whenever the server may have lost its last writes
 //!   (restarted from a snapshot, a replica promoted: [`Ledger::kept_writes`],
 //!   asked every second and before a decision after a reconnect); read
-//!   whole when its generation mark ([`REBUILT`]) is missing: new, or lost
+//!   whole when its [`GenerationMark`] is missing: new, or lost
 //!   (`FLUSHALL`, a failover to an empty replica). With several replicas,
-//!   one fills it whole under a lock in the ledger and the others wait for
-//!   it, then read on from its offsets.
+//!   one fills it whole under the ledger's [`RebuildLock`](crate::adapters::ledger::RebuildLock)
+//!   and the others wait for it, then read on from its offsets.
 //!
 //! **A fill proves what it wrote survived** ([`Proof`]): a store flushed in
 //! the middle of a fill holds only what came after it, so a fill whose
@@ -54,7 +54,9 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::adapters::ledger::{Commit, EntitySlot, Gate, Ledger, LedgerError, Offsets, TopicsSeen};
+use crate::adapters::ledger::{
+    Commit, FillToken, Gate, GenerationMark, Ledger, LedgerError, Offsets, TopicsSeen,
+};
 use crate::adapters::publish::Topics;
 use crate::domain::event::EntityType;
 use crate::observe::telemetry;
@@ -62,9 +64,6 @@ use crate::services::replay::{Extent, ReadError};
 use found::{Found, Summary};
 pub use source::{Kafka, TopicRead, TopicSource};
 use verdict::{Look, Verdict, judge};
-
-/// The generation mark: the unix second the store was last filled.
-const REBUILT: &str = crate::adapters::ledger::GENERATION_MARK;
 
 /// How many ledger writes a rebuild keeps in flight (a Redis round trip
 /// each).
@@ -78,9 +77,6 @@ const PERSIST_EVERY: usize = 50_000;
 /// to it ([`Ledger::kept_writes`]: on Redis its generation mark, which a
 /// cluster's scripts cannot look at, and the server's generation).
 const WATCH_EVERY: Duration = Duration::from_secs(1);
-
-/// The checkpoint that holds a fill's token ([`Proof::Token`]).
-const FILL_TOKEN: &str = "posbridge:fill-token";
 
 /// Commits after which a fill looks whether what it wrote is still there,
 /// so a store flushed early in a long fill starts it again early. A
@@ -112,30 +108,25 @@ enum Proof {
     Mark,
     /// A random token this fill wrote when it began, for a store without
     /// the mark: the fill writes the mark only if its token is still there.
-    Token(i64),
+    Token(FillToken),
 }
 
 impl Proof {
     /// The proof of a fill that begins now, written when it is a token.
     async fn begin(store: &dyn Ledger) -> Result<Proof, LedgerError> {
-        if is_marked(store).await? {
+        if store.generation_mark().await?.is_some() {
             return Ok(Proof::Mark);
         }
-        let token = rand::random::<i64>();
-        store
-            .commit(Commit {
-                checkpoint: Some((FILL_TOKEN.to_owned(), token)),
-                ..Commit::default()
-            })
-            .await?;
+        let token = FillToken::random();
+        store.begin_fill(token).await?;
         Ok(Proof::Token(token))
     }
 
     /// Whether what the fill wrote is still there.
     async fn holds(self, store: &dyn Ledger) -> Result<(), RebuildError> {
         let holds = match self {
-            Proof::Mark => is_marked(store).await?,
-            Proof::Token(token) => store.checkpoint(FILL_TOKEN).await? == Some(token),
+            Proof::Mark => store.generation_mark().await?.is_some(),
+            Proof::Token(token) => store.fill_token().await? == Some(token),
         };
         if holds {
             Ok(())
@@ -153,14 +144,6 @@ enum Held {
     Kept,
     /// The store held nothing of the topics when the fill began.
     Nothing,
-}
-
-/// Whether `ledger` holds the [`REBUILT`] mark.
-///
-/// # Errors
-/// [`LedgerError`] when the ledger cannot be read.
-pub async fn is_marked(ledger: &dyn Ledger) -> Result<bool, LedgerError> {
-    Ok(ledger.checkpoint(REBUILT).await?.is_some())
 }
 
 /// The rebuild of one ledger: what it reads and where it writes.
@@ -292,11 +275,8 @@ impl Rebuild {
             let seen = look.seen(before.as_ref(), &self.source.kept_partitions());
             return self.finish(&ends, &seen, proof, now).await;
         }
-        let _lock = self
-            .store
-            .lock_entity(&EntitySlot::of_record_key(EntityType::Sale, REBUILT))
-            .await?;
-        if is_marked(self.store.as_ref()).await? {
+        let _lock = self.store.rebuild_lock().await?;
+        if self.store.generation_mark().await?.is_some() {
             // Another replica filled it meanwhile: read on from its offsets.
             return Box::pin(self.attempt()).await;
         }
@@ -327,9 +307,8 @@ impl Rebuild {
         proof.holds(self.store.as_ref()).await?;
         if let Proof::Token(_) = proof {
             self.store
-                .commit(Commit {
-                    checkpoint: Some((REBUILT.to_owned(), now.unix_timestamp())),
-                    ..Commit::default()
+                .mark_generation(GenerationMark {
+                    filled_at: now.unix_timestamp(),
                 })
                 .await?;
             self.store.persist().await?;

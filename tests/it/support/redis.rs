@@ -78,12 +78,9 @@ pub async fn cli(port: u16, args: &[&str]) -> String {
 /// it from the topics) as filled: without its generation mark it decides
 /// nothing.
 pub async fn mark_filled(ledger: &posbridge::adapters::ledger::RedisLedger) {
-    use posbridge::adapters::ledger::{Commit, GENERATION_MARK, Ledger};
+    use posbridge::adapters::ledger::{GenerationMark, Ledger};
     ledger
-        .commit(Commit {
-            checkpoint: Some((GENERATION_MARK.to_owned(), 1)),
-            ..Commit::default()
-        })
+        .mark_generation(GenerationMark { filled_at: 1 })
         .await
         .expect("the generation mark written");
 }

@@ -40,7 +40,8 @@ use tokio::sync::oneshot;
 
 use super::placements::{Offsets, Placements, Sending};
 use super::{
-    Begin, Cached, Commit, EntityLock, EntitySlot, EntityState, Ledger, LedgerError, TopicsSeen,
+    Begin, Cached, Commit, EntityLock, EntitySlot, EntityState, FILL_TOKEN_NAME, FillToken,
+    GENERATION_MARK_NAME, GenerationMark, Ledger, LedgerError, RebuildLock, TopicsSeen,
 };
 use crate::domain::event::DeliveryKey;
 use checkpoint::{Ask, Checkpointer, Health, Seen, checkpoint_loop};
@@ -69,6 +70,10 @@ pub struct EmbeddedLedger {
     lease: Duration,
     /// One lock per entity key in flight.
     locks: Arc<KeyLocks>,
+    /// The rebuild's lock. One process holds the file, so a fill never
+    /// waits for another replica; this only keeps two fills of one process
+    /// apart.
+    rebuilding: Arc<tokio::sync::Mutex<()>>,
     /// How long a done id is remembered.
     dedup_ttl: Duration,
     /// The sends in flight and the offsets committed, for checkpoints.
@@ -194,6 +199,7 @@ impl EmbeddedLedger {
             leases: Arc::default(),
             lease,
             locks: Arc::default(),
+            rebuilding: Arc::default(),
             dedup_ttl,
             placements,
             seen,
@@ -357,6 +363,33 @@ impl Ledger for EmbeddedLedger {
             .get(name)
             .map_err(storage)?
             .map(|v| v.value()))
+    }
+
+    async fn generation_mark(&self) -> Result<Option<GenerationMark>, LedgerError> {
+        let filled_at = self.checkpoint(GENERATION_MARK_NAME).await?;
+        Ok(filled_at.map(|filled_at| GenerationMark { filled_at }))
+    }
+
+    async fn mark_generation(&self, mark: GenerationMark) -> Result<(), LedgerError> {
+        self.write(&Commit {
+            checkpoint: Some((GENERATION_MARK_NAME.to_owned(), mark.filled_at)),
+            ..Commit::default()
+        })
+    }
+
+    async fn fill_token(&self) -> Result<Option<FillToken>, LedgerError> {
+        Ok(self.checkpoint(FILL_TOKEN_NAME).await?.map(FillToken))
+    }
+
+    async fn begin_fill(&self, token: FillToken) -> Result<(), LedgerError> {
+        self.write(&Commit {
+            checkpoint: Some((FILL_TOKEN_NAME.to_owned(), token.0)),
+            ..Commit::default()
+        })
+    }
+
+    async fn rebuild_lock(&self) -> Result<RebuildLock, LedgerError> {
+        Ok(RebuildLock::new(self.rebuilding.clone().lock_owned().await))
     }
 
     async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {

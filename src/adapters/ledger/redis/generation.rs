@@ -29,7 +29,7 @@ use redis::AsyncCommands;
 
 use super::RedisLedger;
 use super::connection::{Counted, collect_text, is_connection_error};
-use crate::adapters::ledger::{GENERATION_MARK, LedgerError};
+use crate::adapters::ledger::LedgerError;
 
 /// The ids of the servers the ledger talks to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -103,11 +103,7 @@ impl Generation {
 impl RedisLedger {
     /// Whether the generation mark is there.
     pub(super) async fn marked(&self) -> Result<bool, LedgerError> {
-        Ok(self
-            .conn
-            .clone()
-            .exists(self.key("checkpoint", GENERATION_MARK))
-            .await?)
+        Ok(self.conn.clone().exists(self.mark_key()).await?)
     }
 
     /// Before a decision: when the connection failed since the generation

@@ -1,5 +1,7 @@
-//! The Redis ledger's entity locks: taken with `SET NX PX` and a random
-//! token, released only by their holder (a crashed holder's lock lapses).
+//! The Redis ledger's locks: an entity's, and the rebuild's. Both are taken
+//! with `SET NX PX` and a random token and released only by their holder
+//! (a crashed holder's lock lapses with its lease); the rebuild's lease is
+//! renewed while it is held.
 
 use std::time::Duration;
 
@@ -8,7 +10,7 @@ use redis::AsyncCommands;
 use super::RedisLedger;
 use super::connection::Counted;
 use super::scripts::{LOCK_AND_READ, RENEW, UNLOCK};
-use crate::adapters::ledger::{EntityLock, EntitySlot, EntityState, GENERATION_MARK, LedgerError};
+use crate::adapters::ledger::{EntitySlot, EntityState, LedgerError, RebuildLock};
 
 /// How often a waiter retries a taken entity lock.
 const LOCK_POLL: Duration = Duration::from_millis(5);
@@ -36,7 +38,7 @@ impl RedisLedger {
                 let mut invocation = LOCK_AND_READ.key(&key);
                 invocation.key(&state_key);
                 if check_mark {
-                    invocation.key(self.key("checkpoint", GENERATION_MARK));
+                    invocation.key(self.mark_key());
                 }
                 let (taken, state): (i32, Option<Vec<u8>>) = invocation
                     .arg(&token)
@@ -68,21 +70,33 @@ impl RedisLedger {
         ))
     }
 
-    /// An entity lock held for as long as its holder needs, however long
+    /// The rebuild's lock, held for as long as the fill needs, however long
     /// that is: its lease is renewed every third of it until the lock is
-    /// dropped. For the fill, which may outlast a delivery's lease (1 M
+    /// dropped. A fill may outlast a delivery's lease many times (1 M
     /// entities take 15-20 s): the other replicas wait for it rather than
     /// fill at the same time.
-    pub(super) async fn lock_renewed(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
-        let (mut lock, _) = self.lock_and_read_marked(slot, false).await?;
-        let (mut conn, key, token, lease_ms) = (
-            lock.conn.clone(),
-            lock.key.clone(),
-            lock.token.clone(),
-            self.lease_ms(),
-        );
-        let every = Duration::from_millis(lease_ms / 3).max(LOCK_POLL);
-        lock.renewal = Some(
+    ///
+    /// Its key ([`REBUILD_LOCK_KEY`]) and its value (a random token) are
+    /// those of the entity lock older versions took for the fill, so an old
+    /// replica and a new one exclude each other during a rolling upgrade.
+    pub(super) async fn rebuild_lock_renewed(&self) -> Result<RebuildLock, LedgerError> {
+        let key = self.named(REBUILD_LOCK_KEY);
+        let token = format!("{:032x}", rand::random::<u128>());
+        let lease_ms = self.lease_ms();
+        let mut conn = self.conn.clone();
+        let options = redis::SetOptions::default()
+            .conditional_set(redis::ExistenceCheck::NX)
+            .with_expiration(redis::SetExpiry::PX(lease_ms));
+        while conn
+            .set_options::<_, _, Option<String>>(&key, &token, options.clone())
+            .await?
+            .is_none()
+        {
+            tokio::time::sleep(LOCK_POLL).await;
+        }
+        let renewal = {
+            let (mut conn, key, token) = (conn.clone(), key.clone(), token.clone());
+            let every = Duration::from_millis(lease_ms / 3).max(LOCK_POLL);
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(every).await;
@@ -95,28 +109,38 @@ impl RedisLedger {
                     match renewed {
                         Ok(1) => {}
                         Ok(_) => {
-                            tracing::error!(lock = %key, "A renewed lock lapsed before its renewal (Redis lost it or was paused for longer than its lease): another replica may hold it now.");
+                            tracing::error!(lock = %key, "The rebuild's lock lapsed before its renewal (Redis lost it or was paused for longer than its lease): another replica may fill at the same time.");
                             return;
                         }
                         // Tried again at the next turn, while the lease holds.
                         Err(error) => {
-                            tracing::warn!(%error, lock = %key, "A held lock's lease was not renewed.");
+                            tracing::warn!(%error, lock = %key, "The rebuild's lock's lease was not renewed.");
                         }
                     }
                 }
             })
-            .abort_handle(),
-        );
-        Ok(Box::new(lock))
+            .abort_handle()
+        };
+        Ok(RebuildLock::new(RedisLock {
+            conn,
+            key,
+            token,
+            renewal: Some(renewal),
+        }))
     }
 }
 
-/// Held entity lock; dropping it releases the lock in the background.
+/// The rebuild's lock (after the prefix): the entity lock of a sale whose
+/// key is the generation mark's name, as older versions took it.
+const REBUILD_LOCK_KEY: &str = "lock:sales/posbridge:rebuilt-from-topics";
+
+/// A held lock; dropping it releases the lock in the background.
 pub(super) struct RedisLock {
     conn: Counted,
     key: String,
     token: String,
-    /// The task renewing its lease, for a lock held longer than a delivery.
+    /// The task renewing its lease: the rebuild's lock, held longer than a
+    /// delivery.
     renewal: Option<tokio::task::AbortHandle>,
 }
 
@@ -133,9 +157,9 @@ impl Drop for RedisLock {
         // Drop cannot await; a lock that fails to release lapses with its lease.
         tokio::spawn(async move {
             let released: redis::RedisResult<i32> =
-                UNLOCK.key(key).arg(token).invoke_async(&mut conn).await;
+                UNLOCK.key(&key).arg(token).invoke_async(&mut conn).await;
             if let Err(error) = released {
-                tracing::warn!(%error, "Entity lock not released; it lapses with its lease.");
+                tracing::warn!(%error, lock = %key, "A lock was not released; it lapses with its lease.");
             }
         });
     }

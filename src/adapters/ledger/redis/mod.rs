@@ -10,6 +10,12 @@
 //! * `Pentity:<entity slot>`: the written state, replaced only by a version at
 //!   least as new, so even a holder whose lock lapsed cannot roll it back;
 //! * `Pcheckpoint:<name>`;
+//! * `Pcheckpoint:posbridge:rebuilt-from-topics`, the generation mark,
+//!   `Pcheckpoint:posbridge:fill-token`, a fill's token, and
+//!   `Plock:sales/posbridge:rebuilt-from-topics`, the rebuild's lock: the
+//!   names they had when the rebuild borrowed a checkpoint and an entity
+//!   lock for them, kept so replicas of an older version and of this one
+//!   agree on them while a deployment upgrades;
 //! * `Pprobe:writable`: the readiness check's write, lapsing after a minute;
 //! * `P{offsets}:replicas` and `P{offsets}:topics`: how far each replica
 //!   applied the topics, and which topics they are (`checkpoint.rs`).
@@ -71,7 +77,8 @@ use scripts::{BEGIN, COMMIT, MARK_DONE, SET_STATE};
 
 use super::{
     Begin, Cached, Commit, DEFAULT_CHECKPOINT_EVERY, EntityLock, EntitySlot, EntityState,
-    GENERATION_MARK, Ledger, LedgerError, Offsets, Sending, TopicsSeen,
+    FILL_TOKEN_NAME, FillToken, GENERATION_MARK_NAME, GenerationMark, Ledger, LedgerError, Offsets,
+    RebuildLock, Sending, TopicsSeen,
 };
 use crate::config::LedgerConfig;
 use crate::domain::event::DeliveryKey;
@@ -241,6 +248,18 @@ impl RedisLedger {
         format!("{}{kind}:{name}", self.prefix)
     }
 
+    /// `key` after the prefix.
+    fn named(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    /// The generation mark's key. The lease and guard scripts look at it
+    /// too, so an old replica, a new one and every script must agree on it:
+    /// it is where older versions kept the mark, a checkpoint's key.
+    fn mark_key(&self) -> String {
+        self.key("checkpoint", GENERATION_MARK_NAME)
+    }
+
     /// One of a delivery's two keys (`lease`, `done`), in its own slot.
     fn delivery_key(&self, delivery: &DeliveryKey, kind: &str) -> String {
         delivery_key(&self.prefix, delivery.as_str(), kind)
@@ -337,7 +356,7 @@ impl Ledger for RedisLedger {
         let mut invocation = BEGIN.key(self.delivery_key(delivery, "done"));
         invocation.key(self.delivery_key(delivery, "lease"));
         if conn.is_single() {
-            invocation.key(self.key("checkpoint", GENERATION_MARK));
+            invocation.key(self.mark_key());
         }
         let answer: i32 = invocation
             .arg(self.lease_ms())
@@ -403,11 +422,10 @@ impl Ledger for RedisLedger {
 
     /// [`Ledger::lock_and_read`] with the state left unread by the caller:
     /// one polling loop for both (the delivery path takes the lock only with
-    /// its state). The mark is not looked at: the rebuild takes a lock
-    /// while it is missing, and holds it through the whole fill, so its
-    /// lease is renewed while it is held.
+    /// its state). The mark is not looked at: a lock decides nothing, the
+    /// state read under it does.
     async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
-        self.lock_renewed(slot).await
+        Ok(Box::new(self.lock_and_read_marked(slot, false).await?.0))
     }
 
     async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
@@ -475,6 +493,49 @@ impl Ledger for RedisLedger {
     fn restore(&self, offsets: &Offsets, topics: &TopicsSeen) {
         self.checkpoints.restore(offsets, topics);
         self.watch.fill_ended();
+    }
+
+    async fn generation_mark(&self) -> Result<Option<GenerationMark>, LedgerError> {
+        let filled_at: Option<i64> = self.conn.clone().get(self.mark_key()).await?;
+        Ok(filled_at.map(|filled_at| GenerationMark { filled_at }))
+    }
+
+    async fn mark_generation(&self, mark: GenerationMark) -> Result<(), LedgerError> {
+        let () = self
+            .conn
+            .clone()
+            .set(self.mark_key(), mark.filled_at)
+            .await?;
+        Ok(())
+    }
+
+    async fn fill_token(&self) -> Result<Option<FillToken>, LedgerError> {
+        let token: Option<i64> = self
+            .conn
+            .clone()
+            .get(self.key("checkpoint", FILL_TOKEN_NAME))
+            .await?;
+        Ok(token.map(FillToken))
+    }
+
+    async fn begin_fill(&self, token: FillToken) -> Result<(), LedgerError> {
+        let () = self
+            .conn
+            .clone()
+            .set(self.key("checkpoint", FILL_TOKEN_NAME), token.0)
+            .await?;
+        Ok(())
+    }
+
+    /// Renewed while held (`lock.rs`): a fill of any length keeps it.
+    async fn rebuild_lock(&self) -> Result<RebuildLock, LedgerError> {
+        self.rebuild_lock_renewed().await
+    }
+
+    /// A commit's state is written only if not older ([`SET_STATE`],
+    /// [`COMMIT`]).
+    fn refuses_older_states(&self) -> bool {
+        true
     }
 
     /// The mark, then the generation (every master's on a cluster).
