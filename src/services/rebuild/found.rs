@@ -1,5 +1,6 @@
-//! What the records of one partition say the ledger held, folded without
-//! I/O: each key's newest state and the recent delivery ids.
+//! What the records of one partition (or of a batch of its records) say
+//! the ledger held, folded without I/O: each key's newest state and the
+//! recent delivery ids.
 
 use std::collections::{HashMap, HashSet};
 
@@ -34,7 +35,8 @@ impl Summary {
     }
 }
 
-/// What the records of one partition say the ledger held.
+/// What the records of one partition, or of a batch of its records, say
+/// the ledger held.
 #[derive(Debug, Default)]
 pub(super) struct Found {
     entities: HashMap<EntitySlot, EntityState>,
@@ -85,6 +87,11 @@ impl Found {
         {
             self.done.insert(DeliveryKey::from_stored(key.clone()));
         }
+    }
+
+    /// Records folded so far.
+    pub(super) fn records(&self) -> u64 {
+        self.records
     }
 
     /// What was found, in figures.

@@ -36,12 +36,23 @@
 //! state hash (`unchanged`) or a newer one (`stale`): it publishes nothing,
 //! exactly as the first decision did.
 //!
+//! **Memory** is bounded whatever a partition holds: [`Found`] folds at
+//! most [`FOLD_AT_MOST`] records before what they say is written, and the
+//! fill reads on. A key's later records overwrite what its earlier ones
+//! wrote, which is right because posbridge writes a newer state of a key
+//! only at a later offset; a state older than one written before (never
+//! written by posbridge, or a key in two partitions of a topic that grew)
+//! is left out by the store (Redis compares versions) or by a read of the
+//! held state first (the embedded store).
+//!
 //! Reading is split from writing: [`Found`] folds records into what the
 //! ledger should hold, without I/O; [`Rebuild`] reads the topics and
 //! commits it.
 
 mod found;
 mod source;
+#[cfg(test)]
+mod tests;
 mod verdict;
 
 use std::collections::BTreeMap;
@@ -73,16 +84,24 @@ const WRITES_IN_FLIGHT: usize = 512;
 /// bounded however many entities the topics hold.
 const PERSIST_EVERY: usize = 50_000;
 
+/// Records a fill folds before it writes what they say: what memory holds
+/// of a partition, whatever its size (10 M entities of one partition,
+/// folded whole before writing, would not fit a small pod). In unit tests
+/// a handful: the simulation drives the real rebuild, and its fills then
+/// write each partition in several batches.
+#[cfg(not(test))]
+const FOLD_AT_MOST: u64 = 20_000;
+#[cfg(test)]
+const FOLD_AT_MOST: u64 = 3;
+
 /// How often the store is asked whether it still holds every write made
 /// to it ([`Ledger::kept_writes`]: on Redis its generation mark, which a
 /// cluster's scripts cannot look at, and the server's generation).
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 /// Commits after which a fill looks whether what it wrote is still there,
-/// so a store flushed early in a long fill starts it again early. A
-/// divisor of [`PERSIST_EVERY`].
+/// so a store flushed early in a long fill starts it again early.
 const PROOF_EVERY: usize = 10_000;
-const _: () = assert!(PERSIST_EVERY.is_multiple_of(PROOF_EVERY));
 
 /// Why the ledger could not be rebuilt; tried again with a growing wait.
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +163,15 @@ enum Held {
     Kept,
     /// The store held nothing of the topics when the fill began.
     Nothing,
+}
+
+/// What a fill wrote so far.
+#[derive(Debug, Default)]
+struct Written {
+    /// In figures, for its log line.
+    summary: Summary,
+    /// Commits made, for when to make them durable.
+    commits: usize,
 }
 
 /// The rebuild of one ledger: what it reads and where it writes.
@@ -387,7 +415,7 @@ impl Rebuild {
         let read_counter = metrics::counter!(telemetry::REBUILD_RECORDS);
         let mut left = to_read;
         remaining.set(left as f64);
-        let mut summary = Summary::default();
+        let mut written = Written::default();
         let mut ends = Offsets::new();
         for (topic, entity_type, mut reader, ranges) in plan {
             for (extent, start) in ranges {
@@ -408,22 +436,19 @@ impl Rebuild {
                         if left % 1024 == 0 {
                             remaining.set(left as f64);
                         }
+                        if found.records() >= FOLD_AT_MOST {
+                            self.write(std::mem::take(&mut found), held, &mut written, proof)
+                                .await?;
+                        }
                     }
                 }
-                // A key's records are in one partition, so what it found
-                // is written before the next is read: memory holds one
-                // partition's states, not every topic's. Only a topic whose
-                // partitions grew has a key in two: once states are
-                // written, an older state than the one written is left out.
-                let written_before = summary.entities > 0;
-                summary.add(found.summary());
-                self.write(found, held == Held::Kept || written_before, proof)
-                    .await?;
+                self.write(found, held, &mut written, proof).await?;
                 proof.holds(self.store.as_ref()).await?;
                 self.gate.read(0, true);
             }
         }
         remaining.set(0.0);
+        let summary = written.summary;
         if summary.records > 0 || from.is_empty() {
             info!(
                 records = summary.records,
@@ -447,28 +472,39 @@ impl Rebuild {
             .collect()
     }
 
-    /// Commits what was found in chunks of [`PROOF_EVERY`], looking after
-    /// each whether what was written is still there, and making it durable
-    /// every [`PERSIST_EVERY`]. Between chunks nothing is in flight: a
-    /// Redis command awaited while commits wait unpolled in the stream
-    /// timed out (redis-rs queues requests in a bounded channel whose free
-    /// places go to the waiters in order, and those waiters are not polled
-    /// until the loop goes on).
+    /// Commits what was found (a partition's records, or the last
+    /// [`FOLD_AT_MOST`] of them) in chunks of [`PROOF_EVERY`], looking after
+    /// each whether what was written is still there, and making the fill's
+    /// commits durable every [`PERSIST_EVERY`]. Between chunks nothing is in
+    /// flight: a Redis command awaited while commits wait unpolled in the
+    /// stream timed out (redis-rs queues requests in a bounded channel whose
+    /// free places go to the waiters in order, and those waiters are not
+    /// polled until the loop goes on).
+    ///
+    /// A state older than the one the store holds is left out where the
+    /// store may hold a newer one: a fill over what the store kept, or once
+    /// this fill wrote states (a key's earlier batch; a key in two
+    /// partitions of a topic that grew). A store that refuses older states
+    /// itself is not asked first.
     async fn write(
         &self,
         found: Found,
-        check_held: bool,
+        held: Held,
+        written: &mut Written,
         proof: Proof,
     ) -> Result<(), RebuildError> {
         let store = self.store.as_ref();
+        let check_held =
+            !store.refuses_older_states() && (held == Held::Kept || written.summary.entities > 0);
+        written.summary.add(found.summary());
         let mut commits = found.into_commits();
-        let mut count = 0;
         loop {
             let chunk: Vec<Commit> = commits.by_ref().take(PROOF_EVERY).collect();
             if chunk.is_empty() {
                 return Ok(());
             }
-            let mut written = futures::stream::iter(chunk)
+            let before = written.commits;
+            let mut commits_made = futures::stream::iter(chunk)
                 .map(|commit| async move {
                     if check_held
                         && let Some((slot, state)) = &commit.entity
@@ -480,11 +516,11 @@ impl Rebuild {
                     store.commit(commit).await
                 })
                 .buffer_unordered(WRITES_IN_FLIGHT);
-            while let Some(result) = written.next().await {
+            while let Some(result) = commits_made.next().await {
                 result?;
-                count += 1;
+                written.commits += 1;
             }
-            if count % PERSIST_EVERY == 0 {
+            if before / PERSIST_EVERY != written.commits / PERSIST_EVERY {
                 store.persist().await?;
             }
             proof.holds(store).await?;

@@ -1,0 +1,139 @@
+//! The fill's batches on the embedded ledger: a partition longer than
+//! [`FOLD_AT_MOST`] records is written in several, and a state older than
+//! one an earlier batch wrote does not roll it back.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{FOLD_AT_MOST, Rebuild, TopicRead, TopicSource};
+use crate::adapters::ledger::{EntitySlot, open_driven};
+use crate::adapters::publish::{Described, Topics};
+use crate::config::KafkaConfig;
+use crate::domain::event::{EntityType, Version};
+use crate::services::pipeline::{HEADER_STATE_HASH, HEADER_VERSION};
+use crate::services::replay::{Extent, Letter, ReadError};
+
+/// Topics held in memory, one partition each.
+struct InMemory(BTreeMap<String, Vec<Letter>>);
+
+#[async_trait]
+impl TopicSource for InMemory {
+    async fn describe(&self, _topics: &[String]) -> Described {
+        Described::default()
+    }
+
+    fn reader(&self, topic: &str) -> Result<Box<dyn TopicRead>, ReadError> {
+        Ok(Box::new(Partition {
+            records: self.0.get(topic).cloned().unwrap_or_default(),
+            next: 0,
+            to: 0,
+        }))
+    }
+
+    fn kept_partitions(&self) -> BTreeMap<String, usize> {
+        BTreeMap::new()
+    }
+
+    fn keep_partitions_anew(&self, _now: &BTreeMap<String, usize>) {}
+}
+
+/// One topic's only partition, read from `next` up to `to`.
+struct Partition {
+    records: Vec<Letter>,
+    next: usize,
+    to: usize,
+}
+
+#[async_trait]
+impl TopicRead for Partition {
+    async fn extents(&self) -> Result<Vec<Extent>, ReadError> {
+        Ok(vec![Extent {
+            partition: 0,
+            low: 0,
+            high: i64::try_from(self.records.len()).unwrap(),
+        }])
+    }
+
+    fn assign(&mut self, _partition: i32, from: i64, to: i64) -> Result<(), ReadError> {
+        (self.next, self.to) = (usize::try_from(from).unwrap(), usize::try_from(to).unwrap());
+        Ok(())
+    }
+
+    async fn next(&mut self) -> Result<Option<Letter>, ReadError> {
+        if self.next >= self.to {
+            return Ok(None);
+        }
+        self.next += 1;
+        Ok(self.records.get(self.next - 1).cloned())
+    }
+}
+
+/// An order's record at `offset` with its state at `at_micros`.
+fn order(offset: i64, key: &str, at_micros: i64) -> Letter {
+    Letter {
+        partition: 0,
+        offset,
+        timestamp_ms: None,
+        key: Some(key.to_owned()),
+        body: None,
+        headers: [
+            (HEADER_VERSION.to_owned(), format!("{at_micros}:0")),
+            (HEADER_STATE_HASH.to_owned(), hex::encode([1u8; 16])),
+        ]
+        .into_iter()
+        .collect(),
+    }
+}
+
+#[tokio::test]
+async fn a_partition_is_written_in_batches_and_an_older_state_in_a_later_one_does_not_roll_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let opened = open_driven(
+        &dir.path().join("ledger.redb"),
+        Duration::from_secs(3600),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let topics = Topics::new(&KafkaConfig::default());
+    let fillers = usize::try_from(FOLD_AT_MOST).unwrap() * 2;
+    let mut records = vec![order(0, "mekari:O-1", 20)];
+    records.extend((1..=fillers).map(|n| {
+        let offset = i64::try_from(n).unwrap();
+        order(offset, &format!("mekari:F-{n}"), offset)
+    }));
+    // Never written by posbridge (a newer state of a key only ever comes at
+    // a later offset), and in a later batch than the newer state.
+    records.push(order(i64::try_from(fillers).unwrap() + 1, "mekari:O-1", 10));
+    let source = InMemory(
+        [(topics.entity(EntityType::Order).to_owned(), records)]
+            .into_iter()
+            .collect(),
+    );
+    let rebuild = Rebuild::new(
+        Arc::new(source),
+        &topics,
+        opened.store.clone(),
+        opened.gate.clone(),
+        Duration::from_secs(3600),
+    );
+    rebuild.once().await.unwrap();
+
+    let state = |key: &str| {
+        let store = opened.store.clone();
+        let slot = EntitySlot::of_record_key(EntityType::Order, key);
+        async move { store.entity(&slot).await.unwrap().map(|s| s.version) }
+    };
+    assert_eq!(
+        state("mekari:O-1").await,
+        Some(Version {
+            at_micros: 20,
+            rank: 0
+        })
+    );
+    for n in 1..=fillers {
+        assert!(state(&format!("mekari:F-{n}")).await.is_some(), "F-{n}");
+    }
+}
