@@ -13,6 +13,14 @@
 //! 4. with `POSBRIDGE_BENCH_REDIS`, a posbridge on a new Redis prefix beside
 //!    the same topics: the full rebuild into Redis.
 //!
+//! With `POSBRIDGE_BENCH_BASELINE` (another posbridge binary, e.g. a build
+//! of the commit a change starts from), the full rebuilds (3, 4) are run by
+//! it too, right after this one's, on the same topics: a change to the fill
+//! is measured against what it changes in one run, and the topics are
+//! written once. The size is `POSBRIDGE_BENCH_ENTITIES`, the partitions
+//! `POSBRIDGE_BENCH_PARTITIONS` (1: every entity in one partition, the
+//! fill's largest fold).
+//!
 //! Each row: records the rebuild read, its own seconds (`ledger_rebuild` in
 //! `/readyz`), the seconds from the process's start until `/readyz` says
 //! ready, its rate, and the process's CPU and peak RSS.
@@ -52,13 +60,15 @@ pub async fn run(settings: &Settings, run: &str) {
     let dir = work.path().join("posbridge");
     let embedded = LedgerChoice::Embedded(None);
     let binary = Path::new(env!("CARGO_BIN_EXE_posbridge"));
-    let start = |ledger: &LedgerChoice, dir: &Path, name: &str| {
+    let start_binary = |ledger: &LedgerChoice, dir: &Path, name: &str, binary: &Path| {
         let addr = free_addr();
         let command = posbridge_command(settings, addr, run, ledger, dir, binary);
         let started = Instant::now();
         let server = Server::start(command, addr, &work.path().join(format!("{name}.log")));
         (server, addr, started)
     };
+    let start =
+        |ledger: &LedgerChoice, dir: &Path, name: &str| start_binary(ledger, dir, name, binary);
 
     let (server, addr, _) = start(&embedded, &dir, "fill");
     wait_ready(addr).await;
@@ -107,19 +117,42 @@ pub async fn run(settings: &Settings, run: &str) {
     .await;
     drop(server);
 
-    std::fs::remove_file(dir.join("ledger.redb")).expect("delete the ledger file");
-    let (server, addr, started) = start(&embedded, &dir, "full");
-    row("embedded, full (file deleted)", &server, addr, started).await;
-    drop(server);
+    let binaries = std::iter::once(("", binary)).chain(
+        settings
+            .baseline
+            .as_deref()
+            .map(|baseline| (", baseline", baseline)),
+    );
+    for (which, binary) in binaries {
+        std::fs::remove_file(dir.join("ledger.redb")).expect("delete the ledger file");
+        let name = format!("full{}", which.replace(", ", "-"));
+        let (server, addr, started) = start_binary(&embedded, &dir, &name, binary);
+        row(
+            &format!("embedded, full (file deleted){which}"),
+            &server,
+            addr,
+            started,
+        )
+        .await;
+        drop(server);
 
-    if let Some(url) = &settings.redis {
-        let redis = LedgerChoice::Redis {
-            url: url.clone(),
-            prefix: None,
-        };
-        // The same topics (named after the directory), a Redis prefix never used.
-        let (server, addr, started) = start(&redis, &dir, "redis");
-        row("redis, full (new prefix)", &server, addr, started).await;
+        if let Some(url) = &settings.redis {
+            // The same topics (named after the directory), a Redis prefix
+            // never used.
+            let redis = LedgerChoice::Redis {
+                url: url.clone(),
+                prefix: Some(format!("{run}.{name}:")),
+            };
+            let (server, addr, started) =
+                start_binary(&redis, &dir, &format!("redis-{name}"), binary);
+            row(
+                &format!("redis, full (new prefix){which}"),
+                &server,
+                addr,
+                started,
+            )
+            .await;
+        }
     }
 }
 
