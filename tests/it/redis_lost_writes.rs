@@ -198,7 +198,7 @@ async fn a_replica_promoted_before_it_received_the_last_writes_is_read_from_its_
 
 /// Records straight into the orders topic, each of its own order, with
 /// the headers posbridge writes: what a fill reads.
-async fn write_orders(topic: &str, count: usize) {
+pub(crate) async fn write_orders(topic: &str, count: usize) {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("linger.ms", "20")

@@ -11,8 +11,9 @@ use posbridge::config::LedgerBackend;
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
 use posbridge::domain::guard::EntityState;
 
+use crate::support::wait::wait_until;
 use crate::support::{
-    TestApp, brokers, config, latest_per_key, mekari_order, read_topic, rr_sale, unique,
+    TestApp, brokers, config, kafka_only, latest_per_key, mekari_order, read_topic, rr_sale, unique,
 };
 
 fn redis_url() -> String {
@@ -273,4 +274,72 @@ async fn the_rebuild_lock_held_longer_than_its_lease_is_renewed_and_a_second_rep
             .expect("a dropped lock is released")
             .unwrap(),
     );
+}
+
+/// Two replicas start together on a Redis without the generation mark,
+/// beside topics long enough that filling them outlasts the rebuild lock's
+/// lease several times (a lease of 600 ms: twice `kafka.delivery_timeout_ms`
+/// plus `server.inflight_wait_ms`). One fills the ledger whole under the
+/// lock, renewed while it runs; the other waits for it, then finds the mark
+/// and reads on from the offsets the first recorded: nothing. Were the lock
+/// let go with its lease, the second would take it mid-fill, find no mark
+/// and fill whole at the same time. Apache Kafka only, as
+/// `redis_lost_writes`' fill: tansu 0.6's storage stalls under this many
+/// records.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_only_a_fill_that_outlasts_its_locks_lease_keeps_it_and_a_second_replica_waits() {
+    kafka_only("100,000 records into tansu 0.6's SQLite storage stall the shared broker");
+    const ORDERS: usize = 100_000;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("longfill");
+    let mut shared = config(&brokers(), &prefix, dir.path());
+    // A first life, on the embedded ledger, makes the topics.
+    let app = TestApp::start_with(shared.clone()).await;
+    let orders = app.topic("orders");
+    app.stop().await;
+    crate::redis_lost_writes::write_orders(&orders, ORDERS).await;
+
+    shared.ledger.backend = LedgerBackend::Redis;
+    shared.ledger.redis_url = redis_url();
+    shared.ledger.redis_prefix = format!("{prefix}:");
+    shared.kafka.delivery_timeout_ms = 250;
+    shared.server.inflight_wait_ms = 100;
+    let lease = Duration::from_millis(2 * 250 + 100);
+    let (first, second) = tokio::join!(
+        TestApp::start_with(shared.clone()),
+        TestApp::start_with(shared)
+    );
+    let mut fills = Vec::new();
+    for replica in [&first, &second] {
+        wait_until(
+            Duration::from_secs(300),
+            "the ledger to be filled",
+            async || {
+                let ready: serde_json::Value = replica.get("/readyz").await.json().await.unwrap();
+                ready["ledger_rebuild"]["running"] == false && ready["ledger"] == "ok"
+            },
+        )
+        .await;
+        let ready: serde_json::Value = replica.get("/readyz").await.json().await.unwrap();
+        fills.push(ready["ledger_rebuild"].clone());
+    }
+    fills.sort_by_key(|fill| fill["records_read"].as_u64());
+    let (waited, filled) = (&fills[0], &fills[1]);
+    assert_eq!(
+        filled["records_read"].as_u64(),
+        Some(ORDERS as u64),
+        "one replica filled the ledger whole: {fills:?}"
+    );
+    let secs = filled["secs"].as_f64().unwrap();
+    assert!(
+        secs > 3.0 * lease.as_secs_f64(),
+        "the fill ({secs} s) outlasted the lock's {lease:?} lease several times: {fills:?}"
+    );
+    assert_eq!(
+        waited["records_read"].as_u64(),
+        Some(0),
+        "the other waited for it and read on from its offsets instead of filling at the same time: {fills:?}"
+    );
+    first.stop().await;
+    second.stop().await;
 }
