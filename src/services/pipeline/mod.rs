@@ -121,9 +121,10 @@ struct Inner {
     traces: Traces,
     /// Dead letters written since start, whichever path wrote them.
     dead_letters: std::sync::atomic::AtomicU64,
-    /// The webhook deliveries running, each on a task of its own; shutdown
-    /// waits for them.
+    /// The work running, each on a task of its own; shutdown waits for it.
     deliveries: tokio_util::task::TaskTracker,
+    /// The deliveries in flight, by provider.
+    in_flight: crate::observe::delivery::InFlightGauges,
 }
 
 /// The stages a [`Pipeline`] joins; each is built from config by `App::build`.
@@ -168,7 +169,9 @@ impl Pipeline {
         delivery.trace.clone()
     }
 
-    /// Joins the stages; each is built from config by `App::build`.
+    /// Joins the stages; each is built from config by `App::build`. Call
+    /// after `telemetry::install`: the gauges it looks up once record
+    /// nowhere before it.
     pub fn new(stages: Stages, timing: Timing) -> Pipeline {
         let Stages {
             ledger,
@@ -191,6 +194,7 @@ impl Pipeline {
                 traces,
                 dead_letters: std::sync::atomic::AtomicU64::new(0),
                 deliveries: tokio_util::task::TaskTracker::new(),
+                in_flight: crate::observe::delivery::InFlightGauges::register(),
             }),
         }
     }

@@ -10,7 +10,6 @@ use super::intake::{Attempt, Taken, key_of};
 use super::outcome::ended;
 use super::tasks::Answer;
 use super::{Delivery, Outcome, Pipeline, PipelineError};
-use crate::observe::delivery as observe;
 use crate::observe::traces::Origin as TraceOrigin;
 
 impl Pipeline {
@@ -34,7 +33,7 @@ impl Pipeline {
         answer: Answer<Result<Outcome, PipelineError>>,
     ) {
         let trace = self.trace_of_its_own(TraceOrigin::SpoolReplay, &mut delivery);
-        let _in_flight = observe::InFlight::count(delivery.source.provider);
+        let _in_flight = self.inner.in_flight.count(delivery.source.provider);
         let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;
         let key = key_of(&delivery);
         let outcome = match self

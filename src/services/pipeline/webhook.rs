@@ -44,7 +44,7 @@ impl Pipeline {
         delivery: Delivery,
         answer: Answer<Result<Handled, PipelineError>>,
     ) {
-        let _in_flight = observe::InFlight::count(delivery.source.provider);
+        let _in_flight = self.inner.in_flight.count(delivery.source.provider);
         let deadline = delivery.arrived + self.inner.answer_budget;
         let spool = self.inner.spool.as_ref().filter(|_| delivery.spools);
         // A delivery that may spool stops waiting for Kafka early enough to
