@@ -513,6 +513,15 @@ async fn metadata_answers(producer: KafkaProducer, timeout: Duration) -> bool {
     .unwrap_or(false)
 }
 
+/// A topic's acknowledgement latency histogram for one provider.
+fn latency_histogram(provider: &'static str, topic: String) -> Histogram {
+    metrics::histogram!(
+        telemetry::PUBLISH_DURATION,
+        telemetry::PROVIDER => provider,
+        telemetry::TOPIC => topic
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::client_configs;
@@ -546,13 +555,4 @@ mod tests {
             Ok(())
         );
     }
-}
-
-/// A topic's acknowledgement latency histogram for one provider.
-fn latency_histogram(provider: &'static str, topic: String) -> Histogram {
-    metrics::histogram!(
-        telemetry::PUBLISH_DURATION,
-        telemetry::PROVIDER => provider,
-        telemetry::TOPIC => topic
-    )
 }
