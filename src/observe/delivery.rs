@@ -132,6 +132,28 @@ pub fn dead_lettered(letter: DeadLetterSeen<'_>) {
     .increment(1);
 }
 
+/// A record Kafka acknowledged whose ledger write failed: the fence keeps
+/// the write and makes it before the ledger is read again, and logs the
+/// failure itself, once; here only the record it was about.
+pub fn committed_behind_fence(record_key: &str, error: &dyn Display) {
+    debug!(entity = record_key, %error, "Published; its ledger write waits behind the fence.");
+}
+
+/// A dead letter the topic refused whole, to be written cut to `limit`.
+pub fn dead_letter_cut(error: &dyn Display, limit: Option<usize>) {
+    warn!(%error, limit, "Dead letter refused whole; writing the head that fits, with the body's length and hash.");
+}
+
+/// Work of the line still running when shutdown's budget for it ran out:
+/// its records may be in Kafka without their commits (the next start's
+/// rebuild reads them back).
+pub fn still_running_at_shutdown(running: usize) {
+    warn!(
+        running,
+        "Deliveries still running at the end of the shutdown budget."
+    );
+}
+
 /// Each provider's `posbridge_deliveries_in_flight` gauge, looked up once:
 /// a labelled `metrics::gauge!` builds, allocates and hashes its key on
 /// every call, and every delivery counts itself here.

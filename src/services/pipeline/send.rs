@@ -6,8 +6,6 @@
 //! waiting. A record Kafka takes after that, with no state in the ledger,
 //! would otherwise be written again by the provider's retry.
 
-use tracing::{debug, warn};
-
 use super::lease::Lease;
 use super::{DeadLetter, Outcome, Pipeline, PipelineError, cut_dead_letter, dead_letter_record};
 use crate::adapters::ledger::{Commit, EntityLock, EntitySlot, LedgerError, Placed, Sending};
@@ -237,7 +235,7 @@ impl Pipeline {
             placed,
         };
         if let Err(error) = self.commit(published, &trace).await {
-            debug!(entity = %record.key, %error, "Published; its ledger write waits behind the fence.");
+            observe::committed_behind_fence(&record.key, &error);
         }
         Ok(StateSent::Published)
     }
@@ -332,7 +330,7 @@ impl Pipeline {
                     ),
                     None => error.to_string(),
                 };
-                warn!(%error, limit, "Dead letter refused whole; writing the head that fits, with the body's length and hash.");
+                observe::dead_letter_cut(&error, limit);
                 match producer
                     .send(&cut_dead_letter(record.clone(), limit, &why))
                     .await

@@ -16,9 +16,10 @@
 use std::time::Duration;
 
 use tokio::sync::oneshot;
-use tracing::{Instrument, warn};
+use tracing::Instrument;
 
 use super::Pipeline;
+use crate::observe::delivery as observe;
 
 /// Where a task sends its caller the answer, once: at the end of the work,
 /// or earlier when the caller's deadline passes first.
@@ -65,10 +66,7 @@ impl Pipeline {
             .await
             .is_err()
         {
-            warn!(
-                running = self.inner.deliveries.len(),
-                "Deliveries still running at the end of the shutdown budget."
-            );
+            observe::still_running_at_shutdown(self.inner.deliveries.len());
         }
     }
 }
