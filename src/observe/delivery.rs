@@ -132,19 +132,58 @@ pub fn dead_lettered(letter: DeadLetterSeen<'_>) {
     .increment(1);
 }
 
+/// A record Kafka acknowledged whose ledger write failed: the fence keeps
+/// the write and makes it before the ledger is read again, and logs the
+/// failure itself, once; here only the record it was about.
+pub fn committed_behind_fence(record_key: &str, error: &dyn Display) {
+    debug!(entity = record_key, %error, "Published; its ledger write waits behind the fence.");
+}
+
+/// A dead letter the topic refused whole, to be written cut to `limit`.
+pub fn dead_letter_cut(error: &dyn Display, limit: Option<usize>) {
+    warn!(%error, limit, "Dead letter refused whole; writing the head that fits, with the body's length and hash.");
+}
+
+/// Work of the line still running when shutdown's budget for it ran out:
+/// its records may be in Kafka without their commits (the next start's
+/// rebuild reads them back).
+pub fn still_running_at_shutdown(running: usize) {
+    warn!(
+        running,
+        "Deliveries still running at the end of the shutdown budget."
+    );
+}
+
+/// Each provider's `posbridge_deliveries_in_flight` gauge, looked up once:
+/// a labelled `metrics::gauge!` builds, allocates and hashes its key on
+/// every call, and every delivery counts itself here.
+#[derive(Clone)]
+pub struct InFlightGauges([metrics::Gauge; 2]);
+
+impl InFlightGauges {
+    /// Looks the gauges up. Call after [`telemetry::install`]: handles made
+    /// before it record nowhere.
+    pub fn register() -> InFlightGauges {
+        InFlightGauges(ProviderKind::ALL.map(|provider| {
+            metrics::gauge!(telemetry::IN_FLIGHT, telemetry::PROVIDER => provider.as_str())
+        }))
+    }
+
+    /// Counts one more delivery of `provider` in flight.
+    pub fn count(&self, provider: ProviderKind) -> InFlight {
+        let gauge = match provider {
+            ProviderKind::ReceiptRoller => &self.0[0],
+            ProviderKind::Mekari => &self.0[1],
+        };
+        gauge.increment(1.0);
+        InFlight(gauge.clone())
+    }
+}
+
 /// Counts a delivery in `posbridge_deliveries_in_flight` while it lives, so
 /// the gauge stays right when a client hangs up and its request is dropped.
 #[must_use = "the delivery is counted only while this lives"]
 pub struct InFlight(metrics::Gauge);
-
-impl InFlight {
-    /// Counts one more delivery of `provider` in flight.
-    pub fn count(provider: ProviderKind) -> InFlight {
-        let gauge = metrics::gauge!(telemetry::IN_FLIGHT, telemetry::PROVIDER => provider.as_str());
-        gauge.increment(1.0);
-        InFlight(gauge)
-    }
-}
 
 impl Drop for InFlight {
     fn drop(&mut self) {

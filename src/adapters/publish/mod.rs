@@ -45,6 +45,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
+use metrics::Histogram;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
@@ -52,7 +53,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::util::Timeout;
 
 use crate::config::KafkaConfig;
-use crate::domain::event::EntityType;
+use crate::domain::event::{EntityType, ProviderKind};
 use crate::observe::telemetry;
 
 pub use change::TopicChange;
@@ -193,6 +194,11 @@ pub struct Publisher {
     streak_on: Arc<AtomicBool>,
     /// What each entity topic was at start-up, for the topic watch.
     baseline: Arc<watch::Baseline>,
+    /// The acknowledgement latency histogram of each configured topic and
+    /// provider, looked up once: a labelled `metrics::histogram!` builds,
+    /// allocates and hashes its key on every call, and every record
+    /// records here.
+    latency: Arc<[(String, [Histogram; 2])]>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -235,6 +241,15 @@ impl Publisher {
             new_producer_after_timeout: config.new_producer_after_timeout,
             streak_on: Arc::default(),
             baseline: Arc::default(),
+            latency: Topics::new(config)
+                .all()
+                .into_keys()
+                .map(|topic| {
+                    let by_provider = ProviderKind::ALL
+                        .map(|provider| latency_histogram(provider.as_str(), topic.clone()));
+                    (topic, by_provider)
+                })
+                .collect(),
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(probe(
@@ -344,12 +359,7 @@ impl Publisher {
             Err(_) => {}
         }
         match &result {
-            Ok(_) => metrics::histogram!(
-                telemetry::PUBLISH_DURATION,
-                telemetry::PROVIDER => record.provider,
-                telemetry::TOPIC => record.topic.clone()
-            )
-            .record(started.elapsed().as_secs_f64()),
+            Ok(_) => self.latency(record).record(started.elapsed().as_secs_f64()),
             Err(e) => metrics::counter!(
                 telemetry::PUBLISH_FAILURES,
                 telemetry::PROVIDER => record.provider,
@@ -358,6 +368,22 @@ impl Publisher {
             .increment(1),
         }
         result
+    }
+
+    /// The latency histogram of `record`'s topic and provider: looked up at
+    /// start-up for the configured topics, else made now.
+    fn latency(&self, record: &OutgoingRecord) -> Histogram {
+        let provider = ProviderKind::ALL
+            .iter()
+            .position(|provider| provider.as_str() == record.provider);
+        let known = self
+            .latency
+            .iter()
+            .find(|(topic, _)| *topic == record.topic);
+        match (known, provider) {
+            (Some((_, by_provider)), Some(at)) => by_provider[at].clone(),
+            _ => latency_histogram(record.provider, record.topic.clone()),
+        }
     }
 
     /// Whether a retryable send error means the whole cluster is away (no
@@ -485,6 +511,15 @@ async fn metadata_answers(producer: KafkaProducer, timeout: Duration) -> bool {
     })
     .await
     .unwrap_or(false)
+}
+
+/// A topic's acknowledgement latency histogram for one provider.
+fn latency_histogram(provider: &'static str, topic: String) -> Histogram {
+    metrics::histogram!(
+        telemetry::PUBLISH_DURATION,
+        telemetry::PROVIDER => provider,
+        telemetry::TOPIC => topic
+    )
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
-//! A webhook delivery's way in: its own task, the lease on its delivery
-//! id (a duplicate waits for the attempt in flight), the spool when Kafka
-//! cannot take it in time, normalization; and the spool's replay.
+//! A delivery's way in, shared by the webhook, the spool's replay and the
+//! dead letter's redelivery: the lease on its delivery id (a duplicate
+//! waits for the attempt in flight), the body read and normalized, and the
+//! guard's decision (`write.rs`), up to a record ready to send.
 
 use std::time::Duration;
 
@@ -9,135 +10,71 @@ use tokio::time::Instant;
 use serde_json::Value;
 
 use super::lease::{Lease, Released};
-use super::outcome::ended;
+use super::send::Outgoing;
+use super::write::Decided;
 use super::{DeadLetter, Delivery, Handled, Outcome, Pipeline, PipelineError};
 use crate::adapters::ledger::Begin;
 use crate::adapters::providers::{self, Context, NormalizeError};
-use crate::adapters::spool::SpooledDelivery;
 use crate::domain::event::{DeliveryKey, EntityKey, Normalized, Origin, ProviderKind};
 use crate::observe::delivery as observe;
-use crate::observe::traces::{Origin as TraceOrigin, Stage};
+use crate::observe::traces::Stage;
 
 /// How often a duplicate re-checks the ledger while the first attempt runs.
 const IN_FLIGHT_POLL: Duration = Duration::from_millis(20);
 
-/// The part of the answer budget kept for the spool's fsync (at most a
-/// quarter of the budget): a delivery that spools stops waiting for Kafka
-/// this long before its deadline.
-const SPOOL_MARGIN: Duration = Duration::from_millis(1000);
+/// A delivery taken in: what is left to do for its outcome.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "the record ready to send is the common case: a box would be one more allocation per delivery to save a copy of a few hundred bytes"
+)]
+pub(super) enum Taken {
+    /// Its outcome is durable already: a duplicate, a stale or unchanged
+    /// event.
+    Done(Handled),
+    /// A record is ready to send (the entity's state, or the body's dead
+    /// letter): the delivery is `Handled` so once it is acknowledged.
+    Sending(Outgoing, Handled),
+}
 
 impl Pipeline {
-    /// Handles one webhook delivery from start to durable outcome, within
-    /// the answer budget counted from `delivery.arrived`. A delivery of a
-    /// source that spools goes to the spool when Kafka (or the ledger)
-    /// cannot make its outcome durable in time.
-    ///
-    /// # Errors
-    /// [`PipelineError::DeliveryIdMismatch`] when the delivery id does not
-    /// match the body; any other [`PipelineError`] when the outcome could not
-    /// be made durable (the provider should retry).
-    pub async fn deliver(&self, delivery: Delivery) -> Result<Handled, PipelineError> {
-        // On a task of its own: hyper drops the request's future when the
-        // client goes away or shutdown aborts the connection, and a delivery
-        // cancelled between Kafka's acknowledgement and the ledger commit
-        // would lose the entity's version (an older event would then
-        // publish) and its delivery id (the retry would publish again).
-        let pipeline = self.clone();
-        self.to_the_end(async move { pipeline.deliver_here(delivery).await })
-            .await
-    }
-
-    /// [`Pipeline::deliver`] on the caller's task.
-    async fn deliver_here(&self, delivery: Delivery) -> Result<Handled, PipelineError> {
-        let key = key_of(&delivery);
-        let deadline = delivery.arrived + self.inner.answer_budget;
-        let spool = self.inner.spool.as_ref().filter(|_| delivery.spools);
-        // A delivery that may spool stops waiting for Kafka early enough to
-        // make the append durable before its deadline.
-        let work_deadline = match spool {
-            Some(_) => deadline - SPOOL_MARGIN.min(self.inner.answer_budget / 4),
-            None => deadline,
-        };
-        let result = self
-            .run(delivery.clone(), &key, work_deadline, Attempt::Provider)
-            .await;
-        match (result, spool) {
-            (Err(error), Some(spool)) if error.spoolable() => {
-                // The lease may have failed before the body was read: a body
-                // naming another id is the request's mistake, never spooled.
-                envelope_of(&delivery)?;
-                let spooled = SpooledDelivery {
-                    key,
-                    source: delivery.source.as_ref().clone(),
-                    delivery_id: delivery.delivery_id,
-                    received_at: delivery.received_at,
-                    body: delivery.body.bytes().clone(),
-                };
-                let spooling = delivery.trace.stage(Stage::Spool);
-                let appended = spooling.result(
-                    tokio::time::timeout_at(deadline, spool.append(&spooled))
-                        .await
-                        .map_err(|_| PipelineError::DeadlinePassed)
-                        .and_then(|appended| appended.map_err(PipelineError::from)),
-                );
-                match appended {
-                    Ok(()) => {
-                        observe::spooled(&spooled.source, &error);
-                        Ok(Handled::bare(Outcome::Spooled))
-                    }
-                    Err(error) => Err(error),
-                }
-            }
-            (result, _) => result,
-        }
-    }
-
-    /// Replays one spooled delivery: the same line as [`Pipeline::deliver`],
-    /// without the spool and without an answer budget (nobody waits for an
-    /// answer; the producer's own deadline still bounds each record).
-    ///
-    /// # Errors
-    /// As [`Pipeline::deliver`]; the drainer keeps the entry and tries again.
-    pub async fn replay(&self, mut delivery: Delivery) -> Result<Outcome, PipelineError> {
-        let trace = self.trace_of_its_own(TraceOrigin::SpoolReplay, &mut delivery);
-        let replayed = async {
-            let key = key_of(&delivery);
-            let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;
-            self.run(delivery, &key, deadline, Attempt::SpoolReplay)
-                .await
-        }
-        .await;
-        let outcome = replayed.map(|handled| handled.outcome);
-        ended(&trace, &outcome);
-        outcome
-    }
-
-    /// Takes the lease and processes before `deadline`; the lease goes down
-    /// the line with the delivery ([`Lease`]). For a provider's `attempt`, a
-    /// delivery id the spool holds is a duplicate.
+    /// Takes the lease and decides before `deadline`, up to a record ready
+    /// to send. For a provider's `attempt`, a delivery id the spool holds
+    /// is a duplicate. Cut at the deadline or failed, the lease is given
+    /// back before this returns.
     ///
     /// The body is parsed only once the lease is held: a delivery id already
     /// done is answered from the ledger alone, as both providers advise (a
     /// retry repeats the signed bytes of a delivery already checked).
-    async fn run(
+    pub(super) async fn take_in(
         &self,
-        delivery: Delivery,
+        delivery: &Delivery,
         key: &DeliveryKey,
         deadline: Instant,
         attempt: Attempt,
-    ) -> Result<Handled, PipelineError> {
+    ) -> Result<Taken, PipelineError> {
         let provider = delivery.source.provider;
         let dedup = delivery.trace.stage(Stage::Dedup);
         if !dedup.result(self.lease(key, deadline, attempt).await)? {
-            return Ok(Handled::bare(self.duplicate(provider)));
+            return Ok(Taken::Done(Handled::bare(self.duplicate(provider))));
         }
-        // Boxed: the processing future is a few KiB, and `leased` would
-        // otherwise hold it twice (its argument and its timeout) inside every
-        // future above it, each copied whole whenever the webhook handler's
-        // future moves.
         let (lease, released) = self.held(key);
-        let work = Box::pin(self.process(delivery, lease));
-        self.leased(provider, deadline, work, released).await
+        let taken = self.until(deadline, self.process(delivery, lease), released);
+        taken.await
+    }
+
+    /// Runs `work`, which holds a lease, until `deadline`; cut there or
+    /// failed, its lease (dropped) is given back before this returns.
+    pub(super) async fn until<T>(
+        &self,
+        deadline: Instant,
+        work: impl Future<Output = Result<T, PipelineError>>,
+        released: Released,
+    ) -> Result<T, PipelineError> {
+        let result = tokio::time::timeout_at(deadline, work)
+            .await
+            .unwrap_or(Err(PipelineError::DeadlinePassed));
+        released.wait().await;
+        result
     }
 
     /// The lease the ledger just gave for `key`, as a value.
@@ -182,24 +119,6 @@ impl Pipeline {
         Ok(true)
     }
 
-    /// Runs `work`, which holds a delivery's lease, before `deadline`,
-    /// counted in flight. Cut at the deadline, the work gives its lease back
-    /// unless a record of it is still in the producer ([`Lease`]).
-    pub(super) async fn leased<T>(
-        &self,
-        provider: ProviderKind,
-        deadline: Instant,
-        work: impl Future<Output = Result<T, PipelineError>>,
-        released: Released,
-    ) -> Result<T, PipelineError> {
-        let _in_flight = observe::InFlight::count(provider);
-        let result = tokio::time::timeout_at(deadline, work)
-            .await
-            .unwrap_or(Err(PipelineError::DeadlinePassed));
-        released.wait().await;
-        result
-    }
-
     pub(super) fn duplicate(&self, provider: ProviderKind) -> Outcome {
         observe::duplicate(provider);
         Outcome::Duplicate
@@ -239,27 +158,31 @@ impl Pipeline {
         }
     }
 
-    /// Parses, normalizes and writes a leased delivery; a body naming
-    /// another id than its header gives the lease back unused.
-    async fn process(&self, delivery: Delivery, lease: Lease) -> Result<Handled, PipelineError> {
-        let envelope = envelope_of(&delivery)?;
+    /// Parses, normalizes and decides a leased delivery, up to its record;
+    /// a body naming another id than its header gives the lease back unused.
+    async fn process(&self, delivery: &Delivery, lease: Lease) -> Result<Taken, PipelineError> {
+        let envelope = envelope_of(delivery)?;
         let trace = &delivery.trace;
         let normalized = trace
             .stage(Stage::Normalize)
-            .result(self.normalize(&delivery, envelope));
+            .result(self.normalize(delivery, envelope));
         match normalized {
             Ok(normalized) => {
                 let event_type = Some(normalized.event.event_type.clone());
                 let entity = normalized.event.key();
                 trace.event(&normalized.event, &entity);
-                let (outcome, dead_letter_reason) = self
-                    .apply_as(normalized, &entity, Some(lease), trace)
-                    .await?;
-                Ok(Handled {
+                let decided = self.decide(normalized, &entity, Some(lease), trace).await?;
+                let handled = |outcome| Handled {
                     outcome,
                     event_type,
                     entity_key: Some(entity.into_string()),
-                    dead_letter_reason,
+                    dead_letter_reason: None,
+                };
+                Ok(match decided {
+                    Decided::Done(outcome) => Taken::Done(handled(outcome)),
+                    Decided::Send(state) => {
+                        Taken::Sending(Outgoing::State(state), handled(Outcome::Published))
+                    }
                 })
             }
             Err(reason) => {
@@ -273,11 +196,12 @@ impl Pipeline {
                     code,
                     reason: reason.to_string(),
                 };
-                self.dead_letter_in(letter, Some(lease), trace).await?;
-                Ok(Handled {
+                let outgoing = Outgoing::Letter(self.outgoing_letter(letter, Some(lease), trace));
+                let handled = Handled {
                     dead_letter_reason: Some(code),
                     ..Handled::bare(Outcome::DeadLettered)
-                })
+                };
+                Ok(Taken::Sending(outgoing, handled))
             }
         }
     }
@@ -318,7 +242,7 @@ impl Pipeline {
 /// Which attempt of a delivery runs the line: what a copy of it in the
 /// spool means.
 #[derive(Debug, Clone, Copy)]
-enum Attempt {
+pub(super) enum Attempt {
     /// A provider's delivery: a copy in the spool is a duplicate, which the
     /// drainer publishes.
     Provider,
@@ -350,12 +274,12 @@ pub(super) fn identify(delivery: &Delivery) -> Result<(DeliveryKey, Envelope), P
 }
 
 /// A delivery's dedup key: its provider and the id in its header.
-fn key_of(delivery: &Delivery) -> DeliveryKey {
+pub(super) fn key_of(delivery: &Delivery) -> DeliveryKey {
     DeliveryKey::new(delivery.source.provider, &delivery.delivery_id)
 }
 
 /// What a delivery's body says of itself ([`identify`]).
-fn envelope_of(delivery: &Delivery) -> Result<Envelope, PipelineError> {
+pub(super) fn envelope_of(delivery: &Delivery) -> Result<Envelope, PipelineError> {
     Ok(
         match serde_json::from_slice::<Value>(delivery.body.bytes()) {
             Err(error) => Envelope::Unusable(NormalizeError::InvalidJson(error)),

@@ -62,6 +62,13 @@ impl Lease {
     pub(super) fn ended(mut self) {
         self.ended = true;
     }
+
+    /// Gives it back now, on the caller's task: its work failed, and the
+    /// retry may take the delivery as soon as the answer is out.
+    pub(super) async fn give_back(mut self) {
+        self.ended = true;
+        self.ledger.release(&self.key).await;
+    }
 }
 
 impl Drop for Lease {

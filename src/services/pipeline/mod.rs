@@ -1,41 +1,51 @@
 //! The data line, in one place: ledger → normalize → guard → encode → publish
 //! → ledger.
 //!
-//! The webhook handler calls [`Pipeline::deliver`] with a verified body; the
-//! reconciler calls [`Pipeline::apply`] with events it normalized from the
-//! providers' APIs; the dead-letter replay calls [`Pipeline::redeliver`] with
-//! a dead letter's body. All end in the same guard and the same producer, so
-//! neither a reconciled record nor an old dead letter can roll an entity
-//! back. The records themselves are built without I/O in `record.rs`.
+//! Four entry points, one file each, each reading top-down and each on a
+//! task of its own (`tasks.rs`) that runs to its commit whoever stops
+//! waiting: [`Pipeline::deliver`] (`webhook.rs`, a verified webhook body;
+//! the spool when Kafka cannot take it in time), [`Pipeline::replay`]
+//! (`spooled.rs`, the drainer's), [`Pipeline::apply`] and
+//! [`Pipeline::dead_letter`] (`reconciled.rs`, the reconciler's records and
+//! the dead letters of the reconciler and the drainer) and
+//! [`Pipeline::redeliver`] (`redeliver.rs`, a dead letter put through
+//! again). All end in the same guard and the same producer, so neither a
+//! reconciled record nor an old dead letter can roll an entity back.
+//!
+//! Each entry point calls the same two stages in order. **Taking in**
+//! (`intake.rs`, then `write.rs`): the lease on the delivery id (`lease.rs`;
+//! a done id is a duplicate, answered from the ledger), the body parsed and
+//! normalized by its provider's folder, the guard's decision under the
+//! entity's lock, the encoding and the record built without I/O
+//! (`record.rs`). Nothing has reached Kafka yet, so this stage may be cut at
+//! a deadline; the lease and the lock are given back as they drop.
+//! **Sending** (`send.rs`): the record handed to the producer, its
+//! acknowledgement, the commit. From here the record may be in Kafka, so
+//! this stage is never cut: at a deadline the caller gets its answer
+//! (spooled, or "try again") and the task goes on to the commit.
 //!
 //! A delivery id becomes *done* only once its outcome is durable: the record
 //! acknowledged by Kafka, the raw body dead-lettered, or the event judged
 //! stale or unchanged. Any failure before that releases the lease and answers
-//! "try again", so the provider's retry is processed.
-//!
-//! One webhook delivery, top-down: [`Pipeline::deliver`] (`intake.rs`, on
-//! a task that runs to its end: `tasks.rs`) → `deliver_here` (the answer
-//! budget; the spool when Kafka cannot take it in time) → `run` (the lease
-//! on its id, `lease.rs`; a done id is a duplicate, answered from the
-//! ledger) → `process` (the body parsed and normalized by its provider's
-//! folder) → `apply_as` (`write.rs`; a refusal for good becomes a dead
-//! letter) → `write` (the guard under the entity's lock, the encoding, the
-//! record built without I/O in `record.rs`, then its send and commit on a
-//! task of their own). `redeliver.rs` puts a dead letter through the same
-//! `write`; `outcome.rs` holds what the line answers.
+//! "try again", so the provider's retry is processed. `outcome.rs` holds what
+//! the line answers.
 
 #[cfg(test)]
 mod fuzz;
 mod intake;
 mod lease;
 mod outcome;
+mod reconciled;
 mod record;
 mod redeliver;
+mod send;
 #[cfg(test)]
 mod sim;
+mod spooled;
 mod tasks;
 #[cfg(test)]
 mod tests;
+mod webhook;
 mod write;
 
 use std::sync::Arc;
@@ -111,9 +121,10 @@ struct Inner {
     traces: Traces,
     /// Dead letters written since start, whichever path wrote them.
     dead_letters: std::sync::atomic::AtomicU64,
-    /// The webhook deliveries running, each on a task of its own; shutdown
-    /// waits for them.
+    /// The work running, each on a task of its own; shutdown waits for it.
     deliveries: tokio_util::task::TaskTracker,
+    /// The deliveries in flight, by provider.
+    in_flight: crate::observe::delivery::InFlightGauges,
 }
 
 /// The stages a [`Pipeline`] joins; each is built from config by `App::build`.
@@ -158,7 +169,9 @@ impl Pipeline {
         delivery.trace.clone()
     }
 
-    /// Joins the stages; each is built from config by `App::build`.
+    /// Joins the stages; each is built from config by `App::build`. Call
+    /// after `telemetry::install`: the gauges it looks up once record
+    /// nowhere before it.
     pub fn new(stages: Stages, timing: Timing) -> Pipeline {
         let Stages {
             ledger,
@@ -181,6 +194,7 @@ impl Pipeline {
                 traces,
                 dead_letters: std::sync::atomic::AtomicU64::new(0),
                 deliveries: tokio_util::task::TaskTracker::new(),
+                in_flight: crate::observe::delivery::InFlightGauges::register(),
             }),
         }
     }

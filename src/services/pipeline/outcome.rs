@@ -1,12 +1,11 @@
 //! What the pipeline answers: the outcome of a delivery, why one was not
 //! handled, and what a redelivered dead letter came to.
 
-use super::lease::Lease;
 use crate::adapters::encode::EncodeError;
 use crate::adapters::ledger::LedgerError;
 use crate::adapters::publish::PublishError;
 use crate::adapters::spool::SpoolError;
-use crate::domain::event::{EntityKey, PosEvent};
+use crate::domain::event::EntityKey;
 use crate::observe::traces::DeliveryTrace;
 
 /// What the pipeline did with an event; the `outcome` metric label of a
@@ -75,6 +74,16 @@ impl Handled {
             event_type: None,
             entity_key: None,
             dead_letter_reason: None,
+        }
+    }
+
+    /// What a delivery whose record was sent came to: `outcome`, with a
+    /// dead letter's reason `code`.
+    pub(super) fn sent(self, outcome: Outcome, code: Option<&'static str>) -> Handled {
+        Handled {
+            outcome,
+            dead_letter_reason: code,
+            ..self
         }
     }
 }
@@ -177,25 +186,6 @@ impl Redelivery {
 /// The reason code of a body whose `id` names another delivery than its
 /// dead letter's header: only a foreign record can look like that.
 pub(super) const MISMATCH_CODE: &str = "delivery_id_mismatch";
-
-/// What guard → encode → publish → commit came to.
-pub(super) enum Written {
-    /// A durable outcome.
-    Done(Outcome),
-    /// Refused for good before it reached its topic (the broker will not
-    /// take it). Nothing is committed: the caller dead-letters it or
-    /// reports it.
-    Refused {
-        /// The event, for its dead letter.
-        event: Box<PosEvent>,
-        /// The delivery's lease, for the dead letter's commit.
-        lease: Option<Lease>,
-        /// A bounded reason code.
-        code: &'static str,
-        /// The reason in words.
-        reason: String,
-    },
-}
 
 /// Puts how work no request waits for ended on its span (for a webhook,
 /// the request's answer does that).

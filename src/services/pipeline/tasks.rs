@@ -1,29 +1,60 @@
-//! Work that runs to its end when its caller goes away, and shutdown's wait
-//! for it: the webhook's delivery, and each record from the moment it may
-//! reach Kafka to its commit.
+//! The one task every piece of work of the line runs on (a webhook's
+//! delivery, a spooled one's replay, a reconciled record, a dead letter
+//! and its redelivery), and shutdown's wait for those tasks.
+//!
+//! Work that may have handed a record to the producer must reach its
+//! commit whoever stops waiting for it: hyper drops a request's future
+//! when the client goes away or shutdown aborts the connection, the
+//! reconciler cuts a pass at its budget, and a delivery's answer deadline
+//! may pass while its record waits for Kafka. A delivery cancelled between
+//! Kafka's acknowledgement and the ledger commit would lose the entity's
+//! version (an older event would then publish) and its delivery id (the
+//! retry would publish again). So each runs on a task of its own that its
+//! caller only waits for an [`Answer`] from; the task may answer first
+//! (at a deadline) and go on to the commit.
 
 use std::time::Duration;
 
-use tracing::{Instrument, warn};
+use tokio::sync::oneshot;
+use tracing::Instrument;
 
 use super::Pipeline;
+use crate::observe::delivery as observe;
+
+/// Where a task sends its caller the answer, once: at the end of the work,
+/// or earlier when the caller's deadline passes first.
+pub(super) struct Answer<T>(oneshot::Sender<T>);
+
+impl<T> Answer<T> {
+    /// Gives the caller its answer. A caller that went away (a client that
+    /// hung up) is told nothing; the work is done all the same.
+    pub(super) fn send(self, answer: T) {
+        let _ = self.0.send(answer);
+    }
+}
 
 impl Pipeline {
-    /// Runs `work` on a task of its own, in the current span, which goes on
-    /// when the caller's future is dropped; shutdown waits for it
+    /// Runs `work` on a task of its own, in the current span, and waits for
+    /// what it answers. The task goes on when the caller's future is
+    /// dropped, and after it has answered; shutdown waits for it
     /// ([`Pipeline::finish_deliveries`]).
-    pub(super) async fn to_the_end<T: Send + 'static>(
-        &self,
-        work: impl Future<Output = T> + Send + 'static,
-    ) -> T {
-        let task = self
-            .inner
+    ///
+    /// # Panics
+    /// When `work` panics before it answers: the ingress answers a panic
+    /// 503, as it would the panic itself (which the task's panic hook has
+    /// already reported).
+    pub(super) async fn on_its_task<T, F>(&self, work: impl FnOnce(Answer<T>) -> F) -> T
+    where
+        T: Send + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let (answer, answered) = oneshot::channel();
+        self.inner
             .deliveries
-            .spawn(work.instrument(tracing::Span::current()));
-        match task.await {
-            Ok(result) => result,
-            // A panic in the delivery: the ingress answers a panic 503.
-            Err(error) => std::panic::resume_unwind(error.into_panic()),
+            .spawn(work(Answer(answer)).instrument(tracing::Span::current()));
+        match answered.await {
+            Ok(answer) => answer,
+            Err(_) => panic!("a delivery's task ended without an answer: it panicked"),
         }
     }
 
@@ -35,10 +66,7 @@ impl Pipeline {
             .await
             .is_err()
         {
-            warn!(
-                running = self.inner.deliveries.len(),
-                "Deliveries still running at the end of the shutdown budget."
-            );
+            observe::still_running_at_shutdown(self.inner.deliveries.len());
         }
     }
 }

@@ -1,0 +1,93 @@
+//! What reading a webhook body costs, in one run: posbridge's way (the body
+//! parsed into a `serde_json::Value`, normalized into the event, its
+//! business content written in canonical form, the guard's state hash)
+//! beside two floors a typed reading could approach (the same bytes parsed
+//! into a `Value` alone, and only tokenized, into `IgnoredAny`). The gap
+//! between posbridge's figure and the floors is the most that parsing the
+//! body into `#[derive(Deserialize)]` structs could save per delivery.
+//!
+//! Run with `cargo bench --bench normalize`. Prints figures; asserts
+//! nothing about speed.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use posbridge::adapters::providers::{self, Context};
+use posbridge::domain::event::{Origin, ProviderKind, Source};
+use posbridge::domain::guard::state_hash;
+use serde::de::IgnoredAny;
+use serde_json::Value;
+
+/// The webhook bench's body (`benches/webhooks/load.rs`), 346 bytes.
+fn body() -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "id": "bench-1", "type": "sale.created",
+        "timestamp": "2026-11-29T10:15:30.123Z", "webhook_id": "wh_1",
+        "data": {"id": "T1|2026-11|bench-1", "terminal_id": "T1", "store_id": "S1",
+                 "currency": "JPY", "sub_total": 1000, "tax_total": 100, "grand_total": 1100,
+                 "items": [{"sku": "A-1", "name": "Coffee", "quantity": 2, "unit_price": 500}]}
+    }))
+    .expect("json")
+}
+
+/// Runs `work` `rounds` times and returns the time per call.
+fn time_per(rounds: u32, mut work: impl FnMut() -> usize) -> Duration {
+    let started = Instant::now();
+    let mut sum = 0;
+    for _ in 0..rounds {
+        sum += black_box(work());
+    }
+    black_box(sum);
+    started.elapsed() / rounds
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("normalize bench: run it with `cargo bench --bench normalize`");
+        return;
+    }
+    let body = body();
+    let source = Source {
+        provider: ProviderKind::ReceiptRoller,
+        name: "main".into(),
+        account: None,
+    };
+    let received_at = time::macros::datetime!(2026-11-29 10:15:31 UTC);
+    let provider = providers::for_kind(ProviderKind::ReceiptRoller);
+    let posbridge = || {
+        let json: Value = serde_json::from_slice(&body).expect("json");
+        let raw = String::from_utf8_lossy(&body);
+        let ctx = Context {
+            event_id: "bench-1",
+            source: &source,
+            received_at,
+            raw: &raw,
+            origin: Origin::Webhook,
+            max_event_ahead: Duration::from_secs(300),
+        };
+        let normalized = provider.normalize(&json, &ctx).expect("normalizes");
+        state_hash(&normalized.event, &normalized.content)[0] as usize
+    };
+    let tree = || {
+        let json: Value = serde_json::from_slice(&body).expect("json");
+        json.as_object().map_or(0, serde_json::Map::len)
+    };
+    let tokens = || {
+        serde_json::from_slice::<IgnoredAny>(&body).expect("json");
+        1
+    };
+    let rounds = 200_000;
+    println!("{} bytes a body, {rounds} rounds each", body.len());
+    for repetition in 1..=3 {
+        let ours = time_per(rounds, posbridge);
+        let value = time_per(rounds, tree);
+        let ignored = time_per(rounds, tokens);
+        println!(
+            "rep {repetition}: posbridge {:.2} µs | Value alone {:.2} µs | tokens alone {:.2} µs | posbridge beyond tokenizing {:.2} µs",
+            ours.as_secs_f64() * 1e6,
+            value.as_secs_f64() * 1e6,
+            ignored.as_secs_f64() * 1e6,
+            (ours.as_secs_f64() - ignored.as_secs_f64()) * 1e6
+        );
+    }
+}

@@ -1,0 +1,113 @@
+//! A webhook delivery, top-down: on its own task (`tasks.rs`), taken in
+//! (`intake.rs`: the lease, the body normalized, the guard's decision),
+//! its record sent and committed (`send.rs`), and the spool when Kafka
+//! cannot make its outcome durable within the answer budget.
+
+use std::pin::pin;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::intake::{Attempt, Taken, envelope_of, key_of};
+use super::tasks::Answer;
+use super::{Delivery, Handled, Outcome, Pipeline, PipelineError};
+use crate::adapters::spool::{Spool, SpooledDelivery};
+use crate::observe::delivery as observe;
+use crate::observe::traces::Stage;
+
+/// The part of the answer budget kept for the spool's fsync (at most a
+/// quarter of the budget): a delivery that spools stops waiting for Kafka
+/// this long before its deadline.
+const SPOOL_MARGIN: Duration = Duration::from_millis(1000);
+
+impl Pipeline {
+    /// Handles one webhook delivery from start to durable outcome, within
+    /// the answer budget counted from `delivery.arrived`. A delivery of a
+    /// source that spools goes to the spool when Kafka (or the ledger)
+    /// cannot make its outcome durable in time.
+    ///
+    /// # Errors
+    /// [`PipelineError::DeliveryIdMismatch`] when the delivery id does not
+    /// match the body; any other [`PipelineError`] when the outcome could not
+    /// be made durable (the provider should retry).
+    pub async fn deliver(&self, delivery: Delivery) -> Result<Handled, PipelineError> {
+        let pipeline = self.clone();
+        self.on_its_task(|answer| pipeline.deliver_on_its_task(delivery, answer))
+            .await
+    }
+
+    /// [`Pipeline::deliver`], on the delivery's task: taken in before the
+    /// deadline, then sent; at the deadline the answer goes out (spooled,
+    /// or "try again") while a record already sent runs on to its commit.
+    async fn deliver_on_its_task(
+        self,
+        delivery: Delivery,
+        answer: Answer<Result<Handled, PipelineError>>,
+    ) {
+        let _in_flight = self.inner.in_flight.count(delivery.source.provider);
+        let deadline = delivery.arrived + self.inner.answer_budget;
+        let spool = self.inner.spool.as_ref().filter(|_| delivery.spools);
+        // A delivery that may spool stops waiting for Kafka early enough to
+        // make the append durable before its deadline.
+        let work_deadline = match spool {
+            Some(_) => deadline - SPOOL_MARGIN.min(self.inner.answer_budget / 4),
+            None => deadline,
+        };
+        let key = key_of(&delivery);
+        let handled = match self
+            .take_in(&delivery, &key, work_deadline, Attempt::Provider)
+            .await
+        {
+            Ok(Taken::Done(handled)) => Ok(handled),
+            Ok(Taken::Sending(outgoing, handled)) => {
+                let mut sending = pin!(self.send_or_dead_letter(outgoing));
+                match tokio::time::timeout_at(work_deadline, &mut sending).await {
+                    Ok(sent) => sent.map(|(outcome, code)| handled.sent(outcome, code)),
+                    Err(_) => {
+                        let late = Err(PipelineError::DeadlinePassed);
+                        answer.send(self.or_spooled(late, &delivery, spool, deadline).await);
+                        let _ = sending.await;
+                        return;
+                    }
+                }
+            }
+            Err(error) => Err(error),
+        };
+        answer.send(self.or_spooled(handled, &delivery, spool, deadline).await);
+    }
+
+    /// `handled`, or when Kafka (or the ledger) could not make the outcome
+    /// durable in time and the source spools, the delivery kept in the
+    /// `spool` before `deadline`.
+    async fn or_spooled(
+        &self,
+        handled: Result<Handled, PipelineError>,
+        delivery: &Delivery,
+        spool: Option<&Spool>,
+        deadline: Instant,
+    ) -> Result<Handled, PipelineError> {
+        let (error, spool) = match (handled, spool) {
+            (Err(error), Some(spool)) if error.spoolable() => (error, spool),
+            (handled, _) => return handled,
+        };
+        // The lease may have failed before the body was read: a body naming
+        // another id is the request's mistake, never spooled.
+        envelope_of(delivery)?;
+        let spooled = SpooledDelivery {
+            key: key_of(delivery),
+            source: delivery.source.as_ref().clone(),
+            delivery_id: delivery.delivery_id.clone(),
+            received_at: delivery.received_at,
+            body: delivery.body.bytes().clone(),
+        };
+        let spooling = delivery.trace.stage(Stage::Spool);
+        spooling.result(
+            tokio::time::timeout_at(deadline, spool.append(&spooled))
+                .await
+                .map_err(|_| PipelineError::DeadlinePassed)
+                .and_then(|appended| appended.map_err(PipelineError::from)),
+        )?;
+        observe::spooled(&spooled.source, &error);
+        Ok(Handled::bare(Outcome::Spooled))
+    }
+}
