@@ -158,7 +158,7 @@ pub async fn disk_full() {
         // its database after a failed journal write, so it is opened anew.
         let engine = match Arc::try_unwrap(engine).ok().expect("the only handle") {
             Engine::Ours(ledger) => {
-                use posbridge::adapters::ledger::Ledger;
+                use posbridge::adapters::ledger::Store;
                 let reopened = ledger.reopen().await;
                 println!("  after freeing space: reopen {reopened:?}");
                 Engine::Ours(ledger)

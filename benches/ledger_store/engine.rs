@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use posbridge::adapters::ledger::{Begin, Commit, EmbeddedLedger, EntitySlot, Ledger};
+use posbridge::adapters::ledger::{Begin, Commit, EmbeddedLedger, EntitySlot, Store};
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
 use posbridge::domain::guard::EntityState;
 

@@ -55,7 +55,7 @@ fn config(backend: LedgerBackend, dedup_ttl_secs: u64) -> LedgerConfig {
 }
 
 /// Commits ids `from..to` (with entity states below `size.entities`).
-async fn commit_range(ledger: &Arc<dyn Ledger>, from: usize, to: usize, size: Size, tag: &str) {
+async fn commit_range(ledger: &Arc<Ledger>, from: usize, to: usize, size: Size, tag: &str) {
     let at = time::OffsetDateTime::now_utc();
     stream::iter(from..to)
         .map(|n| {
@@ -94,7 +94,7 @@ async fn commit_range(ledger: &Arc<dyn Ledger>, from: usize, to: usize, size: Si
 }
 
 /// Opens the embedded ledger at `path`, once its last user let go of it.
-async fn open_embedded(path: &Path, dedup_ttl_secs: u64) -> Arc<dyn Ledger> {
+async fn open_embedded(path: &Path, dedup_ttl_secs: u64) -> Arc<Ledger> {
     let config = LedgerConfig {
         path: path.to_owned(),
         ..config(LedgerBackend::Embedded, dedup_ttl_secs)
@@ -102,7 +102,7 @@ async fn open_embedded(path: &Path, dedup_ttl_secs: u64) -> Arc<dyn Ledger> {
     loop {
         // The checkpoint thread holds the file until its last handle goes.
         match ledger::open(&config, LEASE).await {
-            Ok(opened) => return opened.store,
+            Ok(opened) => return opened.ledger,
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
@@ -207,12 +207,12 @@ pub async fn redis(url: &str, prefix: &str, size: Size) {
     let ledger = ledger::open(&config(1), LEASE)
         .await
         .expect("redis ledger")
-        .store;
+        .ledger;
     commit_range(&ledger, 0, size.expired, size, "expired").await;
     let ledger = ledger::open(&config(24 * 3600), LEASE)
         .await
         .expect("redis ledger")
-        .store;
+        .ledger;
     commit_range(&ledger, 0, size.ids, size, "fill").await;
     let after: String = redis::cmd("INFO")
         .arg("memory")

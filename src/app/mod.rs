@@ -253,7 +253,7 @@ impl App {
         // The partitions the ledger's checkpoint kept: a topic grown while
         // posbridge was stopped is refused from the start, as while running
         // (the rebuild lets go of them if the ledger cached other topics).
-        if let Some(seen) = opened.store.cached().await?.and_then(|c| c.topics) {
+        if let Some(seen) = opened.ledger.fill().cached().await?.and_then(|c| c.topics) {
             publisher.keep_partitions(&seen.partitions());
         }
         let known_path = known::path(config);
@@ -335,7 +335,7 @@ impl App {
                     publisher.clone(),
                 )),
                 &topics,
-                opened.store.clone(),
+                opened.ledger.clone(),
                 opened.gate.clone(),
                 Duration::from_secs(config.ledger.dedup_ttl_secs),
             )

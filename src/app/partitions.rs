@@ -31,8 +31,8 @@ pub type Accepted = BTreeMap<String, (Option<usize>, usize)>;
 /// held by a running posbridge) or written, or the cluster not described.
 pub async fn accept_partitions(config: &Config, only: &[String]) -> Result<Accepted, BuildError> {
     let opened = ledger::open(&config.ledger, Duration::from_secs(30)).await?;
-    let store = opened.store;
-    let cached = store.cached().await?.unwrap_or_default();
+    let fill = opened.ledger.fill();
+    let cached = fill.cached().await?.unwrap_or_default();
     let topics = Topics::new(&config.kafka);
     let entity_topics: Vec<String> = topics.entities().map(str::to_owned).collect();
     let wanted: Vec<String> = if only.is_empty() {
@@ -57,7 +57,7 @@ pub async fn accept_partitions(config: &Config, only: &[String]) -> Result<Accep
         kept.partitions = Some(now.partitions);
         kept.id = kept.id.take().or_else(|| now.id.clone());
     }
-    store.restore(&cached.offsets, &seen);
-    store.persist().await?;
+    fill.restore(&cached.offsets, &seen);
+    fill.persist().await?;
     Ok(accepted)
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use posbridge::adapters::ledger::{Begin, Commit, EntitySlot, Ledger, RedisLedger};
+use posbridge::adapters::ledger::{Begin, Commit, EntitySlot, RedisLedger, Store};
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
 use posbridge::domain::guard::EntityState;
 
@@ -226,8 +226,8 @@ async fn worker(ledger: RedisLedger, traffic: Arc<Traffic>) {
         *traffic.news.lock().unwrap().entry(i).or_default() += 1;
         let slot = entity(i % ENTITIES);
         let _lock = loop {
-            match ledger.lock_entity(&slot).await {
-                Ok(lock) => break lock,
+            match ledger.lock_and_read(&slot).await {
+                Ok((lock, _)) => break lock,
                 Err(_) => traffic.failed(),
             }
         };
@@ -295,7 +295,7 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
             assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
         }
         let slot = entity(i % 100);
-        let lock = ledger.lock_entity(&slot).await.unwrap();
+        let (lock, _) = ledger.lock_and_read(&slot).await.unwrap();
         let checkpoint = format!("mekari/main/OUT-{}/orders", i % 7);
         ledger
             .commit(Commit {
@@ -340,12 +340,12 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
     assert_eq!(ledger.begin(&delivery(1000)).await.unwrap(), Begin::Done);
     // A lock excludes a second holder on another connection until released.
     let other = connect(&one, &prefix).await;
-    let held = ledger.lock_entity(&entity(1)).await.unwrap();
+    let (held, _) = ledger.lock_and_read(&entity(1)).await.unwrap();
     let waiting =
-        tokio::time::timeout(Duration::from_millis(300), other.lock_entity(&entity(1))).await;
+        tokio::time::timeout(Duration::from_millis(300), other.lock_and_read(&entity(1))).await;
     assert!(waiting.is_err(), "the second holder waits");
     drop(held);
-    tokio::time::timeout(Duration::from_secs(2), other.lock_entity(&entity(1)))
+    tokio::time::timeout(Duration::from_secs(2), other.lock_and_read(&entity(1)))
         .await
         .expect("a released lock can be taken")
         .unwrap();

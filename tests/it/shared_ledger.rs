@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use posbridge::adapters::encode::decode;
-use posbridge::adapters::ledger::{Begin, Commit, EntitySlot, Ledger, RedisLedger};
+use posbridge::adapters::ledger::{Begin, Commit, EntitySlot, RedisLedger, Store};
 use posbridge::config::LedgerBackend;
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
 use posbridge::domain::guard::EntityState;
@@ -141,7 +141,7 @@ async fn an_entity_lock_excludes_a_second_holder_until_released_and_reads_the_st
         EntityType::Product,
         &EntityKey::new(ProviderKind::Mekari, None, "P-1"),
     );
-    let held = a.lock_entity(&slot).await.unwrap();
+    let (held, _) = a.lock_and_read(&slot).await.unwrap();
     let waiting = tokio::time::timeout(Duration::from_millis(300), b.lock_and_read(&slot)).await;
     assert!(
         waiting.is_err(),
@@ -159,10 +159,10 @@ async fn an_entity_lock_excludes_a_second_holder_until_released_and_reads_the_st
         .expect("released locks can be taken")
         .unwrap();
     assert_eq!(read, Some(state(300, 3)), "the state read under the lock");
-    let waiting = tokio::time::timeout(Duration::from_millis(300), a.lock_entity(&slot)).await;
+    let waiting = tokio::time::timeout(Duration::from_millis(300), a.lock_and_read(&slot)).await;
     assert!(waiting.is_err(), "a lock taken with its state excludes too");
     drop(held);
-    tokio::time::timeout(Duration::from_secs(2), a.lock_entity(&slot))
+    tokio::time::timeout(Duration::from_secs(2), a.lock_and_read(&slot))
         .await
         .expect("released locks can be taken")
         .unwrap();
@@ -251,7 +251,7 @@ async fn the_rebuild_lock_held_longer_than_its_lease_is_renewed_and_a_second_rep
         EntitySlot::of_record_key(EntityType::Sale, "posbridge:rebuilt-from-topics");
     let waiting = tokio::time::timeout(
         Duration::from_millis(300),
-        b.lock_entity(&older_versions_lock),
+        b.lock_and_read(&older_versions_lock),
     )
     .await;
     assert!(

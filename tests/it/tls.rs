@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use posbridge::adapters::ledger::{Begin, Commit, Ledger, RedisLedger};
+use posbridge::adapters::ledger::{Begin, Commit, RedisLedger, Store};
 use posbridge::domain::event::{DeliveryKey, ProviderKind};
 
 use crate::support::tls::TestCa;

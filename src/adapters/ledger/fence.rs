@@ -14,6 +14,9 @@
 //! kept commits in order, and lower the fence when they are durable. The
 //! record a kept commit describes is already in Kafka; writing its entity
 //! state before anything else is read keeps the stale guard exact.
+//!
+//! [`Fence`] is that state; the [`super::Ledger`] asks it around each call
+//! to its store.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,31 +24,26 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use async_trait::async_trait;
 use tracing::{error, info, warn};
 
-use super::{
-    Begin, Commit, EntityLock, EntitySlot, EntityState, FillToken, GenerationMark, Ledger,
-    LedgerError, RebuildLock,
-};
-use crate::domain::event::DeliveryKey;
+use super::{Commit, LedgerError, Store};
 use crate::observe::telemetry;
 
 /// How often a fenced ledger tries to heal.
 pub const RETRY_EVERY: Duration = Duration::from_secs(1);
 
-/// A ledger behind the fence. See the module documentation.
-pub struct Fenced<L> {
-    inner: L,
-    fence: Mutex<Option<Fence>>,
-    /// Whether `fence` holds one: read without the lock on every call, so a
-    /// healthy ledger pays one atomic load.
+/// The fence's state. See the module documentation.
+pub(super) struct Fence {
+    raised: Mutex<Option<Raised>>,
+    /// Whether `raised` holds one: read without the lock on every call, so
+    /// a healthy ledger pays one atomic load.
     up: AtomicBool,
     /// Serializes healing, so one attempt runs at a time.
     healing: tokio::sync::Mutex<()>,
     /// Failed commits so far: a read that waited for an entity's lock knows
-    /// from it whether a commit failed meanwhile ([`Ledger::lock_and_read`]).
-    raised: AtomicU64,
+    /// from it whether a commit failed meanwhile
+    /// ([`super::Ledger::lock_and_read`]).
+    failures: AtomicU64,
     /// Whether the store took the last write asked of it outside a commit:
     /// a `begin` (a lease is a write) or the readiness check's probe. A
     /// store that refuses writes (Redis at `maxmemory` under `noeviction`,
@@ -55,25 +53,29 @@ pub struct Fenced<L> {
 }
 
 /// Why the fence is up, since when, and what waits to be written.
-struct Fence {
+struct Raised {
     reason: String,
     since: Instant,
     last_attempt: Instant,
     pending: Vec<Commit>,
 }
 
-impl<L: Ledger> Fenced<L> {
-    /// Wraps a ledger whose store answered at start-up.
-    pub fn new(inner: L) -> Self {
+impl Fence {
+    /// A lowered fence, for a store that answered at start-up.
+    pub(super) fn new() -> Self {
         metrics::gauge!(telemetry::LEDGER_WRITABLE).set(1.0);
-        Fenced {
-            inner,
-            fence: Mutex::new(None),
+        Fence {
+            raised: Mutex::new(None),
             up: AtomicBool::new(false),
             healing: tokio::sync::Mutex::new(()),
-            raised: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
             takes_writes: AtomicBool::new(true),
         }
+    }
+
+    /// Failed commits so far.
+    pub(super) fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Acquire)
     }
 
     /// The gauge: 1 while the fence is down and the store takes writes.
@@ -85,7 +87,7 @@ impl<L: Ledger> Fenced<L> {
 
     /// Notes whether a write outside a commit worked, saying so once when
     /// that changes.
-    fn saw_write<T>(&self, result: &Result<T, LedgerError>) {
+    pub(super) fn saw_write<T>(&self, result: &Result<T, LedgerError>) {
         let works = result.is_ok();
         if self.takes_writes.swap(works, Ordering::AcqRel) == works {
             return;
@@ -100,8 +102,8 @@ impl<L: Ledger> Fenced<L> {
         self.show_writable();
     }
 
-    fn fence(&self) -> std::sync::MutexGuard<'_, Option<Fence>> {
-        self.fence
+    fn raised(&self) -> std::sync::MutexGuard<'_, Option<Raised>> {
+        self.raised
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -112,26 +114,26 @@ impl<L: Ledger> Fenced<L> {
         if !self.up.load(Ordering::Acquire) {
             return None;
         }
-        self.fence().as_mut().map(|fence| {
-            fence.pending.push(commit.clone());
+        self.raised().as_mut().map(|raised| {
+            raised.pending.push(commit.clone());
             LedgerError::Unwritable {
-                reason: fence.reason.clone(),
+                reason: raised.reason.clone(),
             }
         })
     }
 
     /// Raises the fence (once) and keeps `commit` to be written on healing.
     fn raise(&self, commit: Commit, error: &LedgerError) {
-        let mut fence = self.fence();
-        self.raised.fetch_add(1, Ordering::AcqRel);
-        match fence.as_mut() {
-            Some(fence) => fence.pending.push(commit),
+        let mut raised = self.raised();
+        self.failures.fetch_add(1, Ordering::AcqRel);
+        match raised.as_mut() {
+            Some(raised) => raised.pending.push(commit),
             None => {
                 error!(%error, "Ledger writes are failing: refusing deliveries until a write works again.");
                 let now = Instant::now();
                 self.up.store(true, Ordering::Release);
                 self.show_writable();
-                *fence = Some(Fence {
+                *raised = Some(Raised {
                     reason: error.to_string(),
                     since: now,
                     last_attempt: now,
@@ -141,27 +143,69 @@ impl<L: Ledger> Fenced<L> {
         }
     }
 
-    /// `Ok` when the fence is down, or was lowered by this call's healing.
-    async fn open(&self) -> Result<(), LedgerError> {
+    /// `Ok` when the fence is down, or was lowered by this call's healing
+    /// of `store`.
+    ///
+    /// # Errors
+    /// [`LedgerError::Unwritable`] while it stays up.
+    pub(super) async fn open(&self, store: &dyn Store) -> Result<(), LedgerError> {
         if !self.up.load(Ordering::Acquire) {
             return Ok(());
         }
-        let due = match self.fence().as_mut() {
+        let due = match self.raised().as_mut() {
             None => return Ok(()),
-            Some(fence) if fence.last_attempt.elapsed() >= RETRY_EVERY => {
-                fence.last_attempt = Instant::now();
+            Some(raised) if raised.last_attempt.elapsed() >= RETRY_EVERY => {
+                raised.last_attempt = Instant::now();
                 true
             }
             Some(_) => false,
         };
         if due && let Ok(_healing) = self.healing.try_lock() {
-            self.heal().await;
+            self.heal(store).await;
         }
-        match self.fence().as_ref() {
+        match self.raised().as_ref() {
             None => Ok(()),
-            Some(fence) => Err(LedgerError::Unwritable {
-                reason: fence.reason.clone(),
+            Some(raised) => Err(LedgerError::Unwritable {
+                reason: raised.reason.clone(),
             }),
+        }
+    }
+
+    /// Commits `commit` to `store` unless the fence is up (healing first
+    /// when due); a failed write raises it. Kept or failed, the commit is
+    /// written again on healing, and its delivery's lease given back.
+    ///
+    /// # Errors
+    /// [`LedgerError::Unwritable`] while the fence is up, or the store's
+    /// error that raised it.
+    pub(super) async fn commit(
+        &self,
+        store: &dyn Store,
+        commit: Commit,
+    ) -> Result<(), LedgerError> {
+        // Heal first when due; then, if the fence is still up, keep the
+        // commit under the same lock that saw it up.
+        let _ = self.open(store).await;
+        if let Some(error) = self.keep_if_up(&commit) {
+            if let Some(delivery) = &commit.delivery {
+                store.release(delivery).await;
+            }
+            return Err(error);
+        }
+        match store.commit(commit.clone()).await {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                self.raise(commit, &error);
+                Err(error)
+            }
+        }
+    }
+
+    /// Commits kept to be written again are of the topics forgotten: they
+    /// go too.
+    pub(super) fn forget_pending(&self) {
+        if let Some(raised) = self.raised().as_mut() {
+            raised.pending.clear();
         }
     }
 
@@ -171,18 +215,18 @@ impl<L: Ledger> Fenced<L> {
     /// nothing: the next one writes it again, which is harmless. Emptiness is
     /// decided and the fence lowered under one lock, so a commit kept
     /// meanwhile is never dropped.
-    async fn heal(&self) {
-        if self.inner.reopen().await.is_err() {
+    async fn heal(&self, store: &dyn Store) {
+        if store.reopen().await.is_err() {
             return;
         }
         loop {
             let next = {
-                let mut guard = self.fence();
-                let Some(fence) = guard.as_ref() else { return };
-                match fence.pending.first() {
+                let mut guard = self.raised();
+                let Some(raised) = guard.as_ref() else { return };
+                match raised.pending.first() {
                     Some(commit) => commit.clone(),
                     None => {
-                        let since = fence.since;
+                        let since = raised.since;
                         *guard = None;
                         self.up.store(false, Ordering::Release);
                         self.show_writable();
@@ -194,170 +238,22 @@ impl<L: Ledger> Fenced<L> {
                     }
                 }
             };
-            match self.inner.commit(next).await {
+            match store.commit(next).await {
                 // Only one heal runs at a time and others only append, so
                 // the first is still the one just written.
                 Ok(()) => {
-                    if let Some(fence) = self.fence().as_mut() {
-                        fence.pending.remove(0);
+                    if let Some(raised) = self.raised().as_mut() {
+                        raised.pending.remove(0);
                     }
                 }
                 Err(error) => {
-                    if let Some(fence) = self.fence().as_mut() {
-                        fence.reason = error.to_string();
+                    if let Some(raised) = self.raised().as_mut() {
+                        raised.reason = error.to_string();
                     }
                     return;
                 }
             }
         }
-    }
-}
-
-#[async_trait]
-impl<L: Ledger> Ledger for Fenced<L> {
-    async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
-        self.open().await?;
-        let begun = self.inner.begin(delivery).await;
-        self.saw_write(&begun);
-        begun
-    }
-
-    async fn begin_again(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
-        self.open().await?;
-        let begun = self.inner.begin_again(delivery).await;
-        self.saw_write(&begun);
-        begun
-    }
-
-    async fn release(&self, delivery: &DeliveryKey) {
-        self.inner.release(delivery).await;
-    }
-
-    async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
-        self.inner.lock_entity(slot).await
-    }
-
-    async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
-        self.open().await?;
-        self.inner.entity(slot).await
-    }
-
-    async fn lock_and_read(
-        &self,
-        slot: &EntitySlot,
-    ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
-        // The state must be read after the fence was seen down *and* under
-        // the lock: the holder this call waited for may have published and
-        // failed to commit, its newer state kept only in the fence. Checked
-        // before the lock (one round trip for both on Redis), then again
-        // once it is held, reading the state anew if a commit failed meanwhile.
-        let raised = self.raised.load(Ordering::Acquire);
-        self.open().await?;
-        let (lock, state) = self.inner.lock_and_read(slot).await?;
-        if self.raised.load(Ordering::Acquire) == raised {
-            return Ok((lock, state));
-        }
-        self.open().await?;
-        let state = self.inner.entity(slot).await?;
-        Ok((lock, state))
-    }
-
-    async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
-        self.open().await?;
-        self.inner.checkpoint(name).await
-    }
-
-    async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
-        // Heal first when due; then, if the fence is still up, keep the
-        // commit under the same lock that saw it up.
-        let _ = self.open().await;
-        if let Some(error) = self.keep_if_up(&commit) {
-            if let Some(delivery) = &commit.delivery {
-                self.inner.release(delivery).await;
-            }
-            return Err(error);
-        }
-        match self.inner.commit(commit.clone()).await {
-            Ok(()) => Ok(()),
-            Err(error) => {
-                self.raise(commit, &error);
-                Err(error)
-            }
-        }
-    }
-
-    fn sending(&self) -> super::Sending {
-        self.inner.sending()
-    }
-
-    /// The fill's own writes and reads wait for the fence like a
-    /// checkpoint's: a store that cannot write fails the fill, which is
-    /// tried again.
-    async fn generation_mark(&self) -> Result<Option<GenerationMark>, LedgerError> {
-        self.open().await?;
-        self.inner.generation_mark().await
-    }
-
-    async fn mark_generation(&self, mark: GenerationMark) -> Result<(), LedgerError> {
-        self.open().await?;
-        self.inner.mark_generation(mark).await
-    }
-
-    async fn fill_token(&self) -> Result<Option<FillToken>, LedgerError> {
-        self.open().await?;
-        self.inner.fill_token().await
-    }
-
-    async fn begin_fill(&self, token: FillToken) -> Result<(), LedgerError> {
-        self.open().await?;
-        self.inner.begin_fill(token).await
-    }
-
-    async fn rebuild_lock(&self) -> Result<RebuildLock, LedgerError> {
-        self.inner.rebuild_lock().await
-    }
-
-    fn refuses_older_states(&self) -> bool {
-        self.inner.refuses_older_states()
-    }
-
-    async fn persist(&self) -> Result<(), LedgerError> {
-        self.inner.persist().await
-    }
-
-    async fn reopen(&self) -> Result<(), LedgerError> {
-        self.inner.reopen().await
-    }
-
-    async fn cached(&self) -> Result<Option<super::Cached>, LedgerError> {
-        self.inner.cached().await
-    }
-
-    fn restore(&self, offsets: &super::Offsets, topics: &super::TopicsSeen) {
-        self.inner.restore(offsets, topics);
-    }
-
-    /// Commits kept to be written again are of the topics forgotten: they
-    /// go too.
-    async fn forget_topics(&self) -> Result<(), LedgerError> {
-        if let Some(fence) = self.fence().as_mut() {
-            fence.pending.clear();
-        }
-        self.inner.forget_topics().await
-    }
-
-    async fn kept_writes(&self) -> Result<(), LedgerError> {
-        self.inner.kept_writes().await
-    }
-
-    /// The store's own check. On Redis it writes, as `begin` does, so a
-    /// store that took writes again is seen at the next `/readyz` even
-    /// while no delivery arrives; on the embedded store both only read.
-    async fn check(&self) -> Result<(), LedgerError> {
-        self.open().await?;
-        let checked = self.inner.check().await;
-        self.saw_write(&checked);
-        checked
     }
 }
 
@@ -369,17 +265,17 @@ mod tests {
 
     use async_trait::async_trait;
 
-    use super::Fenced;
     use crate::adapters::ledger::{
-        Begin, Commit, EmbeddedLedger, EntityLock, EntitySlot, FillToken, GenerationMark, Ledger,
-        LedgerError, RebuildLock,
+        Begin, Commit, EmbeddedLedger, EntityLock, EntitySlot, FillToken, Gate, GenerationMark,
+        Ledger, LedgerError, RebuildLock, Store,
     };
     use crate::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
     use crate::domain::guard::EntityState;
 
     /// A real embedded ledger whose writes (leases, commits) fail while
     /// `failing` is set: the full disk of `tests/it/ledger_full.rs`, or a
-    /// Redis refusing writes, at the one moment a test needs.
+    /// Redis refusing writes, at the one moment a test needs. Every call a
+    /// test does not fail goes to the real store.
     struct FailingWrites {
         ledger: EmbeddedLedger,
         failing: AtomicBool,
@@ -390,7 +286,7 @@ mod tests {
     }
 
     #[async_trait]
-    impl Ledger for FailingWrites {
+    impl Store for FailingWrites {
         async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
             if self.failing.load(Ordering::Acquire) {
                 return Err(LedgerError::Closed);
@@ -403,9 +299,12 @@ mod tests {
         async fn release(&self, delivery: &DeliveryKey) {
             self.ledger.release(delivery).await;
         }
-        async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
+        async fn lock_and_read(
+            &self,
+            slot: &EntitySlot,
+        ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
             self.locks_asked.send_modify(|asked| *asked += 1);
-            self.ledger.lock_entity(slot).await
+            self.ledger.lock_and_read(slot).await
         }
         async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
             self.ledger.entity(slot).await
@@ -464,45 +363,48 @@ mod tests {
         }
     }
 
-    /// A fenced embedded ledger in `dir` whose writes fail from the start
-    /// when `failing`.
-    fn failing_writes(dir: &tempfile::TempDir, failing: bool) -> Fenced<FailingWrites> {
+    /// An embedded ledger in `dir` behind an open gate and the fence, whose
+    /// writes fail from the start when `failing`; the store, to fail them.
+    fn failing_writes(dir: &tempfile::TempDir, failing: bool) -> (Ledger, Arc<FailingWrites>) {
         let ledger = EmbeddedLedger::open(
             &dir.path().join("ledger.redb"),
             Duration::from_secs(3600),
             Duration::from_secs(30),
         )
         .unwrap();
-        Fenced::new(FailingWrites {
+        let store = Arc::new(FailingWrites {
             ledger,
             failing: AtomicBool::new(failing),
             locks_asked: tokio::sync::watch::Sender::new(0),
-        })
+        });
+        let gate = Gate::closed();
+        gate.end(Ok(()));
+        (Ledger::new(store.clone(), gate), store)
     }
 
     #[tokio::test]
     async fn a_read_that_waited_for_the_lock_of_a_holder_whose_commit_failed_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let fenced = Arc::new(failing_writes(&dir, false));
+        let (fenced, store) = failing_writes(&dir, false);
+        let fenced = Arc::new(fenced);
         let slot = EntitySlot::new(
             EntityType::Sale,
             &EntityKey::new(ProviderKind::ReceiptRoller, None, "S-1"),
         );
         // The holder of the lock publishes a newer state...
-        let held = fenced.lock_entity(&slot).await.unwrap();
+        let (held, _) = fenced.lock_and_read(&slot).await.unwrap();
         let waiter = tokio::spawn({
             let (fenced, slot) = (fenced.clone(), slot.clone());
             async move { fenced.lock_and_read(&slot).await.map(|(_, state)| state) }
         });
         // The waiter asks for the lock (past the fence, which is down)...
-        let _ = fenced
-            .inner
+        let _ = store
             .locks_asked
             .subscribe()
             .wait_for(|asked| *asked == 2)
             .await;
         // ...while the holder fails to record its state, then lets go.
-        fenced.inner.failing.store(true, Ordering::Release);
+        store.failing.store(true, Ordering::Release);
         let newer = EntityState {
             version: Version {
                 at_micros: 1_700_000_000_000_000,
@@ -544,12 +446,12 @@ mod tests {
                 .unwrap();
             runtime.block_on(async {
                 let dir = tempfile::tempdir().unwrap();
-                let fenced = failing_writes(&dir, true);
+                let (fenced, store) = failing_writes(&dir, true);
                 assert_eq!(writable_gauge(&recorder), "posbridge_ledger_writable 1");
                 let delivery = DeliveryKey::new(ProviderKind::Mekari, "d-1");
                 assert!(fenced.begin(&delivery).await.is_err());
                 assert_eq!(writable_gauge(&recorder), "posbridge_ledger_writable 0");
-                fenced.inner.failing.store(false, Ordering::Release);
+                store.failing.store(false, Ordering::Release);
                 fenced.check().await.unwrap();
                 assert_eq!(writable_gauge(&recorder), "posbridge_ledger_writable 1");
                 assert_eq!(fenced.begin(&delivery).await.unwrap(), Begin::New);

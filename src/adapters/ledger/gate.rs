@@ -10,13 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-
-use super::{
-    Begin, Commit, EntityLock, EntitySlot, EntityState, FillToken, GenerationMark, Ledger,
-    LedgerError, RebuildLock, Sending,
-};
-use crate::domain::event::DeliveryKey;
+use super::LedgerError;
 
 /// How long a lease or a guard read waits for a closed gate to open.
 const WAIT_FOR_OPEN: Duration = Duration::from_secs(1);
@@ -49,7 +43,7 @@ pub struct Progress {
     pub restarted: u64,
 }
 
-/// The gate and the progress behind it. Shared by the ledger wrapper, the
+/// The gate and the progress behind it. Shared by the [`super::Ledger`], the
 /// rebuild and the operations endpoints.
 #[derive(Debug)]
 pub struct Gate {
@@ -215,9 +209,32 @@ impl Gate {
         self.is_open()
     }
 
-    /// Waits up to [`WAIT_FOR_OPEN`] for the gate to open.
-    async fn wait_open(&self) -> Result<(), LedgerError> {
-        if self.opens_within(WAIT_FOR_OPEN).await {
+    /// A lost ledger found by `result` closes the gate.
+    pub(super) fn saw<T>(&self, result: Result<T, LedgerError>) -> Result<T, LedgerError> {
+        if let Err(error @ (LedgerError::Lost | LedgerError::Changed { .. })) = &result {
+            self.found_lost(error);
+        }
+        result
+    }
+
+    /// Whether to ask again after `result`: the ledger was found lost, and
+    /// refilled within the gate's wait.
+    pub(super) async fn again<T>(
+        &self,
+        result: &Result<T, LedgerError>,
+    ) -> Result<bool, LedgerError> {
+        let Err(error @ (LedgerError::Lost | LedgerError::Changed { .. })) = result else {
+            return Ok(false);
+        };
+        self.found_lost(error);
+        self.wait_open().await?;
+        Ok(true)
+    }
+
+    /// [`LedgerError::Rebuilding`] while the gate is closed, with how far
+    /// the fill got.
+    pub(super) fn check_open(&self) -> Result<(), LedgerError> {
+        if self.is_open() {
             return Ok(());
         }
         let progress = self.snapshot();
@@ -226,157 +243,14 @@ impl Gate {
             of: progress.records_to_read,
         })
     }
-}
 
-/// A ledger behind a [`Gate`].
-pub struct Gated {
-    inner: Arc<dyn Ledger>,
-    gate: Arc<Gate>,
-}
-
-impl Gated {
-    /// `inner` behind `gate`.
-    pub fn new(inner: Arc<dyn Ledger>, gate: Arc<Gate>) -> Self {
-        Gated { inner, gate }
-    }
-
-    /// A lost ledger found by `result` closes the gate.
-    fn saw<T>(&self, result: Result<T, LedgerError>) -> Result<T, LedgerError> {
-        if let Err(error @ (LedgerError::Lost | LedgerError::Changed { .. })) = &result {
-            self.gate.found_lost(error);
-        }
-        result
-    }
-
-    /// Whether to ask again after `result`: the ledger was found lost, and
-    /// refilled within the gate's wait.
-    async fn again<T>(&self, result: &Result<T, LedgerError>) -> Result<bool, LedgerError> {
-        let Err(error @ (LedgerError::Lost | LedgerError::Changed { .. })) = result else {
-            return Ok(false);
-        };
-        self.gate.found_lost(error);
-        self.gate.wait_open().await?;
-        Ok(true)
-    }
-}
-
-#[async_trait]
-impl Ledger for Gated {
-    async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
-        self.gate.wait_open().await?;
-        let begun = self.inner.begin(delivery).await;
-        if self.again(&begun).await? {
-            return self.saw(self.inner.begin(delivery).await);
-        }
-        begun
-    }
-
-    async fn begin_again(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
-        self.gate.wait_open().await?;
-        self.saw(self.inner.begin_again(delivery).await)
-    }
-
-    async fn release(&self, delivery: &DeliveryKey) {
-        self.inner.release(delivery).await;
-    }
-
-    async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
-        self.inner.lock_entity(slot).await
-    }
-
-    async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
-        self.gate.wait_open().await?;
-        self.saw(self.inner.entity(slot).await)
-    }
-
-    async fn lock_and_read(
-        &self,
-        slot: &EntitySlot,
-    ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
-        self.gate.wait_open().await?;
-        let read = self.inner.lock_and_read(slot).await;
-        if self.again(&read).await? {
-            return self.saw(self.inner.lock_and_read(slot).await);
-        }
-        read
-    }
-
-    async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
-        self.gate.wait_open().await?;
-        self.inner.checkpoint(name).await
-    }
-
-    async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
-        self.inner.commit(commit).await
-    }
-
-    fn sending(&self) -> Sending {
-        self.inner.sending()
-    }
-
-    /// The fill's own calls go to the store, not through the gate it
-    /// opens.
-    async fn generation_mark(&self) -> Result<Option<GenerationMark>, LedgerError> {
-        self.inner.generation_mark().await
-    }
-
-    async fn mark_generation(&self, mark: GenerationMark) -> Result<(), LedgerError> {
-        self.inner.mark_generation(mark).await
-    }
-
-    async fn fill_token(&self) -> Result<Option<FillToken>, LedgerError> {
-        self.inner.fill_token().await
-    }
-
-    async fn begin_fill(&self, token: FillToken) -> Result<(), LedgerError> {
-        self.inner.begin_fill(token).await
-    }
-
-    async fn rebuild_lock(&self) -> Result<RebuildLock, LedgerError> {
-        self.inner.rebuild_lock().await
-    }
-
-    fn refuses_older_states(&self) -> bool {
-        self.inner.refuses_older_states()
-    }
-
-    async fn persist(&self) -> Result<(), LedgerError> {
-        self.inner.persist().await
-    }
-
-    async fn reopen(&self) -> Result<(), LedgerError> {
-        self.inner.reopen().await
-    }
-
-    async fn cached(&self) -> Result<Option<super::Cached>, LedgerError> {
-        self.inner.cached().await
-    }
-
-    fn restore(&self, offsets: &super::Offsets, topics: &super::TopicsSeen) {
-        self.inner.restore(offsets, topics);
-    }
-
-    async fn forget_topics(&self) -> Result<(), LedgerError> {
-        self.inner.forget_topics().await
-    }
-
-    async fn kept_writes(&self) -> Result<(), LedgerError> {
-        self.saw(self.inner.kept_writes().await)
-    }
-
-    fn rebuild_progress(&self) -> Option<Progress> {
-        Some(self.gate.snapshot())
-    }
-
-    async fn check(&self) -> Result<(), LedgerError> {
-        if !self.gate.is_open() {
-            let progress = self.gate.snapshot();
-            return Err(LedgerError::Rebuilding {
-                read: progress.records_read,
-                of: progress.records_to_read,
-            });
-        }
-        self.saw(self.inner.check().await)
+    /// Waits up to [`WAIT_FOR_OPEN`] for the gate to open.
+    ///
+    /// # Errors
+    /// [`LedgerError::Rebuilding`] when it stays closed.
+    pub(super) async fn wait_open(&self) -> Result<(), LedgerError> {
+        self.opens_within(WAIT_FOR_OPEN).await;
+        self.check_open()
     }
 }
 

@@ -1,7 +1,8 @@
 //! The ledger: what posbridge must remember between deliveries.
 //!
-//! Five things, behind one trait so an embedded store (one process) and a
-//! shared store (several replicas) are interchangeable by config:
+//! Five things, kept by a [`Store`] (the storage: an embedded one for one
+//! process, a shared one for several replicas, interchangeable by config)
+//! and used through one [`Ledger`], the store behind its gate and its fence:
 //!
 //! * delivery ids: *in flight* (a lease, so a concurrent duplicate never
 //!   produces twice) and *done* (kept for `dedup_ttl`, so a late retry is
@@ -16,6 +17,13 @@
 //! A delivery becomes done in the same write as its entity version
 //! ([`Commit`]), so a crash cannot leave one recorded without the other.
 //!
+//! The [`Ledger`] keeps two rules a store alone cannot: nothing is decided
+//! while it is being filled from the topics (its [`Gate`]), and nothing new
+//! is taken once a write failed until the failed writes are made (its
+//! fence). Every use goes through it: the line's calls pass both, the
+//! fill's ([`Ledger::fill`]) only the fence, and no store is reached any
+//! other way.
+//!
 //! The ledger is a cache of the topics: every record posbridge writes
 //! carries its delivery id, entity version and state hash, so what a ledger
 //! lost is read back from them (by the rebuild, a service above), from the offsets its last
@@ -25,6 +33,7 @@ mod cached;
 mod embedded;
 mod fence;
 mod gate;
+mod handle;
 pub mod placements;
 mod redis;
 
@@ -39,8 +48,8 @@ use crate::domain::guard::EntityState;
 
 pub use cached::{Cached, TopicSeen, TopicsSeen};
 pub use embedded::{DEFAULT_CHECKPOINT_EVERY, EmbeddedLedger, LedgerCounts};
-pub use fence::Fenced;
-pub use gate::{Gate, Gated, Progress};
+pub use gate::{Gate, Progress};
+pub use handle::{Fill, Ledger};
 pub use placements::{Offsets, Placed, Sending};
 pub use redis::RedisLedger;
 
@@ -185,21 +194,19 @@ impl RebuildLock {
 const GENERATION_MARK_NAME: &str = "posbridge:rebuilt-from-topics";
 const FILL_TOKEN_NAME: &str = "posbridge:fill-token";
 
-/// An opened ledger: the one deliveries use, behind the [`Gate`], and the
-/// same store without it, for the rebuild that opens the gate.
+/// An opened ledger, behind a closed gate: its [`Gate`] is opened by the
+/// rebuild once the ledger holds what the topics say.
 #[derive(Clone)]
 pub struct Opened {
-    /// Behind the gate: what the pipeline decides with.
-    pub ledger: Arc<dyn Ledger>,
-    /// The store itself, for the rebuild.
-    pub store: Arc<dyn Ledger>,
+    /// The store behind its gate and its fence.
+    pub ledger: Arc<Ledger>,
     /// Closed until a rebuild opens it.
     pub gate: Arc<Gate>,
 }
 
-/// Opens the configured backend, behind the fence ([`Fenced`]) and a closed
-/// [`Gate`]. `lease` is how long a delivery's lease holds if its holder
-/// never ends it (a crashed request).
+/// Opens the configured backend behind a closed [`Gate`] and the fence.
+/// `lease` is how long a delivery's lease holds if its holder never ends it
+/// (a crashed request).
 ///
 /// # Errors
 /// [`LedgerError::Open`] naming the file or server that could not be opened.
@@ -210,7 +217,7 @@ pub async fn open(config: &LedgerConfig, lease: Duration) -> Result<Opened, Ledg
 }
 
 /// An embedded ledger at `path` whose checkpoints are taken only when
-/// [`Ledger::persist`] asks, behind the fence and a closed [`Gate`]: what a
+/// [`Fill::persist`] asks, behind a closed [`Gate`] and the fence: what a
 /// simulation opens, so its seeded schedule decides what is durable when it
 /// crashes.
 ///
@@ -222,37 +229,31 @@ pub(crate) fn open_driven(
     dedup_ttl: Duration,
     lease: Duration,
 ) -> Result<Opened, LedgerError> {
-    let store: Arc<dyn Ledger> = Arc::new(Fenced::new(EmbeddedLedger::open_driven(
-        path, dedup_ttl, lease,
-    )?));
+    let store: Arc<dyn Store> = Arc::new(EmbeddedLedger::open_driven(path, dedup_ttl, lease)?);
     Ok(Opened::behind_a_closed_gate(store))
 }
 
 impl Opened {
-    fn behind_a_closed_gate(store: Arc<dyn Ledger>) -> Opened {
+    fn behind_a_closed_gate(store: Arc<dyn Store>) -> Opened {
         let gate = Gate::closed();
         Opened {
-            ledger: Arc::new(Gated::new(store.clone(), gate.clone())),
-            store,
+            ledger: Arc::new(Ledger::new(store, gate.clone())),
             gate,
         }
     }
 }
 
-/// The configured backend behind the fence.
-async fn open_store(
-    config: &LedgerConfig,
-    lease: Duration,
-) -> Result<Arc<dyn Ledger>, LedgerError> {
+/// The configured backend.
+async fn open_store(config: &LedgerConfig, lease: Duration) -> Result<Arc<dyn Store>, LedgerError> {
     let dedup_ttl = Duration::from_secs(config.dedup_ttl_secs);
     Ok(match config.backend {
-        LedgerBackend::Embedded => Arc::new(Fenced::new(EmbeddedLedger::open_with(
+        LedgerBackend::Embedded => Arc::new(EmbeddedLedger::open_with(
             &config.path,
             dedup_ttl,
             lease,
             Duration::from_millis(config.checkpoint_interval_ms),
-        )?)),
-        LedgerBackend::Redis => Arc::new(Fenced::new(
+        )?),
+        LedgerBackend::Redis => Arc::new(
             RedisLedger::connect_with(
                 &config.redis_url,
                 &config.redis_prefix,
@@ -263,7 +264,7 @@ async fn open_store(
                 Duration::from_millis(config.checkpoint_interval_ms),
             )
             .await?,
-        )),
+        ),
     })
 }
 
@@ -353,9 +354,10 @@ pub struct Commit {
 /// Held while an entity is guarded and published; dropping it unlocks.
 pub type EntityLock = Box<dyn Send + Sync>;
 
-/// The ledger backends' common face.
+/// What storage does, the backends' common face. Reached only through the
+/// [`Ledger`], which adds the gate's and the fence's rules.
 #[async_trait]
-pub trait Ledger: Send + Sync + 'static {
+pub trait Store: Send + Sync + 'static {
     /// Looks up a delivery id and, when it is new, takes a lease on it.
     ///
     /// # Errors
@@ -376,33 +378,24 @@ pub trait Ledger: Send + Sync + 'static {
     /// provider's retry is processed.
     async fn release(&self, delivery: &DeliveryKey);
 
-    /// Takes the entity's lock, waiting for another holder; it holds until
-    /// dropped (a shared backend's lapses with its lease should its holder
-    /// die).
+    /// Takes the entity's lock, waiting for another holder, then reads its
+    /// state under it: the guard's two steps, which a backend may take in
+    /// one round trip. The lock holds until dropped (a shared backend's
+    /// lapses with its lease should its holder die).
     ///
     /// # Errors
-    /// [`LedgerError`] when a shared lock cannot be reached.
-    async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError>;
+    /// [`LedgerError`] when a shared lock cannot be reached or the state
+    /// cannot be read.
+    async fn lock_and_read(
+        &self,
+        slot: &EntitySlot,
+    ) -> Result<(EntityLock, Option<EntityState>), LedgerError>;
 
     /// The latest state written for an entity, if any.
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be read.
     async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError>;
-
-    /// Takes the entity's lock, then reads its state under it: the guard's
-    /// two steps, which a backend may take in one round trip.
-    ///
-    /// # Errors
-    /// As [`Ledger::lock_entity`] and [`Ledger::entity`].
-    async fn lock_and_read(
-        &self,
-        slot: &EntitySlot,
-    ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
-        let lock = self.lock_entity(slot).await?;
-        let state = self.entity(slot).await?;
-        Ok((lock, state))
-    }
 
     /// A reconciler checkpoint: the unix second up to which a window was
     /// completely read, if any run finished a step yet.
@@ -449,12 +442,6 @@ pub trait Ledger: Send + Sync + 'static {
     /// # Errors
     /// [`LedgerError`] when the store cannot be read.
     async fn cached(&self) -> Result<Option<Cached>, LedgerError>;
-
-    /// Where the ledger's fill from the topics stands, for a ledger behind
-    /// a [`Gate`].
-    fn rebuild_progress(&self) -> Option<Progress> {
-        None
-    }
 
     /// What a rebuild read the topics up to, and what they are: the next
     /// checkpoint records both.

@@ -144,7 +144,7 @@ async fn gather(state: &AdminState) -> Status {
                 "unavailable"
             },
             ledger: readiness.ledger_text(),
-            ledger_rebuild: pipeline.ledger().rebuild_progress(),
+            ledger_rebuild: Some(pipeline.ledger().rebuild_progress()),
             schema_registry: match (pipeline.encoder().uses_registry(), readiness.registry) {
                 (false, _) => "not used",
                 (true, true) => "ok",

@@ -21,7 +21,7 @@ use crate::domain::event::DeliveryKey;
 /// The lease of one delivery, taken from the ledger.
 pub(super) struct Lease {
     key: DeliveryKey,
-    ledger: Arc<dyn Ledger>,
+    ledger: Arc<Ledger>,
     /// Where the release of a dropped lease runs, so shutdown waits for it.
     tasks: TaskTracker,
     /// That release, for [`Released::wait`].
@@ -39,7 +39,7 @@ impl Lease {
     /// waited for.
     pub(super) fn held(
         key: DeliveryKey,
-        ledger: Arc<dyn Ledger>,
+        ledger: Arc<Ledger>,
         tasks: TaskTracker,
     ) -> (Lease, Released) {
         let release = Arc::default();
@@ -99,20 +99,21 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::adapters::ledger::{Begin, EmbeddedLedger};
+    use crate::adapters::ledger::{Begin, EmbeddedLedger, Gate};
     use crate::domain::event::ProviderKind;
 
     #[tokio::test]
     async fn a_dropped_lease_is_given_back_before_wait_returns_and_an_ended_one_is_not() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger: Arc<dyn Ledger> = Arc::new(
-            EmbeddedLedger::open(
-                &dir.path().join("ledger.redb"),
-                Duration::from_secs(3600),
-                Duration::from_secs(30),
-            )
-            .unwrap(),
-        );
+        let store = EmbeddedLedger::open(
+            &dir.path().join("ledger.redb"),
+            Duration::from_secs(3600),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        let gate = Gate::closed();
+        gate.end(Ok(()));
+        let ledger = Arc::new(Ledger::new(Arc::new(store), gate));
         let tasks = TaskTracker::new();
         let key = DeliveryKey::new(ProviderKind::Mekari, "e1");
 

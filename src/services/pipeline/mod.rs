@@ -102,7 +102,7 @@ pub struct Pipeline {
 
 struct Inner {
     /// Delivery ids, entity versions, locks.
-    ledger: Arc<dyn Ledger>,
+    ledger: Arc<Ledger>,
     /// Avro, with or without a registry.
     encoder: Encoder,
     /// The idempotent producer (a fake broker in the unit tests).
@@ -130,7 +130,7 @@ struct Inner {
 /// The stages a [`Pipeline`] joins; each is built from config by `App::build`.
 pub struct Stages {
     /// Delivery ids, entity versions, locks.
-    pub ledger: Arc<dyn Ledger>,
+    pub ledger: Arc<Ledger>,
     /// Avro, with or without a registry.
     pub encoder: Encoder,
     /// The idempotent producer (a fake broker in the unit tests).
@@ -248,7 +248,7 @@ impl Pipeline {
     /// spooling to `spool`, with the registry-less encoder.
     #[cfg(test)]
     pub(crate) async fn on_fake(
-        ledger: Arc<dyn Ledger>,
+        ledger: Arc<Ledger>,
         broker: Arc<FakeBroker>,
         spool: Spool,
         timing: Timing,
@@ -291,7 +291,7 @@ impl Pipeline {
     }
 
     /// The ledger, for readiness checks and the reconciler's checkpoints.
-    pub fn ledger(&self) -> &dyn Ledger {
+    pub fn ledger(&self) -> &Ledger {
         self.inner.ledger.as_ref()
     }
 }

@@ -16,7 +16,7 @@
 //!   everything), then checkpointed;
 //! * Redis likewise, from the lowest offsets its replicas recorded, at
 //!   every start and whenever the server may have lost its last writes
-//!   (restarted from a snapshot, a replica promoted: [`Ledger::kept_writes`],
+//!   (restarted from a snapshot, a replica promoted: [`Fill::kept_writes`],
 //!   asked every second and before a decision after a reconnect); read
 //!   whole when its [`GenerationMark`] is missing: new, or lost
 //!   (`FLUSHALL`, a failover to an empty replica). With several replicas,
@@ -66,7 +66,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::adapters::ledger::{
-    Commit, FillToken, Gate, GenerationMark, Ledger, LedgerError, Offsets, TopicsSeen,
+    Commit, Fill, FillToken, Gate, GenerationMark, Ledger, LedgerError, Offsets, TopicsSeen,
 };
 use crate::adapters::publish::Topics;
 use crate::domain::event::EntityType;
@@ -95,7 +95,7 @@ const FOLD_AT_MOST: u64 = 20_000;
 const FOLD_AT_MOST: u64 = 3;
 
 /// How often the store is asked whether it still holds every write made
-/// to it ([`Ledger::kept_writes`]: on Redis its generation mark, which a
+/// to it ([`Fill::kept_writes`]: on Redis its generation mark, which a
 /// cluster's scripts cannot look at, and the server's generation).
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
@@ -132,7 +132,7 @@ enum Proof {
 
 impl Proof {
     /// The proof of a fill that begins now, written when it is a token.
-    async fn begin(store: &dyn Ledger) -> Result<Proof, LedgerError> {
+    async fn begin(store: &Fill<'_>) -> Result<Proof, LedgerError> {
         if store.generation_mark().await?.is_some() {
             return Ok(Proof::Mark);
         }
@@ -142,7 +142,7 @@ impl Proof {
     }
 
     /// Whether what the fill wrote is still there.
-    async fn holds(self, store: &dyn Ledger) -> Result<(), RebuildError> {
+    async fn holds(self, store: &Fill<'_>) -> Result<(), RebuildError> {
         let holds = match self {
             Proof::Mark => store.generation_mark().await?.is_some(),
             Proof::Token(token) => store.fill_token().await? == Some(token),
@@ -180,25 +180,25 @@ pub struct Rebuild {
     /// partitions the topic watch keeps.
     source: Arc<dyn TopicSource>,
     topics: Topics,
-    /// The store itself (not behind the gate).
-    store: Arc<dyn Ledger>,
+    /// The ledger, used through its fill's calls (not behind the gate).
+    ledger: Arc<Ledger>,
     gate: Arc<Gate>,
     dedup_ttl: Duration,
 }
 
 impl Rebuild {
-    /// A rebuild of `store` from `topics` read from `source`, behind `gate`.
+    /// A rebuild of `ledger` from `topics` read from `source`, behind `gate`.
     pub fn new(
         source: Arc<dyn TopicSource>,
         topics: &Topics,
-        store: Arc<dyn Ledger>,
+        ledger: Arc<Ledger>,
         gate: Arc<Gate>,
         dedup_ttl: Duration,
     ) -> Rebuild {
         Rebuild {
             source,
             topics: topics.clone(),
-            store,
+            ledger,
             gate,
             dedup_ttl,
         }
@@ -232,7 +232,7 @@ impl Rebuild {
                 // the connection (a failover on one address) is read again
                 // before anything is decided on it.
                 if let Err(error @ (LedgerError::Lost | LedgerError::Changed { .. })) =
-                    self.store.kept_writes().await
+                    self.ledger.fill().kept_writes().await
                 {
                     warn!(%error, "The ledger changed while it was filled: it is read again.");
                     continue;
@@ -247,7 +247,7 @@ impl Rebuild {
                     () = stop.cancelled() => return,
                     () = self.gate.lost() => break,
                     () = tokio::time::sleep(WATCH_EVERY) => {
-                        match self.store.kept_writes().await {
+                        match self.ledger.fill().kept_writes().await {
                             Err(error @ (LedgerError::Lost | LedgerError::Changed { .. })) => {
                                 self.gate.found_lost(&error);
                                 break;
@@ -289,7 +289,7 @@ impl Rebuild {
         let done_since_ms =
             i64::try_from((now - self.dedup_ttl).unix_timestamp_nanos() / 1_000_000)
                 .unwrap_or(i64::MIN);
-        if let Some(cached) = self.store.cached().await? {
+        if let Some(cached) = self.ledger.fill().cached().await? {
             let look = self.look().await?;
             let (from, before, held) = match judge(&cached, &look) {
                 Verdict::Same => (cached.offsets, cached.topics, Held::Kept),
@@ -298,13 +298,13 @@ impl Rebuild {
                     (Offsets::new(), None, Held::Nothing)
                 }
             };
-            let proof = Proof::begin(self.store.as_ref()).await?;
+            let proof = Proof::begin(&self.ledger.fill()).await?;
             let ends = self.fill(&look, &from, done_since_ms, held, proof).await?;
             let seen = look.seen(before.as_ref(), &self.source.kept_partitions());
             return self.finish(&ends, &seen, proof, now).await;
         }
-        let _lock = self.store.rebuild_lock().await?;
-        if self.store.generation_mark().await?.is_some() {
+        let _lock = self.ledger.fill().rebuild_lock().await?;
+        if self.ledger.fill().generation_mark().await?.is_some() {
             // Another replica filled it meanwhile: read on from its offsets.
             return Box::pin(self.attempt()).await;
         }
@@ -312,7 +312,7 @@ impl Rebuild {
             "The ledger holds no generation mark (it is new, or lost its keys): filling it from the topics before deciding deliveries."
         );
         let look = self.look().await?;
-        let proof = Proof::begin(self.store.as_ref()).await?;
+        let proof = Proof::begin(&self.ledger.fill()).await?;
         let ends = self
             .fill(&look, &Offsets::new(), done_since_ms, Held::Nothing, proof)
             .await?;
@@ -330,16 +330,17 @@ impl Rebuild {
         proof: Proof,
         now: OffsetDateTime,
     ) -> Result<(), RebuildError> {
-        self.store.restore(ends, seen);
-        self.store.persist().await?;
-        proof.holds(self.store.as_ref()).await?;
+        self.ledger.fill().restore(ends, seen);
+        self.ledger.fill().persist().await?;
+        proof.holds(&self.ledger.fill()).await?;
         if let Proof::Token(_) = proof {
-            self.store
+            self.ledger
+                .fill()
                 .mark_generation(GenerationMark {
                     filled_at: now.unix_timestamp(),
                 })
                 .await?;
-            self.store.persist().await?;
+            self.ledger.fill().persist().await?;
         }
         Ok(())
     }
@@ -354,7 +355,7 @@ impl Rebuild {
         );
         metrics::counter!(telemetry::LEDGER_TOPICS_REPLACED).increment(1);
         self.gate.filled_whole_because(why);
-        self.store.forget_topics().await?;
+        self.ledger.fill().forget_topics().await?;
         self.source.keep_partitions_anew(&look.partitions());
         Ok(())
     }
@@ -443,7 +444,7 @@ impl Rebuild {
                     }
                 }
                 self.write(found, held, &mut written, proof).await?;
-                proof.holds(self.store.as_ref()).await?;
+                proof.holds(&self.ledger.fill()).await?;
                 self.gate.read(0, true);
             }
         }
@@ -493,7 +494,7 @@ impl Rebuild {
         written: &mut Written,
         proof: Proof,
     ) -> Result<(), RebuildError> {
-        let store = self.store.as_ref();
+        let store = &self.ledger.fill();
         let check_held =
             !store.refuses_older_states() && (held == Held::Kept || written.summary.entities > 0);
         written.summary.add(found.summary());

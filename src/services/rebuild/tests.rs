@@ -115,16 +115,23 @@ async fn a_partition_is_written_in_batches_and_an_older_state_in_a_later_one_doe
     let rebuild = Rebuild::new(
         Arc::new(source),
         &topics,
-        opened.store.clone(),
+        opened.ledger.clone(),
         opened.gate.clone(),
         Duration::from_secs(3600),
     );
     rebuild.once().await.unwrap();
 
     let state = |key: &str| {
-        let store = opened.store.clone();
+        let ledger = opened.ledger.clone();
         let slot = EntitySlot::of_record_key(EntityType::Order, key);
-        async move { store.entity(&slot).await.unwrap().map(|s| s.version) }
+        async move {
+            ledger
+                .fill()
+                .entity(&slot)
+                .await
+                .unwrap()
+                .map(|s| s.version)
+        }
     };
     assert_eq!(
         state("mekari:O-1").await,

@@ -255,7 +255,7 @@ impl Reconciler {
     }
 
     /// The ledger the pipeline writes, for the watchdog's own marks.
-    pub fn ledger(&self) -> &dyn Ledger {
+    pub fn ledger(&self) -> &Ledger {
         self.pipeline.ledger()
     }
 

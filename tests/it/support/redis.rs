@@ -78,7 +78,7 @@ pub async fn cli(port: u16, args: &[&str]) -> String {
 /// it from the topics) as filled: without its generation mark it decides
 /// nothing.
 pub async fn mark_filled(ledger: &posbridge::adapters::ledger::RedisLedger) {
-    use posbridge::adapters::ledger::{GenerationMark, Ledger};
+    use posbridge::adapters::ledger::{GenerationMark, Store};
     ledger
         .mark_generation(GenerationMark { filled_at: 1 })
         .await

@@ -41,7 +41,7 @@ use tokio::sync::oneshot;
 use super::placements::{Offsets, Placements, Sending};
 use super::{
     Begin, Cached, Commit, EntityLock, EntitySlot, EntityState, FILL_TOKEN_NAME, FillToken,
-    GENERATION_MARK_NAME, GenerationMark, Ledger, LedgerError, RebuildLock, TopicsSeen,
+    GENERATION_MARK_NAME, GenerationMark, LedgerError, RebuildLock, TopicsSeen,
 };
 use crate::domain::event::DeliveryKey;
 use checkpoint::{Ask, Checkpointer, Health, Seen, checkpoint_loop};
@@ -155,7 +155,7 @@ impl EmbeddedLedger {
     }
 
     /// Opens (or creates) the ledger file with no checkpoint thread: a
-    /// checkpoint is taken when [`Ledger::persist`] asks for one, on the
+    /// checkpoint is taken when [`super::Store::persist`] asks for one, on the
     /// asker's thread, and none when the ledger is dropped (a crash).
     ///
     /// # Errors
@@ -319,7 +319,7 @@ fn storage(error: impl Into<redb::Error>) -> LedgerError {
 }
 
 #[async_trait]
-impl Ledger for EmbeddedLedger {
+impl super::Store for EmbeddedLedger {
     async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
         self.lease(delivery, true)
     }
@@ -332,8 +332,13 @@ impl Ledger for EmbeddedLedger {
         self.end_lease(delivery);
     }
 
-    async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
-        Ok(Box::new(self.locks.lock(slot.as_str()).await))
+    async fn lock_and_read(
+        &self,
+        slot: &EntitySlot,
+    ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
+        let lock: EntityLock = Box::new(self.locks.lock(slot.as_str()).await);
+        let state = self.entity(slot).await?;
+        Ok((lock, state))
     }
 
     async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {

@@ -95,7 +95,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::adapters::ledger::{Begin, Commit, Ledger as _};
+    use crate::adapters::ledger::{Begin, Commit, Store as _};
     use crate::domain::event::{DeliveryKey, ProviderKind};
     use crate::observe::telemetry;
 

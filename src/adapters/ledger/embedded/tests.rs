@@ -2,6 +2,7 @@ use redb::Database;
 
 use super::tables::{DONE, ENTITIES, SWEEP_PER_COMMIT, Sweep, Write, write_batch};
 use super::*;
+use crate::adapters::ledger::Store;
 use crate::domain::event::{EntityKey, EntityType, ProviderKind, Version};
 
 fn open(dir: &tempfile::TempDir) -> EmbeddedLedger {

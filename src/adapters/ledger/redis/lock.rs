@@ -17,14 +17,13 @@ const LOCK_POLL: Duration = Duration::from_millis(5);
 
 impl RedisLedger {
     /// Polls until the entity's lock is taken: on one server with the
-    /// state read in the same script (`LOCK_AND_READ`, which with
-    /// `check_mark` also finds a lost generation mark), on a cluster with
+    /// state read in the same script (`LOCK_AND_READ`, which also finds a
+    /// lost generation mark), on a cluster with
     /// `SET NX PX` and then a `GET` (the lock's and the state's keys lie in
     /// different slots).
     pub(super) async fn lock_and_read_marked(
         &self,
         slot: &EntitySlot,
-        check_mark: bool,
     ) -> Result<(RedisLock, Option<EntityState>), LedgerError> {
         let key = self.key("lock", slot.as_str());
         let state_key = self.key("entity", slot.as_str());
@@ -36,10 +35,7 @@ impl RedisLedger {
         let state: Option<Vec<u8>> = loop {
             if conn.is_single() {
                 let mut invocation = LOCK_AND_READ.key(&key);
-                invocation.key(&state_key);
-                if check_mark {
-                    invocation.key(self.mark_key());
-                }
+                invocation.key(&state_key).key(self.mark_key());
                 let (taken, state): (i32, Option<Vec<u8>>) = invocation
                     .arg(&token)
                     .arg(self.lease_ms())

@@ -77,8 +77,8 @@ use scripts::{BEGIN, COMMIT, MARK_DONE, SET_STATE};
 
 use super::{
     Begin, Cached, Commit, DEFAULT_CHECKPOINT_EVERY, EntityLock, EntitySlot, EntityState,
-    FILL_TOKEN_NAME, FillToken, GENERATION_MARK_NAME, GenerationMark, Ledger, LedgerError, Offsets,
-    RebuildLock, Sending, TopicsSeen,
+    FILL_TOKEN_NAME, FillToken, GENERATION_MARK_NAME, GenerationMark, LedgerError, Offsets,
+    RebuildLock, Sending, Store, TopicsSeen,
 };
 use crate::config::LedgerConfig;
 use crate::domain::event::DeliveryKey;
@@ -347,7 +347,7 @@ fn glob_escaped(text: &str) -> String {
 }
 
 #[async_trait]
-impl Ledger for RedisLedger {
+impl Store for RedisLedger {
     /// On one server, the generation mark is looked at in the same script:
     /// a ledger that lost its keys decides nothing until it is filled again.
     async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
@@ -413,19 +413,11 @@ impl Ledger for RedisLedger {
         slot: &EntitySlot,
     ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
         let drops = self.same_server().await?;
-        let (lock, state) = self.lock_and_read_marked(slot, true).await?;
+        let (lock, state) = self.lock_and_read_marked(slot).await?;
         let read: (EntityLock, Option<EntityState>) = (Box::new(lock), state);
         // Dropping the lock releases it.
         self.still_same_server(drops).await?;
         Ok(read)
-    }
-
-    /// [`Ledger::lock_and_read`] with the state left unread by the caller:
-    /// one polling loop for both (the delivery path takes the lock only with
-    /// its state). The mark is not looked at: a lock decides nothing, the
-    /// state read under it does.
-    async fn lock_entity(&self, slot: &EntitySlot) -> Result<EntityLock, LedgerError> {
-        Ok(Box::new(self.lock_and_read_marked(slot, false).await?.0))
     }
 
     async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {

@@ -46,7 +46,7 @@ pub(super) struct Process {
     pub(super) pipeline: Pipeline,
     pub(super) spool: Spool,
     /// The ledger without its gate: a clean stop makes it durable.
-    pub(super) store: Arc<dyn Ledger>,
+    pub(super) ledger: Arc<Ledger>,
     /// Its background tasks (rebuild, checkpoints, drainer) stop with it.
     stop: CancellationToken,
 }
@@ -81,7 +81,7 @@ impl Process {
             max_event_ahead: crate::config::ServerConfig::default().max_event_ahead(),
         };
         let pipeline =
-            Pipeline::on_fake(opened.ledger, broker.clone(), spool.clone(), timing).await;
+            Pipeline::on_fake(opened.ledger.clone(), broker.clone(), spool.clone(), timing).await;
         let stop = CancellationToken::new();
         tokio::spawn(
             Rebuild::new(
@@ -89,7 +89,7 @@ impl Process {
                     broker: broker.clone(),
                 }),
                 &topics,
-                opened.store.clone(),
+                opened.ledger.clone(),
                 opened.gate,
                 DEDUP_TTL,
             )
@@ -97,7 +97,7 @@ impl Process {
         );
         if let Some(every) = checkpoint_every {
             tokio::spawn(checkpoints(
-                opened.store.clone(),
+                opened.ledger.clone(),
                 broker,
                 (topics.clone(), violated),
                 every,
@@ -112,7 +112,7 @@ impl Process {
         Process {
             pipeline,
             spool,
-            store: opened.store,
+            ledger: opened.ledger,
             stop,
         }
     }
@@ -134,7 +134,7 @@ pub(super) type Violated = Arc<dyn Fn(String) + Send + Sync>;
 /// The ledger's checkpoints, every `every` of virtual time, each followed
 /// by the check of what it recorded ([`below_the_offsets`]).
 async fn checkpoints(
-    store: Arc<dyn Ledger>,
+    store: Arc<Ledger>,
     broker: Arc<FakeBroker>,
     (topics, violated): (Topics, Violated),
     every: Duration,
@@ -155,7 +155,7 @@ async fn checkpoints(
                 }
                 let settling = grown.1.elapsed() <= SETTLES_WITHIN;
                 // A failed one shows in the ledger's health; the next tries again.
-                if store.persist().await.is_ok() && settling {
+                if store.fill().persist().await.is_ok() && settling {
                     for broken in below_the_offsets(store.as_ref(), &broker, &topics, &mut checked).await {
                         violated(broken);
                     }
@@ -172,12 +172,12 @@ async fn checkpoints(
 /// of them are once the offsets fall: the ledger forgot its topics). What
 /// does not hold.
 async fn below_the_offsets(
-    store: &dyn Ledger,
+    store: &Ledger,
     broker: &FakeBroker,
     topics: &Topics,
     checked: &mut Offsets,
 ) -> Vec<String> {
-    let Ok(Some(cached)) = store.cached().await else {
+    let Ok(Some(cached)) = store.fill().cached().await else {
         return Vec::new();
     };
     let mut broken = Vec::new();
@@ -206,7 +206,7 @@ async fn below_the_offsets(
                 continue;
             };
             let slot = EntitySlot::of_record_key(entity_type, &record.key);
-            let held = store.entity(&slot).await.ok().flatten();
+            let held = store.fill().entity(&slot).await.ok().flatten();
             if held.is_none_or(|held| held.version < state.version) {
                 broken.push(format!(
                     "a checkpoint recorded {topic} read up to {next}, and the ledger does not hold the state of the record at {offset} ({})",

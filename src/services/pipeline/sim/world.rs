@@ -471,7 +471,7 @@ impl World {
                 process.stop();
                 // Its outcome is seen by the next start, which reads on from
                 // what is durable whatever it is.
-                let _ = process.store.persist().await;
+                let _ = process.ledger.fill().persist().await;
                 self.shared.step(now, "posbridge stopped");
             } else {
                 self.shared.step(now, "posbridge crashes");
