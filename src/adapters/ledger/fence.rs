@@ -161,7 +161,9 @@ impl Fence {
             Some(_) => false,
         };
         if due && let Ok(_healing) = self.healing.try_lock() {
-            self.heal(store).await;
+            // In a box of its own: rare, and every call of the line holds
+            // this future, which a move copies whole.
+            Box::pin(self.heal(store)).await;
         }
         match self.raised().as_ref() {
             None => Ok(()),

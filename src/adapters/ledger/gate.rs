@@ -249,7 +249,12 @@ impl Gate {
     /// # Errors
     /// [`LedgerError::Rebuilding`] when it stays closed.
     pub(super) async fn wait_open(&self) -> Result<(), LedgerError> {
-        self.opens_within(WAIT_FOR_OPEN).await;
+        if self.is_open() {
+            return Ok(());
+        }
+        // In a box of its own: the wait is rare (a fill), and every call of
+        // the line holds this future, which a move copies whole.
+        Box::pin(self.opens_within(WAIT_FOR_OPEN)).await;
         self.check_open()
     }
 }

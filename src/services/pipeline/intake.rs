@@ -58,8 +58,11 @@ impl Pipeline {
             return Ok(Taken::Done(Handled::bare(self.duplicate(provider))));
         }
         let (lease, released) = self.held(key);
-        let taken = self.until(deadline, self.process(delivery, lease), released);
-        taken.await
+        // Boxed: the processing future is a few KiB, and `until` would
+        // otherwise hold it twice (its argument and its timeout) inside the
+        // task's future, which the spawn copies whole, several times.
+        let work = Box::pin(self.process(delivery, lease));
+        self.until(deadline, work, released).await
     }
 
     /// Runs `work`, which holds a lease, until `deadline`; cut there or

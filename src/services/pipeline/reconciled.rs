@@ -20,8 +20,10 @@ impl Pipeline {
     /// ledger could not be read.
     pub async fn apply(&self, normalized: Normalized) -> Result<Outcome, PipelineError> {
         let pipeline = self.clone();
-        self.on_its_task(|answer| async move { answer.send(pipeline.apply_here(normalized).await) })
-            .await
+        self.on_its_task(|answer| async move {
+            answer.send(Box::pin(pipeline.apply_here(normalized)).await);
+        })
+        .await
     }
 
     /// [`Pipeline::apply`] on its task, under a trace of its own.

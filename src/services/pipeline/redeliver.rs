@@ -1,7 +1,5 @@
 //! A dead letter put through the line again, or planned on a dry run.
 
-use std::pin::pin;
-
 use tokio::time::Instant;
 
 use super::intake::{Envelope, identify};
@@ -59,7 +57,7 @@ impl Pipeline {
         let redelivered = match self.redeliver_decided(&delivery, deadline).await {
             Ok(Redecided::Done(redelivery)) => Ok(redelivery),
             Ok(Redecided::Send(outgoing, entity)) => {
-                let mut sending = pin!(self.send_state(outgoing));
+                let mut sending = Box::pin(self.send_state(outgoing));
                 match tokio::time::timeout_at(deadline, &mut sending).await {
                     Ok(sent) => sent.map(|sent| match sent {
                         StateSent::Published => Redelivery::Applied {
@@ -108,7 +106,7 @@ impl Pipeline {
                 .unwrap_or(Err(PipelineError::DeadlinePassed)),
         )?;
         let (lease, released) = self.held(&key);
-        let work = self.redeliver_leased(delivery, envelope, lease);
+        let work = Box::pin(self.redeliver_leased(delivery, envelope, lease));
         self.until(deadline, work, released).await
     }
 

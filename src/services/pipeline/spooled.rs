@@ -2,8 +2,6 @@
 //! line without the spool and without an answer budget (nobody waits for
 //! an answer; the producer's own deadline still bounds each record).
 
-use std::pin::pin;
-
 use tokio::time::Instant;
 
 use super::intake::{Attempt, Taken, key_of};
@@ -42,7 +40,7 @@ impl Pipeline {
         {
             Ok(Taken::Done(handled)) => Ok(handled.outcome),
             Ok(Taken::Sending(outgoing, _)) => {
-                let mut sending = pin!(self.send_or_dead_letter(outgoing));
+                let mut sending = Box::pin(self.send_or_dead_letter(outgoing));
                 match tokio::time::timeout_at(deadline, &mut sending).await {
                     Ok(sent) => sent.map(|(outcome, _)| outcome),
                     Err(_) => {

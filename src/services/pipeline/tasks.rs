@@ -26,6 +26,12 @@ use crate::observe::delivery as observe;
 pub(super) struct Answer<T>(oneshot::Sender<T>);
 
 impl<T> Answer<T> {
+    /// An answer sent on `sender`: a test's, to look at a task's future.
+    #[cfg(test)]
+    pub(super) fn new(sender: oneshot::Sender<T>) -> Self {
+        Answer(sender)
+    }
+
     /// Gives the caller its answer. A caller that went away (a client that
     /// hung up) is told nothing; the work is done all the same.
     pub(super) fn send(self, answer: T) {

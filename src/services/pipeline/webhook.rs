@@ -3,7 +3,6 @@
 //! its record sent and committed (`send.rs`), and the spool when Kafka
 //! cannot make its outcome durable within the answer budget.
 
-use std::pin::pin;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -39,7 +38,7 @@ impl Pipeline {
     /// [`Pipeline::deliver`], on the delivery's task: taken in before the
     /// deadline, then sent; at the deadline the answer goes out (spooled,
     /// or "try again") while a record already sent runs on to its commit.
-    async fn deliver_on_its_task(
+    pub(super) async fn deliver_on_its_task(
         self,
         delivery: Delivery,
         answer: Answer<Result<Handled, PipelineError>>,
@@ -60,7 +59,9 @@ impl Pipeline {
         {
             Ok(Taken::Done(handled)) => Ok(handled),
             Ok(Taken::Sending(outgoing, handled)) => {
-                let mut sending = pin!(self.send_or_dead_letter(outgoing));
+                // Boxed, as the taking in is: the task's own future stays
+                // small, so spawning it copies little.
+                let mut sending = Box::pin(self.send_or_dead_letter(outgoing));
                 match tokio::time::timeout_at(work_deadline, &mut sending).await {
                     Ok(sent) => sent.map(|(outcome, code)| handled.sent(outcome, code)),
                     Err(_) => {
