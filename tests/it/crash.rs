@@ -131,7 +131,13 @@ async fn sigkill_under_load_loses_nothing_answered_and_rolls_nothing_back() {
     // Killed mid-load, with deliveries in flight.
     // Polled every 5 ms, not through the suite's 100 ms wait: the kill must
     // land while deliveries are in flight, not after the load ended.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
     while first.lock().unwrap().answered.len() < all / 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a third of the first life's deliveries not answered within 120 s ({} of {all}): see posbridge's log",
+            first.lock().unwrap().answered.len()
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     posbridge.kill().unwrap();

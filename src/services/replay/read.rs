@@ -65,6 +65,10 @@ pub enum ReadError {
         /// The next offset expected.
         offset: i64,
     },
+    /// The runtime is shutting down: a request to the broker was cancelled
+    /// before it ran.
+    #[error("the process is shutting down")]
+    ShuttingDown,
 }
 
 /// One partition's range as the run found it at its start.
@@ -171,9 +175,14 @@ impl Reader {
             Ok(extents)
         })
         .await
-        // The closure only asks librdkafka, which reports failures as errors:
-        // a panic in it is a bug.
-        .expect("metadata requests do not panic")
+        .unwrap_or_else(|error| match error.try_into_panic() {
+            // The closure only asks librdkafka, which reports failures as
+            // errors: a panic in it is a bug, and goes on as one.
+            Ok(panic) => std::panic::resume_unwind(panic),
+            // The runtime is shutting down: its blocking pool cancelled the
+            // request before it ran.
+            Err(_) => Err(ReadError::ShuttingDown),
+        })
     }
 
     /// Starts reading `partition` at `from`, up to `to` (exclusive).
