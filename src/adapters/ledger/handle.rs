@@ -140,7 +140,8 @@ impl Ledger {
     /// As [`Ledger::begin`].
     pub async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
         self.gate.wait_open().await?;
-        self.gate.saw(self.fill().entity(slot).await)
+        self.fence.open(self.store.as_ref()).await?;
+        self.gate.saw(self.store.entity(slot).await)
     }
 
     /// A reconciler's or a replay's checkpoint: the unix second up to which
