@@ -245,7 +245,11 @@ impl Rebuild {
             loop {
                 tokio::select! {
                     () = stop.cancelled() => return,
-                    () = self.gate.lost() => break,
+                    // A loss found before this fill began was read by it:
+                    // its notice, left over, finds the gate still open.
+                    () = self.gate.lost() => if !self.gate.is_open() {
+                        break;
+                    },
                     () = tokio::time::sleep(WATCH_EVERY) => {
                         match self.ledger.fill().kept_writes().await {
                             Err(error @ (LedgerError::Lost | LedgerError::Changed { .. })) => {

@@ -4,12 +4,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
 
 use super::{FOLD_AT_MOST, Rebuild, TopicRead, TopicSource};
-use crate::adapters::ledger::{EntitySlot, open_driven};
+use crate::adapters::ledger::{EntitySlot, LedgerError, open_driven};
 use crate::adapters::publish::{Described, Topics};
 use crate::config::KafkaConfig;
 use crate::domain::event::{EntityType, Version};
@@ -143,4 +145,80 @@ async fn a_partition_is_written_in_batches_and_an_older_state_in_a_later_one_doe
     for n in 1..=fillers {
         assert!(state(&format!("mekari:F-{n}")).await.is_some(), "F-{n}");
     }
+}
+
+/// Empty topics that count the fills reading them (each reads every topic).
+struct CountsFills(Arc<AtomicUsize>);
+
+#[async_trait]
+impl TopicSource for CountsFills {
+    async fn describe(&self, _topics: &[String]) -> Described {
+        Described::default()
+    }
+
+    fn reader(&self, _topic: &str) -> Result<Box<dyn TopicRead>, ReadError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(Box::new(Partition {
+            records: Vec::new(),
+            next: 0,
+            to: 0,
+        }))
+    }
+
+    fn kept_partitions(&self) -> BTreeMap<String, usize> {
+        BTreeMap::new()
+    }
+
+    fn keep_partitions_anew(&self, _now: &BTreeMap<String, usize>) {}
+}
+
+/// Several deliveries find one lost ledger before its fill begins (the
+/// drainer's and a check's): one fill reads it, not one per finder.
+#[tokio::test(start_paused = true)]
+async fn a_loss_found_by_several_before_the_fill_is_filled_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let opened = open_driven(
+        &dir.path().join("ledger.redb"),
+        Duration::from_secs(3600),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let topics = Topics::new(&KafkaConfig::default());
+    let readers = Arc::new(AtomicUsize::new(0));
+    let rebuild = Rebuild::new(
+        Arc::new(CountsFills(readers.clone())),
+        &topics,
+        opened.ledger.clone(),
+        opened.gate.clone(),
+        Duration::from_secs(3600),
+    );
+    let topics_read = {
+        let rebuild = Rebuild::new(
+            Arc::new(CountsFills(readers.clone())),
+            &topics,
+            opened.ledger.clone(),
+            opened.gate.clone(),
+            Duration::from_secs(3600),
+        );
+        rebuild.once().await.unwrap();
+        readers.swap(0, Ordering::Relaxed)
+    };
+    assert!(topics_read > 0);
+
+    opened.gate.found_lost(&LedgerError::Lost);
+    opened.gate.found_lost(&LedgerError::Lost);
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(rebuild.run(stop.clone()));
+    while !opened.gate.is_open() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(opened.gate.is_open(), "the gate closed again");
+    assert_eq!(
+        readers.load(Ordering::Relaxed),
+        topics_read,
+        "the topics were read by more than one fill"
+    );
+    stop.cancel();
+    running.await.unwrap();
 }
