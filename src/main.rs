@@ -511,20 +511,29 @@ fn check_config(path: PathBuf) -> anyhow::Result<()> {
     anyhow::bail!("{} problem(s) in {}", problems.len(), path.display())
 }
 
-/// Reads the secret files again on every SIGHUP. Listening starts before
-/// posbridge accepts webhooks: a SIGHUP nobody listens for ends the process.
+/// Reads the secret files and the sources directory again on every SIGHUP.
+/// Listening starts before posbridge accepts webhooks: a SIGHUP nobody
+/// listens for ends the process.
 fn reload_secrets_on_hangup(app: &App) -> anyhow::Result<()> {
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("listening for SIGHUP")?;
     let request = app.secrets_reload();
     let reads = app.reads_secret_files();
+    let sources = app.sources_reload();
     tokio::spawn(async move {
         while hangup.recv().await.is_some() {
             if reads {
                 info!("SIGHUP: reading the secret files again.");
                 request.request();
-            } else {
-                info!("SIGHUP: no source reads secret files; nothing to read again.");
+            }
+            if let Some(sources) = &sources {
+                info!("SIGHUP: reading the sources directory again.");
+                sources.request();
+            }
+            if !reads && sources.is_none() {
+                info!(
+                    "SIGHUP: no source reads secret files and no sources directory is set; nothing to read again."
+                );
             }
         }
     });

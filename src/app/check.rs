@@ -63,38 +63,48 @@ pub fn problems(config: &Config) -> Vec<Problem> {
         problems.push(Problem::new(key, message));
     }
     for entry in config.sources() {
-        let key = entry.key();
-        let (scheme, _) = signature(entry);
-        // The files are read as start-up reads them: a missing one stops it.
-        match secrets::read(entry.config) {
-            Err(error) => problems.push(Problem::new(
-                format!("{key}.{}", error.key()),
-                error.to_string(),
-            )),
-            Ok(found) => {
-                for found in found {
-                    if let Err(error) = scheme.key(found.secret.expose()) {
-                        let message = match &found.origin {
-                            secrets::Origin::Inline(_) => error.to_string(),
-                            origin => format!("{origin}: {error}"),
-                        };
-                        problems.push(Problem::new(
-                            format!("{key}.{}", found.origin.key()),
-                            message,
-                        ));
-                    }
+        problems.extend(source_problems(entry));
+    }
+    problems.extend(super::sources::dir_problems(config));
+    problems
+}
+
+/// What a source needs of its provider: its secrets (its files read) fit
+/// its signature scheme, its `api` table its provider's settings. The main
+/// file's sources and the sources directory's files are checked alike.
+pub fn source_problems(entry: SourceEntry<'_>) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let key = entry.key();
+    let (scheme, _) = signature(entry);
+    // The files are read as start-up reads them: a missing one stops it.
+    match secrets::read(entry.config) {
+        Err(error) => problems.push(Problem::new(
+            format!("{key}.{}", error.key()),
+            error.to_string(),
+        )),
+        Ok(found) => {
+            for found in found {
+                if let Err(error) = scheme.key(found.secret.expose()) {
+                    let message = match &found.origin {
+                        secrets::Origin::Inline(_) => error.to_string(),
+                        origin => format!("{origin}: {error}"),
+                    };
+                    problems.push(Problem::new(
+                        format!("{key}.{}", found.origin.key()),
+                        message,
+                    ));
                 }
             }
         }
-        if let Some(api) = &entry.config.api {
-            for (field, message) in providers::for_kind(entry.provider).api_problems(api) {
-                let at = if field.is_empty() {
-                    format!("{key}.api")
-                } else {
-                    format!("{key}.api.{field}")
-                };
-                problems.push(Problem::new(at, message));
-            }
+    }
+    if let Some(api) = &entry.config.api {
+        for (field, message) in providers::for_kind(entry.provider).api_problems(api) {
+            let at = if field.is_empty() {
+                format!("{key}.api")
+            } else {
+                format!("{key}.api.{field}")
+            };
+            problems.push(Problem::new(at, message));
         }
     }
     problems

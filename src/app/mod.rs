@@ -10,6 +10,7 @@ pub mod files;
 mod known;
 pub mod partitions;
 pub mod schema;
+pub mod sources;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -28,13 +29,14 @@ use crate::adapters::spool::{Spool, SpoolError};
 use crate::adapters::store_file::StoreFileError;
 use crate::config::{AdminConfig, Config};
 use crate::domain::event::ProviderKind;
-use crate::http::ingress::{self, AppState, ConnectionLimits, WebhookSource};
+use crate::http::ingress::{self, AppState, ConnectionLimits, SourceMap};
 use crate::observe::Board;
 use crate::observe::delivery;
 use crate::observe::telemetry;
 use crate::observe::traces::{TraceError, Traces};
 use crate::services::drain::Drainer;
 use crate::services::pipeline::{Pipeline, Stages, Timing};
+use sources::Sources;
 
 pub use check::{load, problems, webhook_source};
 
@@ -81,6 +83,9 @@ pub enum BuildError {
     /// The trace exporter refused its settings.
     #[error("cannot export traces")]
     Traces(#[from] TraceError),
+    /// The sources directory cannot be listed.
+    #[error(transparent)]
+    SourcesDir(#[from] sources::DirError),
     /// A source's secret file cannot be read, or a secret does not fit its
     /// signature scheme.
     #[error("{key}.{}: {source}", .source.key())]
@@ -116,6 +121,9 @@ impl BuildError {
             }
             BuildError::Spool(_) => "check spool.path; one posbridge process per spool file",
             BuildError::Traces(_) => "check telemetry.otlp (endpoint, headers)",
+            BuildError::SourcesDir(_) => {
+                "check sources_dir: it names a directory posbridge may list (its files are checked one by one, and a bad one is refused alone)"
+            }
             BuildError::Secret {
                 source: LoadError::Read(_),
                 ..
@@ -128,20 +136,9 @@ impl BuildError {
 /// Makes the series an alert watches exist from start-up at 0 (a `rate()`
 /// or an absence alert needs the series before the first event), and sets
 /// `posbridge_build_info{version, encoding}` to 1.
-fn announce_series(
-    sources: &HashMap<(ProviderKind, String), WebhookSource>,
-    encoding: &'static str,
-) {
+fn announce_series(sources: &SourceMap, encoding: &'static str) {
     for webhook in sources.values() {
-        let provider = webhook.source.provider.as_str();
-        let source = webhook.source.name.clone();
-        metrics::gauge!(
-            telemetry::SECRETS,
-            telemetry::PROVIDER => provider,
-            telemetry::SOURCE => source.clone()
-        )
-        .set(webhook.verifier.secrets_in_use() as f64);
-        delivery::announce_source(&webhook.source, webhook.spools);
+        sources::announce(webhook);
     }
     let dead_letter_codes: Vec<&'static str> = NormalizeError::CODES
         .into_iter()
@@ -203,6 +200,8 @@ pub struct App {
     shutdown_timeout: Duration,
     /// The sources whose secrets come from files, read again while serving.
     secret_files: SecretFiles,
+    /// The sources in use, a sources directory's read again while serving.
+    sources: Sources,
     /// Stops the ledger's rebuild task when the last clone goes.
     _rebuild: Arc<tokio_util::sync::DropGuard>,
 }
@@ -360,9 +359,11 @@ impl App {
             }
         }
         let board = Board::new(sources.keys().cloned());
+        // Start-up reads its files on this thread, as it read the main file.
+        let sources = Sources::start(config, sources, board.clone())?;
         Ok(App {
             state: AppState {
-                sources: Arc::new(sources),
+                sources: sources.live(),
                 pipeline: Pipeline::new(
                     Stages {
                         ledger,
@@ -398,6 +399,7 @@ impl App {
             publisher,
             shutdown_timeout: Duration::from_millis(config.server.shutdown_timeout_ms),
             secret_files,
+            sources,
             _rebuild: background.drop_guard().into(),
         })
     }
@@ -413,6 +415,12 @@ impl App {
         !self.secret_files.is_empty()
     }
 
+    /// Asks the running `serve` to read the sources directory again (`main`
+    /// asks on SIGHUP); none without one.
+    pub fn sources_reload(&self) -> Option<ReloadRequest> {
+        self.sources.reload_request()
+    }
+
     /// The pipeline, for callers other than the HTTP handler (the reconciler).
     pub fn pipeline(&self) -> &Pipeline {
         &self.state.pipeline
@@ -421,6 +429,11 @@ impl App {
     /// The producer, for what only the real one knows (its replacements).
     pub fn publisher(&self) -> &Publisher {
         &self.publisher
+    }
+
+    /// The sources in use (`/admin/sources`).
+    pub fn sources(&self) -> &Sources {
+        &self.sources
     }
 
     /// The status board the handler, the reconciler and the watchdog write.
@@ -440,9 +453,11 @@ impl App {
         config: &AdminConfig,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> impl Future<Output = std::io::Result<()>> + Send + 'static {
+        let sources = self.sources.clone();
         let state = ingress::AdminState {
             pipeline: self.state.pipeline.clone(),
             board: self.state.board.clone(),
+            sources: Arc::new(move || sources.report()),
         };
         ingress::serve_admin(
             listener,
@@ -508,12 +523,14 @@ impl App {
             .drainer()
             .map(|drainer| tokio::spawn(drainer.run(stop_background.clone())));
         let secret_files = tokio::spawn(self.secret_files.watch(stop_background.clone()));
+        let sources = tokio::spawn(self.sources.watch(stop_background.clone()));
         let served = ingress::serve(listener, self.state, shutdown).await;
         stop_background.cancel();
         // A read of the secret files may hang on a stuck mount; it only
         // replaces the verifier's secrets, so it is abandoned rather than
         // waited for ahead of the in-flight deliveries and the flush.
         secret_files.abort();
+        sources.abort();
         if let Some(drainer) = drainer {
             // The drainer stops between entries or mid-entry; either is safe.
             let _ = drainer.await;

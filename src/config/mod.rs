@@ -16,6 +16,7 @@ mod reconcile;
 mod registry;
 mod server;
 mod source;
+pub mod source_files;
 mod spool;
 mod telemetry;
 
@@ -109,6 +110,10 @@ pub struct Config {
     /// Mekari POS webhooks.
     #[serde(default)]
     pub mekari: ProviderConfig,
+    /// A directory of more sources, one file each (`{provider}.{source}.toml`),
+    /// read at start and while running ([`source_files`]).
+    #[serde(default)]
+    pub sources_dir: Option<std::path::PathBuf>,
     /// Catching up from the providers' APIs.
     #[serde(default)]
     pub reconcile: ReconcileConfig,
@@ -185,10 +190,13 @@ impl Config {
     }
 
     /// Whether any source spools deliveries Kafka cannot take: then the spool
-    /// is opened and drained.
+    /// is opened and drained. With a sources directory, always: a source
+    /// that spools may appear in it while posbridge runs.
     pub fn spools(&self) -> bool {
-        self.sources()
-            .any(|entry| entry.config.on_broker_unavailable == OnBrokerUnavailable::Spool)
+        self.sources_dir.is_some()
+            || self
+                .sources()
+                .any(|entry| entry.config.on_broker_unavailable == OnBrokerUnavailable::Spool)
     }
 
     /// Every configured source of every provider, with its key path
@@ -265,10 +273,11 @@ impl Config {
                 ),
             ));
         }
-        if self.sources().next().is_none() {
+        if self.sources().next().is_none() && self.sources_dir.is_none() {
             problems.push((
                 "receiptroller.sources / mekari.sources".to_owned(),
-                "no webhook source is configured; every request would get 404".to_owned(),
+                "no webhook source is configured (nor a sources_dir); every request would get 404"
+                    .to_owned(),
             ));
         }
         problems

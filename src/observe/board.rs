@@ -227,6 +227,18 @@ impl Board {
         }
     }
 
+    /// Lists a source added while running, before its first delivery.
+    pub fn add_source(&self, provider: ProviderKind, source: &str) {
+        self.with_source(provider, source, |_| ());
+    }
+
+    /// Takes a removed source's row away.
+    pub fn remove_source(&self, provider: ProviderKind, source: &str) {
+        if let Some(by_name) = self.lock().get_mut(&provider) {
+            by_name.remove(source);
+        }
+    }
+
     /// Records one answered request of a configured source.
     pub fn delivered(&self, provider: ProviderKind, source: &str, delivery: Delivery) {
         self.with_source(provider, source, |state| {

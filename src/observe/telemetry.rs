@@ -45,6 +45,12 @@ pub const SECRETS: &str = "posbridge_secrets";
 /// 1 while a source's secret files read, 0 while the last read failed and
 /// the secrets read before stay in use, by provider and source.
 pub const SECRET_FILES_READABLE: &str = "posbridge_secret_files_readable";
+/// Files of the sources directory refused now (a file that does not check,
+/// a name or account taken twice; the directory itself unreadable counts
+/// one): their sources keep their last good settings or stay absent.
+pub const SOURCE_FILES_REFUSED: &str = "posbridge_source_files_refused";
+/// Sources in use from files of the sources directory.
+pub const SOURCES_FROM_FILES: &str = "posbridge_sources_from_files";
 
 /// Always 1, labelled with the version and the wire format (`encoding`).
 pub const BUILD_INFO: &str = "posbridge_build_info";

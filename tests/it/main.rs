@@ -39,6 +39,7 @@ mod secret_rotation;
 mod shared_ledger;
 mod sink;
 mod slow_clients;
+mod sources_dir;
 mod spool;
 mod spool_full;
 mod status_page;

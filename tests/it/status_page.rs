@@ -93,13 +93,7 @@ fn section<'a>(text: &'a str, title: &str) -> &'a str {
 async fn serve_status(app: &TestApp) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = listener.local_addr().unwrap();
-    let router = posbridge::http::ingress::admin_router(
-        posbridge::http::ingress::AdminState {
-            pipeline: app.pipeline.clone(),
-            board: app.board.clone(),
-        },
-        &AdminConfig::default(),
-    );
+    let router = posbridge::http::ingress::admin_router(app.admin_state(), &AdminConfig::default());
     // Served as `serve` serves it: the admin listener's connection rules.
     let limits = posbridge::http::ingress::ConnectionLimits {
         header_read_timeout: std::time::Duration::from_secs(2),

@@ -71,6 +71,11 @@ struct FileSource {
 pub struct ReloadRequest(Arc<Notify>);
 
 impl ReloadRequest {
+    /// A request that wakes whoever waits on `notify`.
+    pub fn of(notify: Arc<Notify>) -> ReloadRequest {
+        ReloadRequest(notify)
+    }
+
     /// Asks for a read; requests made before it starts make one read.
     pub fn request(&self) {
         self.0.notify_one();

@@ -18,7 +18,9 @@ use time::OffsetDateTime;
 use super::ops::Readiness;
 use super::response::WebhookError;
 use crate::config::AdminConfig;
-use crate::http::status::{Health, Status};
+use std::sync::Arc;
+
+use crate::http::status::{Health, SourcesReport, Status};
 use crate::observe::Board;
 use crate::services::pipeline::Pipeline;
 
@@ -29,6 +31,8 @@ pub struct AdminState {
     pub pipeline: Pipeline,
     /// The last hour of deliveries, checks and runs.
     pub board: Board,
+    /// The sources in use and the refused files, as of now.
+    pub sources: Arc<dyn Fn() -> SourcesReport + Send + Sync>,
 }
 
 /// What a request must carry, as digests (compared whole, never byte by
@@ -85,6 +89,7 @@ pub fn router(state: AdminState, config: &AdminConfig) -> Router {
     Router::new()
         .route("/status", get(status_page))
         .route("/status.json", get(status_json))
+        .route("/admin/sources", get(sources_json))
         .fallback(|| async { WebhookError::NoRoute.into_response() })
         .method_not_allowed_fallback(|| async { WebhookError::MethodNotAllowed.into_response() })
         .layer(middleware::from_fn_with_state(credentials, authorize))
@@ -128,6 +133,12 @@ async fn status_json(State(state): State<AdminState>) -> Response {
     Json(gather(&state).await).into_response()
 }
 
+/// `GET /admin/sources`: every source, where it came from, when it was
+/// read, why its file is refused; never a secret.
+async fn sources_json(State(state): State<AdminState>) -> Response {
+    Json((state.sources)()).into_response()
+}
+
 /// The page's data: the board, and the shared parts' state as `/readyz`
 /// sees it, but for the broker: its state as the last send or probe found
 /// it, not asked again.
@@ -159,6 +170,7 @@ async fn gather(state: &AdminState) -> Status {
             failing_topics: pipeline.producer().health().failing_topics(),
         },
         sources: state.board.snapshot(now),
+        refused_source_files: (state.sources)().refused(),
     }
 }
 
@@ -214,6 +226,7 @@ mod tests {
                 .await
                 .0,
             board: Board::new([]),
+            sources: Arc::new(SourcesReport::default),
         };
         let json = Some("application/json".to_owned());
         let open = router(state.clone(), &AdminConfig::default());

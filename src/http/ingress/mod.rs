@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use axum::Router;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
@@ -46,11 +47,15 @@ pub struct WebhookSource {
     pub meters: RequestMeters,
 }
 
-/// What every handler needs; cheap handles only, read-only after start-up.
+/// The webhooks in use, by provider and name.
+pub type SourceMap = HashMap<(ProviderKind, String), WebhookSource>;
+
+/// What every handler needs; cheap handles only.
 #[derive(Clone)]
 pub struct AppState {
-    /// Configured webhooks by provider and name.
-    pub sources: Arc<HashMap<(ProviderKind, String), WebhookSource>>,
+    /// The webhooks in use: a sources directory's reads swap the whole map,
+    /// and a request keeps the one it found.
+    pub sources: Arc<ArcSwap<SourceMap>>,
     /// The data line.
     pub pipeline: Pipeline,
     /// Largest body read.

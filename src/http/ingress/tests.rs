@@ -56,7 +56,7 @@ fn state(pipeline: Pipeline, sources: HashMap<(ProviderKind, String), WebhookSou
         retry_after_secs: RETRY_AFTER_SECS,
         metrics: crate::observe::telemetry::install(),
         board: Board::new(sources.keys().cloned()),
-        sources: Arc::new(sources),
+        sources: Arc::new(arc_swap::ArcSwap::from_pointee(sources)),
     }
 }
 
@@ -556,6 +556,7 @@ fn admin(h: &Harness, config: &crate::config::AdminConfig) -> Router {
         super::AdminState {
             pipeline: h.pipeline.clone(),
             board: h.board.clone(),
+            sources: Arc::new(crate::http::status::SourcesReport::default),
         },
         config,
     )

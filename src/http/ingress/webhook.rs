@@ -39,7 +39,8 @@ pub async fn receive(
         return WebhookError::UnknownProvider(provider_name).into_response();
     };
     let key = (provider, source_name);
-    let source = state.sources.get(&key);
+    let sources = state.sources.load_full();
+    let source = sources.get(&key);
     let source_label = source.map_or(meters::UNKNOWN_SOURCE, |s| s.source.name.as_str());
     let span = info_span!("delivery", provider = %provider, source = %source_label, delivery_id = tracing::field::Empty);
     // Read once: the pipeline's key, and the status page's whatever becomes

@@ -4,5 +4,7 @@
 
 pub mod chart;
 pub mod page;
+pub mod sources;
 
 pub use page::{Health, Status};
+pub use sources::{Origin, RefusedFile, SourceView, SourcesReport};

@@ -39,6 +39,9 @@ pub struct Status {
     pub health: Health,
     /// Every configured source.
     pub sources: Vec<SourceSnapshot>,
+    /// The sources directory's files refused now (their sources keep
+    /// their last good settings, or are absent).
+    pub refused_source_files: Vec<super::RefusedFile>,
 }
 
 /// The shared parts' state.
@@ -91,6 +94,14 @@ pub fn render(status: &Status) -> String {
                 h1 { "posbridge" }
                 p { "As of " (time_text(status.generated_at)) " (refreshes every 10 s)." }
                 (health(&status.health))
+                @if !status.refused_source_files.is_empty() {
+                    table #refused-source-files {
+                        tr { th { "source file refused" } th { "why (its source keeps its last good settings, if it had any)" } }
+                        @for refused in &status.refused_source_files {
+                            tr { td.bad { (refused.path.display()) } td { (refused.reason) } }
+                        }
+                    }
+                }
                 @for source in &status.sources {
                     (source_section(source))
                 }
@@ -310,6 +321,10 @@ mod tests {
                 failing_topics: [(HOSTILE.to_owned(), HOSTILE.to_owned())].into(),
             },
             sources: board.snapshot(now),
+            refused_source_files: vec![super::super::RefusedFile {
+                path: "mekari.shop.toml".into(),
+                reason: HOSTILE.to_owned(),
+            }],
         })
     }
 
@@ -318,9 +333,10 @@ mod tests {
         let page = page_with_hostile_strings();
         assert!(!page.contains("<script>"), "{page}");
         // Delivery id, event type, key, the webhook's detail, the ledger's
-        // error and the failing topic with its reason: seven places.
+        // error, the failing topic with its reason and a refused source
+        // file's reason: eight places.
         let escaped = "&lt;script&gt;alert('x')&lt;/script&gt;&amp;&quot;";
-        assert_eq!(page.matches(escaped).count(), 7, "{page}");
+        assert_eq!(page.matches(escaped).count(), 8, "{page}");
     }
 
     #[test]
@@ -363,6 +379,7 @@ mod tests {
                 failing_topics: Default::default(),
             },
             sources: Board::new([]).snapshot(now),
+            refused_source_files: Vec::new(),
         });
         assert!(
             page.contains(

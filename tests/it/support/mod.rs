@@ -138,6 +138,8 @@ pub struct TestApp {
     pub publisher: posbridge::adapters::publish::Publisher,
     /// The running app's status board, for the admin router in the test.
     pub board: posbridge::observe::Board,
+    /// The running app's sources, for `/admin/sources` in the test.
+    pub sources: posbridge::app::sources::Sources,
     pub config: Config,
     pub prefix: String,
     stop: Option<oneshot::Sender<()>>,
@@ -182,6 +184,7 @@ impl TestApp {
         let pipeline = app.pipeline().clone();
         let publisher = app.publisher().clone();
         let board = app.board().clone();
+        let sources = app.sources().clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -194,6 +197,7 @@ impl TestApp {
             pipeline,
             publisher,
             board,
+            sources,
             config,
             prefix,
             stop: Some(stop),
@@ -285,14 +289,21 @@ impl TestApp {
         self.get("/metrics").await.text().await.unwrap()
     }
 
+    /// What the admin router reads, on this app's pipeline, board and sources.
+    pub fn admin_state(&self) -> posbridge::http::ingress::AdminState {
+        let sources = self.sources.clone();
+        posbridge::http::ingress::AdminState {
+            pipeline: self.pipeline.clone(),
+            board: self.board.clone(),
+            sources: std::sync::Arc::new(move || sources.report()),
+        }
+    }
+
     /// The status page's HTML, from the admin router on this app's
     /// pipeline and board (no credentials).
     pub async fn status_page(&self) -> String {
         let router = posbridge::http::ingress::admin_router(
-            posbridge::http::ingress::AdminState {
-                pipeline: self.pipeline.clone(),
-                board: self.board.clone(),
-            },
+            self.admin_state(),
             &posbridge::config::AdminConfig::default(),
         );
         let page = tower::ServiceExt::oneshot(

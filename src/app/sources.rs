@@ -1,0 +1,591 @@
+//! The sources in use: the main file's, fixed for the run, and those of a
+//! sources directory ([`crate::config::source_files`]), read at start and
+//! again while serving: on every change the directory watch sees, every
+//! `server.secrets_recheck_secs`, and on SIGHUP.
+//!
+//! Each read builds the whole new set aside and puts it in use in one swap,
+//! so a request sees one set or the other, and a delivery in flight keeps
+//! the source (its identity, verifier, meters) it started with.
+//!
+//! - A new file that checks is a new source: its URL answers from the swap.
+//! - A changed file that checks replaces its source; an unchanged one
+//!   keeps it (its secret files read again).
+//! - A removed file ends its source: its URL answers 404; what it spooled
+//!   still drains (a spooled delivery carries its source).
+//! - A file that does not check (the checks `check-config` makes) is
+//!   refused with its path and reason: the source keeps its last good
+//!   settings, or stays absent if it never had any. A file never takes
+//!   another source down.
+//! - A file whose source name is the main file's, or whose provider and
+//!   account are another source's (the same record keys), is refused; the
+//!   source already in use keeps them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use time::OffsetDateTime;
+use tokio::sync::Notify;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::check::{source_problems, webhook_source};
+use crate::adapters::secrets::{self, ReloadRequest};
+use crate::config::source_files::{self, Refusal, SourceFile};
+use crate::config::{Config, Problem, SourceEntry};
+use crate::domain::event::ProviderKind;
+use crate::http::ingress::{SourceMap, WebhookSource};
+use crate::http::status::{Origin, RefusedFile, SourceView, SourcesReport};
+use crate::observe::{Board, delivery, telemetry};
+
+/// A source's provider and name: its URL.
+type Key = (ProviderKind, String);
+
+/// How long after a change is seen the directory is read: the few events
+/// of one update (Kubernetes swaps a link and deletes the old files) make
+/// one read.
+const SETTLE: Duration = Duration::from_millis(200);
+
+/// A directory file's source as it runs.
+#[derive(Debug, Clone)]
+struct Loaded {
+    path: PathBuf,
+    digest: [u8; 32],
+    at: OffsetDateTime,
+}
+
+/// What the reads of the directory keep between them.
+#[derive(Debug, Default)]
+struct DirState {
+    /// The directory's sources in use.
+    loaded: BTreeMap<Key, Loaded>,
+    /// Refused files by path, with their source when their name says it.
+    refused: BTreeMap<PathBuf, Refusal>,
+    /// Why the directory itself could not be read last time.
+    unreadable: Option<String>,
+}
+
+/// The sources in use, shared with the webhook handler. Cheap to clone.
+#[derive(Clone)]
+pub struct Sources {
+    /// What the handler reads: swapped whole.
+    live: Arc<ArcSwap<SourceMap>>,
+    /// The main file's sources and their accounts.
+    main: Arc<BTreeMap<Key, Option<String>>>,
+    /// The directory, when one is configured.
+    dir: Option<PathBuf>,
+    state: Arc<Mutex<DirState>>,
+    /// The status page's rows, added and taken away with the sources.
+    board: Board,
+    recheck: Duration,
+    requested: Arc<Notify>,
+    /// When the main file's sources were read.
+    started: OffsetDateTime,
+}
+
+/// Why the directory's first read stopped start-up.
+pub use source_files::DirError;
+
+impl Sources {
+    /// The main file's `sources` (built), and the directory's, read now.
+    /// Blocks on the file system.
+    ///
+    /// # Errors
+    /// [`DirError`] when the directory cannot be listed at start: a wrong
+    /// path is a mistake to say at once, not a source set to serve without.
+    pub fn start(config: &Config, main: SourceMap, board: Board) -> Result<Sources, DirError> {
+        let accounts = main
+            .iter()
+            .map(|(key, webhook)| (key.clone(), webhook.source.account.clone()))
+            .collect();
+        let sources = Sources {
+            live: Arc::new(ArcSwap::from_pointee(main)),
+            main: Arc::new(accounts),
+            dir: config.sources_dir.clone(),
+            state: Arc::default(),
+            board,
+            recheck: config.server.secrets_recheck(),
+            requested: Arc::new(Notify::new()),
+            started: OffsetDateTime::now_utc(),
+        };
+        if let Some(dir) = &sources.dir {
+            let listing = source_files::read_dir(dir)?;
+            sources.apply(listing);
+        }
+        Ok(sources)
+    }
+
+    /// What the handler reads.
+    pub fn live(&self) -> Arc<ArcSwap<SourceMap>> {
+        self.live.clone()
+    }
+
+    /// A handle that asks the running watch for a read (SIGHUP); none
+    /// without a directory.
+    pub fn reload_request(&self) -> Option<ReloadRequest> {
+        self.dir
+            .as_ref()
+            .map(|_| ReloadRequest::of(self.requested.clone()))
+    }
+
+    /// Every source, the refused files' too, in provider and name order,
+    /// and the files refused without a source name.
+    pub fn report(&self) -> SourcesReport {
+        SourcesReport {
+            sources: self.views(),
+            refused_files: self.unnamed_refusals(),
+        }
+    }
+
+    fn views(&self) -> Vec<SourceView> {
+        let live = self.live.load();
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut views: BTreeMap<Key, SourceView> = BTreeMap::new();
+        for (key, webhook) in live.iter() {
+            let loaded = state.loaded.get(key);
+            views.insert(
+                key.clone(),
+                SourceView {
+                    provider: key.0,
+                    name: key.1.clone(),
+                    account: webhook.source.account.clone(),
+                    origin: loaded.map_or(Origin::MainFile, |l| Origin::File {
+                        path: l.path.clone(),
+                    }),
+                    serving: true,
+                    loaded_at: Some(loaded.map_or(self.started, |l| l.at)),
+                    refused: None,
+                },
+            );
+        }
+        for refusal in state.refused.values() {
+            let Some(key) = &refusal.source else { continue };
+            let view = views.entry(key.clone()).or_insert_with(|| SourceView {
+                provider: key.0,
+                name: key.1.clone(),
+                account: None,
+                origin: Origin::File {
+                    path: refusal.path.clone(),
+                },
+                serving: false,
+                loaded_at: None,
+                refused: None,
+            });
+            view.refused = Some(refusal.reason.clone());
+        }
+        views.into_values().collect()
+    }
+
+    /// The refused files without a source name (a file named wrongly), and
+    /// why the directory cannot be read, when it cannot.
+    fn unnamed_refusals(&self) -> Vec<RefusedFile> {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state
+            .refused
+            .values()
+            .filter(|r| r.source.is_none())
+            .map(|r| RefusedFile {
+                path: r.path.clone(),
+                reason: r.reason.clone(),
+            })
+            .chain(state.unreadable.iter().map(|why| RefusedFile {
+                path: self.dir.clone().unwrap_or_default(),
+                reason: why.clone(),
+            }))
+            .collect()
+    }
+
+    /// Reads the directory on each change seen, every recheck and each
+    /// request, until `shutdown`. Returns at once without a directory.
+    pub async fn watch(self, shutdown: CancellationToken) {
+        let Some(dir) = self.dir.clone() else { return };
+        let changed = Arc::new(Notify::new());
+        let _watcher = self.watcher(&dir, changed.clone());
+        let mut recheck = tokio::time::interval(self.recheck);
+        recheck.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        recheck.tick().await;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = changed.notified() => tokio::time::sleep(SETTLE).await,
+                () = self.requested.notified() => {}
+                _ = recheck.tick() => {}
+            }
+            let sources = self.clone();
+            let dir = dir.clone();
+            // File reads block; a slow file system must not hold a runtime thread.
+            let read = tokio::task::spawn_blocking(move || match source_files::read_dir(&dir) {
+                Ok(listing) => sources.apply(listing),
+                Err(error) => sources.unreadable(&error),
+            });
+            if let Err(error) = read.await {
+                warn!(%error, "Reading the sources directory failed.");
+            }
+        }
+    }
+
+    /// A watcher of the directory that wakes `changed`; none when the
+    /// system gives none (said once: the recheck still reads).
+    fn watcher(&self, dir: &std::path::Path, changed: Arc<Notify>) -> Option<RecommendedWatcher> {
+        let made = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            if event.is_ok_and(|e| !e.kind.is_access()) {
+                changed.notify_one();
+            }
+        })
+        .and_then(|mut watcher| {
+            watcher.watch(dir, RecursiveMode::NonRecursive)?;
+            Ok(watcher)
+        });
+        match made {
+            Ok(watcher) => Some(watcher),
+            Err(error) => {
+                warn!(%error, dir = %dir.display(), recheck_secs = self.recheck.as_secs(), "Cannot watch the sources directory; it is read again every secrets_recheck_secs and on SIGHUP.");
+                None
+            }
+        }
+    }
+
+    /// The directory could not be listed: every source stays as it is.
+    fn unreadable(&self, error: &DirError) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let why = error.to_string();
+        if state.unreadable.as_ref() != Some(&why) {
+            warn!(%error, "The sources directory cannot be read; every source keeps its settings.");
+            state.unreadable = Some(why);
+        }
+        gauges(&state);
+    }
+
+    /// Puts what a read of the directory found in use, in one swap.
+    fn apply(&self, listing: source_files::Listing) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.unreadable.take().is_some() {
+            info!("The sources directory reads again.");
+        }
+        let current = self.live.load_full();
+        let mut next: SourceMap = current
+            .iter()
+            .filter(|(key, _)| self.main.contains_key(*key))
+            .map(|(key, webhook)| (key.clone(), webhook.clone()))
+            .collect();
+        let mut accounts = accounts_of(&self.main);
+        // A running source whose file is still there keeps its account
+        // against new files, even when its file is refused now.
+        let still_there = listing
+            .files
+            .iter()
+            .map(|f| (f.provider, f.name.clone()))
+            .chain(listing.refused.iter().filter_map(|r| r.source.clone()));
+        for key in still_there {
+            if let Some(webhook) = current
+                .get(&key)
+                .filter(|_| state.loaded.contains_key(&key))
+            {
+                accounts.insert((key.0, webhook.source.account.clone()), key.1);
+            }
+        }
+        let mut loaded = BTreeMap::new();
+        let mut refused = BTreeMap::new();
+        // Sources in use first: a new file never takes an account or a
+        // name from one that runs.
+        let (running, new): (Vec<SourceFile>, Vec<SourceFile>) =
+            listing.files.into_iter().partition(|file| {
+                state
+                    .loaded
+                    .contains_key(&(file.provider, file.name.clone()))
+            });
+        for file in running.into_iter().chain(new) {
+            let key = (file.provider, file.name.clone());
+            let before = state.loaded.get(&key).zip(current.get(&key));
+            match self.admit(&file, before, &mut accounts) {
+                Ok((webhook, at)) => {
+                    loaded.insert(
+                        key.clone(),
+                        Loaded {
+                            path: file.path,
+                            digest: file.digest,
+                            at,
+                        },
+                    );
+                    next.insert(key, webhook);
+                }
+                Err(reason) => {
+                    refused.insert(
+                        file.path.clone(),
+                        Refusal {
+                            path: file.path,
+                            source: Some(key),
+                            reason,
+                        },
+                    );
+                }
+            }
+        }
+        for refusal in listing.refused {
+            refused.insert(refusal.path.clone(), refusal);
+        }
+        // A refused file's source keeps its last good settings.
+        for refusal in refused.values() {
+            if let Some(key) = &refusal.source
+                && !loaded.contains_key(key)
+                && let (Some(kept), Some(webhook)) = (state.loaded.get(key), current.get(key))
+            {
+                loaded.insert(key.clone(), kept.clone());
+                next.insert(key.clone(), webhook.clone());
+            }
+        }
+        self.say(&state, &loaded, &refused);
+        state.loaded = loaded;
+        state.refused = refused;
+        gauges(&state);
+        self.live.store(Arc::new(next));
+    }
+
+    /// The source `file` makes, and when its settings were read: the one
+    /// running when the file is unchanged (its secret files read again),
+    /// else a new one. Why not, when it is refused.
+    fn admit(
+        &self,
+        file: &SourceFile,
+        before: Option<(&Loaded, &WebhookSource)>,
+        accounts: &mut Accounts,
+    ) -> Result<(WebhookSource, OffsetDateTime), String> {
+        check_file(file, &self.main, accounts)?;
+        let entry = SourceEntry {
+            provider: file.provider,
+            name: &file.name,
+            config: &file.config,
+        };
+        let made = match before {
+            Some((loaded, webhook)) if loaded.digest == file.digest => {
+                if file.config.reads_secret_files() {
+                    let (scheme, _) = super::check::signature(entry);
+                    let found = secrets::load(&file.config, scheme).map_err(|e| e.to_string())?;
+                    webhook
+                        .verifier
+                        .replace(&secrets::secrets_of(&found))
+                        .map_err(|refused| secrets::unfit(&found, refused).to_string())?;
+                }
+                (webhook.clone(), loaded.at)
+            }
+            _ => {
+                let webhook = webhook_source(entry).map_err(|e| e.to_string())?;
+                announce(&webhook);
+                (webhook, OffsetDateTime::now_utc())
+            }
+        };
+        Ok(made)
+    }
+
+    /// Says once what a read changed: sources added, changed, removed,
+    /// files refused (again only when the reason changes); the board's rows
+    /// follow.
+    fn say(
+        &self,
+        state: &DirState,
+        loaded: &BTreeMap<Key, Loaded>,
+        refused: &BTreeMap<PathBuf, Refusal>,
+    ) {
+        for (key, now) in loaded {
+            let file = now.path.display();
+            match state.loaded.get(key) {
+                None => {
+                    self.board.add_source(key.0, &key.1);
+                    info!(provider = %key.0, source = %key.1, %file, "Source added: its webhook URL answers.");
+                }
+                Some(before) if before.digest != now.digest => {
+                    info!(provider = %key.0, source = %key.1, %file, "Source changed: new deliveries use its new settings.");
+                }
+                Some(_) => {}
+            }
+        }
+        for key in state.loaded.keys().filter(|k| !loaded.contains_key(*k)) {
+            self.board.remove_source(key.0, &key.1);
+            info!(provider = %key.0, source = %key.1, "Source removed: its webhook URL answers 404; what it spooled still drains.");
+        }
+        for (path, refusal) in refused {
+            if state.refused.get(path) != Some(refusal) {
+                let kept = refusal
+                    .source
+                    .as_ref()
+                    .is_some_and(|k| loaded.contains_key(k));
+                warn!(file = %path.display(), reason = %refusal.reason, kept_last_good_settings = kept, "Source file refused.");
+            }
+        }
+    }
+}
+
+/// Who has each provider and account: a record key space has one source.
+type Accounts = BTreeMap<(ProviderKind, Option<String>), String>;
+
+/// The main file's sources' accounts.
+fn accounts_of(main: &BTreeMap<Key, Option<String>>) -> Accounts {
+    main.iter()
+        .map(|((provider, name), account)| ((*provider, account.clone()), name.clone()))
+        .collect()
+}
+
+/// What a file that parsed must pass to be a source: a name that is not
+/// the main file's, an account no other source has, and its provider's
+/// checks. Takes its account on success.
+fn check_file(
+    file: &SourceFile,
+    main: &BTreeMap<Key, Option<String>>,
+    accounts: &mut Accounts,
+) -> Result<(), String> {
+    if main.contains_key(&(file.provider, file.name.clone())) {
+        return Err(format!(
+            "{}.sources.{} is a source of the main file: one URL, one source",
+            file.provider, file.name
+        ));
+    }
+    let account = (file.provider, file.config.account.clone());
+    if let Some(owner) = accounts.get(&account).filter(|owner| **owner != file.name) {
+        return Err(format!(
+            "{}.sources.{owner} has the same provider and account ({}): their records would share keys; give each source an account of its own",
+            file.provider,
+            file.config.account.as_deref().unwrap_or("none"),
+        ));
+    }
+    let problems = source_problems(SourceEntry {
+        provider: file.provider,
+        name: &file.name,
+        config: &file.config,
+    });
+    if !problems.is_empty() {
+        return Err(problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; "));
+    }
+    accounts.insert(account, file.name.clone());
+    Ok(())
+}
+
+/// The sources directory's problems, for `check-config`: each refused
+/// file, by its path, as a running posbridge would refuse it.
+pub(super) fn dir_problems(config: &Config) -> Vec<Problem> {
+    let Some(dir) = &config.sources_dir else {
+        return Vec::new();
+    };
+    let listing = match source_files::read_dir(dir) {
+        Ok(listing) => listing,
+        Err(error) => return vec![Problem::new("sources_dir", error.to_string())],
+    };
+    let main = config
+        .sources()
+        .map(|e| ((e.provider, e.name.to_owned()), e.config.account.clone()))
+        .collect();
+    let mut accounts = accounts_of(&main);
+    let checked = listing.files.iter().filter_map(|file| {
+        check_file(file, &main, &mut accounts)
+            .err()
+            .map(|reason| (file.path.clone(), reason))
+    });
+    let refused = listing
+        .refused
+        .iter()
+        .map(|r| (r.path.clone(), r.reason.clone()));
+    let mut problems: Vec<Problem> = refused
+        .chain(checked)
+        .map(|(path, reason)| Problem::new(path.display().to_string(), reason))
+        .collect();
+    problems.sort_by(|a, b| a.key.cmp(&b.key));
+    problems
+}
+
+/// `posbridge_source_files_refused` and `posbridge_sources_from_files`.
+fn gauges(state: &DirState) {
+    let refused = state.refused.len() + usize::from(state.unreadable.is_some());
+    metrics::gauge!(telemetry::SOURCE_FILES_REFUSED).set(refused as f64);
+    metrics::gauge!(telemetry::SOURCES_FROM_FILES).set(state.loaded.len() as f64);
+}
+
+/// Makes a new source's series exist at 0 (alerts watch them from the
+/// start).
+pub(super) fn announce(webhook: &WebhookSource) {
+    metrics::gauge!(
+        telemetry::SECRETS,
+        telemetry::PROVIDER => webhook.source.provider.as_str(),
+        telemetry::SOURCE => webhook.source.name.clone()
+    )
+    .set(webhook.verifier.secrets_in_use() as f64);
+    delivery::announce_source(&webhook.source, webhook.spools);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    /// `check-config` on a main file and a directory: each file refused by
+    /// its path, as a running posbridge refuses it.
+    #[test]
+    fn check_config_names_every_refused_file_by_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let put = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+        put(
+            "mekari.main.toml",
+            "secrets = [\"secret-of-a\"]\naccount = \"a\"\n",
+        );
+        put(
+            "mekari.shop-a.toml",
+            "secrets = [\"secret-of-a\"]\naccount = \"a\"\n",
+        );
+        put(
+            "mekari.shop-b.toml",
+            "secrets = [\"secret-of-b\"]\naccount = \"a\"\n",
+        );
+        put(
+            "mekari.shop-c.toml",
+            "secrets = [\"short\"]\naccount = \"c\"\n",
+        );
+        put("receiptroller.shop-d.toml", "secrets = [\"secret-of-d\"]\n");
+        put("nothing.toml", "secrets = [\"secret-of-e\"]\n");
+        let config = Config::from_toml(&format!(
+            "sources_dir = \"{}\"\n[mekari.sources.main]\nsecrets = [\"secret-of-main\"]\n",
+            dir.path().display()
+        ))
+        .unwrap();
+        let problems: Vec<(String, String)> = dir_problems(&config)
+            .into_iter()
+            .map(|p| {
+                let file = Path::new(&p.key).file_name().unwrap().to_str().unwrap();
+                (file.to_owned(), p.message)
+            })
+            .collect();
+        let files: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(
+            files,
+            [
+                "mekari.main.toml",
+                "mekari.shop-b.toml",
+                "mekari.shop-c.toml",
+                "nothing.toml"
+            ],
+            "{problems:?}"
+        );
+        assert!(problems[0].1.contains("a source of the main file"));
+        assert!(
+            problems[1]
+                .1
+                .contains("mekari.sources.shop-a has the same provider and account (a)")
+        );
+        assert!(problems[2].1.contains("shorter than 8 characters"));
+        assert!(problems[3].1.contains("{provider}.{source}.toml"));
+    }
+
+    #[test]
+    fn a_directory_that_cannot_be_listed_is_a_problem_of_sources_dir() {
+        let config = Config::from_toml("sources_dir = \"/nonexistent/sources\"\n").unwrap();
+        let problems = dir_problems(&config);
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].key, "sources_dir");
+    }
+}

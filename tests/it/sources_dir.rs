@@ -1,0 +1,193 @@
+//! Sources added, changed, broken and removed in a sources directory while
+//! posbridge serves another source under load: each change reaches its own
+//! URL within seconds, a refused file keeps its source's last good settings
+//! (or keeps it absent), and the source under load loses nothing.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::wait::wait_until;
+use crate::support::{
+    TestApp, brokers, config, latest_per_key, mekari_order, metric, read_topic, rr_sale, unique,
+};
+
+/// Writes `text` as the sources directory's file `name`, whole at once (a
+/// rename, as an editor, `kubectl` or a ConfigMap update does).
+fn put(dir: &Path, name: &str, text: &str) {
+    let staged = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&staged, text).unwrap();
+    std::fs::rename(staged, dir.join(name)).unwrap();
+}
+
+/// The status of one new Mekari order to `source`, signed with `secret`.
+async fn order_to(app: &TestApp, source: &str, secret: &str) -> u16 {
+    let id = unique("dir-order");
+    let body = serde_json::to_vec(&mekari_order(
+        &id,
+        "order.created",
+        "2026-12-04T10:00:00Z",
+        &format!("ORD-{id}"),
+        "pending",
+    ))
+    .unwrap();
+    app.send_raw("mekari", source, &id, body, Some(secret))
+        .await
+        .status()
+        .as_u16()
+}
+
+/// Waits (10 s at most) until an order to `source` signed with `secret` is
+/// answered `status`; how long it took.
+async fn until_answered(app: &TestApp, source: &str, secret: &str, status: u16) -> Duration {
+    let from = Instant::now();
+    wait_until(
+        Duration::from_secs(10),
+        &format!("an order to {source} signed with {secret} to get {status}"),
+        async || order_to(app, source, secret).await == status,
+    )
+    .await;
+    from.elapsed()
+}
+
+/// `/admin/sources`' entry for `name`.
+fn source_view(app: &TestApp, name: &str) -> Value {
+    let report = serde_json::to_value(app.sources.report()).unwrap();
+    report["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sources_come_and_go_from_a_directory_under_load_and_the_others_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let sources = dir.path().join("sources");
+    std::fs::create_dir(&sources).unwrap();
+    let mut config = config(&brokers(), &unique("srcdir"), dir.path());
+    config.sources_dir = Some(sources.clone());
+    assert_eq!(posbridge::app::problems(&config), vec![]);
+    let mut app = TestApp::start_with(config).await;
+    app.keep(dir);
+    let app = Arc::new(app);
+
+    // Load on a source of the main file, one new sale after another.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let load = tokio::spawn({
+        let (app, stop, sent) = (app.clone(), stop.clone(), sent.clone());
+        async move {
+            while !stop.load(Ordering::Relaxed) {
+                let id = unique("dir-load");
+                let key = format!("T1|2026-12|{id}");
+                let sale = rr_sale(&id, "sale.created", "2026-12-04T09:00:00Z", &key, 700);
+                let status = app.send("receiptroller", "main", &sale).await.status();
+                sent.lock().unwrap().push((key, status.as_u16()));
+            }
+        }
+    });
+
+    // A new file: its URL answers within seconds.
+    let shop = unique("shop");
+    let file = format!("mekari.{shop}.toml");
+    assert_eq!(order_to(&app, &shop, "shop-secret-1").await, 404);
+    put(
+        &sources,
+        &file,
+        &format!("secrets = [\"shop-secret-1\"]\naccount = \"{shop}\"\n"),
+    );
+    let added_in = until_answered(&app, &shop, "shop-secret-1", 200).await;
+    let view = source_view(&app, &shop);
+    assert_eq!(view["origin"]["kind"], "file", "{view}");
+    assert_eq!(view["account"], shop.as_str(), "{view}");
+    assert!(
+        !view.to_string().contains("shop-secret-1"),
+        "a secret is shown: {view}"
+    );
+    assert!(
+        app.metrics().await.contains(&format!("source=\"{shop}\"")),
+        "its series appear"
+    );
+
+    // A changed file: its new secret signs, the old one no longer does.
+    put(
+        &sources,
+        &file,
+        &format!("secrets = [\"shop-secret-2\"]\naccount = \"{shop}\"\n"),
+    );
+    until_answered(&app, &shop, "shop-secret-2", 200).await;
+    assert_eq!(order_to(&app, &shop, "shop-secret-1").await, 401);
+
+    // A broken file: refused with its reason, the last good settings stay.
+    put(
+        &sources,
+        &file,
+        "secrets = \"shop-secret-3\"\naccount = [\n",
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "the file to be refused",
+        async || source_view(&app, &shop)["refused"].is_string(),
+    )
+    .await;
+    assert_eq!(order_to(&app, &shop, "shop-secret-2").await, 200);
+    assert_eq!(
+        metric(&app.metrics().await, "posbridge_source_files_refused", &[]),
+        1.0
+    );
+    assert!(app.status_page().await.contains(&file), "the page names it");
+
+    // A file taking another source's account: refused, its URL stays 404.
+    let thief = unique("thief");
+    put(
+        &sources,
+        &format!("mekari.{thief}.toml"),
+        "secrets = [\"thief-secret-1\"]\naccount = \"acme\"\n",
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "the thief to be refused",
+        async || {
+            source_view(&app, &thief)["refused"]
+                .as_str()
+                .is_some_and(|r| {
+                    r.contains("mekari.sources.acme has the same provider and account")
+                })
+        },
+    )
+    .await;
+    assert_eq!(order_to(&app, &thief, "thief-secret-1").await, 404);
+    assert_eq!(source_view(&app, &thief)["serving"], false);
+
+    // The file removed: its URL answers 404 again.
+    std::fs::remove_file(sources.join(&file)).unwrap();
+    until_answered(&app, &shop, "shop-secret-2", 404).await;
+    assert!(source_view(&app, &shop).is_null());
+
+    stop.store(true, Ordering::Relaxed);
+    load.await.unwrap();
+    let sent = Arc::into_inner(sent).unwrap().into_inner().unwrap();
+    assert!(sent.len() > 20, "too little load: {}", sent.len());
+    assert!(
+        sent.iter().all(|(_, status)| *status == 200),
+        "the main source was refused while the directory changed: {:?}",
+        sent.iter().filter(|(_, s)| *s != 200).collect::<Vec<_>>()
+    );
+    let published = latest_per_key(&read_topic(&brokers(), &app.topic("sales")));
+    for (key, _) in &sent {
+        assert!(
+            published.contains_key(&format!("receiptroller:{key}")),
+            "{key} lost"
+        );
+    }
+    eprintln!(
+        "a new source file answered in {added_in:?}; {} deliveries to the main source beside",
+        sent.len()
+    );
+}
