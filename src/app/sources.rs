@@ -112,6 +112,8 @@ impl Sources {
             requested: Arc::new(Notify::new()),
             started: OffsetDateTime::now_utc(),
         };
+        // From start-up, directory or not: the alert reads it.
+        gauges(&DirState::default());
         if let Some(dir) = &sources.dir {
             let listing = source_files::read_dir(dir)?;
             sources.apply(listing);
