@@ -372,6 +372,7 @@ async fn reconciler(path: PathBuf) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let background = spawn_background(&config, &app, &shutdown, true)?;
+    background.spawn(app.sources().clone().watch(shutdown.clone()));
     let ops = app.serve_ops(listener, shutdown.clone().cancelled_owned());
     background.spawn(async move {
         if let Err(error) = ops.await {
@@ -439,19 +440,21 @@ fn spawn_background(
     always: bool,
 ) -> anyhow::Result<TaskTracker> {
     let tracker = TaskTracker::new();
-    let reconciler =
-        Reconciler::new(config, app.pipeline().clone())?.with_board(app.board().clone());
-    if !reconciler.has_sources() && always {
+    let reconciler = app.reconciler(config)?;
+    // A source with an `api` table may appear in the directory later.
+    let dir = config.sources_dir.is_some();
+    if !reconciler.has_sources() && !dir && always {
         anyhow::bail!("no source has an `api` section: nothing to reconcile or watch");
     }
-    if reconciler.has_sources() && (always || config.reconcile.enabled) {
+    let runs = reconciler.has_sources() || dir;
+    if runs && (always || config.reconcile.enabled) {
         info!(
             interval_secs = config.reconcile.interval_secs,
             "Scheduled reconciler running."
         );
         tracker.spawn(reconciler.clone().run_scheduled(shutdown.clone()));
     }
-    if reconciler.has_sources() && (always || config.watchdog.enabled) {
+    if runs && (always || config.watchdog.enabled) {
         info!(
             interval_secs = config.watchdog.interval_secs,
             "Webhook watchdog running."

@@ -36,6 +36,7 @@ use crate::observe::telemetry;
 use crate::observe::traces::{TraceError, Traces};
 use crate::services::drain::Drainer;
 use crate::services::pipeline::{Pipeline, Stages, Timing};
+use crate::services::reconcile::{FileApi, ReconcileError, Reconciler};
 use sources::Sources;
 
 pub use check::{load, problems, webhook_source};
@@ -429,6 +430,26 @@ impl App {
     /// The producer, for what only the real one knows (its replacements).
     pub fn publisher(&self) -> &Publisher {
         &self.publisher
+    }
+
+    /// The reconciler of every source with an `api` table: the main file's,
+    /// and a sources directory's, taken in and let go as its files come
+    /// and go.
+    ///
+    /// # Errors
+    /// [`ReconcileError::Setup`] naming a main-file source whose API client
+    /// cannot be made (a directory's is said and left out).
+    pub fn reconciler(&self, config: &Config) -> Result<Reconciler, ReconcileError> {
+        let reconciler =
+            Reconciler::new(config, self.pipeline().clone())?.with_board(self.board().clone());
+        let taking = reconciler.clone();
+        self.sources.on_change(move |files| {
+            taking.replace_file_sources(files.iter().map(|file| FileApi {
+                entry: file.entry(),
+                digest: file.digest,
+            }));
+        });
+        Ok(reconciler)
     }
 
     /// The sources in use (`/admin/sources`).

@@ -36,7 +36,7 @@ use tracing::{info, warn};
 use super::check::{source_problems, webhook_source};
 use crate::adapters::secrets::{self, ReloadRequest};
 use crate::config::source_files::{self, Refusal, SourceFile};
-use crate::config::{Config, Problem, SourceEntry};
+use crate::config::{Config, Problem};
 use crate::domain::event::ProviderKind;
 use crate::http::ingress::{SourceMap, WebhookSource};
 use crate::http::status::{Origin, RefusedFile, SourceView, SourcesReport};
@@ -50,13 +50,16 @@ type Key = (ProviderKind, String);
 /// one read.
 const SETTLE: Duration = Duration::from_millis(200);
 
-/// A directory file's source as it runs.
+/// A directory file's source as it runs: its file as last read well.
 #[derive(Debug, Clone)]
 struct Loaded {
-    path: PathBuf,
-    digest: [u8; 32],
+    file: SourceFile,
     at: OffsetDateTime,
 }
+
+/// Told the directory's sources in use after each read that changed them
+/// (the reconciler takes their `api` tables).
+type Listener = Box<dyn Fn(&[&SourceFile]) + Send + Sync>;
 
 /// What the reads of the directory keep between them.
 #[derive(Debug, Default)]
@@ -85,6 +88,7 @@ pub struct Sources {
     requested: Arc<Notify>,
     /// When the main file's sources were read.
     started: OffsetDateTime,
+    listeners: Arc<Mutex<Vec<Listener>>>,
 }
 
 /// Why the directory's first read stopped start-up.
@@ -111,6 +115,7 @@ impl Sources {
             recheck: config.server.secrets_recheck(),
             requested: Arc::new(Notify::new()),
             started: OffsetDateTime::now_utc(),
+            listeners: Arc::default(),
         };
         // From start-up, directory or not: the alert reads it.
         gauges(&DirState::default());
@@ -119,6 +124,19 @@ impl Sources {
             sources.apply(listing);
         }
         Ok(sources)
+    }
+
+    /// Calls `listener` with the directory's sources in use now, and again
+    /// after every read that changes them.
+    pub fn on_change(&self, listener: impl Fn(&[&SourceFile]) + Send + Sync + 'static) {
+        {
+            let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            listener(&state.loaded.values().map(|l| &l.file).collect::<Vec<_>>());
+        }
+        self.listeners
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Box::new(listener));
     }
 
     /// What the handler reads.
@@ -156,7 +174,7 @@ impl Sources {
                     name: key.1.clone(),
                     account: webhook.source.account.clone(),
                     origin: loaded.map_or(Origin::MainFile, |l| Origin::File {
-                        path: l.path.clone(),
+                        path: l.file.path.clone(),
                     }),
                     serving: true,
                     loaded_at: Some(loaded.map_or(self.started, |l| l.at)),
@@ -305,14 +323,7 @@ impl Sources {
             let before = state.loaded.get(&key).zip(current.get(&key));
             match self.admit(&file, before, &mut accounts) {
                 Ok((webhook, at)) => {
-                    loaded.insert(
-                        key.clone(),
-                        Loaded {
-                            path: file.path,
-                            digest: file.digest,
-                            at,
-                        },
-                    );
+                    loaded.insert(key.clone(), Loaded { file, at });
                     next.insert(key, webhook);
                 }
                 Err(reason) => {
@@ -341,10 +352,28 @@ impl Sources {
             }
         }
         self.say(&state, &loaded, &refused);
+        let changed = state.loaded.len() != loaded.len()
+            || loaded.iter().any(|(k, l)| {
+                state
+                    .loaded
+                    .get(k)
+                    .is_none_or(|b| b.file.digest != l.file.digest)
+            });
         state.loaded = loaded;
         state.refused = refused;
         gauges(&state);
         self.live.store(Arc::new(next));
+        if changed {
+            let files: Vec<&SourceFile> = state.loaded.values().map(|l| &l.file).collect();
+            for listener in self
+                .listeners
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+            {
+                listener(&files);
+            }
+        }
     }
 
     /// The source `file` makes, and when its settings were read: the one
@@ -357,13 +386,9 @@ impl Sources {
         accounts: &mut Accounts,
     ) -> Result<(WebhookSource, OffsetDateTime), String> {
         check_file(file, &self.main, accounts)?;
-        let entry = SourceEntry {
-            provider: file.provider,
-            name: &file.name,
-            config: &file.config,
-        };
+        let entry = file.entry();
         let made = match before {
-            Some((loaded, webhook)) if loaded.digest == file.digest => {
+            Some((loaded, webhook)) if loaded.file.digest == file.digest => {
                 if file.config.reads_secret_files() {
                     let (scheme, _) = super::check::signature(entry);
                     let found = secrets::load(&file.config, scheme).map_err(|e| e.to_string())?;
@@ -393,13 +418,13 @@ impl Sources {
         refused: &BTreeMap<PathBuf, Refusal>,
     ) {
         for (key, now) in loaded {
-            let file = now.path.display();
+            let file = now.file.path.display();
             match state.loaded.get(key) {
                 None => {
                     self.board.add_source(key.0, &key.1);
                     info!(provider = %key.0, source = %key.1, %file, "Source added: its webhook URL answers.");
                 }
-                Some(before) if before.digest != now.digest => {
+                Some(before) if before.file.digest != now.file.digest => {
                     info!(provider = %key.0, source = %key.1, %file, "Source changed: new deliveries use its new settings.");
                 }
                 Some(_) => {}
@@ -453,11 +478,7 @@ fn check_file(
             file.config.account.as_deref().unwrap_or("none"),
         ));
     }
-    let problems = source_problems(SourceEntry {
-        provider: file.provider,
-        name: &file.name,
-        config: &file.config,
-    });
+    let problems = source_problems(file.entry());
     if !problems.is_empty() {
         return Err(problems
             .iter()

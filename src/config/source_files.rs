@@ -38,6 +38,17 @@ pub struct SourceFile {
     pub digest: [u8; 32],
 }
 
+impl SourceFile {
+    /// The source it holds, as the main file's sources are seen.
+    pub fn entry(&self) -> super::SourceEntry<'_> {
+        super::SourceEntry {
+            provider: self.provider,
+            name: &self.name,
+            config: &self.config,
+        }
+    }
+}
+
 /// A file in the directory that is not taken, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {

@@ -40,6 +40,17 @@ pub struct Finding {
     pub resumed: bool,
 }
 
+/// Makes a watched source's resume counter exist at 0, so a first resume
+/// shows in a `rate()`.
+fn announce(source: &Source) {
+    metrics::counter!(
+        telemetry::WEBHOOK_RESUMES,
+        telemetry::PROVIDER => source.provider.as_str(),
+        telemetry::SOURCE => source.name.clone()
+    )
+    .increment(0);
+}
+
 /// Checks the webhooks of the reconciler's sources.
 pub struct Watchdog {
     reconciler: Reconciler,
@@ -51,13 +62,8 @@ impl Watchdog {
     /// A watchdog over the reconciler's sources. Each source's resume
     /// counter exists from here on at 0, so a first resume shows in a `rate()`.
     pub fn new(reconciler: Reconciler) -> Watchdog {
-        for (watched, _) in reconciler.watched() {
-            metrics::counter!(
-                telemetry::WEBHOOK_RESUMES,
-                telemetry::PROVIDER => watched.provider.as_str(),
-                telemetry::SOURCE => watched.name.clone()
-            )
-            .increment(0);
+        for watched in reconciler.watched().iter() {
+            announce(watched.source());
         }
         Watchdog {
             reconciler,
@@ -69,7 +75,9 @@ impl Watchdog {
     pub async fn check(&self) -> Vec<Finding> {
         let mut findings = Vec::new();
         let now = OffsetDateTime::now_utc();
-        for (watched, api) in self.reconciler.watched() {
+        for watched in self.reconciler.watched().iter() {
+            let api = watched.api();
+            let watched = watched.source();
             let (provider, source) = (watched.provider, watched.name.as_str());
             let labels = [
                 (telemetry::PROVIDER, provider.as_str().to_owned()),

@@ -444,6 +444,72 @@ async fn api_pages_are_retried_and_a_failing_run_leaves_its_checkpoint() {
     app.stop().await;
 }
 
+/// A Mekari source that first exists only as a file of the sources
+/// directory written after its webhooks were sent (every one answered 404,
+/// which Mekari never retries): its reconciler starts with the file and
+/// reads back what the webhook never delivered, a second run publishes
+/// nothing, and the file removed ends its reconciling.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_source_file_added_while_running_is_reconciled_and_removed_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let sources = dir.path().join("sources");
+    std::fs::create_dir(&sources).unwrap();
+    let mut config = config(&crate::support::brokers(), &unique("dirapi"), dir.path());
+    config.mekari.sources.remove("main");
+    config.sources_dir = Some(sources.clone());
+    let mut app = TestApp::start_with(config).await;
+    app.keep(dir);
+    let reconciler = app.reconciler(&app.config);
+    assert!(!reconciler.has_sources());
+    let from = OffsetDateTime::now_utc() - time::Duration::hours(1);
+    let sim = Sim::start(
+        &app.base,
+        &["--events", "40", "--seed", "23", "--time-scale", "3600"],
+    )
+    .await;
+    sim.wait_done().await;
+    let to = OffsetDateTime::now_utc() + time::Duration::minutes(1);
+
+    let file = sources.join("mekari.main.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "secrets = [\"{MEKARI_SECRET}\"]\n[api]\n{}\n",
+            sim.api_toml(ProviderKind::Mekari, MEKARI_CLIENT_SECRET, false)
+        ),
+    )
+    .unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "the file's reconciler",
+        async || reconciler.has_sources(),
+    )
+    .await;
+    let first = reconciler
+        .run_window(ProviderKind::Mekari, Some("main"), from, to)
+        .await
+        .unwrap();
+    assert!(first.published > 0, "{first:?}");
+    let second = reconciler
+        .run_window(ProviderKind::Mekari, Some("main"), from, to)
+        .await
+        .unwrap();
+    assert_eq!(second.published, 0, "{second:?}");
+
+    std::fs::remove_file(&file).unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "the reconciler to let go",
+        async || !reconciler.has_sources(),
+    )
+    .await;
+    let gone = reconciler
+        .run_window(ProviderKind::Mekari, Some("main"), from, to)
+        .await;
+    assert!(matches!(gone, Err(ReconcileError::NoSource(_))), "{gone:?}");
+    app.stop().await;
+}
+
 /// posbridge with a wrong ReceiptRoller secret, and a simulator that has
 /// sent `events` (seed `seed`): every ReceiptRoller delivery was refused and
 /// four failures switched its webhook off.

@@ -27,6 +27,8 @@ mod window;
 
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
+
 use serde_json::Value;
 use time::OffsetDateTime;
 use tokio::sync::Mutex;
@@ -36,7 +38,7 @@ use tracing::{error, info};
 use crate::adapters::ledger::{Commit, Ledger, LedgerError};
 use crate::adapters::providers::api::{ApiOptions, FetchError, Job, Paging, ProviderApi};
 use crate::adapters::providers::{self, Context, NormalizeError};
-use crate::config::{Config, ReconcileConfig};
+use crate::config::{Config, ReconcileConfig, SourceEntry};
 use crate::domain::event::{EntityType, Normalized, Origin, ProviderKind, Source, Version};
 use crate::observe::Board;
 use crate::observe::board::{ReconcileRun, Window};
@@ -172,13 +174,37 @@ impl Summary {
 }
 
 /// A source with an API to read.
-struct ApiSource {
+pub struct ApiSource {
     /// Which source (provider, name, account).
     source: Arc<Source>,
     /// Its provider's API for its account.
     api: Box<dyn ProviderApi>,
     /// One run per source at a time (scheduled, watchdog, CLI).
     running: Mutex<()>,
+    /// The digest of its file, for a source of the sources directory: an
+    /// unchanged file keeps its API client (and its run in progress).
+    file: Option<[u8; 32]>,
+}
+
+impl ApiSource {
+    /// Which source.
+    pub fn source(&self) -> &Source {
+        &self.source
+    }
+
+    /// Its provider's API.
+    pub fn api(&self) -> &dyn ProviderApi {
+        self.api.as_ref()
+    }
+}
+
+/// A sources directory's source with an `api` table, for
+/// [`Reconciler::replace_file_sources`].
+pub struct FileApi<'a> {
+    /// The source (provider, name, account).
+    pub entry: SourceEntry<'a>,
+    /// Its file's digest.
+    pub digest: [u8; 32],
 }
 
 /// The reconciler handle. Cheap to clone.
@@ -186,8 +212,11 @@ struct ApiSource {
 pub struct Reconciler {
     /// Where fetched records go, as webhooks do.
     pipeline: Pipeline,
-    /// Every source with an `api` section.
-    sources: Arc<Vec<ApiSource>>,
+    /// Every source with an `api` section: the main file's, fixed, and a
+    /// sources directory's, replaced whole as its files change.
+    sources: Arc<ArcSwap<Vec<Arc<ApiSource>>>>,
+    /// How the APIs are reached, for sources that appear while running.
+    options: ApiOptions,
     /// Windows, steps, schedule.
     config: ReconcileConfig,
     /// Draw a live progress line on a terminal (the one-shot command only).
@@ -206,24 +235,14 @@ impl Reconciler {
         let options = ApiOptions::new(&config.reconcile);
         let mut sources = Vec::new();
         for entry in config.sources() {
-            let Some(api) = &entry.config.api else {
-                continue;
-            };
-            let api = providers::for_kind(entry.provider)
-                .connect_api(api, &options)
-                .map_err(|error| ReconcileError::Setup {
-                    key: entry.key(),
-                    error,
-                })?;
-            sources.push(ApiSource {
-                source: Arc::new(entry.source()),
-                api,
-                running: Mutex::new(()),
-            });
+            if let Some(source) = api_source(entry, None, &options)? {
+                sources.push(Arc::new(source));
+            }
         }
         Ok(Reconciler {
             pipeline,
-            sources: Arc::new(sources),
+            sources: Arc::new(ArcSwap::from_pointee(sources)),
+            options,
             config: config.reconcile.clone(),
             live_progress: false,
             board: None,
@@ -251,7 +270,41 @@ impl Reconciler {
 
     /// Whether any source has an API to read.
     pub fn has_sources(&self) -> bool {
-        !self.sources.is_empty()
+        !self.sources.load().is_empty()
+    }
+
+    /// Puts a sources directory's sources with an `api` table in use, in
+    /// place of those of the read before; the main file's stay. An unchanged
+    /// file keeps its source as it runs; a removed one's run in progress
+    /// ends at its window's end (checkpointed as any run), and none starts.
+    /// A source whose client cannot be made is said and left out.
+    pub fn replace_file_sources<'a>(&self, files: impl IntoIterator<Item = FileApi<'a>>) {
+        let current = self.sources.load_full();
+        let mut next: Vec<Arc<ApiSource>> = current
+            .iter()
+            .filter(|s| s.file.is_none())
+            .cloned()
+            .collect();
+        for FileApi { entry, digest } in files {
+            let kept = current.iter().find(|s| {
+                s.file == Some(digest)
+                    && s.source.provider == entry.provider
+                    && s.source.name == entry.name
+            });
+            if let Some(kept) = kept {
+                next.push(kept.clone());
+                continue;
+            }
+            match api_source(entry, Some(digest), &self.options) {
+                Ok(Some(source)) => {
+                    announce_source_series(&source.source);
+                    next.push(Arc::new(source));
+                }
+                Ok(None) => {}
+                Err(error) => error!(%error, "A source's API is left out: it is not reconciled."),
+            }
+        }
+        self.sources.store(Arc::new(next));
     }
 
     /// The ledger the pipeline writes, for the watchdog's own marks.
@@ -271,10 +324,12 @@ impl Reconciler {
         from: OffsetDateTime,
         to: OffsetDateTime,
     ) -> Result<Summary, ReconcileError> {
-        let matching: Vec<&ApiSource> = self
+        let matching: Vec<Arc<ApiSource>> = self
             .sources
+            .load()
             .iter()
             .filter(|s| s.source.provider == provider && source.is_none_or(|n| n == s.source.name))
+            .cloned()
             .collect();
         if matching.is_empty() {
             return Err(ReconcileError::NoSource(match source {
@@ -304,7 +359,7 @@ impl Reconciler {
     /// # Errors
     /// The first source's failure; the others still ran.
     pub async fn run_due(&self) -> Result<Summary, ReconcileError> {
-        self.run_sources(self.sources.iter().collect(), None).await
+        self.run_sources(self.sources.load().to_vec(), None).await
     }
 
     /// Runs each source in turn and returns the total or the first failure;
@@ -312,13 +367,13 @@ impl Reconciler {
     /// failure is said once. `window` `None` reads from the checkpoints.
     async fn run_sources(
         &self,
-        sources: Vec<&ApiSource>,
+        sources: Vec<Arc<ApiSource>>,
         window: Option<(OffsetDateTime, OffsetDateTime)>,
     ) -> Result<Summary, ReconcileError> {
         let mut total = Summary::default();
         let mut first_error = None;
         for source in sources {
-            match self.run_source(source, window).await {
+            match self.run_source(&source, window).await {
                 Ok(summary) => total.add(summary),
                 Err(error) if first_error.is_none() => first_error = Some(error),
                 Err(error) => error!(%error, "Reconcile run failed."),
@@ -347,34 +402,14 @@ impl Reconciler {
     /// Makes each source's run and record counters exist at 0 before the
     /// first run, so that a first failed run shows in a `rate()`.
     fn announce_series(&self) {
-        for source in self.sources.iter() {
-            let (provider, name) = (source.source.provider.as_str(), &source.source.name);
-            for outcome in [RUN_OK, RUN_FAILED] {
-                metrics::counter!(
-                    telemetry::RECONCILE_RUNS,
-                    telemetry::PROVIDER => provider,
-                    telemetry::SOURCE => name.clone(),
-                    telemetry::OUTCOME => outcome
-                )
-                .increment(0);
-            }
-            for outcome in RECORD_OUTCOMES {
-                metrics::counter!(
-                    telemetry::RECONCILE_RECORDS,
-                    telemetry::PROVIDER => provider,
-                    telemetry::SOURCE => name.clone(),
-                    telemetry::OUTCOME => outcome.as_str()
-                )
-                .increment(0);
-            }
+        for source in self.sources.load().iter() {
+            announce_source_series(&source.source);
         }
     }
 
-    /// The sources with an API, for the watchdog: (source, its API).
-    pub fn watched(&self) -> impl Iterator<Item = (&Source, &dyn ProviderApi)> {
-        self.sources
-            .iter()
-            .map(|s| (s.source.as_ref(), s.api.as_ref()))
+    /// The sources with an API now, for the watchdog.
+    pub fn watched(&self) -> Arc<Vec<Arc<ApiSource>>> {
+        self.sources.load_full()
     }
 
     /// How far before a checkpoint (or a last-seen-active time) a run starts.
@@ -578,6 +613,52 @@ impl Reconciler {
 }
 
 /// A record read from an API that cannot be normalized: its derived id and
+/// `entry`'s API source, when it has an `api` table.
+fn api_source(
+    entry: SourceEntry<'_>,
+    file: Option<[u8; 32]>,
+    options: &ApiOptions,
+) -> Result<Option<ApiSource>, ReconcileError> {
+    let Some(api) = &entry.config.api else {
+        return Ok(None);
+    };
+    let api = providers::for_kind(entry.provider)
+        .connect_api(api, options)
+        .map_err(|error| ReconcileError::Setup {
+            key: entry.key(),
+            error,
+        })?;
+    Ok(Some(ApiSource {
+        source: Arc::new(entry.source()),
+        api,
+        running: Mutex::new(()),
+        file,
+    }))
+}
+
+/// Makes a source's run and record counters exist at 0.
+fn announce_source_series(source: &Source) {
+    let (provider, name) = (source.provider.as_str(), &source.name);
+    for outcome in [RUN_OK, RUN_FAILED] {
+        metrics::counter!(
+            telemetry::RECONCILE_RUNS,
+            telemetry::PROVIDER => provider,
+            telemetry::SOURCE => name.clone(),
+            telemetry::OUTCOME => outcome
+        )
+        .increment(0);
+    }
+    for outcome in RECORD_OUTCOMES {
+        metrics::counter!(
+            telemetry::RECONCILE_RECORDS,
+            telemetry::PROVIDER => provider,
+            telemetry::SOURCE => name.clone(),
+            telemetry::OUTCOME => outcome.as_str()
+        )
+        .increment(0);
+    }
+}
+
 /// its body, for the dead-letter topic.
 pub(crate) struct Unnormalized {
     /// `reconcile:{µs}`.
