@@ -30,12 +30,15 @@ pub enum Dialect {
     /// spread over the partitions as the limit's do, and the compacted topic
     /// takes them) and answers 202 after the broker's ack.
     Peer,
+    /// posbridge with this many sources `s0`, `s1`, … (a sources
+    /// directory): delivery `{prefix}-{n}` goes to source `s{n % count}`.
+    Spread(usize),
 }
 
 impl Dialect {
     fn accepted(self) -> hyper::StatusCode {
         match self {
-            Dialect::Bridge => hyper::StatusCode::OK,
+            Dialect::Bridge | Dialect::Spread(_) => hyper::StatusCode::OK,
             Dialect::Peer => hyper::StatusCode::ACCEPTED,
         }
     }
@@ -170,7 +173,18 @@ pub fn request(addr: SocketAddr, dialect: Dialect, id: &str) -> hyper::Request<F
                  "items": [{"sku": "A-1", "name": "Coffee", "quantity": 2, "unit_price": 500}]}
     }))
     .expect("json");
-    let mut builder = hyper::Request::post("/webhooks/receiptroller/main")
+    let path = match dialect {
+        Dialect::Spread(count) => {
+            let n: usize = id
+                .rsplit('-')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            format!("/webhooks/receiptroller/s{}", n % count.max(1))
+        }
+        Dialect::Bridge | Dialect::Peer => "/webhooks/receiptroller/main".to_owned(),
+    };
+    let mut builder = hyper::Request::post(path)
         .header("host", addr.to_string())
         .header("content-type", "application/json")
         .header("x-rr-delivery", id);

@@ -41,6 +41,9 @@
 //! their size and the purge's cost (`fill.rs`), then runs posbridge on empty
 //! and on filled ledgers side by side.
 //!
+//! `sources` (after `--`): posbridge with a directory of a thousand sources
+//! (`sources.rs`).
+//!
 //! `rebuild` (after `--`) times the ledger's rebuild from the topics: the
 //! tail after a SIGKILL under load and the whole after a lost ledger, on
 //! `POSBRIDGE_BENCH_ENTITIES` entities (`rebuild.rs`).
@@ -53,6 +56,7 @@ mod load;
 mod rebuild;
 mod report;
 mod server;
+mod sources;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -144,6 +148,8 @@ fn main() {
         runtime.block_on(scale(&settings, &run));
     } else if args.iter().any(|a| a == "rebuild") {
         runtime.block_on(rebuild::run(&settings, &run));
+    } else if args.iter().any(|a| a == "sources") {
+        runtime.block_on(sources::run(&settings, &run));
     } else {
         if settings.camel.is_none() {
             println!(
@@ -567,7 +573,18 @@ fn posbridge_command(
     binary: &Path,
 ) -> Command {
     std::fs::create_dir_all(dir).expect("posbridge dir");
-    let name = dir.file_name().expect("named dir").to_string_lossy();
+    let mut name = dir.file_name().expect("named dir").to_string_lossy();
+    // A filled Redis ledger is one for the whole run (it cannot be copied
+    // as the embedded file is): its topics are too, so each repetition
+    // restarts on them, not on topics it never cached (which the ledger
+    // would rightly forget whole first).
+    if let LedgerChoice::Redis {
+        prefix: Some(filled),
+        ..
+    } = ledger
+    {
+        name = filled.trim_end_matches([':', '.']).replace(':', "-").into();
+    }
     let ledger = match ledger {
         LedgerChoice::Redis { url, prefix } => {
             let unique = format!("{run}.{name}:");

@@ -196,7 +196,7 @@ async fn wait_ready(addr: SocketAddr) -> Rebuilt {
 }
 
 /// One GET on a new connection: its status and body, `None` when refused.
-async fn get(addr: SocketAddr, path: &str) -> Option<(u16, Bytes)> {
+pub(crate) async fn get(addr: SocketAddr, path: &str) -> Option<(u16, Bytes)> {
     let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await

@@ -54,6 +54,11 @@ impl Server {
     pub fn usage(&self) -> Usage {
         Usage::of(self.child.id())
     }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for Server {

@@ -268,14 +268,32 @@ impl Board {
 
     /// Everything the board holds, as of `now`.
     pub fn snapshot(&self, now: OffsetDateTime) -> Vec<SourceSnapshot> {
+        self.page(now, "", 0, usize::MAX).sources
+    }
+
+    /// The sources whose provider or name holds `query` (any case; every
+    /// source when empty), `per_page` of them from the `page`th (0-based),
+    /// as of `now`: only those are drawn, so a page stays cheap among a
+    /// thousand sources.
+    pub fn page(&self, now: OffsetDateTime, query: &str, page: usize, per_page: usize) -> Page {
+        let query = query.to_lowercase();
         let now_minute = unix_minute(now);
-        self.lock()
-            .iter()
-            .flat_map(|(provider, by_name)| {
-                by_name
-                    .iter()
-                    .map(move |(source, state)| (*provider, source, state))
-            })
+        let sources = self.lock();
+        let all = sources.iter().flat_map(|(provider, by_name)| {
+            by_name
+                .iter()
+                .map(move |(source, state)| (*provider, source, state))
+        });
+        let total = all.clone().count();
+        let matching = all.filter(|(provider, source, _)| {
+            query.is_empty()
+                || source.to_lowercase().contains(&query)
+                || provider.as_str().contains(&query)
+        });
+        let matched = matching.clone().count();
+        let drawn = matching
+            .skip(page.saturating_mul(per_page))
+            .take(per_page)
             .map(|(provider, source, state)| {
                 let window = |minutes: i64| {
                     tally(
@@ -311,8 +329,24 @@ impl Board {
                     per_minute,
                 }
             })
-            .collect()
+            .collect();
+        Page {
+            sources: drawn,
+            matched,
+            total,
+        }
     }
+}
+
+/// One page of the board's sources.
+#[derive(Debug, Clone, Serialize)]
+pub struct Page {
+    /// The sources on it.
+    pub sources: Vec<SourceSnapshot>,
+    /// Sources that match the query, on every page.
+    pub matched: usize,
+    /// Sources in all.
+    pub total: usize,
 }
 
 /// One source on the page.

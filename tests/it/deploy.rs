@@ -87,7 +87,12 @@ fn render(shape: &str, more: &[&str]) -> Result<String, String> {
 
 /// One shape rendered and passed through deploy/check: the decoded objects.
 fn rendered(shape: &str) -> Vec<Value> {
-    let manifests = render(shape, &[]).unwrap_or_else(|e| panic!("helm template {shape}: {e}"));
+    rendered_with(shape, &[])
+}
+
+/// [`rendered`] with more `helm` arguments.
+fn rendered_with(shape: &str, more: &[&str]) -> Vec<Value> {
+    let manifests = render(shape, more).unwrap_or_else(|e| panic!("helm template {shape}: {e}"));
     let json = run(
         &tool("POSBRIDGE_TEST_MANIFEST_CHECK", "ensure-manifest-check"),
         &["-json"],
@@ -322,6 +327,54 @@ fn the_admin_listener_is_reached_only_when_exposed() {
         assert_eq!(ports.as_array().unwrap().len(), 1, "{service}");
         assert_eq!(ports[0]["targetPort"], "http", "{service}");
     }
+}
+
+/// `sourcesSecret`: the Secret of source files mounted whole (updated in
+/// place, not a `subPath`) where the config's `sources_dir` points.
+#[test]
+fn a_secret_of_source_files_is_mounted_as_the_sources_directory() {
+    let objects = rendered_with("embedded", &["--set", "sourcesSecret=pb-sources"]);
+    let config = Config::from_toml(&config_file(&objects)).unwrap();
+    assert_eq!(
+        config.sources_dir.as_deref(),
+        Some(Path::new("/etc/posbridge/sources"))
+    );
+    let pod = &object(&objects, "StatefulSet", "pb-posbridge")["spec"]["template"]["spec"];
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "sources")
+        .expect("a sources volume");
+    assert_eq!(volume["secret"]["secretName"], "pb-sources");
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "sources")
+        .expect("a sources mount");
+    assert_eq!(mount["mountPath"], "/etc/posbridge/sources");
+    assert_eq!(mount["readOnly"], true);
+    assert!(mount.get("subPath").is_none());
+    let refused = render(
+        "embedded",
+        &[
+            "--set",
+            "sourcesSecret=pb-sources",
+            "--set",
+            "config.sources_dir=/elsewhere",
+        ],
+    )
+    .unwrap_err();
+    assert!(
+        refused.contains("config.sources_dir is set by the chart"),
+        "{refused}"
+    );
+    assert!(
+        rendered("embedded")
+            .iter()
+            .all(|o| !o.to_string().contains("pb-sources"))
+    );
 }
 
 /// What the chart writes, with the environment it sets (secrets from

@@ -5,7 +5,7 @@
 
 use axum::Json;
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
@@ -20,7 +20,7 @@ use super::response::WebhookError;
 use crate::config::AdminConfig;
 use std::sync::Arc;
 
-use crate::http::status::{Health, SourcesReport, Status};
+use crate::http::status::{Health, Shown, SourcesReport, Status};
 use crate::observe::Board;
 use crate::services::pipeline::Pipeline;
 
@@ -121,16 +121,37 @@ async fn authorize(
 /// provider sent cannot make it load or run anything.
 const PAGE_POLICY: &str = "default-src 'none'; style-src 'unsafe-inline'";
 
-async fn status_page(State(state): State<AdminState>) -> Response {
+/// Sources a status page shows at once.
+const SOURCES_PER_PAGE: usize = 20;
+
+/// `?q=` (what a source's provider or name holds) and `?page=` (from 0).
+#[derive(Debug, Default, serde::Deserialize)]
+struct Search {
+    #[serde(default)]
+    q: String,
+    #[serde(default)]
+    page: usize,
+}
+
+async fn status_page(State(state): State<AdminState>, Query(search): Query<Search>) -> Response {
     (
         [(header::CONTENT_SECURITY_POLICY, PAGE_POLICY)],
-        Html(crate::http::status::page::render(&gather(&state).await)),
+        Html(crate::http::status::page::render(
+            &gather(&state, &search, SOURCES_PER_PAGE).await,
+        )),
     )
         .into_response()
 }
 
-async fn status_json(State(state): State<AdminState>) -> Response {
-    Json(gather(&state).await).into_response()
+/// Every source unless `?q=` or `?page=` asks for fewer (a page then holds
+/// as many as the status page's).
+async fn status_json(State(state): State<AdminState>, Query(search): Query<Search>) -> Response {
+    let per_page = if search.q.is_empty() && search.page == 0 {
+        usize::MAX
+    } else {
+        SOURCES_PER_PAGE
+    };
+    Json(gather(&state, &search, per_page).await).into_response()
 }
 
 /// `GET /admin/sources`: every source, where it came from, when it was
@@ -142,10 +163,11 @@ async fn sources_json(State(state): State<AdminState>) -> Response {
 /// The page's data: the board, and the shared parts' state as `/readyz`
 /// sees it, but for the broker: its state as the last send or probe found
 /// it, not asked again.
-async fn gather(state: &AdminState) -> Status {
+async fn gather(state: &AdminState, search: &Search, per_page: usize) -> Status {
     let pipeline = &state.pipeline;
     let readiness = Readiness::of(pipeline, false).await;
     let now = OffsetDateTime::now_utc();
+    let page = state.board.page(now, &search.q, search.page, per_page);
     Status {
         generated_at: now,
         health: Health {
@@ -169,7 +191,14 @@ async fn gather(state: &AdminState) -> Status {
             dead_letters_since_start: pipeline.dead_letters_written(),
             failing_topics: pipeline.producer().health().failing_topics(),
         },
-        sources: state.board.snapshot(now),
+        sources: page.sources,
+        shown: Shown {
+            query: search.q.clone(),
+            page: search.page,
+            per_page,
+            matched: page.matched,
+            total: page.total,
+        },
         refused_source_files: (state.sources)().refused(),
     }
 }
@@ -185,6 +214,7 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
+    use crate::domain::event::ProviderKind;
 
     /// The status, content type and body of one request to the admin router.
     async fn answer(
@@ -259,5 +289,61 @@ mod tests {
         let (status, content_type, _) =
             answer(&guarded, Method::GET, "/nothing", Some("Bearer t0ken")).await;
         assert_eq!((status, content_type), (StatusCode::NOT_FOUND, json));
+    }
+
+    /// A thousand sources stay usable: the page draws a page of those a
+    /// search matches, with links to the next and the one before.
+    #[tokio::test]
+    async fn the_page_shows_a_search_and_a_page_of_its_matches() {
+        let dir = tempfile::tempdir().unwrap();
+        let sources = (0..45).map(|n| (ProviderKind::Mekari, format!("shop-{n}")));
+        let state = AdminState {
+            pipeline: Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100))
+                .await
+                .0,
+            board: Board::new(sources.chain([(ProviderKind::ReceiptRoller, "main".to_owned())])),
+            sources: Arc::new(SourcesReport::default),
+        };
+        let router = router(state, &AdminConfig::default());
+        let (_, _, all) = answer(&router, Method::GET, "/status.json", None).await;
+        assert_eq!(all["sources"].as_array().unwrap().len(), 46);
+        let (_, _, found) = answer(&router, Method::GET, "/status.json?q=SHOP-1", None).await;
+        let names: Vec<&str> = found["sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["source"].as_str().unwrap())
+            .collect();
+        assert_eq!(names.len(), 11, "{names:?}");
+        assert!(names.iter().all(|n| n.starts_with("shop-1")), "{names:?}");
+        assert_eq!(found["shown"]["matched"], 11);
+        assert_eq!(found["shown"]["total"], 46);
+
+        let page = |path: &str| {
+            let router = router.clone();
+            let path = path.to_owned();
+            async move {
+                let response = router
+                    .oneshot(Request::get(path).body(Body::empty()).unwrap())
+                    .await
+                    .unwrap();
+                let bytes = response.into_body().collect().await.unwrap().to_bytes();
+                String::from_utf8(bytes.to_vec()).unwrap()
+            }
+        };
+        let second = page("/status?q=shop&page=1").await;
+        assert!(
+            second.contains("sources 21–40 of 45 matching (of 46)"),
+            "{second}"
+        );
+        assert!(second.contains("href=\"?q=shop&amp;page=0\""), "{second}");
+        assert!(second.contains("href=\"?q=shop&amp;page=2\""), "{second}");
+        assert_eq!(second.matches("<section class=\"source\"").count(), 20);
+        let last = page("/status?q=shop&page=2").await;
+        assert_eq!(last.matches("<section class=\"source\"").count(), 5);
+        assert!(!last.contains("next →"), "{last}");
+        let none = page("/status?q=%3Cscript%3E").await;
+        assert!(none.contains("no source matches (of 46)"), "{none}");
+        assert!(!none.contains("<script>"), "{none}");
     }
 }

@@ -6,5 +6,5 @@ pub mod chart;
 pub mod page;
 pub mod sources;
 
-pub use page::{Health, Status};
+pub use page::{Health, Shown, Status};
 pub use sources::{Origin, RefusedFile, SourceView, SourcesReport};

@@ -37,11 +37,42 @@ pub struct Status {
     pub generated_at: OffsetDateTime,
     /// Broker, ledger, registry and spool, as `/readyz` sees them.
     pub health: Health,
-    /// Every configured source.
+    /// The sources on this page (those matching the search).
     pub sources: Vec<SourceSnapshot>,
+    /// The search and the page shown.
+    pub shown: Shown,
     /// The sources directory's files refused now (their sources keep
     /// their last good settings, or are absent).
     pub refused_source_files: Vec<super::RefusedFile>,
+}
+
+/// Which sources a page shows: a search and a page of its matches, so the
+/// page stays usable with a thousand sources.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Shown {
+    /// What the provider or source name must hold (empty: every source).
+    pub query: String,
+    /// The page shown, from 0.
+    pub page: usize,
+    /// Sources a page holds.
+    pub per_page: usize,
+    /// Sources that match, on every page.
+    pub matched: usize,
+    /// Sources in all.
+    pub total: usize,
+}
+
+impl Shown {
+    /// The pages the matches fill.
+    fn pages(&self) -> usize {
+        self.matched.div_ceil(self.per_page.max(1)).max(1)
+    }
+
+    /// The link to page `page` of the same search.
+    fn link(&self, page: usize) -> String {
+        let query: String = url::form_urlencoded::byte_serialize(self.query.as_bytes()).collect();
+        format!("?q={query}&page={page}")
+    }
 }
 
 /// The shared parts' state.
@@ -102,6 +133,7 @@ pub fn render(status: &Status) -> String {
                         }
                     }
                 }
+                (search(&status.shown))
                 @for source in &status.sources {
                     (source_section(source))
                 }
@@ -155,6 +187,31 @@ fn health(health: &Health) -> Markup {
                 @for (topic, why) in &health.failing_topics {
                     tr { td.bad { (topic) } td { (why) } }
                 }
+            }
+        }
+    }
+}
+
+/// The search box and the page links (no script: a form that GETs).
+fn search(shown: &Shown) -> Markup {
+    let first = shown.page * shown.per_page;
+    html! {
+        form #search method="get" action="" {
+            input type="search" name="q" value=(shown.query) placeholder="provider or source name";
+            " " button type="submit" { "search" }
+            " "
+            @if shown.matched == 0 {
+                "no source matches (of " (shown.total) ")"
+            } @else {
+                "sources " (first + 1) "–" ((first + shown.per_page).min(shown.matched))
+                " of " (shown.matched)
+                @if shown.matched != shown.total { " matching (of " (shown.total) ")" }
+            }
+            @if shown.page > 0 {
+                " " a href=(shown.link(shown.page - 1)) { "← previous" }
+            }
+            @if shown.page + 1 < shown.pages() {
+                " " a href=(shown.link(shown.page + 1)) { "next →" }
             }
         }
     }
@@ -321,6 +378,7 @@ mod tests {
                 failing_topics: [(HOSTILE.to_owned(), HOSTILE.to_owned())].into(),
             },
             sources: board.snapshot(now),
+            shown: Shown::default(),
             refused_source_files: vec![super::super::RefusedFile {
                 path: "mekari.shop.toml".into(),
                 reason: HOSTILE.to_owned(),
@@ -379,6 +437,7 @@ mod tests {
                 failing_topics: Default::default(),
             },
             sources: Board::new([]).snapshot(now),
+            shown: Shown::default(),
             refused_source_files: Vec::new(),
         });
         assert!(

@@ -67,6 +67,11 @@ POSBRIDGE__{{ . | upper | replace "." "__" }}
 {{- end -}}
 {{- end -}}
 
+{{/* Where the sourcesSecret's files are mounted. */}}
+{{- define "posbridge.sourcesDir" -}}
+/etc/posbridge/sources
+{{- end -}}
+
 {{/* The config keys secretEnv fills, for the checks below. */}}
 {{- define "posbridge.secretKeys" -}}
 {{- range .Values.secretEnv }}{{ .key }}{{ "\n" }}{{ end -}}
@@ -136,8 +141,13 @@ chart decides (listeners, paths), rendered with toToml.
 {{- $_ := set $source "secrets" list -}}
 {{- end -}}
 {{- end -}}
-{{- if eq $sources 0 -}}
-{{- fail "no webhook source is configured: add one under config.receiptroller.sources or config.mekari.sources" -}}
+{{- if .Values.sourcesSecret -}}
+{{- if hasKey $c "sources_dir" -}}
+{{- fail "config.sources_dir is set by the chart when sourcesSecret names a Secret: leave it out" -}}
+{{- end -}}
+{{- $_ := set $c "sources_dir" (include "posbridge.sourcesDir" .) -}}
+{{- else if eq $sources 0 -}}
+{{- fail "no webhook source is configured: add one under config.receiptroller.sources or config.mekari.sources, or name a Secret of source files in sourcesSecret" -}}
 {{- end -}}
 {{- range $key := list "schema_registry.password" "schema_registry.token" "admin.token" "admin.password" -}}
 {{- $parts := splitList "." $key -}}
@@ -229,6 +239,12 @@ finish, the producer flushes), and 5 s to spare.
 - name: tmp
   emptyDir:
     sizeLimit: 256Mi
+{{- with .Values.sourcesSecret }}
+# The sources directory: a whole-Secret mount, updated in place.
+- name: sources
+  secret:
+    secretName: {{ . }}
+{{- end }}
 {{- range .Values.secretFiles }}
 - name: {{ .name }}
   secret:
@@ -244,6 +260,11 @@ finish, the producer flushes), and 5 s to spare.
 - name: config
   mountPath: {{ include "posbridge.configDir" . }}
   readOnly: true
+{{- if .Values.sourcesSecret }}
+- name: sources
+  mountPath: {{ include "posbridge.sourcesDir" . }}
+  readOnly: true
+{{- end }}
 - name: tmp
   mountPath: /tmp
 {{- range .Values.secretFiles }}
