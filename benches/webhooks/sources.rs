@@ -23,12 +23,12 @@ use crate::{LedgerChoice, Settings, posbridge_command};
 /// How long a change may take to be in use before the bench gives up.
 const WITHIN: Duration = Duration::from_secs(60);
 
-/// The file of source `name`, signed with `secret`.
-fn write_source(dir: &Path, name: &str, secret: &str) {
+/// The file of source `name`, signed with any of `secrets`.
+fn write_source(dir: &Path, name: &str, secrets: &[&str]) {
     let staged = dir.join(format!(".{name}.tmp"));
     std::fs::write(
         &staged,
-        format!("secrets = [\"{secret}\"]\naccount = \"acct-{name}\"\n"),
+        format!("secrets = {secrets:?}\naccount = \"acct-{name}\"\n"),
     )
     .expect("source file");
     std::fs::rename(staged, dir.join(format!("receiptroller.{name}.toml"))).expect("rename");
@@ -83,7 +83,7 @@ pub async fn run(settings: &Settings, run: &str) {
     let sources = work.path().join("sources");
     std::fs::create_dir(&sources).expect("sources dir");
     for n in 0..count {
-        write_source(&sources, &format!("s{n}"), load::SECRET);
+        write_source(&sources, &format!("s{n}"), &[load::SECRET]);
     }
     let dir = work.path().join("posbridge");
     let addr = free_addr();
@@ -128,10 +128,11 @@ pub async fn run(settings: &Settings, run: &str) {
         rss >> 20
     );
 
-    write_source(&sources, "new", load::SECRET);
+    write_source(&sources, "new", &[load::SECRET]);
     let added = until_published(addr, "new", load::SECRET, &format!("{run}-new")).await;
     let middle = format!("s{}", count / 2);
-    write_source(&sources, &middle, "bench-secret-2");
+    // A second secret (a rotation's first step): the load's still signs.
+    write_source(&sources, &middle, &[load::SECRET, "bench-secret-2"]);
     let changed = until_published(addr, &middle, "bench-secret-2", &format!("{run}-chg")).await;
     println!(
         "a new file to its first published delivery: {:.0} ms; one changed file among {count} in use: {:.0} ms",

@@ -11,15 +11,20 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use super::{FOLD_AT_MOST, Rebuild, TopicRead, TopicSource};
-use crate::adapters::ledger::{EntitySlot, LedgerError, open_driven};
+use crate::adapters::ledger::{EntitySlot, LedgerError, Opened, open_driven};
 use crate::adapters::publish::{Described, Topics};
 use crate::config::KafkaConfig;
 use crate::domain::event::{EntityType, Version};
 use crate::services::pipeline::{HEADER_STATE_HASH, HEADER_VERSION};
 use crate::services::replay::{Extent, Letter, ReadError};
 
-/// Topics held in memory, one partition each.
-struct InMemory(BTreeMap<String, Vec<Letter>>);
+/// Topics held in memory, one partition each; counts the readers made
+/// (a fill makes one per topic).
+#[derive(Default)]
+struct InMemory {
+    topics: BTreeMap<String, Vec<Letter>>,
+    readers: Arc<AtomicUsize>,
+}
 
 #[async_trait]
 impl TopicSource for InMemory {
@@ -28,8 +33,9 @@ impl TopicSource for InMemory {
     }
 
     fn reader(&self, topic: &str) -> Result<Box<dyn TopicRead>, ReadError> {
+        self.readers.fetch_add(1, Ordering::Relaxed);
         Ok(Box::new(Partition {
-            records: self.0.get(topic).cloned().unwrap_or_default(),
+            records: self.topics.get(topic).cloned().unwrap_or_default(),
             next: 0,
             to: 0,
         }))
@@ -90,15 +96,31 @@ fn order(offset: i64, key: &str, at_micros: i64) -> Letter {
     }
 }
 
-#[tokio::test]
-async fn a_partition_is_written_in_batches_and_an_older_state_in_a_later_one_does_not_roll_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let opened = open_driven(
-        &dir.path().join("ledger.redb"),
+/// An embedded ledger in `dir`, checkpointed when asked.
+fn ledger(dir: &std::path::Path) -> Opened {
+    open_driven(
+        &dir.join("ledger.redb"),
         Duration::from_secs(3600),
         Duration::from_secs(10),
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// A rebuild of `opened` from `source`.
+fn rebuild(source: InMemory, topics: &Topics, opened: &Opened) -> Rebuild {
+    Rebuild::new(
+        Arc::new(source),
+        topics,
+        opened.ledger.clone(),
+        opened.gate.clone(),
+        Duration::from_secs(3600),
+    )
+}
+
+#[tokio::test]
+async fn a_partition_is_written_in_batches_and_an_older_state_in_a_later_one_does_not_roll_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let opened = ledger(dir.path());
     let topics = Topics::new(&KafkaConfig::default());
     let fillers = usize::try_from(FOLD_AT_MOST).unwrap() * 2;
     let mut records = vec![order(0, "mekari:O-1", 20)];
@@ -109,19 +131,13 @@ async fn a_partition_is_written_in_batches_and_an_older_state_in_a_later_one_doe
     // Never written by posbridge (a newer state of a key only ever comes at
     // a later offset), and in a later batch than the newer state.
     records.push(order(i64::try_from(fillers).unwrap() + 1, "mekari:O-1", 10));
-    let source = InMemory(
-        [(topics.entity(EntityType::Order).to_owned(), records)]
+    let source = InMemory {
+        topics: [(topics.entity(EntityType::Order).to_owned(), records)]
             .into_iter()
             .collect(),
-    );
-    let rebuild = Rebuild::new(
-        Arc::new(source),
-        &topics,
-        opened.ledger.clone(),
-        opened.gate.clone(),
-        Duration::from_secs(3600),
-    );
-    rebuild.once().await.unwrap();
+        ..InMemory::default()
+    };
+    rebuild(source, &topics, &opened).once().await.unwrap();
 
     let state = |key: &str| {
         let ledger = opened.ledger.clone();
@@ -147,68 +163,26 @@ async fn a_partition_is_written_in_batches_and_an_older_state_in_a_later_one_doe
     }
 }
 
-/// Empty topics that count the fills reading them (each reads every topic).
-struct CountsFills(Arc<AtomicUsize>);
-
-#[async_trait]
-impl TopicSource for CountsFills {
-    async fn describe(&self, _topics: &[String]) -> Described {
-        Described::default()
-    }
-
-    fn reader(&self, _topic: &str) -> Result<Box<dyn TopicRead>, ReadError> {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        Ok(Box::new(Partition {
-            records: Vec::new(),
-            next: 0,
-            to: 0,
-        }))
-    }
-
-    fn kept_partitions(&self) -> BTreeMap<String, usize> {
-        BTreeMap::new()
-    }
-
-    fn keep_partitions_anew(&self, _now: &BTreeMap<String, usize>) {}
-}
-
 /// Several deliveries find one lost ledger before its fill begins (the
 /// drainer's and a check's): one fill reads it, not one per finder.
 #[tokio::test(start_paused = true)]
 async fn a_loss_found_by_several_before_the_fill_is_filled_once() {
     let dir = tempfile::tempdir().unwrap();
-    let opened = open_driven(
-        &dir.path().join("ledger.redb"),
-        Duration::from_secs(3600),
-        Duration::from_secs(10),
-    )
-    .unwrap();
+    let opened = ledger(dir.path());
     let topics = Topics::new(&KafkaConfig::default());
     let readers = Arc::new(AtomicUsize::new(0));
-    let rebuild = Rebuild::new(
-        Arc::new(CountsFills(readers.clone())),
-        &topics,
-        opened.ledger.clone(),
-        opened.gate.clone(),
-        Duration::from_secs(3600),
-    );
-    let topics_read = {
-        let rebuild = Rebuild::new(
-            Arc::new(CountsFills(readers.clone())),
-            &topics,
-            opened.ledger.clone(),
-            opened.gate.clone(),
-            Duration::from_secs(3600),
-        );
-        rebuild.once().await.unwrap();
-        readers.swap(0, Ordering::Relaxed)
+    let counting = || InMemory {
+        readers: readers.clone(),
+        ..InMemory::default()
     };
+    rebuild(counting(), &topics, &opened).once().await.unwrap();
+    let topics_read = readers.swap(0, Ordering::Relaxed);
     assert!(topics_read > 0);
 
     opened.gate.found_lost(&LedgerError::Lost);
     opened.gate.found_lost(&LedgerError::Lost);
     let stop = CancellationToken::new();
-    let running = tokio::spawn(rebuild.run(stop.clone()));
+    let running = tokio::spawn(rebuild(counting(), &topics, &opened).run(stop.clone()));
     while !opened.gate.is_open() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
