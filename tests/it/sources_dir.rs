@@ -1,7 +1,8 @@
 //! Sources added, changed, broken and removed in a sources directory while
 //! posbridge serves another source under load: each change reaches its own
 //! URL within seconds, a refused file keeps its source's last good settings
-//! (or keeps it absent), and the source under load loses nothing.
+//! (or keeps it absent), and the source under load loses nothing; a removed
+//! source's spooled deliveries still drain.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,7 +13,8 @@ use serde_json::Value;
 
 use crate::support::wait::wait_until;
 use crate::support::{
-    TestApp, brokers, config, latest_per_key, mekari_order, metric, read_topic, rr_sale, unique,
+    OwnBroker, RR_SECRET, TestApp, brokers, config, latest_per_key, mekari_order, metric,
+    read_topic, rr_sale, unique,
 };
 
 /// Writes `text` as the sources directory's file `name`, whole at once (a
@@ -190,4 +192,89 @@ async fn sources_come_and_go_from_a_directory_under_load_and_the_others_lose_not
         "a new source file answered in {added_in:?}; {} deliveries to the main source beside",
         sent.len()
     );
+}
+
+/// A source file that spools, removed while its deliveries wait in the spool
+/// for the broker: its URL answers 404 from then on, and what it spooled is
+/// still published once the broker is back, under its account's keys.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_removed_sources_spooled_deliveries_still_drain() {
+    let broker = OwnBroker::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let sources = dir.path().join("sources");
+    std::fs::create_dir(&sources).unwrap();
+    let mut config = config(&broker.address(), &unique("srcspool"), dir.path());
+    config.sources_dir = Some(sources.clone());
+    config.spool.path = dir.path().join("spool.redb");
+    let mut app = TestApp::start_with(config).await;
+    app.keep(dir);
+    let shop = unique("spooler");
+    put(
+        &sources,
+        &format!("receiptroller.{shop}.toml"),
+        &format!(
+            "secrets = [\"{RR_SECRET}\"]\naccount = \"{shop}\"\non_broker_unavailable = \"spool\"\n"
+        ),
+    );
+    let sale = |n: u32| {
+        rr_sale(
+            &format!("{shop}-{n}"),
+            "sale.created",
+            "2026-12-04T09:00:00Z",
+            &format!("T1|2026-12|{n:04}"),
+            100 + u64::from(n),
+        )
+    };
+    wait_until(
+        Duration::from_secs(10),
+        "the source to publish",
+        async || app.send("receiptroller", &shop, &sale(0)).await.status() == 200,
+    )
+    .await;
+
+    broker.cut();
+    for n in [1, 2] {
+        let answer = app.send("receiptroller", &shop, &sale(n)).await;
+        assert_eq!(answer.status(), 200);
+        assert_eq!(answer.json::<Value>().await.unwrap()["status"], "spooled");
+    }
+    std::fs::remove_file(sources.join(format!("receiptroller.{shop}.toml"))).unwrap();
+    // Asked with a wrong signature (401 while it is there), so that
+    // nothing more is spooled meanwhile.
+    let probe = serde_json::to_vec(&sale(3)).unwrap();
+    wait_until(Duration::from_secs(10), "the source to end", async || {
+        let id = format!("{shop}-3");
+        let answer = app
+            .send_raw(
+                "receiptroller",
+                &shop,
+                &id,
+                probe.clone(),
+                Some("a-wrong-secret"),
+            )
+            .await;
+        answer.status() == 404
+    })
+    .await;
+
+    broker.heal();
+    let spool = app
+        .pipeline
+        .spool()
+        .expect("a sources directory opens the spool");
+    wait_until(Duration::from_secs(60), "the spool to drain", async || {
+        spool.stats().entries == 0
+    })
+    .await;
+    let published = latest_per_key(&read_topic(&broker.address(), &app.topic("sales")));
+    for n in 0..3 {
+        let key = format!("receiptroller:{shop}:T1|2026-12|{n:04}");
+        assert!(
+            published.contains_key(&key),
+            "{key} lost: {:?}",
+            published.keys()
+        );
+    }
+    assert!(!published.contains_key(&format!("receiptroller:{shop}:T1|2026-12|0003")));
+    app.stop().await;
 }
