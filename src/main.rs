@@ -14,7 +14,6 @@ use std::time::Duration;
 use posbridge::app::{self, App};
 use posbridge::config::{Config, LedgerBackend};
 use posbridge::domain::event::ProviderKind;
-use posbridge::services::reconcile::Reconciler;
 use posbridge::services::replay::{self, Replay};
 use posbridge::services::watchdog::Watchdog;
 use std::io::IsTerminal;
@@ -309,7 +308,8 @@ async fn reconcile(
     let app = App::build_for_catch_up(&config)
         .await
         .map_err(start_error)?;
-    let reconciler = Reconciler::new(&config, app.pipeline().clone())?.with_live_progress();
+    // The sources directory's sources too.
+    let reconciler = app.reconciler(&config)?.with_live_progress();
     let summary = reconciler
         .run_window(provider, source.as_deref(), from, to)
         .await

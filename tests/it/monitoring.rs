@@ -18,7 +18,7 @@ use serde_json::Value;
 use yaml_rust2::{Yaml, YamlLoader};
 
 use crate::catch_up::{MEKARI_CLIENT_SECRET, Sim};
-use crate::support::wait::look_for;
+use crate::support::wait::{look_for, wait_until};
 use crate::support::{
     brokers, config_text, free_port, listening_on, mekari_order, rr_sale, signed_request,
     spawn_posbridge, spawn_serve, spool_config_text, unique, wait_healthy,
@@ -448,6 +448,17 @@ async fn every_series_the_rules_and_the_dashboard_read_is_on_a_running_posbridge
         panic!("the watchdog never checked:\n{}", metrics().await);
     };
     assert_exported(&for_rules, &started, "at start-up");
+    // Deliveries are decided once the ledger is filled and the broker
+    // answered: before that they would spool or be told to come back.
+    wait_until(
+        Duration::from_secs(30),
+        "posbridge to be ready",
+        async || {
+            let answer = http.get(format!("{base}/readyz")).send().await;
+            answer.is_ok_and(|a| a.status() == 200)
+        },
+    )
+    .await;
 
     // Some of everything: published, duplicate, stale, dead-lettered, refused.
     let send = |provider: &str, body: Vec<u8>, id: &str, secret: Option<&str>| {
