@@ -231,10 +231,13 @@ impl ApiClient {
         auth: Arc<dyn Authorize>,
         options: &ApiOptions,
     ) -> Result<ApiClient, FetchError> {
-        let http = reqwest::Client::builder()
-            .timeout(options.timeout)
-            .redirect(redirect::Policy::custom(same_host))
-            .build()
+        let http = options
+            .http(|| {
+                reqwest::Client::builder()
+                    .timeout(options.timeout)
+                    .redirect(redirect::Policy::custom(same_host))
+                    .build()
+            })
             .map_err(FetchError::Client)?;
         Ok(ApiClient {
             http,

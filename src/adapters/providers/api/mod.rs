@@ -11,6 +11,7 @@ mod client;
 pub(crate) mod fake;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -130,7 +131,7 @@ pub trait ProviderApi: Send + Sync {
 }
 
 /// How every API client behaves, whatever the provider: from `[reconcile]`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ApiOptions {
     /// Attempts per request (408, 429, 5xx and transport errors are retried).
     pub max_attempts: u32,
@@ -138,6 +139,10 @@ pub struct ApiOptions {
     pub timeout: Duration,
     /// Largest answer body read; reading stops there.
     pub max_body_bytes: usize,
+    /// The HTTP client every source's API shares, made by the first: one
+    /// per source would load the TLS roots a thousand times for a thousand
+    /// sources, and keep a connection pool each.
+    http: Arc<std::sync::OnceLock<reqwest::Client>>,
 }
 
 impl ApiOptions {
@@ -147,7 +152,23 @@ impl ApiOptions {
             max_attempts: config.max_attempts,
             timeout: Duration::from_millis(config.request_timeout_ms),
             max_body_bytes: usize::try_from(config.max_body_bytes).unwrap_or(usize::MAX),
+            http: Arc::default(),
         }
+    }
+
+    /// The shared client, made by `make` the first time.
+    ///
+    /// # Errors
+    /// What `make` returns when the client cannot be made.
+    pub fn http(
+        &self,
+        make: impl FnOnce() -> reqwest::Result<reqwest::Client>,
+    ) -> reqwest::Result<reqwest::Client> {
+        if let Some(http) = self.http.get() {
+            return Ok(http.clone());
+        }
+        let made = make()?;
+        Ok(self.http.get_or_init(|| made).clone())
     }
 }
 
