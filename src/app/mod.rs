@@ -190,6 +190,29 @@ async fn encoder(
     }
 }
 
+/// The reconciler of `config`'s sources with an `api` table and of
+/// `sources`' directory's, as [`App::reconciler`] makes it, from the pieces
+/// of a running app.
+///
+/// # Errors
+/// As [`App::reconciler`].
+pub fn reconciler(
+    config: &Config,
+    pipeline: &Pipeline,
+    board: &Board,
+    sources: &Sources,
+) -> Result<Reconciler, ReconcileError> {
+    let reconciler = Reconciler::new(config, pipeline.clone())?.with_board(board.clone());
+    let taking = reconciler.clone();
+    sources.on_change(move |files| {
+        taking.replace_file_sources(files.iter().map(|file| FileApi {
+            entry: file.entry(),
+            digest: file.digest,
+        }));
+    });
+    Ok(reconciler)
+}
+
 /// A built service: the pieces `serve` runs.
 #[derive(Clone)]
 pub struct App {
@@ -440,16 +463,7 @@ impl App {
     /// [`ReconcileError::Setup`] naming a main-file source whose API client
     /// cannot be made (a directory's is said and left out).
     pub fn reconciler(&self, config: &Config) -> Result<Reconciler, ReconcileError> {
-        let reconciler =
-            Reconciler::new(config, self.pipeline().clone())?.with_board(self.board().clone());
-        let taking = reconciler.clone();
-        self.sources.on_change(move |files| {
-            taking.replace_file_sources(files.iter().map(|file| FileApi {
-                entry: file.entry(),
-                digest: file.digest,
-            }));
-        });
-        Ok(reconciler)
+        reconciler(config, self.pipeline(), self.board(), &self.sources)
     }
 
     /// The sources in use (`/admin/sources`).

@@ -140,8 +140,6 @@ pub struct TestApp {
     pub board: posbridge::observe::Board,
     /// The running app's sources, for `/admin/sources` in the test.
     pub sources: posbridge::app::sources::Sources,
-    /// The running app, for what it builds on demand (its reconciler).
-    app: App,
     pub config: Config,
     pub prefix: String,
     stop: Option<oneshot::Sender<()>>,
@@ -187,7 +185,6 @@ impl TestApp {
         let publisher = app.publisher().clone();
         let board = app.board().clone();
         let sources = app.sources().clone();
-        let running = app.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -201,7 +198,6 @@ impl TestApp {
             publisher,
             board,
             sources,
-            app: running,
             config,
             prefix,
             stop: Some(stop),
@@ -296,7 +292,7 @@ impl TestApp {
     /// The running app's reconciler over `config`'s sources and its sources
     /// directory's, as `serve` makes it.
     pub fn reconciler(&self, config: &Config) -> posbridge::services::reconcile::Reconciler {
-        self.app.reconciler(config).unwrap()
+        posbridge::app::reconciler(config, &self.pipeline, &self.board, &self.sources).unwrap()
     }
 
     /// What the admin router reads, on this app's pipeline, board and sources.
