@@ -457,6 +457,7 @@ async fn a_source_file_added_while_running_is_reconciled_and_removed_is_not() {
     let mut config = config(&crate::support::brokers(), &unique("dirapi"), dir.path());
     config.mekari.sources.remove("main");
     config.sources_dir = Some(sources.clone());
+    config.spool.path = dir.path().join("spool.redb");
     let mut app = TestApp::start_with(config).await;
     app.keep(dir);
     let reconciler = app.reconciler(&app.config);

@@ -74,6 +74,7 @@ async fn sources_come_and_go_from_a_directory_under_load_and_the_others_lose_not
     std::fs::create_dir(&sources).unwrap();
     let mut config = config(&brokers(), &unique("srcdir"), dir.path());
     config.sources_dir = Some(sources.clone());
+    config.spool.path = dir.path().join("spool.redb");
     assert_eq!(posbridge::app::problems(&config), vec![]);
     let mut app = TestApp::start_with(config).await;
     app.keep(dir);
