@@ -78,6 +78,9 @@ impl Watchdog {
         for watched in self.reconciler.watched().iter() {
             let api = watched.api();
             let watched = watched.source();
+            // A source added while running (a sources directory's file)
+            // gets its resume counter at its first check.
+            announce(watched);
             let (provider, source) = (watched.provider, watched.name.as_str());
             let labels = [
                 (telemetry::PROVIDER, provider.as_str().to_owned()),
