@@ -20,13 +20,14 @@
 //!   account are another source's (the same record keys), is refused; the
 //!   source already in use keeps them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use notify::event::ModifyKind;
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use time::OffsetDateTime;
 use tokio::sync::Notify;
 use tokio::time::MissedTickBehavior;
@@ -224,14 +225,22 @@ impl Sources {
     pub async fn watch(self, shutdown: CancellationToken) {
         let Some(dir) = self.dir.clone() else { return };
         let changed = Arc::new(Notify::new());
-        let _watcher = self.watcher(&dir, changed.clone());
+        let mut watcher = self.watcher(&dir, changed.clone());
+        let mut watched = BTreeSet::new();
         let mut recheck = tokio::time::interval(self.recheck);
         recheck.set_missed_tick_behavior(MissedTickBehavior::Delay);
         recheck.tick().await;
         loop {
+            if let Some(watcher) = &mut watcher {
+                self.watch_secret_dirs(watcher, &mut watched);
+            }
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = changed.notified() => tokio::time::sleep(SETTLE).await,
+                () = changed.notified() => {
+                    tokio::time::sleep(SETTLE).await;
+                    // What came during the settling is read by this read.
+                    let _ = futures::FutureExt::now_or_never(changed.notified());
+                }
                 () = self.requested.notified() => {}
                 _ = recheck.tick() => {}
             }
@@ -248,11 +257,50 @@ impl Sources {
         }
     }
 
+    /// Watches the directories of the sources' own secret files too (a
+    /// Kubernetes Secret mounted beside the sources directory), so that a
+    /// rotated secret there is read as soon as one in the main file's
+    /// sources is; `watched` holds those watched so far.
+    fn watch_secret_dirs(&self, watcher: &mut RecommendedWatcher, watched: &mut BTreeSet<PathBuf>) {
+        let dirs: BTreeSet<PathBuf> = {
+            let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state
+                .loaded
+                .values()
+                .flat_map(|l| {
+                    let config = &l.file.config;
+                    config.secrets_dir.iter().cloned().chain(
+                        config
+                            .secrets_files
+                            .iter()
+                            .filter_map(|f| f.parent().map(std::path::Path::to_owned)),
+                    )
+                })
+                .filter(|d| !d.as_os_str().is_empty())
+                .collect()
+        };
+        for dir in dirs.difference(watched).cloned().collect::<Vec<_>>() {
+            match watcher.watch(&dir, RecursiveMode::NonRecursive) {
+                Ok(()) => {
+                    watched.insert(dir);
+                }
+                Err(error) => {
+                    tracing::debug!(%error, dir = %dir.display(), "Cannot watch a directory of a source's secret files; it is read at each recheck.");
+                }
+            }
+        }
+    }
+
     /// A watcher of the directory that wakes `changed`; none when the
     /// system gives none (said once: the recheck still reads).
     fn watcher(&self, dir: &std::path::Path, changed: Arc<Notify>) -> Option<RecommendedWatcher> {
         let made = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if event.is_ok_and(|e| !e.kind.is_access()) {
+            // Our own reads open the files and touch their access times:
+            // only what may change their contents counts.
+            let content = event.is_ok_and(|e| {
+                !e.kind.is_access() && !matches!(e.kind, EventKind::Modify(ModifyKind::Metadata(_)))
+            });
+            if content {
                 changed.notify_one();
             }
         })

@@ -173,6 +173,28 @@ async fn sources_come_and_go_from_a_directory_under_load_and_the_others_lose_not
     until_answered(&app, &shop, "shop-secret-2", 404).await;
     assert!(source_view(&app, &shop).is_null());
 
+    // A source whose secrets are files of a directory of their own (a
+    // Secret mounted beside the sources): a secret added there is in use
+    // within seconds, well before the minute's recheck.
+    let rotating = unique("rotating");
+    let secrets = sources
+        .parent()
+        .unwrap()
+        .join(format!("{rotating}-secrets"));
+    std::fs::create_dir(&secrets).unwrap();
+    std::fs::write(secrets.join("first"), "rotating-secret-1\n").unwrap();
+    put(
+        &sources,
+        &format!("mekari.{rotating}.toml"),
+        &format!(
+            "secrets_dir = \"{}\"\naccount = \"{rotating}\"\n",
+            secrets.display()
+        ),
+    );
+    until_answered(&app, &rotating, "rotating-secret-1", 200).await;
+    std::fs::write(secrets.join("second"), "rotating-secret-2\n").unwrap();
+    until_answered(&app, &rotating, "rotating-secret-2", 200).await;
+
     stop.store(true, Ordering::Relaxed);
     load.await.unwrap();
     let sent = Arc::into_inner(sent).unwrap().into_inner().unwrap();
