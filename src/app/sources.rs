@@ -130,10 +130,10 @@ impl Sources {
     /// Calls `listener` with the directory's sources in use now, and again
     /// after every read that changes them.
     pub fn on_change(&self, listener: impl Fn(&[&SourceFile]) + Send + Sync + 'static) {
-        {
-            let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            listener(&state.loaded.values().map(|l| &l.file).collect::<Vec<_>>());
-        }
+        // Under the state's lock, which a read holds while it tells the
+        // listeners: no read falls between the first call and the others.
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        listener(&state.loaded.values().map(|l| &l.file).collect::<Vec<_>>());
         self.listeners
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
