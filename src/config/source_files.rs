@@ -167,12 +167,38 @@ fn read_file(path: &Path) -> Result<SourceFile, Refusal> {
 }
 
 /// A source table from TOML text, read as the main file's tables are.
+/// Why not, without the file's values: the reason is shown on `/status`
+/// and `/admin/sources`, and the file holds secrets.
 fn parse(text: &str) -> Result<SourceConfig, String> {
     config::Config::builder()
         .add_source(config::File::from_str(text, config::FileFormat::Toml))
         .build()
         .and_then(config::Config::try_deserialize)
-        .map_err(|e| e.to_string())
+        .map_err(|e| without_values(&e.to_string()))
+}
+
+/// A parser's message without what it quotes of the file: the excerpt
+/// lines (`2 | secrets = …`) dropped, quoted values replaced by `"…"`.
+fn without_values(message: &str) -> String {
+    let kept: Vec<&str> = message
+        .lines()
+        .filter(|line| {
+            let line = line.trim_start();
+            !line.starts_with('|')
+                && !line
+                    .split_once('|')
+                    .is_some_and(|(number, _)| number.trim().parse::<u32>().is_ok())
+        })
+        .collect();
+    let mut out = String::new();
+    for (n, part) in kept.join(" ").split('"').enumerate() {
+        if n % 2 == 1 {
+            out.push_str("\"…\"");
+        } else {
+            out.push_str(part);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -238,6 +264,33 @@ mod tests {
         assert!(reason("shop.toml").contains("{provider}.{source}.toml"));
         assert!(reason("mekari.bad name.toml").contains("source names go into URLs"));
         assert_eq!(listing.refused.len(), 5, "{listing:?}");
+    }
+
+    /// A refusal is shown on `/status`: it never quotes the file's values.
+    #[test]
+    fn a_refusal_quotes_no_value_of_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "mekari.a.toml",
+            "secrets = [\"s-1-long-enough\"]\ntolerance_secs = \"the-secret-value\"\n",
+        );
+        write(
+            dir.path(),
+            "mekari.b.toml",
+            "secrets = [\"the-secret-value\"\n",
+        );
+        write(
+            dir.path(),
+            "mekari.c.toml",
+            "secrets = [\"the-secret-value\"]\nsecret = 1\n",
+        );
+        let listing = read_dir(dir.path()).unwrap();
+        assert_eq!(listing.refused.len(), 3, "{listing:?}");
+        for refusal in &listing.refused {
+            assert!(!refusal.reason.contains("the-secret"), "{refusal:?}");
+            assert!(!refusal.reason.is_empty());
+        }
     }
 
     #[test]
