@@ -185,9 +185,9 @@ fn without_values(message: &str) -> String {
         .filter(|line| {
             let line = line.trim_start();
             !line.starts_with('|')
-                && !line
+                && line
                     .split_once('|')
-                    .is_some_and(|(number, _)| number.trim().parse::<u32>().is_ok())
+                    .is_none_or(|(number, _)| number.trim().parse::<u32>().is_err())
         })
         .collect();
     let mut out = String::new();
