@@ -330,10 +330,15 @@ impl Sources {
 
     /// Puts what a read of the directory found in use, in one swap.
     fn apply(&self, listing: source_files::Listing) {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if state.unreadable.take().is_some() {
-            info!("The sources directory reads again.");
-        }
+        // The sources in use, taken and let go: the files are read and
+        // checked without the lock `/admin/sources` takes (only this watch
+        // writes the state, so nothing changes it meanwhile).
+        let before = self
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .loaded
+            .clone();
         let current = self.live.load_full();
         let mut next: SourceMap = current
             .iter()
@@ -349,10 +354,7 @@ impl Sources {
             .map(|f| (f.provider, f.name.clone()))
             .chain(listing.refused.iter().filter_map(|r| r.source.clone()));
         for key in still_there {
-            if let Some(webhook) = current
-                .get(&key)
-                .filter(|_| state.loaded.contains_key(&key))
-            {
+            if let Some(webhook) = current.get(&key).filter(|_| before.contains_key(&key)) {
                 accounts.insert((key.0, webhook.source.account.clone()), key.1);
             }
         }
@@ -360,16 +362,14 @@ impl Sources {
         let mut refused = BTreeMap::new();
         // Sources in use first: a new file never takes an account or a
         // name from one that runs.
-        let (running, new): (Vec<SourceFile>, Vec<SourceFile>) =
-            listing.files.into_iter().partition(|file| {
-                state
-                    .loaded
-                    .contains_key(&(file.provider, file.name.clone()))
-            });
+        let (running, new): (Vec<SourceFile>, Vec<SourceFile>) = listing
+            .files
+            .into_iter()
+            .partition(|file| before.contains_key(&(file.provider, file.name.clone())));
         for file in running.into_iter().chain(new) {
             let key = (file.provider, file.name.clone());
-            let before = state.loaded.get(&key).zip(current.get(&key));
-            match self.admit(&file, before, &mut accounts) {
+            let running_now = before.get(&key).zip(current.get(&key));
+            match self.admit(&file, running_now, &mut accounts) {
                 Ok((webhook, at)) => {
                     loaded.insert(key.clone(), Loaded { file, at });
                     next.insert(key, webhook);
@@ -393,11 +393,15 @@ impl Sources {
         for refusal in refused.values() {
             if let Some(key) = &refusal.source
                 && !loaded.contains_key(key)
-                && let (Some(kept), Some(webhook)) = (state.loaded.get(key), current.get(key))
+                && let (Some(kept), Some(webhook)) = (before.get(key), current.get(key))
             {
                 loaded.insert(key.clone(), kept.clone());
                 next.insert(key.clone(), webhook.clone());
             }
+        }
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.unreadable.take().is_some() {
+            info!("The sources directory reads again.");
         }
         self.say(&state, &loaded, &refused);
         let changed = state.loaded.len() != loaded.len()
