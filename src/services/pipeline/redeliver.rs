@@ -54,30 +54,30 @@ impl Pipeline {
     ) {
         let trace = self.trace_of_its_own(TraceOrigin::Redelivery, &mut delivery);
         let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;
-        let redelivered = match self.redeliver_decided(&delivery, deadline).await {
-            Ok(Redecided::Done(redelivery)) => Ok(redelivery),
+        let (redelivered, answer) = match self.redeliver_decided(&delivery, deadline).await {
+            Ok(Redecided::Done(redelivery)) => (Ok(redelivery), answer),
             Ok(Redecided::Send(outgoing, entity)) => {
-                let mut sending = Box::pin(self.send_state(outgoing));
-                match tokio::time::timeout_at(deadline, &mut sending).await {
-                    Ok(sent) => sent.map(|sent| match sent {
-                        StateSent::Published => Redelivery::Applied {
-                            outcome: Outcome::Published,
-                            entity,
-                        },
-                        StateSent::Refused(Refusal { code, reason, .. }) => {
-                            Redelivery::StillFailing { code, reason }
-                        }
-                    }),
-                    Err(_) => {
-                        let late = Err(PipelineError::DeadlinePassed);
-                        reported(&trace, &late);
-                        answer.send(late);
-                        let _ = sending.await;
-                        return;
+                let late = async || {
+                    let late = Err(PipelineError::DeadlinePassed);
+                    reported(&trace, &late);
+                    late
+                };
+                let sending = Box::pin(self.send_state(outgoing));
+                let Some((sent, answer)) = answer.sent_by(deadline, sending, late).await else {
+                    return;
+                };
+                let redelivered = sent.map(|sent| match sent {
+                    StateSent::Published => Redelivery::Applied {
+                        outcome: Outcome::Published,
+                        entity,
+                    },
+                    StateSent::Refused(Refusal { code, reason, .. }) => {
+                        Redelivery::StillFailing { code, reason }
                     }
-                }
+                });
+                (redelivered, answer)
             }
-            Err(error) => Err(error),
+            Err(error) => (Err(error), answer),
         };
         reported(&trace, &redelivered);
         answer.send(redelivered);

@@ -34,25 +34,24 @@ impl Pipeline {
         let _in_flight = self.inner.in_flight.count(delivery.source.provider);
         let deadline = Instant::now() + self.inner.inflight_wait + self.inner.answer_budget;
         let key = key_of(&delivery);
-        let outcome = match self
+        let (outcome, answer) = match self
             .take_in(&delivery, &key, deadline, Attempt::SpoolReplay)
             .await
         {
-            Ok(Taken::Done(handled)) => Ok(handled.outcome),
+            Ok(Taken::Done(handled)) => (Ok(handled.outcome), answer),
             Ok(Taken::Sending(outgoing, _)) => {
-                let mut sending = Box::pin(self.send_or_dead_letter(outgoing));
-                match tokio::time::timeout_at(deadline, &mut sending).await {
-                    Ok(sent) => sent.map(|(outcome, _)| outcome),
-                    Err(_) => {
-                        let late = Err(PipelineError::DeadlinePassed);
-                        ended(&trace, &late);
-                        answer.send(late);
-                        let _ = sending.await;
-                        return;
-                    }
-                }
+                let late = async || {
+                    let late = Err(PipelineError::DeadlinePassed);
+                    ended(&trace, &late);
+                    late
+                };
+                let sending = Box::pin(self.send_or_dead_letter(outgoing));
+                let Some((sent, answer)) = answer.sent_by(deadline, sending, late).await else {
+                    return;
+                };
+                (sent.map(|(outcome, _)| outcome), answer)
             }
-            Err(error) => Err(error),
+            Err(error) => (Err(error), answer),
         };
         ended(&trace, &outcome);
         answer.send(outcome);

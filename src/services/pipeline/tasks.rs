@@ -16,6 +16,7 @@
 use std::time::Duration;
 
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::Pipeline;
@@ -36,6 +37,28 @@ impl<T> Answer<T> {
     /// hung up) is told nothing; the work is done all the same.
     pub(super) fn send(self, answer: T) {
         let _ = self.0.send(answer);
+    }
+
+    /// Waits for `sending` (work that may have handed a record to Kafka)
+    /// until `deadline`: what it came to, with this answer still to give.
+    /// Past the deadline the caller is given what `late` makes, the send
+    /// runs on to its commit, and `None` is returned. `sending` comes boxed,
+    /// so that the task's own future stays small and spawning it copies
+    /// little.
+    pub(super) async fn sent_by<S: Future + Unpin>(
+        self,
+        deadline: Instant,
+        mut sending: S,
+        late: impl AsyncFnOnce() -> T,
+    ) -> Option<(S::Output, Self)> {
+        match tokio::time::timeout_at(deadline, &mut sending).await {
+            Ok(sent) => Some((sent, self)),
+            Err(_) => {
+                self.send(late().await);
+                let _ = sending.await;
+                None
+            }
+        }
     }
 }
 

@@ -53,26 +53,27 @@ impl Pipeline {
             None => deadline,
         };
         let key = key_of(&delivery);
-        let handled = match self
+        let (handled, answer) = match self
             .take_in(&delivery, &key, work_deadline, Attempt::Provider)
             .await
         {
-            Ok(Taken::Done(handled)) => Ok(handled),
+            Ok(Taken::Done(handled)) => (Ok(handled), answer),
             Ok(Taken::Sending(outgoing, handled)) => {
-                // Boxed, as the taking in is: the task's own future stays
-                // small, so spawning it copies little.
-                let mut sending = Box::pin(self.send_or_dead_letter(outgoing));
-                match tokio::time::timeout_at(work_deadline, &mut sending).await {
-                    Ok(sent) => sent.map(|(outcome, code)| handled.sent(outcome, code)),
-                    Err(_) => {
-                        let late = Err(PipelineError::DeadlinePassed);
-                        answer.send(self.or_spooled(late, &delivery, spool, deadline).await);
-                        let _ = sending.await;
-                        return;
-                    }
-                }
+                let late = async || {
+                    let late = Err(PipelineError::DeadlinePassed);
+                    self.or_spooled(late, &delivery, spool, deadline).await
+                };
+                let sending = Box::pin(self.send_or_dead_letter(outgoing));
+                let Some((sent, answer)) = answer.sent_by(work_deadline, sending, late).await
+                else {
+                    return;
+                };
+                (
+                    sent.map(|(outcome, code)| handled.sent(outcome, code)),
+                    answer,
+                )
             }
-            Err(error) => Err(error),
+            Err(error) => (Err(error), answer),
         };
         answer.send(self.or_spooled(handled, &delivery, spool, deadline).await);
     }
