@@ -503,7 +503,8 @@ async fn schema_check(path: PathBuf) -> anyhow::Result<()> {
 
 fn check_config(path: PathBuf) -> anyhow::Result<()> {
     let config = read(&path)?;
-    let problems = app::problems(&config);
+    let mut problems = app::problems(&config);
+    problems.extend(app::sources::dir_problems(&config));
     if problems.is_empty() {
         println!("{}: configuration is valid.", path.display());
         return Ok(());

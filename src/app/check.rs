@@ -65,7 +65,6 @@ pub fn problems(config: &Config) -> Vec<Problem> {
     for entry in config.sources() {
         problems.extend(source_problems(entry));
     }
-    problems.extend(super::sources::dir_problems(config));
     problems
 }
 

@@ -543,8 +543,10 @@ fn check_file(
 }
 
 /// The sources directory's problems, for `check-config`: each refused
-/// file, by its path, as a running posbridge would refuse it.
-pub(super) fn dir_problems(config: &Config) -> Vec<Problem> {
+/// file, by its path, as a running posbridge would refuse it. Not part of
+/// [`super::problems`]: `serve` starts with a bad file in the directory,
+/// which it refuses alone.
+pub fn dir_problems(config: &Config) -> Vec<Problem> {
     let Some(dir) = &config.sources_dir else {
         return Vec::new();
     };

@@ -20,7 +20,7 @@ use yaml_rust2::{Yaml, YamlLoader};
 use crate::catch_up::{MEKARI_CLIENT_SECRET, Sim};
 use crate::support::wait::{look_for, wait_until};
 use crate::support::{
-    brokers, config_text, free_port, listening_on, mekari_order, rr_sale, signed_request,
+    brokers, config_text, free_port, listening_on, mekari_order, metric, rr_sale, signed_request,
     spawn_posbridge, spawn_serve, spool_config_text, unique, wait_healthy,
 };
 
@@ -421,6 +421,12 @@ async fn every_series_the_rules_and_the_dashboard_read_is_on_a_running_posbridge
         sim.api_toml(ProviderKind::Mekari, MEKARI_CLIENT_SECRET, false),
         secret_file.display(),
     );
+    // A sources directory with one file that does not check: the refused
+    // files' gauge, in a process of its own.
+    let sources = dir.path().join("sources");
+    std::fs::create_dir(&sources).unwrap();
+    std::fs::write(sources.join("mekari.broken.toml"), "secret = 1\n").unwrap();
+    let text = format!("sources_dir = \"{}\"\n{text}", sources.display());
     let config = dir.path().join("posbridge.toml");
     std::fs::write(&config, text).unwrap();
     let _serving = Serving(spawn_serve(&config));
@@ -448,6 +454,7 @@ async fn every_series_the_rules_and_the_dashboard_read_is_on_a_running_posbridge
         panic!("the watchdog never checked:\n{}", metrics().await);
     };
     assert_exported(&for_rules, &started, "at start-up");
+    assert_eq!(metric(&started, "posbridge_source_files_refused", &[]), 1.0);
     // Deliveries are decided once the ledger is filled and the broker
     // answered: before that they would spool or be told to come back.
     wait_until(
