@@ -187,6 +187,7 @@ fn sale() -> PosEvent {
         provider: ProviderKind::ReceiptRoller,
         name: "main".into(),
         account: None,
+        topic_prefix: None,
     };
     let raw = body.to_string();
     let ctx = Context {

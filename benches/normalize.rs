@@ -51,6 +51,7 @@ fn main() {
         provider: ProviderKind::ReceiptRoller,
         name: "main".into(),
         account: None,
+        topic_prefix: None,
     };
     let received_at = time::macros::datetime!(2026-11-29 10:15:31 UTC);
     let provider = providers::for_kind(ProviderKind::ReceiptRoller);

@@ -153,6 +153,7 @@ mod tests {
                         provider: ProviderKind::ReceiptRoller,
                         name: "main".into(),
                         account: None,
+                        topic_prefix: None,
                     },
                     delivery_id: id,
                     received_at: time::OffsetDateTime::now_utc(),

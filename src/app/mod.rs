@@ -11,6 +11,7 @@ mod known;
 pub mod partitions;
 pub mod schema;
 pub mod sources;
+mod topics;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -23,7 +24,7 @@ use tracing::{info, warn};
 use crate::adapters::encode::{EncodeError, Encoder};
 use crate::adapters::ledger::{self, LedgerError};
 use crate::adapters::providers::NormalizeError;
-use crate::adapters::publish::{PublishError, Publisher, Topics};
+use crate::adapters::publish::{PublishError, Publisher, TopicSets};
 use crate::adapters::secrets::{LoadError, ReloadRequest, SecretFiles};
 use crate::adapters::spool::{Spool, SpoolError};
 use crate::adapters::store_file::StoreFileError;
@@ -271,17 +272,22 @@ impl App {
             ledger::open(&config.ledger, kafka.delivery_timeout() * 2 + inflight_wait).await?;
         let ledger = opened.ledger.clone();
 
-        let topics = Topics::new(kafka);
+        let topics = TopicSets::new(kafka);
         let publisher = Publisher::new(kafka, config.max_record_bytes())?;
+        let cached = opened.ledger.fill().cached().await?;
         // The partitions the ledger's checkpoint kept: a topic grown while
         // posbridge was stopped is refused from the start, as while running
         // (the rebuild lets go of them if the ledger cached other topics).
-        if let Some(seen) = opened.ledger.fill().cached().await?.and_then(|c| c.topics) {
+        if let Some(seen) = cached.as_ref().and_then(|c| c.topics.as_ref()) {
             publisher.keep_partitions(&seen.partitions());
+        }
+        for prefix in topics::at_start(config, cached.as_ref()) {
+            topics.open(&prefix);
         }
         let known_path = known::path(config);
         let mut known = known_path.as_deref().map(known::load).unwrap_or_default();
-        let wanted = topics.all();
+        let wanted: std::collections::BTreeMap<String, bool> =
+            topics.all().iter().flat_map(|set| set.all()).collect();
         // Wrong credentials or an untrusted certificate end start-up here,
         // named; a broker that does not answer is an outage to ride out.
         let can_start_on_known = known.has_topics(&kafka.brokers, wanted.keys());
@@ -298,7 +304,9 @@ impl App {
                     .await?;
                 info!(topics = ?wanted.keys().collect::<Vec<_>>(), "Topics ready.");
             }
-            publisher.check_topic_settings(&topics).await?;
+            for set in topics.all() {
+                publisher.check_topic_settings(&set).await?;
+            }
             known.brokers.clone_from(&kafka.brokers);
             known.topics = wanted.keys().cloned().collect();
         } else if can_start_on_known {
@@ -319,8 +327,7 @@ impl App {
         if kafka.topic_check_secs > 0 {
             publisher.watch_topics(&topics, Duration::from_secs(kafka.topic_check_secs));
         }
-        let entity_topics: Vec<String> = topics.entities().map(str::to_owned).collect();
-        let encoder = encoder(config, &entity_topics, &mut known).await?;
+        let encoder = encoder(config, &topics.entity_topics(), &mut known).await?;
         info!(
             encoding = encoder.name(),
             "Encoder ready: records are Avro in the {} framing.",
@@ -346,6 +353,13 @@ impl App {
             info!(%url, "Exporting a trace of every delivery over OTLP.");
         }
         announce_series(&sources, encoder.name());
+        let board = Board::new(sources.keys().cloned());
+        // Start-up reads its files on this thread, as it read the main
+        // file; their own topics are opened before the ledger's fill looks
+        // at the topics in use.
+        let own_topics =
+            topics::OwnTopics::new(topics.clone(), publisher.clone(), encoder.clone(), config);
+        let sources = Sources::start(config, sources, board.clone(), own_topics).await?;
         // Filled from the topics in the background, the gate closed until
         // then: a start-up read of the last seconds is waited for here, a
         // long one (a lost ledger) is served through (spool or 503).
@@ -382,9 +396,6 @@ impl App {
                 }
             }
         }
-        let board = Board::new(sources.keys().cloned());
-        // Start-up reads its files on this thread, as it read the main file.
-        let sources = Sources::start(config, sources, board.clone())?;
         Ok(App {
             state: AppState {
                 sources: sources.live(),

@@ -35,9 +35,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::check::{source_problems, webhook_source};
+use super::topics::OwnTopics;
 use crate::adapters::secrets::{self, ReloadRequest};
 use crate::config::source_files::{self, Refusal, SourceFile};
-use crate::config::{Config, Problem};
+use crate::config::{Config, KafkaConfig, Problem};
 use crate::domain::event::ProviderKind;
 use crate::http::ingress::{SourceMap, WebhookSource};
 use crate::http::status::{Origin, RefusedFile, SourceView, SourcesReport};
@@ -90,19 +91,28 @@ pub struct Sources {
     /// When the main file's sources were read.
     started: OffsetDateTime,
     listeners: Arc<Mutex<Vec<Listener>>>,
+    /// Opens a file's own topics before its source takes a delivery.
+    own_topics: OwnTopics,
+    /// The shared topics a file's own must not name.
+    kafka: Arc<KafkaConfig>,
 }
 
 /// Why the directory's first read stopped start-up.
 pub use source_files::DirError;
 
 impl Sources {
-    /// The main file's `sources` (built), and the directory's, read now.
-    /// Blocks on the file system.
+    /// The main file's `sources` (built), and the directory's, read now
+    /// (their own topics opened). Blocks on the file system.
     ///
     /// # Errors
     /// [`DirError`] when the directory cannot be listed at start: a wrong
     /// path is a mistake to say at once, not a source set to serve without.
-    pub fn start(config: &Config, main: SourceMap, board: Board) -> Result<Sources, DirError> {
+    pub async fn start(
+        config: &Config,
+        main: SourceMap,
+        board: Board,
+        own_topics: OwnTopics,
+    ) -> Result<Sources, DirError> {
         let accounts = main
             .iter()
             .map(|(key, webhook)| (key.clone(), webhook.source.account.clone()))
@@ -117,11 +127,14 @@ impl Sources {
             requested: Arc::new(Notify::new()),
             started: OffsetDateTime::now_utc(),
             listeners: Arc::default(),
+            own_topics,
+            kafka: Arc::new(config.kafka.clone()),
         };
         // From start-up, directory or not: the alert reads it.
         gauges(&DirState::default());
         if let Some(dir) = &sources.dir {
             let listing = source_files::read_dir(dir)?;
+            let listing = sources.open_topics(listing).await;
             sources.apply(listing);
         }
         Ok(sources)
@@ -244,17 +257,62 @@ impl Sources {
                 () = self.requested.notified() => {}
                 _ = recheck.tick() => {}
             }
-            let sources = self.clone();
-            let dir = dir.clone();
             // File reads block; a slow file system must not hold a runtime thread.
-            let read = tokio::task::spawn_blocking(move || match source_files::read_dir(&dir) {
-                Ok(listing) => sources.apply(listing),
-                Err(error) => sources.unreadable(&error),
-            });
-            if let Err(error) = read.await {
+            let listed = {
+                let dir = dir.clone();
+                tokio::task::spawn_blocking(move || source_files::read_dir(&dir)).await
+            };
+            let listing = match listed {
+                Ok(Ok(listing)) => self.open_topics(listing).await,
+                Ok(Err(error)) => {
+                    self.unreadable(&error);
+                    continue;
+                }
+                Err(error) => {
+                    warn!(%error, "Reading the sources directory failed.");
+                    continue;
+                }
+            };
+            let sources = self.clone();
+            if let Err(error) = tokio::task::spawn_blocking(move || sources.apply(listing)).await {
                 warn!(%error, "Reading the sources directory failed.");
             }
         }
+    }
+
+    /// Opens the own topics of the files that have a `topic_prefix` not in
+    /// use yet; a file whose topics cannot be opened is refused (its source
+    /// keeps its last good settings), and tried again at the next read.
+    async fn open_topics(&self, mut listing: source_files::Listing) -> source_files::Listing {
+        let mut failed: BTreeMap<String, String> = BTreeMap::new();
+        let mut files = Vec::with_capacity(listing.files.len());
+        for file in std::mem::take(&mut listing.files) {
+            let Some(prefix) = file
+                .config
+                .topic_prefix
+                .clone()
+                .filter(|p| !self.own_topics.is_open(p))
+                .filter(|p| self.kafka.shared_topic_clash(p).is_none())
+            else {
+                files.push(file);
+                continue;
+            };
+            if !failed.contains_key(&prefix)
+                && let Err(error) = self.own_topics.open(&prefix).await
+            {
+                failed.insert(prefix.clone(), error.to_string());
+            }
+            match failed.get(&prefix) {
+                None => files.push(file),
+                Some(reason) => listing.refused.push(Refusal {
+                    source: Some((file.provider, file.name.clone())),
+                    path: file.path,
+                    reason: format!("topic_prefix `{prefix}`: {reason}"),
+                }),
+            }
+        }
+        listing.files = files;
+        listing
     }
 
     /// Watches the directories of the sources' own secret files too (a
@@ -437,7 +495,7 @@ impl Sources {
         before: Option<(&Loaded, &WebhookSource)>,
         accounts: &mut Accounts,
     ) -> Result<(WebhookSource, OffsetDateTime), String> {
-        check_file(file, &self.main, accounts)?;
+        check_file(file, &self.main, accounts, &self.kafka)?;
         let entry = file.entry();
         let made = match before {
             Some((loaded, webhook)) if loaded.file.digest == file.digest => {
@@ -515,7 +573,19 @@ fn check_file(
     file: &SourceFile,
     main: &BTreeMap<Key, Option<String>>,
     accounts: &mut Accounts,
+    kafka: &KafkaConfig,
 ) -> Result<(), String> {
+    if let Some(why) = file
+        .config
+        .topic_prefix
+        .as_deref()
+        .and_then(|prefix| kafka.shared_topic_clash(prefix))
+    {
+        return Err(format!(
+            "{}.sources.{}.topic_prefix {why}",
+            file.provider, file.name
+        ));
+    }
     if main.contains_key(&(file.provider, file.name.clone())) {
         return Err(format!(
             "{}.sources.{} is a source of the main file: one URL, one source",
@@ -560,7 +630,7 @@ pub fn dir_problems(config: &Config) -> Vec<Problem> {
         .collect();
     let mut accounts = accounts_of(&main);
     let checked = listing.files.iter().filter_map(|file| {
-        check_file(file, &main, &mut accounts)
+        check_file(file, &main, &mut accounts, &config.kafka)
             .err()
             .map(|reason| (file.path.clone(), reason))
     });

@@ -21,6 +21,7 @@ mod spool;
 mod telemetry;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -28,7 +29,7 @@ use serde::Deserialize;
 use crate::domain::event::{ProviderKind, Source};
 
 pub use admin::AdminConfig;
-pub use kafka::KafkaConfig;
+pub use kafka::{KafkaConfig, dead_letter_of, entity_topic, topic_prefix_problem};
 pub use ledger::{LedgerBackend, LedgerConfig};
 pub use read::{ENV_PREFIX, ENV_SEPARATOR, LIBRDKAFKA_ENV_PREFIX};
 pub use reconcile::{MIN_BODY_BYTES, ReconcileConfig, WatchdogConfig};
@@ -154,6 +155,7 @@ impl SourceEntry<'_> {
             provider: self.provider,
             name: self.name.to_owned(),
             account: self.config.account.clone(),
+            topic_prefix: self.config.topic_prefix.as_deref().map(Arc::from),
         }
     }
 }
@@ -272,6 +274,16 @@ impl Config {
                     self.spool.path.display()
                 ),
             ));
+        }
+        for entry in self.sources() {
+            if let Some(why) = entry
+                .config
+                .topic_prefix
+                .as_deref()
+                .and_then(|prefix| self.kafka.shared_topic_clash(prefix))
+            {
+                problems.push((format!("{}.topic_prefix", entry.key()), why));
+            }
         }
         if self.sources().next().is_none() && self.sources_dir.is_none() {
             problems.push((

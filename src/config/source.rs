@@ -60,6 +60,11 @@ pub struct SourceConfig {
     /// What a verified delivery gets when Kafka cannot take it in time.
     #[serde(default)]
     pub on_broker_unavailable: OnBrokerUnavailable,
+    /// Topics of its own (`acme.` gives `acme.sales`, …, `acme-dead-letter`)
+    /// for a merchant whose records must stay apart from the others'; by
+    /// default the shared topics, the account in the key.
+    #[serde(default)]
+    pub topic_prefix: Option<String>,
 }
 
 /// What a verified delivery gets when Kafka cannot acknowledge it in time.
@@ -208,6 +213,13 @@ impl SourceConfig {
                 "account",
                 "must be non-empty and without `:` (it is part of the record key)".into(),
             );
+        }
+        if let Some(why) = self
+            .topic_prefix
+            .as_deref()
+            .and_then(super::kafka::topic_prefix_problem)
+        {
+            problem("topic_prefix", why);
         }
         problems
     }

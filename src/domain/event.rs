@@ -6,6 +6,7 @@
 //! in `schemas/pos_event.avsc`; `encode` turns one into the other.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -250,6 +251,8 @@ pub struct Source {
     pub name: String,
     /// Merchant account, part of record keys when set.
     pub account: Option<String>,
+    /// Its own topics' prefix; none for the shared topics.
+    pub topic_prefix: Option<Arc<str>>,
 }
 
 impl fmt::Display for Source {
@@ -467,6 +470,9 @@ pub struct PosEvent {
     pub items_given: Option<Vec<LineItem>>,
     /// The provider's JSON for this entity, untouched, for fields the schema lacks.
     pub raw: String,
+    /// Where its records go: its source's own topics (that prefix), or the
+    /// shared ones. Not part of the record.
+    pub topic_prefix: Option<Arc<str>>,
 }
 
 /// The entity's business content as the provider sent it: its data in a
@@ -548,6 +554,7 @@ impl PosEvent {
             customer_id: None,
             items_given: None,
             raw: "{}".into(),
+            topic_prefix: None,
         }
     }
 }

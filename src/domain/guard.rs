@@ -106,6 +106,7 @@ pub fn state_hash(event: &PosEvent, content: &Content) -> [u8; 16] {
         received_at: _,
         origin: _,
         raw: _,
+        topic_prefix: _,
         entity_type,
         entity_id,
         account,

@@ -158,6 +158,7 @@ async fn ledger_check_reports_a_damaged_spool_without_a_panic() {
                         provider: posbridge::domain::event::ProviderKind::ReceiptRoller,
                         name: "main".into(),
                         account: None,
+                        topic_prefix: None,
                     },
                     delivery_id: id,
                     received_at: time::OffsetDateTime::now_utc(),

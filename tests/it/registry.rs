@@ -180,6 +180,7 @@ async fn fastavro_reads_records_across_schema_versions() {
         provider: posbridge::domain::event::ProviderKind::Mekari,
         name: "main".into(),
         account: None,
+        topic_prefix: None,
     };
     let ctx = posbridge::adapters::providers::Context {
         event_id: "ev-1",

@@ -162,6 +162,7 @@ async fn a_reconciled_rename_reaches_the_topic_and_a_second_read_writes_nothing(
         provider: ProviderKind::Mekari,
         name: "main".into(),
         account: None,
+        topic_prefix: None,
     };
     let mut renamed = product.clone();
     renamed["name"] = "Teh Tarik".into();

@@ -130,6 +130,7 @@ pub fn to_avro(event: &PosEvent) -> Value {
         customer_id,
         items_given,
         raw,
+        topic_prefix: _,
     } = event;
     Value::Record(vec![
         ("event_id".into(), Value::String(event_id.clone())),
@@ -389,6 +390,8 @@ pub fn from_avro(value: Value) -> Result<PosEvent, DecodeError> {
         customer_id: f.optional_string("customer_id")?,
         items_given: f.lines("items_given")?,
         raw: f.string("raw")?,
+        // Not in the record: the reader knows its topic.
+        topic_prefix: None,
     })
 }
 

@@ -133,6 +133,8 @@ pub fn write(event: &PosEvent, out: &mut Vec<u8>) {
         customer_id,
         items_given,
         raw,
+        // Where the record goes, not what it says.
+        topic_prefix: _,
     } = event;
     string(out, event_id);
     symbol(out, &ProviderKind::ALL, provider);

@@ -21,6 +21,7 @@ mod registry;
 
 use std::sync::LazyLock;
 
+use arc_swap::ArcSwap;
 use apache_avro::Schema;
 use apache_avro::reader::datum::GenericDatumReader;
 use schema_registry_converter::async_impl::easy_avro::EasyAvroEncoder;
@@ -118,8 +119,9 @@ pub enum Encoder {
     /// Confluent wire format with each topic's schema id, registered
     /// (`auto_register`) or looked up at start-up.
     Registered {
-        /// Schema id by topic.
-        ids: std::sync::Arc<std::collections::HashMap<String, u32>>,
+        /// Schema id by topic; a source's own topics are added as it
+        /// appears ([`Encoder::register`]).
+        ids: std::sync::Arc<ArcSwap<std::collections::HashMap<String, u32>>>,
         /// The connection settings, kept for readiness checks.
         settings: SrSettings,
     },
@@ -156,14 +158,41 @@ impl Encoder {
             return Ok(Encoder::SingleObject { header });
         };
         let settings = RegistryClient::settings(config, url)?;
+        let encoder = Encoder::Registered {
+            ids: std::sync::Arc::default(),
+            settings,
+        };
+        encoder.register(config, topics).await?;
+        Ok(encoder)
+    }
+
+    /// Registers the schema (or, without `auto_register`, looks it up) for
+    /// each of `topics` not known yet: a source with topics of its own,
+    /// before it takes a delivery. Nothing to do without a registry.
+    ///
+    /// # Errors
+    /// As [`Encoder::new`]; no topic of `topics` is added then.
+    pub async fn register(
+        &self,
+        config: &RegistryConfig,
+        topics: &[String],
+    ) -> Result<(), EncodeError> {
+        let (Encoder::Registered { ids, settings }, Some(url)) = (self, &config.url) else {
+            return Ok(());
+        };
+        let known = ids.load_full();
+        let new: Vec<&String> = topics.iter().filter(|t| !known.contains_key(*t)).collect();
+        if new.is_empty() {
+            return Ok(());
+        }
         // Each topic's id, registered (or only looked up) once here: every
         // record then carries it, written without asking the registry again.
         let registrar = config
             .auto_register
             .then(|| EasyAvroEncoder::new(settings.clone()));
         let client = RegistryClient::new(config, url)?;
-        let mut ids = std::collections::HashMap::new();
-        for topic in topics {
+        let mut found = Vec::new();
+        for topic in new {
             let id = match &registrar {
                 Some(registrar) => register(registrar, topic).await?,
                 None => {
@@ -174,12 +203,14 @@ impl Encoder {
                         .ok_or(EncodeError::NotRegistered { subject })?
                 }
             };
-            ids.insert(topic.clone(), id);
+            found.push((topic.clone(), id));
         }
-        Ok(Encoder::Registered {
-            ids: std::sync::Arc::new(ids),
-            settings,
-        })
+        ids.rcu(|ids| {
+            let mut ids = std::collections::HashMap::clone(ids);
+            ids.extend(found.iter().cloned());
+            ids
+        });
+        Ok(())
     }
 
     /// The Confluent-framing encoder with ids an earlier start took from
@@ -194,16 +225,16 @@ impl Encoder {
         ids: std::collections::HashMap<String, u32>,
     ) -> Result<Encoder, EncodeError> {
         Ok(Encoder::Registered {
-            ids: std::sync::Arc::new(ids),
+            ids: std::sync::Arc::new(ArcSwap::from_pointee(ids)),
             settings: RegistryClient::settings(config, url)?,
         })
     }
 
     /// Each topic's schema id, in the Confluent framing.
-    pub fn ids(&self) -> Option<&std::collections::HashMap<String, u32>> {
+    pub fn ids(&self) -> Option<std::sync::Arc<std::collections::HashMap<String, u32>>> {
         match self {
             Encoder::SingleObject { .. } => None,
-            Encoder::Registered { ids, .. } => Some(ids),
+            Encoder::Registered { ids, .. } => Some(ids.load_full()),
         }
     }
 
@@ -217,9 +248,12 @@ impl Encoder {
         match self {
             Encoder::SingleObject { header } => Ok(framed(header, event)),
             Encoder::Registered { ids, .. } => {
-                let id = ids.get(topic).ok_or_else(|| EncodeError::NotRegistered {
-                    subject: value_subject(topic),
-                })?;
+                let id = *ids
+                    .load()
+                    .get(topic)
+                    .ok_or_else(|| EncodeError::NotRegistered {
+                        subject: value_subject(topic),
+                    })?;
                 let mut header = [CONFLUENT_MAGIC; 5];
                 header[1..].copy_from_slice(&id.to_be_bytes());
                 Ok(framed(&header, event))

@@ -223,6 +223,7 @@ pub(crate) fn test_source(provider: ProviderKind, account: Option<&str>) -> &'st
         provider,
         name: "main".into(),
         account: account.map(str::to_owned),
+        topic_prefix: None,
     }))
 }
 

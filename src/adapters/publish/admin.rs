@@ -12,7 +12,7 @@ use rdkafka::producer::Producer as _;
 use rdkafka::util::Timeout;
 
 use super::describe::Described;
-use super::{PublishError, Publisher, TopicChange, Topics, watch};
+use super::{PublishError, Publisher, TopicChange, TopicSets, Topics, watch};
 
 /// Room for a record batch's header beside its one record.
 const BATCH_OVERHEAD_BYTES: usize = 1024;
@@ -236,19 +236,12 @@ impl Publisher {
     /// partitions changed, whose cleanup policy no longer compacts, or that
     /// is gone has its records refused until it is as it was (see
     /// `watch.rs`). Ends with the last handle of this publisher.
-    pub fn watch_topics(&self, topics: &Topics, every: Duration) {
+    pub fn watch_topics(&self, sets: &TopicSets, every: Duration) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        for topic in topics.entities() {
-            for reason in TopicChange::REASONS {
-                metrics::gauge!(
-                    crate::observe::telemetry::TOPIC_CHANGED,
-                    crate::observe::telemetry::TOPIC => topic.to_owned(),
-                    crate::observe::telemetry::REASON => reason
-                )
-                .set(0.0);
-            }
+        for topics in sets.all() {
+            zero_change_gauges(&topics);
         }
         let watch = watch::Watch {
             current: std::sync::Arc::downgrade(&self.current),
@@ -256,7 +249,7 @@ impl Publisher {
             health: self.health.clone(),
             baseline: self.baseline.clone(),
         };
-        runtime.spawn(watch.run(topics.entities().map(str::to_owned).collect(), every));
+        runtime.spawn(watch.run(sets.clone(), every));
     }
 
     /// A topic's `max.message.bytes` as the broker says it now, for a dead
@@ -268,6 +261,21 @@ impl Publisher {
             .ok()?
             .remove(topic)?
             .max_message_bytes
+    }
+}
+
+/// The topic watch's gauges of `topics`' entity topics, at 0 from the
+/// moment they are in use: the alert reads them.
+pub fn zero_change_gauges(topics: &Topics) {
+    for topic in topics.entities() {
+        for reason in TopicChange::REASONS {
+            metrics::gauge!(
+                crate::observe::telemetry::TOPIC_CHANGED,
+                crate::observe::telemetry::TOPIC => topic.to_owned(),
+                crate::observe::telemetry::REASON => reason
+            )
+            .set(0.0);
+        }
     }
 }
 

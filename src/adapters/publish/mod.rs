@@ -30,6 +30,8 @@
 //! `watch.rs` asks the entity topics' again while running.
 
 mod admin;
+
+pub use admin::zero_change_gauges;
 mod change;
 mod describe;
 mod error;
@@ -38,9 +40,9 @@ mod fake;
 mod health;
 mod produce;
 mod replace;
+mod topics;
 mod watch;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
@@ -53,7 +55,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::util::Timeout;
 
 use crate::config::KafkaConfig;
-use crate::domain::event::{EntityType, ProviderKind};
+use crate::domain::event::ProviderKind;
 use crate::observe::telemetry;
 
 pub use change::TopicChange;
@@ -65,6 +67,7 @@ pub use fake::{FakeBroker, Fault};
 use health::BrokerContext;
 pub use health::{BrokerHealth, Refusal};
 pub use produce::Produce;
+pub use topics::{TopicSets, Topics};
 use replace::{Replace, Streak, needs_new_producer_id};
 
 /// How often the probe asks for metadata while no broker answers.
@@ -77,15 +80,6 @@ const CLUSTER_PROBE: Duration = Duration::from_millis(500);
 /// The producer type: librdkafka's errors and logs go through [`BrokerContext`].
 type KafkaProducer = FutureProducer<BrokerContext>;
 
-/// Topic names by entity type, plus the dead-letter topic: where each record goes.
-#[derive(Debug, Clone)]
-pub struct Topics {
-    /// One compacted topic per entity type.
-    entities: BTreeMap<EntityType, String>,
-    /// Raw bodies that could not be normalized.
-    dead_letter: String,
-}
-
 /// Where Kafka put an acknowledged record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Delivered {
@@ -93,44 +87,6 @@ pub struct Delivered {
     pub partition: i32,
     /// Its offset there.
     pub offset: i64,
-}
-
-impl Topics {
-    /// The topics the configuration names (defaults from the prefix).
-    pub fn new(config: &KafkaConfig) -> Topics {
-        Topics {
-            entities: EntityType::ALL
-                .into_iter()
-                .map(|t| (t, config.topic(t)))
-                .collect(),
-            dead_letter: config.dead_letter_topic(),
-        }
-    }
-
-    /// The compacted topic of an entity type.
-    pub fn entity(&self, entity_type: EntityType) -> &str {
-        // Built from EntityType::ALL; a missing entry is a bug.
-        &self.entities[&entity_type]
-    }
-
-    /// Every entity topic.
-    pub fn entities(&self) -> impl Iterator<Item = &str> {
-        self.entities.values().map(String::as_str)
-    }
-
-    /// The dead-letter topic.
-    pub fn dead_letter(&self) -> &str {
-        &self.dead_letter
-    }
-
-    /// Every topic with whether it is compacted: entity topics are, the
-    /// dead-letter topic (raw bodies, each its own record) is not.
-    pub fn all(&self) -> BTreeMap<String, bool> {
-        let mut all: BTreeMap<String, bool> =
-            self.entities().map(|t| (t.to_owned(), true)).collect();
-        all.insert(self.dead_letter.clone(), false);
-        all
-    }
 }
 
 /// One record to produce, built by the pipeline (`pipeline/record.rs`).

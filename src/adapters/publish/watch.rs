@@ -241,7 +241,7 @@ pub(super) struct Watch {
 impl Watch {
     /// Looks at `topics` every `every` while a broker answers, until the
     /// last `Publisher` handle is gone.
-    pub(super) async fn run(self, topics: Vec<String>, every: Duration) {
+    pub(super) async fn run(self, sets: super::TopicSets, every: Duration) {
         let mut ticker = tokio::time::interval(every);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The first tick is at once: start-up has just looked.
@@ -254,6 +254,8 @@ impl Watch {
             if !self.health.is_up() {
                 continue;
             }
+            // The sets in use now: a source's own appear as it does.
+            let topics = sets.entity_topics();
             match observe(&self.admin_config, producer, &topics).await {
                 Ok(observed) => {
                     // A start during an outage found nothing: the first look counts.

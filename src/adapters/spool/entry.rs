@@ -36,6 +36,10 @@ struct Header {
     provider: ProviderKind,
     source: String,
     account: Option<String>,
+    /// Absent for a source on the shared topics (and in entries written
+    /// before sources had topics of their own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    topic_prefix: Option<String>,
     delivery_id: String,
     received_at_us: i64,
 }
@@ -48,6 +52,7 @@ impl SpooledDelivery {
             provider: self.source.provider,
             source: self.source.name.clone(),
             account: self.source.account.clone(),
+            topic_prefix: self.source.topic_prefix.as_deref().map(str::to_owned),
             delivery_id: self.delivery_id.clone(),
             received_at_us: micros(self.received_at),
         };
@@ -80,6 +85,7 @@ impl SpooledDelivery {
                 provider: header.provider,
                 name: header.source,
                 account: header.account,
+                topic_prefix: header.topic_prefix.map(std::sync::Arc::from),
             },
             delivery_id: header.delivery_id,
             received_at: from_micros(header.received_at_us).ok_or(Damage::Header)?,

@@ -19,6 +19,7 @@ fn delivery(id: &str) -> SpooledDelivery {
             provider: ProviderKind::ReceiptRoller,
             name: "main".into(),
             account: Some("acme".into()),
+            topic_prefix: None,
         },
         delivery_id: id.into(),
         received_at: datetime!(2026-11-29 10:15:30.123456 UTC),
@@ -84,6 +85,7 @@ fn sale(n: i64, total: u32) -> SpooledDelivery {
             provider: ProviderKind::ReceiptRoller,
             name: "main".into(),
             account: None,
+            topic_prefix: None,
         },
         body: Bytes::from(format!(
             r#"{{"id":"{id}","event":"sale.created","data":{{"receipt":"T1|2026-11|{n}","total":{total}}}}}"#

@@ -105,7 +105,7 @@ impl KafkaConfig {
         self.topics
             .get(entity.plural())
             .cloned()
-            .unwrap_or_else(|| format!("{}{}", self.topic_prefix, entity.plural()))
+            .unwrap_or_else(|| entity_topic(&self.topic_prefix, entity))
     }
 
     /// The dead-letter topic: by default `{topic_prefix}` without its
@@ -114,19 +114,80 @@ impl KafkaConfig {
     /// pattern (`pos\..*`) with an Avro deserializer does not also get the
     /// raw JSON of dead letters.
     pub fn dead_letter_topic(&self) -> String {
-        self.dead_letter_topic.clone().unwrap_or_else(|| {
-            let stem = self.topic_prefix.trim_end_matches(['.', '_', '-']);
-            if stem.is_empty() {
-                "dead-letter".to_owned()
-            } else {
-                format!("{stem}-dead-letter")
-            }
-        })
+        self.dead_letter_topic
+            .clone()
+            .unwrap_or_else(|| dead_letter_of(&self.topic_prefix))
     }
 
     /// The produce deadline as a duration.
     pub fn delivery_timeout(&self) -> Duration {
         Duration::from_millis(self.delivery_timeout_ms)
+    }
+}
+
+/// An entity type's topic under `prefix`, without an override:
+/// `{prefix}{plural}`.
+pub fn entity_topic(prefix: &str, entity: EntityType) -> String {
+    format!("{prefix}{}", entity.plural())
+}
+
+/// The dead-letter topic of `prefix`, without an override: the prefix
+/// without its trailing separator, then `-dead-letter`.
+pub fn dead_letter_of(prefix: &str) -> String {
+    let stem = prefix.trim_end_matches(['.', '_', '-']);
+    if stem.is_empty() {
+        "dead-letter".to_owned()
+    } else {
+        format!("{stem}-dead-letter")
+    }
+}
+
+/// The topics a source's own `topic_prefix` names: each entity type's,
+/// then its dead-letter topic.
+pub fn topics_of_prefix(prefix: &str) -> Vec<String> {
+    EntityType::ALL
+        .iter()
+        .map(|t| entity_topic(prefix, *t))
+        .chain([dead_letter_of(prefix)])
+        .collect()
+}
+
+/// What is wrong with a source's own `topic_prefix`, if anything: every
+/// topic it names must be a valid Kafka topic name.
+pub fn topic_prefix_problem(prefix: &str) -> Option<String> {
+    if prefix.trim_end_matches(['.', '_', '-']).is_empty() {
+        return Some("must name something before its separator, as in `acme.`".into());
+    }
+    topics_of_prefix(prefix)
+        .into_iter()
+        .find(|n| !valid_topic_name(n))
+        .map(|bad| {
+            format!("gives `{bad}`, not a valid Kafka topic name (1-249 of a-z A-Z 0-9 . _ -)")
+        })
+}
+
+impl KafkaConfig {
+    /// Every shared topic: each entity type's, then the dead-letter topic.
+    pub fn shared_topics(&self) -> Vec<String> {
+        EntityType::ALL
+            .iter()
+            .map(|t| self.topic(*t))
+            .chain([self.dead_letter_topic()])
+            .collect()
+    }
+
+    /// Whether a source's own `topic_prefix` names one of the shared
+    /// topics: then it is no prefix of its own (said as the problem).
+    pub fn shared_topic_clash(&self, prefix: &str) -> Option<String> {
+        let shared = self.shared_topics();
+        topics_of_prefix(prefix)
+            .into_iter()
+            .find(|n| shared.contains(n))
+            .map(|taken| {
+                format!(
+                    "gives `{taken}`, one of the shared topics: a source on the shared topics has no topic_prefix"
+                )
+            })
     }
 }
 

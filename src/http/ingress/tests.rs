@@ -74,6 +74,7 @@ async fn harness() -> Harness {
             provider: ProviderKind::Mekari,
             name: name.into(),
             account: None,
+            topic_prefix: None,
         };
         let webhook = WebhookSource {
             meters: super::RequestMeters::register(&source),
@@ -347,6 +348,7 @@ async fn the_same_state_again_is_200_unchanged() {
         provider: ProviderKind::Mekari,
         name: "main".into(),
         account: None,
+        topic_prefix: None,
     };
     let ctx = crate::adapters::providers::Context {
         event_id: "d-first",

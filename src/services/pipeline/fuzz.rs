@@ -267,6 +267,7 @@ fn run(provider: ProviderKind, body: &[u8], delivery_id: &str) -> Fate {
         provider,
         name: "main".into(),
         account: None,
+        topic_prefix: None,
     };
     // Just after the valid events' time, which must not lie ahead of it.
     let received_at = time::macros::datetime!(2026-11-29 10:15:31 UTC);

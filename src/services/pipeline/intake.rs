@@ -193,6 +193,7 @@ impl Pipeline {
                 let letter = DeadLetter {
                     provider: delivery.source.provider,
                     source: &delivery.source.name,
+                    topic_prefix: delivery.source.topic_prefix.as_deref(),
                     delivery_id: &delivery.delivery_id,
                     received_at: delivery.received_at,
                     body: delivery.body.bytes().to_vec(),

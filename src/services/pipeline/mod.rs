@@ -59,7 +59,7 @@ use crate::adapters::encode::Encoder;
 use crate::adapters::ledger::Ledger;
 #[cfg(test)]
 use crate::adapters::publish::FakeBroker;
-use crate::adapters::publish::{Produce, Topics};
+use crate::adapters::publish::{Produce, TopicSets};
 use crate::adapters::spool::Spool;
 use crate::domain::event::Source;
 use crate::domain::verify::VerifiedBody;
@@ -107,8 +107,8 @@ struct Inner {
     encoder: Encoder,
     /// The idempotent producer (a fake broker in the unit tests).
     producer: Arc<dyn Produce>,
-    /// Where each record goes.
-    topics: Topics,
+    /// Where each record goes: the shared topics, or its source's own.
+    topics: TopicSets,
     /// How long a duplicate waits for the same delivery in flight.
     inflight_wait: Duration,
     /// How long a webhook may take from its request to its answer.
@@ -135,8 +135,8 @@ pub struct Stages {
     pub encoder: Encoder,
     /// The idempotent producer (a fake broker in the unit tests).
     pub producer: Arc<dyn Produce>,
-    /// Where each record goes.
-    pub topics: Topics,
+    /// Where each record goes: the shared topics, or its source's own.
+    pub topics: TopicSets,
     /// The outage spool, when any source spools.
     pub spool: Option<Spool>,
     /// The span exporter, when traces are on.
@@ -261,7 +261,7 @@ impl Pipeline {
                     .await
                     .expect("the registry-less encoder needs nothing"),
                 producer: broker,
-                topics: Topics::new(&KafkaConfig::default()),
+                topics: TopicSets::new(&KafkaConfig::default()),
                 spool: Some(spool),
                 traces: Traces::default(),
             },

@@ -40,6 +40,8 @@ pub struct DeadLetter<'a> {
     pub provider: ProviderKind,
     /// Through which source.
     pub source: &'a str,
+    /// Its source's own topics' prefix; none for the shared topics.
+    pub topic_prefix: Option<&'a str>,
     /// The delivery id (or a reconciled record's derived id); the record key.
     pub delivery_id: &'a str,
     /// When it arrived; the record timestamp.
@@ -58,6 +60,7 @@ impl<'a> DeadLetter<'a> {
         DeadLetter {
             provider: event.provider,
             source: &event.source,
+            topic_prefix: event.topic_prefix.as_deref(),
             delivery_id: &event.event_id,
             received_at: event.received_at,
             body: event.raw.clone().into_bytes(),

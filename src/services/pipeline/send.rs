@@ -150,7 +150,8 @@ impl Pipeline {
             code: letter.code,
             reason: letter.reason.clone(),
         };
-        let topic = self.inner.topics.dead_letter();
+        let topics = self.inner.topics.of(letter.topic_prefix);
+        let topic = topics.dead_letter();
         let producing = trace.produce(topic);
         let record = dead_letter_record(letter, topic, producing.record_headers());
         Letter {

@@ -54,7 +54,8 @@ impl Pipeline {
             }
             Decision::Unchanged => Outcome::Unchanged,
             Decision::Publish => {
-                let topic = self.inner.topics.entity(event.entity_type);
+                let topics = self.inner.topics.of(event.topic_prefix.as_deref());
+                let topic = topics.entity(event.entity_type);
                 let payload = trace.stage(Stage::Encode).result(self.payload(&event))?;
                 let producing = trace.produce(topic);
                 let record = entity_record(
@@ -93,8 +94,11 @@ impl Pipeline {
         if event.deleted {
             return Ok(None);
         }
-        let topic = self.inner.topics.entity(event.entity_type);
-        self.inner.encoder.encode(topic, event).map(Some)
+        let topics = self.inner.topics.of(event.topic_prefix.as_deref());
+        self.inner
+            .encoder
+            .encode(topics.entity(event.entity_type), event)
+            .map(Some)
     }
 }
 

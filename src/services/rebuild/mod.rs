@@ -68,7 +68,7 @@ use tracing::{debug, error, info, warn};
 use crate::adapters::ledger::{
     Commit, Fill, FillToken, Gate, GenerationMark, Ledger, LedgerError, Offsets, TopicsSeen,
 };
-use crate::adapters::publish::Topics;
+use crate::adapters::publish::TopicSets;
 use crate::domain::event::EntityType;
 use crate::observe::telemetry;
 use crate::services::replay::{Extent, ReadError};
@@ -179,7 +179,7 @@ pub struct Rebuild {
     /// The topics' records, the cluster's and the topics' ids, and the
     /// partitions the topic watch keeps.
     source: Arc<dyn TopicSource>,
-    topics: Topics,
+    topics: TopicSets,
     /// The ledger, used through its fill's calls (not behind the gate).
     ledger: Arc<Ledger>,
     gate: Arc<Gate>,
@@ -190,7 +190,7 @@ impl Rebuild {
     /// A rebuild of `ledger` from `topics` read from `source`, behind `gate`.
     pub fn new(
         source: Arc<dyn TopicSource>,
-        topics: &Topics,
+        topics: &TopicSets,
         ledger: Arc<Ledger>,
         gate: Arc<Gate>,
         dedup_ttl: Duration,
@@ -370,7 +370,7 @@ impl Rebuild {
         let names: Vec<String> = self
             .all_topics()
             .into_iter()
-            .map(|(topic, _)| topic.to_owned())
+            .map(|(topic, _)| topic)
             .collect();
         let described = self.source.describe(&names).await;
         let mut extents_of = BTreeMap::new();
@@ -398,13 +398,13 @@ impl Rebuild {
         let started = Instant::now();
         let mut plan = Vec::new();
         for (topic, entity_type) in self.all_topics() {
-            let reader = self.source.reader(topic)?;
+            let reader = self.source.reader(&topic)?;
             let ranges: Vec<(Extent, i64)> = look
                 .extents
-                .get(topic)
+                .get(&topic)
                 .into_iter()
                 .flatten()
-                .map(|extent| (*extent, look.start(from, topic, extent)))
+                .map(|extent| (*extent, look.start(from, &topic, extent)))
                 .collect();
             plan.push((topic, entity_type, reader, ranges));
         }
@@ -469,11 +469,15 @@ impl Rebuild {
 
     /// Every topic posbridge writes, with its entity type (none: the
     /// dead-letter topic).
-    fn all_topics(&self) -> Vec<(&str, Option<EntityType>)> {
-        EntityType::ALL
-            .into_iter()
-            .map(|t| (self.topics.entity(t), Some(t)))
-            .chain([(self.topics.dead_letter(), None)])
+    fn all_topics(&self) -> Vec<(String, Option<EntityType>)> {
+        self.topics
+            .all()
+            .iter()
+            .flat_map(|set| {
+                set.typed()
+                    .map(|(topic, entity_type)| (topic.to_owned(), entity_type))
+                    .collect::<Vec<_>>()
+            })
             .collect()
     }
 

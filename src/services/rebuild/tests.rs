@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{FOLD_AT_MOST, Rebuild, TopicRead, TopicSource};
 use crate::adapters::ledger::{EntitySlot, LedgerError, Opened, open_driven};
-use crate::adapters::publish::{Described, Topics};
+use crate::adapters::publish::{Described, TopicSets, Topics};
 use crate::config::KafkaConfig;
 use crate::domain::event::{EntityType, Version};
 use crate::services::pipeline::{HEADER_STATE_HASH, HEADER_VERSION};
@@ -107,10 +107,10 @@ fn ledger(dir: &std::path::Path) -> Opened {
 }
 
 /// A rebuild of `opened` from `source`.
-fn rebuild(source: InMemory, topics: &Topics, opened: &Opened) -> Rebuild {
+fn rebuild(source: InMemory, opened: &Opened) -> Rebuild {
     Rebuild::new(
         Arc::new(source),
-        topics,
+        &TopicSets::new(&KafkaConfig::default()),
         opened.ledger.clone(),
         opened.gate.clone(),
         Duration::from_secs(3600),
@@ -137,7 +137,7 @@ async fn a_partition_is_written_in_batches_and_an_older_state_in_a_later_one_doe
             .collect(),
         ..InMemory::default()
     };
-    rebuild(source, &topics, &opened).once().await.unwrap();
+    rebuild(source, &opened).once().await.unwrap();
 
     let state = |key: &str| {
         let ledger = opened.ledger.clone();
@@ -169,20 +169,19 @@ async fn a_partition_is_written_in_batches_and_an_older_state_in_a_later_one_doe
 async fn a_loss_found_by_several_before_the_fill_is_filled_once() {
     let dir = tempfile::tempdir().unwrap();
     let opened = ledger(dir.path());
-    let topics = Topics::new(&KafkaConfig::default());
     let readers = Arc::new(AtomicUsize::new(0));
     let counting = || InMemory {
         readers: readers.clone(),
         ..InMemory::default()
     };
-    rebuild(counting(), &topics, &opened).once().await.unwrap();
+    rebuild(counting(), &opened).once().await.unwrap();
     let topics_read = readers.swap(0, Ordering::Relaxed);
     assert!(topics_read > 0);
 
     opened.gate.found_lost(&LedgerError::Lost);
     opened.gate.found_lost(&LedgerError::Lost);
     let stop = CancellationToken::new();
-    let running = tokio::spawn(rebuild(counting(), &topics, &opened).run(stop.clone()));
+    let running = tokio::spawn(rebuild(counting(), &opened).run(stop.clone()));
     while !opened.gate.is_open() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -599,6 +599,7 @@ impl Reconciler {
                     .dead_letter(DeadLetter {
                         provider: source.provider,
                         source: &source.name,
+                        topic_prefix: source.topic_prefix.as_deref(),
                         delivery_id: &refused.event_id,
                         received_at: fetched_at,
                         body: refused.raw.into_bytes(),

@@ -113,6 +113,7 @@ mod tests {
             provider: ProviderKind::Mekari,
             name: "main".into(),
             account: None,
+            topic_prefix: None,
         };
         let job = |outlet: Option<&str>, entity_type| Job {
             entity_type,

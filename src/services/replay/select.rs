@@ -217,6 +217,7 @@ mod tests {
                 provider,
                 name: name.into(),
                 account: account.map(str::to_owned),
+                topic_prefix: None,
             };
             ((provider, name.to_owned()), Arc::new(source))
         })

@@ -147,6 +147,7 @@ pub fn entity_event(
             None
         },
         raw: ctx.raw.to_owned(),
+        topic_prefix: ctx.source.topic_prefix.clone(),
     };
     Ok(Normalized {
         event,

@@ -82,6 +82,7 @@ pub fn entity_event(
         customer_id: optional_text(data, "customer_id"),
         items_given: None,
         raw: ctx.raw.to_owned(),
+        topic_prefix: ctx.source.topic_prefix.clone(),
     };
     Ok(Normalized {
         event,

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::source::FakeSource;
 use crate::adapters::ledger::{self, EntitySlot, Ledger, Offsets};
-use crate::adapters::publish::{FakeBroker, Topics};
+use crate::adapters::publish::{FakeBroker, TopicSets, Topics};
 use crate::adapters::spool::Spool;
 use crate::config::{KafkaConfig, SpoolConfig};
 use crate::domain::event::EntityType;
@@ -74,7 +74,7 @@ impl Process {
             max_entries: 1_000,
         })
         .expect("a spool file opens, a damaged one set aside and salvaged");
-        let topics = Topics::new(&KafkaConfig::default());
+        let topics = TopicSets::new(&KafkaConfig::default());
         let timing = Timing {
             inflight_wait: INFLIGHT_WAIT,
             answer_budget: ANSWER_BUDGET,
@@ -99,7 +99,7 @@ impl Process {
             tokio::spawn(checkpoints(
                 opened.ledger.clone(),
                 broker,
-                (topics.clone(), violated),
+                (topics.shared().clone(), violated),
                 every,
                 stop.clone(),
             ));

@@ -262,6 +262,7 @@ pub(super) fn source(provider: ProviderKind) -> Arc<Source> {
         provider,
         name: "main".into(),
         account: None,
+        topic_prefix: None,
     })
 }
 

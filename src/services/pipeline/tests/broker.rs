@@ -32,11 +32,11 @@ fn spawned(
 }
 
 fn orders(pipeline: &Pipeline) -> String {
-    pipeline.inner.topics.entity(EntityType::Order).to_owned()
+    pipeline.inner.topics.shared().entity(EntityType::Order).to_owned()
 }
 
 fn dead_letters(pipeline: &Pipeline) -> String {
-    pipeline.inner.topics.dead_letter().to_owned()
+    pipeline.inner.topics.shared().dead_letter().to_owned()
 }
 
 fn header<'r>(record: &'r OutgoingRecord, name: &str) -> &'r str {

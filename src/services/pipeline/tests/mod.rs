@@ -49,6 +49,7 @@ fn source() -> Arc<Source> {
         provider: ProviderKind::Mekari,
         name: "main".into(),
         account: None,
+        topic_prefix: None,
     })
 }
 
