@@ -121,6 +121,11 @@ enum Command {
         /// Say what each would come to, publishing nothing and moving no checkpoint.
         #[arg(long)]
         dry_run: bool,
+        /// Only this dead-letter topic (the shared one, or a source's own:
+        /// `acme-dead-letter` for `topic_prefix = "acme."`); by default every
+        /// one in use, the shared one first.
+        #[arg(long)]
+        topic: Option<String>,
     },
     /// Run the scheduled reconciler and the webhook watchdog without the webhook
     /// route: only /healthz, /readyz and /metrics on server.listen.
@@ -236,6 +241,7 @@ async fn main() -> anyhow::Result<()> {
             until,
             reason,
             dry_run,
+            topic,
         } => {
             let filter = replay::Filter {
                 provider,
@@ -244,7 +250,7 @@ async fn main() -> anyhow::Result<()> {
                 until,
                 reason,
             };
-            replay_dead_letters(config, replay::Options { filter, dry_run }).await
+            replay_dead_letters(config, replay::Options { filter, dry_run }, topic).await
         }
         Command::Reconciler { config } => reconciler(config).await,
         Command::Schema {
@@ -325,7 +331,11 @@ async fn reconcile(
     Ok(())
 }
 
-async fn replay_dead_letters(path: PathBuf, options: replay::Options) -> anyhow::Result<()> {
+async fn replay_dead_letters(
+    path: PathBuf,
+    options: replay::Options,
+    topic: Option<String>,
+) -> anyhow::Result<()> {
     let mut config = load(&path)?;
     let mut scratch = None;
     let app = match App::build_for_catch_up(&config).await {
@@ -347,10 +357,26 @@ async fn replay_dead_letters(path: PathBuf, options: replay::Options) -> anyhow:
         }
         Err(error) => return Err(start_error(error)),
     };
-    let mut replay = Replay::new(&config, app.pipeline().clone())?;
-    let result = replay.run(&options, &mut std::io::stdout()).await;
+    let topics = match topic {
+        Some(topic) => vec![topic],
+        None => app.dead_letter_topics(),
+    };
+    let sources: replay::Sources = app
+        .sources()
+        .live()
+        .load()
+        .iter()
+        .map(|(key, webhook)| (key.clone(), webhook.source.clone()))
+        .collect();
+    let mut result = Ok(());
+    for topic in topics {
+        let mut replay = Replay::new(&config, app.pipeline().clone(), sources.clone(), topic)?;
+        result = replay.run(&options, &mut std::io::stdout()).await.map(drop);
+        if result.is_err() {
+            break;
+        }
+    }
     app.flush().await;
-    drop(replay);
     drop(app);
     if let Some(scratch) = scratch {
         let _ = std::fs::remove_file(scratch);

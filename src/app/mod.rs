@@ -227,6 +227,8 @@ pub struct App {
     secret_files: SecretFiles,
     /// The sources in use, a sources directory's read again while serving.
     sources: Sources,
+    /// The topics in use: the shared ones and the sources' own.
+    topics: TopicSets,
     /// Stops the ledger's rebuild task when the last clone goes.
     _rebuild: Arc<tokio_util::sync::DropGuard>,
 }
@@ -404,7 +406,7 @@ impl App {
                         ledger,
                         encoder,
                         producer: Arc::new(publisher.clone()),
-                        topics,
+                        topics: topics.clone(),
                         spool,
                         traces,
                     },
@@ -435,6 +437,7 @@ impl App {
             shutdown_timeout: Duration::from_millis(config.server.shutdown_timeout_ms),
             secret_files,
             sources,
+            topics,
             _rebuild: background.drop_guard().into(),
         })
     }
@@ -475,6 +478,16 @@ impl App {
     /// cannot be made (a directory's is said and left out).
     pub fn reconciler(&self, config: &Config) -> Result<Reconciler, ReconcileError> {
         reconciler(config, self.pipeline(), self.board(), &self.sources)
+    }
+
+    /// Every dead-letter topic in use: the shared one first, then each
+    /// source's own.
+    pub fn dead_letter_topics(&self) -> Vec<String> {
+        self.topics
+            .all()
+            .iter()
+            .map(|set| set.dead_letter().to_owned())
+            .collect()
     }
 
     /// The sources in use (`/admin/sources`).

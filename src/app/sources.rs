@@ -695,6 +695,14 @@ mod tests {
         );
         put("receiptroller.shop-d.toml", "secrets = [\"secret-of-d\"]\n");
         put("nothing.toml", "secrets = [\"secret-of-e\"]\n");
+        put(
+            "receiptroller.shop-f.toml",
+            "secrets = [\"secret-of-f\"]\naccount = \"f\"\ntopic_prefix = \"pos.\"\n",
+        );
+        put(
+            "receiptroller.shop-g.toml",
+            "secrets = [\"secret-of-g\"]\naccount = \"g\"\ntopic_prefix = \"shop-g.\"\n",
+        );
         let config = Config::from_toml(&format!(
             "sources_dir = \"{}\"\n[mekari.sources.main]\nsecrets = [\"secret-of-main\"]\n",
             dir.path().display()
@@ -714,7 +722,8 @@ mod tests {
                 "mekari.main.toml",
                 "mekari.shop-b.toml",
                 "mekari.shop-c.toml",
-                "nothing.toml"
+                "nothing.toml",
+                "receiptroller.shop-f.toml"
             ],
             "{problems:?}"
         );
@@ -726,6 +735,13 @@ mod tests {
         );
         assert!(problems[2].1.contains("shorter than 8 characters"));
         assert!(problems[3].1.contains("{provider}.{source}.toml"));
+        assert!(
+            problems[4]
+                .1
+                .contains("gives `pos.sales`, one of the shared topics"),
+            "{}",
+            problems[4].1
+        );
     }
 
     #[test]

@@ -39,7 +39,12 @@ pub fn at_start(config: &Config, cached: Option<&Cached>) -> BTreeSet<String> {
             .offsets
             .keys()
             .map(|(topic, _)| topic.as_str())
-            .chain(cached.topics.iter().flat_map(|seen| seen.topics.keys().map(String::as_str)));
+            .chain(
+                cached
+                    .topics
+                    .iter()
+                    .flat_map(|seen| seen.topics.keys().map(String::as_str)),
+            );
         prefixes.extend(named.filter_map(|topic| prefix_of(&config.kafka, topic)));
     }
     prefixes.retain(|prefix| config.kafka.shared_topic_clash(prefix).is_none());
@@ -114,7 +119,9 @@ impl OwnTopics {
         }
         self.publisher.check_topic_settings(&topics).await?;
         let entity_topics: Vec<String> = topics.entities().map(str::to_owned).collect();
-        self.encoder.register(&self.registry, &entity_topics).await?;
+        self.encoder
+            .register(&self.registry, &entity_topics)
+            .await?;
         zero_change_gauges(&topics);
         self.sets.open(prefix);
         info!(prefix, topics = ?topics.all().keys().collect::<Vec<_>>(), "A source's own topics are ready.");

@@ -518,6 +518,21 @@ mod tests {
                 "reconcile.max_pages_per_run",
             ),
             (
+                "topic_prefix = \"acme/\"",
+                "",
+                "mekari.sources.main.topic_prefix",
+            ),
+            (
+                "topic_prefix = \".\"",
+                "",
+                "mekari.sources.main.topic_prefix",
+            ),
+            (
+                "topic_prefix = \"pos.\"",
+                "",
+                "mekari.sources.main.topic_prefix",
+            ),
+            (
                 "",
                 "[reconcile]\nmax_run_secs = 0",
                 "reconcile.max_run_secs",

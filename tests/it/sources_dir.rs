@@ -2,7 +2,9 @@
 //! posbridge serves another source under load: each change reaches its own
 //! URL within seconds, a refused file keeps its source's last good settings
 //! (or keeps it absent), and the source under load loses nothing; a removed
-//! source's spooled deliveries still drain.
+//! source's spooled deliveries still drain, to its own topics; a source with
+//! topics of its own has them made as it appears, and a lost ledger is
+//! filled from them.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,8 +15,8 @@ use serde_json::Value;
 
 use crate::support::wait::wait_until;
 use crate::support::{
-    OwnBroker, RR_SECRET, TestApp, brokers, config, latest_per_key, mekari_order, read_topic,
-    rr_sale, unique,
+    MEKARI_SECRET, OwnBroker, RR_SECRET, TestApp, brokers, config, latest_per_key, mekari_order,
+    read_topic, rr_sale, unique,
 };
 
 /// Writes `text` as the sources directory's file `name`, whole at once (a
@@ -235,7 +237,7 @@ async fn a_removed_sources_spooled_deliveries_still_drain() {
         &sources,
         &format!("receiptroller.{shop}.toml"),
         &format!(
-            "secrets = [\"{RR_SECRET}\"]\naccount = \"{shop}\"\non_broker_unavailable = \"spool\"\n"
+            "secrets = [\"{RR_SECRET}\"]\naccount = \"{shop}\"\non_broker_unavailable = \"spool\"\ntopic_prefix = \"{shop}.\"\n"
         ),
     );
     let sale = |n: u32| {
@@ -288,7 +290,11 @@ async fn a_removed_sources_spooled_deliveries_still_drain() {
         spool.stats().entries == 0
     })
     .await;
-    let published = latest_per_key(&read_topic(&broker.address(), &app.topic("sales")));
+    assert!(
+        read_topic(&broker.address(), &app.topic("sales")).is_empty(),
+        "nothing of a source with its own topics in the shared ones"
+    );
+    let published = latest_per_key(&read_topic(&broker.address(), &format!("{shop}.sales")));
     for n in 0..3 {
         let key = format!("receiptroller:{shop}:T1|2026-12|{n:04}");
         assert!(
@@ -298,5 +304,111 @@ async fn a_removed_sources_spooled_deliveries_still_drain() {
         );
     }
     assert!(!published.contains_key(&format!("receiptroller:{shop}:T1|2026-12|0003")));
+    app.stop().await;
+}
+
+/// The outcome a Mekari order delivery `id` (order `order`, at `at`) to
+/// `source` gets: its HTTP status and its JSON `status`.
+async fn order_outcome(
+    app: &TestApp,
+    source: &str,
+    id: &str,
+    order: &str,
+    at: &str,
+) -> (u16, String) {
+    let body =
+        serde_json::to_vec(&mekari_order(id, "order.created", at, order, "pending")).unwrap();
+    let answer = app
+        .send_raw("mekari", source, id, body, Some(MEKARI_SECRET))
+        .await;
+    let status = answer.status().as_u16();
+    let said: Value = answer.json().await.unwrap_or(Value::Null);
+    (
+        status,
+        said["status"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_source_with_its_own_topics_has_them_made_as_it_appears_and_a_lost_ledger_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let sources = dir.path().join("sources");
+    std::fs::create_dir(&sources).unwrap();
+    let mut config = config(&brokers(), &unique("srcown"), dir.path());
+    config.sources_dir = Some(sources.clone());
+    config.spool.path = dir.path().join("spool.redb");
+    let app = TestApp::start_with(config.clone()).await;
+    let shop = unique("own");
+    put(
+        &sources,
+        &format!("mekari.{shop}.toml"),
+        &format!(
+            "secrets = [\"{MEKARI_SECRET}\"]\naccount = \"{shop}\"\ntopic_prefix = \"{shop}.\"\n"
+        ),
+    );
+    let order = format!("ORD-{shop}");
+    let first = unique("own-order");
+    // Its URL answers only once its topics are made: the first answer is
+    // a publish, never a 503 for a topic that is not there.
+    wait_until(
+        Duration::from_secs(10),
+        "the source to appear",
+        async || {
+            order_outcome(&app, &shop, &first, &order, "2026-12-04T10:00:00Z")
+                .await
+                .0
+                != 404
+        },
+    )
+    .await;
+    let (status, said) = order_outcome(&app, &shop, &first, &order, "2026-12-04T10:00:00Z").await;
+    assert_eq!((status, said.as_str()), (200, "duplicate"));
+    let own = read_topic(&brokers(), &format!("{shop}.orders"));
+    assert_eq!(own.len(), 1, "one record in its own orders topic");
+    assert_eq!(own[0].key, format!("mekari:{shop}:{order}"));
+    assert!(
+        read_topic(&brokers(), &app.topic("orders"))
+            .iter()
+            .all(|r| !r.key.contains(&shop)),
+        "nothing of it in the shared topics"
+    );
+    let kept = app.stop().await;
+
+    // The ledger lost: filled again, its own topics read with the shared.
+    std::fs::remove_file(config.ledger.path.clone()).unwrap();
+    let mut app = TestApp::start_with(config).await;
+    if let Some(kept) = kept {
+        app.keep(kept);
+    }
+    app.keep(dir);
+    let answered = |id: String, at: &'static str| {
+        let app = &app;
+        let shop = &shop;
+        let order = &order;
+        async move {
+            let mut said = (0, String::new());
+            wait_until(
+                Duration::from_secs(30),
+                "the ledger to be filled",
+                async || {
+                    said = order_outcome(app, shop, &id, order, at).await;
+                    said.0 != 503
+                },
+            )
+            .await;
+            said
+        }
+    };
+    assert_eq!(
+        answered(first.clone(), "2026-12-04T10:00:00Z").await,
+        (200, "duplicate".to_owned()),
+        "its delivery is known again"
+    );
+    assert_eq!(
+        answered(unique("own-older"), "2026-12-04T09:00:00Z").await,
+        (200, "stale".to_owned()),
+        "its order's state is known again"
+    );
+    assert_eq!(read_topic(&brokers(), &format!("{shop}.orders")).len(), 1);
     app.stop().await;
 }

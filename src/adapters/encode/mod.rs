@@ -21,9 +21,9 @@ mod registry;
 
 use std::sync::LazyLock;
 
-use arc_swap::ArcSwap;
 use apache_avro::Schema;
 use apache_avro::reader::datum::GenericDatumReader;
+use arc_swap::ArcSwap;
 use schema_registry_converter::async_impl::easy_avro::EasyAvroEncoder;
 use schema_registry_converter::async_impl::schema_registry::{SrSettings, get_all_subjects};
 use schema_registry_converter::error::SRCError;

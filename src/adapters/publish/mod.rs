@@ -67,8 +67,8 @@ pub use fake::{FakeBroker, Fault};
 use health::BrokerContext;
 pub use health::{BrokerHealth, Refusal};
 pub use produce::Produce;
-pub use topics::{TopicSets, Topics};
 use replace::{Replace, Streak, needs_new_producer_id};
+pub use topics::{TopicSets, Topics};
 
 /// How often the probe asks for metadata while no broker answers.
 const PROBE_EVERY: Duration = Duration::from_secs(1);

@@ -423,3 +423,27 @@ fn an_entry_whose_frame_header_is_gone_is_quarantined() {
         [frame::Damage::Unframed]
     );
 }
+
+/// A spooled delivery keeps its source's own topics: it drains there, even
+/// once the source is gone; an entry without them (an earlier version's, or
+/// a source on the shared topics) reads as the shared topics.
+#[test]
+fn an_entry_keeps_its_sources_own_topics() {
+    let mut own = delivery("a");
+    own.source.topic_prefix = Some("acme.".into());
+    let stored = own.encode();
+    assert_eq!(SpooledDelivery::decode(&stored).unwrap(), own);
+    let shared = delivery("b");
+    let stored = shared.encode();
+    assert!(
+        !String::from_utf8_lossy(&stored).contains("topic_prefix"),
+        "an entry on the shared topics is stored as before"
+    );
+    assert_eq!(
+        SpooledDelivery::decode(&stored)
+            .unwrap()
+            .source
+            .topic_prefix,
+        None
+    );
+}

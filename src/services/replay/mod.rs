@@ -31,7 +31,8 @@ use crate::observe::progress::Progress;
 use checkpoint::Cursor;
 
 use report::{Line, Verdict};
-use select::{Selection, Sources};
+use select::Selection;
+pub use select::Sources;
 
 pub use read::{Extent, ReadError, Reader};
 pub use report::Summary;
@@ -95,21 +96,20 @@ struct Part {
 }
 
 impl Replay {
-    /// A replayer for `config`'s dead-letter topic and sources.
+    /// A replayer of the dead-letter `topic` (the shared one, or a source's
+    /// own) through the `sources` in use (a dead letter names its own).
     ///
     /// # Errors
     /// [`ReplayError::Read`] when librdkafka refuses the consumer settings.
-    pub fn new(config: &Config, pipeline: Pipeline) -> Result<Replay, ReplayError> {
-        let topic = config.kafka.dead_letter_topic();
+    pub fn new(
+        config: &Config,
+        pipeline: Pipeline,
+        sources: Sources,
+        topic: String,
+    ) -> Result<Replay, ReplayError> {
         Ok(Replay {
             pipeline,
-            sources: config
-                .sources()
-                .map(|entry| {
-                    let source = entry.source();
-                    ((source.provider, source.name.clone()), source.into())
-                })
-                .collect(),
+            sources,
             reader: Reader::new(&config.kafka, &topic)?,
             topic,
         })

@@ -32,7 +32,12 @@ fn spawned(
 }
 
 fn orders(pipeline: &Pipeline) -> String {
-    pipeline.inner.topics.shared().entity(EntityType::Order).to_owned()
+    pipeline
+        .inner
+        .topics
+        .shared()
+        .entity(EntityType::Order)
+        .to_owned()
 }
 
 fn dead_letters(pipeline: &Pipeline) -> String {
@@ -467,4 +472,31 @@ async fn one_key_waiting_for_its_acknowledgement_holds_up_no_other_key() {
         !next.is_finished(),
         "the same order's next event did not wait"
     );
+}
+
+/// A source with topics of its own (`topic_prefix`) has its states and
+/// its dead letters there, and nothing in the shared topics.
+#[tokio::test]
+async fn a_source_with_its_own_topics_writes_its_states_and_letters_there_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pipeline, broker) = taking(dir.path(), Duration::from_millis(100)).await;
+    let own = |mut delivery: Delivery| {
+        let mut source = Source::clone(&delivery.source);
+        source.topic_prefix = Some("acme.".into());
+        delivery.source = Arc::new(source);
+        delivery
+    };
+    let state = own(delivery("d-1", "d-1", "2026-11-29T11:00:00Z"));
+    assert_eq!(
+        pipeline.deliver(state).await.unwrap().outcome,
+        Outcome::Published
+    );
+    let junk = own(delivery_of("d-junk", b"not json".to_vec()));
+    assert_eq!(
+        pipeline.deliver(junk).await.unwrap().outcome,
+        Outcome::DeadLettered
+    );
+    let topics: Vec<String> = broker.taken().into_iter().map(|r| r.topic).collect();
+    assert_eq!(topics, ["acme.orders", "acme-dead-letter"]);
+    assert_ne!(orders(&pipeline), "acme.orders");
 }
