@@ -4,10 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::providers::entity_type;
+use super::providers::{entity_type, topics_of};
 use super::world::{Answer, Ended, delivery_of};
-use crate::adapters::publish::{OutgoingRecord, Topics};
-use crate::config::KafkaConfig;
+use crate::adapters::publish::OutgoingRecord;
 use crate::domain::event::ProviderKind;
 use crate::services::pipeline::Outcome;
 
@@ -66,7 +65,6 @@ fn era_violations(
     answers: &[&Answer],
     broken: &mut Vec<String>,
 ) -> BTreeSet<String> {
-    let topics = Topics::new(&KafkaConfig::default());
     // The event index of every record of each key, in log order.
     let mut by_key: BTreeMap<&str, Vec<(usize, &str)>> = BTreeMap::new();
     let mut copies: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
@@ -89,6 +87,7 @@ fn era_violations(
                 "{delivery}'s record at {at} does not hold its body as it was sent"
             ));
         }
+        let topics = topics_of(event.provider);
         if record.topic == topics.dead_letter() || event.broken {
             if !event.broken || record.topic != topics.dead_letter() {
                 broken.push(format!(

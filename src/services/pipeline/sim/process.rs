@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::source::FakeSource;
 use crate::adapters::ledger::{self, EntitySlot, Ledger, Offsets};
-use crate::adapters::publish::{FakeBroker, TopicSets, Topics};
+use crate::adapters::publish::{FakeBroker, TopicSets};
 use crate::adapters::spool::Spool;
 use crate::config::{KafkaConfig, SpoolConfig};
 use crate::domain::event::EntityType;
@@ -75,6 +75,7 @@ impl Process {
         })
         .expect("a spool file opens, a damaged one set aside and salvaged");
         let topics = TopicSets::new(&KafkaConfig::default());
+        topics.open(super::providers::OWN_PREFIX);
         let timing = Timing {
             inflight_wait: INFLIGHT_WAIT,
             answer_budget: ANSWER_BUDGET,
@@ -99,7 +100,7 @@ impl Process {
             tokio::spawn(checkpoints(
                 opened.ledger.clone(),
                 broker,
-                (topics.shared().clone(), violated),
+                (topics.clone(), violated),
                 every,
                 stop.clone(),
             ));
@@ -136,7 +137,7 @@ pub(super) type Violated = Arc<dyn Fn(String) + Send + Sync>;
 async fn checkpoints(
     store: Arc<Ledger>,
     broker: Arc<FakeBroker>,
-    (topics, violated): (Topics, Violated),
+    (topics, violated): (TopicSets, Violated),
     every: Duration,
     stop: CancellationToken,
 ) {
@@ -174,15 +175,19 @@ async fn checkpoints(
 async fn below_the_offsets(
     store: &Ledger,
     broker: &FakeBroker,
-    topics: &Topics,
+    topics: &TopicSets,
     checked: &mut Offsets,
 ) -> Vec<String> {
     let Ok(Some(cached)) = store.fill().cached().await else {
         return Vec::new();
     };
     let mut broken = Vec::new();
-    for entity_type in EntityType::ALL {
-        let topic = topics.entity(entity_type);
+    let sets = topics.all();
+    let typed = sets
+        .iter()
+        .flat_map(|set| EntityType::ALL.map(|t| (t, set.entity(t).to_owned())));
+    for (entity_type, topic) in typed {
+        let topic = topic.as_str();
         let next = cached
             .offsets
             .get(&(topic.to_owned(), 0))

@@ -14,7 +14,8 @@ use time::OffsetDateTime;
 use tokio::time::Instant;
 
 use super::world::{Answer, Clock, Shared};
-use crate::config::Secrets;
+use crate::adapters::publish::Topics;
+use crate::config::{KafkaConfig, Secrets};
 use crate::domain::event::{EntityType, ProviderKind, Source};
 use crate::domain::verify::{SchemeName, Verifier, sign};
 use crate::observe::traces::DeliveryTrace;
@@ -256,14 +257,28 @@ pub(super) fn event_time(index: usize) -> OffsetDateTime {
         + time::Duration::minutes(minutes)
 }
 
+/// The Mekari source's own topics' prefix: its records and letters go
+/// there, the ReceiptRoller source's to the shared topics, and the ledger's
+/// fill reads both.
+pub(super) const OWN_PREFIX: &str = "merchant.";
+
 /// Each provider's one source here.
 pub(super) fn source(provider: ProviderKind) -> Arc<Source> {
     Arc::new(Source {
         provider,
         name: "main".into(),
         account: None,
-        topic_prefix: None,
+        topic_prefix: (provider == ProviderKind::Mekari).then(|| OWN_PREFIX.into()),
     })
+}
+
+/// Where each provider's source writes: [`OWN_PREFIX`]'s topics for
+/// Mekari's, the shared ones for ReceiptRoller's.
+pub(super) fn topics_of(provider: ProviderKind) -> Topics {
+    match provider {
+        ProviderKind::Mekari => Topics::prefixed(OWN_PREFIX),
+        ProviderKind::ReceiptRoller => Topics::new(&KafkaConfig::default()),
+    }
 }
 
 /// The entity type each provider's events are of here.
