@@ -7,7 +7,12 @@ use posbridge::app::App;
 use posbridge::domain::event::EntityType;
 
 use crate::support::registry::{Registry, V1_SCHEMA};
-use crate::support::{TestApp, brokers, config, decode_with_python, read_topic, rr_sale, unique};
+use std::time::Duration;
+
+use crate::support::wait::wait_until;
+use crate::support::{
+    RR_SECRET, TestApp, brokers, config, decode_with_python, read_topic, rr_sale, unique,
+};
 
 /// The first release's schema with a numeric `event_id`: a schema this
 /// version cannot read, so the registry refuses this version over it.
@@ -86,6 +91,52 @@ async fn registry_mode_writes_confluent_wire_format_that_confluents_client_decod
             .unwrap()
             .starts_with("2026-11-29 10:15:30.123")
     );
+    app.stop().await;
+}
+
+/// A source file with topics of its own, added while running: its
+/// subjects are registered before it takes a delivery, and its records
+/// carry their id, as Confluent's client reads them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_source_added_with_its_own_topics_has_its_subjects_registered_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, _, mut config) = with_registry("regown", &[], &dir).await;
+    let sources = dir.path().join("sources");
+    std::fs::create_dir(&sources).unwrap();
+    config.sources_dir = Some(sources.clone());
+    config.spool.path = dir.path().join("spool.redb");
+    let app = TestApp::start_with(config).await;
+    let shop = unique("regshop");
+    std::fs::write(
+        sources.join(format!("receiptroller.{shop}.toml")),
+        format!("secrets = [\"{RR_SECRET}\"]\naccount = \"{shop}\"\ntopic_prefix = \"{shop}.\"\n"),
+    )
+    .unwrap();
+    let body = rr_sale(
+        "regown-1",
+        "sale.created",
+        "2026-12-04T10:15:30Z",
+        "T001|2026-12|000001",
+        1100,
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "the source to appear",
+        async || app.send("receiptroller", &shop, &body).await.status() != 404,
+    )
+    .await;
+    let topic = format!("{shop}.sales");
+    let subject_id = registry
+        .id_of(&format!("{topic}-value"))
+        .await
+        .expect("registered as the source appeared");
+    let line = decode_with_python(&topic, Some(&registry.url)).await;
+    assert_eq!(
+        line["key"],
+        format!("receiptroller:{shop}:T001|2026-12|000001")
+    );
+    assert_eq!(line["schema_id"], subject_id);
+    assert_eq!(line["value"]["event_id"], "regown-1");
     app.stop().await;
 }
 
