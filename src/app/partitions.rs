@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::adapters::ledger::{self, TopicSeen};
-use crate::adapters::publish::{Publisher, Topics};
+use crate::adapters::publish::Publisher;
 use crate::config::Config;
 
 use super::BuildError;
@@ -23,8 +23,8 @@ use super::BuildError;
 /// when none was) and the count kept now.
 pub type Accepted = BTreeMap<String, (Option<usize>, usize)>;
 
-/// Keeps the partitions the cluster has now for `only` (every entity topic
-/// when empty) in the ledger's checkpoint.
+/// Keeps the partitions the cluster has now for `only` (every entity topic,
+/// the sources' own too, when empty) in the ledger's checkpoint.
 ///
 /// # Errors
 /// [`BuildError`] when the ledger cannot be opened (the embedded one is
@@ -33,8 +33,10 @@ pub async fn accept_partitions(config: &Config, only: &[String]) -> Result<Accep
     let opened = ledger::open(&config.ledger, Duration::from_secs(30)).await?;
     let fill = opened.ledger.fill();
     let cached = fill.cached().await?.unwrap_or_default();
-    let topics = Topics::new(&config.kafka);
-    let entity_topics: Vec<String> = topics.entities().map(str::to_owned).collect();
+    let entity_topics: Vec<String> = super::topics::configured(config, Some(&cached))
+        .iter()
+        .flat_map(|set| set.entities().map(str::to_owned).collect::<Vec<_>>())
+        .collect();
     let wanted: Vec<String> = if only.is_empty() {
         entity_topics.clone()
     } else {

@@ -46,7 +46,8 @@ pub enum SchemaCheckError {
     Registry(#[from] RegistryError),
 }
 
-/// Each entity topic's subject (`{topic}-value`) with the registry's verdict.
+/// Each entity topic's subject (`{topic}-value`), the sources' own topics'
+/// too, with the registry's verdict.
 ///
 /// # Errors
 /// [`SchemaCheckError`] when there is no registry or it cannot answer.
@@ -58,7 +59,8 @@ pub async fn check(config: &Config) -> Result<Vec<(String, Verdict)>, SchemaChec
         .ok_or(SchemaCheckError::NoRegistry)?;
     let client = RegistryClient::new(&config.schema_registry, url)?;
     let mut verdicts = Vec::new();
-    for topic in Topics::new(&config.kafka).entities() {
+    let sets = super::topics::configured(config, None);
+    for topic in sets.iter().flat_map(Topics::entities) {
         let subject = value_subject(topic);
         let verdict = if client.lookup(&subject, SCHEMA_JSON).await?.is_some() {
             Verdict::Registered

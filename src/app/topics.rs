@@ -51,6 +51,29 @@ pub fn at_start(config: &Config, cached: Option<&Cached>) -> BTreeSet<String> {
     prefixes
 }
 
+/// Every set of topics `config` names, for the commands that look at them
+/// without serving: the shared set, then each prefix start-up opens
+/// ([`at_start`]) and each a sources directory's readable file names.
+pub fn configured(config: &Config, cached: Option<&Cached>) -> Vec<Topics> {
+    let mut prefixes = at_start(config, cached);
+    if let Some(listing) = config
+        .sources_dir
+        .as_deref()
+        .and_then(|dir| crate::config::source_files::read_dir(dir).ok())
+    {
+        prefixes.extend(
+            listing
+                .files
+                .into_iter()
+                .filter_map(|file| file.config.topic_prefix)
+                .filter(|prefix| config.kafka.shared_topic_clash(prefix).is_none()),
+        );
+    }
+    std::iter::once(Topics::new(&config.kafka))
+        .chain(prefixes.iter().map(|prefix| Topics::prefixed(prefix)))
+        .collect()
+}
+
 /// The prefix of a source's own entity topic (`acme.sales` gives `acme.`);
 /// none for a shared topic or a dead-letter topic.
 fn prefix_of(kafka: &KafkaConfig, topic: &str) -> Option<String> {
