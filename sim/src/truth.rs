@@ -282,6 +282,7 @@ mod tests {
                 provider: happened.provider,
                 name: "main".into(),
                 account: None,
+                topic_prefix: None,
             };
             let ctx = Context {
                 event_id: &happened.delivery_id,

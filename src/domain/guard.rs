@@ -75,6 +75,20 @@ pub fn decide(written: Option<&EntityState>, incoming: &EntityState, origin: Ori
     }
 }
 
+/// Decides an entity's state derived again from a record of the topic
+/// (`posbridge rederive`): it takes that record's place only while the
+/// ledger still holds the state that record wrote (`replaces`); anything
+/// else (a newer state arrived meanwhile, the state already replaced) keeps
+/// it out. The caller derives again only what differs from the record, so a
+/// state hash equal to the record's (a difference in fields the hash leaves
+/// out, such as the event time) still publishes.
+pub fn decide_replacing(written: Option<&EntityState>, replaces: &EntityState) -> Decision {
+    match written {
+        Some(w) if w == replaces => Decision::Publish,
+        _ => Decision::Stale,
+    }
+}
+
 /// A hash of an entity's state: the event's business fields and the
 /// entity's whole business content as the provider sent it (canonical JSON
 /// of its data), not ids, times of delivery or raw text, so the same state

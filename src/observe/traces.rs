@@ -122,6 +122,8 @@ pub enum Origin {
     Redelivery,
     /// A record the reconciler read from a provider's API.
     Reconcile,
+    /// A record of the topic derived again (`posbridge rederive`).
+    Rederive,
     /// A dead letter written outside a delivery: a reconciled record that
     /// does not normalize, a spooled delivery set aside.
     DeadLetter,
@@ -134,6 +136,7 @@ impl Origin {
             Origin::SpoolReplay => "spool_replay",
             Origin::Redelivery => "redelivery",
             Origin::Reconcile => "reconcile",
+            Origin::Rederive => "rederive",
             Origin::DeadLetter => "dead_letter",
         }
     }

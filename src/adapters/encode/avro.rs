@@ -215,12 +215,13 @@ pub fn to_avro(event: &PosEvent) -> Value {
 struct Fields(Vec<(String, Value)>);
 
 impl Fields {
+    /// A field's value; absent (`Null`) where the writer's schema has no
+    /// such field (an older version, read with its own schema): as Avro's
+    /// resolution reads it, with the `null` default every added field has.
     fn take(&mut self, name: &'static str) -> Result<Value, DecodeError> {
-        let i = self
-            .0
-            .iter()
-            .position(|(n, _)| n == name)
-            .ok_or(DecodeError::Field(name))?;
+        let Some(i) = self.0.iter().position(|(n, _)| n == name) else {
+            return Ok(Value::Null);
+        };
         Ok(match self.0.swap_remove(i).1 {
             Value::Union(_, inner) => *inner,
             other => other,

@@ -10,7 +10,7 @@ pub fn fingerprint() -> u64 {
 }
 
 /// The CRC-64-AVRO fingerprint of any schema's Parsing Canonical Form.
-fn fingerprint_of(schema_json: &str) -> u64 {
+pub(super) fn fingerprint_of(schema_json: &str) -> u64 {
     const EMPTY: u64 = 0xc15d_213a_a4d7_a795;
     let table: Vec<u64> = (0..256u64)
         .map(|i| (0..8).fold(i, |fp, _| (fp >> 1) ^ (EMPTY & (fp & 1).wrapping_neg())))

@@ -167,6 +167,23 @@ impl RegistryClient {
             .map(|body| body.get("is_compatible").and_then(Value::as_bool) == Some(true)))
     }
 
+    /// The schema registered under `id` (its JSON text); `None` for an id
+    /// the registry does not know.
+    ///
+    /// # Errors
+    /// [`RegistryError`] when the registry cannot answer.
+    pub async fn schema_of(&self, id: u32) -> Result<Option<String>, RegistryError> {
+        let url = format!("{}/schemas/ids/{id}", self.base);
+        Ok(self
+            .answer(self.http.get(&url), &url)
+            .await?
+            .and_then(|body| {
+                body.get("schema")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            }))
+    }
+
     /// POSTs a schema; `None` for 404 (no such subject or schema).
     async fn post(&self, url: &str, schema: &str) -> Result<Option<Value>, RegistryError> {
         let request = self

@@ -1,13 +1,14 @@
-//! The reconciler's records and the dead letters of the reconciler and the
-//! drainer, top-down: each on a task of its own (`tasks.rs`), so a pass
-//! cut at its budget never cuts a record between Kafka's acknowledgement
-//! and its commit.
+//! The reconciler's records, the records `posbridge rederive` derives
+//! again, and the dead letters of the reconciler and the drainer, top-down:
+//! each on a task of its own (`tasks.rs`), so a pass cut at its budget
+//! never cuts a record between Kafka's acknowledgement and its commit.
 
 use super::outcome::ended;
 use super::send::Outgoing;
-use super::write::Decided;
+use super::write::{Decided, Rule};
 use super::{DeadLetter, Outcome, Pipeline, PipelineError};
 use crate::domain::event::Normalized;
+use crate::domain::guard::EntityState;
 use crate::observe::traces::Origin as TraceOrigin;
 
 impl Pipeline {
@@ -19,25 +20,60 @@ impl Pipeline {
     /// [`PipelineError`] when the record could not be acknowledged or the
     /// ledger could not be read.
     pub async fn apply(&self, normalized: Normalized) -> Result<Outcome, PipelineError> {
+        let rule = Rule::Newer(normalized.event.origin);
+        self.apply_by(TraceOrigin::Reconcile, rule, normalized)
+            .await
+    }
+
+    /// Publishes `normalized`, a record's event derived again
+    /// (`posbridge rederive`), in that record's place: only while the
+    /// ledger holds the state the record wrote (`replaces`), else
+    /// [`Outcome::Stale`] (a newer state arrived meanwhile). The new state
+    /// is committed as the entity's, at the record's version.
+    ///
+    /// # Errors
+    /// As [`Pipeline::apply`].
+    pub async fn rederive(
+        &self,
+        normalized: Normalized,
+        replaces: EntityState,
+    ) -> Result<Outcome, PipelineError> {
+        self.apply_by(TraceOrigin::Rederive, Rule::Replaces(replaces), normalized)
+            .await
+    }
+
+    /// Guards `normalized` by `rule`, and publishes it, on its task.
+    async fn apply_by(
+        &self,
+        origin: TraceOrigin,
+        rule: Rule,
+        normalized: Normalized,
+    ) -> Result<Outcome, PipelineError> {
         let pipeline = self.clone();
         self.on_its_task(|answer| async move {
-            answer.send(Box::pin(pipeline.apply_here(normalized)).await);
+            answer.send(Box::pin(pipeline.apply_here(origin, rule, normalized)).await);
         })
         .await
     }
 
-    /// [`Pipeline::apply`] on its task, under a trace of its own.
-    async fn apply_here(&self, normalized: Normalized) -> Result<Outcome, PipelineError> {
+    /// [`Pipeline::apply_by`] on its task, under a trace of its own.
+    async fn apply_here(
+        &self,
+        origin: TraceOrigin,
+        rule: Rule,
+        normalized: Normalized,
+    ) -> Result<Outcome, PipelineError> {
         let entity = normalized.event.key();
         let event = &normalized.event;
-        let trace = self.inner.traces.start_root(
-            TraceOrigin::Reconcile,
-            event.provider,
-            &event.source,
-            &event.event_id,
-        );
+        let trace =
+            self.inner
+                .traces
+                .start_root(origin, event.provider, &event.source, &event.event_id);
         trace.event(event, &entity);
-        let applied = match self.decide(normalized, &entity, None, &trace).await {
+        let applied = match self
+            .decide_by(rule, normalized, &entity, None, &trace)
+            .await
+        {
             Ok(Decided::Done(outcome)) => Ok(outcome),
             Ok(Decided::Send(state)) => self
                 .send_or_dead_letter(Outgoing::State(state))

@@ -26,6 +26,16 @@ pub(super) enum Decided {
     Send(NewState),
 }
 
+/// Which states the guard lets through.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Rule {
+    /// A newer one (a delivery, a reconciled record, a replay).
+    Newer(Origin),
+    /// One derived again from a record of the topic: only while the ledger
+    /// still holds the state that record wrote.
+    Replaces(EntityState),
+}
+
 impl Pipeline {
     /// Guard → encode → record, under the entity's lock: a stale or
     /// unchanged event is committed done with the `lease`; a new state
@@ -43,10 +53,23 @@ impl Pipeline {
         lease: Option<Lease>,
         trace: &DeliveryTrace,
     ) -> Result<Decided, PipelineError> {
+        let rule = Rule::Newer(normalized.event.origin);
+        self.decide_by(rule, normalized, key, lease, trace).await
+    }
+
+    /// [`Pipeline::decide`] by `rule`.
+    pub(super) async fn decide_by(
+        &self,
+        rule: Rule,
+        normalized: Normalized,
+        key: &EntityKey,
+        lease: Option<Lease>,
+        trace: &DeliveryTrace,
+    ) -> Result<Decided, PipelineError> {
         let Normalized { event, content } = normalized;
         let (slot, incoming) = entity_state(&event, key, &content);
         let guarding = trace.stage(Stage::Guard);
-        let (lock, decision) = guarding.result(self.guard(&slot, &incoming, event.origin).await)?;
+        let (lock, decision) = guarding.result(self.guard(&slot, &incoming, rule).await)?;
         let outcome = match decision {
             Decision::Stale => {
                 observe::stale(&event, key);
@@ -82,10 +105,14 @@ impl Pipeline {
         &self,
         slot: &EntitySlot,
         incoming: &EntityState,
-        origin: Origin,
+        rule: Rule,
     ) -> Result<(EntityLock, Decision), LedgerError> {
         let (lock, written) = self.inner.ledger.lock_and_read(slot).await?;
-        Ok((lock, guard::decide(written.as_ref(), incoming, origin)))
+        let decision = match rule {
+            Rule::Newer(origin) => guard::decide(written.as_ref(), incoming, origin),
+            Rule::Replaces(replaces) => guard::decide_replacing(written.as_ref(), &replaces),
+        };
+        Ok((lock, decision))
     }
 
     /// An event's record value on its topic: none for a deleted entity (a
