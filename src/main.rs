@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use posbridge::app::{self, App};
 use posbridge::config::{Config, LedgerBackend};
-use posbridge::domain::event::ProviderKind;
+use posbridge::domain::event::{EntityType, ProviderKind};
+use posbridge::services::rederive::{self, Rederive};
 use posbridge::services::replay::{self, Replay};
 use posbridge::services::watchdog::Watchdog;
 use std::io::IsTerminal;
@@ -126,6 +127,37 @@ enum Command {
         /// one in use, the shared one first.
         #[arg(long)]
         topic: Option<String>,
+    },
+    /// Derive each key's state on the entity topics again from its record's
+    /// raw body with this build's code, and publish it where it now differs
+    /// (never over a newer state): one JSON line per changed key of the
+    /// sample and a summary on stdout; exit status 1 when it stopped (run it
+    /// again to resume).
+    Rederive {
+        /// TOML configuration file.
+        #[arg(long, short, env = "POSBRIDGE_CONFIG")]
+        config: PathBuf,
+        /// Only this entity type's topics (`sales`, `orders`, …).
+        #[arg(long, value_parser = parse_entity)]
+        entity: Option<EntityType>,
+        /// Only this provider's records (its URL spelling, e.g. `mekari`).
+        #[arg(long, value_parser = parse_provider)]
+        provider: Option<ProviderKind>,
+        /// Only the records that came through this source.
+        #[arg(long)]
+        source: Option<String>,
+        /// Say what would change, field by field, publishing nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Derived records published per second at most (0: no limit).
+        #[arg(long, default_value_t = 200)]
+        rate: u32,
+        /// How many changed keys are printed field by field.
+        #[arg(long, default_value_t = 20)]
+        sample: usize,
+        /// Start over instead of resuming a run that stopped.
+        #[arg(long)]
+        from_start: bool,
     },
     /// Run the scheduled reconciler and the webhook watchdog without the webhook
     /// route: only /healthz, /readyz and /metrics on server.listen.
@@ -251,6 +283,27 @@ async fn main() -> anyhow::Result<()> {
                 reason,
             };
             replay_dead_letters(config, replay::Options { filter, dry_run }, topic).await
+        }
+        Command::Rederive {
+            config,
+            entity,
+            provider,
+            source,
+            dry_run,
+            rate,
+            sample,
+            from_start,
+        } => {
+            let options = rederive::Options {
+                entity,
+                provider,
+                source,
+                dry_run,
+                rate,
+                sample,
+                from_start,
+            };
+            rederive_topics(config, options).await
         }
         Command::Reconciler { config } => reconciler(config).await,
         Command::Schema {
@@ -387,6 +440,21 @@ async fn replay_dead_letters(
     Ok(())
 }
 
+async fn rederive_topics(path: PathBuf, options: rederive::Options) -> anyhow::Result<()> {
+    let config = load(&path)?;
+    let app = App::build_for_catch_up(&config)
+        .await
+        .map_err(start_error)?;
+    let run = Rederive::new(&config, app.pipeline().clone(), &app.topic_sets().all())?;
+    let result = run.run(&options, &mut std::io::stdout()).await;
+    app.flush().await;
+    drop(app);
+    result.context(
+        "rederive stopped; run it again when the cause is fixed: it resumes where it stopped",
+    )?;
+    Ok(())
+}
+
 async fn reconciler(path: PathBuf) -> anyhow::Result<()> {
     let config = load(&path)?;
     let app = App::build_for_catch_up(&config)
@@ -492,6 +560,16 @@ fn spawn_background(
     }
     tracker.close();
     Ok(tracker)
+}
+
+fn parse_entity(plural: &str) -> Result<EntityType, String> {
+    EntityType::ALL
+        .into_iter()
+        .find(|t| t.plural() == plural)
+        .ok_or_else(|| {
+            let known: Vec<&str> = EntityType::ALL.iter().map(|t| t.plural()).collect();
+            format!("one of {}", known.join(", "))
+        })
 }
 
 fn parse_provider(name: &str) -> Result<ProviderKind, String> {

@@ -480,6 +480,11 @@ impl App {
         reconciler(config, self.pipeline(), self.board(), &self.sources)
     }
 
+    /// The topics in use: the shared ones and the sources' own.
+    pub fn topic_sets(&self) -> &TopicSets {
+        &self.topics
+    }
+
     /// Every dead-letter topic in use: the shared one first, then each
     /// source's own.
     pub fn dead_letter_topics(&self) -> Vec<String> {

@@ -5,6 +5,7 @@
 //! * [`drain`]: replays the spool through the pipeline once Kafka is back.
 //! * [`rebuild`]: fills a lost ledger from the topics at start.
 //! * [`reconcile`]: reads what webhooks missed from the providers' APIs.
+//! * [`rederive`]: derives the topics' states again with today's code.
 //! * [`replay`]: puts dead letters through the pipeline again once their cause is cleared.
 //! * [`watchdog`]: notices switched-off webhooks, resumes them, catches up.
 //! * [`ticker`]: the tick of background loops that stop with the service.
@@ -13,6 +14,7 @@ pub mod drain;
 pub mod pipeline;
 pub mod rebuild;
 pub mod reconcile;
+pub mod rederive;
 pub mod replay;
 pub mod ticker;
 pub mod watchdog;

@@ -26,6 +26,7 @@ mod monitoring;
 mod ordering;
 mod outage_start;
 mod rebuild;
+mod rederive;
 mod redis_cluster;
 mod redis_lost_writes;
 mod redis_refusals;

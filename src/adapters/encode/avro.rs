@@ -1,5 +1,6 @@
 //! A [`PosEvent`] and apache-avro's value tree of it, both ways: reading
-//! records back (`decode`), and, in tests, the reference for the datum
+//! records back (`decode`), comparing two events field by field
+//! (`posbridge rederive`), and, in tests, the reference for the datum
 //! `datum.rs` writes.
 
 use apache_avro::types::Value;
@@ -10,7 +11,6 @@ use crate::domain::event::{
     Decimal, EntityType, LineItem, Origin, PosEvent, ProviderKind, Version, from_micros, micros,
 };
 
-#[cfg(test)]
 fn optional_string(value: Option<&str>) -> Value {
     match value {
         Some(s) => Value::Union(1, Box::new(Value::String(s.to_owned()))),
@@ -18,7 +18,6 @@ fn optional_string(value: Option<&str>) -> Value {
     }
 }
 
-#[cfg(test)]
 fn optional_decimal(value: Option<Decimal>) -> Value {
     match value {
         Some(decimal) => {
@@ -44,7 +43,6 @@ fn optional_decimal(value: Option<Decimal>) -> Value {
     }
 }
 
-#[cfg(test)]
 fn optional<T>(value: Option<T>, to: impl FnOnce(T) -> Value) -> Value {
     match value {
         Some(value) => Value::Union(1, Box::new(to(value))),
@@ -52,7 +50,6 @@ fn optional<T>(value: Option<T>, to: impl FnOnce(T) -> Value) -> Value {
     }
 }
 
-#[cfg(test)]
 fn lines(items: &[LineItem]) -> Value {
     Value::Array(
         items
@@ -75,7 +72,6 @@ fn lines(items: &[LineItem]) -> Value {
     )
 }
 
-#[cfg(test)]
 fn symbol<T: Copy + PartialEq>(all: &[T], item: T, name: fn(T) -> &'static str) -> Value {
     let index = all.iter().position(|x| *x == item).unwrap_or(0);
     Value::Enum(
@@ -92,7 +88,6 @@ pub(super) const ORIGINS: [Origin; 2] = [Origin::Webhook, Origin::Reconciler];
 /// of [`PosEvent`] is named here (no `..`), so a field added to the event
 /// without a place in the schema fails to compile instead of silently going
 /// missing.
-#[cfg(test)]
 pub fn to_avro(event: &PosEvent) -> Value {
     let PosEvent {
         event_id,

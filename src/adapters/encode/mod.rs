@@ -35,9 +35,7 @@ use schema_registry_converter::schema_registry_common::{
 use crate::config::RegistryConfig;
 use crate::domain::event::PosEvent;
 
-pub use avro::from_avro;
-#[cfg(test)]
-use avro::to_avro;
+pub use avro::{from_avro, to_avro};
 pub use fingerprint::fingerprint;
 pub use registry::{RegistryClient, RegistryError};
 pub use writers::{WriterError, Writers};

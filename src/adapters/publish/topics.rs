@@ -19,6 +19,8 @@ use crate::domain::event::EntityType;
 /// Topic names by entity type, plus the dead-letter topic: one set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topics {
+    /// Its source's own prefix; none for the shared topics.
+    prefix: Option<String>,
     /// One compacted topic per entity type.
     entities: BTreeMap<EntityType, String>,
     /// Raw bodies that could not be normalized.
@@ -29,6 +31,7 @@ impl Topics {
     /// The shared topics the configuration names (defaults from the prefix).
     pub fn new(config: &KafkaConfig) -> Topics {
         Topics {
+            prefix: None,
             entities: EntityType::ALL
                 .into_iter()
                 .map(|t| (t, config.topic(t)))
@@ -41,12 +44,18 @@ impl Topics {
     /// dead-letter topic named as the shared one is by default.
     pub fn prefixed(prefix: &str) -> Topics {
         Topics {
+            prefix: Some(prefix.to_owned()),
             entities: EntityType::ALL
                 .into_iter()
                 .map(|t| (t, entity_topic(prefix, t)))
                 .collect(),
             dead_letter: dead_letter_of(prefix),
         }
+    }
+
+    /// The prefix of a source's own topics; none for the shared ones.
+    pub fn prefix(&self) -> Option<&str> {
+        self.prefix.as_deref()
     }
 
     /// The compacted topic of an entity type.

@@ -500,3 +500,51 @@ async fn a_source_with_its_own_topics_writes_its_states_and_letters_there_only()
     assert_eq!(topics, ["acme.orders", "acme-dead-letter"]);
     assert_ne!(orders(&pipeline), "acme.orders");
 }
+
+/// A record's state derived again takes its place only while the ledger
+/// holds the state that record wrote: over a newer state (a webhook that
+/// arrived meanwhile) it is stale and nothing is written; in its place it
+/// is published at the record's version, its new state the entity's.
+#[tokio::test]
+async fn a_state_derived_again_replaces_its_record_only_while_the_ledger_holds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pipeline, broker) = taking(dir.path(), Duration::from_millis(100)).await;
+    let at = datetime!(2026-11-29 11:00 UTC);
+    let event = order_event(Origin::Webhook, at);
+    written(&pipeline, &event).await;
+    let recorded = order_state(&pipeline).await.unwrap();
+    let mut derived = event.clone();
+    derived.status = Some("refunded".into());
+    let newer = EntityState {
+        version: Version::new(datetime!(2026-11-29 12:00 UTC), 0),
+        ..recorded
+    };
+    assert_eq!(
+        pipeline
+            .rederive(unnormalized(derived.clone()), newer)
+            .await
+            .unwrap(),
+        Outcome::Stale,
+        "not the state the ledger holds"
+    );
+    assert!(broker.taken().is_empty());
+    assert_eq!(
+        pipeline
+            .rederive(unnormalized(derived.clone()), recorded)
+            .await
+            .unwrap(),
+        Outcome::Published
+    );
+    let now = order_state(&pipeline).await.unwrap();
+    assert_eq!(now.version, recorded.version, "at the record's version");
+    assert_ne!(now.state_hash, recorded.state_hash);
+    assert_eq!(
+        pipeline
+            .rederive(unnormalized(derived), recorded)
+            .await
+            .unwrap(),
+        Outcome::Stale,
+        "replaced already"
+    );
+    assert_eq!(broker.taken().len(), 1);
+}

@@ -1,0 +1,438 @@
+//! `posbridge rederive`: each key's state on the entity topics derived again
+//! from its record's `raw` with today's code, and published in its place
+//! where it now differs, so a normalizer fix or a new schema field reaches
+//! the entities written before it.
+//!
+//! The topics are read partition by partition to their ends as of the
+//! start. A record is its key's state now when the ledger holds the state
+//! its headers say it wrote (the ledger is filled from the topics before a
+//! run starts): older records of a key, tombstones and records without
+//! those headers are passed over, so a run reads each record once and keeps
+//! nothing per key (bounded memory whatever the topics hold). A current
+//! record's value is read with the schema that wrote it (`Writers`), its
+//! `raw` normalized again (`derive.rs`), and the two compared field by field
+//! (`diff.rs`): the same value publishes nothing. One that differs is
+//! published at the record's own version through the pipeline's lock and
+//! ledger, only while the ledger still holds that record's state: a webhook
+//! that brought a newer state meanwhile keeps it (`stale`).
+//!
+//! Each partition's progress is a ledger checkpoint,
+//! `rederive/{topic}/{partition}`: a run stopped by an error (a broker
+//! outage) or a signal resumes where it stopped; a run that reads every
+//! topic to its end sets them back, so the next run (after the next fix)
+//! reads everything again. Publishing is paced (`--rate`) so live traffic
+//! keeps its latency; reading is not.
+
+mod derive;
+mod diff;
+mod report;
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::info;
+
+use crate::adapters::encode::Writers;
+use crate::adapters::ledger::{Commit, EntitySlot, LedgerError};
+use crate::adapters::publish::Topics;
+use crate::config::Config;
+use crate::domain::event::{EntityType, ProviderKind};
+use crate::observe::progress::Progress;
+use crate::services::pipeline::{
+    HEADER_PROVIDER, HEADER_SOURCE, HEADER_STATE_HASH, HEADER_VERSION, Outcome, Pipeline,
+    PipelineError, state_from_headers,
+};
+use crate::services::replay::{Letter, ReadError, Reader};
+
+pub use diff::Change;
+use report::Line;
+pub use report::Summary;
+
+/// A checkpoint of a run that read its partition to the end: the next run
+/// starts at the beginning.
+const DONE: i64 = -1;
+
+/// How often a moving checkpoint is written.
+const SAVE_EVERY: Duration = Duration::from_secs(1);
+
+/// What one run does.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Only this entity type's topics.
+    pub entity: Option<EntityType>,
+    /// Only records of this provider.
+    pub provider: Option<ProviderKind>,
+    /// Only records that came through this source.
+    pub source: Option<String>,
+    /// Derive and compare, publishing nothing and moving no checkpoint.
+    pub dry_run: bool,
+    /// Derived records published per second at most; 0 for no limit.
+    pub rate: u32,
+    /// How many changed (or failed) keys are printed, field by field.
+    pub sample: usize,
+    /// Start over, forgetting where a stopped run was.
+    pub from_start: bool,
+}
+
+impl Options {
+    /// Whether the run may move checkpoints: not dry, and reading every
+    /// record of its topics (a filtered run passes over records a later
+    /// run must still read).
+    fn moves(&self) -> bool {
+        !self.dry_run && self.provider.is_none() && self.source.is_none()
+    }
+}
+
+/// Why a run stopped before its end; run it again to resume.
+#[derive(Debug, thiserror::Error)]
+pub enum RederiveError {
+    /// A topic could not be read.
+    #[error("reading the topics: {0}")]
+    Read(#[from] ReadError),
+    /// A record's outcome could not be made durable (a broker outage).
+    #[error("{topic} partition {partition} offset {offset}: {source}")]
+    Publish {
+        /// Its topic.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+        /// Its offset.
+        offset: i64,
+        /// What failed.
+        #[source]
+        source: PipelineError,
+    },
+    /// The ledger could not be read or a checkpoint written.
+    #[error("ledger: {0}")]
+    Ledger(#[from] LedgerError),
+    /// The report could not be written.
+    #[error("writing the report: {0}")]
+    Report(#[from] std::io::Error),
+}
+
+/// One entity topic to read.
+#[derive(Debug, Clone)]
+struct Target {
+    topic: String,
+    entity_type: EntityType,
+    /// Its source's own topics' prefix; none for the shared ones.
+    prefix: Option<String>,
+}
+
+/// What became of one record.
+enum Verdict {
+    /// Not its key's state now, or nothing to derive: counted only.
+    Passed(fn(&mut Summary)),
+    /// Derives to the same value.
+    Unchanged,
+    /// Derives to another value: `changes`, and what became of it.
+    Differed(Vec<Change>, Outcome),
+    /// Derives to another value; a dry run.
+    WouldPublish(Vec<Change>),
+    /// Could not be read or derived.
+    Failed(&'static str, String),
+}
+
+/// A run over the entity topics in use.
+pub struct Rederive {
+    pipeline: Pipeline,
+    writers: Writers,
+    config: Config,
+    targets: Vec<Target>,
+}
+
+impl Rederive {
+    /// A run over `sets`' entity topics (the shared ones and the sources'
+    /// own) through `pipeline`.
+    ///
+    /// # Errors
+    /// [`crate::adapters::encode::WriterError`] when the registry's client
+    /// cannot be made.
+    pub fn new(
+        config: &Config,
+        pipeline: Pipeline,
+        sets: &[Arc<Topics>],
+    ) -> Result<Rederive, crate::adapters::encode::WriterError> {
+        let targets = sets
+            .iter()
+            .flat_map(|set| {
+                EntityType::ALL.map(|entity_type| Target {
+                    topic: set.entity(entity_type).to_owned(),
+                    entity_type,
+                    prefix: set.prefix().map(str::to_owned),
+                })
+            })
+            .collect();
+        Ok(Rederive {
+            pipeline,
+            writers: Writers::new(&config.schema_registry)?,
+            config: config.clone(),
+            targets,
+        })
+    }
+
+    /// Reads the selected topics to their ends as of now, writes a line for
+    /// each changed key while `options.sample` lasts and a summary line to
+    /// `out`; the summary is written on a stop too.
+    ///
+    /// # Errors
+    /// [`RederiveError`] when a record's outcome could not be made durable
+    /// or a topic read; the run resumes there.
+    pub async fn run(
+        &self,
+        options: &Options,
+        out: &mut impl Write,
+    ) -> Result<Summary, RederiveError> {
+        let mut summary = Summary {
+            dry_run: options.dry_run,
+            ..Summary::default()
+        };
+        let result = self.run_targets(options, &mut summary, out).await;
+        summary.complete = result.is_ok();
+        writeln!(out, "{}", serde_json::json!({ "summary": summary }))?;
+        info!(
+            read = summary.read,
+            differed = summary.differed,
+            published = summary.published,
+            stale = summary.stale,
+            unchanged = summary.unchanged,
+            failed = summary.failed.values().sum::<u64>(),
+            complete = summary.complete,
+            "Rederive finished."
+        );
+        result.map(|()| summary)
+    }
+
+    async fn run_targets(
+        &self,
+        options: &Options,
+        summary: &mut Summary,
+        out: &mut impl Write,
+    ) -> Result<(), RederiveError> {
+        let targets: Vec<&Target> = self
+            .targets
+            .iter()
+            .filter(|t| options.entity.is_none_or(|e| e == t.entity_type))
+            .collect();
+        let mut parts = Vec::new();
+        for target in &targets {
+            let reader = Reader::new(&self.config.kafka, &target.topic)?;
+            for extent in reader.extents().await? {
+                let checkpoint = checkpoint_name(&target.topic, extent.partition);
+                let saved = match options.from_start {
+                    true => None,
+                    false => self.pipeline.ledger().checkpoint(&checkpoint).await?,
+                };
+                let start = match saved {
+                    Some(next) if next != DONE && next <= extent.high => next.max(extent.low),
+                    _ => extent.low,
+                };
+                parts.push((*target, extent, checkpoint, start));
+            }
+        }
+        let total: i64 = parts.iter().map(|(_, e, _, start)| e.high - start).sum();
+        info!(
+            topics = targets.len(),
+            records = total,
+            dry_run = options.dry_run,
+            "Deriving the topics' states again."
+        );
+        let progress = Progress::start(
+            "rederive".to_owned(),
+            "records",
+            Some(u64::try_from(total).unwrap_or(0)),
+            true,
+        );
+        let mut pace = Pace::new(options.rate);
+        let mut shown = 0;
+        for (target, extent, checkpoint, start) in &parts {
+            if start >= &extent.high {
+                continue;
+            }
+            let mut reader = Reader::new(&self.config.kafka, &target.topic)?;
+            reader.assign(extent.partition, *start, extent.high)?;
+            let mut saved_at = Instant::now();
+            while let Some(record) = reader.next().await? {
+                let verdict = match self.judge(target, &record, options, &mut pace).await {
+                    Ok(verdict) => verdict,
+                    Err(source) => {
+                        if options.moves() {
+                            self.save(checkpoint, record.offset).await?;
+                        }
+                        return Err(RederiveError::Publish {
+                            topic: target.topic.clone(),
+                            partition: record.partition,
+                            offset: record.offset,
+                            source,
+                        });
+                    }
+                };
+                summary.read += 1;
+                if let Some(line) = count(&verdict, summary, target, &record)
+                    && shown < options.sample
+                {
+                    shown += 1;
+                    serde_json::to_writer(&mut *out, &line).map_err(std::io::Error::from)?;
+                    writeln!(out)?;
+                }
+                progress.update(summary.read, &summary.line());
+                if options.moves() && saved_at.elapsed() >= SAVE_EVERY {
+                    self.save(checkpoint, record.offset + 1).await?;
+                    saved_at = Instant::now();
+                }
+            }
+            if options.moves() {
+                self.save(checkpoint, extent.high).await?;
+            }
+        }
+        progress.finish(summary.read, &summary.line());
+        // Read to the end: the next run reads everything again.
+        if options.moves() {
+            for (_, _, checkpoint, _) in &parts {
+                self.save(checkpoint, DONE).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What becomes of one record.
+    async fn judge(
+        &self,
+        target: &Target,
+        record: &Letter,
+        options: &Options,
+        pace: &mut Pace,
+    ) -> Result<Verdict, PipelineError> {
+        let (Some(key), Some(value)) = (&record.key, &record.body) else {
+            return Ok(Verdict::Passed(|s| s.tombstones += 1));
+        };
+        let selected = options
+            .provider
+            .is_none_or(|p| record.header(HEADER_PROVIDER) == Some(p.as_str()))
+            && options
+                .source
+                .as_deref()
+                .is_none_or(|s| record.header(HEADER_SOURCE) == Some(s));
+        if !selected {
+            return Ok(Verdict::Passed(|_| {}));
+        }
+        let Some(state) = record
+            .header(HEADER_VERSION)
+            .zip(record.header(HEADER_STATE_HASH))
+            .and_then(|(version, hash)| state_from_headers(version.as_bytes(), hash.as_bytes()))
+        else {
+            return Ok(Verdict::Passed(|s| s.without_state += 1));
+        };
+        let slot = EntitySlot::of_record_key(target.entity_type, key);
+        if self.pipeline.ledger().entity(&slot).await? != Some(state) {
+            return Ok(Verdict::Passed(|s| s.superseded += 1));
+        }
+        let was = match self.writers.decode(value).await {
+            Ok(was) => was,
+            Err(error) => return Ok(Verdict::Failed("undecodable", error.to_string())),
+        };
+        let derived = match derive::derive(&was, target.prefix.as_deref()) {
+            Ok(derived) => derived,
+            Err(error) => return Ok(Verdict::Failed(error.code(), error.to_string())),
+        };
+        let changes = diff::changes(&was, &derived.event);
+        if changes.is_empty() {
+            return Ok(Verdict::Unchanged);
+        }
+        if options.dry_run {
+            return Ok(Verdict::WouldPublish(changes));
+        }
+        pace.wait().await;
+        let outcome = self.pipeline.rederive(derived, state).await?;
+        Ok(Verdict::Differed(changes, outcome))
+    }
+
+    async fn save(&self, checkpoint: &str, next: i64) -> Result<(), LedgerError> {
+        self.pipeline
+            .ledger()
+            .commit(Commit {
+                checkpoint: Some((checkpoint.to_owned(), next)),
+                ..Commit::default()
+            })
+            .await
+    }
+}
+
+/// Counts `verdict` into `summary`; the line a changed or failed key gets.
+fn count<'a>(
+    verdict: &Verdict,
+    summary: &mut Summary,
+    target: &'a Target,
+    record: &'a Letter,
+) -> Option<Line<'a>> {
+    let line = |outcome, changes, reason| Line {
+        topic: &target.topic,
+        partition: record.partition,
+        offset: record.offset,
+        key: record.key.as_deref().unwrap_or_default(),
+        outcome,
+        changes,
+        reason,
+    };
+    match verdict {
+        Verdict::Passed(counted) => {
+            counted(summary);
+            None
+        }
+        Verdict::Unchanged => {
+            summary.unchanged += 1;
+            None
+        }
+        Verdict::WouldPublish(changes) => {
+            summary.differed += 1;
+            Some(line("would_publish", changes.clone(), None))
+        }
+        Verdict::Differed(changes, outcome) => {
+            summary.differed += 1;
+            let outcome = match outcome {
+                Outcome::Published => {
+                    summary.published += 1;
+                    "published"
+                }
+                Outcome::Stale => {
+                    summary.stale += 1;
+                    "stale"
+                }
+                other => {
+                    *summary.failed.entry(other.as_str()).or_default() += 1;
+                    other.as_str()
+                }
+            };
+            Some(line(outcome, changes.clone(), None))
+        }
+        Verdict::Failed(code, reason) => {
+            *summary.failed.entry(code).or_default() += 1;
+            Some(line("failed", Vec::new(), Some(reason.clone())))
+        }
+    }
+}
+
+/// The checkpoint name of one partition of a run.
+fn checkpoint_name(topic: &str, partition: i32) -> String {
+    format!("rederive/{topic}/{partition}")
+}
+
+/// At most `rate` publishes a second (none: no limit).
+struct Pace(Option<tokio::time::Interval>);
+
+impl Pace {
+    fn new(rate: u32) -> Pace {
+        Pace((rate > 0).then(|| {
+            let mut every = tokio::time::interval(Duration::from_secs(1) / rate);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            every
+        }))
+    }
+
+    async fn wait(&mut self) {
+        if let Some(every) = &mut self.0 {
+            every.tick().await;
+        }
+    }
+}

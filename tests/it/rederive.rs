@@ -1,0 +1,252 @@
+//! `posbridge rederive` against real topics: records an older build wrote
+//! with schema v1 (which has no product name, SKU, price or state) are
+//! derived again from their raw bodies with today's code and published in
+//! their place; keys today's code wrote are not rewritten; a key a newer
+//! webhook changed keeps the newer state; a second run publishes nothing;
+//! a dry run prints what would change, field by field, and publishes
+//! nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use apache_avro::types::Value as Avro;
+use posbridge::adapters::encode::decode;
+use posbridge::adapters::publish::Topics;
+use posbridge::services::rederive::{Options, Rederive, Summary};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde_json::{Value, json};
+
+use crate::support::registry::V1_SCHEMA;
+use crate::support::{TestApp, brokers, config, read_topic, unique};
+
+/// The v1 schema's single-object fingerprint, as its records carry it.
+const V1_FINGERPRINT: [u8; 8] = [0xec, 0xb1, 0xa1, 0x63, 0x4e, 0x29, 0x3f, 0xf8];
+
+/// The webhook body of a Mekari product `id` created at `at`.
+fn product_created(delivery: &str, id: &str, name: &str, at: &str) -> Value {
+    json!({"id": delivery, "event": "product.created", "occurred_at": at,
+        "data": {"id": id, "sku": format!("SKU-{id}"), "name": name, "price": 18000,
+                 "currency": "IDR", "status": "active"}})
+}
+
+/// What an older build wrote for `body` (a product's webhook): schema v1,
+/// single-object framed, with the headers it wrote, its state hash made up
+/// (the ledger takes it from the header).
+async fn write_v1_product(topic: &str, body: &Value, micros: i64) {
+    let id = body["data"]["id"].as_str().unwrap();
+    let delivery = body["id"].as_str().unwrap();
+    let some = |v: Avro| Avro::Union(1, Box::new(v));
+    let none = || Avro::Union(0, Box::new(Avro::Null));
+    let record = Avro::Record(vec![
+        ("event_id".into(), Avro::String(delivery.into())),
+        ("provider".into(), Avro::Enum(1, "MEKARI".into())),
+        ("source".into(), Avro::String("main".into())),
+        ("account".into(), none()),
+        ("entity_type".into(), Avro::Enum(5, "PRODUCT".into())),
+        ("entity_id".into(), Avro::String(id.into())),
+        ("event_type".into(), Avro::String("product.created".into())),
+        ("occurred_at".into(), Avro::TimestampMicros(micros)),
+        ("version_at".into(), Avro::TimestampMicros(micros)),
+        ("version_rank".into(), Avro::Int(0)),
+        ("received_at".into(), Avro::TimestampMicros(micros)),
+        ("origin".into(), Avro::Enum(0, "WEBHOOK".into())),
+        ("outlet_id".into(), none()),
+        ("store_id".into(), none()),
+        ("terminal_id".into(), none()),
+        ("currency".into(), some(Avro::String("IDR".into()))),
+        ("subtotal".into(), none()),
+        ("tax".into(), none()),
+        ("total".into(), none()),
+        ("status".into(), some(Avro::String("active".into()))),
+        ("kitchen_status".into(), none()),
+        ("items".into(), Avro::Array(vec![])),
+        ("raw".into(), Avro::String(body.to_string())),
+    ]);
+    let schema = apache_avro::Schema::parse_str(V1_SCHEMA).unwrap();
+    let writer = apache_avro::writer::datum::GenericDatumWriter::builder(&schema)
+        .build()
+        .unwrap();
+    let mut value = vec![0xC3, 0x01];
+    value.extend_from_slice(&V1_FINGERPRINT);
+    writer.write_value(&mut value, record).unwrap();
+    let headers = [
+        ("posbridge-delivery-id", delivery.to_owned()),
+        ("posbridge-provider", "mekari".to_owned()),
+        ("posbridge-event-type", "product.created".to_owned()),
+        ("posbridge-source", "main".to_owned()),
+        ("posbridge-origin", "webhook".to_owned()),
+        ("posbridge-version", format!("{micros}:0")),
+        ("posbridge-state-hash", format!("{:032x}", micros)),
+    ]
+    .into_iter()
+    .fold(OwnedHeaders::new(), |headers, (key, value)| {
+        headers.insert(Header {
+            key,
+            value: Some(&value),
+        })
+    });
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("partitioner", "murmur2_random")
+        .create()
+        .unwrap();
+    producer
+        .send(
+            FutureRecord::to(topic)
+                .key(&format!("mekari:{id}"))
+                .payload(&value)
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+}
+
+/// A run of `options` over `app`'s shared topics: its summary and its lines.
+async fn rederive(app: &TestApp, options: &Options) -> (Summary, Vec<Value>) {
+    let sets = [Arc::new(Topics::new(&app.config.kafka))];
+    let run = Rederive::new(&app.config, app.pipeline.clone(), &sets).unwrap();
+    let mut out = Vec::new();
+    let summary = run.run(options, &mut out).await.unwrap();
+    let lines = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (summary, lines)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn records_of_an_older_schema_are_derived_again_and_only_what_differs_is_published() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("rederive");
+    let config = config(&brokers(), &prefix, dir.path());
+    let products = format!("{prefix}.products");
+    let admin: AdminClient<_> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    let new =
+        NewTopic::new(&products, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
+    for created in admin
+        .create_topics([&new], &AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        created.unwrap();
+    }
+    // 1. Three products an older build wrote with schema v1.
+    let at = |minute: u32| format!("2026-11-29T10:{minute:02}:00Z");
+    let micros = |minute: i64| 1_764_410_400_000_000 + minute * 60_000_000;
+    for n in 1..=3 {
+        let body = product_created(
+            &format!("v1-{n}"),
+            &format!("P-{n}"),
+            &format!("Kopi {n}"),
+            &at(n),
+        );
+        write_v1_product(&products, &body, micros(i64::from(n))).await;
+    }
+    // 2. posbridge starts on them (its ledger filled from their headers);
+    // a product today's code writes, and a newer state of P-3.
+    let mut app = TestApp::start_with(config).await;
+    app.keep(dir);
+    let today = product_created("now-4", "P-4", "Teh 4", &at(4));
+    assert_eq!(app.send("mekari", "main", &today).await.status(), 200);
+    let newer = product_created("now-3", "P-3", "Kopi 3 Baru", &at(30));
+    assert_eq!(app.send("mekari", "main", &newer).await.status(), 200);
+    let before = read_topic(&brokers(), &products).len();
+    assert_eq!(before, 5);
+
+    // 3. A dry run: what would change, field by field; nothing written.
+    let dry = Options {
+        dry_run: true,
+        sample: 10,
+        ..Options::default()
+    };
+    let (summary, lines) = rederive(&app, &dry).await;
+    assert_eq!((summary.differed, summary.published), (2, 0), "{summary:?}");
+    assert_eq!(
+        summary.unchanged, 2,
+        "P-4 and P-3's newer state, written by today's code"
+    );
+    assert_eq!(
+        summary.superseded, 1,
+        "P-3's v1 record, replaced by a newer state"
+    );
+    assert_eq!(lines.len(), 3, "two keys and the summary: {lines:?}");
+    let name = lines[0]["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["field"] == "name")
+        .expect("the name v1 had no place for");
+    assert_eq!(
+        (name["was"].clone(), name["now"].clone()),
+        (Value::Null, json!("Kopi 1"))
+    );
+    assert_eq!(lines[0]["outcome"], "would_publish");
+    assert_eq!(read_topic(&brokers(), &products).len(), before);
+
+    // 4. The run: P-1 and P-2 published in their records' places.
+    let (summary, _) = rederive(&app, &Options::default()).await;
+    assert_eq!(
+        (
+            summary.differed,
+            summary.published,
+            summary.stale,
+            summary.unchanged
+        ),
+        (2, 2, 0, 2),
+        "{summary:?}"
+    );
+    assert!(summary.complete && summary.failed.is_empty(), "{summary:?}");
+    let records = read_topic(&brokers(), &products);
+    let written: Vec<&str> = records[before..].iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(
+        written,
+        ["mekari:P-1", "mekari:P-2"],
+        "no other key rewritten"
+    );
+    for (record, n) in records[before..].iter().zip(1..) {
+        let event = decode(record.payload.as_deref().unwrap()).unwrap();
+        assert_eq!(event.name.as_deref(), Some(format!("Kopi {n}").as_str()));
+        assert_eq!(event.sku.as_deref(), Some(format!("SKU-P-{n}").as_str()));
+        assert_eq!(
+            event.event_id,
+            format!("v1-{n}"),
+            "the record's own delivery"
+        );
+        assert_eq!(
+            record.headers["posbridge-version"],
+            format!("{}:0", micros(n))
+        );
+    }
+    let p3 = records
+        .iter()
+        .rev()
+        .find(|r| r.key == "mekari:P-3")
+        .unwrap();
+    assert_eq!(
+        decode(p3.payload.as_deref().unwrap())
+            .unwrap()
+            .name
+            .as_deref(),
+        Some("Kopi 3 Baru"),
+        "the newer state stays"
+    );
+
+    // 5. Again: nothing differs, nothing is written.
+    let (summary, _) = rederive(&app, &Options::default()).await;
+    assert_eq!((summary.differed, summary.published), (0, 0), "{summary:?}");
+    assert_eq!(
+        (summary.unchanged, summary.superseded),
+        (4, 3),
+        "{summary:?}"
+    );
+    assert_eq!(read_topic(&brokers(), &products).len(), before + 2);
+    app.stop().await;
+}
