@@ -79,7 +79,7 @@ async fn write_v1_product(topic: &str, body: &Value, micros: i64) {
         ("posbridge-source", "main".to_owned()),
         ("posbridge-origin", "webhook".to_owned()),
         ("posbridge-version", format!("{micros}:0")),
-        ("posbridge-state-hash", format!("{:032x}", micros)),
+        ("posbridge-state-hash", format!("{micros:032x}")),
     ]
     .into_iter()
     .fold(OwnedHeaders::new(), |headers, (key, value)| {
