@@ -337,8 +337,7 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(admin)
             .await
             .with_context(|| format!("binding the admin listener {admin}"))?;
-        let admin_server =
-            app.serve_admin(listener, &config.admin, shutdown.clone().cancelled_owned());
+        let admin_server = app.serve_admin(listener, &config, shutdown.clone().cancelled_owned());
         background.spawn(async move {
             if let Err(error) = admin_server.await {
                 error!(%error, "The admin listener failed; the status page is gone.");

@@ -28,7 +28,7 @@ use crate::adapters::publish::{PublishError, Publisher, TopicSets};
 use crate::adapters::secrets::{LoadError, ReloadRequest, SecretFiles};
 use crate::adapters::spool::{Spool, SpoolError};
 use crate::adapters::store_file::StoreFileError;
-use crate::config::{AdminConfig, Config};
+use crate::config::Config;
 use crate::domain::event::ProviderKind;
 use crate::http::ingress::{self, AppState, ConnectionLimits, SourceMap};
 use crate::observe::Board;
@@ -514,7 +514,7 @@ impl App {
     pub fn serve_admin(
         &self,
         listener: tokio::net::TcpListener,
-        config: &AdminConfig,
+        config: &Config,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> impl Future<Output = std::io::Result<()>> + Send + 'static {
         let sources = self.sources.clone();
@@ -522,10 +522,15 @@ impl App {
             pipeline: self.state.pipeline.clone(),
             board: self.state.board.clone(),
             sources: Arc::new(move || sources.report()),
+            rederive: crate::services::rederive::Runs::new(
+                config,
+                self.state.pipeline.clone(),
+                self.topics.clone(),
+            ),
         };
         ingress::serve_admin(
             listener,
-            ingress::admin_router(state, config),
+            ingress::admin_router(state, &config.admin),
             self.state.connections,
             shutdown,
         )

@@ -19,7 +19,13 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Value, json};
 
+use axum::body::Body;
+use axum::http::Request;
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+
 use crate::support::registry::V1_SCHEMA;
+use crate::support::wait::wait_until;
 use crate::support::{TestApp, brokers, config, read_topic, unique};
 
 /// The v1 schema's single-object fingerprint, as its records carry it.
@@ -140,7 +146,7 @@ async fn records_of_an_older_schema_are_derived_again_and_only_what_differs_is_p
     }
     // 1. Three products an older build wrote with schema v1.
     let at = |minute: u32| format!("2026-11-29T10:{minute:02}:00Z");
-    let micros = |minute: i64| 1_764_410_400_000_000 + minute * 60_000_000;
+    let micros = |minute: i64| 1_795_946_400_000_000 + minute * 60_000_000;
     for n in 1..=3 {
         let body = product_created(
             &format!("v1-{n}"),
@@ -248,5 +254,36 @@ async fn records_of_an_older_schema_are_derived_again_and_only_what_differs_is_p
         "{summary:?}"
     );
     assert_eq!(read_topic(&brokers(), &products).len(), before + 2);
+
+    // 6. The same inside the serving process, from the admin listener (the
+    // way with an embedded ledger `serve` holds): a dry run, watched to its end.
+    let admin = posbridge::http::ingress::admin_router(app.admin_state(), &app.config.admin);
+    let started = admin
+        .clone()
+        .oneshot(
+            Request::post("/admin/rederive")
+                .body(Body::from(r#"{"dry_run": true, "entity": "products"}"#))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(started.status(), 202);
+    let mut view = Value::Null;
+    wait_until(Duration::from_secs(30), "the run to end", async || {
+        let answer = admin
+            .clone()
+            .oneshot(Request::get("/admin/rederive").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        view = serde_json::from_slice(&answer.into_body().collect().await.unwrap().to_bytes())
+            .unwrap();
+        view["running"] == false
+    })
+    .await;
+    assert_eq!(view["error"], Value::Null, "{view}");
+    assert_eq!(view["summary"]["complete"], true, "{view}");
+    assert_eq!(view["summary"]["differed"], 0, "{view}");
+    assert_eq!(view["summary"]["unchanged"], 4, "{view}");
+    assert_eq!(view["options"]["entity"], "products");
     app.stop().await;
 }

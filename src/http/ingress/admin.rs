@@ -33,6 +33,8 @@ pub struct AdminState {
     pub board: Board,
     /// The sources in use and the refused files, as of now.
     pub sources: Arc<dyn Fn() -> SourcesReport + Send + Sync>,
+    /// Rederive runs inside this process (`/admin/rederive`).
+    pub rederive: crate::services::rederive::Runs,
 }
 
 /// What a request must carry, as digests (compared whole, never byte by
@@ -90,6 +92,7 @@ pub fn router(state: AdminState, config: &AdminConfig) -> Router {
         .route("/status", get(status_page))
         .route("/status.json", get(status_json))
         .route("/admin/sources", get(sources_json))
+        .route("/admin/rederive", get(rederive_view).post(rederive_start))
         .fallback(|| async { WebhookError::NoRoute.into_response() })
         .method_not_allowed_fallback(|| async { WebhookError::MethodNotAllowed.into_response() })
         .layer(middleware::from_fn_with_state(credentials, authorize))
@@ -158,6 +161,79 @@ async fn status_json(State(state): State<AdminState>, Query(search): Query<Searc
 /// read, why its file is refused; never a secret.
 async fn sources_json(State(state): State<AdminState>) -> Response {
     Json((state.sources)()).into_response()
+}
+
+/// What `POST /admin/rederive` takes, as JSON; each part left out takes
+/// the command's default.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RederiveRequest {
+    entity: Option<String>,
+    provider: Option<String>,
+    source: Option<String>,
+    dry_run: bool,
+    rate: Option<u32>,
+    sample: Option<usize>,
+    from_start: bool,
+}
+
+impl RederiveRequest {
+    fn options(self) -> Result<crate::services::rederive::Options, WebhookError> {
+        use crate::domain::event::{EntityType, ProviderKind};
+        let bad = |what: String| WebhookError::BadAdminRequest(what);
+        let entity = self
+            .entity
+            .map(|plural| {
+                EntityType::ALL
+                    .into_iter()
+                    .find(|t| t.plural() == plural)
+                    .ok_or_else(|| bad(format!("entity `{plural}` is not an entity type's plural")))
+            })
+            .transpose()?;
+        let provider = self
+            .provider
+            .map(|name| {
+                ProviderKind::parse(&name).ok_or_else(|| bad(format!("unknown provider `{name}`")))
+            })
+            .transpose()?;
+        Ok(crate::services::rederive::Options {
+            entity,
+            provider,
+            source: self.source,
+            dry_run: self.dry_run,
+            rate: self.rate.unwrap_or(200),
+            sample: self.sample.unwrap_or(20),
+            from_start: self.from_start,
+        })
+    }
+}
+
+/// `POST /admin/rederive`: starts a run inside this process (the one that
+/// holds the embedded ledger), 202 with its view; 409 while one runs.
+async fn rederive_start(State(state): State<AdminState>, body: axum::body::Bytes) -> Response {
+    let request: RederiveRequest = if body.is_empty() {
+        RederiveRequest::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(request) => request,
+            Err(error) => return WebhookError::BadAdminRequest(error.to_string()).into_response(),
+        }
+    };
+    match request
+        .options()
+        .and_then(|options| Ok(state.rederive.start(options)?))
+    {
+        Ok(view) => (axum::http::StatusCode::ACCEPTED, Json(view)).into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+/// `GET /admin/rederive`: the run in progress or the last one.
+async fn rederive_view(State(state): State<AdminState>) -> Response {
+    match state.rederive.view() {
+        Some(view) => Json(view).into_response(),
+        None => WebhookError::NothingYet("no rederive run since start").into_response(),
+    }
 }
 
 /// The page's data: the board, and the shared parts' state as `/readyz`
@@ -251,12 +327,14 @@ mod tests {
     #[tokio::test]
     async fn unknown_paths_and_methods_are_json_errors() {
         let dir = tempfile::tempdir().unwrap();
+        let pipeline = Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100))
+            .await
+            .0;
         let state = AdminState {
-            pipeline: Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100))
-                .await
-                .0,
+            pipeline: pipeline.clone(),
             board: Board::new([]),
             sources: Arc::new(SourcesReport::default),
+            rederive: crate::services::rederive::Runs::idle(pipeline),
         };
         let json = Some("application/json".to_owned());
         let open = router(state.clone(), &AdminConfig::default());
@@ -297,12 +375,14 @@ mod tests {
     async fn the_page_shows_a_search_and_a_page_of_its_matches() {
         let dir = tempfile::tempdir().unwrap();
         let sources = (0..45).map(|n| (ProviderKind::Mekari, format!("shop-{n}")));
+        let pipeline = Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100))
+            .await
+            .0;
         let state = AdminState {
-            pipeline: Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100))
-                .await
-                .0,
+            pipeline: pipeline.clone(),
             board: Board::new(sources.chain([(ProviderKind::ReceiptRoller, "main".to_owned())])),
             sources: Arc::new(SourcesReport::default),
+            rederive: crate::services::rederive::Runs::idle(pipeline),
         };
         let router = router(state, &AdminConfig::default());
         let (_, _, all) = answer(&router, Method::GET, "/status.json", None).await;

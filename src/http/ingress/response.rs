@@ -29,6 +29,15 @@ pub enum WebhookError {
     /// The path exists but not for this method (webhooks are POST only).
     #[error("method not allowed")]
     MethodNotAllowed,
+    /// An admin request whose body or query does not say what it asks.
+    #[error("{0}")]
+    BadAdminRequest(String),
+    /// An admin route with nothing to show yet.
+    #[error("{0}")]
+    NothingYet(&'static str),
+    /// A rederive run was asked while one runs.
+    #[error(transparent)]
+    RunInProgress(#[from] crate::services::rederive::Busy),
     /// The path names a provider posbridge does not serve.
     #[error("unknown provider `{0}`")]
     UnknownProvider(String),
@@ -111,7 +120,9 @@ impl WebhookError {
         match self {
             WebhookError::NoRoute
             | WebhookError::UnknownProvider(_)
-            | WebhookError::UnknownSource(_) => StatusCode::NOT_FOUND,
+            | WebhookError::UnknownSource(_)
+            | WebhookError::NothingYet(_) => StatusCode::NOT_FOUND,
+            WebhookError::RunInProgress(_) => StatusCode::CONFLICT,
             WebhookError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             WebhookError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             // Both providers retry a 408.
@@ -122,6 +133,7 @@ impl WebhookError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             WebhookError::BodyRead(_)
+            | WebhookError::BadAdminRequest(_)
             | WebhookError::MissingDeliveryId(_)
             | WebhookError::Pipeline(_) => StatusCode::BAD_REQUEST,
         }

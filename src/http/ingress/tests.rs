@@ -559,6 +559,7 @@ fn admin(h: &Harness, config: &crate::config::AdminConfig) -> Router {
             pipeline: h.pipeline.clone(),
             board: h.board.clone(),
             sources: Arc::new(crate::http::status::SourcesReport::default),
+            rederive: crate::services::rederive::Runs::idle(h.pipeline.clone()),
         },
         config,
     )

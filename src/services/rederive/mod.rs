@@ -26,6 +26,7 @@
 mod derive;
 mod diff;
 mod report;
+mod runs;
 
 use std::io::Write;
 use std::sync::Arc;
@@ -48,6 +49,7 @@ use crate::services::replay::{Letter, ReadError, Reader};
 pub use diff::Change;
 use report::Line;
 pub use report::Summary;
+pub use runs::{Busy, RunView, Runs};
 
 /// A checkpoint of a run that read its partition to the end: the next run
 /// starts at the beginning.
@@ -57,9 +59,10 @@ const DONE: i64 = -1;
 const SAVE_EVERY: Duration = Duration::from_secs(1);
 
 /// What one run does.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Options {
     /// Only this entity type's topics.
+    #[serde(serialize_with = "plural")]
     pub entity: Option<EntityType>,
     /// Only records of this provider.
     pub provider: Option<ProviderKind>,
@@ -73,6 +76,14 @@ pub struct Options {
     pub sample: usize,
     /// Start over, forgetting where a stopped run was.
     pub from_start: bool,
+}
+
+/// An entity type as the command line and the topics name it (`sales`).
+fn plural<S: serde::Serializer>(
+    entity: &Option<EntityType>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_some(&entity.map(EntityType::plural))
 }
 
 impl Options {
@@ -140,6 +151,8 @@ pub struct Rederive {
     writers: Writers,
     config: Config,
     targets: Vec<Target>,
+    /// The counts so far, for a run others watch (`/admin/rederive`).
+    live: Arc<std::sync::Mutex<Summary>>,
 }
 
 impl Rederive {
@@ -169,7 +182,13 @@ impl Rederive {
             writers: Writers::new(&config.schema_registry)?,
             config: config.clone(),
             targets,
+            live: Arc::default(),
         })
+    }
+
+    /// The counts so far, updated as the run goes.
+    pub fn live(&self) -> Arc<std::sync::Mutex<Summary>> {
+        self.live.clone()
     }
 
     /// Reads the selected topics to their ends as of now, writes a line for
@@ -190,6 +209,7 @@ impl Rederive {
         };
         let result = self.run_targets(options, &mut summary, out).await;
         summary.complete = result.is_ok();
+        self.show(&summary);
         writeln!(out, "{}", serde_json::json!({ "summary": summary }))?;
         info!(
             read = summary.read,
@@ -277,6 +297,9 @@ impl Rederive {
                     writeln!(out)?;
                 }
                 progress.update(summary.read, &summary.line());
+                if summary.read.is_multiple_of(256) {
+                    self.show(summary);
+                }
                 if options.moves() && saved_at.elapsed() >= SAVE_EVERY {
                     self.save(checkpoint, record.offset + 1).await?;
                     saved_at = Instant::now();
@@ -346,6 +369,13 @@ impl Rederive {
         pace.wait().await;
         let outcome = self.pipeline.rederive(derived, state).await?;
         Ok(Verdict::Differed(changes, outcome))
+    }
+
+    fn show(&self, summary: &Summary) {
+        *self
+            .live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = summary.clone();
     }
 
     async fn save(&self, checkpoint: &str, next: i64) -> Result<(), LedgerError> {

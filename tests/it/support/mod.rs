@@ -302,6 +302,11 @@ impl TestApp {
             pipeline: self.pipeline.clone(),
             board: self.board.clone(),
             sources: std::sync::Arc::new(move || sources.report()),
+            rederive: posbridge::services::rederive::Runs::new(
+                &self.config,
+                self.pipeline.clone(),
+                posbridge::adapters::publish::TopicSets::new(&self.config.kafka),
+            ),
         }
     }
 
