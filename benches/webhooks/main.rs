@@ -54,6 +54,7 @@ mod fill;
 mod limit;
 mod load;
 mod rebuild;
+mod rederive;
 mod report;
 mod server;
 mod sources;
@@ -150,6 +151,8 @@ fn main() {
         runtime.block_on(rebuild::run(&settings, &run));
     } else if args.iter().any(|a| a == "sources") {
         runtime.block_on(sources::run(&settings, &run));
+    } else if args.iter().any(|a| a == "rederive") {
+        runtime.block_on(rederive::run(&settings, &run));
     } else {
         if settings.camel.is_none() {
             println!(

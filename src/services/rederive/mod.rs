@@ -28,17 +28,22 @@ mod diff;
 mod report;
 mod runs;
 
+use std::future::Future;
 use std::io::Write;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
 use tracing::info;
 
 use crate::adapters::encode::Writers;
 use crate::adapters::ledger::{Commit, EntitySlot, LedgerError};
 use crate::adapters::publish::Topics;
 use crate::config::Config;
-use crate::domain::event::{EntityType, ProviderKind};
+use crate::domain::event::{EntityType, Normalized, ProviderKind};
+use crate::domain::guard::EntityState;
 use crate::observe::progress::Progress;
 use crate::services::pipeline::{
     HEADER_PROVIDER, HEADER_SOURCE, HEADER_STATE_HASH, HEADER_VERSION, Outcome, Pipeline,
@@ -131,6 +136,24 @@ struct Target {
     prefix: Option<String>,
 }
 
+/// A record judged, before anything is sent.
+enum Judged {
+    /// Nothing to send.
+    Done(Verdict),
+    /// Its state derived again differs: what to send in place of which
+    /// state, and the changes.
+    Differs(Box<(Normalized, EntityState)>, Vec<Change>),
+}
+
+/// A record and what became of it, once its send (if any) ended.
+type Pending<'a> =
+    Pin<Box<dyn Future<Output = (Letter, Result<Verdict, PipelineError>)> + Send + 'a>>;
+
+/// Derived states sent at once: each waits for the broker's
+/// acknowledgement, so one at a time would publish at one record per
+/// round trip.
+const IN_FLIGHT: usize = 64;
+
 /// What became of one record.
 enum Verdict {
     /// Not its key's state now, or nothing to derive: counted only.
@@ -207,8 +230,10 @@ impl Rederive {
             dry_run: options.dry_run,
             ..Summary::default()
         };
+        let started = Instant::now();
         let result = self.run_targets(options, &mut summary, out).await;
         summary.complete = result.is_ok();
+        summary.secs = started.elapsed().as_secs_f64();
         self.show(&summary);
         writeln!(out, "{}", serde_json::json!({ "summary": summary }))?;
         info!(
@@ -273,8 +298,25 @@ impl Rederive {
             let mut reader = Reader::new(&self.config.kafka, &target.topic)?;
             reader.assign(extent.partition, *start, extent.high)?;
             let mut saved_at = Instant::now();
-            while let Some(record) = reader.next().await? {
-                let verdict = match self.judge(target, &record, options, &mut pace).await {
+            // In the partition's order, whatever order their sends end in:
+            // what is counted, shown and checkpointed follows the topic.
+            let mut pending: FuturesOrdered<Pending<'_>> = FuturesOrdered::new();
+            let mut reading = true;
+            loop {
+                if reading && pending.len() < IN_FLIGHT {
+                    match reader.next().await? {
+                        Some(record) => {
+                            let next = self.start(target, record, options, &mut pace).await;
+                            pending.push_back(next);
+                            continue;
+                        }
+                        None => reading = false,
+                    }
+                }
+                let Some((record, verdict)) = pending.next().await else {
+                    break;
+                };
+                let verdict = match verdict {
                     Ok(verdict) => verdict,
                     Err(source) => {
                         if options.moves() {
@@ -319,16 +361,47 @@ impl Rederive {
         Ok(())
     }
 
-    /// What becomes of one record.
+    /// What becomes of `record`: judged here, and a state that differs
+    /// sent on a task of its own (paced), so that [`IN_FLIGHT`] sends wait
+    /// for the broker at once.
+    async fn start(
+        &self,
+        target: &Target,
+        record: Letter,
+        options: &Options,
+        pace: &mut Pace,
+    ) -> Pending<'static> {
+        match self.judge(target, &record, options).await {
+            Ok(Judged::Done(verdict)) => Box::pin(async move { (record, Ok(verdict)) }),
+            Ok(Judged::Differs(_, changes)) if options.dry_run => {
+                Box::pin(async move { (record, Ok(Verdict::WouldPublish(changes))) })
+            }
+            Ok(Judged::Differs(send, changes)) => {
+                let (derived, state) = *send;
+                pace.wait().await;
+                let pipeline = self.pipeline.clone();
+                let sent = tokio::spawn(async move { pipeline.rederive(derived, state).await });
+                Box::pin(async move {
+                    let outcome = sent
+                        .await
+                        .unwrap_or_else(|failed| std::panic::resume_unwind(failed.into_panic()));
+                    (record, outcome.map(|o| Verdict::Differed(changes, o)))
+                })
+            }
+            Err(error) => Box::pin(async move { (record, Err(error)) }),
+        }
+    }
+
+    /// Judges one record, without publishing anything.
     async fn judge(
         &self,
         target: &Target,
         record: &Letter,
         options: &Options,
-        pace: &mut Pace,
-    ) -> Result<Verdict, PipelineError> {
+    ) -> Result<Judged, PipelineError> {
+        let done = |verdict| Ok(Judged::Done(verdict));
         let (Some(key), Some(value)) = (&record.key, &record.body) else {
-            return Ok(Verdict::Passed(|s| s.tombstones += 1));
+            return done(Verdict::Passed(|s| s.tombstones += 1));
         };
         let selected = options
             .provider
@@ -338,37 +411,32 @@ impl Rederive {
                 .as_deref()
                 .is_none_or(|s| record.header(HEADER_SOURCE) == Some(s));
         if !selected {
-            return Ok(Verdict::Passed(|_| {}));
+            return done(Verdict::Passed(|_| {}));
         }
         let Some(state) = record
             .header(HEADER_VERSION)
             .zip(record.header(HEADER_STATE_HASH))
             .and_then(|(version, hash)| state_from_headers(version.as_bytes(), hash.as_bytes()))
         else {
-            return Ok(Verdict::Passed(|s| s.without_state += 1));
+            return done(Verdict::Passed(|s| s.without_state += 1));
         };
         let slot = EntitySlot::of_record_key(target.entity_type, key);
         if self.pipeline.ledger().entity(&slot).await? != Some(state) {
-            return Ok(Verdict::Passed(|s| s.superseded += 1));
+            return done(Verdict::Passed(|s| s.superseded += 1));
         }
         let was = match self.writers.decode(value).await {
             Ok(was) => was,
-            Err(error) => return Ok(Verdict::Failed("undecodable", error.to_string())),
+            Err(error) => return done(Verdict::Failed("undecodable", error.to_string())),
         };
         let derived = match derive::derive(&was, target.prefix.as_deref()) {
             Ok(derived) => derived,
-            Err(error) => return Ok(Verdict::Failed(error.code(), error.to_string())),
+            Err(error) => return done(Verdict::Failed(error.code(), error.to_string())),
         };
         let changes = diff::changes(&was, &derived.event);
         if changes.is_empty() {
-            return Ok(Verdict::Unchanged);
+            return done(Verdict::Unchanged);
         }
-        if options.dry_run {
-            return Ok(Verdict::WouldPublish(changes));
-        }
-        pace.wait().await;
-        let outcome = self.pipeline.rederive(derived, state).await?;
-        Ok(Verdict::Differed(changes, outcome))
+        Ok(Judged::Differs(Box::new((derived, state)), changes))
     }
 
     fn show(&self, summary: &Summary) {

@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::diff::Change;
 
 /// Counts of a run, the summary line.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Summary {
     /// Records read.
     pub read: u64,
@@ -33,6 +33,8 @@ pub struct Summary {
     pub dry_run: bool,
     /// Whether every selected topic was read to its end.
     pub complete: bool,
+    /// Seconds the run took (the ledger's fill before it not counted).
+    pub secs: f64,
 }
 
 impl Summary {
