@@ -58,6 +58,8 @@ mod rederive;
 mod report;
 mod server;
 mod sources;
+#[path = "../../tests/it/support/v1.rs"]
+mod v1;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

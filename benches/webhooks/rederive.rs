@@ -19,19 +19,15 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use apache_avro::types::Value as Avro;
 use futures::stream::{self, StreamExt};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::server::{Usage, free_addr};
+use crate::v1;
 use crate::{LedgerChoice, Settings, posbridge_command};
-
-/// The v1 schema's single-object fingerprint.
-const V1_FINGERPRINT: [u8; 8] = [0xec, 0xb1, 0xa1, 0x63, 0x4e, 0x29, 0x3f, 0xf8];
 
 /// Records in flight while writing.
 const IN_FLIGHT: usize = 10_000;
@@ -151,12 +147,6 @@ async fn write_v1(settings: &Settings, topic: &str, entities: usize) {
     {
         created.expect("the topic");
     }
-    let schema =
-        apache_avro::Schema::parse_str(include_str!("../../schemas/history/pos_event.v1.avsc"))
-            .expect("v1");
-    let writer = apache_avro::writer::datum::GenericDatumWriter::builder(&schema)
-        .build()
-        .expect("v1 writer");
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &settings.brokers)
         .set("partitioner", "murmur2_random")
@@ -170,14 +160,19 @@ async fn write_v1(settings: &Settings, topic: &str, entities: usize) {
             let micros = base + i64::try_from(n).expect("count") * 1000;
             let id = format!("P-{n}");
             let delivery = format!("v1-{n}");
-            let (value, headers) = v1_record(&writer, &id, &delivery, micros);
+            let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(micros) * 1000)
+                .expect("a time")
+                .format(&time::format_description::well_known::Rfc3339)
+                .expect("RFC 3339");
+            let body = v1::product_created(&delivery, &id, &format!("Kopi {id}"), &at);
+            let (key, value, headers) = v1::product_record(&body, micros);
             let producer = producer.clone();
             let topic = topic.to_owned();
             async move {
                 producer
                     .send(
                         FutureRecord::to(&topic)
-                            .key(&format!("mekari:{id}"))
+                            .key(&key)
                             .payload(&value)
                             .headers(headers),
                         Duration::from_secs(60),
@@ -189,67 +184,4 @@ async fn write_v1(settings: &Settings, topic: &str, entities: usize) {
         .buffer_unordered(IN_FLIGHT)
         .collect::<()>()
         .await;
-}
-
-/// One product's v1 record and its headers.
-fn v1_record(
-    writer: &apache_avro::writer::datum::GenericDatumWriter<'_>,
-    id: &str,
-    delivery: &str,
-    micros: i64,
-) -> (Vec<u8>, OwnedHeaders) {
-    let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(micros) * 1000)
-        .expect("a time")
-        .format(&time::format_description::well_known::Rfc3339)
-        .expect("RFC 3339");
-    let body = json!({"id": delivery, "event": "product.created", "occurred_at": at,
-        "data": {"id": id, "sku": format!("SKU-{id}"), "name": format!("Kopi {id}"),
-                 "price": 18000, "currency": "IDR", "status": "active"}});
-    let some = |v: Avro| Avro::Union(1, Box::new(v));
-    let none = || Avro::Union(0, Box::new(Avro::Null));
-    let record = Avro::Record(vec![
-        ("event_id".into(), Avro::String(delivery.into())),
-        ("provider".into(), Avro::Enum(1, "MEKARI".into())),
-        ("source".into(), Avro::String("main".into())),
-        ("account".into(), none()),
-        ("entity_type".into(), Avro::Enum(5, "PRODUCT".into())),
-        ("entity_id".into(), Avro::String(id.into())),
-        ("event_type".into(), Avro::String("product.created".into())),
-        ("occurred_at".into(), Avro::TimestampMicros(micros)),
-        ("version_at".into(), Avro::TimestampMicros(micros)),
-        ("version_rank".into(), Avro::Int(0)),
-        ("received_at".into(), Avro::TimestampMicros(micros)),
-        ("origin".into(), Avro::Enum(0, "WEBHOOK".into())),
-        ("outlet_id".into(), none()),
-        ("store_id".into(), none()),
-        ("terminal_id".into(), none()),
-        ("currency".into(), some(Avro::String("IDR".into()))),
-        ("subtotal".into(), none()),
-        ("tax".into(), none()),
-        ("total".into(), none()),
-        ("status".into(), some(Avro::String("active".into()))),
-        ("kitchen_status".into(), none()),
-        ("items".into(), Avro::Array(vec![])),
-        ("raw".into(), Avro::String(body.to_string())),
-    ]);
-    let mut value = vec![0xC3, 0x01];
-    value.extend_from_slice(&V1_FINGERPRINT);
-    writer.write_value(&mut value, record).expect("a v1 datum");
-    let headers = [
-        ("posbridge-delivery-id", delivery.to_owned()),
-        ("posbridge-provider", "mekari".to_owned()),
-        ("posbridge-event-type", "product.created".to_owned()),
-        ("posbridge-source", "main".to_owned()),
-        ("posbridge-origin", "webhook".to_owned()),
-        ("posbridge-version", format!("{micros}:0")),
-        ("posbridge-state-hash", format!("{micros:032x}")),
-    ]
-    .into_iter()
-    .fold(OwnedHeaders::new(), |headers, (key, value)| {
-        headers.insert(Header {
-            key,
-            value: Some(&value),
-        })
-    });
-    (value, headers)
 }

@@ -9,13 +9,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use apache_avro::types::Value as Avro;
 use posbridge::adapters::encode::decode;
 use posbridge::adapters::publish::Topics;
 use posbridge::services::rederive::{Options, Rederive, Summary};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Value, json};
 
@@ -24,76 +22,13 @@ use axum::http::Request;
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
-use crate::support::registry::V1_SCHEMA;
+use crate::support::v1;
 use crate::support::wait::wait_until;
 use crate::support::{Record, TestApp, brokers, config, read_topic, unique};
 
-/// The v1 schema's single-object fingerprint, as its records carry it.
-const V1_FINGERPRINT: [u8; 8] = [0xec, 0xb1, 0xa1, 0x63, 0x4e, 0x29, 0x3f, 0xf8];
-
-/// The webhook body of a Mekari product `id` created at `at`.
-fn product_created(delivery: &str, id: &str, name: &str, at: &str) -> Value {
-    json!({"id": delivery, "event": "product.created", "occurred_at": at,
-        "data": {"id": id, "sku": format!("SKU-{id}"), "name": name, "price": 18000,
-                 "currency": "IDR", "status": "active"}})
-}
-
-/// What an older build wrote for `body` (a product's webhook): schema v1,
-/// single-object framed, with the headers it wrote, its state hash made up
-/// (the ledger takes it from the header).
+/// Writes what an older build wrote for `body` (a product's webhook).
 async fn write_v1_product(topic: &str, body: &Value, micros: i64) {
-    let id = body["data"]["id"].as_str().unwrap();
-    let delivery = body["id"].as_str().unwrap();
-    let some = |v: Avro| Avro::Union(1, Box::new(v));
-    let none = || Avro::Union(0, Box::new(Avro::Null));
-    let record = Avro::Record(vec![
-        ("event_id".into(), Avro::String(delivery.into())),
-        ("provider".into(), Avro::Enum(1, "MEKARI".into())),
-        ("source".into(), Avro::String("main".into())),
-        ("account".into(), none()),
-        ("entity_type".into(), Avro::Enum(5, "PRODUCT".into())),
-        ("entity_id".into(), Avro::String(id.into())),
-        ("event_type".into(), Avro::String("product.created".into())),
-        ("occurred_at".into(), Avro::TimestampMicros(micros)),
-        ("version_at".into(), Avro::TimestampMicros(micros)),
-        ("version_rank".into(), Avro::Int(0)),
-        ("received_at".into(), Avro::TimestampMicros(micros)),
-        ("origin".into(), Avro::Enum(0, "WEBHOOK".into())),
-        ("outlet_id".into(), none()),
-        ("store_id".into(), none()),
-        ("terminal_id".into(), none()),
-        ("currency".into(), some(Avro::String("IDR".into()))),
-        ("subtotal".into(), none()),
-        ("tax".into(), none()),
-        ("total".into(), none()),
-        ("status".into(), some(Avro::String("active".into()))),
-        ("kitchen_status".into(), none()),
-        ("items".into(), Avro::Array(vec![])),
-        ("raw".into(), Avro::String(body.to_string())),
-    ]);
-    let schema = apache_avro::Schema::parse_str(V1_SCHEMA).unwrap();
-    let writer = apache_avro::writer::datum::GenericDatumWriter::builder(&schema)
-        .build()
-        .unwrap();
-    let mut value = vec![0xC3, 0x01];
-    value.extend_from_slice(&V1_FINGERPRINT);
-    writer.write_value(&mut value, record).unwrap();
-    let headers = [
-        ("posbridge-delivery-id", delivery.to_owned()),
-        ("posbridge-provider", "mekari".to_owned()),
-        ("posbridge-event-type", "product.created".to_owned()),
-        ("posbridge-source", "main".to_owned()),
-        ("posbridge-origin", "webhook".to_owned()),
-        ("posbridge-version", format!("{micros}:0")),
-        ("posbridge-state-hash", format!("{micros:032x}")),
-    ]
-    .into_iter()
-    .fold(OwnedHeaders::new(), |headers, (key, value)| {
-        headers.insert(Header {
-            key,
-            value: Some(&value),
-        })
-    });
+    let (key, value, headers) = v1::product_record(body, micros);
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("partitioner", "murmur2_random")
@@ -102,7 +37,7 @@ async fn write_v1_product(topic: &str, body: &Value, micros: i64) {
     producer
         .send(
             FutureRecord::to(topic)
-                .key(&format!("mekari:{id}"))
+                .key(&key)
                 .payload(&value)
                 .headers(headers),
             Duration::from_secs(10),
@@ -148,7 +83,7 @@ async fn records_of_an_older_schema_are_derived_again_and_only_what_differs_is_p
     let at = |minute: u32| format!("2026-11-29T10:{minute:02}:00Z");
     let micros = |minute: i64| 1_795_946_400_000_000 + minute * 60_000_000;
     for n in 1..=3 {
-        let body = product_created(
+        let body = v1::product_created(
             &format!("v1-{n}"),
             &format!("P-{n}"),
             &format!("Kopi {n}"),
@@ -160,9 +95,9 @@ async fn records_of_an_older_schema_are_derived_again_and_only_what_differs_is_p
     // a product today's code writes, and a newer state of P-3.
     let mut app = TestApp::start_with(config).await;
     app.keep(dir);
-    let today = product_created("now-4", "P-4", "Teh 4", &at(4));
+    let today = v1::product_created("now-4", "P-4", "Teh 4", &at(4));
     assert_eq!(app.send("mekari", "main", &today).await.status(), 200);
-    let newer = product_created("now-3", "P-3", "Kopi 3 Baru", &at(30));
+    let newer = v1::product_created("now-3", "P-3", "Kopi 3 Baru", &at(30));
     assert_eq!(app.send("mekari", "main", &newer).await.status(), 200);
     let before = read_topic(&brokers(), &products).len();
     assert_eq!(before, 5);

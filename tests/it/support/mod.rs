@@ -14,6 +14,7 @@ pub mod registry;
 pub mod secret_mount;
 pub mod tls;
 pub mod tmpfs;
+pub mod v1;
 pub mod wait;
 
 pub use broker::{BrokerKind, KafkaSecurity, OwnBroker, broker_kind, kafka_only, kafka_security};
