@@ -24,13 +24,14 @@ use tower::ServiceExt;
 
 use crate::support::v1;
 use crate::support::wait::wait_until;
-use crate::support::{Record, TestApp, brokers, config, read_topic, unique};
+use crate::support::{OwnBroker, Record, TestApp, brokers, config, read_topic, unique};
 
-/// Writes what an older build wrote for `body` (a product's webhook).
-async fn write_v1_product(topic: &str, body: &Value, micros: i64) {
+/// Writes what an older build wrote for `body` (a product's webhook) to
+/// `topic` on `brokers`.
+async fn write_v1_product(brokers: &str, topic: &str, body: &Value, micros: i64) {
     let (key, value, headers) = v1::product_record(body, micros);
     let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
+        .set("bootstrap.servers", brokers)
         .set("partitioner", "murmur2_random")
         .create()
         .unwrap();
@@ -58,6 +59,114 @@ async fn rederive(app: &TestApp, options: &Options) -> (Summary, Vec<Value>) {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     (summary, lines)
+}
+
+/// `products` made as posbridge makes it (compacted, one partition).
+async fn products_topic(brokers: &str, products: &str) {
+    let admin: AdminClient<_> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let new =
+        NewTopic::new(products, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
+    for created in admin
+        .create_topics([&new], &AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        created.unwrap();
+    }
+}
+
+/// The time of `minute` past 10:00 on the test's day, and its microseconds.
+fn at(minute: u32) -> (String, i64) {
+    (
+        format!("2026-11-29T10:{minute:02}:00Z"),
+        1_795_946_400_000_000 + i64::from(minute) * 60_000_000,
+    )
+}
+
+/// A run the broker's outage stops resumes where it stopped: the records
+/// before were done, the rest are done by the next run, none twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_stopped_by_an_outage_resumes_where_it_stopped() {
+    let broker = OwnBroker::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("rederive-resume");
+    let mut config = config(&broker.address(), &prefix, dir.path());
+    config.kafka.delivery_timeout_ms = 1000;
+    let products = format!("{prefix}.products");
+    products_topic(&broker.address(), &products).await;
+    for n in 1..=6 {
+        let (time, micros) = at(n);
+        let body = v1::product_created(
+            &format!("v1-{n}"),
+            &format!("P-{n}"),
+            &format!("Kopi {n}"),
+            &time,
+        );
+        write_v1_product(&broker.address(), &products, &body, micros).await;
+    }
+    let mut app = TestApp::start_with(config).await;
+    app.keep(dir);
+    // One a second: the outage comes once two are in the topic.
+    let slow = Options {
+        rate: 1,
+        ..Options::default()
+    };
+    let sets = [Arc::new(Topics::new(&app.config.kafka))];
+    let run = Rederive::new(&app.config, app.pipeline.clone(), &sets).unwrap();
+    let cut = async {
+        let (address, topic) = (broker.address(), products.clone());
+        wait_until(Duration::from_secs(30), "two derived records", async || {
+            let (address, topic) = (address.clone(), topic.clone());
+            tokio::task::spawn_blocking(move || read_topic(&address, &topic).len() >= 8)
+                .await
+                .unwrap()
+        })
+        .await;
+        broker.cut();
+    };
+    let mut out = Vec::new();
+    let (stopped, ()) = tokio::join!(run.run(&slow, &mut out), cut);
+    assert!(stopped.is_err(), "the outage stops it");
+    let text = String::from_utf8(out).unwrap();
+    let summary: Value = text
+        .lines()
+        .find_map(|l| {
+            serde_json::from_str::<Value>(l)
+                .ok()?
+                .get("summary")
+                .cloned()
+        })
+        .expect("the summary is written on a stop too");
+    assert_eq!(summary["complete"], false);
+    let done = summary["published"].as_u64().unwrap();
+    assert!((1..6).contains(&done), "{summary}");
+    broker.heal();
+    wait_until(
+        Duration::from_secs(30),
+        "the broker to answer again",
+        async || app.pipeline.producer().health().is_up(),
+    )
+    .await;
+    let (summary, _) = rederive(&app, &Options::default()).await;
+    assert!(summary.complete, "{summary:?}");
+    assert_eq!(summary.published, 6 - done, "the rest: {summary:?}");
+    assert_eq!(
+        (summary.superseded, summary.unchanged),
+        (0, done),
+        "resumed where it stopped (its own records read, not the ones before): {summary:?}"
+    );
+    let (summary, _) = rederive(&app, &Options::default()).await;
+    assert_eq!(
+        (summary.read, summary.published),
+        (12, 0),
+        "read whole again: {summary:?}"
+    );
+    let records = read_topic(&broker.address(), &products);
+    assert_eq!(records.len(), 12, "each key once more, none twice");
+    app.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -89,7 +198,7 @@ async fn records_of_an_older_schema_are_derived_again_and_only_what_differs_is_p
             &format!("Kopi {n}"),
             &at(n),
         );
-        write_v1_product(&products, &body, micros(i64::from(n))).await;
+        write_v1_product(&brokers(), &products, &body, micros(i64::from(n))).await;
     }
     // 2. posbridge starts on them (its ledger filled from their headers);
     // a product today's code writes, and a newer state of P-3.

@@ -34,8 +34,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use futures::stream::FuturesOrdered;
+use futures::{FutureExt, StreamExt};
 use tracing::info;
 
 use crate::adapters::encode::Writers;
@@ -49,7 +49,7 @@ use crate::services::pipeline::{
     HEADER_PROVIDER, HEADER_SOURCE, HEADER_STATE_HASH, HEADER_VERSION, Outcome, Pipeline,
     PipelineError, state_from_headers,
 };
-use crate::services::replay::{Letter, ReadError, Reader};
+use crate::services::replay::{Extent, Letter, ReadError, Reader};
 
 pub use diff::Change;
 use report::Line;
@@ -290,67 +290,20 @@ impl Rederive {
             true,
         );
         let mut pace = Pace::new(options.rate);
-        let mut shown = 0;
+        let mut tally = Tally {
+            summary,
+            out,
+            shown: 0,
+            progress: &progress,
+            options,
+        };
         for (target, extent, checkpoint, start) in &parts {
-            if start >= &extent.high {
-                continue;
-            }
-            let mut reader = Reader::new(&self.config.kafka, &target.topic)?;
-            reader.assign(extent.partition, *start, extent.high)?;
-            let mut saved_at = Instant::now();
-            // In the partition's order, whatever order their sends end in:
-            // what is counted, shown and checkpointed follows the topic.
-            let mut pending: FuturesOrdered<Pending<'_>> = FuturesOrdered::new();
-            let mut reading = true;
-            loop {
-                if reading && pending.len() < IN_FLIGHT {
-                    match reader.next().await? {
-                        Some(record) => {
-                            let next = self.start(target, record, options, &mut pace).await;
-                            pending.push_back(next);
-                            continue;
-                        }
-                        None => reading = false,
-                    }
-                }
-                let Some((record, verdict)) = pending.next().await else {
-                    break;
-                };
-                let verdict = match verdict {
-                    Ok(verdict) => verdict,
-                    Err(source) => {
-                        if options.moves() {
-                            self.save(checkpoint, record.offset).await?;
-                        }
-                        return Err(RederiveError::Publish {
-                            topic: target.topic.clone(),
-                            partition: record.partition,
-                            offset: record.offset,
-                            source,
-                        });
-                    }
-                };
-                summary.read += 1;
-                if let Some(line) = count(&verdict, summary, target, &record)
-                    && shown < options.sample
-                {
-                    shown += 1;
-                    serde_json::to_writer(&mut *out, &line).map_err(std::io::Error::from)?;
-                    writeln!(out)?;
-                }
-                progress.update(summary.read, &summary.line());
-                if summary.read.is_multiple_of(256) {
-                    self.show(summary);
-                }
-                if options.moves() && saved_at.elapsed() >= SAVE_EVERY {
-                    self.save(checkpoint, record.offset + 1).await?;
-                    saved_at = Instant::now();
-                }
-            }
-            if options.moves() {
-                self.save(checkpoint, extent.high).await?;
+            if start < &extent.high {
+                let part = (*target, *extent, checkpoint.as_str(), *start);
+                self.read_partition(part, &mut tally, &mut pace).await?;
             }
         }
+        let summary = tally.summary;
         progress.finish(summary.read, &summary.line());
         // Read to the end: the next run reads everything again.
         if options.moves() {
@@ -359,6 +312,78 @@ impl Rederive {
             }
         }
         Ok(())
+    }
+
+    /// Reads one partition from `start` to its end as the run began,
+    /// counting each record in the partition's order whatever order their
+    /// sends end in, and keeps its checkpoint: on a stop (a send or a read
+    /// that failed), at the first record not counted.
+    async fn read_partition<W: Write>(
+        &self,
+        (target, extent, checkpoint, start): (&Target, Extent, &str, i64),
+        tally: &mut Tally<'_, W>,
+        pace: &mut Pace,
+    ) -> Result<(), RederiveError> {
+        let moves = tally.options.moves();
+        let mut reader = Reader::new(&self.config.kafka, &target.topic)?;
+        reader.assign(extent.partition, start, extent.high)?;
+        let mut saved_at = Instant::now();
+        let mut next = start;
+        let mut pending: FuturesOrdered<Pending<'_>> = FuturesOrdered::new();
+        let mut reading = true;
+        let mut stopped = None;
+        loop {
+            // A send done is counted at once; the others keep going.
+            let ended = match pending.next().now_or_never() {
+                Some(Some(ended)) => ended,
+                _ if reading && pending.len() < IN_FLIGHT => {
+                    match reader.next().await {
+                        Ok(Some(record)) => {
+                            let sent = self.start(target, record, tally.options, pace).await;
+                            pending.push_back(sent);
+                        }
+                        Ok(None) => reading = false,
+                        Err(error) => {
+                            stopped = Some(RederiveError::Read(error));
+                            reading = false;
+                        }
+                    }
+                    continue;
+                }
+                _ => match pending.next().await {
+                    Some(ended) => ended,
+                    None => break,
+                },
+            };
+            let (record, verdict) = ended;
+            match verdict {
+                Ok(verdict) => {
+                    tally.count(target, &record, &verdict)?;
+                    next = record.offset + 1;
+                }
+                Err(source) => {
+                    stopped = Some(RederiveError::Publish {
+                        topic: target.topic.clone(),
+                        partition: record.partition,
+                        offset: record.offset,
+                        source,
+                    });
+                    break;
+                }
+            }
+            if tally.summary.read.is_multiple_of(256) {
+                self.show(tally.summary);
+            }
+            if moves && saved_at.elapsed() >= SAVE_EVERY {
+                self.save(checkpoint, next).await?;
+                saved_at = Instant::now();
+            }
+        }
+        if moves {
+            let at = if stopped.is_some() { next } else { extent.high };
+            self.save(checkpoint, at).await?;
+        }
+        stopped.map_or(Ok(()), Err)
     }
 
     /// What becomes of `record`: judged here, and a state that differs
@@ -454,6 +479,38 @@ impl Rederive {
                 ..Commit::default()
             })
             .await
+    }
+}
+
+/// What a run has counted and shown so far.
+struct Tally<'a, W: Write> {
+    summary: &'a mut Summary,
+    out: &'a mut W,
+    /// Lines shown of the sample.
+    shown: usize,
+    progress: &'a Progress,
+    options: &'a Options,
+}
+
+impl<W: Write> Tally<'_, W> {
+    /// Counts one record, shows its line while the sample lasts.
+    fn count(
+        &mut self,
+        target: &Target,
+        record: &Letter,
+        verdict: &Verdict,
+    ) -> Result<(), std::io::Error> {
+        self.summary.read += 1;
+        if let Some(line) = count(verdict, self.summary, target, record)
+            && self.shown < self.options.sample
+        {
+            self.shown += 1;
+            serde_json::to_writer(&mut *self.out, &line)?;
+            writeln!(self.out)?;
+        }
+        self.progress
+            .update(self.summary.read, &self.summary.line());
+        Ok(())
     }
 }
 
