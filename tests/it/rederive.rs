@@ -24,7 +24,7 @@ use tower::ServiceExt;
 
 use crate::support::v1;
 use crate::support::wait::wait_until;
-use crate::support::{OwnBroker, Record, TestApp, brokers, config, read_topic, unique};
+use crate::support::{OwnBroker, Record, TestApp, brokers, config, kafka_only, read_topic, unique};
 
 /// Writes what an older build wrote for `body` (a product's webhook) to
 /// `topic` on `brokers`.
@@ -160,17 +160,34 @@ async fn a_run_stopped_by_an_outage_resumes_where_it_stopped() {
     );
     let (summary, _) = rederive(&app, &Options::default()).await;
     assert_eq!(
-        (summary.read, summary.published),
-        (12, 0),
-        "read whole again: {summary:?}"
+        (summary.unchanged, summary.published),
+        (6, 0),
+        "read whole again, nothing left to do: {summary:?}"
     );
-    let records = read_topic(&broker.address(), &products);
-    assert_eq!(records.len(), 12, "each key once more, none twice");
+    let derived: Vec<String> = read_topic(&broker.address(), &products)
+        .iter()
+        .filter_map(|r| decode(r.payload.as_deref()?).ok())
+        .filter(|event| event.name.is_some())
+        .map(|event| event.entity_id)
+        .collect();
+    let mut keys = derived.clone();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(
+        (derived.len(), keys.len()),
+        (6, 6),
+        "each key derived once, none twice: {derived:?}"
+    );
     app.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn records_of_an_older_schema_are_derived_again_and_only_what_differs_is_published() {
+async fn kafka_only_records_of_an_older_schema_are_derived_again_and_only_what_differs_is_published()
+ {
+    // Records are counted, and found, by their places in the topic; tansu
+    // 0.6 compacts the test's topic while it runs, taking superseded
+    // records away under it. What posbridge does is the same on either.
+    kafka_only("tansu compacts the topic while the test counts its records");
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("rederive");
     let config = config(&brokers(), &prefix, dir.path());
