@@ -168,6 +168,15 @@ fn main() {
     }
 }
 
+/// `POSBRIDGE_BENCH_ENTITIES`: how many entities the rebuild and rederive
+/// runs write (default a million).
+fn entities_from_env() -> usize {
+    std::env::var("POSBRIDGE_BENCH_ENTITIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000)
+}
+
 /// The first argument that makes this binary the limit server.
 const LIMIT_SERVER: &str = "limit-server";
 

@@ -52,10 +52,7 @@ struct Rebuilt {
 
 /// Runs the four steps and prints a row each.
 pub async fn run(settings: &Settings, run: &str) {
-    let entities: usize = std::env::var("POSBRIDGE_BENCH_ENTITIES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000_000);
+    let entities = crate::entities_from_env();
     let work = tempfile::tempdir().expect("work dir");
     let dir = work.path().join("posbridge");
     let embedded = LedgerChoice::Embedded(None);

@@ -33,10 +33,7 @@ use crate::{LedgerChoice, Settings, posbridge_command};
 const IN_FLIGHT: usize = 10_000;
 
 pub async fn run(settings: &Settings, run: &str) {
-    let entities: usize = std::env::var("POSBRIDGE_BENCH_ENTITIES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000_000);
+    let entities = crate::entities_from_env();
     let work = tempfile::tempdir().expect("work dir");
     let dir = work.path().join("rederive");
     let binary = Path::new(env!("CARGO_BIN_EXE_posbridge"));
