@@ -159,6 +159,17 @@ enum Command {
         #[arg(long)]
         from_start: bool,
     },
+    /// What became of an entity: its records on every entity topic (its
+    /// key's partition of each), with their places, headers and values, and
+    /// the state the ledger holds; JSON on stdout.
+    Lookup {
+        /// TOML configuration file.
+        #[arg(long, short, env = "POSBRIDGE_CONFIG")]
+        config: PathBuf,
+        /// The record key (`mekari:ORD-5512`, `receiptroller:T001|2026-11|000123`).
+        #[arg(long)]
+        entity: String,
+    },
     /// Run the scheduled reconciler and the webhook watchdog without the webhook
     /// route: only /healthz, /readyz and /metrics on server.listen.
     Reconciler {
@@ -305,6 +316,7 @@ async fn main() -> anyhow::Result<()> {
             };
             rederive_topics(config, options).await
         }
+        Command::Lookup { config, entity } => lookup(config, &entity).await,
         Command::Reconciler { config } => reconciler(config).await,
         Command::Schema {
             command: SchemaCommand::Check { config },
@@ -451,6 +463,16 @@ async fn rederive_topics(path: PathBuf, options: rederive::Options) -> anyhow::R
     result.context(
         "rederive stopped; run it again when the cause is fixed: it resumes where it stopped",
     )?;
+    Ok(())
+}
+
+async fn lookup(path: PathBuf, key: &str) -> anyhow::Result<()> {
+    let config = load(&path)?;
+    let app = App::build_for_catch_up(&config)
+        .await
+        .map_err(start_error)?;
+    let report = app.lookup().entity(key).await?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }
 

@@ -79,6 +79,10 @@ pub enum BuildError {
     /// The schema registry refused the schema or could not be reached.
     #[error("the schema registry did not take the schema")]
     Registry(#[from] EncodeError),
+    /// Records cannot be read back with the registry's schemas (its
+    /// client's settings).
+    #[error("cannot read records back through the schema registry")]
+    Reader(#[from] crate::adapters::encode::WriterError),
     /// The outage spool could not be opened.
     #[error("cannot open the spool")]
     Spool(#[from] SpoolError),
@@ -118,6 +122,9 @@ impl BuildError {
                 "check ledger.path or ledger.redis_url; the embedded ledger allows one posbridge process per ledger file (run the reconciler inside `serve` with reconcile.enabled, or share a Redis ledger with ledger.backend = \"redis\")"
             }
             BuildError::Kafka(error) => error.hint(),
+            BuildError::Reader(_) => {
+                "check schema_registry's TLS and credential settings (its CA file, user, token)"
+            }
             BuildError::Registry(_) => {
                 "check schema_registry.url and its credentials; a refused schema must be made compatible with the subject's latest version (posbridge schema check)"
             }
@@ -229,6 +236,8 @@ pub struct App {
     sources: Sources,
     /// The topics in use: the shared ones and the sources' own.
     topics: TopicSets,
+    /// Finds an entity's records (`posbridge lookup`, `/admin/entities`).
+    lookup: crate::services::lookup::Lookup,
     /// Stops the ledger's rebuild task when the last clone goes.
     _rebuild: Arc<tokio_util::sync::DropGuard>,
 }
@@ -362,6 +371,23 @@ impl App {
         let own_topics =
             topics::OwnTopics::new(topics.clone(), publisher.clone(), encoder.clone(), config);
         let sources = Sources::start(config, sources, board.clone(), own_topics).await?;
+        let pipeline = Pipeline::new(
+            Stages {
+                ledger,
+                encoder,
+                producer: Arc::new(publisher.clone()),
+                topics: topics.clone(),
+                spool,
+                traces,
+            },
+            Timing {
+                inflight_wait,
+                answer_budget: kafka.delivery_timeout() + inflight_wait,
+                max_event_ahead: config.server.max_event_ahead(),
+            },
+        );
+        let lookup =
+            crate::services::lookup::Lookup::new(config, pipeline.clone(), topics.clone())?;
         // Filled from the topics in the background, the gate closed until
         // then: a start-up read of the last seconds is waited for here, a
         // long one (a lost ledger) is served through (spool or 503).
@@ -401,21 +427,7 @@ impl App {
         Ok(App {
             state: AppState {
                 sources: sources.live(),
-                pipeline: Pipeline::new(
-                    Stages {
-                        ledger,
-                        encoder,
-                        producer: Arc::new(publisher.clone()),
-                        topics: topics.clone(),
-                        spool,
-                        traces,
-                    },
-                    Timing {
-                        inflight_wait,
-                        answer_budget: kafka.delivery_timeout() + inflight_wait,
-                        max_event_ahead: config.server.max_event_ahead(),
-                    },
-                ),
+                pipeline,
                 body_limit: config.server.body_limit_bytes,
                 body_read_timeout: Duration::from_millis(config.server.body_read_timeout_ms),
                 body_budget: Arc::new(tokio::sync::Semaphore::new(
@@ -438,6 +450,7 @@ impl App {
             secret_files,
             sources,
             topics,
+            lookup,
             _rebuild: background.drop_guard().into(),
         })
     }
@@ -485,6 +498,11 @@ impl App {
         &self.topics
     }
 
+    /// Finds an entity's records and the ledger's state of it.
+    pub fn lookup(&self) -> &crate::services::lookup::Lookup {
+        &self.lookup
+    }
+
     /// Every dead-letter topic in use: the shared one first, then each
     /// source's own.
     pub fn dead_letter_topics(&self) -> Vec<String> {
@@ -527,6 +545,7 @@ impl App {
                 self.state.pipeline.clone(),
                 self.topics.clone(),
             ),
+            lookup: self.lookup.clone(),
         };
         ingress::serve_admin(
             listener,

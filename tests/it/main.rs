@@ -22,6 +22,7 @@ mod kafka_security;
 mod leader_loss;
 mod ledger_full;
 mod ledger_topics;
+mod lookup;
 mod monitoring;
 mod ordering;
 mod outage_start;

@@ -17,6 +17,7 @@
 mod avro;
 mod datum;
 mod fingerprint;
+mod json;
 mod registry;
 mod writers;
 
@@ -37,6 +38,7 @@ use crate::domain::event::PosEvent;
 
 pub use avro::{from_avro, to_avro};
 pub use fingerprint::fingerprint;
+pub use json::{event_json, shown};
 pub use registry::{RegistryClient, RegistryError};
 pub use writers::{WriterError, Writers};
 

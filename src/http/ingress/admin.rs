@@ -35,6 +35,8 @@ pub struct AdminState {
     pub sources: Arc<dyn Fn() -> SourcesReport + Send + Sync>,
     /// Rederive runs inside this process (`/admin/rederive`).
     pub rederive: crate::services::rederive::Runs,
+    /// An entity's records and state (`/admin/entities/{key}`).
+    pub lookup: crate::services::lookup::Lookup,
 }
 
 /// What a request must carry, as digests (compared whole, never byte by
@@ -93,6 +95,7 @@ pub fn router(state: AdminState, config: &AdminConfig) -> Router {
         .route("/status.json", get(status_json))
         .route("/admin/sources", get(sources_json))
         .route("/admin/rederive", get(rederive_view).post(rederive_start))
+        .route("/admin/entities/{key}", get(entity_json))
         .fallback(|| async { WebhookError::NoRoute.into_response() })
         .method_not_allowed_fallback(|| async { WebhookError::MethodNotAllowed.into_response() })
         .layer(middleware::from_fn_with_state(credentials, authorize))
@@ -161,6 +164,19 @@ async fn status_json(State(state): State<AdminState>, Query(search): Query<Searc
 /// read, why its file is refused; never a secret.
 async fn sources_json(State(state): State<AdminState>) -> Response {
     Json((state.sources)()).into_response()
+}
+
+/// `GET /admin/entities/{key}`: the entity's records on every entity topic
+/// (its key's partition of each), with their places, headers and values,
+/// and the state the ledger holds; an empty `found` for a key never seen.
+async fn entity_json(
+    State(state): State<AdminState>,
+    axum::extract::Path(key): axum::extract::Path<String>,
+) -> Response {
+    match state.lookup.entity(&key).await {
+        Ok(report) => Json(report).into_response(),
+        Err(error) => WebhookError::from(error).into_response(),
+    }
 }
 
 /// What `POST /admin/rederive` takes, as JSON; each part left out takes
@@ -334,6 +350,7 @@ mod tests {
             pipeline: pipeline.clone(),
             board: Board::new([]),
             sources: Arc::new(SourcesReport::default),
+            lookup: crate::services::lookup::Lookup::idle(pipeline.clone()),
             rederive: crate::services::rederive::Runs::idle(pipeline),
         };
         let json = Some("application/json".to_owned());
@@ -382,6 +399,7 @@ mod tests {
             pipeline: pipeline.clone(),
             board: Board::new(sources.chain([(ProviderKind::ReceiptRoller, "main".to_owned())])),
             sources: Arc::new(SourcesReport::default),
+            lookup: crate::services::lookup::Lookup::idle(pipeline.clone()),
             rederive: crate::services::rederive::Runs::idle(pipeline),
         };
         let router = router(state, &AdminConfig::default());

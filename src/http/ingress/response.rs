@@ -38,6 +38,9 @@ pub enum WebhookError {
     /// A rederive run was asked while one runs.
     #[error(transparent)]
     RunInProgress(#[from] crate::services::rederive::Busy),
+    /// A lookup could not read the topics or the ledger.
+    #[error(transparent)]
+    Lookup(#[from] crate::services::lookup::LookupError),
     /// The path names a provider posbridge does not serve.
     #[error("unknown provider `{0}`")]
     UnknownProvider(String),
@@ -127,7 +130,7 @@ impl WebhookError {
             WebhookError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             // Both providers retry a 408.
             WebhookError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            WebhookError::Busy => StatusCode::SERVICE_UNAVAILABLE,
+            WebhookError::Busy | WebhookError::Lookup(_) => StatusCode::SERVICE_UNAVAILABLE,
             WebhookError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             WebhookError::Pipeline(error) if error.is_retryable() => {
                 StatusCode::SERVICE_UNAVAILABLE

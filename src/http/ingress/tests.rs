@@ -560,6 +560,7 @@ fn admin(h: &Harness, config: &crate::config::AdminConfig) -> Router {
             board: h.board.clone(),
             sources: Arc::new(crate::http::status::SourcesReport::default),
             rederive: crate::services::rederive::Runs::idle(h.pipeline.clone()),
+            lookup: crate::services::lookup::Lookup::idle(h.pipeline.clone()),
         },
         config,
     )

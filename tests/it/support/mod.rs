@@ -308,6 +308,12 @@ impl TestApp {
                 self.pipeline.clone(),
                 posbridge::adapters::publish::TopicSets::new(&self.config.kafka),
             ),
+            lookup: posbridge::services::lookup::Lookup::new(
+                &self.config,
+                self.pipeline.clone(),
+                posbridge::adapters::publish::TopicSets::new(&self.config.kafka),
+            )
+            .expect("the registry's client"),
         }
     }
 

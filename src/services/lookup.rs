@@ -1,0 +1,279 @@
+//! "What became of this sale?": an entity's records on its topics, each
+//! with its place, headers and value, beside the state the ledger holds for
+//! it (`posbridge lookup --entity`, `GET /admin/entities/{key}`).
+//!
+//! The cost is bounded by one partition per entity topic: a record key
+//! lands where the producer's murmur2 of it says (`murmur2_random`, as a
+//! Java producer chooses), so only that partition is read, from its start
+//! to its end as the lookup began; on a compacted topic it holds about
+//! `entities / partitions` records.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::adapters::encode::{Writers, event_json};
+use crate::adapters::ledger::EntitySlot;
+use crate::adapters::publish::TopicSets;
+use crate::config::Config;
+use crate::domain::event::EntityType;
+use crate::services::pipeline::Pipeline;
+use crate::services::replay::{ReadError, Reader};
+
+/// The records a lookup keeps of one key: its last ones.
+const KEPT: usize = 50;
+
+/// Why a lookup could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// A topic could not be read.
+    #[error("reading the topics: {0}")]
+    Read(#[from] ReadError),
+    /// The ledger could not be read.
+    #[error("ledger: {0}")]
+    Ledger(#[from] crate::adapters::ledger::LedgerError),
+}
+
+/// Every topic a key was found on.
+#[derive(Debug, Serialize)]
+pub struct EntityReport {
+    /// The record key looked up.
+    pub key: String,
+    /// Each entity topic holding a record of it, or a ledger state.
+    pub found: Vec<TopicReport>,
+    /// Records read to find them.
+    pub read: u64,
+}
+
+/// A key on one entity topic.
+#[derive(Debug, Serialize)]
+pub struct TopicReport {
+    /// The topic.
+    pub topic: String,
+    /// The key's partition.
+    pub partition: i32,
+    /// Its entity type (`sales`, …).
+    pub entity_type: &'static str,
+    /// The state the ledger holds: the newest record's, while it remembers.
+    pub ledger_state: Option<StateView>,
+    /// Its records, oldest first (the last [`KEPT`]).
+    pub records: Vec<RecordView>,
+}
+
+/// An entity state as its record headers spell it.
+#[derive(Debug, Serialize)]
+pub struct StateView {
+    /// `{µs since the epoch}:{rank}`.
+    pub version: String,
+    /// 32 hex digits.
+    pub state_hash: String,
+}
+
+/// One record of the key.
+#[derive(Debug, Serialize)]
+pub struct RecordView {
+    /// Its offset.
+    pub offset: i64,
+    /// Its timestamp (when the change happened), ms since the epoch.
+    pub timestamp_ms: Option<i64>,
+    /// Its headers.
+    pub headers: BTreeMap<String, String>,
+    /// Its value, read with the schema that wrote it; none for a tombstone.
+    pub value: Option<serde_json::Value>,
+    /// Why its value could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Looks entities up on the topics in use. Cheap to clone.
+#[derive(Clone)]
+pub struct Lookup {
+    config: Arc<Config>,
+    pipeline: Pipeline,
+    writers: Arc<Writers>,
+    sets: TopicSets,
+}
+
+impl Lookup {
+    /// Lookups on the entity topics in use (`sets`, the sources' own as
+    /// they open), with `pipeline`'s ledger.
+    ///
+    /// # Errors
+    /// [`crate::adapters::encode::WriterError`] when the registry's client
+    /// cannot be made.
+    pub fn new(
+        config: &Config,
+        pipeline: Pipeline,
+        sets: TopicSets,
+    ) -> Result<Lookup, crate::adapters::encode::WriterError> {
+        Ok(Lookup {
+            config: Arc::new(config.clone()),
+            pipeline,
+            writers: Arc::new(Writers::new(&config.schema_registry)?),
+            sets,
+        })
+    }
+
+    /// Lookups on the default configuration's shared topics, for tests of
+    /// the routes around it.
+    #[cfg(test)]
+    pub fn idle(pipeline: Pipeline) -> Lookup {
+        let config = Config::from_toml("").expect("the defaults read");
+        let sets = TopicSets::new(&config.kafka);
+        Lookup::new(&config, pipeline, sets).expect("no registry to set up")
+    }
+
+    /// Every record of `key` on every entity topic (the key's partition
+    /// of each), and the ledger's state of it.
+    ///
+    /// # Errors
+    /// [`LookupError`] when a topic or the ledger cannot be read.
+    pub async fn entity(&self, key: &str) -> Result<EntityReport, LookupError> {
+        let mut report = EntityReport {
+            key: key.to_owned(),
+            found: Vec::new(),
+            read: 0,
+        };
+        for set in self.sets.all() {
+            for entity_type in EntityType::ALL {
+                let topic = set.entity(entity_type);
+                if let Some(found) = self
+                    .on_topic(topic, entity_type, key, &mut report.read)
+                    .await?
+                {
+                    report.found.push(found);
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    async fn on_topic(
+        &self,
+        topic: &str,
+        entity_type: EntityType,
+        key: &str,
+        read: &mut u64,
+    ) -> Result<Option<TopicReport>, LookupError> {
+        let mut reader = Reader::new(&self.config.kafka, topic)?;
+        let extents = reader.extents().await?;
+        let partition = partition_of(key.as_bytes(), extents.len());
+        let Some(extent) = extents.into_iter().find(|e| e.partition == partition) else {
+            return Ok(None);
+        };
+        let mut records = Vec::new();
+        if extent.low < extent.high {
+            reader.assign(partition, extent.low, extent.high)?;
+            while let Some(record) = reader.next().await? {
+                *read += 1;
+                if record.key.as_deref() != Some(key) {
+                    continue;
+                }
+                let (value, error) = match &record.body {
+                    None => (None, None),
+                    Some(bytes) => match self.writers.decode(bytes).await {
+                        Ok(event) => (Some(event_json(&event)), None),
+                        Err(error) => (None, Some(error.to_string())),
+                    },
+                };
+                records.push(RecordView {
+                    offset: record.offset,
+                    timestamp_ms: record.timestamp_ms,
+                    headers: record.headers,
+                    value,
+                    error,
+                });
+                if records.len() > KEPT {
+                    records.remove(0);
+                }
+            }
+        }
+        let slot = EntitySlot::of_record_key(entity_type, key);
+        let ledger_state = self
+            .pipeline
+            .ledger()
+            .entity(&slot)
+            .await?
+            .map(|state| StateView {
+                version: format!("{}:{}", state.version.at_micros, state.version.rank),
+                state_hash: hex::encode(state.state_hash),
+            });
+        if records.is_empty() && ledger_state.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(TopicReport {
+            topic: topic.to_owned(),
+            partition,
+            entity_type: entity_type.plural(),
+            ledger_state,
+            records,
+        }))
+    }
+}
+
+/// The partition a Java producer (and librdkafka's `murmur2_random`)
+/// chooses for `key` among `partitions`.
+pub fn partition_of(key: &[u8], partitions: usize) -> i32 {
+    let positive = u32::from_ne_bytes(murmur2(key).to_ne_bytes()) & 0x7fff_ffff;
+    let count = u32::try_from(partitions.max(1)).unwrap_or(u32::MAX);
+    i32::try_from(positive % count).unwrap_or(0)
+}
+
+/// Kafka's murmur2 (`org.apache.kafka.common.utils.Utils.murmur2`).
+fn murmur2(data: &[u8]) -> i32 {
+    const SEED: u32 = 0x9747_b28c;
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let length = u32::try_from(data.len()).unwrap_or(u32::MAX);
+    let mut h = SEED ^ length;
+    let mut chunks = data.chunks_exact(4);
+    for chunk in &mut chunks {
+        let mut k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let rest = chunks.remainder();
+    if rest.len() >= 3 {
+        h ^= u32::from(rest[2]) << 16;
+    }
+    if rest.len() >= 2 {
+        h ^= u32::from(rest[1]) << 8;
+    }
+    if !rest.is_empty() {
+        h ^= u32::from(rest[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    i32::from_ne_bytes(h.to_ne_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Apache Kafka's `UtilsTest.testMurmur2` vectors: a key lands where
+    /// every Java producer puts it.
+    #[test]
+    fn murmur2_is_kafkas() {
+        for (data, expected) in [
+            (&b"21"[..], -973_932_308),
+            (b"foobar", -790_332_482),
+            (b"a-little-bit-long-string", -985_981_536),
+            (b"a-little-bit-longer-string", -1_486_304_829),
+            (
+                b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+                -58_897_971,
+            ),
+            (b"abc", 479_470_107),
+        ] {
+            assert_eq!(murmur2(data), expected, "{}", String::from_utf8_lossy(data));
+        }
+        assert!((0..6).contains(&partition_of(b"mekari:P-1", 6)));
+    }
+}
