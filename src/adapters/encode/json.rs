@@ -1,4 +1,4 @@
-//! An event as JSON for a reader: the schema's field names and order, times
+//! An event as JSON for a reader: the schema's field names, times
 //! in RFC 3339, decimals as their digits, symbols as names, absent as
 //! `null` (`posbridge rederive`'s changes, `posbridge lookup`'s values).
 
