@@ -150,6 +150,17 @@ async fn a_run_stopped_by_an_outage_resumes_where_it_stopped() {
         async || app.pipeline.producer().health().is_up(),
     )
     .await;
+    // A dry run meanwhile previews the whole, and leaves the stop's place.
+    let preview = Options {
+        dry_run: true,
+        ..Options::default()
+    };
+    let (summary, _) = rederive(&app, &preview).await;
+    assert_eq!(
+        (summary.differed, summary.superseded),
+        (6 - done, done),
+        "read from the start: {summary:?}"
+    );
     let (summary, _) = rederive(&app, &Options::default()).await;
     assert!(summary.complete, "{summary:?}");
     assert_eq!(summary.published, 6 - done, "the rest: {summary:?}");

@@ -265,7 +265,9 @@ impl Rederive {
             let reader = Reader::new(&self.config.kafka, &target.topic)?;
             for extent in reader.extents().await? {
                 let checkpoint = checkpoint_name(&target.topic, extent.partition);
-                let saved = match options.from_start {
+                // A run that moves no checkpoint (a dry run, a filtered
+                // one) reads everything: a preview of the whole.
+                let saved = match options.from_start || !options.moves() {
                     true => None,
                     false => self.pipeline.ledger().checkpoint(&checkpoint).await?,
                 };
