@@ -111,11 +111,23 @@ impl Worker {
     }
 }
 
+/// How long a worker may take to stop on SIGTERM before it is killed: its
+/// graceful stop can wait on the broker without end (seen hanging a CI run).
+const STOP_WITHIN: Duration = Duration::from_secs(15);
+
 impl Drop for Worker {
     fn drop(&mut self) {
         let _ = Command::new("kill")
             .arg(self.child.id().to_string())
             .status();
+        let deadline = Instant::now() + STOP_WITHIN;
+        while Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
