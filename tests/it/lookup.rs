@@ -11,7 +11,7 @@ use serde_json::Value;
 use tower::ServiceExt;
 
 use crate::support::v1;
-use crate::support::{TestApp, brokers, config, unique};
+use crate::support::{BrokerKind, TestApp, broker_kind, brokers, config, unique};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_entity_is_found_in_its_keys_partition_with_its_records_and_the_ledgers_state() {
@@ -38,8 +38,13 @@ async fn an_entity_is_found_in_its_keys_partition_with_its_records_and_the_ledge
     assert_eq!(report.found.len(), 1, "{report:?}");
     let found = &report.found[0];
     assert_eq!(found.topic, app.topic("products"));
-    assert_eq!(found.records.len(), 2, "created, then renamed");
-    let last = &found.records[1];
+    // Created, then renamed; tansu 0.6 may have compacted the first away.
+    let kept = found.records.len();
+    assert!(
+        kept == 2 || (kept == 1 && broker_kind() == BrokerKind::Tansu),
+        "created, then renamed: {kept} records"
+    );
+    let last = found.records.last().unwrap();
     assert_eq!(last.value.as_ref().unwrap()["name"], "Kopi Baru");
     assert_eq!(
         last.headers["posbridge-delivery-id"],
@@ -74,6 +79,9 @@ async fn an_entity_is_found_in_its_keys_partition_with_its_records_and_the_ledge
     assert_eq!(answer.status(), 200);
     let json: Value =
         serde_json::from_slice(&answer.into_body().collect().await.unwrap().to_bytes()).unwrap();
-    assert_eq!(json["found"][0]["records"][1]["value"]["name"], "Kopi Baru");
+    assert_eq!(
+        json["found"][0]["records"][kept - 1]["value"]["name"],
+        "Kopi Baru"
+    );
     app.stop().await;
 }
