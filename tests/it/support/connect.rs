@@ -117,17 +117,18 @@ const STOP_WITHIN: Duration = Duration::from_secs(15);
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status();
-        let deadline = Instant::now() + STOP_WITHIN;
-        while Instant::now() < deadline {
-            if !matches!(self.child.try_wait(), Ok(None)) {
-                return;
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").arg(&pid).status();
+        // Waits for the exit; a watcher kills the worker if the exit has not
+        // come within STOP_WITHIN (a condition with a deadline, no polling).
+        let (exited, watched) = std::sync::mpsc::channel::<()>();
+        let watcher = std::thread::spawn(move || {
+            if watched.recv_timeout(STOP_WITHIN).is_err() {
+                let _ = Command::new("kill").args(["-9", &pid]).status();
             }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
+        });
         let _ = self.child.wait();
+        let _ = exited.send(());
+        let _ = watcher.join();
     }
 }
