@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use posbridge::adapters::ledger::{Begin, Commit, EmbeddedLedger, EntitySlot, Store};
+use posbridge::adapters::ledger::{Begin, Commit, Done, EmbeddedLedger, EntitySlot, Store};
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
 use posbridge::domain::guard::EntityState;
 
@@ -121,7 +121,7 @@ impl Engine {
                 assert_eq!(begun, Begin::New, "a new delivery id");
                 ledger
                     .commit(Commit {
-                        delivery: Some(key.clone()),
+                        delivery: Some(Done::published_now(key.clone())),
                         entity: Some((slot, state)),
                         checkpoint: None,
                         placed: None,

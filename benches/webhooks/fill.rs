@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
-use posbridge::adapters::ledger::{self, Commit, EntitySlot, Ledger};
+use posbridge::adapters::ledger::{
+    self, Answered, Commit, Done, EntitySlot, Ledger, Place, Recorded,
+};
 use posbridge::config::{LedgerBackend, LedgerConfig};
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
 use posbridge::domain::guard::EntityState;
@@ -78,7 +80,7 @@ async fn commit_range(ledger: &Arc<Ledger>, from: usize, to: usize, size: Size, 
             async move {
                 ledger
                     .commit(Commit {
-                        delivery: Some(delivery),
+                        delivery: Some(published(delivery, n)),
                         entity,
                         checkpoint: None,
                         placed: None,
@@ -148,6 +150,22 @@ async fn purge_cost(path: &Path) {
     );
 }
 
+/// `delivery` done as a live one is: published now, at a place on the
+/// sales topic (the ledger keeps both with the id).
+fn published(delivery: DeliveryKey, n: usize) -> Done {
+    Done {
+        key: delivery,
+        answered: Answered::now(
+            Recorded::Published,
+            Some(Place {
+                topic: "sales".to_owned(),
+                partition: (n % 6) as i32,
+                offset: n as i64,
+            }),
+        ),
+    }
+}
+
 /// New deliveries per timed checkpoint: about a second's at the bench's rates.
 const CHECKPOINT_WRITES: usize = 10_000;
 
@@ -161,7 +179,7 @@ async fn checkpoint_times(path: &Path) -> String {
                 DeliveryKey::new(ProviderKind::ReceiptRoller, &format!("timed-{round}-{n}"));
             ledger
                 .commit(Commit {
-                    delivery: Some(delivery),
+                    delivery: Some(published(delivery, n)),
                     ..Commit::default()
                 })
                 .await

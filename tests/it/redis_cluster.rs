@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use posbridge::adapters::ledger::{Begin, Commit, EntitySlot, RedisLedger, Store};
+use posbridge::adapters::ledger::{Begin, Commit, Done, EntitySlot, RedisLedger, Store};
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
 use posbridge::domain::guard::EntityState;
 
@@ -235,7 +235,7 @@ async fn worker(ledger: RedisLedger, traffic: Arc<Traffic>) {
         loop {
             tries += 1;
             let commit = Commit {
-                delivery: Some(id.clone()),
+                delivery: Some(Done::published_now(id.clone())),
                 entity: Some((slot.clone(), state(i))),
                 checkpoint: None,
                 placed: None,
@@ -299,7 +299,7 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
         let checkpoint = format!("mekari/main/OUT-{}/orders", i % 7);
         ledger
             .commit(Commit {
-                delivery: Some(id.clone()),
+                delivery: Some(Done::published_now(id.clone())),
                 entity: Some((slot.clone(), state(i))),
                 checkpoint: (i % 5 == 0).then(|| (checkpoint.clone(), i64::try_from(i).unwrap())),
                 placed: None,
@@ -332,7 +332,7 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
     ledger.begin(&delivery(1000)).await.unwrap();
     ledger
         .commit(Commit {
-            delivery: Some(delivery(1000)),
+            delivery: Some(Done::published_now(delivery(1000))),
             ..Commit::default()
         })
         .await

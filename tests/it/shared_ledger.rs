@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use posbridge::adapters::encode::decode;
-use posbridge::adapters::ledger::{Begin, Commit, EntitySlot, RedisLedger, Store};
+use posbridge::adapters::ledger::{Begin, Commit, Done, EntitySlot, RedisLedger, Store};
 use posbridge::config::LedgerBackend;
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
 use posbridge::domain::guard::EntityState;
@@ -64,7 +64,7 @@ async fn the_redis_ledger_keeps_the_delivery_protocol() {
     );
     ledger
         .commit(Commit {
-            delivery: Some(id.clone()),
+            delivery: Some(Done::published_now(id.clone())),
             entity: Some((slot.clone(), state(200, 1))),
             checkpoint: Some(("mekari/main/OUT-1/orders".into(), 77)),
             placed: None,

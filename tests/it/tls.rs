@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use posbridge::adapters::ledger::{Begin, Commit, RedisLedger, Store};
+use posbridge::adapters::ledger::{Begin, Commit, Done, RedisLedger, Store};
 use posbridge::domain::event::{DeliveryKey, ProviderKind};
 
 use crate::support::tls::TestCa;
@@ -115,7 +115,7 @@ async fn the_redis_ledger_speaks_tls_to_a_server_signed_by_the_configured_ca() {
     assert_eq!(ledger.begin(&key).await.unwrap(), Begin::New);
     ledger
         .commit(Commit {
-            delivery: Some(key.clone()),
+            delivery: Some(Done::published_now(key.clone())),
             ..Commit::default()
         })
         .await

@@ -189,8 +189,8 @@ impl Fence {
         // commit under the same lock that saw it up.
         let _ = self.open(store).await;
         if let Some(error) = self.keep_if_up(&commit) {
-            if let Some(delivery) = &commit.delivery {
-                store.release(delivery).await;
+            if let Some(done) = &commit.delivery {
+                store.release(&done.key).await;
             }
             return Err(error);
         }
@@ -269,7 +269,7 @@ mod tests {
 
     use crate::adapters::ledger::{
         Begin, Commit, EmbeddedLedger, EntityLock, EntitySlot, FillToken, Gate, GenerationMark,
-        Ledger, LedgerError, RebuildLock, Store,
+        Ledger, LedgerError, RebuildLock, Remembered, Store,
     };
     use crate::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
     use crate::domain::guard::EntityState;
@@ -307,6 +307,9 @@ mod tests {
         ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
             self.locks_asked.send_modify(|asked| *asked += 1);
             self.ledger.lock_and_read(slot).await
+        }
+        async fn remembered(&self, delivery: &DeliveryKey) -> Result<Remembered, LedgerError> {
+            self.ledger.remembered(delivery).await
         }
         async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
             self.ledger.entity(slot).await

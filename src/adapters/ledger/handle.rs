@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::fence::Fence;
 use super::{
     Begin, Cached, Commit, EntityLock, EntitySlot, EntityState, FillToken, Gate, GenerationMark,
-    LedgerError, Offsets, Progress, RebuildLock, Sending, Store, TopicsSeen,
+    LedgerError, Offsets, Progress, RebuildLock, Remembered, Sending, Store, TopicsSeen,
 };
 use crate::domain::event::DeliveryKey;
 
@@ -142,6 +142,17 @@ impl Ledger {
         self.gate.wait_open().await?;
         self.fence.open(self.store.as_ref()).await?;
         self.gate.saw(self.store.entity(slot).await)
+    }
+
+    /// What the ledger knows of a delivery id: in flight, done with what it
+    /// was answered, or nothing (a lookup).
+    ///
+    /// # Errors
+    /// As [`Ledger::begin`].
+    pub async fn remembered(&self, delivery: &DeliveryKey) -> Result<Remembered, LedgerError> {
+        self.gate.wait_open().await?;
+        self.fence.open(self.store.as_ref()).await?;
+        self.gate.saw(self.store.remembered(delivery).await)
     }
 
     /// A reconciler's or a replay's checkpoint: the unix second up to which

@@ -6,7 +6,8 @@
 //!
 //! * delivery ids: *in flight* (a lease, so a concurrent duplicate never
 //!   produces twice) and *done* (kept for `dedup_ttl`, so a late retry is
-//!   answered 2xx without producing);
+//!   answered 2xx without producing), a done id with what it was answered
+//!   and where its record lies ([`Answered`]), for a lookup;
 //! * each entity's latest written version and state hash, for the stale-event guard;
 //! * a per-entity lock, so two events for one key are never guarded and
 //!   published concurrently;
@@ -29,6 +30,7 @@
 //! lost is read back from them (by the rebuild, a service above), from the offsets its last
 //! checkpoint recorded ([`placements`]).
 
+mod answered;
 mod cached;
 mod embedded;
 mod fence;
@@ -46,6 +48,7 @@ use crate::config::{LedgerBackend, LedgerConfig};
 use crate::domain::event::{DeliveryKey, EntityKey, EntityType, Version};
 use crate::domain::guard::EntityState;
 
+pub use answered::{Answered, Done, Place, Recorded, Remembered};
 pub use cached::{Cached, TopicSeen, TopicsSeen};
 pub use embedded::{DEFAULT_CHECKPOINT_EVERY, EmbeddedLedger, LedgerCounts};
 pub use gate::{Gate, Progress};
@@ -339,8 +342,9 @@ impl EntityState {
 /// One durable outcome: a delivery marked done and/or an entity's new state.
 #[derive(Debug, Clone, Default)]
 pub struct Commit {
-    /// The delivery that is now done (none for reconciled records).
-    pub delivery: Option<DeliveryKey>,
+    /// The delivery that is now done, with what it was answered (none for
+    /// reconciled records).
+    pub delivery: Option<Done>,
     /// The entity state that is now in the topic (none for dead letters and stale events).
     pub entity: Option<(EntitySlot, EntityState)>,
     /// A reconciler checkpoint that moved: its name and the unix second up
@@ -390,6 +394,13 @@ pub trait Store: Send + Sync + 'static {
         &self,
         slot: &EntitySlot,
     ) -> Result<(EntityLock, Option<EntityState>), LedgerError>;
+
+    /// What the store knows of a delivery id now: in flight, done (with
+    /// what it was answered), or nothing.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the store cannot be read.
+    async fn remembered(&self, delivery: &DeliveryKey) -> Result<Remembered, LedgerError>;
 
     /// The latest state written for an entity, if any.
     ///

@@ -291,9 +291,8 @@ async fn a_done_delivery_and_a_stale_event_are_200_without_kafka() {
     h.pipeline
         .ledger()
         .commit(Commit {
-            delivery: Some(crate::domain::event::DeliveryKey::new(
-                ProviderKind::Mekari,
-                "d-done",
+            delivery: Some(crate::adapters::ledger::Done::published_now(
+                crate::domain::event::DeliveryKey::new(ProviderKind::Mekari, "d-done"),
             )),
             entity: Some((
                 EntitySlot::new(

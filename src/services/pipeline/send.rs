@@ -8,7 +8,9 @@
 
 use super::lease::Lease;
 use super::{DeadLetter, Outcome, Pipeline, PipelineError, cut_dead_letter, dead_letter_record};
-use crate::adapters::ledger::{Commit, EntityLock, EntitySlot, LedgerError, Placed, Sending};
+use crate::adapters::ledger::{
+    Answered, Commit, Done, EntityLock, EntitySlot, LedgerError, Place, Placed, Recorded, Sending,
+};
 use crate::adapters::publish::{Delivered, OutgoingRecord, PublishError};
 use crate::domain::event::{PosEvent, ProviderKind};
 use crate::domain::guard::EntityState;
@@ -91,9 +93,9 @@ pub(super) struct Refusal {
 
 /// One durable outcome, as the ledger records it.
 pub(super) enum Durable {
-    /// Nothing to write to a topic (stale, unchanged): the delivery of the
-    /// lease, when there is one, is done.
-    Decided(Option<Lease>),
+    /// Nothing to write to a topic (stale, unchanged, the outcome): the
+    /// delivery of the lease, when there is one, is done.
+    Decided(Option<Lease>, Recorded),
     /// An entity's state acknowledged: the state, and the delivery done.
     Published {
         lease: Option<Lease>,
@@ -357,24 +359,37 @@ impl Pipeline {
         durable: Durable,
         trace: &DeliveryTrace,
     ) -> Result<(), LedgerError> {
-        let (lease, entity, placed) = match durable {
-            Durable::Decided(None) => return Ok(()),
-            Durable::Decided(lease) => (lease, None, None),
+        let (lease, entity, placed, recorded) = match durable {
+            Durable::Decided(None, _) => return Ok(()),
+            Durable::Decided(lease, recorded) => (lease, None, None, recorded),
             Durable::Published {
                 lease,
                 slot,
                 state,
                 placed,
-            } => (lease, Some((slot, state)), Some(placed)),
-            Durable::InDoubt { slot, state } => (None, Some((slot, state)), None),
-            Durable::DeadLettered { lease, placed } => (lease, None, Some(placed)),
+            } => (
+                lease,
+                Some((slot, state)),
+                Some(placed),
+                Recorded::Published,
+            ),
+            Durable::InDoubt { slot, state } => {
+                (None, Some((slot, state)), None, Recorded::Unknown)
+            }
+            Durable::DeadLettered { lease, placed } => {
+                (lease, None, Some(placed), Recorded::DeadLettered)
+            }
         };
+        let delivery = lease.as_ref().map(|lease| Done {
+            key: lease.key().clone(),
+            answered: Answered::now(recorded, placed.as_ref().map(Place::from)),
+        });
         let committing = trace.stage(Stage::Commit);
         let committed = committing.result(
             self.inner
                 .ledger
                 .commit(Commit {
-                    delivery: lease.as_ref().map(|lease| lease.key().clone()),
+                    delivery,
                     entity,
                     checkpoint: None,
                     placed,

@@ -7,7 +7,7 @@ use super::lease::Lease;
 use super::send::{Durable, NewState};
 use super::{Outcome, Pipeline, PipelineError, entity_record};
 use crate::adapters::encode::EncodeError;
-use crate::adapters::ledger::{EntityLock, EntitySlot, LedgerError};
+use crate::adapters::ledger::{EntityLock, EntitySlot, LedgerError, Recorded};
 use crate::domain::event::{Content, EntityKey, Normalized, Origin, PosEvent};
 use crate::domain::guard::EntityState;
 use crate::domain::guard::{self, Decision};
@@ -70,12 +70,12 @@ impl Pipeline {
         let (slot, incoming) = entity_state(&event, key, &content);
         let guarding = trace.stage(Stage::Guard);
         let (lock, decision) = guarding.result(self.guard(&slot, &incoming, rule).await)?;
-        let outcome = match decision {
+        let (outcome, recorded) = match decision {
             Decision::Stale => {
                 observe::stale(&event, key);
-                Outcome::Stale
+                (Outcome::Stale, Recorded::Stale)
             }
-            Decision::Unchanged => Outcome::Unchanged,
+            Decision::Unchanged => (Outcome::Unchanged, Recorded::Unchanged),
             Decision::Publish => {
                 let topics = self.inner.topics.of(event.topic_prefix.as_deref());
                 let topic = topics.entity(event.entity_type);
@@ -95,7 +95,8 @@ impl Pipeline {
                 ));
             }
         };
-        self.commit(Durable::Decided(lease), trace).await?;
+        self.commit(Durable::Decided(lease, recorded), trace)
+            .await?;
         Ok(Decided::Done(outcome))
     }
 

@@ -2,9 +2,9 @@
 //! the ledger held, folded without I/O: each key's newest state and the
 //! recent delivery ids.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
-use crate::adapters::ledger::{Commit, EntitySlot};
+use crate::adapters::ledger::{Answered, Commit, Done, EntitySlot, Place, Recorded};
 use crate::domain::event::{DeliveryKey, EntityType, ProviderKind};
 use crate::domain::guard::EntityState;
 use crate::services::pipeline::{
@@ -40,17 +40,19 @@ impl Summary {
 #[derive(Debug, Default)]
 pub(super) struct Found {
     entities: HashMap<EntitySlot, EntityState>,
-    done: HashSet<DeliveryKey>,
+    /// Recent delivery ids, with what their records say they were answered.
+    done: HashMap<DeliveryKey, Answered>,
     records: u64,
     unknown: u64,
 }
 
 impl Found {
-    /// An entity record of `entity_type`'s topic. Its delivery id counts
-    /// as done when its record time is at or after `done_since_ms`.
+    /// An entity record of `entity_type`'s `topic`. Its delivery id counts
+    /// as done (published, at the record's time and place) when its record
+    /// time is at or after `done_since_ms`.
     pub(super) fn entity_record(
         &mut self,
-        entity_type: EntityType,
+        (topic, entity_type): (&str, EntityType),
         record: &Letter,
         done_since_ms: i64,
     ) {
@@ -75,17 +77,23 @@ impl Found {
             && let Some(provider) = record.header(HEADER_PROVIDER).and_then(ProviderKind::parse)
             && let Some(delivery) = record.header(HEADER_DELIVERY_ID)
         {
-            self.done.insert(DeliveryKey::new(provider, delivery));
+            self.done.insert(
+                DeliveryKey::new(provider, delivery),
+                answered(Recorded::Published, topic, record),
+            );
         }
     }
 
-    /// A dead letter: its key is its delivery, done when recent.
-    pub(super) fn dead_letter(&mut self, record: &Letter, done_since_ms: i64) {
+    /// A dead letter of `topic`: its key is its delivery, done when recent.
+    pub(super) fn dead_letter(&mut self, topic: &str, record: &Letter, done_since_ms: i64) {
         self.records += 1;
         if recent(record, done_since_ms)
             && let Some(key) = &record.key
         {
-            self.done.insert(DeliveryKey::from_stored(key.clone()));
+            self.done.insert(
+                DeliveryKey::from_stored(key.clone()),
+                answered(Recorded::DeadLettered, topic, record),
+            );
         }
     }
 
@@ -111,11 +119,25 @@ impl Found {
             entity: Some((slot, state)),
             ..Commit::default()
         });
-        let done = self.done.into_iter().map(|delivery| Commit {
-            delivery: Some(delivery),
+        let done = self.done.into_iter().map(|(key, answered)| Commit {
+            delivery: Some(Done { key, answered }),
             ..Commit::default()
         });
         entities.chain(done)
+    }
+}
+
+/// What a record says its delivery was answered: `outcome`, at the
+/// record's time and place.
+fn answered(outcome: Recorded, topic: &str, record: &Letter) -> Answered {
+    Answered {
+        outcome,
+        at_micros: record.timestamp_ms.unwrap_or_default().saturating_mul(1000),
+        place: Some(Place {
+            topic: topic.to_owned(),
+            partition: record.partition,
+            offset: record.offset,
+        }),
     }
 }
 
@@ -151,33 +173,33 @@ mod tests {
     fn the_newest_state_of_each_key_and_the_recent_delivery_ids_are_found() {
         let mut found = Found::default();
         found.entity_record(
-            EntityType::Order,
+            ("orders", EntityType::Order),
             &record("mekari:O-1", "d1", 10, 0, 1, 500),
             1000,
         );
         found.entity_record(
-            EntityType::Order,
+            ("orders", EntityType::Order),
             &record("mekari:O-1", "d2", 20, 0, 2, 1500),
             1000,
         );
         // A compacted topic keeps the newest; an older one after it (never
         // written by posbridge) does not roll it back.
         found.entity_record(
-            EntityType::Order,
+            ("orders", EntityType::Order),
             &record("mekari:O-1", "d0", 5, 0, 9, 1600),
             1000,
         );
         found.entity_record(
-            EntityType::Product,
+            ("products", EntityType::Product),
             &record("mekari:O-1", "d3", 1, 0, 3, 2000),
             1000,
         );
         let mut old = record("mekari:O-2", "d4", 1, 0, 4, 2000);
         old.headers.remove(HEADER_VERSION);
-        found.entity_record(EntityType::Order, &old, 1000);
+        found.entity_record(("orders", EntityType::Order), &old, 1000);
         let mut letter = record("mekari:d5", "d5", 0, 0, 0, 2000);
         letter.headers.clear();
-        found.dead_letter(&letter, 1000);
+        found.dead_letter("dead-letter", &letter, 1000);
 
         let summary = found.summary();
         let commits: Vec<Commit> = found.into_commits().collect();
@@ -205,11 +227,33 @@ mod tests {
                 rank: 0
             }
         );
-        let mut done: Vec<&str> = commits
+        let mut done: Vec<(&str, Recorded, &str, i64)> = commits
             .iter()
-            .filter_map(|c| c.delivery.as_ref().map(DeliveryKey::as_str))
+            .filter_map(|c| c.delivery.as_ref())
+            .map(|done| {
+                let place = done.answered.place.as_ref().unwrap();
+                (
+                    done.key.as_str(),
+                    done.answered.outcome,
+                    place.topic.as_str(),
+                    done.answered.at_micros,
+                )
+            })
             .collect();
-        done.sort_unstable();
-        assert_eq!(done, ["mekari:d0", "mekari:d2", "mekari:d3", "mekari:d5"]);
+        done.sort_unstable_by_key(|(key, ..)| *key);
+        assert_eq!(
+            done,
+            [
+                ("mekari:d0", Recorded::Published, "orders", 1_600_000),
+                ("mekari:d2", Recorded::Published, "orders", 1_500_000),
+                ("mekari:d3", Recorded::Published, "products", 2_000_000),
+                (
+                    "mekari:d5",
+                    Recorded::DeadLettered,
+                    "dead-letter",
+                    2_000_000
+                ),
+            ]
+        );
     }
 }

@@ -431,9 +431,9 @@ impl Rebuild {
                     while let Some(record) = reader.next().await? {
                         match entity_type {
                             Some(entity_type) => {
-                                found.entity_record(entity_type, &record, done_since_ms);
+                                found.entity_record((&topic, entity_type), &record, done_since_ms);
                             }
-                            None => found.dead_letter(&record, done_since_ms),
+                            None => found.dead_letter(&topic, &record, done_since_ms),
                         }
                         self.gate.read(1, false);
                         read_counter.increment(1);

@@ -41,7 +41,7 @@ use tokio::sync::oneshot;
 use super::placements::{Offsets, Placements, Sending};
 use super::{
     Begin, Cached, Commit, EntityLock, EntitySlot, EntityState, FILL_TOKEN_NAME, FillToken,
-    GENERATION_MARK_NAME, GenerationMark, LedgerError, RebuildLock, TopicsSeen,
+    GENERATION_MARK_NAME, GenerationMark, LedgerError, RebuildLock, Remembered, TopicsSeen,
 };
 use crate::domain::event::DeliveryKey;
 use checkpoint::{Ask, Checkpointer, Health, Seen, checkpoint_loop};
@@ -223,8 +223,11 @@ impl EmbeddedLedger {
                         .unwrap_or_else(|| "checkpoints cannot keep up with the writes".to_owned()),
                 });
             }
-            if let Some(delivery) = &commit.delivery {
-                current.done.insert(delivery.as_str().to_owned(), expires);
+            if let Some(done) = &commit.delivery {
+                current.done.insert(
+                    done.key.as_str().to_owned(),
+                    tables::done_value(expires, &done.answered),
+                );
             }
             if let Some((slot, state)) = &commit.entity {
                 current
@@ -247,19 +250,26 @@ impl EmbeddedLedger {
     }
 
     fn is_done(&self, delivery: &DeliveryKey) -> Result<bool, LedgerError> {
-        // Memory first: the tables are replaced before it lets go.
-        let recent = self
+        let expires = self.done_value(delivery, tables::expiry)?;
+        Ok(expires.is_some_and(|expires| expires > unix_now()))
+    }
+
+    /// What `read` makes of a done id's stored value, if the ledger holds
+    /// one: memory first (the tables are replaced before it lets go).
+    fn done_value<T>(
+        &self,
+        delivery: &DeliveryKey,
+        read: impl Fn(&[u8]) -> T,
+    ) -> Result<Option<T>, LedgerError> {
+        if let Some(found) = self
             .store
-            .recent(|recent| recent.done.get(delivery.as_str()).copied());
-        let expires = match recent {
-            Some(expires) => expires,
-            None => {
-                let tables = self.store.get()?.tables();
-                let stored = tables.done.get(delivery.as_str()).map_err(storage)?;
-                stored.map_or(0, |expires| expires.value())
-            }
-        };
-        Ok(expires > unix_now())
+            .recent(|recent| recent.done.get(delivery.as_str()).map(|value| read(value)))
+        {
+            return Ok(Some(found));
+        }
+        let tables = self.store.get()?.tables();
+        let stored = tables.done.get(delivery.as_str()).map_err(storage)?;
+        Ok(stored.map(|value| read(value.value())))
     }
 
     /// Takes the delivery's lease unless one is held; with `check_done`, a
@@ -332,6 +342,28 @@ impl super::Store for EmbeddedLedger {
         self.end_lease(delivery);
     }
 
+    async fn remembered(&self, delivery: &DeliveryKey) -> Result<Remembered, LedgerError> {
+        let held = self
+            .leases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(delivery.as_str())
+            .is_some_and(|lapses| *lapses > Instant::now());
+        if held {
+            return Ok(Remembered::InFlight);
+        }
+        let found = self.done_value(delivery, |value| {
+            (tables::expiry(value), tables::answered(value))
+        })?;
+        Ok(match found {
+            Some((expires, answered)) if expires > unix_now() => Remembered::Done {
+                answered,
+                until: i64::try_from(expires).ok(),
+            },
+            _ => Remembered::Nothing,
+        })
+    }
+
     async fn lock_and_read(
         &self,
         slot: &EntitySlot,
@@ -399,8 +431,8 @@ impl super::Store for EmbeddedLedger {
 
     async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
         let result = self.write(&commit);
-        if let Some(delivery) = &commit.delivery {
-            self.end_lease(delivery);
+        if let Some(done) = &commit.delivery {
+            self.end_lease(&done.key);
         }
         result
     }

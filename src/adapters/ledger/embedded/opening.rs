@@ -95,7 +95,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::adapters::ledger::{Begin, Commit, Store as _};
+    use crate::adapters::ledger::{Begin, Commit, Done, Store as _};
     use crate::domain::event::{DeliveryKey, ProviderKind};
     use crate::observe::telemetry;
 
@@ -118,7 +118,7 @@ mod tests {
                 let delivery = DeliveryKey::new(ProviderKind::ReceiptRoller, &format!("sale-{n}"));
                 ledger
                     .commit(Commit {
-                        delivery: Some(delivery),
+                        delivery: Some(Done::published_now(delivery)),
                         ..Commit::default()
                     })
                     .await

@@ -10,6 +10,7 @@ use tracing::info;
 
 use super::tables::{
     CHECKPOINTS, DONE, ENTITIES, META, OFFSETS, OLD_DONE_BY_EXPIRY, OLD_REDO, Tables, Write,
+    move_old_done,
 };
 use crate::adapters::ledger::LedgerError;
 use crate::adapters::store_file::{self, Integrity, ReopenError, Reopenable};
@@ -67,7 +68,8 @@ impl Store {
 /// The latest value of each key written since a checkpoint.
 #[derive(Debug, Default)]
 pub(super) struct Recent {
-    pub(super) done: HashMap<String, u64>,
+    /// Done ids and their stored values (`tables::done_value`).
+    pub(super) done: HashMap<String, Vec<u8>>,
     pub(super) entities: HashMap<String, [u8; 28]>,
     pub(super) checkpoints: HashMap<String, i64>,
 }
@@ -79,8 +81,8 @@ impl Recent {
 
     /// `older`'s writes beneath these: what is here wins.
     pub(super) fn beneath(&mut self, older: &Recent) {
-        for (id, at) in &older.done {
-            self.done.entry(id.clone()).or_insert(*at);
+        for (id, value) in &older.done {
+            self.done.entry(id.clone()).or_insert_with(|| value.clone());
         }
         for (slot, state) in &older.entities {
             self.entities.entry(slot.clone()).or_insert(*state);
@@ -93,7 +95,7 @@ impl Recent {
     /// Every write, in key order within each table: a checkpoint walks
     /// each B-tree once from left to right.
     pub(super) fn writes(&self) -> Vec<Write<'_>> {
-        let done = self.done.iter().map(|(id, at)| Write::Done(id, *at));
+        let done = self.done.iter().map(|(id, value)| Write::Done(id, value));
         let entities = self
             .entities
             .iter()
@@ -134,6 +136,7 @@ impl Store {
         txn.open_table(META).map_err(|e| redb_error(e.into()))?;
         txn.delete_table(OLD_DONE_BY_EXPIRY)
             .map_err(|e| redb_error(e.into()))?;
+        let moved = move_old_done(&txn).map_err(redb_error)?;
         let had_redo_log = txn
             .delete_table(OLD_REDO)
             .map_err(|e| redb_error(e.into()))?;
@@ -144,6 +147,12 @@ impl Store {
             let _ = std::fs::remove_file(old_redo_log(path));
             info!(
                 "The ledger's redo log of an earlier version is removed: the topics are the record, and the ledger is filled from them."
+            );
+        }
+        if moved > 0 {
+            info!(
+                done_ids = moved,
+                "The done delivery ids of an earlier version are kept with their outcome unknown: a lookup says what it can of them."
             );
         }
         let tables = Tables::open(&db).map_err(redb_error)?;

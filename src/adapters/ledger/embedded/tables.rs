@@ -8,22 +8,28 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use crate::adapters::ledger::TopicsSeen;
 use crate::adapters::ledger::placements::Offsets;
+use crate::adapters::ledger::{Answered, TopicsSeen};
 
 /// One write the ledger makes. Ordered by kind, then key.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Write<'a> {
-    /// A delivery id done, forgotten after the unix second.
-    Done(&'a str, u64),
+    /// A delivery id done: its stored value ([`done_value`]).
+    Done(&'a str, &'a [u8]),
     /// An entity slot's stored state (`EntityState::to_bytes`).
     Entity(&'a str, [u8; 28]),
     /// A reconciler checkpoint and its unix second.
     Checkpoint(&'a str, i64),
 }
 
-/// Done delivery ids → unix second they may be forgotten.
-pub(super) const DONE: TableDefinition<&str, u64> = TableDefinition::new("done_deliveries");
+/// Done delivery ids → the unix second they may be forgotten (8 bytes,
+/// big-endian) and what they were answered ([`Answered::to_bytes`]): one
+/// value under the id, so remembering the answer costs no second index.
+pub(super) const DONE: TableDefinition<&str, &[u8]> = TableDefinition::new("deliveries");
+/// Done delivery ids → unix second they may be forgotten, as earlier
+/// versions kept them: moved into [`DONE`] when a file is opened, with an
+/// outcome unknown.
+pub(super) const OLD_DONE: TableDefinition<&str, u64> = TableDefinition::new("done_deliveries");
 /// An index of done ids by expiry that earlier versions kept for the purge;
 /// dropped when a file is opened (the sweep needs no index).
 pub(super) const OLD_DONE_BY_EXPIRY: TableDefinition<(u64, &str), ()> =
@@ -55,7 +61,7 @@ pub(super) const SWEEP_PER_COMMIT: usize = 128;
 
 /// The tables as one read transaction sees them.
 pub(super) struct Tables {
-    pub(super) done: redb::ReadOnlyTable<&'static str, u64>,
+    pub(super) done: redb::ReadOnlyTable<&'static str, &'static [u8]>,
     pub(super) entities: redb::ReadOnlyTable<&'static str, &'static [u8]>,
     pub(super) checkpoints: redb::ReadOnlyTable<&'static str, i64>,
 }
@@ -100,8 +106,8 @@ pub(super) fn write_batch(
         let mut added = 0;
         for write in writes {
             match write {
-                Write::Done(id, expires) => {
-                    done.insert(*id, *expires)?;
+                Write::Done(id, value) => {
+                    done.insert(*id, *value)?;
                     added += 1;
                 }
                 Write::Entity(slot, state) => {
@@ -132,7 +138,7 @@ pub(super) fn write_batch(
         for entry in range.take(look_at) {
             let (id, at) = entry?;
             looked_at += 1;
-            if at.value() <= now {
+            if expiry(at.value()) <= now {
                 expired.push(id.value().to_owned());
             }
             if looked_at == look_at {
@@ -148,6 +154,56 @@ pub(super) fn write_batch(
     txn.commit()?;
     sweep.after = after;
     Ok(swept)
+}
+
+/// A done id's stored value: when it may be forgotten, then what it was
+/// answered.
+pub(super) fn done_value(expires: u64, answered: &Answered) -> Vec<u8> {
+    let mut value = Vec::with_capacity(48);
+    value.extend_from_slice(&expires.to_be_bytes());
+    answered.write_to(&mut value);
+    value
+}
+
+/// The unix second a done id's stored value may be forgotten after (0, at
+/// once, for a value that is not one).
+pub(super) fn expiry(value: &[u8]) -> u64 {
+    value
+        .get(..8)
+        .and_then(|bytes| bytes.try_into().ok())
+        .map_or(0, u64::from_be_bytes)
+}
+
+/// What a done id's stored value says it was answered.
+pub(super) fn answered(value: &[u8]) -> Answered {
+    Answered::from_bytes(value.get(8..).unwrap_or_default())
+}
+
+/// Moves an earlier version's done ids (`id → expiry`) into [`DONE`], with
+/// an outcome unknown, and drops their table; how many moved. In the
+/// transaction that opens the file, once.
+pub(super) fn move_old_done(txn: &redb::WriteTransaction) -> Result<u64, redb::Error> {
+    let unknown = Answered {
+        outcome: crate::adapters::ledger::Recorded::Unknown,
+        at_micros: 0,
+        place: None,
+    };
+    let mut moved = 0;
+    {
+        let old = match txn.open_table(OLD_DONE) {
+            Ok(old) => old,
+            Err(redb::TableError::TableTypeMismatch { .. }) => return Ok(0),
+            Err(error) => return Err(error.into()),
+        };
+        let mut done = txn.open_table(DONE)?;
+        for entry in old.range::<&str>(..)? {
+            let (id, expires) = entry?;
+            done.insert(id.value(), done_value(expires.value(), &unknown).as_slice())?;
+            moved += 1;
+        }
+    }
+    txn.delete_table(OLD_DONE)?;
+    Ok(moved)
 }
 
 /// Every offset the file records.

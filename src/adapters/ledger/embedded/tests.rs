@@ -1,8 +1,8 @@
 use redb::Database;
 
-use super::tables::{DONE, ENTITIES, SWEEP_PER_COMMIT, Sweep, Write, write_batch};
+use super::tables::{DONE, ENTITIES, SWEEP_PER_COMMIT, Sweep, Write, done_value, write_batch};
 use super::*;
-use crate::adapters::ledger::Store;
+use crate::adapters::ledger::{Done, Store};
 use crate::domain::event::{EntityKey, EntityType, ProviderKind, Version};
 
 fn open(dir: &tempfile::TempDir) -> EmbeddedLedger {
@@ -17,7 +17,7 @@ fn open(dir: &tempfile::TempDir) -> EmbeddedLedger {
 async fn mark_done(ledger: &EmbeddedLedger, id: &DeliveryKey) {
     ledger
         .commit(Commit {
-            delivery: Some(id.clone()),
+            delivery: Some(Done::published_now(id.clone())),
             ..Commit::default()
         })
         .await
@@ -117,7 +117,7 @@ async fn done_ids_and_entity_versions_survive_a_reopen() {
         ledger.begin(&id).await.unwrap();
         ledger
             .commit(Commit {
-                delivery: Some(id.clone()),
+                delivery: Some(Done::published_now(id.clone())),
                 entity: Some((slot.clone(), state)),
                 checkpoint: Some(("mekari/main/orders".into(), 1234)),
                 placed: None,
@@ -164,7 +164,7 @@ async fn reads_find_writes_waiting_for_the_checkpoint() {
     let (id, slot, state) = sample();
     ledger
         .commit(Commit {
-            delivery: Some(id.clone()),
+            delivery: Some(Done::published_now(id.clone())),
             entity: Some((slot.clone(), state)),
             checkpoint: Some(("mekari/main/orders".into(), 7)),
             placed: None,
@@ -198,7 +198,7 @@ async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
     let fast = ledger.sending();
     ledger
         .commit(Commit {
-            delivery: Some(id),
+            delivery: Some(Done::published_now(id)),
             entity: Some((slot, state)),
             placed: Some(fast.placed("pos.orders", 2, 41)),
             ..Commit::default()
@@ -262,7 +262,20 @@ async fn the_sweep_forgets_expired_ids_a_few_at_a_time() {
         ids.iter().map(|id| (id.clone(), expires)).collect()
     };
     let write = |db: &Database, done: &[(String, u64)], sweep: &mut Sweep, now| {
-        let writes: Vec<Write<'_>> = done.iter().map(|(id, at)| Write::Done(id, *at)).collect();
+        let values: Vec<Vec<u8>> = done
+            .iter()
+            .map(|(_, at)| {
+                done_value(
+                    *at,
+                    &Done::published_now(DeliveryKey::from_stored(String::new())).answered,
+                )
+            })
+            .collect();
+        let writes: Vec<Write<'_>> = done
+            .iter()
+            .zip(&values)
+            .map(|((id, _), value)| Write::Done(id, value))
+            .collect();
         write_batch(db, &writes, &Offsets::new(), None, sweep, now).unwrap()
     };
     let t0 = 1_000_000;
@@ -291,7 +304,7 @@ async fn the_topics_seen_are_kept_with_the_offsets_and_forgotten_whole() {
     let (id, slot, state) = sample();
     ledger
         .commit(Commit {
-            delivery: Some(id.clone()),
+            delivery: Some(Done::published_now(id.clone())),
             entity: Some((slot.clone(), state)),
             checkpoint: Some(("reconcile".to_owned(), 7)),
             ..Commit::default()
@@ -333,5 +346,91 @@ async fn the_topics_seen_are_kept_with_the_offsets_and_forgotten_whole() {
         ledger.begin(&id).await.unwrap(),
         Begin::New,
         "forgotten for good"
+    );
+}
+
+/// A done delivery is remembered with what it was answered and where its
+/// record lies: from memory, and from the file after a checkpoint and a
+/// restart; a lease held is in flight; an unknown id is nothing.
+#[tokio::test]
+async fn a_done_delivery_is_remembered_with_its_answer() {
+    use crate::adapters::ledger::{Answered, Place, Recorded, Remembered};
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = open(&dir);
+    let (id, slot, state) = sample();
+    let answered = Answered {
+        outcome: Recorded::Published,
+        at_micros: 1_764_000_000_000_001,
+        place: Some(Place {
+            topic: "orders".to_owned(),
+            partition: 3,
+            offset: 77,
+        }),
+    };
+    assert_eq!(ledger.remembered(&id).await.unwrap(), Remembered::Nothing);
+    assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
+    assert_eq!(ledger.remembered(&id).await.unwrap(), Remembered::InFlight);
+    ledger
+        .commit(Commit {
+            delivery: Some(Done {
+                key: id.clone(),
+                answered: answered.clone(),
+            }),
+            entity: Some((slot, state)),
+            ..Commit::default()
+        })
+        .await
+        .unwrap();
+    let remembered = |found: Remembered| match found {
+        Remembered::Done { answered, until } => {
+            let in_an_hour = unix_now() as i64 + 3600;
+            assert!(until.is_some_and(|until| (in_an_hour - 5..=in_an_hour).contains(&until)));
+            answered
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(remembered(ledger.remembered(&id).await.unwrap()), answered);
+    ledger.persist().await.unwrap();
+    drop(ledger);
+    let ledger = reopen(&dir).await;
+    assert_eq!(remembered(ledger.remembered(&id).await.unwrap()), answered);
+    assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
+}
+
+/// A file an earlier version wrote (done ids with their expiry only) is
+/// read on: its done ids are still done, their outcome unknown, and the
+/// old table is gone.
+#[tokio::test]
+async fn an_earlier_versions_done_ids_stay_done_with_their_outcome_unknown() {
+    use crate::adapters::ledger::{Recorded, Remembered};
+    use redb::TableHandle as _;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.redb");
+    let (id, ..) = sample();
+    {
+        let db = Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(super::tables::OLD_DONE)
+            .unwrap()
+            .insert(id.as_str(), unix_now() + 600)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let ledger = open(&dir);
+    assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
+    match ledger.remembered(&id).await.unwrap() {
+        Remembered::Done { answered, .. } => assert_eq!(answered.outcome, Recorded::Unknown),
+        other => panic!("{other:?}"),
+    }
+    let opened = ledger.store.get().unwrap();
+    let txn = opened.db.begin_read().unwrap();
+    let tables: Vec<String> = txn
+        .list_tables()
+        .unwrap()
+        .map(|table| table.name().to_owned())
+        .collect();
+    assert!(
+        !tables.iter().any(|name| name == "done_deliveries"),
+        "{tables:?}"
     );
 }

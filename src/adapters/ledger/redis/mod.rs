@@ -4,7 +4,9 @@
 //!
 //! Every key starts with a configurable prefix (`P`):
 //! * `P{d:<delivery>}:lease`: `SET NX PX`, so one replica processes a delivery;
-//! * `P{d:<delivery>}:done`: set with the dedup TTL when the outcome is durable;
+//! * `P{d:<delivery>}:done`: set with the dedup TTL when the outcome is
+//!   durable, to what it was answered (`Answered::to_bytes`: outcome, time,
+//!   record place; `1` from earlier versions);
 //! * `Plock:<entity slot>`: the per-entity lock, `SET NX PX` with a random
 //!   token, released only by its holder (a crashed holder's lock lapses);
 //! * `Pentity:<entity slot>`: the written state, replaced only by a version at
@@ -76,9 +78,9 @@ use generation::Watch;
 use scripts::{BEGIN, COMMIT, MARK_DONE, SET_STATE};
 
 use super::{
-    Begin, Cached, Commit, DEFAULT_CHECKPOINT_EVERY, EntityLock, EntitySlot, EntityState,
+    Answered, Begin, Cached, Commit, DEFAULT_CHECKPOINT_EVERY, EntityLock, EntitySlot, EntityState,
     FILL_TOKEN_NAME, FillToken, GENERATION_MARK_NAME, GenerationMark, LedgerError, Offsets,
-    RebuildLock, Sending, Store, TopicsSeen,
+    RebuildLock, Remembered, Sending, Store, TopicsSeen,
 };
 use crate::config::LedgerConfig;
 use crate::domain::event::DeliveryKey;
@@ -285,13 +287,15 @@ impl RedisLedger {
             None => script.key(self.key("checkpoint", "")).arg(""),
         };
         match &commit.delivery {
-            Some(delivery) => script
-                .key(self.delivery_key(delivery, "done"))
-                .key(self.delivery_key(delivery, "lease"))
-                .arg(self.dedup_ttl.as_secs().max(1)),
+            Some(done) => script
+                .key(self.delivery_key(&done.key, "done"))
+                .key(self.delivery_key(&done.key, "lease"))
+                .arg(self.dedup_ttl.as_secs().max(1))
+                .arg(done.answered.to_bytes()),
             None => script
                 .key(delivery_key(&self.prefix, "", "done"))
                 .key(delivery_key(&self.prefix, "", "lease"))
+                .arg("")
                 .arg(""),
         };
         script
@@ -315,11 +319,12 @@ impl RedisLedger {
         if let Some((name, at)) = &commit.checkpoint {
             let () = conn.set(self.key("checkpoint", name), at).await?;
         }
-        if let Some(delivery) = &commit.delivery {
+        if let Some(done) = &commit.delivery {
             let _: i32 = MARK_DONE
-                .key(self.delivery_key(delivery, "done"))
-                .key(self.delivery_key(delivery, "lease"))
+                .key(self.delivery_key(&done.key, "done"))
+                .key(self.delivery_key(&done.key, "lease"))
                 .arg(self.dedup_ttl.as_secs().max(1))
+                .arg(done.answered.to_bytes())
                 .invoke_async(&mut conn)
                 .await?;
         }
@@ -420,6 +425,25 @@ impl Store for RedisLedger {
         Ok(read)
     }
 
+    /// The lease, the done mark and its time to live, read in one round
+    /// trip (one slot: the delivery's keys share its tag).
+    async fn remembered(&self, delivery: &DeliveryKey) -> Result<Remembered, LedgerError> {
+        let (leased, done, ttl): (bool, Option<Vec<u8>>, i64) = redis::pipe()
+            .exists(self.delivery_key(delivery, "lease"))
+            .get(self.delivery_key(delivery, "done"))
+            .ttl(self.delivery_key(delivery, "done"))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(match done {
+            _ if leased => Remembered::InFlight,
+            Some(value) => Remembered::Done {
+                answered: Answered::from_bytes(&value),
+                until: (ttl >= 0).then(|| time::OffsetDateTime::now_utc().unix_timestamp() + ttl),
+            },
+            None => Remembered::Nothing,
+        })
+    }
+
     async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
         let bytes: Option<Vec<u8>> = self
             .conn
@@ -447,9 +471,9 @@ impl Store for RedisLedger {
             _ => {}
         }
         if result.is_err()
-            && let Some(delivery) = &commit.delivery
+            && let Some(done) = &commit.delivery
         {
-            self.release(delivery).await;
+            self.release(&done.key).await;
         }
         result
     }

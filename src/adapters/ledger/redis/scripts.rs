@@ -58,12 +58,13 @@ return 1
     ))
 });
 
-/// A commit's last write: the delivery is done, and its lease ends.
-/// KEYS: done, lease (one slot). ARGV: done TTL s.
+/// A commit's last write: the delivery is done, with what it was answered
+/// (`Answered::to_bytes`; earlier versions wrote `1`), and its lease ends.
+/// KEYS: done, lease (one slot). ARGV: done TTL s, the answer.
 pub(super) static MARK_DONE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-redis.call('SET', KEYS[1], '1', 'EX', ARGV[1])
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[1])
 redis.call('DEL', KEYS[2])
 return 1
 ",
@@ -73,8 +74,8 @@ return 1
 /// A whole commit on one server, where a script may touch keys of any slot:
 /// the three writes of a cluster's commit, in the same order, in one round
 /// trip. KEYS: entity state, checkpoint, done, lease. ARGV: the new state,
-/// the checkpoint, the done TTL in seconds; an empty one is not written (a
-/// state is never empty).
+/// the checkpoint, the done TTL in seconds, the delivery's answer; an empty
+/// one is not written (a state is never empty).
 pub(super) static COMMIT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         not_older_lua!(),
@@ -82,7 +83,7 @@ pub(super) static COMMIT: LazyLock<Script> = LazyLock::new(|| {
 if ARGV[1] ~= '' then set_state(KEYS[1], ARGV[1]) end
 if ARGV[2] ~= '' then redis.call('SET', KEYS[2], ARGV[2]) end
 if ARGV[3] ~= '' then
-  redis.call('SET', KEYS[3], '1', 'EX', ARGV[3])
+  redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[3])
   redis.call('DEL', KEYS[4])
 end
 return 1

@@ -453,7 +453,7 @@ async fn done(pipeline: &Pipeline, id: &str) {
     pipeline
         .ledger()
         .commit(Commit {
-            delivery: Some(key(id)),
+            delivery: Some(crate::adapters::ledger::Done::published_now(key(id))),
             ..Commit::default()
         })
         .await
