@@ -159,16 +159,25 @@ enum Command {
         #[arg(long)]
         from_start: bool,
     },
-    /// What became of an entity: its records on every entity topic (its
-    /// key's partition of each), with their places, headers and values, and
-    /// the state the ledger holds; JSON on stdout.
+    /// What became of an entity (its records on every entity topic, its
+    /// key's partition of each, with their places, headers and values, and
+    /// the state the ledger holds) or of a delivery (what posbridge answered
+    /// it, when, and its record); JSON on stdout.
     Lookup {
         /// TOML configuration file.
         #[arg(long, short, env = "POSBRIDGE_CONFIG")]
         config: PathBuf,
         /// The record key (`mekari:ORD-5512`, `receiptroller:T001|2026-11|000123`).
+        #[arg(
+            long,
+            required_unless_present = "delivery",
+            conflicts_with = "delivery"
+        )]
+        entity: Option<String>,
+        /// The provider's delivery id (`X-RR-Delivery`, `X-Mekari-Event-ID`),
+        /// alone or as `{provider}:{id}`.
         #[arg(long)]
-        entity: String,
+        delivery: Option<String>,
     },
     /// Run the scheduled reconciler and the webhook watchdog without the webhook
     /// route: only /healthz, /readyz and /metrics on server.listen.
@@ -316,7 +325,11 @@ async fn main() -> anyhow::Result<()> {
             };
             rederive_topics(config, options).await
         }
-        Command::Lookup { config, entity } => lookup(config, &entity).await,
+        Command::Lookup {
+            config,
+            entity,
+            delivery,
+        } => lookup(config, entity, delivery).await,
         Command::Reconciler { config } => reconciler(config).await,
         Command::Schema {
             command: SchemaCommand::Check { config },
@@ -466,13 +479,22 @@ async fn rederive_topics(path: PathBuf, options: rederive::Options) -> anyhow::R
     Ok(())
 }
 
-async fn lookup(path: PathBuf, key: &str) -> anyhow::Result<()> {
+async fn lookup(
+    path: PathBuf,
+    entity: Option<String>,
+    delivery: Option<String>,
+) -> anyhow::Result<()> {
     let config = load(&path)?;
     let app = App::build_for_catch_up(&config)
         .await
         .map_err(start_error)?;
-    let report = app.lookup().entity(key).await?;
-    println!("{}", serde_json::to_string_pretty(&report)?);
+    let lookup = app.lookup();
+    let report = match (entity, delivery) {
+        (Some(key), _) => serde_json::to_string_pretty(&lookup.entity(&key).await?)?,
+        (None, Some(id)) => serde_json::to_string_pretty(&lookup.delivery(&id).await?)?,
+        (None, None) => anyhow::bail!("--entity or --delivery"),
+    };
+    println!("{report}");
     Ok(())
 }
 

@@ -1,6 +1,8 @@
 //! "What became of this product?": an entity's records found in its key's
 //! partition alone, each with its place, headers and value, beside the
-//! ledger's state; the same through the admin listener.
+//! ledger's state; "what became of this delivery?": its answer and its
+//! record, from the ledger and after the ledger was lost; both through the
+//! admin listener.
 
 use axum::body::Body;
 use axum::http::Request;
@@ -81,5 +83,115 @@ async fn an_entity_is_found_in_its_keys_partition_with_its_records_and_the_ledge
         serde_json::from_slice(&answer.into_body().collect().await.unwrap().to_bytes()).unwrap();
     let records = json["found"][0]["records"].as_array().unwrap();
     assert_eq!(records.last().unwrap()["value"]["name"], "Kopi Baru");
+    app.stop().await;
+}
+
+/// Each outcome a delivery can have is found by its id with when it was
+/// answered and its record read back; an unknown id says why nothing is
+/// found; after the ledger file is lost, the published and the
+/// dead-lettered deliveries are found again (the fill reads their answers
+/// from the records), the stale one no longer (it wrote nothing).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delivery_is_found_by_its_id_with_its_answer_and_its_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(&brokers(), &unique("lookup-delivery"), dir.path());
+    let mut app = TestApp::start_with(config).await;
+    app.keep(dir);
+    let (published, stale, unchanged, letter) = (
+        unique("published"),
+        unique("stale"),
+        unique("unchanged"),
+        unique("letter"),
+    );
+    // Within the dedup window, so a fill marks them done again.
+    let ago = |minutes| {
+        (time::OffsetDateTime::now_utc() - time::Duration::minutes(minutes))
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    let at = ago(10);
+    let sent = [
+        v1::product_created(&published, "P-1", "Kopi", &at),
+        v1::product_created(&stale, "P-1", "Kopi Lama", &ago(20)),
+        v1::product_created(&unchanged, "P-1", "Kopi", &at),
+        serde_json::json!({"id": letter, "event": "shift.closed",
+            "occurred_at": "2026-11-29T17:15:30+07:00", "data": {"id": "S-1"}}),
+    ];
+    for (body, status) in sent
+        .iter()
+        .zip(["published", "stale", "unchanged", "dead_lettered"])
+    {
+        let answer = app.send("mekari", "main", body).await;
+        assert_eq!(answer.status(), 200);
+        assert_eq!(answer.json::<Value>().await.unwrap()["status"], status);
+    }
+
+    let admin = posbridge::http::ingress::admin_router(app.admin_state(), &app.config.admin);
+    let ask = |id: String| {
+        let admin = admin.clone();
+        async move {
+            let answer = admin
+                .oneshot(
+                    Request::get(format!("/admin/deliveries/{id}"))
+                        .body(Body::empty())
+                        .unwrap(),
+                )
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), 200);
+            let body = answer.into_body().collect().await.unwrap().to_bytes();
+            serde_json::from_slice::<Value>(&body).unwrap()
+        }
+    };
+    let json = ask(published.clone()).await;
+    let found = &json["found"][0];
+    assert_eq!(found["key"], format!("mekari:{published}"), "{json}");
+    assert_eq!(found["outcome"], "published");
+    assert!(found["answered_at"].as_str().unwrap().starts_with("20"));
+    assert_eq!(found["record"]["topic"], app.topic("products"));
+    assert_eq!(found["record"]["read"]["value"]["name"], "Kopi");
+    assert_eq!(
+        found["record"]["read"]["headers"]["posbridge-delivery-id"],
+        published.as_str()
+    );
+    assert!(found["record"].get("note").is_none(), "{json}");
+    let published_place = found["record"]["offset"].clone();
+
+    let json = ask(format!("mekari%3A{stale}")).await;
+    assert_eq!(json["found"][0]["outcome"], "stale", "{json}");
+    assert!(json["found"][0].get("record").is_none());
+    let json = ask(unchanged.clone()).await;
+    assert_eq!(json["found"][0]["outcome"], "unchanged", "{json}");
+
+    let json = ask(letter.clone()).await;
+    let found = &json["found"][0];
+    assert_eq!(found["outcome"], "dead_lettered", "{json}");
+    assert_eq!(
+        found["record"]["topic"],
+        app.config.kafka.dead_letter_topic()
+    );
+    assert_eq!(found["record"]["read"]["value"], sent[3]);
+
+    let json = ask(unique("never")).await;
+    assert_eq!(json["found"], Value::Array(vec![]));
+    assert!(json["note"].as_str().unwrap().contains("dedup_ttl_secs"));
+
+    // The ledger lost: the fill reads the answers back from the records.
+    let config = app.config.clone();
+    let dir = app.stop().await.unwrap();
+    std::fs::remove_file(&config.ledger.path).unwrap();
+    let mut app = TestApp::start_with(config).await;
+    app.keep(dir);
+    let sets = TopicSets::new(&app.config.kafka);
+    let lookup = Lookup::new(&app.config, app.pipeline.clone(), sets).unwrap();
+    let json = serde_json::to_value(lookup.delivery(&published).await.unwrap()).unwrap();
+    let found = &json["found"][0];
+    assert_eq!(found["outcome"], "published", "{json}");
+    assert_eq!(found["record"]["offset"], published_place);
+    assert_eq!(found["record"]["read"]["value"]["name"], "Kopi");
+    let json = serde_json::to_value(lookup.delivery(&letter).await.unwrap()).unwrap();
+    assert_eq!(json["found"][0]["outcome"], "dead_lettered", "{json}");
+    let json = serde_json::to_value(lookup.delivery(&stale).await.unwrap()).unwrap();
+    assert_eq!(json["found"], Value::Array(vec![]), "{json}");
     app.stop().await;
 }

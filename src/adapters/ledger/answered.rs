@@ -33,8 +33,9 @@ impl Done {
 pub struct Answered {
     /// The outcome.
     pub outcome: Recorded,
-    /// When the outcome was made durable, µs since the epoch (for a done id
-    /// the ledger was filled with from the topics: its record's time).
+    /// When the outcome was made durable, µs since the epoch; 0 when not
+    /// known (a done id the ledger was filled with from an entity record,
+    /// whose time is its event's; a dead letter's is its arrival).
     pub at_micros: i64,
     /// Where its record lies; none when nothing was written.
     pub place: Option<Place>,

@@ -96,6 +96,7 @@ pub fn router(state: AdminState, config: &AdminConfig) -> Router {
         .route("/admin/sources", get(sources_json))
         .route("/admin/rederive", get(rederive_view).post(rederive_start))
         .route("/admin/entities/{key}", get(entity_json))
+        .route("/admin/deliveries/{id}", get(delivery_json))
         .fallback(|| async { WebhookError::NoRoute.into_response() })
         .method_not_allowed_fallback(|| async { WebhookError::MethodNotAllowed.into_response() })
         .layer(middleware::from_fn_with_state(credentials, authorize))
@@ -174,6 +175,20 @@ async fn entity_json(
     axum::extract::Path(key): axum::extract::Path<String>,
 ) -> Response {
     match state.lookup.entity(&key).await {
+        Ok(report) => Json(report).into_response(),
+        Err(error) => WebhookError::from(error).into_response(),
+    }
+}
+
+/// `GET /admin/deliveries/{id}`: what posbridge answered the delivery
+/// (`{provider}:{id}`, or the provider's id alone), when, and its record
+/// read back; an empty `found` with a note for an id the ledger does not
+/// know.
+async fn delivery_json(
+    State(state): State<AdminState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    match state.lookup.delivery(&id).await {
         Ok(report) => Json(report).into_response(),
         Err(error) => WebhookError::from(error).into_response(),
     }

@@ -77,10 +77,11 @@ impl Found {
             && let Some(provider) = record.header(HEADER_PROVIDER).and_then(ProviderKind::parse)
             && let Some(delivery) = record.header(HEADER_DELIVERY_ID)
         {
-            self.done.insert(
-                DeliveryKey::new(provider, delivery),
-                answered(Recorded::Published, topic, record),
-            );
+            // An entity record's time is its event's, not its answer's.
+            let mut published = answered(Recorded::Published, topic, record);
+            published.at_micros = 0;
+            self.done
+                .insert(DeliveryKey::new(provider, delivery), published);
         }
     }
 
@@ -128,7 +129,7 @@ impl Found {
 }
 
 /// What a record says its delivery was answered: `outcome`, at the
-/// record's time and place.
+/// record's time (a dead letter's is its delivery's arrival) and place.
 fn answered(outcome: Recorded, topic: &str, record: &Letter) -> Answered {
     Answered {
         outcome,
@@ -244,9 +245,9 @@ mod tests {
         assert_eq!(
             done,
             [
-                ("mekari:d0", Recorded::Published, "orders", 1_600_000),
-                ("mekari:d2", Recorded::Published, "orders", 1_500_000),
-                ("mekari:d3", Recorded::Published, "products", 2_000_000),
+                ("mekari:d0", Recorded::Published, "orders", 0),
+                ("mekari:d2", Recorded::Published, "orders", 0),
+                ("mekari:d3", Recorded::Published, "products", 0),
                 (
                     "mekari:d5",
                     Recorded::DeadLettered,

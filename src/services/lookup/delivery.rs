@@ -1,0 +1,219 @@
+//! "What became of delivery X?": what the ledger remembers of a delivery id
+//! (in flight, or done: the outcome posbridge answered, when, and where its
+//! record lies), and that record read back from its topic. One ledger read
+//! and one record per provider the id may be of, whatever the topics hold.
+
+use serde::Serialize;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use super::{Lookup, LookupError, RecordView};
+use crate::adapters::ledger::{Answered, Place, Remembered};
+use crate::domain::event::{DeliveryKey, ProviderKind, from_micros};
+use crate::services::pipeline::HEADER_DELIVERY_ID;
+use crate::services::replay::Reader;
+
+/// What a lookup of a delivery id found.
+#[derive(Debug, Serialize)]
+pub struct DeliveryReport {
+    /// The id looked up, as given.
+    pub delivery: String,
+    /// Each provider-scoped id the ledger knows (one, nearly always).
+    pub found: Vec<DeliveryFound>,
+    /// Why nothing was found, when nothing was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// One provider-scoped delivery id the ledger knows.
+#[derive(Debug, Serialize)]
+pub struct DeliveryFound {
+    /// `{provider}:{delivery id}`.
+    pub key: String,
+    /// `done`, or `in_flight` while an attempt holds its lease.
+    pub state: &'static str,
+    /// What it was answered (`published`, `stale`, `unchanged`,
+    /// `dead_lettered`; `unknown` for an id an earlier version marked done).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<&'static str>,
+    /// When its outcome was made durable (RFC 3339, µs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answered_at: Option<String>,
+    /// Until when the ledger remembers it (a retry until then is answered
+    /// 2xx without producing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remembered_until: Option<String>,
+    /// The record it wrote, read back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub record: Option<PlacedRecord>,
+}
+
+/// A delivery's record: where the ledger says it lies, and what is there.
+#[derive(Debug, Serialize)]
+pub struct PlacedRecord {
+    /// Its topic.
+    pub topic: String,
+    /// Its partition.
+    pub partition: i32,
+    /// Its offset.
+    pub offset: i64,
+    /// What the topic holds there; none when it no longer does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read: Option<RecordView>,
+    /// Why the record is not shown, or not this delivery's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl Lookup {
+    /// What posbridge answered the delivery `id` (`{provider}:{id}`, or a
+    /// provider's id alone, looked up for each provider), and its record.
+    ///
+    /// # Errors
+    /// [`LookupError`] when the ledger or the record's topic cannot be read.
+    pub async fn delivery(&self, id: &str) -> Result<DeliveryReport, LookupError> {
+        let scoped = id
+            .split_once(':')
+            .and_then(|(provider, rest)| Some((ProviderKind::parse(provider)?, rest)));
+        let keys: Vec<DeliveryKey> = match scoped {
+            Some((provider, rest)) => vec![DeliveryKey::new(provider, rest)],
+            None => ProviderKind::ALL
+                .into_iter()
+                .map(|provider| DeliveryKey::new(provider, id))
+                .collect(),
+        };
+        let mut found = Vec::new();
+        for key in keys {
+            match self.pipeline.ledger().remembered(&key).await? {
+                Remembered::Nothing => {}
+                Remembered::InFlight => found.push(DeliveryFound {
+                    key: key.to_string(),
+                    state: "in_flight",
+                    outcome: None,
+                    answered_at: None,
+                    remembered_until: None,
+                    record: None,
+                }),
+                Remembered::Done { answered, until } => {
+                    found.push(self.done(&key, answered, until).await?);
+                }
+            }
+        }
+        let note = found.is_empty().then(|| {
+            format!(
+                "the ledger does not know this delivery: not received, not decided yet (in the outage spool), or forgotten {} s after its answer (ledger.dedup_ttl_secs); an entity's records are found by its key (lookup --entity)",
+                self.config.ledger.dedup_ttl_secs
+            )
+        });
+        Ok(DeliveryReport {
+            delivery: id.to_owned(),
+            found,
+            note,
+        })
+    }
+
+    async fn done(
+        &self,
+        key: &DeliveryKey,
+        answered: Answered,
+        until: Option<i64>,
+    ) -> Result<DeliveryFound, LookupError> {
+        let record = match answered.place {
+            Some(place) => Some(self.placed(key, place).await?),
+            None => None,
+        };
+        Ok(DeliveryFound {
+            key: key.to_string(),
+            state: "done",
+            outcome: Some(answered.outcome.as_str()),
+            answered_at: (answered.at_micros != 0)
+                .then(|| from_micros(answered.at_micros).and_then(rfc3339))
+                .flatten(),
+            remembered_until: until
+                .and_then(|until| OffsetDateTime::from_unix_timestamp(until).ok())
+                .and_then(rfc3339),
+            record,
+        })
+    }
+
+    /// The record at `place`, checked to be `key`'s: a compacted topic may
+    /// have replaced it with a newer record of its entity, and retention
+    /// may have removed it.
+    async fn placed(&self, key: &DeliveryKey, place: Place) -> Result<PlacedRecord, LookupError> {
+        let Place {
+            topic,
+            partition,
+            offset,
+        } = place;
+        let mut reader = Reader::new(&self.config.kafka, &topic)?;
+        let extent = reader
+            .extents()
+            .await?
+            .into_iter()
+            .find(|extent| extent.partition == partition);
+        let mut placed = PlacedRecord {
+            topic,
+            partition,
+            offset,
+            read: None,
+            note: None,
+        };
+        let Some(extent) = extent.filter(|extent| extent.low <= offset && offset < extent.high)
+        else {
+            placed.note = Some("the topic no longer keeps this offset (retention)".to_owned());
+            return Ok(placed);
+        };
+        reader.assign(partition, offset, extent.high)?;
+        let Some(record) = reader.next().await? else {
+            placed.note = Some("the topic no longer keeps this record".to_owned());
+            return Ok(placed);
+        };
+        if record.offset != offset {
+            placed.note = Some(format!(
+                "compacted away: a newer record of its key replaced it (the next record kept is at offset {})",
+                record.offset
+            ));
+            return Ok(placed);
+        }
+        let dead_letter = self
+            .sets
+            .all()
+            .iter()
+            .any(|set| set.dead_letter() == placed.topic);
+        let (view, own) = if dead_letter {
+            let own = record.key.as_deref() == Some(key.as_str());
+            (dead_letter_view(record), own)
+        } else {
+            let own = record.header(HEADER_DELIVERY_ID).is_some_and(|id| {
+                key.as_str()
+                    .split_once(':')
+                    .is_some_and(|(_, scoped)| scoped == id)
+            });
+            (self.entity_view(record).await, own)
+        };
+        if !own {
+            placed.note = Some("the record there is not this delivery's".to_owned());
+        }
+        placed.read = Some(view);
+        Ok(placed)
+    }
+}
+
+/// A dead letter as a lookup shows it: its raw body, as JSON when it is.
+fn dead_letter_view(record: crate::services::replay::Letter) -> RecordView {
+    let value = record.body.as_deref().map(|body| {
+        serde_json::from_slice(body)
+            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(body).into()))
+    });
+    RecordView {
+        offset: record.offset,
+        timestamp_ms: record.timestamp_ms,
+        headers: record.headers,
+        value,
+        error: None,
+    }
+}
+
+fn rfc3339(at: OffsetDateTime) -> Option<String> {
+    at.format(&Rfc3339).ok()
+}
