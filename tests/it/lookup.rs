@@ -172,6 +172,33 @@ async fn a_delivery_is_found_by_its_id_with_its_answer_and_its_record() {
     );
     assert_eq!(found["record"]["read"]["value"], sent[3]);
 
+    // The status page's lookup box: both readings of the text on one page.
+    let page = admin
+        .clone()
+        .oneshot(
+            Request::get(format!("/status/lookup?id=mekari%3A{published}"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let html = String::from_utf8(
+        page.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    assert!(
+        html.contains(r#"<td class="outcome">published</td>"#),
+        "{html}"
+    );
+    assert!(html.contains(&app.topic("products")), "{html}");
+    assert!(html.contains("As an entity key"), "{html}");
+
     let json = ask(unique("never")).await;
     assert_eq!(json["found"], Value::Array(vec![]));
     assert!(json["note"].as_str().unwrap().contains("dedup_ttl_secs"));

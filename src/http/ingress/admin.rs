@@ -93,6 +93,7 @@ pub fn router(state: AdminState, config: &AdminConfig) -> Router {
     Router::new()
         .route("/status", get(status_page))
         .route("/status.json", get(status_json))
+        .route("/status/lookup", get(lookup_page))
         .route("/admin/sources", get(sources_json))
         .route("/admin/rederive", get(rederive_view).post(rederive_start))
         .route("/admin/entities/{key}", get(entity_json))
@@ -146,6 +147,45 @@ async fn status_page(State(state): State<AdminState>, Query(search): Query<Searc
         Html(crate::http::status::page::render(
             &gather(&state, &search, SOURCES_PER_PAGE).await,
         )),
+    )
+        .into_response()
+}
+
+/// What the status page's lookup box sends.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct LookupQuery {
+    id: String,
+}
+
+/// `/status/lookup?id=…`: the text as a delivery id and, with a provider's
+/// prefix, as an entity key, on one page.
+async fn lookup_page(
+    State(state): State<AdminState>,
+    Query(query): Query<LookupQuery>,
+) -> Response {
+    use crate::domain::event::ProviderKind;
+    use crate::http::status::lookup::{Looked, render};
+    let id = query.id.trim().to_owned();
+    if id.is_empty() {
+        return axum::response::Redirect::to("../status").into_response();
+    }
+    let delivery = state.lookup.delivery(&id).await.map_err(|e| e.to_string());
+    let keyed = id
+        .split_once(':')
+        .is_some_and(|(provider, _)| ProviderKind::parse(provider).is_some());
+    let entity = if keyed {
+        Some(state.lookup.entity(&id).await.map_err(|e| e.to_string()))
+    } else {
+        None
+    };
+    (
+        [(header::CONTENT_SECURITY_POLICY, PAGE_POLICY)],
+        Html(render(&Looked {
+            id,
+            delivery,
+            entity,
+        })),
     )
         .into_response()
 }

@@ -1,8 +1,10 @@
 //! The operator's page, drawn from [`crate::observe::board`] and the spool's
-//! and ledger's figures (`page.rs`, its charts in `chart.rs`). Served by
+//! and ledger's figures (`page.rs`, its charts in `chart.rs`), and its
+//! lookup of a delivery or an entity (`lookup.rs`). Served by
 //! `ingress::admin` on the admin listener.
 
 pub mod chart;
+pub mod lookup;
 pub mod page;
 pub mod sources;
 

@@ -97,8 +97,8 @@ pub struct Health {
     pub failing_topics: std::collections::BTreeMap<String, String>,
 }
 
-/// The page's style, inline (no external assets).
-const STYLE: &str = concat!(
+/// The page's style, inline (no external assets); the lookup page's too.
+pub(super) const STYLE: &str = concat!(
     "body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}",
     "h1{font-size:1.4em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ccc}",
     "table{border-collapse:collapse;margin:.5em 0}td,th{padding:.2em .6em;border:1px solid #ddd;text-align:left}",
@@ -133,6 +133,7 @@ pub fn render(status: &Status) -> String {
                         }
                     }
                 }
+                (super::lookup::form(""))
                 (search(&status.shown))
                 @for source in &status.sources {
                     (source_section(source))
