@@ -30,10 +30,14 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use apache_avro::types::Value as Avro;
+use posbridge::adapters::publish::Topics;
+use posbridge::domain::event::EntityType;
 use posbridge::services::reconcile::Reconciler;
+use posbridge::services::rederive::{Options, Rederive};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -44,6 +48,7 @@ use crate::catch_up::{MEKARI_CLIENT_SECRET, Sim, reconcile_both};
 use crate::support::connect::{self, Worker};
 use crate::support::postgres::{self, Postgres};
 use crate::support::registry::{Registry, V1_SCHEMA};
+use crate::support::v1;
 use crate::support::wait::look_for;
 use crate::support::{TestApp, brokers, config, unique};
 use crate::support::{kafka_only, off_the_runtime, python_path, script};
@@ -152,7 +157,9 @@ async fn write_v1_records(prefix: &str, registry: &Registry) {
         .set("partitioner", "murmur2_random")
         .create()
         .unwrap();
-    let now = OffsetDateTime::now_utc();
+    // On a whole millisecond: the v1 products' headers spell the same
+    // version as their times, which a webhook body's RFC 3339 text keeps.
+    let now = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap();
     let micros = (now.unix_timestamp_nanos() / 1000) as i64;
     let some = |v: Avro| Avro::Union(1, Box::new(v));
     let none = || Avro::Union(0, Box::new(Avro::Null));
@@ -176,6 +183,33 @@ async fn write_v1_records(prefix: &str, registry: &Registry) {
         let schema_id = registry.id_of(&subject).await.expect("the v1 schema's id");
         for n in 1..=3 {
             let entity_id = id.replace("{n}", &n.to_string());
+            if plural == "products" {
+                // A real webhook body, with the headers v1 wrote: what
+                // `rederive` derives again with today's code.
+                let body = v1::product_created(
+                    &format!("v1-{entity_id}"),
+                    &entity_id,
+                    &format!("Kopi v1 {n}"),
+                    &now.format(&time::format_description::well_known::Rfc3339)
+                        .unwrap(),
+                );
+                let (key, value, headers) = v1::product_record_framed(
+                    &body,
+                    micros,
+                    [&[0][..], &schema_id.to_be_bytes()].concat(),
+                );
+                producer
+                    .send(
+                        FutureRecord::to(&format!("{prefix}.{plural}"))
+                            .key(&key)
+                            .payload(&value)
+                            .headers(headers),
+                        Duration::from_secs(10),
+                    )
+                    .await
+                    .unwrap();
+                continue;
+            }
             let key = format!("{}:{entity_id}", provider.to_lowercase());
             let record = Avro::Record(vec![
                 ("event_id".into(), Avro::String(format!("v1-{entity_id}"))),
@@ -395,7 +429,53 @@ async fn kafka_only_the_sink_tables_hold_every_entitys_latest_state_across_a_sch
         "Kopi Susu Renamed"
     );
 
-    // 8. The same comparison fails on a connector that ignores tombstones.
+    // 8. `rederive` with today's code over the v1 products: the one still
+    //    as v1 wrote it (PRD-v1-3; v1-1 was renamed by a webhook, v1-2
+    //    deleted) gets its name, SKU and price, in the topic and through
+    //    the sink in its row; no other key is rewritten, and a second run
+    //    publishes nothing.
+    assert_eq!(
+        pg.psql(&format!(
+            "SELECT coalesce(name, '(none)') FROM {products} WHERE key = 'mekari:PRD-v1-3'"
+        )),
+        "(none)"
+    );
+    let options = Options {
+        entity: Some(EntityType::Product),
+        rate: 0,
+        ..Options::default()
+    };
+    let sets = [Arc::new(Topics::new(&app.config.kafka))];
+    let run = Rederive::new(&app.config, app.pipeline.clone(), &sets).unwrap();
+    let summary = run.run(&options, &mut Vec::new()).await.unwrap();
+    assert_eq!((summary.differed, summary.published), (1, 1), "{summary:?}");
+    let filled = look_for(Duration::from_secs(60), async || {
+        let row = pg.psql(&format!(
+            "SELECT name || ' ' || sku || ' ' || price FROM {products} WHERE key = 'mekari:PRD-v1-3'"
+        ));
+        (row == "Kopi v1 3 SKU-PRD-v1-3 18000.0000").then_some(())
+    })
+    .await;
+    assert!(
+        filled.is_some(),
+        "the sink wrote the derived fields\n{}",
+        worker.logs()
+    );
+    let again = run
+        .run(
+            &Options {
+                from_start: true,
+                ..options
+            },
+            &mut Vec::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.published, 0, "{again:?}");
+    let last = compare(&prefix, &tables, &pg, &registry.url, &truth_file).await;
+    assert_eq!(last.0, 0, "after rederive:\n{}", last.1);
+
+    // 9. The same comparison fails on a connector that ignores tombstones.
     let kept = format!("nodel_{tables}");
     pg.create_tables(&kept);
     let mut settings = connector_settings(&prefix, &pg, &registry.url, "nodel_${topic}");

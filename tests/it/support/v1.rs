@@ -28,8 +28,18 @@ pub fn product_created(delivery: &str, id: &str, name: &str, at: &str) -> Value 
 }
 
 /// The record v1 wrote for `body` (a product's webhook), versioned at
-/// `micros`: its key, value and headers.
+/// `micros`, single-object framed: its key, value and headers.
 pub fn product_record(body: &Value, micros: i64) -> (String, Vec<u8>, OwnedHeaders) {
+    product_record_framed(body, micros, [&[0xC3, 0x01][..], &V1_FINGERPRINT].concat())
+}
+
+/// [`product_record`], its value after `frame` (the Confluent wire format's
+/// magic byte and schema id, where a registry is used).
+pub fn product_record_framed(
+    body: &Value,
+    micros: i64,
+    frame: Vec<u8>,
+) -> (String, Vec<u8>, OwnedHeaders) {
     let id = body["data"]["id"].as_str().expect("a product id");
     let delivery = body["id"].as_str().expect("a delivery id");
     let some = |v: Avro| Avro::Union(1, Box::new(v));
@@ -62,8 +72,7 @@ pub fn product_record(body: &Value, micros: i64) -> (String, Vec<u8>, OwnedHeade
     let writer = apache_avro::writer::datum::GenericDatumWriter::builder(&SCHEMA)
         .build()
         .expect("a v1 writer");
-    let mut value = vec![0xC3, 0x01];
-    value.extend_from_slice(&V1_FINGERPRINT);
+    let mut value = frame;
     writer.write_value(&mut value, record).expect("a v1 datum");
     let headers = [
         ("posbridge-delivery-id", delivery.to_owned()),
