@@ -3,9 +3,10 @@
 -- JDBC sink could create them itself (schema.evolution=basic), but:
 --
 -- * its timestamps would be `timestamp(6)` without time zone: Connect has no
---   time-zone-aware timestamp type but Debezium's string ZonedTimestamp, and
---   posbridge's timestamp-micros fields arrive as int64 (bigint columns) until
---   the connector's TimestampConverter steps make them Connect Timestamps.
+--   time-zone-aware timestamp type but Debezium's string ZonedTimestamp
+--   (posbridge's times arrive as Debezium MicroTimestamps, named so by the
+--   schema, and an earlier version's as int64 until the connector's
+--   TimestampConverter steps make them Connect Timestamps).
 --   Created here, they are `timestamptz`; the sink binds UTC instants into them
 --   (the worker's JVM runs in UTC, which the driver sends as the session's
 --   TimeZone);

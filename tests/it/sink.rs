@@ -120,7 +120,11 @@ async fn compare(
         .arg("--truth")
         .arg(truth)
         // Every mismatch, so the test can count them.
-        .args(["--show", "100000"]);
+        .args(["--show", "100000"])
+        // Times to the microsecond: this schema names them for Connect,
+        // and the v1 records' (converted by the recipe's steps) are whole
+        // seconds.
+        .arg("--exact-micros");
     let out = off_the_runtime(command).await;
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);

@@ -45,6 +45,14 @@ pub use writers::{WriterError, Writers};
 /// The event schema, the contract with consumers.
 pub const SCHEMA_JSON: &str = include_str!("../../../schemas/pos_event.avsc");
 
+/// The revision of the schema's text (its `posbridge.revision`), which every
+/// entity record carries in its `posbridge-schema` header: raised with any
+/// change of the text a consumer may need to tell apart, including one the
+/// canonical form (and so the single-object fingerprint) does not see. 3 names
+/// the time types for Kafka Connect (`connect.name`), so a sink tells this
+/// revision's exact microsecond times from earlier records' plain longs.
+pub const SCHEMA_REVISION: &str = "3";
+
 /// The parsed event schema.
 pub static SCHEMA: LazyLock<Schema> = LazyLock::new(|| {
     // The schema file is part of the binary and covered by unit tests; a
@@ -365,6 +373,20 @@ pub(super) mod tests {
         assert_eq!(&bytes[..2], &SINGLE_OBJECT_MAGIC);
         assert_eq!(decode(&bytes).unwrap(), event());
         assert_eq!(&bytes[2..10], &fingerprint().to_le_bytes());
+    }
+
+    /// The header's revision is the schema file's, and the file names every
+    /// time type for Kafka Connect (exact microseconds through its sinks).
+    #[test]
+    fn the_schema_revision_is_the_files_and_its_times_are_named_for_connect() {
+        let schema: serde_json::Value = serde_json::from_str(SCHEMA_JSON).unwrap();
+        assert_eq!(schema["posbridge.revision"].to_string(), SCHEMA_REVISION);
+        let micros = SCHEMA_JSON.matches("\"timestamp-micros\"").count();
+        let named = SCHEMA_JSON
+            .matches("\"connect.name\": \"io.debezium.time.MicroTimestamp\"")
+            .count();
+        assert!(micros > 0);
+        assert_eq!(named, micros, "every timestamp-micros is named for Connect");
     }
 
     /// The bytes of one event under schema v1, as the first release wrote

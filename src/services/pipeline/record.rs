@@ -6,6 +6,7 @@
 
 use time::OffsetDateTime;
 
+use crate::adapters::encode::SCHEMA_REVISION;
 use crate::adapters::publish::OutgoingRecord;
 use crate::domain::event::{DeliveryKey, EntityKey, PosEvent, ProviderKind, Version};
 use crate::domain::guard::EntityState;
@@ -27,6 +28,10 @@ pub const HEADER_ORIGIN: &str = "posbridge-origin";
 pub const HEADER_VERSION: &str = "posbridge-version";
 /// Entity record header: the state hash the guard compares, 32 hex digits.
 pub const HEADER_STATE_HASH: &str = "posbridge-state-hash";
+/// Entity record header: the revision of the schema its value was written
+/// with ([`crate::adapters::encode::SCHEMA_REVISION`]); records of earlier
+/// versions have none, which a Kafka Connect predicate tells apart.
+pub const HEADER_SCHEMA: &str = "posbridge-schema";
 /// Dead-letter header: why the event could not be normalized or published.
 pub const HEADER_REASON: &str = "posbridge-reason";
 /// Dead-letter header: the reason as a bounded code (`invalid_field`,
@@ -95,6 +100,7 @@ pub fn entity_record(
             format!("{}:{}", state.version.at_micros, state.version.rank),
         ),
         (HEADER_STATE_HASH, hex::encode(state.state_hash)),
+        (HEADER_SCHEMA, SCHEMA_REVISION.to_owned()),
     ];
     with_trace(&mut headers, trace);
     OutgoingRecord {
@@ -332,9 +338,10 @@ mod tests {
             header(&record, HEADER_STATE_HASH),
             Some("0707070707070707070707070707070a")
         );
+        assert_eq!(header(&record, HEADER_SCHEMA), Some(SCHEMA_REVISION));
         assert_eq!(
             record.headers.len(),
-            7,
+            8,
             "no trace context while traces are off"
         );
         let traced = entity_record(
@@ -346,7 +353,7 @@ mod tests {
             vec![("traceparent", TRACEPARENT.to_owned())],
         );
         assert_eq!(header(&traced, "traceparent"), Some(TRACEPARENT));
-        assert_eq!(traced.headers.len(), 8);
+        assert_eq!(traced.headers.len(), 9);
     }
 
     /// An entity state, its hash ending apart from its other bytes.
