@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::providers::{entity_type, topics_of};
 use super::world::{Answer, Ended, delivery_of};
+use crate::adapters::ledger::{Recorded, Remembered};
 use crate::adapters::publish::OutgoingRecord;
 use crate::domain::event::ProviderKind;
 use crate::services::pipeline::Outcome;
@@ -36,6 +37,9 @@ pub(super) fn violations(ended: &Ended) -> Vec<String> {
             ended.spooled_at_end
         ));
     }
+    if let Some(log) = ended.eras.last() {
+        lookup_violations(ended, log, &mut broken);
+    }
     for answer in &ended.answers {
         if answer.took > ANSWER_LIMIT {
             broken.push(format!(
@@ -52,6 +56,63 @@ pub(super) fn violations(ended: &Ended) -> Vec<String> {
         }
     }
     broken
+}
+
+/// What a lookup of each delivery answers at the end (the last life's
+/// ledger) against the last broker's `log`: a record place it names holds
+/// that delivery's own record, on the topic its outcome says, and a
+/// delivery it says was published or dead-lettered names one. (What it
+/// forgot, it says nothing of: a lost ledger is filled back only from the
+/// records of the dedup window.)
+fn lookup_violations(ended: &Ended, log: &[OutgoingRecord], broken: &mut Vec<String>) {
+    let mut offsets: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut placed: BTreeMap<(&str, i64), &OutgoingRecord> = BTreeMap::new();
+    for record in log {
+        let next = offsets.entry(record.topic.as_str()).or_default();
+        placed.insert((record.topic.as_str(), *next), record);
+        *next += 1;
+    }
+    for (delivery, remembered) in &ended.remembered {
+        let Remembered::Done { answered, .. } = remembered else {
+            continue;
+        };
+        let Some(event) = ended.events.get(delivery) else {
+            continue;
+        };
+        let topics = topics_of(event.provider);
+        let topic = match answered.outcome {
+            Recorded::Published => topics.entity(entity_type(event.provider)),
+            Recorded::DeadLettered => topics.dead_letter(),
+            Recorded::Stale | Recorded::Unchanged | Recorded::Unknown => {
+                if answered.place.is_some() {
+                    broken.push(format!(
+                        "lookup: {delivery} answered {} names a record",
+                        answered.outcome.as_str()
+                    ));
+                }
+                continue;
+            }
+        };
+        let Some(place) = &answered.place else {
+            broken.push(format!(
+                "lookup: {delivery} answered {} names no record",
+                answered.outcome.as_str()
+            ));
+            continue;
+        };
+        let there = placed.get(&(place.topic.as_str(), place.offset));
+        if place.topic != topic
+            || there.and_then(|record| delivery_of(record)).as_deref() != Some(delivery.as_str())
+        {
+            broken.push(format!(
+                "lookup: {delivery} answered {} at {}@{}, which holds {:?}",
+                answered.outcome.as_str(),
+                place.topic,
+                place.offset,
+                there.and_then(|record| delivery_of(record))
+            ));
+        }
+    }
 }
 
 /// The guarantees over one broker's log and the answers given while it

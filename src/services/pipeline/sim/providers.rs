@@ -96,6 +96,14 @@ impl Sender {
 /// Every delivery's provider state, by index.
 pub(super) type Senders = Arc<Mutex<Vec<Sender>>>;
 
+/// Every delivery the providers send, with its provider.
+pub(super) fn deliveries(senders: &Senders) -> Vec<(ProviderKind, String)> {
+    locked(senders)
+        .iter()
+        .map(|sender| (sender.provider, sender.delivery.clone()))
+        .collect()
+}
+
 /// Whichever posbridge process is up, if one is: what a provider's request
 /// reaches.
 pub(super) type Door = Arc<Mutex<Option<Pipeline>>>;

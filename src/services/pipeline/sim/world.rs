@@ -21,9 +21,10 @@ use tokio::time::Instant;
 use super::api::{FakeApi, reconcile};
 use super::hooks::pause_commits;
 use super::process::{LedgerFate, Process, SpoolFate, after_crash};
-use super::providers::{Door, Sender, Senders, body, cut, send, unfinished};
+use super::providers::{Door, Sender, Senders, body, cut, deliveries, send, unfinished};
+use crate::adapters::ledger::Remembered;
 use crate::adapters::publish::{FakeBroker, Fault, OutgoingRecord};
-use crate::domain::event::ProviderKind;
+use crate::domain::event::{DeliveryKey, ProviderKind};
 use crate::services::pipeline::{HEADER_DELIVERY_ID, Outcome};
 
 /// Broker errors a send may meet that a later attempt may not: never a
@@ -99,6 +100,9 @@ pub(super) struct Ended {
     pub(super) spools: bool,
     /// Deliveries the spool still held at the end.
     pub(super) spooled_at_end: usize,
+    /// What the last life's ledger remembers of each webhook delivery, by
+    /// delivery id: what a lookup answers.
+    pub(super) remembered: BTreeMap<String, Remembered>,
     /// Spool entries found damaged and set aside, over every life.
     pub(super) quarantined: u64,
     /// What the checks inside the core found broken as it ran (a checkpoint
@@ -320,6 +324,7 @@ impl World {
         });
         let mut quarantined = 0;
         let mut spooled_at_end = 0;
+        let mut remembered = BTreeMap::new();
         let mut eras = Vec::new();
         let mut quiet_from = self.faults.1;
         let mut life_dir = dir.join("life-0");
@@ -344,6 +349,7 @@ impl World {
             quarantined += lived.quarantined;
             let Some(crash) = crash else {
                 spooled_at_end = lived.spooled;
+                remembered = lived.remembered;
                 break;
             };
             if crash.clean {
@@ -386,6 +392,7 @@ impl World {
             quiet_from,
             spools: self.spools,
             spooled_at_end,
+            remembered,
             quarantined,
             internal: record.internal,
             steps: record.steps,
@@ -486,6 +493,7 @@ impl World {
             }
             cut(senders, &self.shared, now);
             return Lived {
+                remembered: BTreeMap::new(),
                 quarantined: process.spool.stats().quarantined,
                 spooled: 0,
                 spooled_ids: process
@@ -511,8 +519,21 @@ impl World {
             }
         }
         process.stop();
+        let mut remembered = BTreeMap::new();
+        for (provider, id) in deliveries(senders) {
+            let key = DeliveryKey::new(provider, &id);
+            match process.pipeline.ledger().remembered(&key).await {
+                Ok(found) => {
+                    remembered.insert(id, found);
+                }
+                Err(error) => self.shared.record().internal.push(format!(
+                    "the ledger cannot say what became of {id}: {error}"
+                )),
+            }
+        }
         let stats = process.spool.stats();
         Lived {
+            remembered,
             quarantined: stats.quarantined,
             spooled: usize::try_from(stats.entries).unwrap_or(usize::MAX),
             spooled_ids: Vec::new(),
@@ -623,6 +644,9 @@ impl World {
 
 /// What one life left besides its files.
 struct Lived {
+    /// What its ledger remembers of each delivery at its end, when it ended
+    /// without a crash (the world's last life).
+    remembered: BTreeMap<String, Remembered>,
     /// Spool entries it set aside as damaged.
     quarantined: u64,
     /// Deliveries its spool still held when it ended.
