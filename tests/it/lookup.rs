@@ -122,8 +122,10 @@ async fn a_delivery_is_found_by_its_id_with_its_answer_and_its_record() {
         .zip(["published", "stale", "unchanged", "dead_lettered"])
     {
         let answer = app.send("mekari", "main", body).await;
-        assert_eq!(answer.status(), 200);
-        assert_eq!(answer.json::<Value>().await.unwrap()["status"], status);
+        let code = answer.status();
+        let json = answer.json::<Value>().await.unwrap();
+        assert_eq!(code, 200, "{json}");
+        assert_eq!(json["status"], status);
     }
 
     let admin = posbridge::http::ingress::admin_router(app.admin_state(), &app.config.admin);

@@ -161,7 +161,7 @@ async fn write_v1_records(prefix: &str, registry: &Registry) {
         .set("partitioner", "murmur2_random")
         .create()
         .unwrap();
-    // On a whole millisecond: the v1 products' headers spell the same
+    // On a whole second: the v1 products' headers spell the same
     // version as their times, which a webhook body's RFC 3339 text keeps.
     let now = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap();
     let micros = (now.unix_timestamp_nanos() / 1000) as i64;

@@ -167,7 +167,7 @@ impl Answered {
         let at_micros = i64::from_be_bytes(bytes[2..HEAD].try_into().unwrap_or_default());
         let place = bytes
             .get(HEAD..)
-            .filter(|rest| rest.len() > PLACE)
+            .filter(|rest| rest.len() >= PLACE)
             .and_then(|rest| {
                 Some(Place {
                     partition: i32::from_be_bytes(rest[..4].try_into().ok()?),

@@ -189,8 +189,15 @@ impl Publisher {
         self.baseline.learn(&observed);
         // A topic changed while posbridge was stopped (the ledger kept its
         // partitions) is refused from the start, as the watch refuses one
-        // changed while running.
-        for (topic, seen) in &observed {
+        // changed while running. One the metadata does not name is not
+        // judged: start-up has just made the missing ones, and a broker may
+        // answer for a moment as if a topic it just created did not exist
+        // (seen under load: a fresh start then refused its first deliveries
+        // as if the topic had been deleted, until the watch looked again).
+        for (topic, seen) in observed
+            .iter()
+            .filter(|(_, seen)| seen.partitions.is_some())
+        {
             let change = TopicChange::between(self.baseline.get(topic), seen);
             self.health.topic_shape(topic, change);
         }

@@ -30,7 +30,7 @@ pub fn render(looked: &Looked) -> String {
             }
             body {
                 h1 { "posbridge lookup" }
-                (form(&looked.id))
+                (form(&looked.id, Page::Lookup))
                 p { a href="../status" { "← status" } }
                 h2 { "As a delivery id" }
                 @match &looked.delivery {
@@ -50,11 +50,23 @@ pub fn render(looked: &Looked) -> String {
     .into_string()
 }
 
-/// The lookup box, on the status page and on this one (relative to
-/// `/status`, so it works behind a path prefix).
-pub fn form(id: &str) -> Markup {
+/// The page a lookup box is on: its action is relative to it, so the
+/// pages work behind a path prefix.
+pub enum Page {
+    /// `/status`.
+    Status,
+    /// `/status/lookup`.
+    Lookup,
+}
+
+/// The lookup box, on the status page and on this one.
+pub fn form(id: &str, on: Page) -> Markup {
+    let action = match on {
+        Page::Status => "status/lookup",
+        Page::Lookup => "lookup",
+    };
     html! {
-        form #lookup method="get" action="status/lookup" {
+        form #lookup method="get" action=(action) {
             input type="search" name="id" value=(id) placeholder="delivery id or entity key" size="40";
             " " button type="submit" { "look up" }
         }
@@ -154,5 +166,7 @@ mod tests {
         assert!(!html.contains("<script>alert"), "{html}");
         assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
         assert!(html.contains("&lt;b&gt;down&lt;/b&gt;"));
+        // From /status/lookup, the box asks /status/lookup again.
+        assert!(html.contains(r#"action="lookup""#), "{html}");
     }
 }

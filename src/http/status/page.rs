@@ -133,7 +133,7 @@ pub fn render(status: &Status) -> String {
                         }
                     }
                 }
-                (super::lookup::form(""))
+                (super::lookup::form("", super::lookup::Page::Status))
                 (search(&status.shown))
                 @for source in &status.sources {
                     (source_section(source))

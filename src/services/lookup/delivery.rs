@@ -8,9 +8,9 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::{Lookup, LookupError, RecordView};
-use crate::adapters::ledger::{Answered, Place, Remembered};
+use crate::adapters::ledger::{Answered, Place, Recorded, Remembered};
 use crate::domain::event::{DeliveryKey, ProviderKind, from_micros};
-use crate::services::pipeline::HEADER_DELIVERY_ID;
+use crate::services::pipeline::{HEADER_DELIVERY_ID, HEADER_PROVIDER};
 use crate::services::replay::Reader;
 
 /// What a lookup of a delivery id found.
@@ -119,7 +119,7 @@ impl Lookup {
         until: Option<i64>,
     ) -> Result<DeliveryFound, LookupError> {
         let record = match answered.place {
-            Some(place) => Some(self.placed(key, place).await?),
+            Some(place) => Some(self.placed(key, answered.outcome, place).await?),
             None => None,
         };
         Ok(DeliveryFound {
@@ -138,8 +138,14 @@ impl Lookup {
 
     /// The record at `place`, checked to be `key`'s: a compacted topic may
     /// have replaced it with a newer record of its entity, and retention
-    /// may have removed it.
-    async fn placed(&self, key: &DeliveryKey, place: Place) -> Result<PlacedRecord, LookupError> {
+    /// may have removed it. A dead letter (`outcome` says) is shown raw, an
+    /// entity record decoded.
+    async fn placed(
+        &self,
+        key: &DeliveryKey,
+        outcome: Recorded,
+        place: Place,
+    ) -> Result<PlacedRecord, LookupError> {
         let Place {
             topic,
             partition,
@@ -175,20 +181,16 @@ impl Lookup {
             ));
             return Ok(placed);
         }
-        let dead_letter = self
-            .sets
-            .all()
-            .iter()
-            .any(|set| set.dead_letter() == placed.topic);
-        let (view, own) = if dead_letter {
+        let (view, own) = if outcome == Recorded::DeadLettered {
             let own = record.key.as_deref() == Some(key.as_str());
             (dead_letter_view(record), own)
         } else {
-            let own = record.header(HEADER_DELIVERY_ID).is_some_and(|id| {
-                key.as_str()
-                    .split_once(':')
-                    .is_some_and(|(_, scoped)| scoped == id)
-            });
+            let scoped = record
+                .header(HEADER_PROVIDER)
+                .and_then(ProviderKind::parse)
+                .zip(record.header(HEADER_DELIVERY_ID))
+                .map(|(provider, id)| DeliveryKey::new(provider, id));
+            let own = scoped.as_ref() == Some(key);
             (self.entity_view(record).await, own)
         };
         if !own {

@@ -6,7 +6,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use crate::adapters::ledger::placements::Offsets;
 use crate::adapters::ledger::{Answered, TopicsSeen};
@@ -190,11 +190,14 @@ pub(super) fn move_old_done(txn: &redb::WriteTransaction) -> Result<u64, redb::E
     };
     let mut moved = 0;
     {
-        let old = match txn.open_table(OLD_DONE) {
-            Ok(old) => old,
-            Err(redb::TableError::TableTypeMismatch { .. }) => return Ok(0),
-            Err(error) => return Err(error.into()),
-        };
+        let old = txn.open_table(OLD_DONE)?;
+        let count = old.len()?;
+        if count > 0 {
+            tracing::info!(
+                done_ids = count,
+                "Moving an earlier version's done delivery ids into the table that keeps their answers (once; the file grows by about four times their size)."
+            );
+        }
         let mut done = txn.open_table(DONE)?;
         for entry in old.range::<&str>(..)? {
             let (id, expires) = entry?;
