@@ -14,7 +14,6 @@ use posbridge::adapters::publish::Topics;
 use posbridge::services::rederive::{Options, Rederive, Summary};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Value, json};
 
 use axum::body::Body;
@@ -24,27 +23,14 @@ use tower::ServiceExt;
 
 use crate::support::v1;
 use crate::support::wait::wait_until;
-use crate::support::{OwnBroker, Record, TestApp, brokers, config, kafka_only, read_topic, unique};
+use crate::support::{
+    OwnBroker, Record, TestApp, brokers, config, kafka_only, produce, read_topic, unique,
+};
 
 /// Writes what an older build wrote for `body` (a product's webhook) to
 /// `topic` on `brokers`.
 async fn write_v1_product(brokers: &str, topic: &str, body: &Value, micros: i64) {
-    let (key, value, headers) = v1::product_record(body, micros);
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("partitioner", "murmur2_random")
-        .create()
-        .unwrap();
-    producer
-        .send(
-            FutureRecord::to(topic)
-                .key(&key)
-                .payload(&value)
-                .headers(headers),
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap();
+    produce(brokers, topic, v1::product_record(body, micros)).await;
 }
 
 /// A run of `options` over `app`'s shared topics: its summary and its lines.

@@ -51,7 +51,7 @@ use crate::support::registry::{Registry, V1_SCHEMA};
 use crate::support::v1;
 use crate::support::wait::look_for;
 use crate::support::{TestApp, brokers, config, unique};
-use crate::support::{kafka_only, off_the_runtime, python_path, script};
+use crate::support::{kafka_only, off_the_runtime, produce, python_path, script};
 
 const PLURALS: [&str; 7] = [
     "sales",
@@ -197,21 +197,9 @@ async fn write_v1_records(prefix: &str, registry: &Registry) {
                     &now.format(&time::format_description::well_known::Rfc3339)
                         .unwrap(),
                 );
-                let (key, value, headers) = v1::product_record_framed(
-                    &body,
-                    micros,
-                    [&[0][..], &schema_id.to_be_bytes()].concat(),
-                );
-                producer
-                    .send(
-                        FutureRecord::to(&format!("{prefix}.{plural}"))
-                            .key(&key)
-                            .payload(&value)
-                            .headers(headers),
-                        Duration::from_secs(10),
-                    )
-                    .await
-                    .unwrap();
+                let framed = [&[0][..], &schema_id.to_be_bytes()].concat();
+                let record = v1::product_record_framed(&body, micros, framed);
+                produce(&brokers(), &format!("{prefix}.{plural}"), record).await;
                 continue;
             }
             let key = format!("{}:{entity_id}", provider.to_lowercase());

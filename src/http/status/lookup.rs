@@ -3,9 +3,9 @@
 //! in one page (no script, no refresh). Every value is escaped by the
 //! template, provider-sent text included.
 
-use maud::{DOCTYPE, Markup, PreEscaped, html};
+use maud::{DOCTYPE, Markup, html};
 
-use super::page::STYLE;
+use super::page::head;
 use crate::services::lookup::{DeliveryReport, EntityReport, RecordView};
 
 /// What a lookup found, or why it could not look.
@@ -23,11 +23,7 @@ pub fn render(looked: &Looked) -> String {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                title { "posbridge lookup: " (looked.id) }
-                style { (PreEscaped(STYLE)) }
-            }
+            (head(html! { "posbridge lookup: " (looked.id) }, false))
             body {
                 h1 { "posbridge lookup" }
                 (form(&looked.id, Page::Lookup))

@@ -97,8 +97,8 @@ pub struct Health {
     pub failing_topics: std::collections::BTreeMap<String, String>,
 }
 
-/// The page's style, inline (no external assets); the lookup page's too.
-pub(super) const STYLE: &str = concat!(
+/// The page's style, inline (no external assets).
+const STYLE: &str = concat!(
     "body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}",
     "h1{font-size:1.4em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ccc}",
     "table{border-collapse:collapse;margin:.5em 0}td,th{padding:.2em .6em;border:1px solid #ddd;text-align:left}",
@@ -108,6 +108,21 @@ pub(super) const STYLE: &str = concat!(
     ".legend span{margin-right:1em;white-space:nowrap}.legend i{display:inline-block;width:.8em;height:.8em;margin-right:.3em;vertical-align:-.05em}",
 );
 
+/// A page's head: its title, the inline style, and with `refresh` a
+/// reload every 10 s.
+pub(super) fn head(title: Markup, refresh: bool) -> Markup {
+    html! {
+        head {
+            meta charset="utf-8";
+            @if refresh {
+                meta http-equiv="refresh" content="10";
+            }
+            title { (title) }
+            style { (PreEscaped(STYLE)) }
+        }
+    }
+}
+
 /// The HTML page. maud escapes every value it splices in, so a
 /// provider-sent string never becomes markup; only the charts' SVG, which
 /// holds numbers and our own words, goes in as it is.
@@ -115,12 +130,7 @@ pub fn render(status: &Status) -> String {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta http-equiv="refresh" content="10";
-                title { "posbridge status" }
-                style { (PreEscaped(STYLE)) }
-            }
+            (head(html! { "posbridge status" }, true))
             body {
                 h1 { "posbridge" }
                 p { "As of " (time_text(status.generated_at)) " (refreshes every 10 s)." }

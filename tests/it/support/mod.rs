@@ -64,6 +64,31 @@ pub fn unique(tag: &str) -> String {
     )
 }
 
+/// Writes `record` (a key, a value and headers, as [`v1::product_record`]
+/// makes them) to `topic` on `brokers`, partitioned as posbridge's
+/// producer does: what an older build wrote.
+pub async fn produce(
+    brokers: &str,
+    topic: &str,
+    (key, value, headers): (String, Vec<u8>, rdkafka::message::OwnedHeaders),
+) {
+    let producer: rdkafka::producer::FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("partitioner", "murmur2_random")
+        .create()
+        .unwrap();
+    producer
+        .send(
+            rdkafka::producer::FutureRecord::to(topic)
+                .key(&key)
+                .payload(&value)
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+}
+
 /// A config with fresh topics (`{prefix}.sales`, …) and a ledger in `dir`.
 pub fn config(brokers: &str, prefix: &str, dir: &Path) -> Config {
     let config = Config::from_toml(&config_text(brokers, prefix, dir)).unwrap();
