@@ -163,6 +163,7 @@ fn published(delivery: DeliveryKey, n: usize) -> Done {
                 offset: n as i64,
             }),
         ),
+        read_back: false,
     }
 }
 

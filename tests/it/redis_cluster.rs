@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use posbridge::adapters::ledger::{Begin, Commit, Done, EntitySlot, RedisLedger, Store};
+use posbridge::adapters::ledger::{
+    Begin, Commit, Done, EntitySlot, RedisLedger, Remembered, Store,
+};
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
 use posbridge::domain::guard::EntityState;
 
@@ -308,6 +310,27 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
             .unwrap();
         drop(lock);
         assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
+        if i % 10 == 0 {
+            // An answer a fill reads back keeps the one held (MARK_DONE's
+            // `keep`, the cluster's path).
+            let answered = |found| match found {
+                Remembered::Done { answered, .. } => answered,
+                other => panic!("{id}: {other:?}"),
+            };
+            let held = answered(ledger.remembered(&id).await.unwrap());
+            let mut read_back = Done::published_now(id.clone());
+            read_back.answered.at_micros = 0;
+            read_back.read_back = true;
+            ledger
+                .commit(Commit {
+                    delivery: Some(read_back),
+                    ..Commit::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(answered(ledger.remembered(&id).await.unwrap()), held);
+            assert_ne!(held.at_micros, 0);
+        }
         assert_eq!(ledger.begin_again(&id).await.unwrap(), Begin::New);
         assert_eq!(ledger.begin_again(&id).await.unwrap(), Begin::InFlight);
         ledger.release(&id).await;

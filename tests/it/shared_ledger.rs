@@ -96,6 +96,74 @@ async fn the_redis_ledger_keeps_the_delivery_protocol() {
     ledger.check().await.unwrap();
 }
 
+/// A done delivery is remembered with what it was answered; an answer a fill
+/// reads back from its record keeps the one held (it knows less: an entity
+/// record's time is its event's), and is written where none is held.
+#[tokio::test]
+async fn the_redis_ledger_remembers_each_answer_and_a_fill_keeps_the_one_held() {
+    use posbridge::adapters::ledger::{Answered, Place, Recorded, Remembered};
+    let ledger = ledger(&format!("{}:", unique("answers"))).await;
+    let place = |offset| {
+        Some(Place {
+            topic: "pos.orders".to_owned(),
+            partition: 2,
+            offset,
+        })
+    };
+    let answered = Answered {
+        outcome: Recorded::Published,
+        at_micros: 1_764_000_000_000_001,
+        place: place(5),
+    };
+    let read_back = Answered {
+        at_micros: 0,
+        ..answered.clone()
+    };
+    let commit = |id: &DeliveryKey, answered: &Answered, read_back: bool| Commit {
+        delivery: Some(Done {
+            key: id.clone(),
+            answered: answered.clone(),
+            read_back,
+        }),
+        ..Commit::default()
+    };
+    let held = DeliveryKey::new(ProviderKind::Mekari, "answered");
+    let lost = DeliveryKey::new(ProviderKind::Mekari, "lost");
+    let remembered = async |id: &DeliveryKey| match ledger.remembered(id).await.unwrap() {
+        Remembered::Done { answered, until } => {
+            assert!(until.is_some(), "a dedup TTL");
+            answered
+        }
+        other => panic!("{id}: {other:?}"),
+    };
+    ledger
+        .commit(commit(&held, &answered, false))
+        .await
+        .unwrap();
+    assert_eq!(remembered(&held).await, answered);
+    ledger
+        .commit(commit(&held, &read_back, true))
+        .await
+        .unwrap();
+    assert_eq!(
+        remembered(&held).await,
+        answered,
+        "the answer given is kept"
+    );
+    ledger
+        .commit(commit(&lost, &read_back, true))
+        .await
+        .unwrap();
+    assert_eq!(remembered(&lost).await, read_back, "written where none was");
+    assert_eq!(
+        ledger
+            .remembered(&DeliveryKey::new(ProviderKind::Mekari, "never"))
+            .await
+            .unwrap(),
+        Remembered::Nothing
+    );
+}
+
 /// Without its generation mark (new, or its keys lost to a FLUSHALL) the
 /// ledger decides nothing: the lease and the guard read say it is lost,
 /// while the rebuild's lock is still taken.

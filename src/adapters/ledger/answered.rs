@@ -15,6 +15,12 @@ pub struct Done {
     pub key: DeliveryKey,
     /// What it came to.
     pub answered: Answered,
+    /// Read back from its record by a fill, which knows less than the answer
+    /// given (an entity record's time is its event's): an answer the store
+    /// already holds is kept. Redis keeps it (`SET NX`); the embedded store
+    /// writes it, since what it held past its recorded offsets was lost with
+    /// the crash that makes a fill read them.
+    pub read_back: bool,
 }
 
 impl Done {
@@ -24,6 +30,7 @@ impl Done {
         Done {
             key,
             answered: Answered::now(Recorded::Published, None),
+            read_back: false,
         }
     }
 }

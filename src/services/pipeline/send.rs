@@ -383,6 +383,7 @@ impl Pipeline {
         let delivery = lease.as_ref().map(|lease| Done {
             key: lease.key().clone(),
             answered: Answered::now(recorded, placed.as_ref().map(Place::from)),
+            read_back: false,
         });
         let committing = trace.stage(Stage::Commit);
         let committed = committing.result(

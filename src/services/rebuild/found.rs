@@ -121,7 +121,11 @@ impl Found {
             ..Commit::default()
         });
         let done = self.done.into_iter().map(|(key, answered)| Commit {
-            delivery: Some(Done { key, answered }),
+            delivery: Some(Done {
+                key,
+                answered,
+                read_back: true,
+            }),
             ..Commit::default()
         });
         entities.chain(done)

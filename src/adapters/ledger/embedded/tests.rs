@@ -375,6 +375,7 @@ async fn a_done_delivery_is_remembered_with_its_answer() {
             delivery: Some(Done {
                 key: id.clone(),
                 answered: answered.clone(),
+                read_back: false,
             }),
             entity: Some((slot, state)),
             ..Commit::default()

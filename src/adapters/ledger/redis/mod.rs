@@ -78,9 +78,9 @@ use generation::Watch;
 use scripts::{BEGIN, COMMIT, MARK_DONE, SET_STATE};
 
 use super::{
-    Answered, Begin, Cached, Commit, DEFAULT_CHECKPOINT_EVERY, EntityLock, EntitySlot, EntityState,
-    FILL_TOKEN_NAME, FillToken, GENERATION_MARK_NAME, GenerationMark, LedgerError, Offsets,
-    RebuildLock, Remembered, Sending, Store, TopicsSeen,
+    Answered, Begin, Cached, Commit, DEFAULT_CHECKPOINT_EVERY, Done, EntityLock, EntitySlot,
+    EntityState, FILL_TOKEN_NAME, FillToken, GENERATION_MARK_NAME, GenerationMark, LedgerError,
+    Offsets, RebuildLock, Remembered, Sending, Store, TopicsSeen,
 };
 use crate::config::LedgerConfig;
 use crate::domain::event::DeliveryKey;
@@ -291,10 +291,12 @@ impl RedisLedger {
                 .key(self.delivery_key(&done.key, "done"))
                 .key(self.delivery_key(&done.key, "lease"))
                 .arg(self.dedup_ttl.as_secs().max(1))
-                .arg(done.answered.to_bytes()),
+                .arg(done.answered.to_bytes())
+                .arg(keep(done)),
             None => script
                 .key(delivery_key(&self.prefix, "", "done"))
                 .key(delivery_key(&self.prefix, "", "lease"))
+                .arg("")
                 .arg("")
                 .arg(""),
         };
@@ -325,11 +327,18 @@ impl RedisLedger {
                 .key(self.delivery_key(&done.key, "lease"))
                 .arg(self.dedup_ttl.as_secs().max(1))
                 .arg(done.answered.to_bytes())
+                .arg(keep(done))
                 .invoke_async(&mut conn)
                 .await?;
         }
         Ok(())
     }
+}
+
+/// The scripts' last argument for `done`: `keep` for an answer read back
+/// by a fill, which keeps one already held.
+fn keep(done: &Done) -> &'static str {
+    if done.read_back { "keep" } else { "" }
 }
 
 /// `P{d:<delivery>}:<kind>`: see the module documentation for why the tag

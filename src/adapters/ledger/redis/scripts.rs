@@ -60,11 +60,16 @@ return 1
 
 /// A commit's last write: the delivery is done, with what it was answered
 /// (`Answered::to_bytes`; earlier versions wrote `1`), and its lease ends.
-/// KEYS: done, lease (one slot). ARGV: done TTL s, the answer.
+/// KEYS: done, lease (one slot). ARGV: done TTL s, the answer, and `keep`
+/// to keep an answer already held (a fill's, read back from a record).
 pub(super) static MARK_DONE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[1])
+if ARGV[3] == 'keep' then
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[1], 'NX')
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[1])
+end
 redis.call('DEL', KEYS[2])
 return 1
 ",
@@ -74,8 +79,9 @@ return 1
 /// A whole commit on one server, where a script may touch keys of any slot:
 /// the three writes of a cluster's commit, in the same order, in one round
 /// trip. KEYS: entity state, checkpoint, done, lease. ARGV: the new state,
-/// the checkpoint, the done TTL in seconds, the delivery's answer; an empty
-/// one is not written (a state is never empty).
+/// the checkpoint, the done TTL in seconds, the delivery's answer (an empty
+/// one is not written: a state is never empty), and `keep` to keep an
+/// answer already held.
 pub(super) static COMMIT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         not_older_lua!(),
@@ -83,7 +89,11 @@ pub(super) static COMMIT: LazyLock<Script> = LazyLock::new(|| {
 if ARGV[1] ~= '' then set_state(KEYS[1], ARGV[1]) end
 if ARGV[2] ~= '' then redis.call('SET', KEYS[2], ARGV[2]) end
 if ARGV[3] ~= '' then
-  redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[3])
+  if ARGV[5] == 'keep' then
+    redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[3], 'NX')
+  else
+    redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[3])
+  end
   redis.call('DEL', KEYS[4])
 end
 return 1
