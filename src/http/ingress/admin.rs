@@ -164,17 +164,13 @@ async fn lookup_page(
     State(state): State<AdminState>,
     Query(query): Query<LookupQuery>,
 ) -> Response {
-    use crate::domain::event::ProviderKind;
     use crate::http::status::lookup::{Looked, render};
     let id = query.id.trim().to_owned();
     if id.is_empty() {
         return axum::response::Redirect::to("../status").into_response();
     }
     let delivery = state.lookup.delivery(&id).await.map_err(|e| e.to_string());
-    let keyed = id
-        .split_once(':')
-        .is_some_and(|(provider, _)| ProviderKind::parse(provider).is_some());
-    let entity = if keyed {
+    let entity = if crate::services::lookup::provider_scoped(&id).is_some() {
         Some(state.lookup.entity(&id).await.map_err(|e| e.to_string()))
     } else {
         None
@@ -214,10 +210,7 @@ async fn entity_json(
     State(state): State<AdminState>,
     axum::extract::Path(key): axum::extract::Path<String>,
 ) -> Response {
-    match state.lookup.entity(&key).await {
-        Ok(report) => Json(report).into_response(),
-        Err(error) => WebhookError::from(error).into_response(),
-    }
+    looked_up(state.lookup.entity(&key).await)
 }
 
 /// `GET /admin/deliveries/{id}`: what posbridge answered the delivery
@@ -228,7 +221,14 @@ async fn delivery_json(
     State(state): State<AdminState>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
-    match state.lookup.delivery(&id).await {
+    looked_up(state.lookup.delivery(&id).await)
+}
+
+/// A lookup's report as JSON, or why it could not look (503).
+fn looked_up(
+    report: Result<impl serde::Serialize, crate::services::lookup::LookupError>,
+) -> Response {
+    match report {
         Ok(report) => Json(report).into_response(),
         Err(error) => WebhookError::from(error).into_response(),
     }

@@ -72,10 +72,7 @@ impl Lookup {
     /// # Errors
     /// [`LookupError`] when the ledger or the record's topic cannot be read.
     pub async fn delivery(&self, id: &str) -> Result<DeliveryReport, LookupError> {
-        let scoped = id
-            .split_once(':')
-            .and_then(|(provider, rest)| Some((ProviderKind::parse(provider)?, rest)));
-        let keys: Vec<DeliveryKey> = match scoped {
+        let keys: Vec<DeliveryKey> = match provider_scoped(id) {
             Some((provider, rest)) => vec![DeliveryKey::new(provider, rest)],
             None => ProviderKind::ALL
                 .into_iter()
@@ -214,6 +211,13 @@ fn dead_letter_view(record: crate::services::replay::Letter) -> RecordView {
         value,
         error: None,
     }
+}
+
+/// `text`'s provider and the rest, when it starts with a provider's name
+/// and a colon (`mekari:…`): a scoped delivery id, or an entity key.
+pub fn provider_scoped(text: &str) -> Option<(ProviderKind, &str)> {
+    let (provider, rest) = text.split_once(':')?;
+    Some((ProviderKind::parse(provider)?, rest))
 }
 
 fn rfc3339(at: OffsetDateTime) -> Option<String> {

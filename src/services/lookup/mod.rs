@@ -28,7 +28,7 @@ use crate::domain::event::EntityType;
 use crate::services::pipeline::Pipeline;
 use crate::services::replay::{Letter, ReadError, Reader};
 
-pub use delivery::{DeliveryFound, DeliveryReport, PlacedRecord};
+pub use delivery::{DeliveryFound, DeliveryReport, PlacedRecord, provider_scoped};
 pub use partition::partition_of;
 
 /// The records a lookup keeps of one key: its last ones.

@@ -284,10 +284,7 @@ impl EmbeddedLedger {
         {
             let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
             let now = Instant::now();
-            if leases
-                .get(delivery.as_str())
-                .is_some_and(|lapses| *lapses > now)
-            {
+            if held(&leases, delivery, now) {
                 return Ok(Begin::InFlight);
             }
             leases.insert(delivery.as_str().to_owned(), now + self.lease);
@@ -310,6 +307,13 @@ impl EmbeddedLedger {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(delivery.as_str());
     }
+}
+
+/// Whether an attempt holds `delivery`'s lease at `now`.
+fn held(leases: &HashMap<String, Instant>, delivery: &DeliveryKey, now: Instant) -> bool {
+    leases
+        .get(delivery.as_str())
+        .is_some_and(|lapses| *lapses > now)
 }
 
 /// What an embedded ledger file holds.
@@ -343,15 +347,11 @@ impl super::Store for EmbeddedLedger {
     }
 
     async fn remembered(&self, delivery: &DeliveryKey) -> Result<Remembered, LedgerError> {
-        let held = self
-            .leases
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(delivery.as_str())
-            .is_some_and(|lapses| *lapses > Instant::now());
-        if held {
+        let leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+        if held(&leases, delivery, Instant::now()) {
             return Ok(Remembered::InFlight);
         }
+        drop(leases);
         let found = self.done_value(delivery, |value| {
             (tables::expiry(value), tables::answered(value))
         })?;
