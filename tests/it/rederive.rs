@@ -82,6 +82,9 @@ async fn a_run_stopped_by_an_outage_resumes_where_it_stopped() {
     let mut config = config(&broker.address(), &prefix, dir.path());
     config.kafka.delivery_timeout_ms = 1000;
     let products = format!("{prefix}.products");
+    // A private broker, whose tansu compacts only hourly
+    // (support/broker.rs): every record written stays there to be counted,
+    // on either broker.
     products_topic(&broker.address(), &products).await;
     for n in 1..=6 {
         let (time, micros) = at(n);

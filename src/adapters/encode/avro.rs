@@ -299,18 +299,7 @@ impl Fields {
     fn decimal(&mut self, name: &'static str) -> Result<Option<Decimal>, DecodeError> {
         match self.take(name)? {
             Value::Null => Ok(None),
-            Value::Decimal(d) => {
-                let bytes = Vec::<u8>::try_from(&d).map_err(|_| DecodeError::Field(name))?;
-                if bytes.is_empty() || bytes.len() > 16 {
-                    return Err(DecodeError::Field(name));
-                }
-                let fill = if bytes[0] & 0x80 != 0 { 0xff } else { 0x00 };
-                let mut wide = [fill; 16];
-                wide[16 - bytes.len()..].copy_from_slice(&bytes);
-                Ok(Some(Decimal {
-                    unscaled: i128::from_be_bytes(wide),
-                }))
-            }
+            Value::Decimal(d) => decimal_of(&d).map(Some).ok_or(DecodeError::Field(name)),
             _ => Err(DecodeError::Field(name)),
         }
     }
@@ -388,6 +377,21 @@ pub fn from_avro(value: Value) -> Result<PosEvent, DecodeError> {
         raw: f.string("raw")?,
         // Not in the record: the reader knows its topic.
         topic_prefix: None,
+    })
+}
+
+/// An Avro decimal's unscaled value (big-endian two's complement, at most
+/// 16 bytes) as a [`Decimal`]; `None` for one that is not.
+pub(super) fn decimal_of(d: &apache_avro::Decimal) -> Option<Decimal> {
+    let bytes = Vec::<u8>::try_from(d).ok()?;
+    if bytes.is_empty() || bytes.len() > 16 {
+        return None;
+    }
+    let fill = if bytes[0] & 0x80 != 0 { 0xff } else { 0x00 };
+    let mut wide = [fill; 16];
+    wide[16 - bytes.len()..].copy_from_slice(&bytes);
+    Some(Decimal {
+        unscaled: i128::from_be_bytes(wide),
     })
 }
 

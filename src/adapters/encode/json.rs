@@ -5,7 +5,7 @@
 use apache_avro::types::Value;
 
 use super::to_avro;
-use crate::domain::event::{Decimal, PosEvent, from_micros};
+use crate::domain::event::{PosEvent, from_micros};
 
 /// `event` as JSON.
 pub fn event_json(event: &PosEvent) -> serde_json::Value {
@@ -28,16 +28,8 @@ pub fn shown(value: Value) -> serde_json::Value {
                     .ok()
             })
             .map_or(Json::from(us), Json::String),
-        Value::Decimal(d) => Vec::<u8>::try_from(&d)
-            .ok()
-            .filter(|bytes| !bytes.is_empty() && bytes.len() <= 16)
-            .map_or(Json::Null, |bytes| {
-                let fill = if bytes[0] & 0x80 != 0 { 0xff } else { 0x00 };
-                let mut wide = [fill; 16];
-                wide[16 - bytes.len()..].copy_from_slice(&bytes);
-                let unscaled = i128::from_be_bytes(wide);
-                Json::String(Decimal { unscaled }.to_string())
-            }),
+        Value::Decimal(d) => super::avro::decimal_of(&d)
+            .map_or(Json::Null, |decimal| Json::String(decimal.to_string())),
         Value::Array(items) => Json::Array(items.into_iter().map(shown).collect()),
         Value::Record(fields) => Json::Object(
             fields

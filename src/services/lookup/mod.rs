@@ -15,7 +15,7 @@
 mod delivery;
 mod partition;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -145,18 +145,58 @@ impl Lookup {
             found: Vec::new(),
             read: 0,
         };
-        for set in self.sets.all() {
-            for entity_type in EntityType::ALL {
+        for entity_type in EntityType::ALL {
+            let state = self.ledger_state(entity_type, key).await?;
+            let mut of_type = Vec::new();
+            for set in self.sets.all() {
                 let topic = set.entity(entity_type);
-                if let Some(found) = self
-                    .on_topic(topic, entity_type, key, &mut report.read)
-                    .await?
+                if let Some((partition, records)) =
+                    self.on_topic(topic, key, &mut report.read).await?
                 {
-                    report.found.push(found);
+                    of_type.push(TopicReport {
+                        topic: topic.to_owned(),
+                        partition,
+                        entity_type: entity_type.plural(),
+                        ledger_state: None,
+                        records,
+                    });
                 }
             }
+            // The ledger holds one state per key and entity type, whichever
+            // topic set its records went to: shown beside the topic that
+            // holds them (the first, the shared one, when none does).
+            let holder = of_type
+                .iter()
+                .position(|topic| !topic.records.is_empty())
+                .or_else(|| (state.is_some() && !of_type.is_empty()).then_some(0));
+            if let Some(holder) = holder {
+                of_type[holder].ledger_state = state;
+            }
+            report.found.extend(
+                of_type
+                    .into_iter()
+                    .filter(|topic| !topic.records.is_empty() || topic.ledger_state.is_some()),
+            );
         }
         Ok(report)
+    }
+
+    /// The state the ledger holds for `key` of `entity_type`.
+    async fn ledger_state(
+        &self,
+        entity_type: EntityType,
+        key: &str,
+    ) -> Result<Option<StateView>, LookupError> {
+        let slot = EntitySlot::of_record_key(entity_type, key);
+        Ok(self
+            .pipeline
+            .ledger()
+            .entity(&slot)
+            .await?
+            .map(|state| StateView {
+                version: format!("{}:{}", state.version.at_micros, state.version.rank),
+                state_hash: hex::encode(state.state_hash),
+            }))
     }
 
     /// An entity record as a lookup shows it: its value read with the
@@ -178,20 +218,22 @@ impl Lookup {
         }
     }
 
+    /// `key`'s partition of `topic` and the key's last [`KEPT`] records in
+    /// it, oldest first, decoded once the partition is read; `None` when the
+    /// topic does not exist.
     async fn on_topic(
         &self,
         topic: &str,
-        entity_type: EntityType,
         key: &str,
         read: &mut u64,
-    ) -> Result<Option<TopicReport>, LookupError> {
+    ) -> Result<Option<(i32, Vec<RecordView>)>, LookupError> {
         let mut reader = Reader::new(&self.config.kafka, topic)?;
         let extents = reader.extents().await?;
         let partition = partition_of(key.as_bytes(), extents.len());
         let Some(extent) = extents.into_iter().find(|e| e.partition == partition) else {
             return Ok(None);
         };
-        let mut records = Vec::new();
+        let mut kept = VecDeque::with_capacity(KEPT + 1);
         if extent.low < extent.high {
             reader.assign(partition, extent.low, extent.high)?;
             while let Some(record) = reader.next().await? {
@@ -199,31 +241,16 @@ impl Lookup {
                 if record.key.as_deref() != Some(key) {
                     continue;
                 }
-                records.push(self.entity_view(record).await);
-                if records.len() > KEPT {
-                    records.remove(0);
+                kept.push_back(record);
+                if kept.len() > KEPT {
+                    kept.pop_front();
                 }
             }
         }
-        let slot = EntitySlot::of_record_key(entity_type, key);
-        let ledger_state = self
-            .pipeline
-            .ledger()
-            .entity(&slot)
-            .await?
-            .map(|state| StateView {
-                version: format!("{}:{}", state.version.at_micros, state.version.rank),
-                state_hash: hex::encode(state.state_hash),
-            });
-        if records.is_empty() && ledger_state.is_none() {
-            return Ok(None);
+        let mut records = Vec::with_capacity(kept.len());
+        for record in kept {
+            records.push(self.entity_view(record).await);
         }
-        Ok(Some(TopicReport {
-            topic: topic.to_owned(),
-            partition,
-            entity_type: entity_type.plural(),
-            ledger_state,
-            records,
-        }))
+        Ok(Some((partition, records)))
     }
 }

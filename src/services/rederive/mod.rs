@@ -331,7 +331,6 @@ impl Rederive {
         reader.assign(extent.partition, start, extent.high)?;
         let mut saved_at = Instant::now();
         let mut next = start;
-        let mut read_to = start;
         let mut pending: FuturesOrdered<Pending<'_>> = FuturesOrdered::new();
         let mut reading = true;
         let mut stopped = None;
@@ -341,11 +340,9 @@ impl Rederive {
                 Some(Some(ended)) => ended,
                 _ if reading && pending.len() < IN_FLIGHT => {
                     match reader.next().await {
-                        // A broker may hand a record again (tansu after a
-                        // compaction): each offset is judged once.
-                        Ok(Some(record)) if record.offset < read_to => {}
+                        // The reader passes over a record a broker hands
+                        // again (tansu after a compaction): each offset once.
                         Ok(Some(record)) => {
-                            read_to = record.offset + 1;
                             let sent = self.start(target, record, tally.options, pace).await;
                             pending.push_back(sent);
                         }
