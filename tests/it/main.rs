@@ -15,6 +15,7 @@ mod damaged_files;
 mod dead_letter_limit;
 mod dedup;
 mod deploy;
+mod dev_stack;
 mod event_times;
 mod hostile_api;
 mod kafka_acls;

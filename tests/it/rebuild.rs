@@ -26,12 +26,16 @@ async fn first_life(config: Config) -> (Value, Value, (String, Vec<u8>)) {
 /// A sale's newer state published, a delivery dead-lettered; the deliveries
 /// to send again.
 async fn publish_and_dead_letter(app: &TestApp) -> (Value, Value, (String, Vec<u8>)) {
-    // Event times of now: a delivery id is restored when its record (stamped
-    // with the event's time) lies within the dedup window.
+    // Events three days old, delivered now (a POS that was offline, a
+    // backfill): a delivery id is remembered for the dedup window (a day)
+    // after its delivery arrived, not after its event happened, so the
+    // published one is restored from its record.
     let ago = |minutes: i64| {
-        (time::OffsetDateTime::now_utc() - time::Duration::minutes(minutes))
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap()
+        (time::OffsetDateTime::now_utc()
+            - time::Duration::days(3)
+            - time::Duration::minutes(minutes))
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap()
     };
     let newer = rr_sale("rb-2", "sale.updated", &ago(1), "T1|2026-11|77", 2000);
     let older = rr_sale("rb-1", "sale.created", &ago(2), "T1|2026-11|77", 1000);

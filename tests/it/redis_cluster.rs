@@ -82,6 +82,7 @@ impl TestCluster {
         let cluster = TestCluster { nodes };
         let addresses: Vec<String> = cluster.ports().map(|p| format!("127.0.0.1:{p}")).collect();
         let created = tokio::process::Command::new("redis-cli")
+            .env_remove("LD_PRELOAD")
             .arg("--cluster")
             .arg("create")
             .args(&addresses)

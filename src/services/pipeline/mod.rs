@@ -69,8 +69,9 @@ pub use outcome::{Handled, Outcome, PipelineError, Redelivery};
 pub use record::{
     DEAD_LETTER_KEPT_BYTES, DeadLetter, HEADER_BODY_BYTES, HEADER_BODY_SHA256, HEADER_CUT_REASON,
     HEADER_DELIVERY_ID, HEADER_EVENT_TYPE, HEADER_ORIGIN, HEADER_PROVIDER, HEADER_REASON,
-    HEADER_REASON_CODE, HEADER_SCHEMA, HEADER_SOURCE, HEADER_STATE_HASH, HEADER_VERSION,
-    cut_dead_letter, dead_letter_record, entity_record, state_from_headers,
+    HEADER_REASON_CODE, HEADER_RECEIVED_AT, HEADER_SCHEMA, HEADER_SOURCE, HEADER_STATE_HASH,
+    HEADER_VERSION, cut_dead_letter, dead_letter_record, entity_record, received_at_from_header,
+    state_from_headers,
 };
 
 /// One verified webhook delivery, owned, on its way down the line.

@@ -32,6 +32,12 @@ pub const HEADER_STATE_HASH: &str = "posbridge-state-hash";
 /// with ([`crate::adapters::encode::SCHEMA_REVISION`]); records of earlier
 /// versions have none, which a Kafka Connect predicate tells apart.
 pub const HEADER_SCHEMA: &str = "posbridge-schema";
+/// Entity record header: when the delivery that wrote it arrived (a
+/// reconciled record: when it was fetched), microseconds since the epoch in
+/// decimal. The record's timestamp is its event's time, which consumers
+/// read as such; a delivery's id is remembered for `dedup_ttl` after its
+/// arrival, so a ledger filled from the topics restores done ids by this.
+pub const HEADER_RECEIVED_AT: &str = "posbridge-received-at";
 /// Dead-letter header: why the event could not be normalized or published.
 pub const HEADER_REASON: &str = "posbridge-reason";
 /// Dead-letter header: the reason as a bounded code (`invalid_field`,
@@ -101,6 +107,7 @@ pub fn entity_record(
         ),
         (HEADER_STATE_HASH, hex::encode(state.state_hash)),
         (HEADER_SCHEMA, SCHEMA_REVISION.to_owned()),
+        (HEADER_RECEIVED_AT, micros(event.received_at).to_string()),
     ];
     with_trace(&mut headers, trace);
     OutgoingRecord {
@@ -225,6 +232,18 @@ fn millis(at: OffsetDateTime) -> i64 {
     i64::try_from(at.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
 }
 
+/// Microseconds since the epoch.
+fn micros(at: OffsetDateTime) -> i64 {
+    i64::try_from(at.unix_timestamp_nanos() / 1_000).unwrap_or(i64::MAX)
+}
+
+/// When an entity record's delivery arrived, from its
+/// [`HEADER_RECEIVED_AT`]: `None` for a record without it (written before
+/// it existed) or with a value this version does not write.
+pub fn received_at_from_header(value: &str) -> Option<i64> {
+    value.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -340,8 +359,13 @@ mod tests {
         );
         assert_eq!(header(&record, HEADER_SCHEMA), Some(SCHEMA_REVISION));
         assert_eq!(
+            header(&record, HEADER_RECEIVED_AT),
+            Some("1795946401000000"),
+            "its arrival, not its event's time"
+        );
+        assert_eq!(
             record.headers.len(),
-            8,
+            9,
             "no trace context while traces are off"
         );
         let traced = entity_record(
@@ -353,7 +377,7 @@ mod tests {
             vec![("traceparent", TRACEPARENT.to_owned())],
         );
         assert_eq!(header(&traced, "traceparent"), Some(TRACEPARENT));
-        assert_eq!(traced.headers.len(), 9);
+        assert_eq!(traced.headers.len(), 10);
     }
 
     /// An entity state, its hash ending apart from its other bytes.

@@ -8,7 +8,8 @@ use crate::adapters::ledger::{Answered, Commit, Done, EntitySlot, Place, Recorde
 use crate::domain::event::{DeliveryKey, EntityType, ProviderKind};
 use crate::domain::guard::EntityState;
 use crate::services::pipeline::{
-    HEADER_DELIVERY_ID, HEADER_PROVIDER, HEADER_STATE_HASH, HEADER_VERSION, state_from_headers,
+    HEADER_DELIVERY_ID, HEADER_PROVIDER, HEADER_RECEIVED_AT, HEADER_STATE_HASH, HEADER_VERSION,
+    received_at_from_header, state_from_headers,
 };
 use crate::services::replay::Letter;
 
@@ -48,8 +49,8 @@ pub(super) struct Found {
 
 impl Found {
     /// An entity record of `entity_type`'s `topic`. Its delivery id counts
-    /// as done (published, at the record's time and place) when its record
-    /// time is at or after `done_since_ms`.
+    /// as done (published, at the record's place) when its delivery arrived
+    /// at or after `done_since_ms` ([`arrived_ms`]).
     pub(super) fn entity_record(
         &mut self,
         (topic, entity_type): (&str, EntityType),
@@ -73,7 +74,7 @@ impl Found {
         if newer {
             self.entities.insert(slot, state);
         }
-        if recent(record, done_since_ms)
+        if arrived_ms(record).is_some_and(|at| at >= done_since_ms)
             && let Some(provider) = record.header(HEADER_PROVIDER).and_then(ProviderKind::parse)
             && let Some(delivery) = record.header(HEADER_DELIVERY_ID)
         {
@@ -88,7 +89,7 @@ impl Found {
     /// A dead letter of `topic`: its key is its delivery, done when recent.
     pub(super) fn dead_letter(&mut self, topic: &str, record: &Letter, done_since_ms: i64) {
         self.records += 1;
-        if recent(record, done_since_ms)
+        if record.timestamp_ms.is_some_and(|at| at >= done_since_ms)
             && let Some(key) = &record.key
         {
             self.done.insert(
@@ -146,8 +147,14 @@ fn answered(outcome: Recorded, topic: &str, record: &Letter) -> Answered {
     }
 }
 
-fn recent(record: &Letter, done_since_ms: i64) -> bool {
-    record.timestamp_ms.is_some_and(|at| at >= done_since_ms)
+/// When an entity record's delivery arrived, in milliseconds since the
+/// epoch: its arrival header; for a record written before the header
+/// existed, its timestamp (its event's time, the best it tells).
+fn arrived_ms(record: &Letter) -> Option<i64> {
+    match record.header(HEADER_RECEIVED_AT) {
+        Some(micros) => received_at_from_header(micros).map(|micros| micros.div_euclid(1000)),
+        None => record.timestamp_ms,
+    }
 }
 
 #[cfg(test)]
@@ -172,6 +179,53 @@ mod tests {
             .map(|(k, v)| (k.to_owned(), v))
             .collect(),
         }
+    }
+
+    #[test]
+    fn a_delivery_id_is_restored_by_its_arrival_not_its_events_time() {
+        let since_ms = 1_000_000;
+        let mut found = Found::default();
+        let arrived = |key: &str, delivery: &str, event_ms: i64, arrival_ms: Option<i64>| {
+            let mut record = record(key, delivery, 1, 0, 1, event_ms);
+            if let Some(ms) = arrival_ms {
+                record
+                    .headers
+                    .insert(HEADER_RECEIVED_AT.to_owned(), (ms * 1000 + 7).to_string());
+            }
+            record
+        };
+        let orders = ("orders", EntityType::Order);
+        // An event days old, delivered within the window (a POS that was
+        // offline, a late retry, a backfill).
+        found.entity_record(
+            orders,
+            &arrived("mekari:O-1", "late", 10, Some(since_ms)),
+            since_ms,
+        );
+        // A recent event whose delivery arrived before the window.
+        found.entity_record(
+            orders,
+            &arrived("mekari:O-2", "gone", since_ms + 5, Some(since_ms - 1)),
+            since_ms,
+        );
+        // Written before the arrival header existed: its event's time.
+        found.entity_record(
+            orders,
+            &arrived("mekari:O-3", "old-recent", since_ms, None),
+            since_ms,
+        );
+        found.entity_record(
+            orders,
+            &arrived("mekari:O-4", "old-gone", since_ms - 1, None),
+            since_ms,
+        );
+        let mut done: Vec<String> = found
+            .into_commits()
+            .filter_map(|commit| commit.delivery)
+            .map(|done| done.key.as_str().to_owned())
+            .collect();
+        done.sort_unstable();
+        assert_eq!(done, ["mekari:late", "mekari:old-recent"]);
     }
 
     #[test]
