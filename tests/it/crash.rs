@@ -24,8 +24,9 @@ const CONCURRENCY: usize = 12;
 
 /// Delivery `n`: sale `n % SALES`, version `n / SALES`, so versions of one
 /// sale arrive interleaved with the others and, sent from the top, newest
-/// first. Event times of the last minutes: the restart restores the ids of
-/// records within the dedup window.
+/// first. Event times of the last minutes (the restart restores the ids of
+/// the deliveries that arrived within the dedup window, whatever their
+/// events' times).
 fn delivery(n: usize) -> (String, Vec<u8>) {
     static BASE: std::sync::LazyLock<time::OffsetDateTime> =
         std::sync::LazyLock::new(|| time::OffsetDateTime::now_utc() - time::Duration::minutes(5));

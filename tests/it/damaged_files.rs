@@ -77,12 +77,22 @@ async fn a_damaged_ledger_is_set_aside_and_filled_again_from_the_topics() {
     assert_eq!(report["ledger"]["status"], "damaged", "{report}");
 
     let app = TestApp::start_with(crate::support::config(&brokers(), &prefix, dir.path())).await;
+    // The delivery arrived within dedup_ttl (its record carries its
+    // arrival), so its id is restored: the retry is a duplicate.
     let again = app.send("receiptroller", "main", &sale).await;
     assert_eq!(again.status(), 200);
-    // The sale's time is older than dedup_ttl, so its id is not restored;
-    // its state is, and the retry writes nothing.
     assert_eq!(
         again.json::<serde_json::Value>().await.unwrap()["status"],
+        "duplicate",
+        "the new ledger holds the delivery's id from its record"
+    );
+    // Its state is restored too: the same sale under another delivery id
+    // writes nothing.
+    let mut resent = sale.clone();
+    resent["id"] = "d-2".into();
+    let other = app.send("receiptroller", "main", &resent).await;
+    assert_eq!(
+        other.json::<serde_json::Value>().await.unwrap()["status"],
         "unchanged",
         "the new ledger holds the sale's state from its record"
     );

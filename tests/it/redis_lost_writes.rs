@@ -59,9 +59,7 @@ async fn checkpointed(redis: &RedisServer, prefix: &str, topic: &str) {
     .await;
 }
 
-/// An RFC 3339 time `minutes` ago: a delivery id is restored from the
-/// topics when its record (stamped with the event's time) lies within the
-/// dedup window.
+/// An RFC 3339 time `minutes` ago: the order states, minutes apart.
 fn ago(minutes: i64) -> String {
     (time::OffsetDateTime::now_utc() - time::Duration::minutes(minutes))
         .format(&time::format_description::well_known::Rfc3339)
