@@ -251,8 +251,13 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_env("POSBRIDGE_LOG")
         .unwrap_or_else(|_| EnvFilter::new("info,rdkafka=warn"));
-    // The replay's report is stdout, so its log goes to stderr.
-    let (writer, terminal) = if matches!(cli.command, Command::ReplayDeadLetters { .. }) {
+    // The commands whose report is JSON on stdout log to stderr, so the
+    // report pipes whole (`| jq`).
+    let reports_on_stdout = matches!(
+        cli.command,
+        Command::ReplayDeadLetters { .. } | Command::Rederive { .. } | Command::Lookup { .. }
+    );
+    let (writer, terminal) = if reports_on_stdout {
         (
             BoxMakeWriter::new(std::io::stderr),
             std::io::stderr().is_terminal(),
@@ -469,7 +474,12 @@ async fn rederive_topics(path: PathBuf, options: rederive::Options) -> anyhow::R
     let app = App::build_for_catch_up(&config)
         .await
         .map_err(start_error)?;
-    let run = Rederive::new(&config, app.pipeline().clone(), &app.topic_sets().all())?;
+    // Ctrl-C or SIGTERM ends the run as an outage does: the sends under
+    // way counted, the checkpoints kept, the summary written; exit status 1.
+    let stop = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(stop.clone()));
+    let run =
+        Rederive::new(&config, app.pipeline().clone(), &app.topic_sets().all())?.stopped_by(stop);
     let result = run.run(&options, &mut std::io::stdout()).await;
     app.flush().await;
     drop(app);
@@ -485,10 +495,15 @@ async fn lookup(
     delivery: Option<String>,
 ) -> anyhow::Result<()> {
     let config = load(&path)?;
-    let app = App::build_for_catch_up(&config)
-        .await
-        .map_err(start_error)?;
-    let lookup = app.lookup();
+    let lookup = app::lookup::open(&config).await.map_err(|error| {
+        if matches!(&error, app::BuildError::Ledger(error) if error.is_held_elsewhere()) {
+            anyhow::Error::new(error).context(
+                "the embedded ledger is held by a running posbridge (one process per file): ask it instead, GET /admin/deliveries/{id} or /admin/entities/{key} on its admin listener, or its status page's lookup box (docs/LOOKUP.md)",
+            )
+        } else {
+            start_error(error)
+        }
+    })?;
     let report = match (entity, delivery) {
         (Some(key), _) => serde_json::to_string_pretty(&lookup.entity(&key).await?)?,
         (None, Some(id)) => serde_json::to_string_pretty(&lookup.delivery(&id).await?)?,

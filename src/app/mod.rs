@@ -8,6 +8,7 @@
 mod check;
 pub mod files;
 mod known;
+pub mod lookup;
 pub mod partitions;
 pub mod schema;
 pub mod sources;
@@ -387,7 +388,7 @@ impl App {
             },
         );
         let lookup =
-            crate::services::lookup::Lookup::new(config, pipeline.clone(), topics.clone())?;
+            crate::services::lookup::Lookup::new(config, opened.ledger.clone(), topics.clone())?;
         // Filled from the topics in the background, the gate closed until
         // then: a start-up read of the last seconds is waited for here, a
         // long one (a lost ledger) is served through (spool or 503).

@@ -13,7 +13,9 @@ use serde_json::Value;
 use tower::ServiceExt;
 
 use crate::support::v1;
-use crate::support::{BrokerKind, TestApp, broker_kind, brokers, config, unique};
+use crate::support::{
+    BrokerKind, OwnBroker, TestApp, broker_kind, brokers, config, config_text, rr_sale, unique,
+};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_entity_is_found_in_its_keys_partition_with_its_records_and_the_ledgers_state() {
@@ -35,7 +37,7 @@ async fn an_entity_is_found_in_its_keys_partition_with_its_records_and_the_ledge
     assert_eq!(app.send("mekari", "main", &renamed).await.status(), 200);
 
     let sets = TopicSets::new(&app.config.kafka);
-    let lookup = Lookup::new(&app.config, app.pipeline.clone(), sets).unwrap();
+    let lookup = Lookup::new(&app.config, app.pipeline.shared_ledger(), sets).unwrap();
     let report = lookup.entity("mekari:P-7").await.unwrap();
     assert_eq!(report.found.len(), 1, "{report:?}");
     let found = &report.found[0];
@@ -212,7 +214,7 @@ async fn a_delivery_is_found_by_its_id_with_its_answer_and_its_record() {
     let mut app = TestApp::start_with(config).await;
     app.keep(dir);
     let sets = TopicSets::new(&app.config.kafka);
-    let lookup = Lookup::new(&app.config, app.pipeline.clone(), sets).unwrap();
+    let lookup = Lookup::new(&app.config, app.pipeline.shared_ledger(), sets).unwrap();
     let json = serde_json::to_value(lookup.delivery(&published).await.unwrap()).unwrap();
     let found = &json["found"][0];
     assert_eq!(found["outcome"], "published", "{json}");
@@ -223,4 +225,80 @@ async fn a_delivery_is_found_by_its_id_with_its_answer_and_its_record() {
     let json = serde_json::to_value(lookup.delivery(&stale).await.unwrap()).unwrap();
     assert_eq!(json["found"], Value::Array(vec![]), "{json}");
     app.stop().await;
+}
+
+/// While Kafka is away a lookup answers what the ledger knows within
+/// seconds and says the record could not be read: through the admin route
+/// of a running posbridge, and as the command (which reads the ledger as it
+/// was left, and says so).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lookup_while_kafka_is_away_answers_what_the_ledger_knows() {
+    let broker = OwnBroker::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("lookup-away");
+    let app = TestApp::start_with(config(&broker.address(), &prefix, dir.path())).await;
+    let id = unique("away");
+    let sale = rr_sale(
+        &id,
+        "sale.created",
+        "2026-11-29T10:00:00Z",
+        "T1|2026-11|9",
+        1000,
+    );
+    let answer = app.send("receiptroller", "main", &sale).await;
+    assert_eq!(answer.json::<Value>().await.unwrap()["status"], "published");
+
+    broker.cut();
+    let admin = posbridge::http::ingress::admin_router(app.admin_state(), &app.config.admin);
+    let asked = std::time::Instant::now();
+    let answer = admin
+        .oneshot(
+            Request::get(format!("/admin/deliveries/receiptroller:{id}"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let took = asked.elapsed();
+    assert_eq!(answer.status(), 200);
+    let report: Value =
+        serde_json::from_slice(&answer.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "{took:?}: {report}"
+    );
+    assert_eq!(report["found"][0]["outcome"], "published", "{report}");
+    let note = report["found"][0]["record"]["note"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(note.contains("could not be read"), "{report}");
+    broker.heal();
+    app.stop().await;
+
+    // The command, once serve let go of the embedded ledger's file.
+    broker.cut();
+    let path = dir.path().join("posbridge.toml");
+    std::fs::write(&path, config_text(&broker.address(), &prefix, dir.path())).unwrap();
+    let lookup = tokio::process::Command::new(env!("CARGO_BIN_EXE_posbridge"))
+        .args(["lookup", "--config"])
+        .arg(&path)
+        .args(["--delivery", &id])
+        .env("POSBRIDGE_LOG", "info")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(std::time::Duration::from_secs(30), lookup)
+        .await
+        .expect("lookup answers within 30 s while Kafka is away")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("stdout is the JSON report alone: {e}; stderr: {stderr}"));
+    assert_eq!(report["found"][0]["key"], format!("receiptroller:{id}"));
+    assert_eq!(report["found"][0]["outcome"], "published", "{report}");
+    let note = report["found"][0]["record"]["note"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(note.contains("could not be read"), "{report}");
+    assert!(report["ledger_note"].is_string(), "{report}");
 }

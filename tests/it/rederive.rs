@@ -24,7 +24,8 @@ use tower::ServiceExt;
 use crate::support::v1;
 use crate::support::wait::wait_until;
 use crate::support::{
-    OwnBroker, Record, TestApp, brokers, config, kafka_only, produce, read_topic, unique,
+    OwnBroker, Record, TestApp, brokers, config, config_text, kafka_only, produce, read_topic,
+    unique,
 };
 
 /// Writes what an older build wrote for `body` (a product's webhook) to
@@ -179,6 +180,101 @@ async fn a_run_stopped_by_an_outage_resumes_where_it_stopped() {
         "each key derived once, none twice: {derived:?}"
     );
     app.stop().await;
+}
+
+/// `posbridge rederive` as its own process: stdout holds JSON lines only
+/// (the log goes to stderr, so `| jq` reads the report whole), and Ctrl-C
+/// ends a run as an outage does: the sends under way counted, the summary
+/// written, exit status 1; the next run does the rest.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_command_writes_only_json_on_stdout_and_ctrl_c_ends_it_with_its_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("rederive-cli");
+    let products = format!("{prefix}.products");
+    products_topic(&brokers(), &products).await;
+    for n in 1..=6 {
+        let (time, micros) = at(n);
+        let body = v1::product_created(
+            &format!("v1-{n}"),
+            &format!("P-{n}"),
+            &format!("Kopi {n}"),
+            &time,
+        );
+        write_v1_product(&brokers(), &products, &body, micros).await;
+    }
+    let path = dir.path().join("posbridge.toml");
+    std::fs::write(&path, config_text(&brokers(), &prefix, dir.path())).unwrap();
+    let command = |rate: &str| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_posbridge"));
+        command
+            .args(["rederive", "--config"])
+            .arg(&path)
+            .args(["--rate", rate])
+            .env("POSBRIDGE_LOG", "info")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        command
+    };
+    // One a second: Ctrl-C comes once two are in the topic.
+    let child = command("1").spawn().unwrap();
+    wait_until(Duration::from_secs(60), "two derived records", async || {
+        let topic = products.clone();
+        tokio::task::spawn_blocking(move || read_topic(&brokers(), &topic).len() >= 8)
+            .await
+            .unwrap()
+    })
+    .await;
+    std::process::Command::new("kill")
+        .args(["-INT", &child.id().unwrap().to_string()])
+        .status()
+        .unwrap();
+    let output = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("rederive ends within a minute of Ctrl-C")
+        .unwrap();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON: {line}: {e}")))
+        .collect();
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "a stopped run's status; stderr: {stderr}"
+    );
+    let summary = &lines.last().expect("a summary line")["summary"];
+    assert_eq!(summary["complete"], false, "{summary}");
+    let done = summary["published"].as_u64().unwrap();
+    assert!((1..6).contains(&done), "{summary}");
+    assert!(
+        stderr.contains("Rederive finished"),
+        "the log is on stderr: {stderr}"
+    );
+
+    let output = command("0").output().await.unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let last: Value = serde_json::from_str(
+        String::from_utf8(output.stdout)
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            last["summary"]["complete"].clone(),
+            last["summary"]["published"].as_u64()
+        ),
+        (Value::Bool(true), Some(6 - done)),
+        "the next run does the rest: {last}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -7,8 +7,8 @@
 //! and the fence (up after a write failed: nothing new is taken until the
 //! failed writes are made). The line's calls pass both, in that order; the
 //! fill's calls ([`Ledger::fill`]) pass only the fence, since the fill is
-//! what opens the gate. Nothing is forwarded by hand: each call says which
-//! rules it passes.
+//! what opens the gate; a reader's ([`Ledger::read`]) pass neither, since
+//! a read decides and writes nothing.
 
 use std::sync::Arc;
 
@@ -217,6 +217,44 @@ impl Ledger {
     /// The calls of the fill, which opens the gate: past the fence only.
     pub fn fill(&self) -> Fill<'_> {
         Fill { ledger: self }
+    }
+
+    /// The calls of a reader (a lookup): past neither rule.
+    pub fn read(&self) -> Read<'_> {
+        Read { ledger: self }
+    }
+}
+
+/// The ledger as a reader sees it: what the store holds now. A reader
+/// decides nothing, so it waits for no gate (a lookup answers while the
+/// ledger is being filled, or while Kafka is away and the fill cannot
+/// end, and says so with [`Read::filled`]) and passes no fence (it writes
+/// nothing; a commit the fence keeps is not in the store yet).
+pub struct Read<'a> {
+    ledger: &'a Ledger,
+}
+
+impl Read<'_> {
+    /// Whether the ledger holds what the topics say: its gate is open. While
+    /// it is not, the last records' outcomes may be missing.
+    pub fn filled(&self) -> bool {
+        self.ledger.gate.is_open()
+    }
+
+    /// What the store knows of a delivery id.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the store cannot be read.
+    pub async fn remembered(&self, delivery: &DeliveryKey) -> Result<Remembered, LedgerError> {
+        self.ledger.store.remembered(delivery).await
+    }
+
+    /// The state the store holds for an entity.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the store cannot be read.
+    pub async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
+        self.ledger.store.entity(slot).await
     }
 }
 

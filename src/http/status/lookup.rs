@@ -74,6 +74,9 @@ fn delivery(report: &DeliveryReport) -> Markup {
         @if let Some(note) = &report.note {
             p #delivery-note { (note) }
         }
+        @if let Some(note) = report.ledger_note {
+            p.bad { (note) }
+        }
         @for found in &report.found {
             table.delivery {
                 tr { th { "delivery" } td { (found.key) } }
@@ -109,8 +112,17 @@ fn entity(report: &EntityReport) -> Markup {
         @if report.found.is_empty() {
             p #entity-none { "No entity topic holds a record of this key, and the ledger holds no state of it." }
         }
+        @if let Some(note) = report.ledger_note {
+            p.bad { (note) }
+        }
+        @if let Some(note) = &report.topics_note {
+            p.bad { (note) }
+        }
         @for topic in &report.found {
-            h3 { (topic.topic) " partition " (topic.partition) }
+            h3 {
+                (topic.topic)
+                @if let Some(partition) = topic.partition { " partition " (partition) }
+            }
             @if let Some(state) = &topic.ledger_state {
                 p { "Ledger state: version " (state.version) ", state hash " (state.state_hash) }
             }

@@ -7,7 +7,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use super::{Lookup, LookupError, RecordView};
+use super::{Deadline, Lookup, LookupError, RecordView, Unread};
 use crate::adapters::ledger::{Answered, Place, Recorded, Remembered};
 use crate::domain::event::{DeliveryKey, ProviderKind, from_micros};
 use crate::services::pipeline::{HEADER_DELIVERY_ID, HEADER_PROVIDER};
@@ -23,6 +23,9 @@ pub struct DeliveryReport {
     /// Why nothing was found, when nothing was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Why the ledger's answer may be behind, when it may.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ledger_note: Option<&'static str>,
 }
 
 /// One provider-scoped delivery id the ledger knows.
@@ -67,21 +70,29 @@ pub struct PlacedRecord {
 
 impl Lookup {
     /// What posbridge answered the delivery `id` (`{provider}:{id}`, or a
-    /// provider's id alone, looked up for each provider), and its record.
+    /// provider's id alone, looked up for each provider; a scoped one is
+    /// also looked up as given), and its record.
     ///
     /// # Errors
-    /// [`LookupError`] when the ledger or the record's topic cannot be read.
+    /// [`LookupError`] when the ledger cannot be read; a record that cannot
+    /// be read is said in its `note`, beside what the ledger knows.
     pub async fn delivery(&self, id: &str) -> Result<DeliveryReport, LookupError> {
-        let keys: Vec<DeliveryKey> = match provider_scoped(id) {
-            Some((provider, rest)) => vec![DeliveryKey::new(provider, rest)],
-            None => ProviderKind::ALL
-                .into_iter()
-                .map(|provider| DeliveryKey::new(provider, id))
-                .collect(),
-        };
+        // Scoped (`mekari:abc`: Mekari's `abc`), then as given for each
+        // provider: an id that itself begins with a provider's name and a
+        // colon is found either way.
+        let keys: Vec<DeliveryKey> = provider_scoped(id)
+            .map(|(provider, rest)| DeliveryKey::new(provider, rest))
+            .into_iter()
+            .chain(
+                ProviderKind::ALL
+                    .into_iter()
+                    .map(|provider| DeliveryKey::new(provider, id)),
+            )
+            .collect();
         let mut found = Vec::new();
+        let deadline = Deadline::start();
         for key in keys {
-            match self.pipeline.ledger().remembered(&key).await? {
+            match self.ledger.read().remembered(&key).await? {
                 Remembered::Nothing => {}
                 Remembered::InFlight => found.push(DeliveryFound {
                     key: key.to_string(),
@@ -92,7 +103,7 @@ impl Lookup {
                     record: None,
                 }),
                 Remembered::Done { answered, until } => {
-                    found.push(self.done(&key, answered, until).await?);
+                    found.push(self.done(&key, answered, until, &deadline).await);
                 }
             }
         }
@@ -106,6 +117,7 @@ impl Lookup {
             delivery: id.to_owned(),
             found,
             note,
+            ledger_note: self.ledger_note(),
         })
     }
 
@@ -114,12 +126,13 @@ impl Lookup {
         key: &DeliveryKey,
         answered: Answered,
         until: Option<i64>,
-    ) -> Result<DeliveryFound, LookupError> {
+        deadline: &Deadline,
+    ) -> DeliveryFound {
         let record = match answered.place {
-            Some(place) => Some(self.placed(key, answered.outcome, place).await?),
+            Some(place) => Some(self.placed(key, answered.outcome, place, deadline).await),
             None => None,
         };
-        Ok(DeliveryFound {
+        DeliveryFound {
             key: key.to_string(),
             state: "done",
             outcome: Some(answered.outcome.as_str()),
@@ -130,7 +143,7 @@ impl Lookup {
                 .and_then(|until| OffsetDateTime::from_unix_timestamp(until).ok())
                 .and_then(rfc3339),
             record,
-        })
+        }
     }
 
     /// The record at `place`, checked to be `key`'s: a compacted topic may
@@ -142,18 +155,13 @@ impl Lookup {
         key: &DeliveryKey,
         outcome: Recorded,
         place: Place,
-    ) -> Result<PlacedRecord, LookupError> {
+        deadline: &Deadline,
+    ) -> PlacedRecord {
         let Place {
             topic,
             partition,
             offset,
         } = place;
-        let mut reader = Reader::new(&self.config.kafka, &topic)?;
-        let extent = reader
-            .extents()
-            .await?
-            .into_iter()
-            .find(|extent| extent.partition == partition);
         let mut placed = PlacedRecord {
             topic,
             partition,
@@ -161,22 +169,44 @@ impl Lookup {
             read: None,
             note: None,
         };
+        if let Err(unread) = self.read_placed(key, outcome, &mut placed, deadline).await {
+            placed.note = Some(format!("the record could not be read: {unread}"));
+        }
+        placed
+    }
+
+    /// Reads the record at `placed`'s place into it, or says in its note
+    /// why it is not shown.
+    async fn read_placed(
+        &self,
+        key: &DeliveryKey,
+        outcome: Recorded,
+        placed: &mut PlacedRecord,
+        deadline: &Deadline,
+    ) -> Result<(), Unread> {
+        let (partition, offset) = (placed.partition, placed.offset);
+        let mut reader = Reader::new(&self.config.kafka, &placed.topic)?;
+        let extent = deadline
+            .read(reader.extents())
+            .await?
+            .into_iter()
+            .find(|extent| extent.partition == partition);
         let Some(extent) = extent.filter(|extent| extent.low <= offset && offset < extent.high)
         else {
             placed.note = Some("the topic no longer keeps this offset (retention)".to_owned());
-            return Ok(placed);
+            return Ok(());
         };
         reader.assign(partition, offset, extent.high)?;
-        let Some(record) = reader.next().await? else {
+        let Some(record) = deadline.read(reader.next()).await? else {
             placed.note = Some("the topic no longer keeps this record".to_owned());
-            return Ok(placed);
+            return Ok(());
         };
         if record.offset != offset {
             placed.note = Some(format!(
                 "compacted away: a newer record of its key replaced it (the next record kept is at offset {})",
                 record.offset
             ));
-            return Ok(placed);
+            return Ok(());
         }
         let (view, own) = if outcome == Recorded::DeadLettered {
             let own = record.key.as_deref() == Some(key.as_str());
@@ -194,7 +224,7 @@ impl Lookup {
             placed.note = Some("the record there is not this delivery's".to_owned());
         }
         placed.read = Some(view);
-        Ok(placed)
+        Ok(())
     }
 }
 

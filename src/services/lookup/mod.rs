@@ -17,15 +17,15 @@ mod partition;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::adapters::encode::{Writers, event_json};
-use crate::adapters::ledger::EntitySlot;
+use crate::adapters::ledger::{EntitySlot, Ledger};
 use crate::adapters::publish::TopicSets;
 use crate::config::Config;
 use crate::domain::event::EntityType;
-use crate::services::pipeline::Pipeline;
 use crate::services::replay::{Letter, ReadError, Reader};
 
 pub use delivery::{DeliveryFound, DeliveryReport, PlacedRecord, provider_scoped};
@@ -34,15 +34,48 @@ pub use partition::partition_of;
 /// The records a lookup keeps of one key: its last ones.
 const KEPT: usize = 50;
 
+/// How long one lookup waits for the topics in all: what the ledger knows
+/// is answered within a few seconds whatever Kafka does, with a note where
+/// a topic could not be read.
+const READ_WITHIN: Duration = Duration::from_secs(5);
+
+/// What a lookup says of a ledger not filled from the topics: its answer
+/// may miss the outcomes of the last deliveries before a crash.
+const NOT_FILLED: &str = "the ledger has not read the topics' last records yet (it is being filled, Kafka cannot be reached, or the command reads the ledger as it was left): the outcomes of the last deliveries before a crash may be missing";
+
 /// Why a lookup could not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum LookupError {
-    /// A topic could not be read.
-    #[error("reading the topics: {0}")]
-    Read(#[from] ReadError),
     /// The ledger could not be read.
     #[error("ledger: {0}")]
     Ledger(#[from] crate::adapters::ledger::LedgerError),
+}
+
+/// Why a topic was not read, said in a report beside what the ledger knows.
+#[derive(Debug, thiserror::Error)]
+enum Unread {
+    /// The read failed.
+    #[error("{0}")]
+    Read(#[from] ReadError),
+    /// Kafka did not answer within the lookup's [`READ_WITHIN`].
+    #[error("Kafka did not answer within {} s", READ_WITHIN.as_secs())]
+    Late,
+}
+
+/// One lookup's time for the topics, shared by its reads: a broker that
+/// does not answer costs [`READ_WITHIN`] once, not once a topic.
+struct Deadline(tokio::time::Instant);
+
+impl Deadline {
+    fn start() -> Deadline {
+        Deadline(tokio::time::Instant::now() + READ_WITHIN)
+    }
+
+    async fn read<T>(&self, read: impl Future<Output = Result<T, ReadError>>) -> Result<T, Unread> {
+        Ok(tokio::time::timeout_at(self.0, read)
+            .await
+            .map_err(|_| Unread::Late)??)
+    }
 }
 
 /// Every topic a key was found on.
@@ -54,6 +87,13 @@ pub struct EntityReport {
     pub found: Vec<TopicReport>,
     /// Records read to find them.
     pub read: u64,
+    /// Why the ledger's states may be behind, when they may.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ledger_note: Option<&'static str>,
+    /// Why the topics were not all read (Kafka unreachable): the report
+    /// holds the ledger's states and the records read before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topics_note: Option<String>,
 }
 
 /// A key on one entity topic.
@@ -61,8 +101,8 @@ pub struct EntityReport {
 pub struct TopicReport {
     /// The topic.
     pub topic: String,
-    /// The key's partition.
-    pub partition: i32,
+    /// The key's partition; none when the topic could not be read.
+    pub partition: Option<i32>,
     /// Its entity type (`sales`, …).
     pub entity_type: &'static str,
     /// The state the ledger holds: the newest record's, while it remembers.
@@ -100,26 +140,26 @@ pub struct RecordView {
 #[derive(Clone)]
 pub struct Lookup {
     config: Arc<Config>,
-    pipeline: Pipeline,
+    ledger: Arc<Ledger>,
     writers: Arc<Writers>,
     sets: TopicSets,
 }
 
 impl Lookup {
     /// Lookups on the entity topics in use (`sets`, the sources' own as
-    /// they open), with `pipeline`'s ledger.
+    /// they open), reading `ledger` as a reader does ([`Ledger::read`]).
     ///
     /// # Errors
     /// [`crate::adapters::encode::WriterError`] when the registry's client
     /// cannot be made.
     pub fn new(
         config: &Config,
-        pipeline: Pipeline,
+        ledger: Arc<Ledger>,
         sets: TopicSets,
     ) -> Result<Lookup, crate::adapters::encode::WriterError> {
         Ok(Lookup {
             config: Arc::new(config.clone()),
-            pipeline,
+            ledger,
             writers: Arc::new(Writers::new(&config.schema_registry)?),
             sets,
         })
@@ -128,38 +168,61 @@ impl Lookup {
     /// Lookups on the default configuration's shared topics, for tests of
     /// the routes around it.
     #[cfg(test)]
-    pub fn idle(pipeline: Pipeline) -> Lookup {
+    pub fn idle(pipeline: crate::services::pipeline::Pipeline) -> Lookup {
         let config = Config::from_toml("").expect("the defaults read");
         let sets = TopicSets::new(&config.kafka);
-        Lookup::new(&config, pipeline, sets).expect("no registry to set up")
+        Lookup::new(&config, pipeline.shared_ledger(), sets).expect("no registry to set up")
+    }
+
+    /// What a report says of the ledger: nothing while it is filled.
+    fn ledger_note(&self) -> Option<&'static str> {
+        (!self.ledger.read().filled()).then_some(NOT_FILLED)
     }
 
     /// Every record of `key` on every entity topic (the key's partition
     /// of each), and the ledger's state of it.
     ///
     /// # Errors
-    /// [`LookupError`] when a topic or the ledger cannot be read.
+    /// [`LookupError`] when the ledger cannot be read; a topic that cannot
+    /// be read is said in the report's `topics_note`.
     pub async fn entity(&self, key: &str) -> Result<EntityReport, LookupError> {
         let mut report = EntityReport {
             key: key.to_owned(),
             found: Vec::new(),
             read: 0,
+            ledger_note: self.ledger_note(),
+            topics_note: None,
         };
+        let deadline = Deadline::start();
         for entity_type in EntityType::ALL {
             let state = self.ledger_state(entity_type, key).await?;
             let mut of_type = Vec::new();
             for set in self.sets.all() {
                 let topic = set.entity(entity_type);
-                if let Some((partition, records)) =
-                    self.on_topic(topic, key, &mut report.read).await?
-                {
-                    of_type.push(TopicReport {
-                        topic: topic.to_owned(),
-                        partition,
-                        entity_type: entity_type.plural(),
-                        ledger_state: None,
-                        records,
-                    });
+                let on_topic = |partition, records| TopicReport {
+                    topic: topic.to_owned(),
+                    partition,
+                    entity_type: entity_type.plural(),
+                    ledger_state: None,
+                    records,
+                };
+                // Once a topic could not be read, the rest are not tried:
+                // each is listed without its records, for the ledger's state.
+                if report.topics_note.is_some() {
+                    of_type.push(on_topic(None, Vec::new()));
+                    continue;
+                }
+                match self.on_topic(topic, key, &mut report.read, &deadline).await {
+                    Ok(Some((partition, records))) => {
+                        of_type.push(on_topic(Some(partition), records));
+                    }
+                    Ok(None) => {}
+                    Err(unread) => {
+                        report.topics_note = Some(format!(
+                            "{topic} and the topics after it were not read: {unread}"
+                        ));
+                        of_type.push(on_topic(None, Vec::new()));
+                    }
                 }
             }
             // The ledger holds one state per key and entity type, whichever
@@ -189,8 +252,8 @@ impl Lookup {
     ) -> Result<Option<StateView>, LookupError> {
         let slot = EntitySlot::of_record_key(entity_type, key);
         Ok(self
-            .pipeline
-            .ledger()
+            .ledger
+            .read()
             .entity(&slot)
             .await?
             .map(|state| StateView {
@@ -226,9 +289,10 @@ impl Lookup {
         topic: &str,
         key: &str,
         read: &mut u64,
-    ) -> Result<Option<(i32, Vec<RecordView>)>, LookupError> {
+        deadline: &Deadline,
+    ) -> Result<Option<(i32, Vec<RecordView>)>, Unread> {
         let mut reader = Reader::new(&self.config.kafka, topic)?;
-        let extents = reader.extents().await?;
+        let extents = deadline.read(reader.extents()).await?;
         let partition = partition_of(key.as_bytes(), extents.len());
         let Some(extent) = extents.into_iter().find(|e| e.partition == partition) else {
             return Ok(None);
@@ -236,7 +300,7 @@ impl Lookup {
         let mut kept = VecDeque::with_capacity(KEPT + 1);
         if extent.low < extent.high {
             reader.assign(partition, extent.low, extent.high)?;
-            while let Some(record) = reader.next().await? {
+            while let Some(record) = deadline.read(reader.next()).await? {
                 *read += 1;
                 if record.key.as_deref() != Some(key) {
                     continue;

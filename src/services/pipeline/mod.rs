@@ -295,4 +295,9 @@ impl Pipeline {
     pub fn ledger(&self) -> &Ledger {
         self.inner.ledger.as_ref()
     }
+
+    /// The ledger, shared (a lookup reads it).
+    pub fn shared_ledger(&self) -> Arc<Ledger> {
+        self.inner.ledger.clone()
+    }
 }

@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
+use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::adapters::encode::Writers;
@@ -125,6 +126,10 @@ pub enum RederiveError {
     /// The report could not be written.
     #[error("writing the report: {0}")]
     Report(#[from] std::io::Error),
+    /// Asked to stop (Ctrl-C, SIGTERM): the sends under way ended and were
+    /// counted, the checkpoints kept.
+    #[error("stopped on request")]
+    Interrupted,
 }
 
 /// One entity topic to read.
@@ -176,6 +181,8 @@ pub struct Rederive {
     targets: Vec<Target>,
     /// The counts so far, for a run others watch (`/admin/rederive`).
     live: Arc<std::sync::Mutex<Summary>>,
+    /// Cancelled to stop the run at the next record read.
+    stop: CancellationToken,
 }
 
 impl Rederive {
@@ -206,7 +213,18 @@ impl Rederive {
             config: config.clone(),
             targets,
             live: Arc::default(),
+            stop: CancellationToken::new(),
         })
+    }
+
+    /// The same run, stopped when `stop` is cancelled: it reads no further
+    /// record, waits for the sends under way, counts them, keeps the
+    /// checkpoints and writes its summary, then ends with
+    /// [`RederiveError::Interrupted`].
+    #[must_use]
+    pub fn stopped_by(mut self, stop: CancellationToken) -> Rederive {
+        self.stop = stop;
+        self
     }
 
     /// The counts so far, updated as the run goes.
@@ -300,6 +318,9 @@ impl Rederive {
             options,
         };
         for (target, extent, checkpoint, start) in &parts {
+            if self.stop.is_cancelled() {
+                return Err(RederiveError::Interrupted);
+            }
             if start < &extent.high {
                 let part = (*target, *extent, checkpoint.as_str(), *start);
                 self.read_partition(part, &mut tally, &mut pace).await?;
@@ -339,7 +360,12 @@ impl Rederive {
             let ended = match pending.next().now_or_never() {
                 Some(Some(ended)) => ended,
                 _ if reading && pending.len() < IN_FLIGHT => {
-                    match reader.next().await {
+                    let read = tokio::select! {
+                        biased;
+                        () = self.stop.cancelled() => Err(RederiveError::Interrupted),
+                        read = reader.next() => read.map_err(RederiveError::Read),
+                    };
+                    match read {
                         // The reader passes over a record a broker hands
                         // again (tansu after a compaction): each offset once.
                         Ok(Some(record)) => {
@@ -348,7 +374,7 @@ impl Rederive {
                         }
                         Ok(None) => reading = false,
                         Err(error) => {
-                            stopped = Some(RederiveError::Read(error));
+                            stopped = Some(error);
                             reading = false;
                         }
                     }

@@ -335,7 +335,7 @@ impl TestApp {
             ),
             lookup: posbridge::services::lookup::Lookup::new(
                 &self.config,
-                self.pipeline.clone(),
+                self.pipeline.shared_ledger(),
                 posbridge::adapters::publish::TopicSets::new(&self.config.kafka),
             )
             .expect("the registry's client"),
