@@ -321,9 +321,10 @@ mod tests {
         let unfit = keys(&format!("secrets_files = [{}]", path(&short)));
         assert_eq!(unfit.len(), 1, "{unfit:?}");
         assert_eq!(unfit[0].0, "receiptroller.sources.main.secrets_files[0]");
+        // By its key: its path is a value of the table, not repeated.
         assert!(
-            unfit[0].1.contains(&short.display().to_string()),
-            "names the file: {unfit:?}"
+            !unfit[0].1.contains(&short.display().to_string()),
+            "{unfit:?}"
         );
     }
 
@@ -378,7 +379,12 @@ mod tests {
             .iter()
             .find(|p| p.key == "mekari.sources.other.api")
             .unwrap();
-        assert!(unknown.message.contains("colour"), "{unknown}");
+        // A key of its own, perhaps a secret pasted there: not repeated.
+        assert!(
+            unknown.message.contains("a key it does not take"),
+            "{unknown}"
+        );
+        assert!(!unknown.message.contains("colour"), "{unknown}");
     }
 
     /// Each setting the providers' rules bound is refused past the

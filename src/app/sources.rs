@@ -36,7 +36,8 @@ use tracing::{info, warn};
 
 use super::check::{source_problems, webhook_source};
 use super::topics::OwnTopics;
-use crate::adapters::secrets::{self, ReloadRequest};
+use crate::adapters::providers;
+use crate::adapters::secrets::{self, LoadError, ReloadRequest};
 use crate::config::source_files::{self, Refusal, SourceFile};
 use crate::config::{Config, KafkaConfig, Problem};
 use crate::domain::event::ProviderKind;
@@ -133,7 +134,7 @@ impl Sources {
         // From start-up, directory or not: the alert reads it.
         gauges(&DirState::default());
         if let Some(dir) = &sources.dir {
-            let listing = source_files::read_dir(dir)?;
+            let listing = source_files::read_dir(dir, providers::api_keys)?;
             let listing = sources.open_topics(listing).await;
             sources.apply(listing);
         }
@@ -260,7 +261,10 @@ impl Sources {
             // File reads block; a slow file system must not hold a runtime thread.
             let listed = {
                 let dir = dir.clone();
-                tokio::task::spawn_blocking(move || source_files::read_dir(&dir)).await
+                tokio::task::spawn_blocking(move || {
+                    source_files::read_dir(&dir, providers::api_keys)
+                })
+                .await
             };
             let listing = match listed {
                 Ok(Ok(listing)) => self.open_topics(listing).await,
@@ -304,11 +308,10 @@ impl Sources {
             }
             match failed.get(&prefix) {
                 None => files.push(file),
-                Some(reason) => listing.refused.push(Refusal {
-                    source: Some((file.provider, file.name.clone())),
-                    path: file.path,
-                    reason: format!("topic_prefix `{prefix}`: {reason}"),
-                }),
+                Some(reason) => listing.refused.push(file.refused(&format!(
+                    "{}.topic_prefix: its topics cannot be opened: {reason}",
+                    file.entry().key()
+                ))),
             }
         }
         listing.files = files;
@@ -433,14 +436,7 @@ impl Sources {
                     next.insert(key, webhook);
                 }
                 Err(reason) => {
-                    refused.insert(
-                        file.path.clone(),
-                        Refusal {
-                            path: file.path,
-                            source: Some(key),
-                            reason,
-                        },
-                    );
+                    refused.insert(file.path.clone(), file.refused(&reason));
                 }
             }
         }
@@ -497,20 +493,22 @@ impl Sources {
     ) -> Result<(WebhookSource, OffsetDateTime), String> {
         check_file(file, &self.main, accounts, &self.kafka)?;
         let entry = file.entry();
+        // At its key, as `check-config` says it.
+        let said = |error: LoadError| format!("{}.{}: {error}", entry.key(), error.key());
         let made = match before {
             Some((loaded, webhook)) if loaded.file.digest == file.digest => {
                 if file.config.reads_secret_files() {
                     let (scheme, _) = super::check::signature(entry);
-                    let found = secrets::load(&file.config, scheme).map_err(|e| e.to_string())?;
+                    let found = secrets::load(&file.config, scheme).map_err(said)?;
                     webhook
                         .verifier
                         .replace(&secrets::secrets_of(&found))
-                        .map_err(|refused| secrets::unfit(&found, refused).to_string())?;
+                        .map_err(|refused| said(secrets::unfit(&found, refused)))?;
                 }
                 (webhook.clone(), loaded.at)
             }
             _ => {
-                let webhook = webhook_source(entry).map_err(|e| e.to_string())?;
+                let webhook = webhook_source(entry).map_err(said)?;
                 announce(&webhook);
                 (webhook, OffsetDateTime::now_utc())
             }
@@ -581,10 +579,7 @@ fn check_file(
         .as_deref()
         .and_then(|prefix| kafka.shared_topic_clash(prefix))
     {
-        return Err(format!(
-            "{}.sources.{}.topic_prefix {why}",
-            file.provider, file.name
-        ));
+        return Err(format!("{}.topic_prefix: {why}", file.entry().key()));
     }
     if main.contains_key(&(file.provider, file.name.clone())) {
         return Err(format!(
@@ -595,9 +590,9 @@ fn check_file(
     let account = (file.provider, file.config.account.clone());
     if let Some(owner) = accounts.get(&account).filter(|owner| **owner != file.name) {
         return Err(format!(
-            "{}.sources.{owner} has the same provider and account ({}): their records would share keys; give each source an account of its own",
+            "{}.account: {}.sources.{owner} has the same provider and account: their records would share keys; give each source an account of its own",
+            file.entry().key(),
             file.provider,
-            file.config.account.as_deref().unwrap_or("none"),
         ));
     }
     let problems = source_problems(file.entry());
@@ -620,7 +615,7 @@ pub fn dir_problems(config: &Config) -> Vec<Problem> {
     let Some(dir) = &config.sources_dir else {
         return Vec::new();
     };
-    let listing = match source_files::read_dir(dir) {
+    let listing = match source_files::read_dir(dir, providers::api_keys) {
         Ok(listing) => listing,
         Err(error) => return vec![Problem::new("sources_dir", error.to_string())],
     };
@@ -632,7 +627,7 @@ pub fn dir_problems(config: &Config) -> Vec<Problem> {
     let checked = listing.files.iter().filter_map(|file| {
         check_file(file, &main, &mut accounts, &config.kafka)
             .err()
-            .map(|reason| (file.path.clone(), reason))
+            .map(|reason| (file.path.clone(), file.refused(&reason).reason))
     });
     let refused = listing
         .refused
@@ -666,89 +661,4 @@ pub(super) fn announce(webhook: &WebhookSource) {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    use super::*;
-
-    /// `check-config` on a main file and a directory: each file refused by
-    /// its path, as a running posbridge refuses it.
-    #[test]
-    fn check_config_names_every_refused_file_by_its_path() {
-        let dir = tempfile::tempdir().unwrap();
-        let put = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
-        put(
-            "mekari.main.toml",
-            "secrets = [\"secret-of-a\"]\naccount = \"a\"\n",
-        );
-        put(
-            "mekari.shop-a.toml",
-            "secrets = [\"secret-of-a\"]\naccount = \"a\"\n",
-        );
-        put(
-            "mekari.shop-b.toml",
-            "secrets = [\"secret-of-b\"]\naccount = \"a\"\n",
-        );
-        put(
-            "mekari.shop-c.toml",
-            "secrets = [\"short\"]\naccount = \"c\"\n",
-        );
-        put("receiptroller.shop-d.toml", "secrets = [\"secret-of-d\"]\n");
-        put("nothing.toml", "secrets = [\"secret-of-e\"]\n");
-        put(
-            "receiptroller.shop-f.toml",
-            "secrets = [\"secret-of-f\"]\naccount = \"f\"\ntopic_prefix = \"pos.\"\n",
-        );
-        put(
-            "receiptroller.shop-g.toml",
-            "secrets = [\"secret-of-g\"]\naccount = \"g\"\ntopic_prefix = \"shop-g.\"\n",
-        );
-        let config = Config::from_toml(&format!(
-            "sources_dir = \"{}\"\n[mekari.sources.main]\nsecrets = [\"secret-of-main\"]\n",
-            dir.path().display()
-        ))
-        .unwrap();
-        let problems: Vec<(String, String)> = dir_problems(&config)
-            .into_iter()
-            .map(|p| {
-                let file = Path::new(&p.key).file_name().unwrap().to_str().unwrap();
-                (file.to_owned(), p.message)
-            })
-            .collect();
-        let files: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
-        assert_eq!(
-            files,
-            [
-                "mekari.main.toml",
-                "mekari.shop-b.toml",
-                "mekari.shop-c.toml",
-                "nothing.toml",
-                "receiptroller.shop-f.toml"
-            ],
-            "{problems:?}"
-        );
-        assert!(problems[0].1.contains("a source of the main file"));
-        assert!(
-            problems[1]
-                .1
-                .contains("mekari.sources.shop-a has the same provider and account (a)")
-        );
-        assert!(problems[2].1.contains("shorter than 8 characters"));
-        assert!(problems[3].1.contains("{provider}.{source}.toml"));
-        assert!(
-            problems[4]
-                .1
-                .contains("gives `pos.sales`, one of the shared topics"),
-            "{}",
-            problems[4].1
-        );
-    }
-
-    #[test]
-    fn a_directory_that_cannot_be_listed_is_a_problem_of_sources_dir() {
-        let config = Config::from_toml("sources_dir = \"/nonexistent/sources\"\n").unwrap();
-        let problems = dir_problems(&config);
-        assert_eq!(problems.len(), 1);
-        assert_eq!(problems[0].key, "sources_dir");
-    }
-}
+mod tests;

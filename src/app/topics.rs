@@ -56,11 +56,9 @@ pub fn at_start(config: &Config, cached: Option<&Cached>) -> BTreeSet<String> {
 /// ([`at_start`]) and each a sources directory's readable file names.
 pub fn configured(config: &Config, cached: Option<&Cached>) -> Vec<Topics> {
     let mut prefixes = at_start(config, cached);
-    if let Some(listing) = config
-        .sources_dir
-        .as_deref()
-        .and_then(|dir| crate::config::source_files::read_dir(dir).ok())
-    {
+    if let Some(listing) = config.sources_dir.as_deref().and_then(|dir| {
+        crate::config::source_files::read_dir(dir, crate::adapters::providers::api_keys).ok()
+    }) {
         prefixes.extend(
             listing
                 .files

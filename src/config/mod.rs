@@ -13,6 +13,7 @@ mod kafka;
 mod ledger;
 mod read;
 mod reconcile;
+pub mod redact;
 mod registry;
 mod server;
 mod source;

@@ -187,22 +187,21 @@ impl SourceConfig {
                 "at least one secret is needed to verify signatures: set secrets, secrets_files or secrets_dir".into(),
             );
         }
+        // The values are not repeated: a source file's problems are shown
+        // on `/status`, and a secret pasted in the wrong key is a value.
         if let Some(header) = &self.header
             && axum::http::HeaderName::from_bytes(header.as_bytes()).is_err()
         {
             problem(
                 "header",
-                format!(
-                    "`{header}` is not an HTTP header name (letters, digits and - only, like X-Signature): no delivery could carry it, so every one would be refused 401"
-                ),
+                "is not an HTTP header name (letters, digits and - only, like X-Signature): no delivery could carry it, so every one would be refused 401".into(),
             );
         }
         if self.tolerance_secs < MIN_TOLERANCE_SECS {
             problem(
                 "tolerance_secs",
                 format!(
-                    "{} s refuses good deliveries whose signed time is a moment off ours (clock drift, transit, a queue at the provider); use at least {MIN_TOLERANCE_SECS} (the default is 300)",
-                    self.tolerance_secs
+                    "under {MIN_TOLERANCE_SECS} s refuses good deliveries whose signed time is a moment off ours (clock drift, transit, a queue at the provider); use at least {MIN_TOLERANCE_SECS} (the default is 300)"
                 ),
             );
         }

@@ -8,15 +8,18 @@
 //! Reading the directory is plain data work: each file is parsed and checked
 //! alone (what [`SourceConfig::problems`] checks); a file that does not
 //! parse or check is refused with its path and the reason, and never stops
-//! the others. What needs the providers (secrets against their scheme, the
-//! `api` table) and what needs every source at once (a name or an account
-//! taken twice) is checked where the sources are assembled (`app::sources`).
+//! the others. A reason never repeats the file ([`super::redact`]): it is
+//! shown on `/status` and logged, and the file holds secrets. What needs
+//! the providers (secrets against their scheme, the `api` table) and what
+//! needs every source at once (a name or an account taken twice) is
+//! checked where the sources are assembled (`app::sources`).
 
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
 use super::SourceConfig;
+use super::redact::{Held, Position, SettingError, keys_of};
 use crate::domain::event::ProviderKind;
 
 /// The extension of a source file.
@@ -36,6 +39,8 @@ pub struct SourceFile {
     /// A digest of its bytes: a file read again unchanged keeps the source
     /// as it runs.
     pub digest: [u8; 32],
+    /// What of it a reason must not repeat.
+    held: Held,
 }
 
 impl SourceFile {
@@ -45,6 +50,16 @@ impl SourceFile {
             provider: self.provider,
             name: &self.name,
             config: &self.config,
+        }
+    }
+
+    /// This file refused for `reason`, which passes the one check every
+    /// refusal passes: what the file holds is taken out of it ([`Held`]).
+    pub fn refused(&self, reason: &str) -> Refusal {
+        Refusal {
+            path: self.path.clone(),
+            source: Some((self.provider, self.name.clone())),
+            reason: self.held.scrub(reason),
         }
     }
 }
@@ -81,11 +96,15 @@ pub struct DirError {
     pub source: std::io::Error,
 }
 
+/// The keys a provider's `api` table takes (its settings' and their path
+/// names), by provider: the providers know them, config does not.
+pub type ApiKeys = fn(ProviderKind) -> Vec<&'static str>;
+
 /// Reads every source file of `dir`. Blocks on the file system.
 ///
 /// # Errors
 /// [`DirError`] when the directory cannot be listed.
-pub fn read_dir(dir: &Path) -> Result<Listing, DirError> {
+pub fn read_dir(dir: &Path, api_keys: ApiKeys) -> Result<Listing, DirError> {
     let unreadable = |source| DirError {
         path: dir.to_owned(),
         source,
@@ -105,7 +124,7 @@ pub fn read_dir(dir: &Path) -> Result<Listing, DirError> {
     paths.sort();
     let mut listing = Listing::default();
     for path in paths {
-        match read_file(&path) {
+        match read_file(&path, api_keys) {
             Ok(file) => listing.files.push(file),
             Err(refusal) => listing.refused.push(refusal),
         }
@@ -135,7 +154,7 @@ pub fn named(path: &Path) -> Result<(ProviderKind, String), String> {
 }
 
 /// Reads and checks one file.
-fn read_file(path: &Path) -> Result<SourceFile, Refusal> {
+fn read_file(path: &Path, api_keys: ApiKeys) -> Result<SourceFile, Refusal> {
     let refused = |source: Option<(ProviderKind, String)>, reason: String| Refusal {
         path: path.to_owned(),
         source,
@@ -146,16 +165,17 @@ fn read_file(path: &Path) -> Result<SourceFile, Refusal> {
     let bytes = std::fs::read(path).map_err(|e| refused(source.clone(), e.to_string()))?;
     let text = std::str::from_utf8(&bytes)
         .map_err(|_| refused(source.clone(), "is not UTF-8 text".to_owned()))?;
-    let config = parse(text).map_err(|reason| refused(source.clone(), reason))?;
-    let key = format!("{provider}.sources.{name}");
-    let problems = config.problems(&key, &name);
+    let table = format!("{provider}.sources.{name}");
+    let (held, parsed) = parse(text, &table, &api_keys(provider));
+    let config = parsed.map_err(|reason| refused(source.clone(), held.scrub(&reason)))?;
+    let problems = config.problems(&table, &name);
     if !problems.is_empty() {
         let reason = problems
             .into_iter()
             .map(|(at, message)| format!("{at}: {message}"))
             .collect::<Vec<_>>()
             .join("; ");
-        return Err(refused(source, reason));
+        return Err(refused(source, held.scrub(&reason)));
     }
     Ok(SourceFile {
         path: path.to_owned(),
@@ -163,47 +183,139 @@ fn read_file(path: &Path) -> Result<SourceFile, Refusal> {
         name,
         config,
         digest: Sha256::digest(&bytes).into(),
+        held,
     })
 }
 
-/// A source table from TOML text, read as the main file's tables are.
-/// Why not, without the file's values: the reason is shown on `/status`
-/// and `/admin/sources`, and the file holds secrets.
-fn parse(text: &str) -> Result<SourceConfig, String> {
-    config::Config::builder()
+/// A source table from TOML text, read as the main file's tables are, and
+/// what of the text a reason must not repeat. Why not, said by key and by
+/// place: the reason is shown on `/status` and `/admin/sources`, and the
+/// file holds secrets. `table` is the source's key
+/// (`mekari.sources.shop-1`), `api_keys` the keys its provider's `api`
+/// table takes.
+fn parse(
+    text: &str,
+    table: &str,
+    api_keys: &[&'static str],
+) -> (Held, Result<SourceConfig, String>) {
+    let source_keys = keys_of::<SourceConfig>();
+    let sayable: Vec<&str> = source_keys
+        .iter()
+        .chain(api_keys)
+        .copied()
+        .chain([table])
+        .collect();
+    let parsed = match toml::de::DeTable::parse(text) {
+        Ok(parsed) => parsed,
+        Err(error) => {
+            // toml's message is its own words (what it met, what it
+            // expected); its excerpt of the file is left out.
+            let at = error
+                .span()
+                .map(|span| format!(" at {}", Position::at(text, span.start)))
+                .unwrap_or_default();
+            let reason = format!("is not TOML{at}: {}", error.message());
+            return (Held::new(Held::tokens(text), &sayable), Err(reason));
+        }
+    };
+    let mut walk = Walk {
+        text,
+        source_keys,
+        api_keys,
+        words: Vec::new(),
+        unknown: Vec::new(),
+    };
+    walk.table(parsed.get_ref(), table, Level::Source);
+    let held = Held::new(walk.words.iter().map(String::as_str), &sayable);
+    if !walk.unknown.is_empty() {
+        walk.unknown.sort();
+        let said: Vec<String> = walk.unknown.into_iter().map(|(_, said)| said).collect();
+        return (held, Err(said.join("; ")));
+    }
+    let read = config::Config::builder()
         .add_source(config::File::from_str(text, config::FileFormat::Toml))
         .build()
         .and_then(config::Config::try_deserialize)
-        .map_err(|e| without_values(&e.to_string()))
+        .map_err(|error| {
+            let error = SettingError::of(&error, source_keys);
+            match error.key.as_str() {
+                "" => format!("{table}: {}", error.kind),
+                key => format!("{table}.{key}: {}", error.kind),
+            }
+        });
+    (held, read)
 }
 
-/// A parser's message without what it quotes of the file: the excerpt
-/// lines (`2 | secrets = …`) dropped, quoted values replaced by `"…"`.
-fn without_values(message: &str) -> String {
-    let kept: Vec<&str> = message
-        .lines()
-        .filter(|line| {
-            let line = line.trim_start();
-            !line.starts_with('|')
-                && line
-                    .split_once('|')
-                    .is_none_or(|(number, _)| number.trim().parse::<u32>().is_err())
-        })
-        .collect();
-    let mut out = String::new();
-    for (n, part) in kept.join(" ").split('"').enumerate() {
-        if n % 2 == 1 {
-            out.push_str("\"…\"");
-        } else {
-            out.push_str(part);
+/// Which keys a table of a source file takes.
+#[derive(Clone, Copy)]
+enum Level {
+    /// The source's own: [`SourceConfig`]'s.
+    Source,
+    /// Its `api` table, at any depth: the provider's.
+    Api,
+    /// A table in a setting that takes none: no key.
+    Other,
+}
+
+/// A walk over a parsed file: its string values and its keys no setting
+/// has, to hold ([`Held`]), and each of those keys refused by its place
+/// (its name may be a secret pasted there).
+struct Walk<'a> {
+    text: &'a str,
+    source_keys: &'a [&'static str],
+    api_keys: &'a [&'static str],
+    words: Vec<String>,
+    /// By their place in the text: said in the file's order.
+    unknown: Vec<(usize, String)>,
+}
+
+impl Walk<'_> {
+    /// A table at key path `at`.
+    fn table(&mut self, table: &toml::de::DeTable<'_>, at: &str, level: Level) {
+        let keys = match level {
+            Level::Source => self.source_keys,
+            Level::Api => self.api_keys,
+            Level::Other => &[],
+        };
+        for (key, value) in table {
+            let name: &str = key.get_ref();
+            if keys.contains(&name) {
+                let inner = match level {
+                    Level::Source if name == "api" => Level::Api,
+                    Level::Api => Level::Api,
+                    _ => Level::Other,
+                };
+                self.value(value.get_ref(), &format!("{at}.{name}"), inner);
+            } else {
+                let start = key.span().start;
+                let place = Position::at(self.text, start);
+                self.unknown
+                    .push((start, format!("{at}: {place}: a key it does not take")));
+                self.words.push(name.to_owned());
+                self.value(value.get_ref(), at, Level::Other);
+            }
         }
     }
-    out
+
+    /// A value at key path `at`; its tables take `level`'s keys.
+    fn value(&mut self, value: &toml::de::DeValue<'_>, at: &str, level: Level) {
+        match value {
+            toml::de::DeValue::String(text) => self.words.push(text.to_string()),
+            toml::de::DeValue::Array(items) => {
+                for item in items.iter() {
+                    self.value(item.get_ref(), at, level);
+                }
+            }
+            toml::de::DeValue::Table(table) => self.table(table, at, level),
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adapters::providers::api_keys;
 
     fn write(dir: &Path, name: &str, text: &str) {
         std::fs::write(dir.join(name), text).unwrap();
@@ -232,7 +344,7 @@ mod tests {
         write(dir.path(), ".mekari.hidden.toml", "secrets = [\"s\"]\n");
         std::fs::create_dir(dir.path().join("..data")).unwrap();
 
-        let listing = read_dir(dir.path()).unwrap();
+        let listing = read_dir(dir.path(), api_keys).unwrap();
         let taken: Vec<(ProviderKind, &str)> = listing
             .files
             .iter()
@@ -259,53 +371,149 @@ mod tests {
             "{}",
             reason("mekari.no-secret.toml")
         );
-        assert!(reason("mekari.typo.toml").contains("unknown field `secret`"));
+        assert_eq!(
+            reason("mekari.typo.toml"),
+            "mekari.sources.typo: line 1, column 1: a key it does not take"
+        );
         assert!(reason("square.shop.toml").contains("`square` is not a provider"));
         assert!(reason("shop.toml").contains("{provider}.{source}.toml"));
         assert!(reason("mekari.bad name.toml").contains("source names go into URLs"));
         assert_eq!(listing.refused.len(), 5, "{listing:?}");
     }
 
-    /// A refusal is shown on `/status`: it never quotes the file's values.
+    /// A refusal is shown on `/status`, `/admin/sources` and in the log:
+    /// it names the key and the kind of problem, never a value of the file
+    /// nor a key no setting has (a secret pasted in the wrong place).
     #[test]
     fn a_refusal_quotes_no_value_of_the_file() {
+        let secrets = "secrets = [\"s-1-long-enough\"]\n";
+        // (source, text after `secrets`, what the reason names)
+        let cases = [
+            (
+                "type",
+                "tolerance_secs = \"s3cr3t-type\"",
+                "mekari.sources.type.tolerance_secs",
+            ),
+            ("key", "s3cr3t-as-key = 1", "line 2, column 1"),
+            (
+                "scheme",
+                "scheme = \"s3cr3t-scheme\"",
+                "mekari.sources.scheme.scheme",
+            ),
+            (
+                "header",
+                "header = \"s3cr3t header\"",
+                "mekari.sources.header.header",
+            ),
+            (
+                "quoted-header",
+                "header = 'a\"s3cr3t-header'",
+                "mekari.sources.quoted-header.header",
+            ),
+            (
+                "literal",
+                "tolerance_secs = 'a\"s3cr3t-literal'",
+                "mekari.sources.literal.tolerance_secs",
+            ),
+            (
+                "escaped",
+                "tolerance_secs = \"a\\\"s3cr3t-escaped\"",
+                "mekari.sources.escaped.tolerance_secs",
+            ),
+            (
+                "account",
+                "account = \"s3cr3t:account\"",
+                "mekari.sources.account.account",
+            ),
+            (
+                "prefix",
+                "topic_prefix = \"s3cr3t prefix.\"",
+                "mekari.sources.prefix.topic_prefix",
+            ),
+            (
+                "mode",
+                "on_broker_unavailable = \"s3cr3t-mode\"",
+                "mekari.sources.mode.on_broker_unavailable",
+            ),
+            (
+                "table",
+                "[api]\nbase_url = 's3cr3t-api'\n[api]",
+                "line 4, column 2",
+            ),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        for (source, text, _) in cases {
+            write(
+                dir.path(),
+                &format!("mekari.{source}.toml"),
+                &format!("{secrets}{text}\n"),
+            );
+        }
+        write(
+            dir.path(),
+            "mekari.syntax.toml",
+            "secrets = [\"s3cr3t-unclosed\"\n",
+        );
+        let listing = read_dir(dir.path(), api_keys).unwrap();
+        assert_eq!(listing.refused.len(), cases.len() + 1, "{listing:?}");
+        let reason = |source: &str| {
+            let path = dir.path().join(format!("mekari.{source}.toml"));
+            let refusal = listing.refused.iter().find(|r| r.path == path);
+            refusal.map_or_else(|| panic!("{source} not refused"), |r| r.reason.clone())
+        };
+        let mut wrong = Vec::new();
+        for (source, _, named) in cases.iter().chain([&("syntax", "", "line 1, column 29")]) {
+            let reason = reason(source);
+            if reason.contains("s3cr3t") || !reason.contains(named) {
+                wrong.push(format!("{source}: {reason}"));
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "quoted a value or named no key:\n{}",
+            wrong.join("\n")
+        );
+    }
+
+    /// A refusal made after the file was read (Kafka's answer to its
+    /// topics, say) passes the same check.
+    #[test]
+    fn a_later_refusal_is_scrubbed_of_what_the_file_holds() {
         let dir = tempfile::tempdir().unwrap();
         write(
             dir.path(),
-            "mekari.a.toml",
-            "secrets = [\"s-1-long-enough\"]\ntolerance_secs = \"the-secret-value\"\n",
+            "mekari.shop-1.toml",
+            "secrets = [\"s3cr3t-signing\"]\ntopic_prefix = \"s3cr3t.\"\n",
         );
-        write(
-            dir.path(),
-            "mekari.b.toml",
-            "secrets = [\"the-secret-value\"\n",
+        let listing = read_dir(dir.path(), api_keys).unwrap();
+        let refusal = listing.files[0].refused(
+            "mekari.sources.shop-1.topic_prefix: topic s3cr3t.sales: denied; s3cr3t-signing",
         );
-        write(
-            dir.path(),
-            "mekari.c.toml",
-            "secrets = [\"the-secret-value\"]\nsecret = 1\n",
+        assert_eq!(
+            refusal.reason,
+            "mekari.sources.shop-1.topic_prefix: topic …sales: denied; …"
         );
-        let listing = read_dir(dir.path()).unwrap();
-        assert_eq!(listing.refused.len(), 3, "{listing:?}");
-        for refusal in &listing.refused {
-            assert!(!refusal.reason.contains("the-secret"), "{refusal:?}");
-            assert!(!refusal.reason.is_empty());
-        }
     }
 
     #[test]
     fn a_file_read_again_unchanged_has_the_same_digest() {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "mekari.a.toml", "secrets = [\"s1\"]\n");
-        let first = read_dir(dir.path()).unwrap().files[0].digest;
-        assert_eq!(read_dir(dir.path()).unwrap().files[0].digest, first);
+        let first = read_dir(dir.path(), api_keys).unwrap().files[0].digest;
+        assert_eq!(
+            read_dir(dir.path(), api_keys).unwrap().files[0].digest,
+            first
+        );
         write(dir.path(), "mekari.a.toml", "secrets = [\"s2\"]\n");
-        assert_ne!(read_dir(dir.path()).unwrap().files[0].digest, first);
+        assert_ne!(
+            read_dir(dir.path(), api_keys).unwrap().files[0].digest,
+            first
+        );
     }
 
     #[test]
     fn a_missing_directory_is_said_with_its_path() {
-        let error = read_dir(Path::new("/nonexistent/sources")).unwrap_err();
+        let error = read_dir(Path::new("/nonexistent/sources"), api_keys).unwrap_err();
         assert!(error.to_string().contains("/nonexistent/sources"));
     }
 }

@@ -193,6 +193,10 @@ pub trait Provider: Send + Sync + 'static {
     /// The mistakes in a source's `api` table, as (field, what is wrong);
     /// the field is relative to the table (`outlets`, `paths`).
     fn api_problems(&self, api: &ApiSection) -> Vec<(String, String)>;
+    /// The keys a source's `api` table may hold (its settings' and their
+    /// path names): the others are refused by their place in a source
+    /// file, never by their name (a secret pasted as a key).
+    fn api_keys(&self) -> Vec<&'static str>;
     /// The provider's API for one source, ready to read.
     ///
     /// # Errors
@@ -207,6 +211,12 @@ pub trait Provider: Send + Sync + 'static {
 
 /// Every provider, the registry: adding a provider adds one line here.
 pub const ALL: [&dyn Provider; 2] = [&receiptroller::ReceiptRoller, &mekari::Mekari];
+
+/// The keys a source's `api` table takes, by provider (what
+/// [`crate::config::source_files::read_dir`] needs of the providers).
+pub fn api_keys(kind: ProviderKind) -> Vec<&'static str> {
+    for_kind(kind).api_keys()
+}
 
 /// The provider implementation for a kind.
 pub fn for_kind(kind: ProviderKind) -> &'static dyn Provider {

@@ -47,12 +47,16 @@ impl Origin {
     }
 }
 
+/// By its key, not its path: the path is a value of the source's table,
+/// and a source file's values are not repeated (its refusals are shown on
+/// `/status`). A file of `secrets_dir` is named by its name there.
 impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Origin::Inline(_) => f.write_str(&self.key()),
-            Origin::File(_, path) | Origin::Dir(path) => {
-                write!(f, "{} ({})", self.key(), path.display())
+            Origin::Inline(_) | Origin::File(..) => f.write_str(&self.key()),
+            Origin::Dir(path) => {
+                let name = path.file_name().unwrap_or_default();
+                write!(f, "{} (its file {})", self.key(), name.display())
             }
         }
     }
@@ -80,10 +84,8 @@ pub enum ReadError {
         source: io::Error,
     },
     /// `secrets_dir` could not be listed.
-    #[error("cannot list secrets_dir ({}): {source}", .path.display())]
+    #[error("cannot list secrets_dir: {source}")]
     Dir {
-        /// The directory.
-        path: PathBuf,
         /// The system's answer.
         #[source]
         source: io::Error,
@@ -214,10 +216,7 @@ pub fn load(source: &SourceConfig, scheme: SchemeName) -> Result<Vec<Found>, Loa
 /// The files of `dir` that may be keys, by name: not those whose names
 /// start with `.`, nor directories (a link is followed to see which it is).
 fn keys_in(dir: &Path) -> Result<Vec<PathBuf>, ReadError> {
-    let listed = |source| ReadError::Dir {
-        path: dir.to_owned(),
-        source,
-    };
+    let listed = |source| ReadError::Dir { source };
     let mut paths = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(listed)? {
         let entry = entry.map_err(listed)?;

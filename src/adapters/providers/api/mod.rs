@@ -20,6 +20,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::config::ReconcileConfig;
+use crate::config::redact::{SettingError, keys_of};
 use crate::domain::event::EntityType;
 
 pub use client::{ApiClient, AttemptError, Authorize, FetchError};
@@ -217,7 +218,7 @@ fn common_problems(base_url: &str, per_page: u32, paths: &Paths) -> Vec<(String,
             problems.push((
                 "paths".to_owned(),
                 format!(
-                    "unknown path name `{name}`; use one of {}",
+                    "holds a path name it does not know; use one of {}",
                     paths
                         .defaults
                         .iter()
@@ -228,8 +229,10 @@ fn common_problems(base_url: &str, per_page: u32, paths: &Paths) -> Vec<(String,
             ));
         }
     }
-    if reqwest::Url::parse(base_url).is_err() {
-        problems.push(("base_url".to_owned(), format!("`{base_url}` is not a URL")));
+    // The URL is not repeated (it may hold a password: `https://user:…@`);
+    // the URL parser's reason is its own words.
+    if let Err(error) = reqwest::Url::parse(base_url) {
+        problems.push(("base_url".to_owned(), format!("is not a URL: {error}")));
     }
     if per_page == 0 {
         problems.push(("per_page".to_owned(), "must be above 0".to_owned()));
@@ -247,16 +250,28 @@ pub trait Settings: serde::de::DeserializeOwned {
 }
 
 /// Every mistake in a source's `api` table read as `S`, as (field, problem);
-/// a table that does not fit `S` at all is one problem on the table itself.
+/// a table that does not read as `S` is one problem, at the key the reader
+/// names, said without the table's values.
 pub fn problems<S: Settings>(api: &crate::config::ApiSection) -> Vec<(String, String)> {
     let settings: S = match api.read() {
         Ok(settings) => settings,
-        Err(error) => return vec![(String::new(), error.to_string())],
+        Err(error) => {
+            let error = SettingError::of(&error, keys_of::<S>());
+            return vec![(error.key, error.kind.to_string())];
+        }
     };
     let (base_url, per_page, paths) = settings.common();
     let mut problems = common_problems(base_url, per_page, &paths);
     problems.extend(settings.own_problems());
     problems
+}
+
+/// The keys a provider's `api` table takes: those of its settings `S` and
+/// the names of its `paths`.
+pub fn keys<S: Settings>(paths: &[(&'static str, &'static str)]) -> Vec<&'static str> {
+    let mut keys = keys_of::<S>().to_vec();
+    keys.extend(paths.iter().map(|(name, _)| *name));
+    keys
 }
 
 /// Records per page when a source names no `per_page`.

@@ -23,7 +23,7 @@ use crate::domain::event::EntityType;
 use crate::domain::secret::Secret;
 
 /// Default paths; each can be overridden under `api.paths`.
-const DEFAULT_PATHS: [(&str, &str); 8] = [
+pub(super) const DEFAULT_PATHS: [(&str, &str); 8] = [
     ("orders", "/orders"),
     ("returns", "/returns"),
     ("refunds", "/refunds"),

@@ -78,6 +78,10 @@ impl Provider for Mekari {
         super::api::problems::<api::Settings>(api)
     }
 
+    fn api_keys(&self) -> Vec<&'static str> {
+        super::api::keys::<api::Settings>(&api::DEFAULT_PATHS)
+    }
+
     fn connect_api(
         &self,
         api: &ApiSection,

@@ -21,7 +21,7 @@ use crate::domain::event::EntityType;
 use crate::domain::secret::Secret;
 
 /// Default paths; each can be overridden under `api.paths`.
-const DEFAULT_PATHS: [(&str, &str); 2] = [
+pub(super) const DEFAULT_PATHS: [(&str, &str); 2] = [
     ("transactions", "/transactions"),
     ("webhook", "/webhooks/{webhook_id}"),
 ];
