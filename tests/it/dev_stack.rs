@@ -44,12 +44,16 @@ async fn dev_stack_stops_everything_on_sigterm() {
     let group = format!("-{}", stack.id());
     let ready = format!("http://127.0.0.1:{listen}/readyz");
     let http = reqwest::Client::new();
-    wait_until(Duration::from_secs(120), "the dev stack to be ready", async || {
-        http.get(&ready)
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-    })
+    wait_until(
+        Duration::from_secs(120),
+        "the dev stack to be ready",
+        async || {
+            http.get(&ready)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        },
+    )
     .await;
 
     Command::new("kill")
