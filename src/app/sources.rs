@@ -39,7 +39,7 @@ use super::topics::OwnTopics;
 use crate::adapters::providers;
 use crate::adapters::secrets::{self, LoadError, ReloadRequest};
 use crate::config::source_files::{self, Refusal, SourceFile};
-use crate::config::{Config, KafkaConfig, Problem};
+use crate::config::{Config, KafkaConfig, Problem, collision_name, topics_of_prefix};
 use crate::domain::event::ProviderKind;
 use crate::http::ingress::{SourceMap, WebhookSource};
 use crate::http::status::{Origin, RefusedFile, SourceView, SourcesReport};
@@ -80,8 +80,8 @@ struct DirState {
 pub struct Sources {
     /// What the handler reads: swapped whole.
     live: Arc<ArcSwap<SourceMap>>,
-    /// The main file's sources and their accounts.
-    main: Arc<BTreeMap<Key, Option<String>>>,
+    /// The main file's sources and what they claim.
+    main: Arc<BTreeMap<Key, Claim>>,
     /// The directory, when one is configured.
     dir: Option<PathBuf>,
     state: Arc<Mutex<DirState>>,
@@ -114,13 +114,13 @@ impl Sources {
         board: Board,
         own_topics: OwnTopics,
     ) -> Result<Sources, DirError> {
-        let accounts = main
+        let claims = main
             .iter()
-            .map(|(key, webhook)| (key.clone(), webhook.source.account.clone()))
+            .map(|(key, webhook)| (key.clone(), Claim::of_source(&webhook.source)))
             .collect();
         let sources = Sources {
             live: Arc::new(ArcSwap::from_pointee(main)),
-            main: Arc::new(accounts),
+            main: Arc::new(claims),
             dir: config.sources_dir.clone(),
             state: Arc::default(),
             board,
@@ -406,9 +406,9 @@ impl Sources {
             .filter(|(key, _)| self.main.contains_key(*key))
             .map(|(key, webhook)| (key.clone(), webhook.clone()))
             .collect();
-        let mut accounts = accounts_of(&self.main);
-        // A running source whose file is still there keeps its account
-        // against new files, even when its file is refused now.
+        let mut claims = Claims::of_main(&self.main);
+        // A running source whose file is still there keeps its account and
+        // its topics against new files, even when its file is refused now.
         let still_there = listing
             .files
             .iter()
@@ -416,7 +416,7 @@ impl Sources {
             .chain(listing.refused.iter().filter_map(|r| r.source.clone()));
         for key in still_there {
             if let Some(webhook) = current.get(&key).filter(|_| before.contains_key(&key)) {
-                accounts.insert((key.0, webhook.source.account.clone()), key.1);
+                claims.take(&key, &Claim::of_source(&webhook.source));
             }
         }
         let mut loaded = BTreeMap::new();
@@ -430,7 +430,7 @@ impl Sources {
         for file in running.into_iter().chain(new) {
             let key = (file.provider, file.name.clone());
             let running_now = before.get(&key).zip(current.get(&key));
-            match self.admit(&file, running_now, &mut accounts) {
+            match self.admit(&file, running_now, &mut claims) {
                 Ok((webhook, at)) => {
                     loaded.insert(key.clone(), Loaded { file, at });
                     next.insert(key, webhook);
@@ -489,9 +489,9 @@ impl Sources {
         &self,
         file: &SourceFile,
         before: Option<(&Loaded, &WebhookSource)>,
-        accounts: &mut Accounts,
+        claims: &mut Claims,
     ) -> Result<(WebhookSource, OffsetDateTime), String> {
-        check_file(file, &self.main, accounts, &self.kafka)?;
+        check_file(file, &self.main, claims, &self.kafka)?;
         let entry = file.entry();
         // At its key, as `check-config` says it.
         let said = |error: LoadError| format!("{}.{}: {error}", entry.key(), error.key());
@@ -554,14 +554,40 @@ impl Sources {
     }
 }
 
-/// Who has each provider and account: a record key space has one source.
-type Accounts = BTreeMap<(ProviderKind, Option<String>), String>;
+/// What a source holds that no other may: its provider and account (a
+/// record key space has one source) and its own topics, by the name Kafka
+/// tells topics apart by ([`collision_name`]).
+#[derive(Debug, Default)]
+struct Claims {
+    accounts: BTreeMap<(ProviderKind, Option<String>), String>,
+    topics: BTreeMap<String, Key>,
+}
 
-/// The main file's sources' accounts.
-fn accounts_of(main: &BTreeMap<Key, Option<String>>) -> Accounts {
-    main.iter()
-        .map(|((provider, name), account)| ((*provider, account.clone()), name.clone()))
-        .collect()
+/// What a source claims: its account and its own topics' prefix.
+#[derive(Debug, Clone, Default)]
+struct Claim {
+    account: Option<String>,
+    topic_prefix: Option<String>,
+}
+
+impl Claims {
+    /// The main file's sources' claims.
+    fn of_main(main: &BTreeMap<Key, Claim>) -> Claims {
+        let mut claims = Claims::default();
+        for (key, claim) in main {
+            claims.take(key, claim);
+        }
+        claims
+    }
+
+    /// `claim` taken by the source `key`.
+    fn take(&mut self, key: &Key, claim: &Claim) {
+        self.accounts
+            .insert((key.0, claim.account.clone()), key.1.clone());
+        for topic in claim.topic_prefix.iter().flat_map(|p| topics_of_prefix(p)) {
+            self.topics.insert(collision_name(&topic), key.clone());
+        }
+    }
 }
 
 /// What a file that parsed must pass to be a source: a name that is not
@@ -569,8 +595,8 @@ fn accounts_of(main: &BTreeMap<Key, Option<String>>) -> Accounts {
 /// checks. Takes its account on success.
 fn check_file(
     file: &SourceFile,
-    main: &BTreeMap<Key, Option<String>>,
-    accounts: &mut Accounts,
+    main: &BTreeMap<Key, Claim>,
+    claims: &mut Claims,
     kafka: &KafkaConfig,
 ) -> Result<(), String> {
     if let Some(why) = file
@@ -587,12 +613,34 @@ fn check_file(
             file.provider, file.name
         ));
     }
+    let key = (file.provider, file.name.clone());
     let account = (file.provider, file.config.account.clone());
-    if let Some(owner) = accounts.get(&account).filter(|owner| **owner != file.name) {
+    if let Some(owner) = claims
+        .accounts
+        .get(&account)
+        .filter(|owner| **owner != file.name)
+    {
         return Err(format!(
             "{}.account: {}.sources.{owner} has the same provider and account: their records would share keys; give each source an account of its own",
             file.entry().key(),
             file.provider,
+        ));
+    }
+    let taken = file
+        .config
+        .topic_prefix
+        .iter()
+        .flat_map(|prefix| topics_of_prefix(prefix))
+        .find_map(|topic| {
+            claims
+                .topics
+                .get(&collision_name(&topic))
+                .filter(|owner| **owner != key)
+        });
+    if let Some((provider, owner)) = taken {
+        return Err(format!(
+            "{}.topic_prefix: gives a topic {provider}.sources.{owner}'s topic_prefix gives too (or a name Kafka takes for it, `.` and `_` alike): each source's own topics are its own",
+            file.entry().key(),
         ));
     }
     let problems = source_problems(file.entry());
@@ -603,8 +651,24 @@ fn check_file(
             .collect::<Vec<_>>()
             .join("; "));
     }
-    accounts.insert(account, file.name.clone());
+    claims.take(&key, &Claim::of(&file.config));
     Ok(())
+}
+
+impl Claim {
+    fn of(config: &crate::config::SourceConfig) -> Claim {
+        Claim {
+            account: config.account.clone(),
+            topic_prefix: config.topic_prefix.clone(),
+        }
+    }
+
+    fn of_source(source: &crate::domain::event::Source) -> Claim {
+        Claim {
+            account: source.account.clone(),
+            topic_prefix: source.topic_prefix.as_deref().map(str::to_owned),
+        }
+    }
 }
 
 /// The sources directory's problems, for `check-config`: each refused
@@ -621,11 +685,11 @@ pub fn dir_problems(config: &Config) -> Vec<Problem> {
     };
     let main = config
         .sources()
-        .map(|e| ((e.provider, e.name.to_owned()), e.config.account.clone()))
+        .map(|e| ((e.provider, e.name.to_owned()), Claim::of(e.config)))
         .collect();
-    let mut accounts = accounts_of(&main);
+    let mut claims = Claims::of_main(&main);
     let checked = listing.files.iter().filter_map(|file| {
-        check_file(file, &main, &mut accounts, &config.kafka)
+        check_file(file, &main, &mut claims, &config.kafka)
             .err()
             .map(|reason| (file.path.clone(), file.refused(&reason).reason))
     });

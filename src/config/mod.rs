@@ -30,7 +30,10 @@ use serde::Deserialize;
 use crate::domain::event::{ProviderKind, Source};
 
 pub use admin::AdminConfig;
-pub use kafka::{KafkaConfig, dead_letter_of, entity_topic, topic_prefix_problem};
+pub use kafka::{
+    KafkaConfig, collision_name, dead_letter_of, entity_topic, topic_prefix_problem,
+    topics_of_prefix,
+};
 pub use ledger::{LedgerBackend, LedgerConfig};
 pub use read::{ENV_PREFIX, ENV_SEPARATOR, LIBRDKAFKA_ENV_PREFIX};
 pub use reconcile::{MIN_BODY_BYTES, ReconcileConfig, WatchdogConfig};
@@ -276,14 +279,29 @@ impl Config {
                 ),
             ));
         }
+        // Each source's own topics are its own: by the name Kafka tells
+        // them apart by, no two sources give the same topic.
+        let mut own_topics = std::collections::BTreeMap::new();
         for entry in self.sources() {
-            if let Some(why) = entry
-                .config
-                .topic_prefix
-                .as_deref()
-                .and_then(|prefix| self.kafka.shared_topic_clash(prefix))
-            {
+            let Some(prefix) = entry.config.topic_prefix.as_deref() else {
+                continue;
+            };
+            if let Some(why) = self.kafka.shared_topic_clash(prefix) {
                 problems.push((format!("{}.topic_prefix", entry.key()), why));
+                continue;
+            }
+            let taken = kafka::topics_of_prefix(prefix)
+                .into_iter()
+                .find_map(|topic| {
+                    own_topics
+                        .insert(kafka::collision_name(&topic), entry.key())
+                        .filter(|owner| *owner != entry.key())
+                });
+            if let Some(owner) = taken {
+                problems.push((
+                    format!("{}.topic_prefix", entry.key()),
+                    format!("gives a topic {owner}'s topic_prefix gives too (or a name Kafka takes for it, `.` and `_` alike): each source's own topics are its own"),
+                ));
             }
         }
         if self.sources().next().is_none() && self.sources_dir.is_none() {
@@ -470,6 +488,38 @@ mod tests {
     }
 
     #[test]
+    fn two_sources_whose_own_topics_kafka_cannot_tell_apart_are_refused() {
+        let source = |name: &str, prefix: &str| {
+            format!(
+                "[mekari.sources.{name}]\nsecrets = [\"s\"]\naccount = \"{name}\"\ntopic_prefix = \"{prefix}\"\n"
+            )
+        };
+        let text = [
+            source("a", "dl."),
+            // `dl-dead-letter`, as `dl.` gives.
+            source("b", "dl-"),
+            source("c", "col."),
+            // `col_sales`, which Kafka takes for `col.sales`.
+            source("d", "col_"),
+            source("e", "own."),
+        ]
+        .concat();
+        let problems = parse(&text).problems();
+        assert_eq!(
+            keys(&problems),
+            [
+                "mekari.sources.b.topic_prefix",
+                "mekari.sources.d.topic_prefix"
+            ],
+            "{problems:?}"
+        );
+        assert!(
+            problems[0].message.contains("mekari.sources.a"),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
     fn settings_that_would_make_every_delivery_fail_are_refused() {
         let missed = [
             (
@@ -530,6 +580,18 @@ mod tests {
             ),
             (
                 "topic_prefix = \"pos.\"",
+                "",
+                "mekari.sources.main.topic_prefix",
+            ),
+            // Inside the shared topics' pattern.
+            (
+                "topic_prefix = \"pos.acme.\"",
+                "",
+                "mekari.sources.main.topic_prefix",
+            ),
+            // `pos_sales`, which Kafka takes for `pos.sales`.
+            (
+                "topic_prefix = \"pos_\"",
                 "",
                 "mekari.sources.main.topic_prefix",
             ),

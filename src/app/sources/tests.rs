@@ -78,6 +78,68 @@ fn check_config_names_every_refused_file_by_its_path() {
     );
 }
 
+/// Own topics that collide are refused with the collision named: inside
+/// the shared topics' pattern, the same prefix twice, two prefixes giving
+/// one dead-letter topic, two Kafka tells apart by nothing (`.` and `_`);
+/// each against a main-file source's own topics too.
+#[test]
+fn own_topics_that_collide_are_refused_naming_the_collision() {
+    let dir = tempfile::tempdir().unwrap();
+    let put = |name: &str, account: &str, prefix: &str| {
+        std::fs::write(
+            dir.path().join(name),
+            format!("secrets = [\"secret-of-{account}\"]\naccount = \"{account}\"\ntopic_prefix = \"{prefix}\"\n"),
+        )
+        .unwrap();
+    };
+    put("mekari.a-inside.toml", "a", "pos.acme.");
+    put("mekari.b-first.toml", "b", "twice.");
+    put("mekari.c-again.toml", "c", "twice.");
+    put("mekari.d-dot.toml", "d", "dl.");
+    put("mekari.e-dash.toml", "e", "dl-");
+    put("mekari.f-dot.toml", "f", "col.");
+    put("mekari.g-under.toml", "g", "col_");
+    put("mekari.h-main.toml", "h", "main_");
+    put("mekari.i-fine.toml", "i", "fine.");
+    let config = Config::from_toml(&format!(
+        "sources_dir = \"{}\"\n[mekari.sources.main]\nsecrets = [\"secret-of-main\"]\ntopic_prefix = \"main.\"\n",
+        dir.path().display()
+    ))
+    .unwrap();
+    let problems: Vec<(String, String)> = dir_problems(&config)
+        .into_iter()
+        .map(|p| {
+            let file = Path::new(&p.key).file_name().unwrap().to_str().unwrap();
+            (file.to_owned(), p.message)
+        })
+        .collect();
+    let files: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
+    assert_eq!(
+        files,
+        [
+            "mekari.a-inside.toml",
+            "mekari.c-again.toml",
+            "mekari.e-dash.toml",
+            "mekari.g-under.toml",
+            "mekari.h-main.toml"
+        ],
+        "{problems:?}"
+    );
+    assert!(
+        problems[0].1.contains("inside the shared topics' pattern"),
+        "{problems:?}"
+    );
+    for ((_, reason), owner) in problems[1..]
+        .iter()
+        .zip(["b-first", "d-dot", "f-dot", "main"])
+    {
+        assert!(
+            reason.contains(&format!("mekari.sources.{owner}'s topic_prefix gives too")),
+            "{reason}"
+        );
+    }
+}
+
 /// What `check-config`, `/status` and the log say of a refused file
 /// names its key and the kind of problem, never a value of the file nor
 /// a key no setting has: the checks that need the providers and the

@@ -176,18 +176,37 @@ impl KafkaConfig {
             .collect()
     }
 
-    /// Whether a source's own `topic_prefix` names one of the shared
-    /// topics: then it is no prefix of its own (said as the problem).
+    /// Whether a source's own `topic_prefix` stands in the shared topics'
+    /// way: it names one of them (or a name Kafka takes for one, `.` and
+    /// `_` alike), or names topics inside their pattern (`pos\..*` for the
+    /// default `pos.`), which a subscriber to the shared topics reads. Said
+    /// as the problem, without the prefix.
     pub fn shared_topic_clash(&self, prefix: &str) -> Option<String> {
-        let shared = self.shared_topics();
-        topics_of_prefix(prefix)
-            .into_iter()
-            .any(|n| shared.contains(&n))
-            .then(|| {
-                "gives one of the shared topics: a source on the shared topics has no topic_prefix"
-                    .into()
-            })
+        let shared: Vec<String> = self
+            .shared_topics()
+            .iter()
+            .map(|topic| collision_name(topic))
+            .collect();
+        let own = topics_of_prefix(prefix);
+        if own.iter().any(|n| shared.contains(&collision_name(n))) {
+            return Some(
+                "gives one of the shared topics, or a name Kafka takes for one (`.` and `_` alike): a source on the shared topics has no topic_prefix"
+                    .into(),
+            );
+        }
+        let pattern = self.topic_prefix.as_str();
+        (!pattern.is_empty() && own.iter().any(|n| n.starts_with(pattern))).then(|| {
+            "starts with kafka.topic_prefix: its topics would be inside the shared topics' pattern, and a subscriber to the shared topics would read this source's records; choose a prefix of its own".into()
+        })
     }
+}
+
+/// The name by which Kafka tells topics apart: `.` and `_` are one
+/// character to it (its metric names replace one with the other), so a
+/// topic whose name differs from another's only there is refused
+/// (`InvalidTopic`).
+pub fn collision_name(topic: &str) -> String {
+    topic.replace('.', "_")
 }
 
 /// Room for an event record's fields, headers and key beside its body: a
