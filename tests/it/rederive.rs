@@ -48,6 +48,21 @@ async fn rederive(app: &TestApp, options: &Options) -> (Summary, Vec<Value>) {
     (summary, lines)
 }
 
+/// What an older build wrote for six products `P-1` … `P-6`, a minute
+/// apart, to `products` on `brokers`.
+async fn write_six_v1_products(brokers: &str, products: &str) {
+    for n in 1..=6 {
+        let (time, micros) = at(n);
+        let body = v1::product_created(
+            &format!("v1-{n}"),
+            &format!("P-{n}"),
+            &format!("Kopi {n}"),
+            &time,
+        );
+        write_v1_product(brokers, products, &body, micros).await;
+    }
+}
+
 /// `products` made as posbridge makes it (compacted, one partition).
 async fn products_topic(brokers: &str, products: &str) {
     let admin: AdminClient<_> = ClientConfig::new()
@@ -87,16 +102,7 @@ async fn a_run_stopped_by_an_outage_resumes_where_it_stopped() {
     // (support/broker.rs): every record written stays there to be counted,
     // on either broker.
     products_topic(&broker.address(), &products).await;
-    for n in 1..=6 {
-        let (time, micros) = at(n);
-        let body = v1::product_created(
-            &format!("v1-{n}"),
-            &format!("P-{n}"),
-            &format!("Kopi {n}"),
-            &time,
-        );
-        write_v1_product(&broker.address(), &products, &body, micros).await;
-    }
+    write_six_v1_products(&broker.address(), &products).await;
     let mut app = TestApp::start_with(config).await;
     app.keep(dir);
     // One a second: the outage comes once two are in the topic.
@@ -192,16 +198,7 @@ async fn the_command_writes_only_json_on_stdout_and_ctrl_c_ends_it_with_its_summ
     let prefix = unique("rederive-cli");
     let products = format!("{prefix}.products");
     products_topic(&brokers(), &products).await;
-    for n in 1..=6 {
-        let (time, micros) = at(n);
-        let body = v1::product_created(
-            &format!("v1-{n}"),
-            &format!("P-{n}"),
-            &format!("Kopi {n}"),
-            &time,
-        );
-        write_v1_product(&brokers(), &products, &body, micros).await;
-    }
+    write_six_v1_products(&brokers(), &products).await;
     let path = dir.path().join("posbridge.toml");
     std::fs::write(&path, config_text(&brokers(), &prefix, dir.path())).unwrap();
     let command = |rate: &str| {

@@ -5,6 +5,18 @@ use std::path::Path;
 
 use super::*;
 
+/// What `check-config` says of `config`'s directory: each refused file's
+/// name and why.
+fn problems_by_file(config: &Config) -> Vec<(String, String)> {
+    dir_problems(config)
+        .into_iter()
+        .map(|p| {
+            let file = Path::new(&p.key).file_name().unwrap().to_str().unwrap();
+            (file.to_owned(), p.message)
+        })
+        .collect()
+}
+
 /// `check-config` on a main file and a directory: each file refused by
 /// its path, as a running posbridge refuses it.
 #[test]
@@ -42,13 +54,7 @@ fn check_config_names_every_refused_file_by_its_path() {
         dir.path().display()
     ))
     .unwrap();
-    let problems: Vec<(String, String)> = dir_problems(&config)
-        .into_iter()
-        .map(|p| {
-            let file = Path::new(&p.key).file_name().unwrap().to_str().unwrap();
-            (file.to_owned(), p.message)
-        })
-        .collect();
+    let problems = problems_by_file(&config);
     let files: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
     assert_eq!(
         files,
@@ -106,13 +112,7 @@ fn own_topics_that_collide_are_refused_naming_the_collision() {
         dir.path().display()
     ))
     .unwrap();
-    let problems: Vec<(String, String)> = dir_problems(&config)
-        .into_iter()
-        .map(|p| {
-            let file = Path::new(&p.key).file_name().unwrap().to_str().unwrap();
-            (file.to_owned(), p.message)
-        })
-        .collect();
+    let problems = problems_by_file(&config);
     let files: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
     assert_eq!(
         files,
