@@ -172,13 +172,14 @@ impl SourceConfig {
             };
             problems.push((at, message));
         };
-        if !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         {
             problem(
                 "",
-                "source names go into URLs: use a-z, 0-9, - and _".into(),
+                "source names go into URLs: use a-z, 0-9, - and _, at least one".into(),
             );
         }
         if self.secrets.0.is_empty() && !self.reads_secret_files() {

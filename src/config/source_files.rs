@@ -153,6 +153,37 @@ pub fn named(path: &Path) -> Result<(ProviderKind, String), String> {
     Ok((provider, name.to_owned()))
 }
 
+/// The most a source file may hold. One source's settings take a few
+/// hundred bytes; a file far larger is a mistake (a log or an archive
+/// named like a source), and is refused without being read whole, so it
+/// costs neither memory nor the time of the reads of every other file.
+pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
+
+/// A file's bytes, at most [`MAX_FILE_BYTES`]; why not, when it is larger
+/// or cannot be read.
+fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let too_large = || {
+        format!(
+            "is larger than {} KiB: a source file holds one source's settings",
+            MAX_FILE_BYTES / 1024
+        )
+    };
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    if file.metadata().map_err(|e| e.to_string())?.len() > MAX_FILE_BYTES {
+        return Err(too_large());
+    }
+    // Read through a bound too: the file may grow while it is read.
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_large());
+    }
+    Ok(bytes)
+}
+
 /// Reads and checks one file.
 fn read_file(path: &Path, api_keys: ApiKeys) -> Result<SourceFile, Refusal> {
     let refused = |source: Option<(ProviderKind, String)>, reason: String| Refusal {
@@ -162,7 +193,7 @@ fn read_file(path: &Path, api_keys: ApiKeys) -> Result<SourceFile, Refusal> {
     };
     let (provider, name) = named(path).map_err(|reason| refused(None, reason))?;
     let source = Some((provider, name.clone()));
-    let bytes = std::fs::read(path).map_err(|e| refused(source.clone(), e.to_string()))?;
+    let bytes = read_bounded(path).map_err(|reason| refused(source.clone(), reason))?;
     let text = std::str::from_utf8(&bytes)
         .map_err(|_| refused(source.clone(), "is not UTF-8 text".to_owned()))?;
     let table = format!("{provider}.sources.{name}");
@@ -339,6 +370,13 @@ mod tests {
         write(dir.path(), "square.shop.toml", "secrets = [\"s\"]\n");
         write(dir.path(), "shop.toml", "secrets = [\"s\"]\n");
         write(dir.path(), "mekari.bad name.toml", "secrets = [\"s\"]\n");
+        write(dir.path(), "receiptroller..toml", "secrets = [\"s\"]\n");
+        // A file far larger than settings: refused, never read whole.
+        let mut big = String::from("secrets = [\"s-of-the-big-one\"]\n");
+        while big.len() as u64 <= MAX_FILE_BYTES {
+            big.push_str("# a comment line that makes the file too large to be settings\n");
+        }
+        write(dir.path(), "mekari.big.toml", &big);
         // Not sources: another extension, a hidden file, a directory.
         write(dir.path(), "README.md", "the sources");
         write(dir.path(), ".mekari.hidden.toml", "secrets = [\"s\"]\n");
@@ -378,7 +416,13 @@ mod tests {
         assert!(reason("square.shop.toml").contains("`square` is not a provider"));
         assert!(reason("shop.toml").contains("{provider}.{source}.toml"));
         assert!(reason("mekari.bad name.toml").contains("source names go into URLs"));
-        assert_eq!(listing.refused.len(), 5, "{listing:?}");
+        assert!(
+            reason("receiptroller..toml").contains("at least one"),
+            "an empty source name: {}",
+            reason("receiptroller..toml")
+        );
+        assert!(reason("mekari.big.toml").contains("larger than 1024 KiB"));
+        assert_eq!(listing.refused.len(), 7, "{listing:?}");
     }
 
     /// A refusal is shown on `/status`, `/admin/sources` and in the log:

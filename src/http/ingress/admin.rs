@@ -5,6 +5,7 @@
 
 use axum::Json;
 use axum::Router;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -208,9 +209,12 @@ async fn sources_json(State(state): State<AdminState>) -> Response {
 /// and the state the ledger holds; an empty `found` for a key never seen.
 async fn entity_json(
     State(state): State<AdminState>,
-    axum::extract::Path(key): axum::extract::Path<String>,
+    key: Result<axum::extract::Path<String>, PathRejection>,
 ) -> Response {
-    looked_up(state.lookup.entity(&key).await)
+    match key {
+        Ok(axum::extract::Path(key)) => looked_up(state.lookup.entity(&key).await),
+        Err(rejected) => unreadable_path(&rejected),
+    }
 }
 
 /// `GET /admin/deliveries/{id}`: what posbridge answered the delivery
@@ -219,9 +223,21 @@ async fn entity_json(
 /// know.
 async fn delivery_json(
     State(state): State<AdminState>,
-    axum::extract::Path(id): axum::extract::Path<String>,
+    id: Result<axum::extract::Path<String>, PathRejection>,
 ) -> Response {
-    looked_up(state.lookup.delivery(&id).await)
+    match id {
+        Ok(axum::extract::Path(id)) => looked_up(state.lookup.delivery(&id).await),
+        Err(rejected) => unreadable_path(&rejected),
+    }
+}
+
+/// A lookup path that does not decode (percent-encoded bytes that are not
+/// UTF-8): the JSON error every admin answer has, 400.
+fn unreadable_path(rejected: &PathRejection) -> Response {
+    WebhookError::BadAdminRequest(format!(
+        "the key or id in the path is not UTF-8 text: {rejected}"
+    ))
+    .into_response()
 }
 
 /// A lookup's report as JSON, or why it could not look (503).
@@ -395,6 +411,36 @@ mod tests {
     /// An unknown path and a wrong method get the webhook listener's JSON
     /// error, not an empty answer; behind credentials only once admitted, so
     /// the listener tells a stranger nothing of its routes.
+    /// A lookup's key or id that is not UTF-8 once decoded gets the JSON
+    /// error shape every admin answer has, not axum's plain text.
+    #[tokio::test]
+    async fn a_lookup_path_that_is_not_text_is_a_json_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let pipeline = Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100))
+            .await
+            .0;
+        let state = AdminState {
+            pipeline: pipeline.clone(),
+            board: Board::new([]),
+            sources: Arc::new(SourcesReport::default),
+            lookup: crate::services::lookup::Lookup::idle(pipeline.clone()),
+            rederive: crate::services::rederive::Runs::idle(pipeline),
+        };
+        let open = router(state, &AdminConfig::default());
+        for path in ["/admin/deliveries/%FF%FE", "/admin/entities/mekari%3A%FF"] {
+            let (status, content_type, body) = answer(&open, Method::GET, path, None).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+            assert_eq!(content_type.as_deref(), Some("application/json"), "{path}");
+            assert!(
+                body["error"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("not UTF-8"),
+                "{path}: {body}"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn unknown_paths_and_methods_are_json_errors() {
         let dir = tempfile::tempdir().unwrap();

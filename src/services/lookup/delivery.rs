@@ -77,6 +77,7 @@ impl Lookup {
     /// [`LookupError`] when the ledger cannot be read; a record that cannot
     /// be read is said in its `note`, beside what the ledger knows.
     pub async fn delivery(&self, id: &str) -> Result<DeliveryReport, LookupError> {
+        let _running = self.permit()?;
         // Scoped (`mekari:abc`: Mekari's `abc`), then as given for each
         // provider: an id that itself begins with a provider's name and a
         // colon is found either way.

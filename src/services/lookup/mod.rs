@@ -43,12 +43,20 @@ const READ_WITHIN: Duration = Duration::from_secs(5);
 /// may miss the outcomes of the last deliveries before a crash.
 const NOT_FILLED: &str = "the ledger has not read the topics' last records yet (it is being filled, Kafka cannot be reached, or the command reads the ledger as it was left): the outcomes of the last deliveries before a crash may be missing";
 
+/// How many lookups run at once. Each reads a partition through a
+/// consumer of its own, whose fetch buffers take tens of MB on a large
+/// partition: more lookups at once are told to come back, not queued.
+pub const LOOKUPS_AT_ONCE: usize = 2;
+
 /// Why a lookup could not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum LookupError {
     /// The ledger could not be read.
     #[error("ledger: {0}")]
     Ledger(#[from] crate::adapters::ledger::LedgerError),
+    /// [`LOOKUPS_AT_ONCE`] lookups are running.
+    #[error("{LOOKUPS_AT_ONCE} lookups are running; try again in a moment")]
+    Busy,
 }
 
 /// Why a topic was not read, said in a report beside what the ledger knows.
@@ -143,6 +151,8 @@ pub struct Lookup {
     ledger: Arc<Ledger>,
     writers: Arc<Writers>,
     sets: TopicSets,
+    /// [`LOOKUPS_AT_ONCE`] permits.
+    running: Arc<tokio::sync::Semaphore>,
 }
 
 impl Lookup {
@@ -162,7 +172,13 @@ impl Lookup {
             ledger,
             writers: Arc::new(Writers::new(&config.schema_registry)?),
             sets,
+            running: Arc::new(tokio::sync::Semaphore::new(LOOKUPS_AT_ONCE)),
         })
+    }
+
+    /// A permit to look up, or [`LookupError::Busy`].
+    fn permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>, LookupError> {
+        self.running.try_acquire().map_err(|_| LookupError::Busy)
     }
 
     /// Lookups on the default configuration's shared topics, for tests of
@@ -186,6 +202,7 @@ impl Lookup {
     /// [`LookupError`] when the ledger cannot be read; a topic that cannot
     /// be read is said in the report's `topics_note`.
     pub async fn entity(&self, key: &str) -> Result<EntityReport, LookupError> {
+        let _running = self.permit()?;
         let mut report = EntityReport {
             key: key.to_owned(),
             found: Vec::new(),
@@ -316,5 +333,38 @@ impl Lookup {
             records.push(self.entity_view(record).await);
         }
         Ok(Some((partition, records)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::services::pipeline::Pipeline;
+
+    /// Past the lookups allowed at once, a lookup is told to come back
+    /// (503 on the admin listener), not queued behind the others.
+    #[tokio::test]
+    async fn lookups_past_the_bound_are_told_to_come_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let pipeline = Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100))
+            .await
+            .0;
+        let lookup = Lookup::idle(pipeline);
+        let held: Vec<_> = (0..LOOKUPS_AT_ONCE)
+            .map(|_| lookup.running.try_acquire().unwrap())
+            .collect();
+        assert!(matches!(
+            lookup.delivery("d-1").await,
+            Err(LookupError::Busy)
+        ));
+        assert!(matches!(
+            lookup.entity("mekari:P-1").await,
+            Err(LookupError::Busy)
+        ));
+        drop(held);
+        let report = lookup.delivery("d-1").await.unwrap();
+        assert!(report.found.is_empty());
     }
 }
