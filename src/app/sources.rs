@@ -19,15 +19,19 @@
 //! - A file whose source name is the main file's, or whose provider and
 //!   account are another source's (the same record keys), is refused; the
 //!   source already in use keeps them.
+//! - A file with its own topics (`topic_prefix`) not in use yet waits for
+//!   them, opened in the background (`opening.rs`): the other files of the
+//!   read are taken at once.
+//!
+//! The watch (`watch.rs`) follows the directory when it is replaced whole
+//! (renamed and made again, a link switched).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use notify::event::ModifyKind;
-use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use time::OffsetDateTime;
 use tokio::sync::Notify;
 use tokio::time::MissedTickBehavior;
@@ -103,7 +107,9 @@ pub use source_files::DirError;
 
 impl Sources {
     /// The main file's `sources` (built), and the directory's, read now
-    /// (their own topics opened). Blocks on the file system.
+    /// (their own topics opened, or their files refused: the ledger's fill
+    /// that follows start-up reads the topics in use). Blocks on the file
+    /// system.
     ///
     /// # Errors
     /// [`DirError`] when the directory cannot be listed at start: a wrong
@@ -135,8 +141,13 @@ impl Sources {
         gauges(&DirState::default());
         if let Some(dir) = &sources.dir {
             let listing = source_files::read_dir(dir, providers::api_keys)?;
-            let listing = sources.open_topics(listing).await;
-            sources.apply(listing);
+            let mut openings = Openings::new(sources.own_topics.clone(), sources.kafka.clone());
+            let (mut ready, mut waiting) = openings.sort(listing.clone(), true);
+            while !waiting.is_empty() {
+                openings.next().await;
+                (ready, waiting) = openings.sort(listing.clone(), false);
+            }
+            sources.apply(ready, &[]);
         }
         Ok(sources)
     }
@@ -234,148 +245,84 @@ impl Sources {
             .collect()
     }
 
-    /// Reads the directory on each change seen, every recheck and each
-    /// request, until `shutdown`. Returns at once without a directory.
+    /// Reads the directory on each change seen, every recheck, each
+    /// request and each end of an opening of a file's own topics, until
+    /// `shutdown`. Returns at once without a directory.
     pub async fn watch(self, shutdown: CancellationToken) {
         let Some(dir) = self.dir.clone() else { return };
         let changed = Arc::new(Notify::new());
-        let mut watcher = self.watcher(&dir, changed.clone());
-        let mut watched = BTreeSet::new();
+        let mut watch = DirWatch::new(&dir, &changed, self.recheck);
+        let mut openings = Openings::new(self.own_topics.clone(), self.kafka.clone());
         let mut recheck = tokio::time::interval(self.recheck);
         recheck.set_missed_tick_behavior(MissedTickBehavior::Delay);
         recheck.tick().await;
         loop {
-            if let Some(watcher) = &mut watcher {
-                self.watch_secret_dirs(watcher, &mut watched);
-            }
-            tokio::select! {
+            watch.secret_dirs(self.secret_dirs());
+            // Whether the topics that could not be opened are tried again:
+            // not on an opening's end, or a broker that refuses at once
+            // would be asked in a loop.
+            let retry = tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = changed.notified() => {
                     tokio::time::sleep(SETTLE).await;
                     // What came during the settling is read by this read.
                     let _ = futures::FutureExt::now_or_never(changed.notified());
+                    true
                 }
-                () = self.requested.notified() => {}
-                _ = recheck.tick() => {}
-            }
-            // File reads block; a slow file system must not hold a runtime thread.
-            let listed = {
-                let dir = dir.clone();
-                tokio::task::spawn_blocking(move || {
-                    source_files::read_dir(&dir, providers::api_keys)
-                })
+                () = self.requested.notified() => true,
+                _ = recheck.tick() => true,
+                () = openings.next() => false,
+            };
+            watch.follow();
+            self.read(&dir, &mut openings, retry).await;
+        }
+    }
+
+    /// Reads the directory and puts the files that are ready in use.
+    async fn read(&self, dir: &Path, openings: &mut Openings, retry: bool) {
+        // File reads block; a slow file system must not hold a runtime thread.
+        let listed = {
+            let dir = dir.to_owned();
+            tokio::task::spawn_blocking(move || source_files::read_dir(&dir, providers::api_keys))
                 .await
-            };
-            let listing = match listed {
-                Ok(Ok(listing)) => self.open_topics(listing).await,
-                Ok(Err(error)) => {
-                    self.unreadable(&error);
-                    continue;
-                }
-                Err(error) => {
-                    warn!(%error, "Reading the sources directory failed.");
-                    continue;
-                }
-            };
-            let sources = self.clone();
-            if let Err(error) = tokio::task::spawn_blocking(move || sources.apply(listing)).await {
-                warn!(%error, "Reading the sources directory failed.");
-            }
-        }
-    }
-
-    /// Opens the own topics of the files that have a `topic_prefix` not in
-    /// use yet; a file whose topics cannot be opened is refused (its source
-    /// keeps its last good settings), and tried again at the next read.
-    async fn open_topics(&self, mut listing: source_files::Listing) -> source_files::Listing {
-        let mut failed: BTreeMap<String, String> = BTreeMap::new();
-        let mut files = Vec::with_capacity(listing.files.len());
-        for file in std::mem::take(&mut listing.files) {
-            let Some(prefix) = file
-                .config
-                .topic_prefix
-                .clone()
-                .filter(|p| !self.own_topics.is_open(p))
-                .filter(|p| self.kafka.shared_topic_clash(p).is_none())
-            else {
-                files.push(file);
-                continue;
-            };
-            if !failed.contains_key(&prefix)
-                && let Err(error) = self.own_topics.open(&prefix).await
-            {
-                failed.insert(prefix.clone(), error.to_string());
-            }
-            match failed.get(&prefix) {
-                None => files.push(file),
-                Some(reason) => listing.refused.push(file.refused(&format!(
-                    "{}.topic_prefix: its topics cannot be opened: {reason}",
-                    file.entry().key()
-                ))),
-            }
-        }
-        listing.files = files;
-        listing
-    }
-
-    /// Watches the directories of the sources' own secret files too (a
-    /// Kubernetes Secret mounted beside the sources directory), so that a
-    /// rotated secret there is read as soon as one in the main file's
-    /// sources is; `watched` holds those watched so far.
-    fn watch_secret_dirs(&self, watcher: &mut RecommendedWatcher, watched: &mut BTreeSet<PathBuf>) {
-        let dirs: BTreeSet<PathBuf> = {
-            let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            state
-                .loaded
-                .values()
-                .flat_map(|l| {
-                    let config = &l.file.config;
-                    config.secrets_dir.iter().cloned().chain(
-                        config
-                            .secrets_files
-                            .iter()
-                            .filter_map(|f| f.parent().map(std::path::Path::to_owned)),
-                    )
-                })
-                .filter(|d| !d.as_os_str().is_empty())
-                .collect()
         };
-        for dir in dirs.difference(watched).cloned().collect::<Vec<_>>() {
-            match watcher.watch(&dir, RecursiveMode::NonRecursive) {
-                Ok(()) => {
-                    watched.insert(dir);
-                }
-                Err(error) => {
-                    tracing::debug!(%error, dir = %dir.display(), "Cannot watch a directory of a source's secret files; it is read at each recheck.");
-                }
+        let listing = match listed {
+            Ok(Ok(listing)) => listing,
+            Ok(Err(error)) => {
+                self.unreadable(&error);
+                return;
             }
+            Err(error) => {
+                warn!(%error, "Reading the sources directory failed.");
+                return;
+            }
+        };
+        let (ready, waiting) = openings.sort(listing, retry);
+        let sources = self.clone();
+        if let Err(error) =
+            tokio::task::spawn_blocking(move || sources.apply(ready, &waiting)).await
+        {
+            warn!(%error, "Reading the sources directory failed.");
         }
     }
 
-    /// A watcher of the directory that wakes `changed`; none when the
-    /// system gives none (said once: the recheck still reads).
-    fn watcher(&self, dir: &std::path::Path, changed: Arc<Notify>) -> Option<RecommendedWatcher> {
-        let made = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            // Our own reads open the files and touch their access times:
-            // only what may change their contents counts.
-            let content = event.is_ok_and(|e| {
-                !e.kind.is_access() && !matches!(e.kind, EventKind::Modify(ModifyKind::Metadata(_)))
-            });
-            if content {
-                changed.notify_one();
-            }
-        })
-        .and_then(|mut watcher| {
-            watcher.watch(dir, RecursiveMode::NonRecursive)?;
-            Ok(watcher)
-        });
-        match made {
-            Ok(watcher) => Some(watcher),
-            Err(error) => {
-                warn!(%error, dir = %dir.display(), recheck_secs = self.recheck.as_secs(), "Cannot watch the sources directory; it is read again every secrets_recheck_secs and on SIGHUP.");
-                None
-            }
-        }
+    /// The directories of the sources' own secret files.
+    fn secret_dirs(&self) -> BTreeSet<PathBuf> {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state
+            .loaded
+            .values()
+            .flat_map(|l| {
+                let config = &l.file.config;
+                config.secrets_dir.iter().cloned().chain(
+                    config
+                        .secrets_files
+                        .iter()
+                        .filter_map(|f| f.parent().map(Path::to_owned)),
+                )
+            })
+            .filter(|d| !d.as_os_str().is_empty())
+            .collect()
     }
 
     /// The directory could not be listed: every source stays as it is.
@@ -389,17 +336,23 @@ impl Sources {
         gauges(&state);
     }
 
-    /// Puts what a read of the directory found in use, in one swap.
-    fn apply(&self, listing: source_files::Listing) {
+    /// Puts what a read of the directory found in use, in one swap; the
+    /// files `waiting` for their own topics keep what they had.
+    fn apply(&self, listing: source_files::Listing, waiting: &[SourceFile]) {
         // The sources in use, taken and let go: the files are read and
         // checked without the lock `/admin/sources` takes (only this watch
-        // writes the state, so nothing changes it meanwhile).
-        let before = self
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .loaded
-            .clone();
+        // writes the state, so nothing changes it meanwhile). A waiting
+        // file's refusal stays as it is: said once, not again at each
+        // attempt.
+        let (before, held) = {
+            let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let held: Vec<Refusal> = waiting
+                .iter()
+                .filter_map(|f| state.refused.get(&f.path).cloned())
+                .collect();
+            (state.loaded.clone(), held)
+        };
+        let waiting = waiting.iter().map(|f| (f.provider, f.name.clone()));
         let current = self.live.load_full();
         let mut next: SourceMap = current
             .iter()
@@ -413,7 +366,8 @@ impl Sources {
             .files
             .iter()
             .map(|f| (f.provider, f.name.clone()))
-            .chain(listing.refused.iter().filter_map(|r| r.source.clone()));
+            .chain(listing.refused.iter().filter_map(|r| r.source.clone()))
+            .chain(waiting.clone());
         for key in still_there {
             if let Some(webhook) = current.get(&key).filter(|_| before.contains_key(&key)) {
                 claims.take(&key, &Claim::of_source(&webhook.source));
@@ -440,17 +394,21 @@ impl Sources {
                 }
             }
         }
-        for refusal in listing.refused {
+        for refusal in listing.refused.into_iter().chain(held) {
             refused.insert(refusal.path.clone(), refusal);
         }
-        // A refused file's source keeps its last good settings.
-        for refusal in refused.values() {
-            if let Some(key) = &refusal.source
-                && !loaded.contains_key(key)
-                && let (Some(kept), Some(webhook)) = (before.get(key), current.get(key))
+        // A refused or waiting file's source keeps its last good settings.
+        let kept: Vec<Key> = refused
+            .values()
+            .filter_map(|r| r.source.clone())
+            .chain(waiting)
+            .collect();
+        for key in kept {
+            if !loaded.contains_key(&key)
+                && let (Some(kept), Some(webhook)) = (before.get(&key), current.get(&key))
             {
                 loaded.insert(key.clone(), kept.clone());
-                next.insert(key.clone(), webhook.clone());
+                next.insert(key, webhook.clone());
             }
         }
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -574,8 +532,12 @@ pub(super) fn announce(webhook: &WebhookSource) {
 }
 
 mod claims;
+mod opening;
 #[cfg(test)]
 mod tests;
+mod watch;
 
 pub use claims::dir_problems;
 use claims::{Claim, Claims, check_file};
+use opening::Openings;
+use watch::DirWatch;

@@ -232,3 +232,174 @@ fn a_directory_that_cannot_be_listed_is_a_problem_of_sources_dir() {
     assert_eq!(problems.len(), 1);
     assert_eq!(problems[0].key, "sources_dir");
 }
+
+/// A broker that takes connections and never answers: opening a source's
+/// own topics there hangs until Kafka's client gives up (15 s and more).
+fn silent_broker() -> std::net::TcpListener {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap()
+}
+
+/// The sources of the directory `dir`, watched until the token is
+/// cancelled, read again only every 60 s whatever the watch sees; their own
+/// topics made on `broker`.
+async fn watching(dir: &Path, broker: &std::net::TcpListener) -> (Sources, CancellationToken) {
+    let config = Config::from_toml(&format!(
+        "sources_dir = \"{}\"\n[server]\nsecrets_recheck_secs = 60\n[kafka]\nbrokers = \"{}\"\n",
+        dir.display(),
+        broker.local_addr().unwrap()
+    ))
+    .unwrap();
+    let publisher =
+        crate::adapters::publish::Publisher::new(&config.kafka, config.max_record_bytes()).unwrap();
+    let encoder = crate::adapters::encode::Encoder::new(&config.schema_registry, &[])
+        .await
+        .unwrap();
+    let own_topics = OwnTopics::new(
+        crate::adapters::publish::TopicSets::new(&config.kafka),
+        publisher,
+        encoder,
+        &config,
+    );
+    let sources = Sources::start(&config, SourceMap::new(), Board::new([]), own_topics)
+        .await
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(sources.clone().watch(shutdown.clone()));
+    // The watch made before the test changes anything.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (sources, shutdown)
+}
+
+/// Writes a Mekari source file `name` into `dir`, its account its name.
+fn put_source(dir: &Path, name: &str, extra: &str) {
+    std::fs::write(
+        dir.join(format!("mekari.{name}.toml")),
+        format!("secrets = [\"secret-of-{name}\"]\naccount = \"{name}\"\n{extra}"),
+    )
+    .unwrap();
+}
+
+fn serves(sources: &Sources, name: &str) -> bool {
+    sources
+        .live()
+        .load()
+        .contains_key(&(ProviderKind::Mekari, name.to_owned()))
+}
+
+/// Whether the source `name` answers within `limit`.
+async fn serves_within(sources: &Sources, name: &str, limit: Duration) -> bool {
+    let until = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < until {
+        if serves(sources, name) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    serves(sources, name)
+}
+
+/// A file whose own topics cannot be made yet (Kafka does not answer)
+/// holds no other file back; its own source does not answer without them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plain_file_is_served_while_another_files_topics_hang() {
+    let broker = silent_broker();
+    let dir = tempfile::tempdir().unwrap();
+    let (sources, shutdown) = watching(dir.path(), &broker).await;
+    put_source(dir.path(), "own", "topic_prefix = \"own.\"\n");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    put_source(dir.path(), "plain", "");
+    assert!(
+        serves_within(&sources, "plain", Duration::from_secs(2)).await,
+        "the plain file waited for the other file's topics"
+    );
+    assert!(!serves(&sources, "own"), "answers before its topics exist");
+
+    // Kafka's client gives up: the file is refused with its answer.
+    let refusal = || {
+        sources
+            .report()
+            .sources
+            .into_iter()
+            .find(|v| v.name == "own")
+            .and_then(|v| v.refused)
+    };
+    let until = tokio::time::Instant::now() + Duration::from_secs(40);
+    while refusal().is_none() && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let reason = refusal().expect("the file is not refused");
+    assert!(reason.contains("its topics cannot be opened"), "{reason}");
+    // Tried again at the next read, refused meanwhile as it was; the
+    // other files are taken at once still.
+    put_source(dir.path(), "plain-2", "");
+    assert!(serves_within(&sources, "plain-2", Duration::from_secs(2)).await);
+    assert_eq!(refusal(), Some(reason));
+    assert!(!serves(&sources, "own"));
+    shutdown.cancel();
+}
+
+/// The directory renamed away and made again: the new one is watched, its
+/// files read at once, not at the recheck.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_made_again_is_watched() {
+    let broker = silent_broker();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("sources");
+    std::fs::create_dir(&dir).unwrap();
+    let (sources, shutdown) = watching(&dir, &broker).await;
+    put_source(&dir, "first", "");
+    assert!(serves_within(&sources, "first", Duration::from_secs(2)).await);
+
+    std::fs::rename(&dir, root.path().join("sources.old")).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    put_source(&dir, "second", "");
+    assert!(
+        serves_within(&sources, "second", Duration::from_secs(3)).await,
+        "the new directory's file waited for the recheck"
+    );
+    assert!(!serves(&sources, "first"), "the old directory's file stays");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    put_source(&dir, "third", "");
+    assert!(
+        serves_within(&sources, "third", Duration::from_secs(2)).await,
+        "a change in the new directory is not seen"
+    );
+    shutdown.cancel();
+}
+
+/// A linked sources directory switched to another target: the target is
+/// watched, its files read at once, not at the recheck.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_switched_link_is_followed() {
+    let broker = silent_broker();
+    let root = tempfile::tempdir().unwrap();
+    let (a, b, link) = (
+        root.path().join("a"),
+        root.path().join("b"),
+        root.path().join("sources"),
+    );
+    std::fs::create_dir(&a).unwrap();
+    std::fs::create_dir(&b).unwrap();
+    std::os::unix::fs::symlink(&a, &link).unwrap();
+    let (sources, shutdown) = watching(&link, &broker).await;
+    put_source(&a, "first", "");
+    assert!(serves_within(&sources, "first", Duration::from_secs(2)).await);
+
+    // As a deployment tool switches it: a new link renamed over the old.
+    put_source(&b, "second", "");
+    let staged = root.path().join("sources.new");
+    std::os::unix::fs::symlink(&b, &staged).unwrap();
+    std::fs::rename(&staged, &link).unwrap();
+    assert!(
+        serves_within(&sources, "second", Duration::from_secs(3)).await,
+        "the new target's file waited for the recheck"
+    );
+    assert!(!serves(&sources, "first"), "the old target's file stays");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    put_source(&b, "third", "");
+    assert!(
+        serves_within(&sources, "third", Duration::from_secs(2)).await,
+        "a change in the new target is not seen"
+    );
+    shutdown.cancel();
+}
