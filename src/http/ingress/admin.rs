@@ -408,24 +408,27 @@ mod tests {
         )
     }
 
-    /// An unknown path and a wrong method get the webhook listener's JSON
-    /// error, not an empty answer; behind credentials only once admitted, so
-    /// the listener tells a stranger nothing of its routes.
+    /// The admin routes over a pipeline on the fake broker in `dir`,
+    /// showing `board`.
+    async fn idle_state(dir: &std::path::Path, board: Board) -> AdminState {
+        let pipeline = Pipeline::on_fake_broker(dir, Duration::from_millis(100))
+            .await
+            .0;
+        AdminState {
+            pipeline: pipeline.clone(),
+            board,
+            sources: Arc::new(SourcesReport::default),
+            lookup: crate::services::lookup::Lookup::idle(pipeline.clone()),
+            rederive: crate::services::rederive::Runs::idle(pipeline),
+        }
+    }
+
     /// A lookup's key or id that is not UTF-8 once decoded gets the JSON
     /// error shape every admin answer has, not axum's plain text.
     #[tokio::test]
     async fn a_lookup_path_that_is_not_text_is_a_json_error() {
         let dir = tempfile::tempdir().unwrap();
-        let pipeline = Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100))
-            .await
-            .0;
-        let state = AdminState {
-            pipeline: pipeline.clone(),
-            board: Board::new([]),
-            sources: Arc::new(SourcesReport::default),
-            lookup: crate::services::lookup::Lookup::idle(pipeline.clone()),
-            rederive: crate::services::rederive::Runs::idle(pipeline),
-        };
+        let state = idle_state(dir.path(), Board::new([])).await;
         let open = router(state, &AdminConfig::default());
         for path in ["/admin/deliveries/%FF%FE", "/admin/entities/mekari%3A%FF"] {
             let (status, content_type, body) = answer(&open, Method::GET, path, None).await;
@@ -441,19 +444,13 @@ mod tests {
         }
     }
 
+    /// An unknown path and a wrong method get the webhook listener's JSON
+    /// error, not an empty answer; behind credentials only once admitted, so
+    /// the listener tells a stranger nothing of its routes.
     #[tokio::test]
     async fn unknown_paths_and_methods_are_json_errors() {
         let dir = tempfile::tempdir().unwrap();
-        let pipeline = Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100))
-            .await
-            .0;
-        let state = AdminState {
-            pipeline: pipeline.clone(),
-            board: Board::new([]),
-            sources: Arc::new(SourcesReport::default),
-            lookup: crate::services::lookup::Lookup::idle(pipeline.clone()),
-            rederive: crate::services::rederive::Runs::idle(pipeline),
-        };
+        let state = idle_state(dir.path(), Board::new([])).await;
         let json = Some("application/json".to_owned());
         let open = router(state.clone(), &AdminConfig::default());
         for path in ["/nothing", "/status/", "/"] {
@@ -493,16 +490,8 @@ mod tests {
     async fn the_page_shows_a_search_and_a_page_of_its_matches() {
         let dir = tempfile::tempdir().unwrap();
         let sources = (0..45).map(|n| (ProviderKind::Mekari, format!("shop-{n}")));
-        let pipeline = Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100))
-            .await
-            .0;
-        let state = AdminState {
-            pipeline: pipeline.clone(),
-            board: Board::new(sources.chain([(ProviderKind::ReceiptRoller, "main".to_owned())])),
-            sources: Arc::new(SourcesReport::default),
-            lookup: crate::services::lookup::Lookup::idle(pipeline.clone()),
-            rederive: crate::services::rederive::Runs::idle(pipeline),
-        };
+        let board = Board::new(sources.chain([(ProviderKind::ReceiptRoller, "main".to_owned())]));
+        let state = idle_state(dir.path(), board).await;
         let router = router(state, &AdminConfig::default());
         let (_, _, all) = answer(&router, Method::GET, "/status.json", None).await;
         assert_eq!(all["sources"].as_array().unwrap().len(), 46);
