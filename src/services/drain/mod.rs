@@ -182,6 +182,16 @@ impl Drainer {
                         stopped.passed();
                         if done.entries > 0 {
                             paused = 0;
+                        } else {
+                            // The counts say entries the pass did not find
+                            // (an append still being written; counts gone
+                            // wrong): a pass again at once would find none
+                            // again without ever yielding, a core at 100 %.
+                            tokio::select! {
+                                biased;
+                                () = shutdown.cancelled() => return,
+                                () = tokio::time::sleep(IDLE) => {}
+                            }
                         }
                     }
                     Err(DrainError::Pipeline(error)) => {

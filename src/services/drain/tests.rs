@@ -101,6 +101,43 @@ async fn spool_orders(spool: &Spool, ids: &[&str]) {
     }
 }
 
+/// Counts that say entries the spool's file does not hold make every pass
+/// find none: the drainer waits between such passes instead of passing
+/// again at once for ever without yielding (a core at 100 %, and a
+/// simulated world whose clock never moves).
+#[tokio::test]
+async fn passes_that_find_nothing_the_counts_say_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pipeline, _broker) =
+        Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100)).await;
+    let spool = pipeline.spool().unwrap().clone();
+    spool.miscount(3);
+    let drainer = Drainer::new(pipeline, spool.clone());
+    // Ten seconds of a paused clock, which moves only while the drainer
+    // waits; on a thread and a runtime of its own, so a drainer that never
+    // yields fails this test instead of holding its runtime for ever.
+    let running = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(async {
+                let never = CancellationToken::new();
+                let _ = tokio::time::timeout(Duration::from_secs(10), drainer.run(never)).await;
+            });
+    });
+    let asked = Instant::now();
+    while !running.is_finished() && asked.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        running.is_finished(),
+        "the drainer passed again and again without waiting: ten seconds of its clock never passed"
+    );
+    assert_eq!(spool.stats().entries, 3, "nothing the file holds was taken");
+}
+
 /// Without a broker a pass stops at the first entry and keeps it (and
 /// everything after it) for the next pass.
 #[tokio::test]
