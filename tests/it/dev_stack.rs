@@ -41,7 +41,9 @@ async fn dev_stack_stops_everything_on_sigterm() {
         .process_group(0)
         .spawn()
         .unwrap();
-    let group = format!("-{}", stack.id());
+    // The group is named to pkill by its number: `kill -9 -PGID` from
+    // procps-ng 4.0.2 (Debian 12) killed every process of the machine.
+    let group = stack.id().to_string();
     let ready = format!("http://127.0.0.1:{listen}/readyz");
     let http = reqwest::Client::new();
     wait_until(
@@ -72,7 +74,7 @@ async fn dev_stack_stops_everything_on_sigterm() {
     };
     let left = (listening(listen), listening(broker_port));
     // Whatever the outcome, nothing of it outlives the test.
-    let _ = Command::new("kill").args(["-9", &group]).status();
+    let _ = Command::new("pkill").args(["-KILL", "-g", &group]).status();
     let _ = stack.wait();
     let status = exited.unwrap_or_else(|| {
         panic!(
