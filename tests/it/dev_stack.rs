@@ -4,9 +4,9 @@
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::support::wait::wait_until;
+use crate::support::wait::{look_for, wait_until};
 use crate::support::{BrokerKind, broker_kind, free_port, free_ports, log_tail, script};
 
 /// Whether something listens on the loopback `port`.
@@ -62,16 +62,7 @@ async fn dev_stack_stops_everything_on_sigterm() {
         .args(["-TERM", &stack.id().to_string()])
         .status()
         .unwrap();
-    let asked = Instant::now();
-    let exited = loop {
-        if let Some(status) = stack.try_wait().unwrap() {
-            break Some(status);
-        }
-        if asked.elapsed() > Duration::from_secs(60) {
-            break None;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let exited = look_for(Duration::from_secs(60), async || stack.try_wait().unwrap()).await;
     let left = (listening(listen), listening(broker_port));
     // Whatever the outcome, nothing of it outlives the test.
     let _ = Command::new("pkill").args(["-KILL", "-g", &group]).status();
