@@ -21,7 +21,7 @@ use super::BuildError;
 pub async fn open(config: &Config) -> Result<Lookup, BuildError> {
     // A reader takes no lease: the lease's length does not matter here.
     let opened = ledger::open(&config.ledger, config.kafka.delivery_timeout()).await?;
-    let cached = opened.ledger.fill().cached().await?;
+    let cached = opened.ledger.read().cached().await?;
     let topics = TopicSets::new(&config.kafka);
     for prefix in super::topics::at_start(config, cached.as_ref()) {
         topics.open(&prefix);

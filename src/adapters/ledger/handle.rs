@@ -256,6 +256,15 @@ impl Read<'_> {
     pub async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
         self.ledger.store.entity(slot).await
     }
+
+    /// What the store holds of the topics ([`Store::cached`]): the topics a
+    /// reader looks in beside the configured ones.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the store cannot be read.
+    pub async fn cached(&self) -> Result<Option<Cached>, LedgerError> {
+        self.ledger.store.cached().await
+    }
 }
 
 /// The ledger as the fill uses it, before the gate opens: every call goes

@@ -17,6 +17,16 @@ fn problems_by_file(config: &Config) -> Vec<(String, String)> {
         .collect()
 }
 
+/// A main file of `main_table` (with the `main` Mekari source of every
+/// test) whose `sources_dir` is `dir`.
+fn with_dir(dir: &Path, main_table: &str) -> Config {
+    Config::from_toml(&format!(
+        "sources_dir = \"{}\"\n{main_table}[mekari.sources.main]\nsecrets = [\"secret-of-main\"]\n",
+        dir.display()
+    ))
+    .unwrap()
+}
+
 /// `check-config` on a main file and a directory: each file refused by
 /// its path, as a running posbridge refuses it.
 #[test]
@@ -49,11 +59,7 @@ fn check_config_names_every_refused_file_by_its_path() {
         "receiptroller.shop-g.toml",
         "secrets = [\"secret-of-g\"]\naccount = \"g\"\ntopic_prefix = \"shop-g.\"\n",
     );
-    let config = Config::from_toml(&format!(
-        "sources_dir = \"{}\"\n[mekari.sources.main]\nsecrets = [\"secret-of-main\"]\n",
-        dir.path().display()
-    ))
-    .unwrap();
+    let config = with_dir(dir.path(), "");
     let problems = problems_by_file(&config);
     let files: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
     assert_eq!(
@@ -107,11 +113,8 @@ fn own_topics_that_collide_are_refused_naming_the_collision() {
     put("mekari.g-under.toml", "g", "col_");
     put("mekari.h-main.toml", "h", "main_");
     put("mekari.i-fine.toml", "i", "fine.");
-    let config = Config::from_toml(&format!(
-        "sources_dir = \"{}\"\n[mekari.sources.main]\nsecrets = [\"secret-of-main\"]\ntopic_prefix = \"main.\"\n",
-        dir.path().display()
-    ))
-    .unwrap();
+    let mut config = with_dir(dir.path(), "");
+    config.mekari.sources.get_mut("main").unwrap().topic_prefix = Some("main.".to_owned());
     let problems = problems_by_file(&config);
     let files: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
     assert_eq!(
@@ -199,11 +202,7 @@ fn a_refused_files_reason_quotes_no_value_of_it() {
         "mekari.owner.toml",
         "secrets = [\"secret-of-owner\"]\naccount = \"owner\"\n",
     );
-    let config = Config::from_toml(&format!(
-        "sources_dir = \"{}\"\n[kafka]\ntopic_prefix = \"s3cr3t-shared.\"\n[mekari.sources.main]\nsecrets = [\"secret-of-main\"]\n",
-        dir.path().display()
-    ))
-    .unwrap();
+    let config = with_dir(dir.path(), "[kafka]\ntopic_prefix = \"s3cr3t-shared.\"\n");
     let problems = dir_problems(&config);
     let mut wrong = Vec::new();
     for (file, _, named) in &cases {
