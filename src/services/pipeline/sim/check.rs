@@ -19,11 +19,21 @@ pub(super) fn violations(ended: &Ended) -> Vec<String> {
     let mut broken = ended.internal.clone();
     // A replaced broker's log is gone: what each broker holds is checked
     // against the answers given while it was the one.
+    // A delivery spooled while an earlier broker was the one is drained
+    // into a later one: a later answer (a duplicate of it, while it waits)
+    // does not forbid the drainer's write.
     let mut lost_to_the_spool = BTreeSet::new();
+    let mut spooled = BTreeSet::new();
     for (era, log) in ended.eras.iter().enumerate() {
         let answers: Vec<&Answer> = ended.answers.iter().filter(|a| a.era == era).collect();
         let later = &ended.eras[era + 1..];
-        lost_to_the_spool.extend(era_violations(ended, log, later, &answers, &mut broken));
+        lost_to_the_spool.extend(era_violations(
+            ended,
+            log,
+            later,
+            (&answers, &mut spooled),
+            &mut broken,
+        ));
     }
     if lost_to_the_spool.len() as u64 > ended.quarantined {
         broken.push(format!(
@@ -118,12 +128,13 @@ fn lookup_violations(ended: &Ended, log: &[OutgoingRecord], broken: &mut Vec<Str
 /// The guarantees over one broker's log and the answers given while it
 /// was the one; how many deliveries answered `spooled` are missing from it
 /// and from the `later` brokers' logs, which the spool drains into once
-/// this one was replaced (a damaged spool entry may lose one).
-fn era_violations(
-    ended: &Ended,
+/// this one was replaced (a damaged spool entry may lose one). `spooled`
+/// holds the deliveries answered `spooled` so far, in this era or before.
+fn era_violations<'a>(
+    ended: &'a Ended,
     log: &[OutgoingRecord],
     later: &[Vec<OutgoingRecord>],
-    answers: &[&Answer],
+    (answers, spooled): (&[&'a Answer], &mut BTreeSet<&'a str>),
     broken: &mut Vec<String>,
 ) -> BTreeSet<String> {
     // The event index of every record of each key, in log order.
@@ -212,7 +223,6 @@ fn era_violations(
         })
     };
     let mut lost_to_the_spool = BTreeSet::new();
-    let mut spooled = BTreeSet::new();
     let mut answered_2xx = BTreeSet::new();
     for answer in answers {
         let Ok(outcome) = answer.outcome else {
@@ -232,7 +242,9 @@ fn era_violations(
                 .flatten()
                 .filter(|at| **at >= answer.log_len)
                 .collect();
-            let allowed = if outcome == Outcome::Spooled {
+            let waits_in_the_spool = outcome == Outcome::Spooled
+                || (outcome == Outcome::Duplicate && spooled.contains(answer.delivery.as_str()));
+            let allowed = if waits_in_the_spool {
                 allowed(&answer.delivery)
             } else {
                 0
