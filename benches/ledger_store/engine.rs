@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use posbridge::adapters::ledger::{Begin, Commit, Done, EmbeddedLedger, EntitySlot, Store};
+use posbridge::adapters::ledger::{Begin, Commit, Done, EmbeddedLedger, EntitySlot, Held, Store};
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
 use posbridge::domain::guard::EntityState;
 
@@ -63,7 +63,7 @@ pub enum Engine {
 }
 
 /// The delivery key, entity slot and state delivery `n` writes.
-pub fn delivery(tag: &str, n: u64) -> (DeliveryKey, EntitySlot, EntityState) {
+pub fn delivery(tag: &str, n: u64) -> (DeliveryKey, EntitySlot, Held) {
     let delivery = DeliveryKey::new(ProviderKind::ReceiptRoller, &format!("{tag}-{n:012}"));
     let entity = EntityKey::new(
         ProviderKind::ReceiptRoller,
@@ -79,7 +79,11 @@ pub fn delivery(tag: &str, n: u64) -> (DeliveryKey, EntitySlot, EntityState) {
         },
         state_hash,
     };
-    (delivery, EntitySlot::new(EntityType::Sale, &entity), state)
+    let held = Held {
+        state,
+        offset: i64::try_from(n).ok(),
+    };
+    (delivery, EntitySlot::new(EntityType::Sale, &entity), held)
 }
 
 impl Engine {

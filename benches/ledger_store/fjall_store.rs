@@ -34,7 +34,7 @@ const MEMTABLE_BYTES: u64 = 8 * 1024 * 1024;
 struct Write {
     id: String,
     slot: String,
-    state: [u8; 28],
+    state: [u8; 36],
 }
 
 type Reply = oneshot::Sender<Result<(), Arc<fjall::Error>>>;
@@ -92,7 +92,7 @@ impl FjallStore {
 
     /// Makes the delivery done with the entity's state, durably, then ends
     /// its lease.
-    pub async fn commit(&self, id: &str, slot: &str, state: [u8; 28]) -> Result<(), String> {
+    pub async fn commit(&self, id: &str, slot: &str, state: [u8; 36]) -> Result<(), String> {
         let (reply, answer) = oneshot::channel();
         let write = Write {
             id: id.to_owned(),

@@ -13,7 +13,7 @@ use std::sync::mpsc;
 
 /// One insert-if-absent: the line's fields, and where to say whether the id
 /// was new once it is durable.
-type Insert = (String, String, [u8; 28], tokio::sync::oneshot::Sender<bool>);
+type Insert = (String, String, [u8; 36], tokio::sync::oneshot::Sender<bool>);
 
 /// The floor's writer.
 pub struct Floor {
@@ -69,7 +69,7 @@ impl Floor {
     }
 
     /// Inserts the id if absent, durably; whether it was new.
-    pub async fn insert(&self, id: &str, slot: &str, state: [u8; 28]) -> Result<bool, String> {
+    pub async fn insert(&self, id: &str, slot: &str, state: [u8; 36]) -> Result<bool, String> {
         let (answer, new) = tokio::sync::oneshot::channel();
         self.writer
             .send((id.to_owned(), slot.to_owned(), state, answer))

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 use posbridge::adapters::ledger::{
-    self, Answered, Commit, Done, EntitySlot, Ledger, Place, Recorded,
+    self, Answered, Commit, Done, EntitySlot, Held, Ledger, Place, Recorded,
 };
 use posbridge::config::{LedgerBackend, LedgerConfig};
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
@@ -75,7 +75,11 @@ async fn commit_range(ledger: &Arc<Ledger>, from: usize, to: usize, size: Size, 
                     version: Version::new(at, 0),
                     state_hash,
                 };
-                (EntitySlot::new(EntityType::Sale, &key), state)
+                let held = Held {
+                    state,
+                    offset: Some(n as i64),
+                };
+                (EntitySlot::new(EntityType::Sale, &key), held)
             });
             async move {
                 ledger

@@ -59,6 +59,7 @@ mod report;
 mod server;
 mod sources;
 #[path = "../../tests/it/support/v1.rs"]
+#[allow(dead_code, reason = "the tests' helpers the bench does not use")]
 mod v1;
 
 use std::collections::BTreeMap;

@@ -77,14 +77,16 @@ pub fn decide(written: Option<&EntityState>, incoming: &EntityState, origin: Ori
 
 /// Decides an entity's state derived again from a record of the topic
 /// (`posbridge rederive`): it takes that record's place only while the
-/// ledger still holds the state that record wrote (`replaces`); anything
-/// else (a newer state arrived meanwhile, the state already replaced) keeps
-/// it out. The caller derives again only what differs from the record, so a
-/// state hash equal to the record's (a difference in fields the hash leaves
-/// out, such as the event time) still publishes.
+/// ledger still holds the state that record wrote (`replaces`), or that
+/// state's version in doubt (a run cut while this record's replacement was
+/// on the wire: whether or not the replacement landed, nothing newer did);
+/// anything else (a newer state arrived meanwhile, the state already
+/// replaced) keeps it out. The caller derives again only what differs from
+/// the record, so a state hash equal to the record's (a difference in fields
+/// the hash leaves out, such as the event time) still publishes.
 pub fn decide_replacing(written: Option<&EntityState>, replaces: &EntityState) -> Decision {
     match written {
-        Some(w) if w == replaces => Decision::Publish,
+        Some(w) if w == replaces || *w == replaces.in_doubt() => Decision::Publish,
         _ => Decision::Stale,
     }
 }
@@ -229,6 +231,21 @@ mod tests {
         assert_eq!(decide(Some(&written), &state(100, 1, 2)), Decision::Publish);
         assert_eq!(decide(Some(&written), &state(100, 2, 1)), Decision::Publish);
         assert_eq!(decide(Some(&written), &state(101, 0, 1)), Decision::Publish);
+    }
+
+    /// A state derived again replaces its record's state, or that state's
+    /// version in doubt (a run cut while the replacement was on the wire);
+    /// nothing else.
+    #[test]
+    fn a_derived_state_replaces_its_records_state_or_that_version_in_doubt() {
+        let replaces = state(100, 0, 1);
+        let decide = |w: Option<EntityState>| decide_replacing(w.as_ref(), &replaces);
+        assert_eq!(decide(Some(replaces)), Decision::Publish);
+        assert_eq!(decide(Some(replaces.in_doubt())), Decision::Publish);
+        assert_eq!(decide(Some(state(100, 0, 2))), Decision::Stale);
+        assert_eq!(decide(Some(state(101, 0, 1).in_doubt())), Decision::Stale);
+        assert_eq!(decide(Some(state(99, 0, 1).in_doubt())), Decision::Stale);
+        assert_eq!(decide(None), Decision::Stale);
     }
 
     /// Two sales sent with nanoseconds inside one microsecond: the older is

@@ -6,6 +6,7 @@
 //! a dry run prints what would change, field by field, and publishes
 //! nothing.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,8 +25,8 @@ use tower::ServiceExt;
 use crate::support::v1;
 use crate::support::wait::wait_until;
 use crate::support::{
-    OwnBroker, Record, TestApp, brokers, config, config_text, kafka_only, produce, read_topic,
-    unique,
+    OwnBroker, Record, TestApp, brokers, config, config_text, kafka_only, produce, produce_all,
+    read_topic, unique,
 };
 
 /// Writes what an older build wrote for `body` (a product's webhook) to
@@ -185,6 +186,147 @@ async fn a_run_stopped_by_an_outage_resumes_where_it_stopped() {
         (6, 6),
         "each key derived once, none twice: {derived:?}"
     );
+    app.stop().await;
+}
+
+/// A broker cut while a run has derived records on the wire leaves their
+/// keys' states in doubt; none of those keys keeps its wrong value: the run
+/// that resumes derives each again, and the run after it finds nothing to do.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_cut_with_records_on_the_wire_leaves_no_key_unfixed() {
+    const PRODUCTS: u32 = 300;
+    let broker = OwnBroker::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("rederive-cut");
+    let mut config = config(&broker.address(), &prefix, dir.path());
+    config.kafka.delivery_timeout_ms = 1000;
+    let products = format!("{prefix}.products");
+    products_topic(&broker.address(), &products).await;
+    let records = (1..=PRODUCTS).map(|n| {
+        let micros = 1_795_946_400_000_000 + i64::from(n) * 1_000_000;
+        let body = v1::product_created(
+            &format!("v1-{n}"),
+            &format!("P-{n}"),
+            &format!("Kopi {n}"),
+            &format!("2026-11-29T10:{:02}:{:02}Z", n / 60, n % 60),
+        );
+        v1::product_record(&body, micros)
+    });
+    produce_all(&broker.address(), &products, records).await;
+    let mut app = TestApp::start_with(config).await;
+    app.keep(dir);
+    // A hundred a second: once the broker is cut, every send started
+    // waits out the delivery timeout on the wire, its state in doubt.
+    let paced = Options {
+        rate: 100,
+        ..Options::default()
+    };
+    let sets = [Arc::new(Topics::new(&app.config.kafka))];
+    let run = Rederive::new(&app.config, app.pipeline.clone(), &sets).unwrap();
+    let cut = async {
+        let (address, topic) = (broker.address(), products.clone());
+        wait_until(
+            Duration::from_secs(60),
+            "fifty derived records",
+            async || {
+                let (address, topic) = (address.clone(), topic.clone());
+                tokio::task::spawn_blocking(move || read_topic(&address, &topic).len() >= 350)
+                    .await
+                    .unwrap()
+            },
+        )
+        .await;
+        broker.cut();
+    };
+    let mut out = Vec::new();
+    let (stopped, ()) = tokio::join!(run.run(&paced, &mut out), cut);
+    assert!(stopped.is_err(), "the outage stops it");
+    broker.heal();
+    wait_until(
+        Duration::from_secs(30),
+        "the broker to answer again",
+        async || app.pipeline.producer().health().is_up(),
+    )
+    .await;
+    let (summary, _) = rederive(&app, &Options::default()).await;
+    assert!(summary.complete, "{summary:?}");
+    let mut last: BTreeMap<String, bool> = BTreeMap::new();
+    for record in read_topic(&broker.address(), &products) {
+        // Schema v1 is not today's: its records do not decode.
+        let derived = decode(record.payload.as_deref().unwrap())
+            .is_ok_and(|event| event.name.is_some());
+        last.insert(record.key, derived);
+    }
+    let unfixed: Vec<&String> = last.iter().filter(|(_, d)| !**d).map(|(k, _)| k).collect();
+    assert_eq!(last.len(), PRODUCTS as usize);
+    assert!(
+        unfixed.is_empty(),
+        "{} keys keep their wrong value after the resumed run ({summary:?}): {unfixed:?}",
+        unfixed.len()
+    );
+    let (summary, _) = rederive(&app, &Options::default()).await;
+    assert_eq!((summary.differed, summary.published), (0, 0), "{summary:?}");
+    app.stop().await;
+}
+
+/// A fix to a field the state hash leaves out (an event time a time-zone
+/// bug wrote 7 h off) is published once: the corrected record carries the
+/// very state (version and hash) of the one it replaces, and the next run
+/// tells them apart by the offset the ledger holds, and publishes nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fix_to_a_field_the_hash_leaves_out_is_published_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = unique("rederive-once");
+    let config = config(&brokers(), &prefix, dir.path());
+    let products = format!("{prefix}.products");
+    products_topic(&brokers(), &products).await;
+    let (time, micros) = at(1);
+    let body = v1::product_created("d-1", "P-1", "Kopi 1", &time);
+    // Today's code writes the product, and says the state's hash.
+    let mut app = TestApp::start_with(config.clone()).await;
+    assert_eq!(app.send("mekari", "main", &body).await.status(), 200);
+    let hash = read_topic(&brokers(), &products)[0].headers["posbridge-state-hash"].clone();
+    // An older build's record of the same delivery, its event time 7 h off,
+    // is the key's last record; a restart takes its state in.
+    let off = -7 * 3_600_000_000;
+    produce(
+        &brokers(),
+        &products,
+        v1::product_record_misdated(&body, micros, off, &hash),
+    )
+    .await;
+    app.keep(dir);
+    let dir = app.stop().await.unwrap();
+    let mut app = TestApp::start_with(config).await;
+    app.keep(dir);
+    let shown = Options {
+        sample: 10,
+        ..Options::default()
+    };
+    let (summary, lines) = rederive(&app, &shown).await;
+    assert_eq!(
+        (summary.published, summary.superseded, summary.unchanged),
+        (1, 1, 0),
+        "{summary:?} {lines:?}"
+    );
+    let occurred_at = lines[0]["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["field"] == "occurred_at")
+        .expect("the event time is among the changes");
+    assert_ne!(occurred_at["was"], occurred_at["now"]);
+    for run in ["second", "third"] {
+        let (summary, lines) = rederive(&app, &shown).await;
+        assert_eq!(
+            (summary.published, summary.differed, summary.unchanged),
+            (0, 0, 1),
+            "the {run} run: {summary:?} {lines:?}"
+        );
+    }
+    let records = read_topic(&brokers(), &products);
+    assert_eq!(records.len(), 3, "the fixed record written once");
+    assert_eq!(records[2].headers["posbridge-state-hash"], hash);
     app.stop().await;
 }
 

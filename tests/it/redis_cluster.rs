@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use posbridge::adapters::ledger::{
-    Begin, Commit, Done, EntitySlot, RedisLedger, Remembered, Store,
+    Begin, Commit, Done, EntitySlot, Held, RedisLedger, Remembered, Store,
 };
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
 use posbridge::domain::guard::EntityState;
@@ -164,13 +164,16 @@ fn entity(n: usize) -> EntitySlot {
 }
 
 /// Delivery `i`'s entity state: versions grow with `i`.
-fn state(i: usize) -> EntityState {
-    EntityState {
-        version: Version {
-            at_micros: i64::try_from(i).unwrap() + 1,
-            rank: 0,
+fn state(i: usize) -> Held {
+    Held {
+        state: EntityState {
+            version: Version {
+                at_micros: i64::try_from(i).unwrap() + 1,
+                rank: 0,
+            },
+            state_hash: [u8::try_from(i % 251).unwrap(); 16],
         },
-        state_hash: [u8::try_from(i % 251).unwrap(); 16],
+        offset: Some(i64::try_from(i).unwrap()),
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use posbridge::adapters::encode::decode;
-use posbridge::adapters::ledger::{Begin, Commit, Done, EntitySlot, RedisLedger, Store};
+use posbridge::adapters::ledger::{Begin, Commit, Done, EntitySlot, Held, RedisLedger, Store};
 use posbridge::config::LedgerBackend;
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
 use posbridge::domain::guard::EntityState;
@@ -42,10 +42,13 @@ async fn ledger_leasing(prefix: &str, lease: Duration) -> RedisLedger {
     ledger
 }
 
-fn state(at_micros: i64, hash: u8) -> EntityState {
-    EntityState {
-        version: Version { at_micros, rank: 0 },
-        state_hash: [hash; 16],
+fn state(at_micros: i64, hash: u8) -> Held {
+    Held {
+        state: EntityState {
+            version: Version { at_micros, rank: 0 },
+            state_hash: [hash; 16],
+        },
+        offset: Some(at_micros),
     }
 }
 
@@ -226,7 +229,11 @@ async fn an_entity_lock_excludes_a_second_holder_until_released_and_reads_the_st
         .await
         .expect("released locks can be taken")
         .unwrap();
-    assert_eq!(read, Some(state(300, 3)), "the state read under the lock");
+    assert_eq!(
+        read,
+        Some(state(300, 3).state),
+        "the state read under the lock"
+    );
     let waiting = tokio::time::timeout(Duration::from_millis(300), a.lock_and_read(&slot)).await;
     assert!(waiting.is_err(), "a lock taken with its state excludes too");
     drop(held);

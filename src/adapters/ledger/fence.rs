@@ -269,7 +269,7 @@ mod tests {
 
     use crate::adapters::ledger::{
         Begin, Commit, EmbeddedLedger, EntityLock, EntitySlot, FillToken, Gate, GenerationMark,
-        Ledger, LedgerError, RebuildLock, Remembered, Store,
+        Held, Ledger, LedgerError, RebuildLock, Remembered, Store,
     };
     use crate::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
     use crate::domain::guard::EntityState;
@@ -311,7 +311,7 @@ mod tests {
         async fn remembered(&self, delivery: &DeliveryKey) -> Result<Remembered, LedgerError> {
             self.ledger.remembered(delivery).await
         }
-        async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
+        async fn entity(&self, slot: &EntitySlot) -> Result<Option<Held>, LedgerError> {
             self.ledger.entity(slot).await
         }
         async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
@@ -420,7 +420,7 @@ mod tests {
         assert!(
             fenced
                 .commit(Commit {
-                    entity: Some((slot.clone(), newer)),
+                    entity: Some((slot.clone(), Held::unplaced(newer))),
                     ..Commit::default()
                 })
                 .await

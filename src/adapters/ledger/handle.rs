@@ -10,6 +10,7 @@
 //! what opens the gate; a reader's ([`Ledger::read`]) pass neither, since
 //! a read decides and writes nothing.
 
+use crate::adapters::ledger::Held;
 use std::sync::Arc;
 
 use super::fence::Fence;
@@ -130,7 +131,7 @@ impl Ledger {
             return Ok((lock, state));
         }
         self.fence.open(self.store.as_ref()).await?;
-        let state = self.store.entity(slot).await?;
+        let state = self.store.entity(slot).await?.map(|held| held.state);
         Ok((lock, state))
     }
 
@@ -138,7 +139,7 @@ impl Ledger {
     ///
     /// # Errors
     /// As [`Ledger::begin`].
-    pub async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
+    pub async fn entity(&self, slot: &EntitySlot) -> Result<Option<Held>, LedgerError> {
         self.gate.wait_open().await?;
         self.fence.open(self.store.as_ref()).await?;
         self.gate.saw(self.store.entity(slot).await)
@@ -253,7 +254,7 @@ impl Read<'_> {
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be read.
-    pub async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
+    pub async fn entity(&self, slot: &EntitySlot) -> Result<Option<Held>, LedgerError> {
         self.ledger.store.entity(slot).await
     }
 
@@ -287,7 +288,7 @@ impl Fill<'_> {
     ///
     /// # Errors
     /// [`LedgerError`] when the fence is up or the store cannot be read.
-    pub async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
+    pub async fn entity(&self, slot: &EntitySlot) -> Result<Option<Held>, LedgerError> {
         self.open().await?;
         self.store().entity(slot).await
     }

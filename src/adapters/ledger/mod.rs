@@ -36,6 +36,7 @@ mod embedded;
 mod fence;
 mod gate;
 mod handle;
+mod held;
 pub mod placements;
 mod redis;
 
@@ -45,7 +46,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::config::{LedgerBackend, LedgerConfig};
-use crate::domain::event::{DeliveryKey, EntityKey, EntityType, Version};
+use crate::domain::event::{DeliveryKey, EntityKey, EntityType};
 use crate::domain::guard::EntityState;
 
 pub use answered::{Answered, Done, Place, Recorded, Remembered};
@@ -53,6 +54,7 @@ pub use cached::{Cached, TopicSeen, TopicsSeen};
 pub use embedded::{DEFAULT_CHECKPOINT_EVERY, EmbeddedLedger, LedgerCounts};
 pub use gate::{Gate, Progress};
 pub use handle::{Fill, Ledger};
+pub use held::Held;
 pub use placements::{Offsets, Placed, Sending};
 pub use redis::RedisLedger;
 
@@ -305,48 +307,15 @@ impl EntitySlot {
     }
 }
 
-/// The ledger's storage form of an [`EntityState`], the same in both backends.
-impl EntityState {
-    /// Storage form: version time and rank big-endian (so byte order is
-    /// version order), then the hash.
-    pub fn to_bytes(&self) -> [u8; 28] {
-        let mut bytes = [0u8; 28];
-        bytes[..8].copy_from_slice(&self.version.at_micros.to_be_bytes());
-        bytes[8..12].copy_from_slice(&self.version.rank.to_be_bytes());
-        bytes[12..].copy_from_slice(&self.state_hash);
-        bytes
-    }
-
-    /// Reads the storage form back; `None` when it is not one.
-    pub fn from_bytes(bytes: &[u8]) -> Option<EntityState> {
-        Some(EntityState {
-            version: Version {
-                at_micros: i64::from_be_bytes(bytes.get(..8)?.try_into().ok()?),
-                rank: u32::from_be_bytes(bytes.get(8..12)?.try_into().ok()?),
-            },
-            state_hash: bytes.get(12..28)?.try_into().ok()?,
-        })
-    }
-
-    /// Reads the stored state of `slot`, as both backends do.
-    ///
-    /// # Errors
-    /// [`LedgerError::Corrupt`] when the bytes are not a stored state.
-    pub fn decode(slot: &EntitySlot, bytes: &[u8]) -> Result<EntityState, LedgerError> {
-        EntityState::from_bytes(bytes).ok_or_else(|| LedgerError::Corrupt {
-            slot: slot.as_str().to_owned(),
-        })
-    }
-}
-
 /// One durable outcome: a delivery marked done and/or an entity's new state.
 #[derive(Debug, Clone, Default)]
 pub struct Commit {
     /// The delivery that is now done, with what it was answered (none for
     /// reconciled records).
     pub delivery: Option<Done>,
-    /// The entity state that is now in the topic (none for dead letters and stale events).
-    pub entity: Option<(EntitySlot, EntityState)>,
+    /// The entity state that is now in the topic, with its record's offset
+    /// where known (none for dead letters and stale events).
+    pub entity: Option<(EntitySlot, Held)>,
     /// A reconciler checkpoint that moved: its name and the unix second up
     /// to which its window is complete.
     pub checkpoint: Option<(String, i64)>,
@@ -402,11 +371,12 @@ pub trait Store: Send + Sync + 'static {
     /// [`LedgerError`] when the store cannot be read.
     async fn remembered(&self, delivery: &DeliveryKey) -> Result<Remembered, LedgerError>;
 
-    /// The latest state written for an entity, if any.
+    /// The latest state written for an entity, if any, with its record's
+    /// offset where known.
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be read.
-    async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError>;
+    async fn entity(&self, slot: &EntitySlot) -> Result<Option<Held>, LedgerError>;
 
     /// A reconciler checkpoint: the unix second up to which a window was
     /// completely read, if any run finished a step yet.

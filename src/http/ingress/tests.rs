@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 use super::*;
-use crate::adapters::ledger::{Commit, EntitySlot};
+use crate::adapters::ledger::{Commit, EntitySlot, Held};
 use crate::config::Secrets;
 use crate::domain::event::{EntityKey, EntityType, Version};
 use crate::domain::guard::EntityState;
@@ -299,10 +299,10 @@ async fn a_done_delivery_and_a_stale_event_are_200_without_kafka() {
                     EntityType::Order,
                     &EntityKey::new(ProviderKind::Mekari, None, "ORD-7"),
                 ),
-                EntityState {
+                Held::unplaced(EntityState {
                     version: Version::new(time::macros::datetime!(2026-11-29 12:00 UTC), 0),
                     state_hash: [0; 16],
-                },
+                }),
             )),
             checkpoint: None,
             placed: None,
@@ -366,10 +366,10 @@ async fn the_same_state_again_is_200_unchanged() {
         .commit(Commit {
             entity: Some((
                 EntitySlot::new(event.entity_type, &event.key()),
-                EntityState {
+                Held::unplaced(EntityState {
                     version: event.version,
                     state_hash: crate::domain::guard::state_hash(&event, &content),
-                },
+                }),
             )),
             ..Commit::default()
         })

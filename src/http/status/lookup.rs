@@ -124,7 +124,10 @@ fn entity(report: &EntityReport) -> Markup {
                 @if let Some(partition) = topic.partition { " partition " (partition) }
             }
             @if let Some(state) = &topic.ledger_state {
-                p { "Ledger state: version " (state.version) ", state hash " (state.state_hash) }
+                p {
+                    "Ledger state: version " (state.version) ", state hash " (state.state_hash)
+                    @if let Some(offset) = state.offset { ", written at offset " (offset) }
+                }
             }
             @for read in &topic.records {
                 (record(read))

@@ -22,7 +22,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::adapters::encode::{Writers, event_json};
-use crate::adapters::ledger::{EntitySlot, Ledger};
+use crate::adapters::ledger::{EntitySlot, Held, Ledger};
 use crate::adapters::publish::TopicSets;
 use crate::config::Config;
 use crate::domain::event::EntityType;
@@ -126,6 +126,10 @@ pub struct StateView {
     pub version: String,
     /// 32 hex digits.
     pub state_hash: String,
+    /// The offset of the record that wrote it; none for a state in doubt
+    /// (its record may not be in the topic) or stored before offsets were
+    /// kept.
+    pub offset: Option<i64>,
 }
 
 /// One record of the key.
@@ -273,9 +277,10 @@ impl Lookup {
             .read()
             .entity(&slot)
             .await?
-            .map(|state| StateView {
+            .map(|Held { state, offset }| StateView {
                 version: format!("{}:{}", state.version.at_micros, state.version.rank),
                 state_hash: hex::encode(state.state_hash),
+                offset,
             }))
     }
 

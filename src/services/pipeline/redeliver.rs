@@ -157,7 +157,12 @@ impl Pipeline {
         };
         let entity = event.key();
         let (slot, incoming) = entity_state(&event, &entity, &content);
-        let written = self.inner.ledger.entity(&slot).await?;
+        let written = self
+            .inner
+            .ledger
+            .entity(&slot)
+            .await?
+            .map(|held| held.state);
         let outcome = match guard::decide(written.as_ref(), &incoming, event.origin) {
             Decision::Stale => Outcome::Stale,
             Decision::Unchanged => Outcome::Unchanged,

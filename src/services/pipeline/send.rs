@@ -9,7 +9,8 @@
 use super::lease::Lease;
 use super::{DeadLetter, Outcome, Pipeline, PipelineError, cut_dead_letter, dead_letter_record};
 use crate::adapters::ledger::{
-    Answered, Commit, Done, EntityLock, EntitySlot, LedgerError, Place, Placed, Recorded, Sending,
+    Answered, Commit, Done, EntityLock, EntitySlot, Held, LedgerError, Place, Placed, Recorded,
+    Sending,
 };
 use crate::adapters::publish::{Delivered, OutgoingRecord, PublishError};
 use crate::domain::event::{PosEvent, ProviderKind};
@@ -369,13 +370,22 @@ impl Pipeline {
                 placed,
             } => (
                 lease,
-                Some((slot, state)),
+                Some((
+                    slot,
+                    Held {
+                        state,
+                        offset: Some(placed.offset),
+                    },
+                )),
                 Some(placed),
                 Recorded::Published,
             ),
-            Durable::InDoubt { slot, state } => {
-                (None, Some((slot, state)), None, Recorded::Unknown)
-            }
+            Durable::InDoubt { slot, state } => (
+                None,
+                Some((slot, Held::unplaced(state))),
+                None,
+                Recorded::Unknown,
+            ),
             Durable::DeadLettered { lease, placed } => {
                 (lease, None, Some(placed), Recorded::DeadLettered)
             }

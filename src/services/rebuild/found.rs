@@ -4,9 +4,8 @@
 
 use std::collections::HashMap;
 
-use crate::adapters::ledger::{Answered, Commit, Done, EntitySlot, Place, Recorded};
+use crate::adapters::ledger::{Answered, Commit, Done, EntitySlot, Held, Place, Recorded};
 use crate::domain::event::{DeliveryKey, EntityType, ProviderKind};
-use crate::domain::guard::EntityState;
 use crate::services::pipeline::{
     HEADER_DELIVERY_ID, HEADER_PROVIDER, HEADER_RECEIVED_AT, HEADER_STATE_HASH, HEADER_VERSION,
     received_at_from_header, state_from_headers,
@@ -40,7 +39,8 @@ impl Summary {
 /// the ledger held.
 #[derive(Debug, Default)]
 pub(super) struct Found {
-    entities: HashMap<EntitySlot, EntityState>,
+    /// Each key's newest state, and its record's offset.
+    entities: HashMap<EntitySlot, Held>,
     /// Recent delivery ids, with what their records say they were answered.
     done: HashMap<DeliveryKey, Answered>,
     records: u64,
@@ -70,9 +70,10 @@ impl Found {
         let newer = self
             .entities
             .get(&slot)
-            .is_none_or(|held| held.version <= state.version);
+            .is_none_or(|held| held.state.version <= state.version);
         if newer {
-            self.entities.insert(slot, state);
+            let offset = Some(record.offset);
+            self.entities.insert(slot, Held { state, offset });
         }
         if arrived_ms(record).is_some_and(|at| at >= done_since_ms)
             && let Some(provider) = record.header(HEADER_PROVIDER).and_then(ProviderKind::parse)
@@ -280,7 +281,7 @@ mod tests {
             })
             .unwrap();
         assert_eq!(
-            order.1.version,
+            order.1.state.version,
             Version {
                 at_micros: 20,
                 rank: 0

@@ -518,7 +518,7 @@ impl Rebuild {
                     if check_held
                         && let Some((slot, state)) = &commit.entity
                         && let Some(held) = store.entity(slot).await?
-                        && held.version > state.version
+                        && held.state.version > state.state.version
                     {
                         return Ok(());
                     }

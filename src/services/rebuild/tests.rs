@@ -148,7 +148,7 @@ async fn a_partition_is_written_in_batches_and_an_older_state_in_a_later_one_doe
                 .entity(&slot)
                 .await
                 .unwrap()
-                .map(|s| s.version)
+                .map(|s| s.state.version)
         }
     };
     assert_eq!(

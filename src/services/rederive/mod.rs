@@ -23,6 +23,7 @@
 //! reads everything again. Publishing is paced (`--rate`) so live traffic
 //! keeps its latency; reading is not.
 
+mod current;
 mod derive;
 mod diff;
 mod report;
@@ -52,6 +53,7 @@ use crate::services::pipeline::{
 };
 use crate::services::replay::{Extent, Letter, ReadError, Reader};
 
+use current::is_current;
 pub use diff::Change;
 use report::Line;
 pub use report::Summary;
@@ -476,7 +478,8 @@ impl Rederive {
             return done(Verdict::Passed(|s| s.without_state += 1));
         };
         let slot = EntitySlot::of_record_key(target.entity_type, key);
-        if self.pipeline.ledger().entity(&slot).await? != Some(state) {
+        let held = self.pipeline.ledger().entity(&slot).await?;
+        if !held.is_some_and(|held| is_current(&held, &state, record.offset)) {
             return done(Verdict::Passed(|s| s.superseded += 1));
         }
         let was = match self.writers.decode(value).await {

@@ -70,23 +70,34 @@ pub fn unique(tag: &str) -> String {
 pub async fn produce(
     brokers: &str,
     topic: &str,
-    (key, value, headers): (String, Vec<u8>, rdkafka::message::OwnedHeaders),
+    record: (String, Vec<u8>, rdkafka::message::OwnedHeaders),
+) {
+    produce_all(brokers, topic, [record]).await;
+}
+
+/// [`produce`] for many records, in order, through one producer.
+pub async fn produce_all(
+    brokers: &str,
+    topic: &str,
+    records: impl IntoIterator<Item = (String, Vec<u8>, rdkafka::message::OwnedHeaders)>,
 ) {
     let producer: rdkafka::producer::FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("partitioner", "murmur2_random")
         .create()
         .unwrap();
-    producer
-        .send(
-            rdkafka::producer::FutureRecord::to(topic)
-                .key(&key)
-                .payload(&value)
-                .headers(headers),
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap();
+    for (key, value, headers) in records {
+        producer
+            .send(
+                rdkafka::producer::FutureRecord::to(topic)
+                    .key(&key)
+                    .payload(&value)
+                    .headers(headers),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
 }
 
 /// A config with fresh topics (`{prefix}.sales`, …) and a ledger in `dir`.

@@ -33,6 +33,21 @@ pub fn product_record(body: &Value, micros: i64) -> (String, Vec<u8>, OwnedHeade
     product_record_framed(body, micros, [&[0xC3, 0x01][..], &V1_FINGERPRINT].concat())
 }
 
+/// [`product_record`] with its event time `off` microseconds from its
+/// version (as a time-zone bug writes it) and `state_hash` (32 hex digits)
+/// in its header: the hash today's code gives the state, which leaves the
+/// event time out.
+pub fn product_record_misdated(
+    body: &Value,
+    micros: i64,
+    off: i64,
+    state_hash: &str,
+) -> (String, Vec<u8>, OwnedHeaders) {
+    let frame = [&[0xC3, 0x01][..], &V1_FINGERPRINT].concat();
+    let (key, value, headers) = encode(body, (micros, micros + off), frame);
+    (key, value, headers(state_hash.to_owned()))
+}
+
 /// [`product_record`], its value after `frame` (the Confluent wire format's
 /// magic byte and schema id, where a registry is used).
 pub fn product_record_framed(
@@ -40,6 +55,17 @@ pub fn product_record_framed(
     micros: i64,
     frame: Vec<u8>,
 ) -> (String, Vec<u8>, OwnedHeaders) {
+    let (key, value, headers) = encode(body, (micros, micros), frame);
+    (key, value, headers(format!("{micros:032x}")))
+}
+
+/// The key and value of `body`'s record at (version, event time), and its
+/// headers given a state hash.
+fn encode(
+    body: &Value,
+    (micros, occurred): (i64, i64),
+    frame: Vec<u8>,
+) -> (String, Vec<u8>, impl FnOnce(String) -> OwnedHeaders) {
     let id = body["data"]["id"].as_str().expect("a product id");
     let delivery = body["id"].as_str().expect("a delivery id");
     let some = |v: Avro| Avro::Union(1, Box::new(v));
@@ -52,7 +78,7 @@ pub fn product_record_framed(
         ("entity_type".into(), Avro::Enum(5, "PRODUCT".into())),
         ("entity_id".into(), Avro::String(id.into())),
         ("event_type".into(), Avro::String("product.created".into())),
-        ("occurred_at".into(), Avro::TimestampMicros(micros)),
+        ("occurred_at".into(), Avro::TimestampMicros(occurred)),
         ("version_at".into(), Avro::TimestampMicros(micros)),
         ("version_rank".into(), Avro::Int(0)),
         ("received_at".into(), Avro::TimestampMicros(micros)),
@@ -74,21 +100,24 @@ pub fn product_record_framed(
         .expect("a v1 writer");
     let mut value = frame;
     writer.write_value(&mut value, record).expect("a v1 datum");
-    let headers = [
-        ("posbridge-delivery-id", delivery.to_owned()),
-        ("posbridge-provider", "mekari".to_owned()),
-        ("posbridge-event-type", "product.created".to_owned()),
-        ("posbridge-source", "main".to_owned()),
-        ("posbridge-origin", "webhook".to_owned()),
-        ("posbridge-version", format!("{micros}:0")),
-        ("posbridge-state-hash", format!("{micros:032x}")),
-    ]
-    .into_iter()
-    .fold(OwnedHeaders::new(), |headers, (key, value)| {
-        headers.insert(Header {
-            key,
-            value: Some(&value),
+    let delivery = delivery.to_owned();
+    let headers = move |state_hash: String| {
+        [
+            ("posbridge-delivery-id", delivery),
+            ("posbridge-provider", "mekari".to_owned()),
+            ("posbridge-event-type", "product.created".to_owned()),
+            ("posbridge-source", "main".to_owned()),
+            ("posbridge-origin", "webhook".to_owned()),
+            ("posbridge-version", format!("{micros}:0")),
+            ("posbridge-state-hash", state_hash),
+        ]
+        .into_iter()
+        .fold(OwnedHeaders::new(), |headers, (key, value)| {
+            headers.insert(Header {
+                key,
+                value: Some(&value),
+            })
         })
-    });
+    };
     (format!("mekari:{id}"), value, headers)
 }

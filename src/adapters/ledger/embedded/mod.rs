@@ -26,6 +26,7 @@ mod tables;
 #[cfg(test)]
 mod tests;
 
+use crate::adapters::ledger::Held;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -229,10 +230,10 @@ impl EmbeddedLedger {
                     tables::done_value(expires, &done.answered),
                 );
             }
-            if let Some((slot, state)) = &commit.entity {
+            if let Some((slot, held)) = &commit.entity {
                 current
                     .entities
-                    .insert(slot.as_str().to_owned(), state.to_bytes());
+                    .insert(slot.as_str().to_owned(), held.to_bytes());
             }
             if let Some((name, at)) = &commit.checkpoint {
                 current.checkpoints.insert(name.clone(), *at);
@@ -369,22 +370,20 @@ impl super::Store for EmbeddedLedger {
         slot: &EntitySlot,
     ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
         let lock: EntityLock = Box::new(self.locks.lock(slot.as_str()).await);
-        let state = self.entity(slot).await?;
+        let state = self.entity(slot).await?.map(|held| held.state);
         Ok((lock, state))
     }
 
-    async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
+    async fn entity(&self, slot: &EntitySlot) -> Result<Option<Held>, LedgerError> {
         let recent = self
             .store
             .recent(|recent| recent.entities.get(slot.as_str()).copied());
         if let Some(state) = recent {
-            return EntityState::decode(slot, &state).map(Some);
+            return Held::decode(slot, &state).map(Some);
         }
         let tables = self.store.get()?.tables();
         let value = tables.entities.get(slot.as_str()).map_err(storage)?;
-        value
-            .map(|v| EntityState::decode(slot, v.value()))
-            .transpose()
+        value.map(|v| Held::decode(slot, v.value())).transpose()
     }
 
     async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {

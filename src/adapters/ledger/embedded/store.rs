@@ -70,7 +70,7 @@ impl Store {
 pub(super) struct Recent {
     /// Done ids and their stored values (`tables::done_value`).
     pub(super) done: HashMap<String, Vec<u8>>,
-    pub(super) entities: HashMap<String, [u8; 28]>,
+    pub(super) entities: HashMap<String, [u8; 36]>,
     pub(super) checkpoints: HashMap<String, i64>,
 }
 

@@ -17,7 +17,7 @@ pub(super) enum Write<'a> {
     /// A delivery id done: its stored value ([`done_value`]).
     Done(&'a str, &'a [u8]),
     /// An entity slot's stored state (`EntityState::to_bytes`).
-    Entity(&'a str, [u8; 28]),
+    Entity(&'a str, [u8; 36]),
     /// A reconciler checkpoint and its unix second.
     Checkpoint(&'a str, i64),
 }

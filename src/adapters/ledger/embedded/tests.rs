@@ -118,7 +118,7 @@ async fn done_ids_and_entity_versions_survive_a_reopen() {
         ledger
             .commit(Commit {
                 delivery: Some(Done::published_now(id.clone())),
-                entity: Some((slot.clone(), state)),
+                entity: Some((slot.clone(), Held::unplaced(state))),
                 checkpoint: Some(("mekari/main/orders".into(), 1234)),
                 placed: None,
             })
@@ -127,7 +127,10 @@ async fn done_ids_and_entity_versions_survive_a_reopen() {
     }
     let reopened = reopen(&dir).await;
     assert_eq!(reopened.begin(&id).await.unwrap(), Begin::Done);
-    assert_eq!(reopened.entity(&slot).await.unwrap(), Some(state));
+    assert_eq!(
+        reopened.entity(&slot).await.unwrap(),
+        Some(Held::unplaced(state))
+    );
     assert_eq!(
         reopened.checkpoint("mekari/main/orders").await.unwrap(),
         Some(1234)
@@ -165,7 +168,7 @@ async fn reads_find_writes_waiting_for_the_checkpoint() {
     ledger
         .commit(Commit {
             delivery: Some(Done::published_now(id.clone())),
-            entity: Some((slot.clone(), state)),
+            entity: Some((slot.clone(), Held::unplaced(state))),
             checkpoint: Some(("mekari/main/orders".into(), 7)),
             placed: None,
         })
@@ -173,7 +176,10 @@ async fn reads_find_writes_waiting_for_the_checkpoint() {
         .unwrap();
     assert!(!in_file(&ledger, &slot), "no checkpoint yet");
     assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
-    assert_eq!(ledger.entity(&slot).await.unwrap(), Some(state));
+    assert_eq!(
+        ledger.entity(&slot).await.unwrap(),
+        Some(Held::unplaced(state))
+    );
     assert_eq!(
         ledger.checkpoint("mekari/main/orders").await.unwrap(),
         Some(7)
@@ -183,7 +189,10 @@ async fn reads_find_writes_waiting_for_the_checkpoint() {
     assert!(in_file(&ledger, &slot));
     assert_eq!(ledger.store.recent(|r| Some(r.len())), Some(0));
     assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
-    assert_eq!(ledger.entity(&slot).await.unwrap(), Some(state));
+    assert_eq!(
+        ledger.entity(&slot).await.unwrap(),
+        Some(Held::unplaced(state))
+    );
 }
 
 /// A checkpoint records the offsets of the records whose state it holds,
@@ -199,7 +208,7 @@ async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
     ledger
         .commit(Commit {
             delivery: Some(Done::published_now(id)),
-            entity: Some((slot, state)),
+            entity: Some((slot, Held::unplaced(state))),
             placed: Some(fast.placed("pos.orders", 2, 41)),
             ..Commit::default()
         })
@@ -305,7 +314,7 @@ async fn the_topics_seen_are_kept_with_the_offsets_and_forgotten_whole() {
     ledger
         .commit(Commit {
             delivery: Some(Done::published_now(id.clone())),
-            entity: Some((slot.clone(), state)),
+            entity: Some((slot.clone(), Held::unplaced(state))),
             checkpoint: Some(("reconcile".to_owned(), 7)),
             ..Commit::default()
         })
@@ -377,7 +386,7 @@ async fn a_done_delivery_is_remembered_with_its_answer() {
                 answered: answered.clone(),
                 read_back: false,
             }),
-            entity: Some((slot, state)),
+            entity: Some((slot, Held::unplaced(state))),
             ..Commit::default()
         })
         .await

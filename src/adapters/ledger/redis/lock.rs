@@ -3,6 +3,7 @@
 //! (a crashed holder's lock lapses with its lease); the rebuild's lease is
 //! renewed while it is held.
 
+use crate::adapters::ledger::Held;
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -54,7 +55,9 @@ impl RedisLedger {
             }
             tokio::time::sleep(LOCK_POLL).await;
         };
-        let state = state.map(|b| EntityState::decode(slot, &b)).transpose()?;
+        let state = state
+            .map(|b| Held::decode(slot, &b).map(|held| held.state))
+            .transpose()?;
         Ok((
             RedisLock {
                 conn,

@@ -64,6 +64,7 @@ mod lock;
 mod policy;
 mod scripts;
 
+use crate::adapters::ledger::Held;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -277,9 +278,9 @@ impl RedisLedger {
     fn commit_script(&self, commit: &Commit) -> ScriptInvocation<'static> {
         let mut script = COMMIT.prepare_invoke();
         match &commit.entity {
-            Some((slot, state)) => script
+            Some((slot, held)) => script
                 .key(self.key("entity", slot.as_str()))
-                .arg(state.to_bytes().as_slice()),
+                .arg(held.to_bytes().as_slice()),
             None => script.key(self.key("entity", "")).arg(""),
         };
         match &commit.checkpoint {
@@ -311,10 +312,10 @@ impl RedisLedger {
             let _: i32 = self.commit_script(commit).invoke_async(&mut conn).await?;
             return Ok(());
         }
-        if let Some((slot, state)) = &commit.entity {
+        if let Some((slot, held)) = &commit.entity {
             let _: i32 = SET_STATE
                 .key(self.key("entity", slot.as_str()))
-                .arg(state.to_bytes().as_slice())
+                .arg(held.to_bytes().as_slice())
                 .invoke_async(&mut conn)
                 .await?;
         }
@@ -453,13 +454,13 @@ impl Store for RedisLedger {
         })
     }
 
-    async fn entity(&self, slot: &EntitySlot) -> Result<Option<EntityState>, LedgerError> {
+    async fn entity(&self, slot: &EntitySlot) -> Result<Option<Held>, LedgerError> {
         let bytes: Option<Vec<u8>> = self
             .conn
             .clone()
             .get(self.key("entity", slot.as_str()))
             .await?;
-        bytes.map(|b| EntityState::decode(slot, &b)).transpose()
+        bytes.map(|b| Held::decode(slot, &b)).transpose()
     }
 
     async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {

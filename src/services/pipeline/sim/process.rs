@@ -212,7 +212,7 @@ async fn below_the_offsets(
             };
             let slot = EntitySlot::of_record_key(entity_type, &record.key);
             let held = store.fill().entity(&slot).await.ok().flatten();
-            if held.is_none_or(|held| held.version < state.version) {
+            if held.is_none_or(|held| held.state.version < state.version) {
                 broken.push(format!(
                     "a checkpoint recorded {topic} read up to {next}, and the ledger does not hold the state of the record at {offset} ({})",
                     record.key

@@ -63,7 +63,12 @@ async fn order_state(pipeline: &Pipeline) -> Option<EntityState> {
         EntityType::Order,
         &EntityKey::new(ProviderKind::Mekari, None, "ORD-1"),
     );
-    pipeline.ledger().entity(&slot).await.unwrap()
+    pipeline
+        .ledger()
+        .entity(&slot)
+        .await
+        .unwrap()
+        .map(|held| held.state)
 }
 
 #[tokio::test]

@@ -14,7 +14,7 @@ use time::macros::datetime;
 
 use super::intake::{Envelope, identify};
 use super::*;
-use crate::adapters::ledger::{Begin, Commit, EntitySlot};
+use crate::adapters::ledger::{Begin, Commit, EntitySlot, Held};
 use crate::adapters::publish::PublishError;
 use crate::config::Secrets;
 use crate::domain::event::{
@@ -118,10 +118,10 @@ async fn written(pipeline: &Pipeline, event: &PosEvent) {
         .commit(Commit {
             entity: Some((
                 EntitySlot::new(event.entity_type, &event.key()),
-                EntityState {
+                Held::unplaced(EntityState {
                     version: event.version,
                     state_hash: guard::state_hash(event, &Content::default()),
-                },
+                }),
             )),
             ..Commit::default()
         })
