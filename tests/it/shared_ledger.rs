@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use posbridge::adapters::encode::decode;
-use posbridge::adapters::ledger::{Begin, Commit, Done, EntitySlot, Held, RedisLedger, Store};
+use posbridge::adapters::ledger::{
+    Begin, Commit, Done, EntitySlot, Exclusive, Held, RedisLedger, Store,
+};
 use posbridge::config::LedgerBackend;
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
 use posbridge::domain::guard::EntityState;
 
-use crate::support::wait::wait_until;
+use crate::support::wait::{look_for, wait_until};
 use crate::support::{
     TestApp, brokers, config, kafka_only, latest_per_key, mekari_order, read_topic, rr_sale, unique,
 };
@@ -201,7 +203,7 @@ async fn a_redis_ledger_without_its_generation_mark_decides_nothing() {
         Err(posbridge::adapters::ledger::LedgerError::Lost)
     ));
     assert_eq!(marked.generation_mark().await.unwrap(), None);
-    drop(marked.rebuild_lock().await.unwrap());
+    drop(marked.exclusive(Exclusive::Fill).await.unwrap());
 }
 
 #[tokio::test]
@@ -321,7 +323,7 @@ async fn the_rebuild_lock_held_longer_than_its_lease_is_renewed_and_a_second_rep
         ledger_leasing(&prefix, lease).await,
         ledger_leasing(&prefix, lease).await,
     );
-    let held = a.rebuild_lock().await.unwrap();
+    let held = a.exclusive(Exclusive::Fill).await.unwrap();
     let older_versions_lock =
         EntitySlot::of_record_key(EntityType::Sale, "posbridge:rebuilt-from-topics");
     let waiting = tokio::time::timeout(
@@ -337,18 +339,51 @@ async fn the_rebuild_lock_held_longer_than_its_lease_is_renewed_and_a_second_rep
     // expires the key on its own clock, and what is tested is that nothing
     // happens (the lock is still held) five leases later.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let waiting = tokio::time::timeout(Duration::from_millis(600), b.rebuild_lock()).await;
+    let waiting =
+        tokio::time::timeout(Duration::from_millis(600), b.exclusive(Exclusive::Fill)).await;
     assert!(
         waiting.is_err(),
         "the lock lapsed under its holder after its 300 ms lease"
     );
     drop(held);
     drop(
-        tokio::time::timeout(Duration::from_secs(2), b.rebuild_lock())
+        tokio::time::timeout(Duration::from_secs(2), b.exclusive(Exclusive::Fill))
             .await
             .expect("a dropped lock is released")
             .unwrap(),
     );
+}
+
+/// Two rederive runs on one Redis ledger would move the same checkpoints:
+/// while one process runs one (however long, past its lease), another's is
+/// refused at once, not made to wait; once it ends, the next may run.
+#[tokio::test]
+async fn a_second_rederive_run_on_one_redis_ledger_is_refused_while_one_runs() {
+    let prefix = format!("{}:", unique("rederive-lock"));
+    let lease = Duration::from_millis(300);
+    let (a, b) = (
+        ledger_leasing(&prefix, lease).await,
+        ledger_leasing(&prefix, lease).await,
+    );
+    let running = a.exclusive(Exclusive::Rederive).await.unwrap();
+    assert!(running.is_some(), "the first run takes the lock");
+    // Five leases on: the run still holds it (renewed while it runs).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(
+        b.exclusive(Exclusive::Rederive).await.unwrap().is_none(),
+        "a second run, from another process, is refused"
+    );
+    let fill = tokio::time::timeout(Duration::from_secs(2), b.exclusive(Exclusive::Fill))
+        .await
+        .expect("a fill is not held back by a rederive run")
+        .unwrap();
+    drop(fill);
+    drop(running);
+    let next = look_for(Duration::from_secs(2), async || {
+        b.exclusive(Exclusive::Rederive).await.unwrap()
+    })
+    .await;
+    assert!(next.is_some(), "the next run may run once the first ended");
 }
 
 /// Two replicas start together on a Redis without the generation mark,

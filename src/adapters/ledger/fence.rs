@@ -268,8 +268,8 @@ mod tests {
     use async_trait::async_trait;
 
     use crate::adapters::ledger::{
-        Begin, Commit, EmbeddedLedger, EntityLock, EntitySlot, FillToken, Gate, GenerationMark,
-        Held, Ledger, LedgerError, RebuildLock, Remembered, Store,
+        Begin, Commit, EmbeddedLedger, EntityLock, EntitySlot, Exclusive, FillToken, Gate,
+        GenerationMark, Held, Ledger, LedgerError, RebuildLock, Remembered, Store,
     };
     use crate::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
     use crate::domain::guard::EntityState;
@@ -329,8 +329,8 @@ mod tests {
         async fn begin_fill(&self, token: FillToken) -> Result<(), LedgerError> {
             self.ledger.begin_fill(token).await
         }
-        async fn rebuild_lock(&self) -> Result<RebuildLock, LedgerError> {
-            self.ledger.rebuild_lock().await
+        async fn exclusive(&self, task: Exclusive) -> Result<Option<RebuildLock>, LedgerError> {
+            self.ledger.exclusive(task).await
         }
         async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
             if self.failing.load(Ordering::Acquire) {

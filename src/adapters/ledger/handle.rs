@@ -10,13 +10,13 @@
 //! what opens the gate; a reader's ([`Ledger::read`]) pass neither, since
 //! a read decides and writes nothing.
 
-use crate::adapters::ledger::Held;
 use std::sync::Arc;
 
 use super::fence::Fence;
 use super::{
-    Begin, Cached, Commit, EntityLock, EntitySlot, EntityState, FillToken, Gate, GenerationMark,
-    LedgerError, Offsets, Progress, RebuildLock, Remembered, Sending, Store, TopicsSeen,
+    Begin, Cached, Commit, EntityLock, EntitySlot, EntityState, Exclusive, FillToken, Gate,
+    GenerationMark, Held, LedgerError, Offsets, Progress, RebuildLock, Remembered, Sending, Store,
+    TopicsSeen,
 };
 use crate::domain::event::DeliveryKey;
 
@@ -165,6 +165,17 @@ impl Ledger {
         self.gate.wait_open().await?;
         self.fence.open(self.store.as_ref()).await?;
         self.store.checkpoint(name).await
+    }
+
+    /// Takes the lock of a `posbridge rederive` run that moves its
+    /// checkpoints ([`Store::exclusive`]): `None` while another process
+    /// sharing the store runs one.
+    ///
+    /// # Errors
+    /// As [`Ledger::begin`].
+    pub async fn rederive_lock(&self) -> Result<Option<RebuildLock>, LedgerError> {
+        self.gate.wait_open().await?;
+        self.store.exclusive(Exclusive::Rederive).await
     }
 
     /// Makes an outcome durable, then ends the delivery's lease. Not held
@@ -378,12 +389,14 @@ impl Fill<'_> {
         self.store().begin_fill(token).await
     }
 
-    /// Takes the lock a whole fill holds ([`Store::rebuild_lock`]).
+    /// Takes the lock a whole fill holds ([`Store::exclusive`]), waiting
+    /// while another process holds it.
     ///
     /// # Errors
     /// [`LedgerError`] when a shared lock cannot be reached.
     pub async fn rebuild_lock(&self) -> Result<RebuildLock, LedgerError> {
-        self.store().rebuild_lock().await
+        let held = self.store().exclusive(Exclusive::Fill).await?;
+        Ok(held.expect("the fill's lock is waited for, never refused"))
     }
 
     /// Whether the store itself refuses an entity state older than the one

@@ -172,10 +172,21 @@ impl FillToken {
     }
 }
 
-/// Held while one replica fills a store without its [`GenerationMark`]
-/// whole; the others wait for it, then find the mark and read on from the
-/// offsets it recorded. It holds until dropped, however long the fill runs:
-/// a shared store renews its lease while it is held.
+/// A task one process at a time runs over a store others share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exclusive {
+    /// Filling a store without its [`GenerationMark`] whole: the others
+    /// wait for it, then find the mark and read on from the offsets it
+    /// recorded.
+    Fill,
+    /// A `posbridge rederive` run that moves its checkpoints: two at once
+    /// would move the same ones. The second is refused, not made to wait.
+    Rederive,
+}
+
+/// Held while one process runs an [`Exclusive`] task. It holds until
+/// dropped, however long the task runs: a shared store renews its lease
+/// while it is held.
 #[must_use = "the lock is let go when dropped"]
 pub struct RebuildLock {
     /// The backend's guard; dropping it lets the lock go.
@@ -473,12 +484,13 @@ pub trait Store: Send + Sync + 'static {
     /// [`LedgerError`] when the write fails.
     async fn begin_fill(&self, token: FillToken) -> Result<(), LedgerError>;
 
-    /// Takes the lock a whole fill holds, waiting while another replica
-    /// holds it.
+    /// Takes a lock held by one process of those sharing the store for
+    /// as long as a whole task runs: the fill's waits while another replica
+    /// holds it; a rederive run's does not (`None` while another holds it).
     ///
     /// # Errors
     /// [`LedgerError`] when a shared lock cannot be reached.
-    async fn rebuild_lock(&self) -> Result<RebuildLock, LedgerError>;
+    async fn exclusive(&self, task: Exclusive) -> Result<Option<RebuildLock>, LedgerError>;
 
     /// Whether the store itself refuses an entity state older than the one
     /// it holds (Redis compares versions in its scripts), so a fill that

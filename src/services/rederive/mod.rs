@@ -132,6 +132,12 @@ pub enum RederiveError {
     /// counted, the checkpoints kept.
     #[error("stopped on request")]
     Interrupted,
+    /// Another process sharing the ledger (a replica's admin run, another
+    /// command) runs one that moves the same checkpoints.
+    #[error(
+        "another rederive runs on this ledger (a replica's /admin/rederive or another command): wait for it to end, or run this one with --dry-run"
+    )]
+    AnotherRun,
 }
 
 /// One entity topic to read.
@@ -275,6 +281,17 @@ impl Rederive {
         summary: &mut Summary,
         out: &mut impl Write,
     ) -> Result<(), RederiveError> {
+        // Held to the run's end: two runs would move the same checkpoints.
+        let _only_run = match options.moves() {
+            true => Some(
+                self.pipeline
+                    .ledger()
+                    .rederive_lock()
+                    .await?
+                    .ok_or(RederiveError::AnotherRun)?,
+            ),
+            false => None,
+        };
         let targets: Vec<&Target> = self
             .targets
             .iter()

@@ -26,7 +26,6 @@ mod tables;
 #[cfg(test)]
 mod tests;
 
-use crate::adapters::ledger::Held;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,8 +40,9 @@ use tokio::sync::oneshot;
 
 use super::placements::{Offsets, Placements, Sending};
 use super::{
-    Begin, Cached, Commit, EntityLock, EntitySlot, EntityState, FILL_TOKEN_NAME, FillToken,
-    GENERATION_MARK_NAME, GenerationMark, LedgerError, RebuildLock, Remembered, TopicsSeen,
+    Begin, Cached, Commit, EntityLock, EntitySlot, EntityState, Exclusive, FILL_TOKEN_NAME,
+    FillToken, GENERATION_MARK_NAME, GenerationMark, Held, LedgerError, RebuildLock, Remembered,
+    TopicsSeen,
 };
 use crate::domain::event::DeliveryKey;
 use checkpoint::{Ask, Checkpointer, Health, Seen, checkpoint_loop};
@@ -75,6 +75,8 @@ pub struct EmbeddedLedger {
     /// waits for another replica; this only keeps two fills of one process
     /// apart.
     rebuilding: Arc<tokio::sync::Mutex<()>>,
+    /// Held by the rederive run under way (one process holds the file).
+    rederiving: Arc<tokio::sync::Mutex<()>>,
     /// How long a done id is remembered.
     dedup_ttl: Duration,
     /// The sends in flight and the offsets committed, for checkpoints.
@@ -201,6 +203,7 @@ impl EmbeddedLedger {
             lease,
             locks: Arc::default(),
             rebuilding: Arc::default(),
+            rederiving: Arc::default(),
             dedup_ttl,
             placements,
             seen,
@@ -424,8 +427,16 @@ impl super::Store for EmbeddedLedger {
         })
     }
 
-    async fn rebuild_lock(&self) -> Result<RebuildLock, LedgerError> {
-        Ok(RebuildLock::new(self.rebuilding.clone().lock_owned().await))
+    async fn exclusive(&self, task: Exclusive) -> Result<Option<RebuildLock>, LedgerError> {
+        Ok(match task {
+            Exclusive::Fill => Some(RebuildLock::new(self.rebuilding.clone().lock_owned().await)),
+            Exclusive::Rederive => self
+                .rederiving
+                .clone()
+                .try_lock_owned()
+                .ok()
+                .map(RebuildLock::new),
+        })
     }
 
     async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {

@@ -3,7 +3,6 @@
 //! (a crashed holder's lock lapses with its lease); the rebuild's lease is
 //! renewed while it is held.
 
-use crate::adapters::ledger::Held;
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -11,7 +10,7 @@ use redis::AsyncCommands;
 use super::RedisLedger;
 use super::connection::Counted;
 use super::scripts::{LOCK_AND_READ, RENEW, UNLOCK};
-use crate::adapters::ledger::{EntitySlot, EntityState, LedgerError, RebuildLock};
+use crate::adapters::ledger::{EntitySlot, EntityState, Exclusive, Held, LedgerError, RebuildLock};
 
 /// How often a waiter retries a taken entity lock.
 const LOCK_POLL: Duration = Duration::from_millis(5);
@@ -78,8 +77,17 @@ impl RedisLedger {
     /// Its key ([`REBUILD_LOCK_KEY`]) and its value (a random token) are
     /// those of the entity lock older versions took for the fill, so an old
     /// replica and a new one exclude each other during a rolling upgrade.
-    pub(super) async fn rebuild_lock_renewed(&self) -> Result<RebuildLock, LedgerError> {
-        let key = self.named(REBUILD_LOCK_KEY);
+    ///
+    /// A rederive run's lock is the same, under a key of its own, tried
+    /// once: `None` while another process runs one.
+    pub(super) async fn exclusive_renewed(
+        &self,
+        task: Exclusive,
+    ) -> Result<Option<RebuildLock>, LedgerError> {
+        let key = self.named(match task {
+            Exclusive::Fill => REBUILD_LOCK_KEY,
+            Exclusive::Rederive => REDERIVE_LOCK_KEY,
+        });
         let token = format!("{:032x}", rand::random::<u128>());
         let lease_ms = self.lease_ms();
         let mut conn = self.conn.clone();
@@ -91,6 +99,9 @@ impl RedisLedger {
             .await?
             .is_none()
         {
+            if task == Exclusive::Rederive {
+                return Ok(None);
+            }
             tokio::time::sleep(LOCK_POLL).await;
         }
         let renewal = {
@@ -108,30 +119,33 @@ impl RedisLedger {
                     match renewed {
                         Ok(1) => {}
                         Ok(_) => {
-                            tracing::error!(lock = %key, "The rebuild's lock lapsed before its renewal (Redis lost it or was paused for longer than its lease): another replica may fill at the same time.");
+                            tracing::error!(lock = %key, ?task, "A whole task's lock lapsed before its renewal (Redis lost it or was paused for longer than its lease): another process may run the same task at the same time.");
                             return;
                         }
                         // Tried again at the next turn, while the lease holds.
                         Err(error) => {
-                            tracing::warn!(%error, lock = %key, "The rebuild's lock's lease was not renewed.");
+                            tracing::warn!(%error, lock = %key, ?task, "A whole task's lock's lease was not renewed.");
                         }
                     }
                 }
             })
             .abort_handle()
         };
-        Ok(RebuildLock::new(RedisLock {
+        Ok(Some(RebuildLock::new(RedisLock {
             conn,
             key,
             token,
             renewal: Some(renewal),
-        }))
+        })))
     }
 }
 
 /// The rebuild's lock (after the prefix): the entity lock of a sale whose
 /// key is the generation mark's name, as older versions took it.
 const REBUILD_LOCK_KEY: &str = "lock:sales/posbridge:rebuilt-from-topics";
+
+/// The lock of a rederive run (after the prefix).
+const REDERIVE_LOCK_KEY: &str = "lock:posbridge:rederive";
 
 /// A held lock; dropping it releases the lock in the background.
 pub(super) struct RedisLock {

@@ -64,7 +64,6 @@ mod lock;
 mod policy;
 mod scripts;
 
-use crate::adapters::ledger::Held;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -80,8 +79,8 @@ use scripts::{BEGIN, COMMIT, MARK_DONE, SET_STATE};
 
 use super::{
     Answered, Begin, Cached, Commit, DEFAULT_CHECKPOINT_EVERY, Done, EntityLock, EntitySlot,
-    EntityState, FILL_TOKEN_NAME, FillToken, GENERATION_MARK_NAME, GenerationMark, LedgerError,
-    Offsets, RebuildLock, Remembered, Sending, Store, TopicsSeen,
+    EntityState, Exclusive, FILL_TOKEN_NAME, FillToken, GENERATION_MARK_NAME, GenerationMark, Held,
+    LedgerError, Offsets, RebuildLock, Remembered, Sending, Store, TopicsSeen,
 };
 use crate::config::LedgerConfig;
 use crate::domain::event::DeliveryKey;
@@ -554,8 +553,8 @@ impl Store for RedisLedger {
     }
 
     /// Renewed while held (`lock.rs`): a fill of any length keeps it.
-    async fn rebuild_lock(&self) -> Result<RebuildLock, LedgerError> {
-        self.rebuild_lock_renewed().await
+    async fn exclusive(&self, task: Exclusive) -> Result<Option<RebuildLock>, LedgerError> {
+        self.exclusive_renewed(task).await
     }
 
     /// A commit's state is written only if not older ([`SET_STATE`],
