@@ -67,6 +67,8 @@
 //! --nocapture` replays seed `N` alone and prints its schedule step by
 //! step; `scripts/simulate --seeds N` is the long run.
 
+use std::time::Duration;
+
 mod api;
 mod check;
 mod hooks;
@@ -81,6 +83,12 @@ use world::World;
 /// Seeds `cargo test` runs, spread over the cores.
 const SEEDS: u64 = 2000;
 
+/// Real time a world may take before it counts as stopped: a world takes
+/// well under a second of it (its clock is virtual), so one that has not
+/// ended in this long is a task spinning without yielding, or tasks that
+/// all wait for something no timer wakes (the virtual clock never moves).
+const WORLD_LIMIT: Duration = Duration::from_secs(120);
+
 /// The seeds to run: one to replay, or a budget from 0.
 fn seeds() -> (std::ops::Range<u64>, bool) {
     if let Some(seed) = std::env::var("POSBRIDGE_SIM_SEED")
@@ -89,10 +97,16 @@ fn seeds() -> (std::ops::Range<u64>, bool) {
     {
         return (seed..seed + 1, true);
     }
-    let budget = std::env::var("POSBRIDGE_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(SEEDS);
+    let budget = match std::env::var("POSBRIDGE_SIM_SEEDS") {
+        Ok(seeds) => seeds
+            .parse()
+            .ok()
+            .filter(|seeds| *seeds > 0)
+            .unwrap_or_else(|| {
+                panic!("POSBRIDGE_SIM_SEEDS={seeds:?}: a number of seeds to run, at least one")
+            }),
+        Err(_) => SEEDS,
+    };
     let first = std::env::var("POSBRIDGE_SIM_FIRST")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -123,16 +137,61 @@ pub(super) fn run(seed: u64) -> Result<Vec<String>, (Vec<String>, Vec<String>)> 
 }
 
 /// Runs `seed`, a panic in its world (the core refused to start, say)
-/// counted as a violation that names the seed too.
+/// counted as a violation that names the seed too, and so is a world that
+/// stops moving ([`WORLD_LIMIT`]).
 fn run_caught(seed: u64) -> Result<Vec<String>, (Vec<String>, Vec<String>)> {
-    std::panic::catch_unwind(|| run(seed)).unwrap_or_else(|panic| {
-        let why = panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_default();
-        Err((vec![format!("the world panicked: {why}")], Vec::new()))
-    })
+    within(WORLD_LIMIT, move || run(seed)).unwrap_or_else(|why| Err((vec![why], Vec::new())))
+}
+
+/// What `world` returns, run on a thread of its own: its panic, or its
+/// taking longer than `limit` of real time, in words. A world that stopped
+/// is left behind on its thread (nothing can stop a thread), and the run
+/// fails naming its seed instead of hanging.
+fn within<T: Send + 'static>(
+    limit: Duration,
+    world: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    let (ended, end) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("sim-world".to_owned())
+        .spawn(move || {
+            let _ = ended.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                world,
+            )));
+        })
+        .expect("a world's thread starts");
+    match end.recv_timeout(limit) {
+        Ok(Ok(ran)) => Ok(ran),
+        Ok(Err(panic)) => {
+            let why = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_default();
+            Err(format!("the world panicked: {why}"))
+        }
+        Err(_) => Err(format!(
+            "the world stopped moving: not ended after {} s of real time (a task that never yields, or every task waiting on what no timer wakes)",
+            limit.as_secs()
+        )),
+    }
+}
+
+/// A world that never ends is named, not waited for.
+#[test]
+fn a_world_that_stops_moving_is_a_violation_not_a_hung_run() {
+    let (_keep, never) = std::sync::mpsc::channel::<()>();
+    let stopped = within(Duration::from_millis(200), move || never.recv());
+    assert!(
+        stopped.is_err_and(|why| why.starts_with("the world stopped moving")),
+        "a world waiting for what never comes"
+    );
+    let panicked = within(Duration::from_secs(10), || panic!("refused to start"));
+    assert_eq!(
+        panicked.err().as_deref(),
+        Some("the world panicked: refused to start")
+    );
+    assert_eq!(within(Duration::from_secs(10), || 7), Ok(7));
 }
 
 /// Runs the seeds on every core, each thread its share in rising order;
