@@ -124,7 +124,7 @@ impl Engine {
                 let begun = ledger.begin(&key).await.map_err(error)?;
                 assert_eq!(begun, Begin::New, "a new delivery id");
                 ledger
-                    .commit(Commit {
+                    .commit(&Commit {
                         delivery: Some(Done::published_now(key.clone())),
                         entity: Some((slot, state)),
                         checkpoint: None,

@@ -246,7 +246,7 @@ async fn worker(ledger: RedisLedger, traffic: Arc<Traffic>) {
                 checkpoint: None,
                 placed: None,
             };
-            match ledger.commit(commit).await {
+            match ledger.commit(&commit).await {
                 Ok(()) => break,
                 Err(_) => {
                     traffic.failed();
@@ -304,7 +304,7 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
         let (lock, _) = ledger.lock_and_read(&slot).await.unwrap();
         let checkpoint = format!("mekari/main/OUT-{}/orders", i % 7);
         ledger
-            .commit(Commit {
+            .commit(&Commit {
                 delivery: Some(Done::published_now(id.clone())),
                 entity: Some((slot.clone(), state(i))),
                 checkpoint: (i % 5 == 0).then(|| (checkpoint.clone(), i64::try_from(i).unwrap())),
@@ -326,7 +326,7 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
             read_back.answered.at_micros = 0;
             read_back.read_back = true;
             ledger
-                .commit(Commit {
+                .commit(&Commit {
                     delivery: Some(read_back),
                     ..Commit::default()
                 })
@@ -348,7 +348,7 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
     }
     // An older state never replaces a newer one, even without a delivery.
     ledger
-        .commit(Commit {
+        .commit(&Commit {
             entity: Some((entity(7), state(1))),
             ..Commit::default()
         })
@@ -358,7 +358,7 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
     // A dead letter's commit: the delivery alone.
     ledger.begin(&delivery(1000)).await.unwrap();
     ledger
-        .commit(Commit {
+        .commit(&Commit {
             delivery: Some(Done::published_now(delivery(1000))),
             ..Commit::default()
         })

@@ -68,7 +68,7 @@ async fn the_redis_ledger_keeps_the_delivery_protocol() {
         &EntityKey::new(ProviderKind::Mekari, None, "O-1"),
     );
     ledger
-        .commit(Commit {
+        .commit(&Commit {
             delivery: Some(Done::published_now(id.clone())),
             entity: Some((slot.clone(), state(200, 1))),
             checkpoint: Some(("mekari/main/OUT-1/orders".into(), 77)),
@@ -91,7 +91,7 @@ async fn the_redis_ledger_keeps_the_delivery_protocol() {
 
     // Even a writer whose lock lapsed cannot roll the version back.
     ledger
-        .commit(Commit {
+        .commit(&Commit {
             entity: Some((slot.clone(), state(100, 2))),
             ..Commit::default()
         })
@@ -142,12 +142,12 @@ async fn the_redis_ledger_remembers_each_answer_and_a_fill_keeps_the_one_held() 
         other => panic!("{id}: {other:?}"),
     };
     ledger
-        .commit(commit(&held, &answered, false))
+        .commit(&commit(&held, &answered, false))
         .await
         .unwrap();
     assert_eq!(remembered(&held).await, answered);
     ledger
-        .commit(commit(&held, &read_back, true))
+        .commit(&commit(&held, &read_back, true))
         .await
         .unwrap();
     assert_eq!(
@@ -156,7 +156,7 @@ async fn the_redis_ledger_remembers_each_answer_and_a_fill_keeps_the_one_held() 
         "the answer given is kept"
     );
     ledger
-        .commit(commit(&lost, &read_back, true))
+        .commit(&commit(&lost, &read_back, true))
         .await
         .unwrap();
     assert_eq!(remembered(&lost).await, read_back, "written where none was");
@@ -220,7 +220,7 @@ async fn an_entity_lock_excludes_a_second_holder_until_released_and_reads_the_st
         waiting.is_err(),
         "the second process waits while the first holds the lock"
     );
-    a.commit(Commit {
+    a.commit(&Commit {
         entity: Some((slot.clone(), state(300, 3))),
         ..Commit::default()
     })

@@ -194,7 +194,7 @@ impl Fence {
             }
             return Err(error);
         }
-        match store.commit(commit.clone()).await {
+        match store.commit(&commit).await {
             Ok(()) => Ok(()),
             Err(error) => {
                 self.raise(commit, &error);
@@ -240,7 +240,7 @@ impl Fence {
                     }
                 }
             };
-            match store.commit(next).await {
+            match store.commit(&next).await {
                 // Only one heal runs at a time and others only append, so
                 // the first is still the one just written.
                 Ok(()) => {
@@ -332,7 +332,7 @@ mod tests {
         async fn exclusive(&self, task: Exclusive) -> Result<Option<RebuildLock>, LedgerError> {
             self.ledger.exclusive(task).await
         }
-        async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
+        async fn commit(&self, commit: &Commit) -> Result<(), LedgerError> {
             if self.failing.load(Ordering::Acquire) {
                 return Err(LedgerError::Closed);
             }

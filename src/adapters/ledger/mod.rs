@@ -400,7 +400,7 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`LedgerError`] when the write fails; the lease is then released.
-    async fn commit(&self, commit: Commit) -> Result<(), LedgerError>;
+    async fn commit(&self, commit: &Commit) -> Result<(), LedgerError>;
 
     /// Starts a send whose outcome will be committed here: held until the
     /// commit is made, so a checkpoint never records an offset past a

@@ -439,8 +439,8 @@ impl super::Store for EmbeddedLedger {
         })
     }
 
-    async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
-        let result = self.write(&commit);
+    async fn commit(&self, commit: &Commit) -> Result<(), LedgerError> {
+        let result = self.write(commit);
         if let Some(done) = &commit.delivery {
             self.end_lease(&done.key);
         }

@@ -117,7 +117,7 @@ mod tests {
             for n in 1..=5 {
                 let delivery = DeliveryKey::new(ProviderKind::ReceiptRoller, &format!("sale-{n}"));
                 ledger
-                    .commit(Commit {
+                    .commit(&Commit {
                         delivery: Some(Done::published_now(delivery)),
                         ..Commit::default()
                     })

@@ -16,7 +16,7 @@ fn open(dir: &tempfile::TempDir) -> EmbeddedLedger {
 
 async fn mark_done(ledger: &EmbeddedLedger, id: &DeliveryKey) {
     ledger
-        .commit(Commit {
+        .commit(&Commit {
             delivery: Some(Done::published_now(id.clone())),
             ..Commit::default()
         })
@@ -116,7 +116,7 @@ async fn done_ids_and_entity_versions_survive_a_reopen() {
         let ledger = open(&dir);
         ledger.begin(&id).await.unwrap();
         ledger
-            .commit(Commit {
+            .commit(&Commit {
                 delivery: Some(Done::published_now(id.clone())),
                 entity: Some((slot.clone(), Held::unplaced(state))),
                 checkpoint: Some(("mekari/main/orders".into(), 1234)),
@@ -166,7 +166,7 @@ async fn reads_find_writes_waiting_for_the_checkpoint() {
     .unwrap();
     let (id, slot, state) = sample();
     ledger
-        .commit(Commit {
+        .commit(&Commit {
             delivery: Some(Done::published_now(id.clone())),
             entity: Some((slot.clone(), Held::unplaced(state))),
             checkpoint: Some(("mekari/main/orders".into(), 7)),
@@ -206,7 +206,7 @@ async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
     let slow = ledger.sending();
     let fast = ledger.sending();
     ledger
-        .commit(Commit {
+        .commit(&Commit {
             delivery: Some(Done::published_now(id)),
             entity: Some((slot, Held::unplaced(state))),
             placed: Some(fast.placed("pos.orders", 2, 41)),
@@ -221,7 +221,7 @@ async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
         "the slow send may lie below 41"
     );
     ledger
-        .commit(Commit {
+        .commit(&Commit {
             placed: Some(slow.placed("pos.orders", 2, 40)),
             ..Commit::default()
         })
@@ -312,7 +312,7 @@ async fn the_topics_seen_are_kept_with_the_offsets_and_forgotten_whole() {
     let ledger = open(&dir);
     let (id, slot, state) = sample();
     ledger
-        .commit(Commit {
+        .commit(&Commit {
             delivery: Some(Done::published_now(id.clone())),
             entity: Some((slot.clone(), Held::unplaced(state))),
             checkpoint: Some(("reconcile".to_owned(), 7)),
@@ -380,7 +380,7 @@ async fn a_done_delivery_is_remembered_with_its_answer() {
     assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
     assert_eq!(ledger.remembered(&id).await.unwrap(), Remembered::InFlight);
     ledger
-        .commit(Commit {
+        .commit(&Commit {
             delivery: Some(Done {
                 key: id.clone(),
                 answered: answered.clone(),

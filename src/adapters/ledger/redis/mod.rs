@@ -472,8 +472,8 @@ impl Store for RedisLedger {
 
     /// A record's place counts towards this replica's offsets only once
     /// its state is written.
-    async fn commit(&self, commit: Commit) -> Result<(), LedgerError> {
-        let result = self.write(&commit).await;
+    async fn commit(&self, commit: &Commit) -> Result<(), LedgerError> {
+        let result = self.write(commit).await;
         match (&result, &commit.placed) {
             (Ok(()), Some(placed)) => self.checkpoints.committed(placed),
             (Err(_), Some(placed)) => self.checkpoints.failed(placed),
