@@ -9,6 +9,13 @@
 //! fill's calls ([`Ledger::fill`]) pass only the fence, since the fill is
 //! what opens the gate; a reader's ([`Ledger::read`]) pass neither, since
 //! a read decides and writes nothing.
+//!
+//! Each face's methods forward to the [`Store`] by hand, each calling the
+//! rules its face keeps (`gate.wait_open`, `fence.open`): a method added
+//! to a face must call them too. Some of the line's calls skip one on
+//! purpose, each saying why: `commit` is not held back by the gate (what
+//! it records is in a topic already), `release` and `sending` pass neither
+//! (they end or begin what a call past both started).
 
 use std::sync::Arc;
 
@@ -93,7 +100,8 @@ impl Ledger {
     }
 
     /// Gives a lease back without marking the delivery done, so the
-    /// provider's retry is processed.
+    /// provider's retry is processed. Past neither rule: it ends a lease
+    /// `begin` took past both, and must end it even behind a raised fence.
     pub async fn release(&self, delivery: &DeliveryKey) {
         self.store.release(delivery).await;
     }
@@ -191,7 +199,8 @@ impl Ledger {
 
     /// Starts a send whose outcome will be committed here: held until the
     /// commit is made, so a checkpoint never records an offset past a
-    /// record whose state it does not hold ([`super::placements`]).
+    /// record whose state it does not hold ([`super::placements`]). Past
+    /// neither rule: it reads and writes nothing, it only counts.
     pub fn sending(&self) -> Sending {
         self.store.sending()
     }
