@@ -11,6 +11,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
+mod decimal;
+
+pub use decimal::Decimal;
+
 /// The point-of-sale providers posbridge speaks to. One spelling per provider,
 /// used in URLs, config keys, record keys and metric labels alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -290,102 +294,6 @@ impl fmt::Display for DeliveryKey {
     }
 }
 
-/// An exact decimal: money amounts, and quantities (weighed goods sell
-/// fractions). Avro `decimal` with [`Decimal::SCALE`] places: floats would
-/// lose cents (and IDR amounts carry fractions).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Decimal {
-    /// The amount times 10^SCALE.
-    pub unscaled: i128,
-}
-
-impl Decimal {
-    /// Decimal places kept; matches `scale` in the Avro schema.
-    pub const SCALE: u32 = 4;
-
-    /// Digits the schema's `decimal(38, 4)` holds: a value needing more is
-    /// refused, never rounded.
-    pub const PRECISION: u32 = 38;
-
-    /// The bytes of an Avro `decimal`: the unscaled value's shortest
-    /// big-endian two's complement (leading bytes that only repeat the sign
-    /// dropped), as a buffer and where in it they start.
-    pub fn twos_complement(self) -> ([u8; 16], usize) {
-        let all = self.unscaled.to_be_bytes();
-        let mut start = 0;
-        while start < all.len() - 1
-            && ((all[start] == 0x00 && all[start + 1] & 0x80 == 0)
-                || (all[start] == 0xff && all[start + 1] & 0x80 != 0))
-        {
-            start += 1;
-        }
-        (all, start)
-    }
-
-    /// Parses a decimal literal such as `51000.5`, `-3` or `1e3`, exactly.
-    /// Returns `None` when it has more than [`Decimal::SCALE`] places or more
-    /// than [`Decimal::PRECISION`] digits in all.
-    pub fn parse(text: &str) -> Option<Decimal> {
-        let (mantissa, exponent) = match text.find(['e', 'E']) {
-            Some(i) => (&text[..i], text[i + 1..].parse::<i32>().ok()?),
-            None => (text, 0),
-        };
-        let (negative, digits) = match mantissa.strip_prefix('-') {
-            Some(rest) => (true, rest),
-            None => (false, mantissa.strip_prefix('+').unwrap_or(mantissa)),
-        };
-        let (int_part, frac_part) = digits.split_once('.').unwrap_or((digits, ""));
-        if int_part.is_empty() && frac_part.is_empty() {
-            return None;
-        }
-        // The digits of both parts, read in place (no joined copy: this runs
-        // for every amount of every event).
-        let all_digits = || int_part.bytes().chain(frac_part.bytes());
-        if !all_digits().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        // value = significant × 10^-places, with zeros on either side dropped
-        // first, so `1.00000` or `100e-2` never overflow on their way to fitting.
-        let count = int_part.len() + frac_part.len();
-        let leading_zeros = all_digits().take_while(|&b| b == b'0').count();
-        if leading_zeros == count {
-            return Some(Decimal { unscaled: 0 });
-        }
-        let trailing_zeros = all_digits().rev().take_while(|&b| b == b'0').count();
-        let significant = all_digits()
-            .skip(leading_zeros)
-            .take(count - leading_zeros - trailing_zeros)
-            .try_fold(0i128, |value, b| {
-                value.checked_mul(10)?.checked_add(i128::from(b - b'0'))
-            })?;
-        let places = i64::try_from(frac_part.len()).ok()?
-            - i64::from(exponent)
-            - i64::try_from(trailing_zeros).ok()?;
-        let shift = u32::try_from(i64::from(Self::SCALE) - places).ok()?;
-        let value = significant.checked_mul(10i128.checked_pow(shift)?)?;
-        if value.unsigned_abs() >= 10u128.pow(Self::PRECISION) {
-            return None;
-        }
-        Some(Decimal {
-            unscaled: if negative { -value } else { value },
-        })
-    }
-}
-
-impl fmt::Display for Decimal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let scale = 10i128.pow(Self::SCALE);
-        let sign = if self.unscaled < 0 { "-" } else { "" };
-        let abs = self.unscaled.unsigned_abs();
-        let (int, frac) = (abs / scale.unsigned_abs(), abs % scale.unsigned_abs());
-        write!(
-            f,
-            "{sign}{int}.{frac:0width$}",
-            width = Self::SCALE as usize
-        )
-    }
-}
-
 /// One line of a sale or order, where the provider sends lines.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LineItem {
@@ -593,125 +501,6 @@ impl PosEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn decimals_parse_exactly() {
-        for (text, unscaled) in [
-            ("51000.5", Some(510_005_000)),
-            ("-3", Some(-30_000)),
-            ("1e3", Some(10_000_000)),
-            ("0.0001", Some(1)),
-            ("1.50000", Some(15_000)),
-            ("0.00001", None),
-            ("abc", None),
-            ("", None),
-            ("000.000", Some(0)),
-            ("+0012.3400", Some(123_400)),
-            ("1.2.3", None),
-            ("-", None),
-            (".", None),
-        ] {
-            assert_eq!(
-                Decimal::parse(text).map(|d| d.unscaled),
-                unscaled,
-                "{text:?}"
-            );
-        }
-        assert_eq!(Decimal::parse("51000.5").unwrap().to_string(), "51000.5000");
-        assert_eq!(Decimal::parse("-0.25").unwrap().to_string(), "-0.2500");
-        // decimal(38, 4): 34 digits before the point at most.
-        let widest = "9".repeat(34);
-        assert_eq!(
-            Decimal::parse(&format!("{widest}.9999"))
-                .unwrap()
-                .to_string(),
-            format!("{widest}.9999")
-        );
-        assert_eq!(Decimal::parse(&format!("1{widest}")), None);
-        assert_eq!(Decimal::parse(&"9".repeat(40)), None, "beyond i128 too");
-        // Found by the property tests: zeros that do not change the value
-        // must not push it past i128 on the way.
-        let fits = format!("2{}.00000", "0".repeat(33));
-        assert_eq!(
-            Decimal::parse(&fits).unwrap().to_string(),
-            format!("2{}.0000", "0".repeat(33))
-        );
-        assert_eq!(
-            Decimal::parse(&format!("1{}e-30", "0".repeat(41)))
-                .unwrap()
-                .to_string(),
-            "100000000000.0000"
-        );
-        assert_eq!(Decimal::parse("100e-2").unwrap().unscaled, 10_000);
-        assert_eq!(Decimal::parse("0.000000").unwrap().unscaled, 0);
-        assert_eq!(Decimal::parse("-0").unwrap().to_string(), "0.0000");
-        assert_eq!(Decimal::parse("1e40"), None);
-        assert_eq!(Decimal::parse("1e-5"), None);
-    }
-
-    #[test]
-    fn keys_carry_the_account_when_one_is_named() {
-        let plain = EntityKey::new(ProviderKind::Mekari, None, "ORD-1");
-        let scoped = EntityKey::new(ProviderKind::Mekari, Some("acme"), "ORD-1");
-        assert_eq!(plain.as_str(), "mekari:ORD-1");
-        assert_eq!(scoped.as_str(), "mekari:acme:ORD-1");
-    }
-
-    /// An id with a `:` on a source without an account must not take the key
-    /// of another merchant's id on a source with one: compaction would keep
-    /// one of the two entities, and the guard would call the other stale.
-    #[test]
-    fn an_id_with_a_colon_never_takes_another_accounts_key() {
-        let unscoped = EntityKey::new(ProviderKind::Mekari, None, "acme:ORD-1");
-        let scoped = EntityKey::new(ProviderKind::Mekari, Some("acme"), "ORD-1");
-        assert_ne!(unscoped, scoped);
-        assert_eq!(unscoped.as_str(), "mekari:acme%3AORD-1");
-        assert_eq!(scoped.as_str(), "mekari:acme:ORD-1");
-        assert_eq!(
-            EntityKey::new(ProviderKind::Mekari, Some("acme"), "a:b%c").as_str(),
-            "mekari:acme:a%3Ab%25c"
-        );
-    }
-
-    /// Every pair of account and id gets its own key: the escape itself is
-    /// injective (`%` is escaped too, so `%3A` sent as an id stays apart from
-    /// `:`), and an escaped id holds no `:`, so the key's colons say where
-    /// the account ends.
-    #[test]
-    fn keys_are_distinct_for_every_account_and_id() {
-        let accounts = [None, Some("a"), Some("acme"), Some("a%3Ab"), Some("%")];
-        let ids = [
-            "",
-            ":",
-            "%",
-            "%3A",
-            "%3a",
-            "%253A",
-            "a:b",
-            "a%3Ab",
-            "acme:ORD-1",
-            "ORD-1",
-            "a:b:ORD-1",
-            "b:ORD-1",
-            "::",
-            "%25",
-            "T1|2026-11|302",
-        ];
-        let mut seen = std::collections::HashMap::new();
-        for account in accounts {
-            for id in ids {
-                let key = EntityKey::new(ProviderKind::Mekari, account, id);
-                if let Some(other) = seen.insert(key.clone(), (account, id)) {
-                    panic!("{key} is the key of both {other:?} and {:?}", (account, id));
-                }
-            }
-        }
-        assert_eq!(
-            EntityKey::new(ProviderKind::ReceiptRoller, None, "T1|2026-11|302").as_str(),
-            "receiptroller:T1|2026-11|302",
-            "an id without `:` or `%` keeps its key"
-        );
-    }
 
     #[test]
     fn versions_order_by_time_then_rank() {
