@@ -23,6 +23,8 @@
 //! the time arithmetic.
 
 mod budget;
+mod record;
+mod summary;
 mod window;
 
 use std::sync::Arc;
@@ -36,10 +38,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 use crate::adapters::ledger::{Commit, Ledger, LedgerError};
+use crate::adapters::providers;
 use crate::adapters::providers::api::{ApiOptions, FetchError, Job, Paging, ProviderApi};
-use crate::adapters::providers::{self, Context, NormalizeError};
 use crate::config::{Config, ReconcileConfig, SourceEntry};
-use crate::domain::event::{EntityType, Normalized, Origin, ProviderKind, Source, Version};
+use crate::domain::event::{EntityType, ProviderKind, Source};
 use crate::observe::Board;
 use crate::observe::board::{ReconcileRun, Window};
 use crate::observe::telemetry;
@@ -50,6 +52,8 @@ use crate::observe::progress::Progress;
 
 use budget::Budget;
 pub use budget::RunLimit;
+pub(crate) use record::reconciled;
+pub use summary::Summary;
 
 /// How a reconciled record's derived id begins (`reconcile:{µs}`): its body
 /// is an API record, not a webhook (the dead-letter replay leaves it to the
@@ -120,57 +124,6 @@ pub enum ReconcileError {
         #[source]
         error: FetchError,
     },
-}
-
-/// What a run did, for logs and the terminal.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Summary {
-    /// Pages read.
-    pub pages: u64,
-    /// Records read.
-    pub records: u64,
-    /// Records published (new or changed state).
-    pub published: u64,
-    /// Records skipped because the topic already holds that state.
-    pub unchanged: u64,
-    /// Records older than what the topic holds.
-    pub stale: u64,
-    /// Records that could not be normalized, dead-lettered.
-    pub dead_lettered: u64,
-}
-
-impl Summary {
-    /// The counts in words, for the progress line.
-    fn line(&self) -> String {
-        format!(
-            "pages {} · records {} · published {} · not newer {} · stale {} · dead-lettered {}",
-            self.pages,
-            self.records,
-            self.published,
-            self.unchanged,
-            self.stale,
-            self.dead_lettered
-        )
-    }
-
-    /// Counts one record's outcome.
-    fn count(&mut self, outcome: Outcome) {
-        match outcome {
-            Outcome::Published => self.published += 1,
-            Outcome::Stale => self.stale += 1,
-            Outcome::DeadLettered => self.dead_lettered += 1,
-            Outcome::Unchanged | Outcome::Duplicate | Outcome::Spooled => self.unchanged += 1,
-        }
-    }
-
-    fn add(&mut self, other: Summary) {
-        self.pages += other.pages;
-        self.records += other.records;
-        self.published += other.published;
-        self.unchanged += other.unchanged;
-        self.stale += other.stale;
-        self.dead_lettered += other.dead_lettered;
-    }
 }
 
 /// A source with an API to read.
@@ -657,53 +610,5 @@ fn announce_source_series(source: &Source) {
             telemetry::OUTCOME => outcome.as_str()
         )
         .increment(0);
-    }
-}
-
-/// its body, for the dead-letter topic.
-pub(crate) struct Unnormalized {
-    /// `reconcile:{µs}`.
-    pub(crate) event_id: String,
-    /// The record as read.
-    pub(crate) raw: String,
-    /// Why.
-    pub(crate) reason: NormalizeError,
-}
-
-/// `record`, read from `source`'s API at `fetched_at`, as the reconciler
-/// publishes it: origin reconciler, the fetch time its version, its id
-/// derived from both and its key. One function, so that the simulation's
-/// reconciler writes exactly what this one does.
-pub(crate) fn reconciled(
-    source: &Source,
-    entity_type: EntityType,
-    record: &Value,
-    fetched_at: OffsetDateTime,
-) -> Result<Normalized, Box<Unnormalized>> {
-    let raw = record.to_string();
-    let event_id = format!(
-        "{RECONCILED_ID_PREFIX}{}",
-        Version::new(fetched_at, 0).at_micros
-    );
-    let ctx = Context {
-        event_id: &event_id,
-        source,
-        received_at: fetched_at,
-        raw: &raw,
-        origin: Origin::Reconciler,
-        // An API record's version is its fetch time: no event time to bound.
-        max_event_ahead: std::time::Duration::ZERO,
-    };
-    match providers::for_kind(source.provider).normalize_record(entity_type, record, &ctx) {
-        Ok(mut normalized) => {
-            let event = &mut normalized.event;
-            event.event_id = format!("{event_id}:{}", event.key());
-            Ok(normalized)
-        }
-        Err(reason) => Err(Box::new(Unnormalized {
-            event_id,
-            raw,
-            reason,
-        })),
     }
 }
