@@ -58,6 +58,7 @@
 //! writing a failed commit again is safe.
 
 mod checkpoint;
+mod commit;
 mod connection;
 mod generation;
 mod lock;
@@ -68,19 +69,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use redis::{AsyncCommands, ScriptInvocation};
+use redis::AsyncCommands;
 
 use checkpoint::Checkpoints;
 use connection::{
     Connection, Counted, connect_cluster, connect_single, is_cluster_node, without_password,
 };
 use generation::Watch;
-use scripts::{BEGIN, COMMIT, MARK_DONE, SET_STATE};
+use scripts::BEGIN;
 
 use super::{
-    Answered, Begin, Cached, Commit, DEFAULT_CHECKPOINT_EVERY, Done, EntityLock, EntitySlot,
-    EntityState, Exclusive, FILL_TOKEN_NAME, FillToken, GENERATION_MARK_NAME, GenerationMark, Held,
-    LedgerError, Offsets, RebuildLock, Remembered, Sending, Store, TopicsSeen,
+    Answered, Begin, Cached, Commit, DEFAULT_CHECKPOINT_EVERY, EntityLock, EntitySlot, EntityState,
+    Exclusive, FILL_TOKEN_NAME, FillToken, GENERATION_MARK_NAME, GenerationMark, Held, LedgerError,
+    Offsets, RebuildLock, Remembered, Sending, Store, TopicsSeen,
 };
 use crate::config::LedgerConfig;
 use crate::domain::event::DeliveryKey;
@@ -270,75 +271,6 @@ impl RedisLedger {
     fn lease_ms(&self) -> u64 {
         u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
     }
-
-    /// [`COMMIT`] for `commit`. An absent part's key is still a key under
-    /// the prefix (never written: its argument is empty), so a user whose
-    /// ACL allows the prefix's keys alone may run the script.
-    fn commit_script(&self, commit: &Commit) -> ScriptInvocation<'static> {
-        let mut script = COMMIT.prepare_invoke();
-        match &commit.entity {
-            Some((slot, held)) => script
-                .key(self.key("entity", slot.as_str()))
-                .arg(held.to_bytes().as_slice()),
-            None => script.key(self.key("entity", "")).arg(""),
-        };
-        match &commit.checkpoint {
-            Some((name, at)) => script.key(self.key("checkpoint", name)).arg(at),
-            None => script.key(self.key("checkpoint", "")).arg(""),
-        };
-        match &commit.delivery {
-            Some(done) => script
-                .key(self.delivery_key(&done.key, "done"))
-                .key(self.delivery_key(&done.key, "lease"))
-                .arg(self.dedup_ttl.as_secs().max(1))
-                .arg(done.answered.to_bytes())
-                .arg(keep(done)),
-            None => script
-                .key(delivery_key(&self.prefix, "", "done"))
-                .key(delivery_key(&self.prefix, "", "lease"))
-                .arg("")
-                .arg("")
-                .arg(""),
-        };
-        script
-    }
-
-    /// A commit's three writes, in the order the module documentation
-    /// explains: in one script on one server, one by one on a cluster.
-    async fn write(&self, commit: &Commit) -> Result<(), LedgerError> {
-        let mut conn = self.conn.clone();
-        if conn.is_single() {
-            let _: i32 = self.commit_script(commit).invoke_async(&mut conn).await?;
-            return Ok(());
-        }
-        if let Some((slot, held)) = &commit.entity {
-            let _: i32 = SET_STATE
-                .key(self.key("entity", slot.as_str()))
-                .arg(held.to_bytes().as_slice())
-                .invoke_async(&mut conn)
-                .await?;
-        }
-        if let Some((name, at)) = &commit.checkpoint {
-            let () = conn.set(self.key("checkpoint", name), at).await?;
-        }
-        if let Some(done) = &commit.delivery {
-            let _: i32 = MARK_DONE
-                .key(self.delivery_key(&done.key, "done"))
-                .key(self.delivery_key(&done.key, "lease"))
-                .arg(self.dedup_ttl.as_secs().max(1))
-                .arg(done.answered.to_bytes())
-                .arg(keep(done))
-                .invoke_async(&mut conn)
-                .await?;
-        }
-        Ok(())
-    }
-}
-
-/// The scripts' last argument for `done`: `keep` for an answer read back
-/// by a fill, which keeps one already held.
-fn keep(done: &Done) -> &'static str {
-    if done.read_back { "keep" } else { "" }
 }
 
 /// `P{d:<delivery>}:<kind>`: see the module documentation for why the tag
@@ -627,43 +559,4 @@ impl Store for RedisLedger {
 }
 
 #[cfg(test)]
-mod tests {
-    use redis::cluster_routing::Slot;
-
-    use super::delivery_key;
-
-    #[test]
-    fn an_error_names_the_server_without_its_password() {
-        assert_eq!(
-            super::without_password("redis://posbridge:secret@10.0.0.1:6379,rediss://:pw@b:7000"),
-            "redis://posbridge:***@10.0.0.1:6379,rediss://:***@b:7000"
-        );
-        assert_eq!(super::without_password("redis://a:6379"), "redis://a:6379");
-    }
-
-    #[test]
-    fn a_deliverys_keys_share_one_slot_whatever_its_id_or_prefix() {
-        for prefix in ["posbridge:", "", "a{b:", "x}", "{posbridge}:", "p{q}r{"] {
-            for id in ["mekari:e1", "receiptroller:}", "x:{y}", "z:{", "", "x:}}{{"] {
-                let (done, lease) = (
-                    delivery_key(prefix, id, "done"),
-                    delivery_key(prefix, id, "lease"),
-                );
-                assert_ne!(done, lease);
-                assert_eq!(
-                    Slot::for_key(&done),
-                    Slot::for_key(&lease),
-                    "{done} and {lease}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn deliveries_spread_over_slots() {
-        let slots: std::collections::HashSet<_> = (0..100)
-            .map(|i| Slot::for_key(delivery_key("posbridge:", &format!("mekari:e{i}"), "done")))
-            .collect();
-        assert!(slots.len() > 90, "{} slots", slots.len());
-    }
-}
+mod tests;
