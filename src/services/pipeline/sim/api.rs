@@ -18,8 +18,9 @@ use std::time::Duration;
 use serde_json::Value;
 use time::OffsetDateTime;
 
+use super::clock::Clock;
 use super::providers::{entity_type, event_time, source};
-use super::world::{Clock, Event, Shared};
+use super::world::{Event, Shared};
 use crate::domain::event::ProviderKind;
 use crate::services::pipeline::Pipeline;
 use crate::services::reconcile::reconciled;

@@ -71,6 +71,8 @@ use std::time::Duration;
 
 mod api;
 mod check;
+mod clock;
+mod crash;
 mod hooks;
 mod process;
 mod providers;

@@ -13,7 +13,8 @@ use serde_json::json;
 use time::OffsetDateTime;
 use tokio::time::Instant;
 
-use super::world::{Answer, Clock, Shared};
+use super::clock::Clock;
+use super::world::{Answer, Shared};
 use crate::adapters::publish::Topics;
 use crate::config::{KafkaConfig, Secrets};
 use crate::domain::event::{EntityType, ProviderKind, Source};

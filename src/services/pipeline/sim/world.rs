@@ -15,12 +15,13 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rdkafka::error::RDKafkaErrorCode;
-use time::OffsetDateTime;
 use tokio::time::Instant;
 
 use super::api::{FakeApi, reconcile};
+use super::clock::Clock;
+use super::crash::{Crash, crashes};
 use super::hooks::pause_commits;
-use super::process::{LedgerFate, Process, SpoolFate, after_crash};
+use super::process::{Process, after_crash};
 use super::providers::{Door, Sender, Senders, body, cut, deliveries, send, unfinished};
 use crate::adapters::ledger::Remembered;
 use crate::adapters::publish::{FakeBroker, Fault, OutgoingRecord};
@@ -112,46 +113,6 @@ pub(super) struct Ended {
     pub(super) steps: Vec<String>,
 }
 
-/// The world's time: each life's runtime has a clock of its own, which
-/// this maps onto time from the world's start.
-#[derive(Clone)]
-pub(super) struct Clock {
-    /// The world time a life began at, and its runtime's instant then.
-    now: Arc<Mutex<(Duration, Instant)>>,
-    /// The wall-clock time the world began at (records' timestamps).
-    epoch: OffsetDateTime,
-}
-
-impl Clock {
-    fn new() -> Clock {
-        Clock {
-            now: Arc::new(Mutex::new((Duration::ZERO, Instant::now()))),
-            epoch: OffsetDateTime::now_utc(),
-        }
-    }
-
-    fn begin_life(&self, at: Duration) {
-        *self.now.lock().unwrap_or_else(PoisonError::into_inner) = (at, Instant::now());
-    }
-
-    /// The world time now (on a life's runtime).
-    pub(super) fn now(&self) -> Duration {
-        let (base, started) = *self.now.lock().unwrap_or_else(PoisonError::into_inner);
-        base + started.elapsed()
-    }
-
-    /// The runtime's instant of world time `at` (now, when past).
-    pub(super) fn instant_at(&self, at: Duration) -> Instant {
-        let (base, started) = *self.now.lock().unwrap_or_else(PoisonError::into_inner);
-        started + at.saturating_sub(base)
-    }
-
-    /// The wall-clock time of world time `at`.
-    pub(super) fn wall(&self, at: Duration) -> OffsetDateTime {
-        self.epoch + at
-    }
-}
-
 /// What the world notes as it runs, shared by the providers, the broker's
 /// plan and the crashes.
 #[derive(Clone)]
@@ -210,24 +171,6 @@ impl Shared {
     fn in_doubt(&self, delivery: String) {
         *self.record().in_doubt.entry(delivery).or_default() += 1;
     }
-}
-
-/// One crash of posbridge and what it leaves.
-#[derive(Debug, Clone, Copy)]
-struct Crash {
-    /// When, from the world's start.
-    at: Duration,
-    /// How long posbridge stays down.
-    down: Duration,
-    ledger: LedgerFate,
-    spool: SpoolFate,
-    /// Whether the broker is replaced by an empty one while posbridge is down.
-    broker_replaced: bool,
-    /// A stop, not a crash: requests refused from ten seconds before, the
-    /// ledger made durable and its files closed, as shutdown does. Bytes
-    /// damaged after a clean stop are read without the repair an unclean
-    /// one makes redb run (which checks every page).
-    clean: bool,
 }
 
 /// The world of one seed.
@@ -653,49 +596,6 @@ struct Lived {
     spooled: usize,
     /// Their ids, when it ended with a crash.
     spooled_ids: Vec<String>,
-}
-
-/// Up to two crashes, each with how long posbridge stays down and what
-/// it leaves of the ledger, the spool and the broker; the first attempts
-/// come within `spread` ms.
-fn crashes(rng: &mut StdRng, spread: u64, outage: Option<Duration>) -> Vec<Crash> {
-    let count = match rng.random_range(0..10) {
-        0..4 => 0,
-        4..7 => 1,
-        _ => 2,
-    };
-    let mut at = Duration::ZERO;
-    let mut crashes = Vec::new();
-    for _ in 0..count {
-        // Mostly while deliveries arrive, sometimes among the retries, and
-        // in an outage world sometimes while the outage lasts.
-        match (rng.random_range(0..10), outage) {
-            (0..4, Some(start)) => {
-                at = at.max(start) + Duration::from_millis(rng.random_range(1_000..60_000));
-            }
-            (0..7, _) => at += Duration::from_millis(rng.random_range(100..spread + 5_000)),
-            _ => at += Duration::from_millis(rng.random_range(90_000..900_000)),
-        }
-        let down = Duration::from_millis(rng.random_range(0..120_000));
-        crashes.push(Crash {
-            at,
-            down,
-            ledger: match rng.random_range(0..10) {
-                0..6 => LedgerFate::Kept,
-                6..8 => LedgerFate::Lost,
-                _ => LedgerFate::Damaged,
-            },
-            spool: if rng.random_bool(0.2) {
-                SpoolFate::Damaged
-            } else {
-                SpoolFate::Kept
-            },
-            broker_replaced: rng.random_bool(0.1),
-            clean: rng.random_bool(0.3),
-        });
-        at += down;
-    }
-    crashes
 }
 
 /// A record's delivery id header.
