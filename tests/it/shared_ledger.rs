@@ -2,6 +2,7 @@
 //! processes, against a real Redis (`POSBRIDGE_TEST_REDIS`, set by
 //! `scripts/test`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -13,6 +14,8 @@ use posbridge::config::LedgerBackend;
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
 use posbridge::domain::guard::EntityState;
 
+use crate::support::ports::free_port;
+use crate::support::redis::RedisServer;
 use crate::support::wait::{look_for, wait_until};
 use crate::support::{
     TestApp, brokers, config, kafka_only, latest_per_key, mekari_order, read_topic, rr_sale, unique,
@@ -452,4 +455,86 @@ async fn kafka_only_a_fill_that_outlasts_its_locks_lease_keeps_it_and_a_second_r
     );
     first.stop().await;
     second.stop().await;
+}
+
+/// The deliveries of one entity in one process wait for its lock in a
+/// queue of their own, each handed the shared lock by the one before: no
+/// waiter polls Redis while another holds it, and no turn releases and
+/// takes it again. Ten waiters behind a holder of 200 ms cost a script call
+/// each, not one every 5 ms (about 400 with polling), counted by the
+/// server (its `INFO commandstats`, on a Redis of the test's own).
+#[tokio::test]
+async fn one_entitys_deliveries_in_one_process_take_its_lock_in_turn_without_polling() {
+    let redis = RedisServer::start(free_port(), &[]).await;
+    let ledger = Arc::new(
+        RedisLedger::connect(
+            &redis.url(),
+            "turns:",
+            Duration::from_secs(3600),
+            Duration::from_secs(10),
+            None,
+            false,
+        )
+        .await
+        .unwrap(),
+    );
+    crate::support::redis::mark_filled(&ledger).await;
+    let slot = EntitySlot::of_record_key(EntityType::Sale, "receiptroller:T1|2026-12|1");
+    let script_calls = async || {
+        let stats = redis.cli(&["INFO", "commandstats"]).await;
+        stats
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum::<u64>()
+    };
+    let (held, _) = ledger.lock_and_read(&slot).await.unwrap();
+    let before = script_calls().await;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let waiters: Vec<_> = (0..10)
+        .map(|n| {
+            let (ledger, slot, order) = (ledger.clone(), slot.clone(), order.clone());
+            tokio::spawn(async move {
+                let (lock, _) = ledger.lock_and_read(&slot).await.unwrap();
+                order.lock().unwrap().push(n);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                drop(lock);
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(order.lock().unwrap().is_empty(), "the lock was held");
+    drop(held);
+    join_all(waiters).await.into_iter().for_each(Result::unwrap);
+    assert_eq!(order.lock().unwrap().len(), 10);
+    let calls = script_calls().await - before;
+    assert!(
+        calls <= 15,
+        "{calls} script calls for ten turns handed on: a renewal each, the last one's release"
+    );
+    // The last turn let the lock go: another process takes it at once.
+    let other = RedisLedger::connect(
+        &redis.url(),
+        "turns:",
+        Duration::from_secs(3600),
+        Duration::from_secs(10),
+        None,
+        false,
+    )
+    .await
+    .unwrap();
+    let taken = look_for(Duration::from_secs(2), async || {
+        tokio::time::timeout(Duration::from_millis(100), other.lock_and_read(&slot))
+            .await
+            .ok()
+    })
+    .await;
+    assert!(taken.is_some(), "the lock was let go after the last turn");
 }

@@ -37,6 +37,7 @@ mod fence;
 mod gate;
 mod handle;
 mod held;
+mod key_locks;
 pub mod placements;
 mod redis;
 

@@ -19,7 +19,6 @@
 //! decided.
 
 mod checkpoint;
-mod key_locks;
 mod opening;
 mod store;
 mod tables;
@@ -38,6 +37,7 @@ use async_trait::async_trait;
 use redb::ReadableDatabase;
 use tokio::sync::oneshot;
 
+use super::key_locks::KeyLocks;
 use super::placements::{Offsets, Placements, Sending};
 use super::{
     Begin, Cached, Commit, EntityLock, EntitySlot, EntityState, Exclusive, FILL_TOKEN_NAME,
@@ -46,7 +46,6 @@ use super::{
 };
 use crate::domain::event::DeliveryKey;
 use checkpoint::{Ask, Checkpointer, Health, Seen, checkpoint_loop};
-use key_locks::KeyLocks;
 use store::Store;
 use tables::{DONE, unix_now};
 

@@ -1,7 +1,14 @@
-//! The Redis ledger's locks: an entity's, and the rebuild's. Both are taken
-//! with `SET NX PX` and a random token and released only by their holder
-//! (a crashed holder's lock lapses with its lease); the rebuild's lease is
-//! renewed while it is held.
+//! The Redis ledger's locks: an entity's, the rebuild's and a rederive
+//! run's. Each is taken with `SET NX PX` and a random token and released
+//! only by its holder (a crashed holder's lock lapses with its lease); the
+//! rebuild's and a run's leases are renewed while they are held.
+//!
+//! An entity's lock is held by a process for a queue of its deliveries of
+//! that entity: they wait for their turn in memory, in arrival order, and
+//! each hands the shared lock to the next (which renews its lease) instead
+//! of releasing it for the next to take again; the last one in the queue
+//! (or the sixteenth in a row, so that another process is not held off for
+//! good) releases it. Only a lock another process holds is polled for.
 
 use std::time::Duration;
 
@@ -9,33 +16,118 @@ use redis::AsyncCommands;
 
 use super::RedisLedger;
 use super::connection::Counted;
-use super::scripts::{LOCK_AND_READ, RENEW, UNLOCK};
+use super::scripts::{LOCK_AND_READ, RENEW, RENEW_AND_READ, UNLOCK};
+use crate::adapters::ledger::key_locks::KeyGuard;
 use crate::adapters::ledger::{EntitySlot, EntityState, Exclusive, Held, LedgerError, RebuildLock};
 
 /// How often a waiter retries a taken entity lock.
 const LOCK_POLL: Duration = Duration::from_millis(5);
 
 impl RedisLedger {
-    /// Polls until the entity's lock is taken: on one server with the
-    /// state read in the same script (`LOCK_AND_READ`, which also finds a
-    /// lost generation mark), on a cluster with
-    /// `SET NX PX` and then a `GET` (the lock's and the state's keys lie in
-    /// different slots).
+    /// Takes the entity's lock and reads its state. The deliveries of one
+    /// entity in this process queue for their turn in arrival order,
+    /// without polling (`KeyLocks`); a turn finds the shared lock handed
+    /// over by the turn before (its lease renewed and the state read in one
+    /// round trip on one server, `RENEW_AND_READ`) or takes it: on one
+    /// server with the state read in the same script (`LOCK_AND_READ`,
+    /// which also finds a lost generation mark), on a cluster with `SET NX
+    /// PX` and then a `GET` (the lock's and the state's keys lie in
+    /// different slots). Only a lock another process holds is polled for.
     pub(super) async fn lock_and_read_marked(
         &self,
         slot: &EntitySlot,
     ) -> Result<(RedisLock, Option<EntityState>), LedgerError> {
         let key = self.key("lock", slot.as_str());
         let state_key = self.key("entity", slot.as_str());
+        let mut turn = self.turns.lock(slot.as_str()).await;
+        let handed = match turn.take() {
+            Some(handed) if handed.turns < HANDED_AT_MOST => self
+                .renew_and_read(&key, &state_key, &handed.token)
+                .await?
+                .map(|state| (handed.renewed(), state)),
+            // Held through many turns: let it go, so that another process
+            // waiting for it is not held off for good.
+            Some(handed) => {
+                let _: i32 = UNLOCK
+                    .key(&key)
+                    .arg(&handed.token)
+                    .invoke_async(&mut self.conn.clone())
+                    .await?;
+                None
+            }
+            None => None,
+        };
+        let (held, state) = match handed {
+            Some(taken) => taken,
+            None => self.take_and_read(&key, &state_key).await?,
+        };
+        *turn = Some(held);
+        let state = state
+            .map(|b| Held::decode(slot, &b).map(|held| held.state))
+            .transpose()?;
+        Ok((
+            RedisLock {
+                conn: self.conn.clone(),
+                key,
+                token: String::new(),
+                renewal: None,
+                turn: Some(turn),
+            },
+            state,
+        ))
+    }
+
+    /// The lock handed over with `token` renewed, and the state read: `None`
+    /// when its lease lapsed meanwhile.
+    async fn renew_and_read(
+        &self,
+        key: &str,
+        state_key: &str,
+        token: &str,
+    ) -> Result<Option<Option<Vec<u8>>>, LedgerError> {
+        let mut conn = self.conn.clone();
+        if conn.is_single() {
+            let mut invocation = RENEW_AND_READ.key(key);
+            invocation.key(state_key).key(self.mark_key());
+            let (renewed, state): (i32, Option<Vec<u8>>) = invocation
+                .arg(token)
+                .arg(self.lease_ms())
+                .invoke_async(&mut conn)
+                .await?;
+            return match renewed {
+                1 => Ok(Some(state)),
+                2 => Err(LedgerError::Lost),
+                _ => Ok(None),
+            };
+        }
+        let renewed: i32 = RENEW
+            .key(key)
+            .arg(token)
+            .arg(self.lease_ms())
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(match renewed {
+            1 => Some(conn.get(state_key).await?),
+            _ => None,
+        })
+    }
+
+    /// Takes the lock anew, polling while another process holds it, and
+    /// reads the state.
+    async fn take_and_read(
+        &self,
+        key: &str,
+        state_key: &str,
+    ) -> Result<(Handed, Option<Vec<u8>>), LedgerError> {
         let token = format!("{:032x}", rand::random::<u128>());
         let mut conn = self.conn.clone();
         let options = redis::SetOptions::default()
             .conditional_set(redis::ExistenceCheck::NX)
             .with_expiration(redis::SetExpiry::PX(self.lease_ms()));
-        let state: Option<Vec<u8>> = loop {
+        let state = loop {
             if conn.is_single() {
-                let mut invocation = LOCK_AND_READ.key(&key);
-                invocation.key(&state_key).key(self.mark_key());
+                let mut invocation = LOCK_AND_READ.key(key);
+                invocation.key(state_key).key(self.mark_key());
                 let (taken, state): (i32, Option<Vec<u8>>) = invocation
                     .arg(&token)
                     .arg(self.lease_ms())
@@ -47,25 +139,14 @@ impl RedisLedger {
                     _ => {}
                 }
             } else {
-                let taken: Option<String> = conn.set_options(&key, &token, options.clone()).await?;
+                let taken: Option<String> = conn.set_options(key, &token, options.clone()).await?;
                 if taken.is_some() {
-                    break conn.get(&state_key).await?;
+                    break conn.get(state_key).await?;
                 }
             }
             tokio::time::sleep(LOCK_POLL).await;
         };
-        let state = state
-            .map(|b| Held::decode(slot, &b).map(|held| held.state))
-            .transpose()?;
-        Ok((
-            RedisLock {
-                conn,
-                key,
-                token,
-                renewal: None,
-            },
-            state,
-        ))
+        Ok((Handed { token, turns: 0 }, state))
     }
 
     /// The rebuild's lock, held for as long as the fill needs, however long
@@ -136,6 +217,7 @@ impl RedisLedger {
             key,
             token,
             renewal: Some(renewal),
+            turn: None,
         })))
     }
 }
@@ -147,14 +229,40 @@ const REBUILD_LOCK_KEY: &str = "lock:sales/posbridge:rebuilt-from-topics";
 /// The lock of a rederive run (after the prefix).
 const REDERIVE_LOCK_KEY: &str = "lock:posbridge:rederive";
 
-/// A held lock; dropping it releases the lock in the background.
+/// How many turns in a row of this process's deliveries one shared
+/// entity lock is handed through before it is let go and taken again.
+const HANDED_AT_MOST: u32 = 16;
+
+/// The shared lock a process's turn at an entity holds: its token, and
+/// through how many turns it was handed.
+#[derive(Debug)]
+pub(super) struct Handed {
+    token: String,
+    turns: u32,
+}
+
+impl Handed {
+    fn renewed(self) -> Handed {
+        Handed {
+            turns: self.turns + 1,
+            ..self
+        }
+    }
+}
+
+/// A held lock; dropping it releases the lock in the background, or hands
+/// an entity's over to the next delivery of that entity in this process.
 pub(super) struct RedisLock {
     conn: Counted,
     key: String,
+    /// The token of a lock held apart from the entities' turns (the
+    /// rebuild's, a rederive run's); an entity's is in its `turn`.
     token: String,
     /// The task renewing its lease: the rebuild's lock, held longer than a
     /// delivery.
     renewal: Option<tokio::task::AbortHandle>,
+    /// An entity's turn in this process, holding the lock's token.
+    turn: Option<KeyGuard<Option<Handed>>>,
 }
 
 impl Drop for RedisLock {
@@ -162,11 +270,16 @@ impl Drop for RedisLock {
         if let Some(renewal) = self.renewal.take() {
             renewal.abort();
         }
-        let (mut conn, key, token) = (
-            self.conn.clone(),
-            std::mem::take(&mut self.key),
-            std::mem::take(&mut self.token),
-        );
+        let token = match self.turn.take() {
+            // Another delivery of the entity waits here: it takes the lock
+            // over as it is, no release and no retake.
+            Some(turn) => match turn.release() {
+                Some(Some(handed)) => handed.token,
+                _ => return,
+            },
+            None => std::mem::take(&mut self.token),
+        };
+        let (mut conn, key) = (self.conn.clone(), std::mem::take(&mut self.key));
         // Drop cannot await; a lock that fails to release lapses with its lease.
         tokio::spawn(async move {
             let released: redis::RedisResult<i32> =

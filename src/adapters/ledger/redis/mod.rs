@@ -8,7 +8,9 @@
 //!   durable, to what it was answered (`Answered::to_bytes`: outcome, time,
 //!   record place; `1` from earlier versions);
 //! * `Plock:<entity slot>`: the per-entity lock, `SET NX PX` with a random
-//!   token, released only by its holder (a crashed holder's lock lapses);
+//!   token, released only by its holder (a crashed holder's lock lapses),
+//!   handed from one delivery of the entity to the next inside a process
+//!   (`lock.rs`);
 //! * `Pentity:<entity slot>`: the written state, replaced only by a version at
 //!   least as new, so even a holder whose lock lapsed cannot roll it back;
 //! * `Pcheckpoint:<name>`;
@@ -71,6 +73,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use redis::AsyncCommands;
 
+use super::key_locks::KeyLocks;
 use checkpoint::Checkpoints;
 use connection::{
     Connection, Counted, connect_cluster, connect_single, is_cluster_node, without_password,
@@ -111,6 +114,10 @@ pub struct RedisLedger {
     checkpoints: Arc<Checkpoints>,
     /// The generation of the Redis the last fill was against.
     watch: Arc<Watch>,
+    /// This process's turns at each entity's lock, in arrival order, and
+    /// the token of the shared lock the turn holds: handed from one local
+    /// holder to the next without a release and a retake.
+    turns: Arc<KeyLocks<Option<lock::Handed>>>,
     /// Ends the checkpoint task when the last handle goes.
     _stop: Arc<tokio_util::sync::DropGuard>,
 }
@@ -230,6 +237,7 @@ impl RedisLedger {
             policy: Arc::new(Mutex::new((Instant::now(), found))),
             checkpoints,
             watch,
+            turns: Arc::default(),
             _stop: Arc::new(stop.drop_guard()),
         };
         ledger.check().await.map_err(|e| open_error(Box::new(e)))?;

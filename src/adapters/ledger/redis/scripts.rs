@@ -118,6 +118,24 @@ return {0, false}
     )
 });
 
+/// An entity's lock handed over inside this process, its lease renewed,
+/// and its state, in one round trip on one server: `{1, state}` when the
+/// lock still holds the token, `{0, nil}` when it lapsed, `{2, nil}` when
+/// the generation mark is gone (looked at only when its key is given).
+/// KEYS: lock, state, and the mark or nothing. ARGV: token, lock lease ms.
+pub(super) static RENEW_AND_READ: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then return {2, false} end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, redis.call('GET', KEYS[2])}
+end
+return {0, false}
+",
+    )
+});
+
 /// Releases a lock only if it still holds our token.
 pub(super) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(

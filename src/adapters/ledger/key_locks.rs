@@ -6,24 +6,33 @@
 //!
 //! A key's entry lives while someone holds or waits for its lock: the last
 //! guard to go removes it, so the map holds the keys in flight, not every
-//! key ever seen.
+//! key ever seen. Each key's lock guards a value its holders hand on to
+//! the next (the Redis ledger's: the token of the shared lock this process
+//! holds for the key), which the last one takes out when it goes.
+//! Waiters queue in arrival order (tokio's mutex is fair), without polling.
 
 use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::OwnedMutexGuard;
 
 /// Each key in flight (shared by the map and its guards: one allocation
 /// per key's turn) and its lock.
-type Map = HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>;
+type Map<T> = HashMap<Arc<str>, Arc<tokio::sync::Mutex<T>>>;
 
 /// The locks of the keys in flight.
-#[derive(Default)]
-pub(super) struct KeyLocks(Arc<Mutex<Map>>);
+pub(super) struct KeyLocks<T = ()>(Arc<Mutex<Map<T>>>);
 
-impl KeyLocks {
+impl<T> Default for KeyLocks<T> {
+    fn default() -> KeyLocks<T> {
+        KeyLocks(Arc::default())
+    }
+}
+
+impl<T: Default> KeyLocks<T> {
     /// Waits for `key`'s turn; the turn lasts as long as the guard.
-    pub(super) async fn lock(&self, key: &str) -> KeyGuard {
+    pub(super) async fn lock(&self, key: &str) -> KeyGuard<T> {
         let (key, lock) = {
             let mut locks = self.0.lock().unwrap_or_else(PoisonError::into_inner);
             match locks.get_key_value(key) {
@@ -50,19 +59,56 @@ impl KeyLocks {
     }
 }
 
-/// A key's turn: ends when dropped (the next waiter of the key goes on).
-pub(super) struct KeyGuard {
-    locks: Arc<Mutex<Map>>,
+/// A key's turn, and the value its holders hand on: ends when dropped or
+/// [`KeyGuard::release`]d (the next waiter of the key goes on).
+pub(super) struct KeyGuard<T = ()> {
+    locks: Arc<Mutex<Map<T>>>,
     key: Arc<str>,
-    held: Option<OwnedMutexGuard<()>>,
+    held: Option<OwnedMutexGuard<T>>,
 }
 
-impl Drop for KeyGuard {
-    fn drop(&mut self) {
+impl<T: Default> KeyGuard<T> {
+    /// Ends the turn: the value stays for the next waiter when one waits
+    /// (`None`), else the key's entry goes and the value is handed back
+    /// for the caller to end what it stands for.
+    pub(super) fn release(mut self) -> Option<T> {
         let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
         // Under the map's lock no one can take a new handle on this key's
         // lock: if only the map and this guard hold it, no one waits.
-        let held = self.held.take();
+        let mut held = self.held.take()?;
+        let alone = locks
+            .get(&self.key)
+            .is_some_and(|lock| Arc::strong_count(lock) == 2);
+        if alone {
+            locks.remove(&self.key);
+            return Some(std::mem::take(&mut *held));
+        }
+        None
+    }
+}
+
+impl<T> Deref for KeyGuard<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        self.held.as_ref().expect("held until released")
+    }
+}
+
+impl<T> DerefMut for KeyGuard<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.held.as_mut().expect("held until released")
+    }
+}
+
+/// A guard dropped without [`KeyGuard::release`] ends its turn the same
+/// way, the value left for the next waiter or dropped.
+impl<T> Drop for KeyGuard<T> {
+    fn drop(&mut self) {
+        let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(held) = self.held.take() else {
+            return;
+        };
         if let Some(lock) = locks.get(&self.key)
             && Arc::strong_count(lock) == 2
         {
@@ -80,7 +126,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_held_key_makes_only_its_own_deliveries_wait() {
-        let locks = Arc::new(KeyLocks::default());
+        let locks: Arc<KeyLocks> = Arc::new(KeyLocks::default());
         let held = locks.lock("sale:held").await;
         // A thousand other keys each take and give back their turn.
         for n in 0..1000 {
@@ -103,7 +149,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_key_waited_for_keeps_its_lock_when_the_holder_leaves() {
-        let locks = Arc::new(KeyLocks::default());
+        let locks: Arc<KeyLocks> = Arc::new(KeyLocks::default());
         let first = locks.lock("k").await;
         let second = tokio::spawn({
             let locks = locks.clone();
@@ -120,6 +166,34 @@ mod tests {
         assert!(third.is_err(), "two deliveries of one key held it at once");
         second.await.expect("the second ends");
         drop(locks.lock("k").await);
+        assert_eq!(locks.in_flight(), 0);
+    }
+
+    /// The value a holder leaves is the next holder's; the last one to go
+    /// gets it back.
+    #[tokio::test]
+    async fn a_turns_value_passes_to_the_next_waiter_and_back_to_the_last() {
+        let locks: Arc<KeyLocks<Option<&str>>> = Arc::new(KeyLocks::default());
+        let mut first = locks.lock("k").await;
+        *first = Some("token");
+        let second = tokio::spawn({
+            let locks = locks.clone();
+            async move {
+                let turn = locks.lock("k").await;
+                assert_eq!(*turn, Some("token"), "handed on");
+                turn.release()
+            }
+        });
+        tokio::task::yield_now().await;
+        while locks.0.lock().unwrap().get("k").map(Arc::strong_count) != Some(3) {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(first.release(), None, "one waits: the value stays for it");
+        assert_eq!(
+            second.await.unwrap(),
+            Some(Some("token")),
+            "the last gets it"
+        );
         assert_eq!(locks.in_flight(), 0);
     }
 }
