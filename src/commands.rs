@@ -309,10 +309,10 @@ pub(crate) async fn schema_check(path: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(crate) fn check_config(path: PathBuf) -> anyhow::Result<()> {
+pub(crate) async fn check_config(path: PathBuf) -> anyhow::Result<()> {
     let config = read(&path)?;
     let mut problems = app::problems(&config);
-    problems.extend(app::sources::dir_problems(&config));
+    problems.extend(app::sources::dir_problems(&config).await);
     if problems.is_empty() {
         println!("{}: configuration is valid.", path.display());
         return Ok(());

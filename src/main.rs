@@ -343,7 +343,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Ledger {
             command: LedgerCommand::AcceptPartitions { config, topic },
         } => accept_partitions(config, &topic).await,
-        Command::CheckConfig { config } => check_config(config),
+        Command::CheckConfig { config } => check_config(config).await,
     }
 }
 

@@ -371,7 +371,8 @@ impl App {
         // at the topics in use.
         let own_topics =
             topics::OwnTopics::new(topics.clone(), publisher.clone(), encoder.clone(), config);
-        let sources = Sources::start(config, sources, board.clone(), own_topics).await?;
+        let owners = sources::Owners::in_ledger(ledger.clone());
+        let sources = Sources::start(config, sources, board.clone(), own_topics, owners).await?;
         let pipeline = Pipeline::new(
             Stages {
                 ledger,

@@ -18,7 +18,9 @@
 //!   another source down.
 //! - A file whose source name is the main file's, or whose provider and
 //!   account are another source's (the same record keys), is refused; the
-//!   source already in use keeps them.
+//!   source already in use keeps them. Which source owns an account is
+//!   recorded in the ledger (`owners.rs`), so that every replica and every
+//!   restart give it to the same one.
 //! - A file with its own topics (`topic_prefix`) not in use yet waits for
 //!   them, opened in the background (`opening.rs`): the other files of the
 //!   read are taken at once.
@@ -38,15 +40,16 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::BuildError;
 use super::check::webhook_source;
 use super::topics::OwnTopics;
+use crate::adapters::ledger::LedgerError;
 use crate::adapters::providers;
 use crate::adapters::secrets::{self, LoadError, ReloadRequest};
-use crate::config::source_files::{self, Refusal, SourceFile};
+use crate::config::source_files::{self, Listing, Refusal, SourceFile};
 use crate::config::{Config, KafkaConfig};
 use crate::domain::event::ProviderKind;
 use crate::http::ingress::{SourceMap, WebhookSource};
-use crate::http::status::{Origin, RefusedFile, SourceView, SourcesReport};
 use crate::observe::{Board, delivery, telemetry};
 
 /// A source's provider and name: its URL.
@@ -77,6 +80,8 @@ struct DirState {
     refused: BTreeMap<PathBuf, Refusal>,
     /// Why the directory itself could not be read last time.
     unreadable: Option<String>,
+    /// Why the ledger could not say who owns each account last time.
+    owners_unreadable: Option<String>,
 }
 
 /// The sources in use, shared with the webhook handler. Cheap to clone.
@@ -100,6 +105,8 @@ pub struct Sources {
     own_topics: OwnTopics,
     /// The shared topics a file's own must not name.
     kafka: Arc<KafkaConfig>,
+    /// Which source owns each account, as the ledger records it.
+    owners: Owners,
 }
 
 /// Why the directory's first read stopped start-up.
@@ -108,18 +115,22 @@ pub use source_files::DirError;
 impl Sources {
     /// The main file's `sources` (built), and the directory's, read now
     /// (their own topics opened, or their files refused: the ledger's fill
-    /// that follows start-up reads the topics in use). Blocks on the file
-    /// system.
+    /// that follows start-up reads the topics in use), each account given
+    /// to the source `owners` records. Blocks on the file system.
     ///
     /// # Errors
-    /// [`DirError`] when the directory cannot be listed at start: a wrong
-    /// path is a mistake to say at once, not a source set to serve without.
+    /// [`BuildError::SourcesDir`] when the directory cannot be listed at
+    /// start: a wrong path is a mistake to say at once, not a source set to
+    /// serve without. [`BuildError::Ledger`] when the ledger cannot say who
+    /// owns the accounts: a start without it could hand a live merchant's
+    /// account to another file.
     pub async fn start(
         config: &Config,
         main: SourceMap,
         board: Board,
         own_topics: OwnTopics,
-    ) -> Result<Sources, DirError> {
+        owners: Owners,
+    ) -> Result<Sources, BuildError> {
         let claims = main
             .iter()
             .map(|(key, webhook)| (key.clone(), Claim::of_source(&webhook.source)))
@@ -136,6 +147,7 @@ impl Sources {
             listeners: Arc::default(),
             own_topics,
             kafka: Arc::new(config.kafka.clone()),
+            owners,
         };
         // From start-up, directory or not: the alert reads it.
         gauges(&DirState::default());
@@ -147,7 +159,7 @@ impl Sources {
                 openings.next().await;
                 (ready, waiting) = openings.sort(listing.clone(), false);
             }
-            sources.apply(ready, &[]);
+            sources.take(ready, Vec::new()).await?;
         }
         Ok(sources)
     }
@@ -176,73 +188,6 @@ impl Sources {
         self.dir
             .as_ref()
             .map(|_| ReloadRequest::of(self.requested.clone()))
-    }
-
-    /// Every source, the refused files' too, in provider and name order,
-    /// and the files refused without a source name.
-    pub fn report(&self) -> SourcesReport {
-        SourcesReport {
-            sources: self.views(),
-            refused_files: self.unnamed_refusals(),
-        }
-    }
-
-    fn views(&self) -> Vec<SourceView> {
-        let live = self.live.load();
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut views: BTreeMap<Key, SourceView> = BTreeMap::new();
-        for (key, webhook) in live.iter() {
-            let loaded = state.loaded.get(key);
-            views.insert(
-                key.clone(),
-                SourceView {
-                    provider: key.0,
-                    name: key.1.clone(),
-                    account: webhook.source.account.clone(),
-                    origin: loaded.map_or(Origin::MainFile, |l| Origin::File {
-                        path: l.file.path.clone(),
-                    }),
-                    serving: true,
-                    loaded_at: Some(loaded.map_or(self.started, |l| l.at)),
-                    refused: None,
-                },
-            );
-        }
-        for refusal in state.refused.values() {
-            let Some(key) = &refusal.source else { continue };
-            let view = views.entry(key.clone()).or_insert_with(|| SourceView {
-                provider: key.0,
-                name: key.1.clone(),
-                account: None,
-                origin: Origin::File {
-                    path: refusal.path.clone(),
-                },
-                serving: false,
-                loaded_at: None,
-                refused: None,
-            });
-            view.refused = Some(refusal.reason.clone());
-        }
-        views.into_values().collect()
-    }
-
-    /// The refused files without a source name (a file named wrongly), and
-    /// why the directory cannot be read, when it cannot.
-    fn unnamed_refusals(&self) -> Vec<RefusedFile> {
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state
-            .refused
-            .values()
-            .filter(|r| r.source.is_none())
-            .map(|r| RefusedFile {
-                path: r.path.clone(),
-                reason: r.reason.clone(),
-            })
-            .chain(state.unreadable.iter().map(|why| RefusedFile {
-                path: self.dir.clone().unwrap_or_default(),
-                reason: why.clone(),
-            }))
-            .collect()
     }
 
     /// Reads the directory on each change seen, every recheck, each
@@ -298,12 +243,71 @@ impl Sources {
             }
         };
         let (ready, waiting) = openings.sort(listing, retry);
-        let sources = self.clone();
-        if let Err(error) =
-            tokio::task::spawn_blocking(move || sources.apply(ready, &waiting)).await
-        {
-            warn!(%error, "Reading the sources directory failed.");
+        if let Err(error) = self.take(ready, waiting).await {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let why = error.to_string();
+            if state.owners_unreadable.as_ref() != Some(&why) {
+                warn!(%error, "The ledger cannot say which source owns each account; every source keeps its settings until it can.");
+                state.owners_unreadable = Some(why);
+            }
         }
+    }
+
+    /// Puts a read's files in use ([`Sources::apply`]), each account given
+    /// to the owner the ledger records, and records the owners it gave
+    /// accounts to anew. Nothing changes when the ledger cannot be read.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the owners cannot be read.
+    async fn take(&self, ready: Listing, waiting: Vec<SourceFile>) -> Result<(), LedgerError> {
+        let asks = {
+            let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let running = running(&ready, &waiting, &state.loaded, &self.live.load());
+            let claimants = ready
+                .files
+                .iter()
+                .chain(&waiting)
+                .map(|f| ((f.provider, f.config.account.clone()), f.name.clone()))
+                .chain(running.iter().map(|(k, c)| (c.account(k.0), k.1.clone())));
+            // Whose account is known: a file's that parsed, a running
+            // source's as it runs.
+            let known: BTreeSet<Key> = ready
+                .files
+                .iter()
+                .chain(&waiting)
+                .map(|f| (f.provider, f.name.clone()))
+                .chain(running.keys().cloned())
+                .collect();
+            let unknown = ready
+                .refused
+                .iter()
+                .filter_map(|r| r.source.clone())
+                .filter(|key| !known.contains(key));
+            owners::asks(claimants, unknown)
+        };
+        let recorded = self.owners.read(asks).await?;
+        if self
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .owners_unreadable
+            .take()
+            .is_some()
+        {
+            info!("The ledger says which source owns each account again.");
+        }
+        let sources = self.clone();
+        let taken =
+            tokio::task::spawn_blocking(move || sources.apply(ready, &waiting, &recorded)).await;
+        match taken {
+            Ok(taken) => {
+                if let Err(error) = self.owners.record(taken).await {
+                    warn!(%error, "Which source owns an account could not be recorded in the ledger; it is recorded again at the next read of the sources directory.");
+                }
+            }
+            Err(error) => warn!(%error, "Reading the sources directory failed."),
+        }
+        Ok(())
     }
 
     /// The directories of the sources' own secret files.
@@ -337,8 +341,10 @@ impl Sources {
     }
 
     /// Puts what a read of the directory found in use, in one swap; the
-    /// files `waiting` for their own topics keep what they had.
-    fn apply(&self, listing: source_files::Listing, waiting: &[SourceFile]) {
+    /// files `waiting` for their own topics keep what they had. Each
+    /// account goes to the owner `recorded` names; what to record of the
+    /// accounts given anew is returned.
+    fn apply(&self, listing: Listing, waiting: &[SourceFile], recorded: &Recorded) -> Vec<Taking> {
         // The sources in use, taken and let go: the files are read and
         // checked without the lock `/admin/sources` takes (only this watch
         // writes the state, so nothing changes it meanwhile). A waiting
@@ -352,26 +358,23 @@ impl Sources {
                 .collect();
             (state.loaded.clone(), held)
         };
-        let waiting = waiting.iter().map(|f| (f.provider, f.name.clone()));
         let current = self.live.load_full();
+        let running = running(&listing, waiting, &before, &current);
+        let waiting = waiting.iter().map(|f| (f.provider, f.name.clone()));
         let mut next: SourceMap = current
             .iter()
             .filter(|(key, _)| self.main.contains_key(*key))
             .map(|(key, webhook)| (key.clone(), webhook.clone()))
             .collect();
-        let mut claims = Claims::of_main(&self.main);
-        // A running source whose file is still there keeps its account and
-        // its topics against new files, even when its file is refused now.
-        let still_there = listing
-            .files
+        // The main file's, then the owners the ledger records, then the
+        // running sources' claims.
+        let running_accounts = running
             .iter()
-            .map(|f| (f.provider, f.name.clone()))
-            .chain(listing.refused.iter().filter_map(|r| r.source.clone()))
-            .chain(waiting.clone());
-        for key in still_there {
-            if let Some(webhook) = current.get(&key).filter(|_| before.contains_key(&key)) {
-                claims.take(&key, &Claim::of_source(&webhook.source));
-            }
+            .map(|(key, claim)| (claim.account(key.0), key.1.clone()))
+            .collect();
+        let mut claims = Claims::new(&self.main, recorded.owners(&running_accounts));
+        for (key, claim) in &running {
+            claims.take(key, claim);
         }
         let mut loaded = BTreeMap::new();
         let mut refused = BTreeMap::new();
@@ -397,7 +400,8 @@ impl Sources {
         for refusal in listing.refused.into_iter().chain(held) {
             refused.insert(refusal.path.clone(), refusal);
         }
-        // A refused or waiting file's source keeps its last good settings.
+        // A refused or waiting file's source keeps its last good settings,
+        // unless another source owns their account.
         let kept: Vec<Key> = refused
             .values()
             .filter_map(|r| r.source.clone())
@@ -406,6 +410,7 @@ impl Sources {
         for key in kept {
             if !loaded.contains_key(&key)
                 && let (Some(kept), Some(webhook)) = (before.get(&key), current.get(&key))
+                && claims.lets(&key, &Claim::of_source(&webhook.source))
             {
                 loaded.insert(key.clone(), kept.clone());
                 next.insert(key, webhook.clone());
@@ -423,6 +428,13 @@ impl Sources {
                     .get(k)
                     .is_none_or(|b| b.file.digest != l.file.digest)
             });
+        let serving = loaded
+            .keys()
+            .filter_map(|key| {
+                let account = next.get(key)?.source.account.clone();
+                Some(((key.0, account), key.1.clone()))
+            })
+            .collect();
         state.loaded = loaded;
         state.refused = refused;
         gauges(&state);
@@ -438,6 +450,8 @@ impl Sources {
                 listener(&files);
             }
         }
+        let now = OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
+        recorded.to_record(&serving, i64::try_from(now).unwrap_or(i64::MAX))
     }
 
     /// The source `file` makes, and when its settings were read: the one
@@ -449,7 +463,7 @@ impl Sources {
         before: Option<(&Loaded, &WebhookSource)>,
         claims: &mut Claims,
     ) -> Result<(WebhookSource, OffsetDateTime), String> {
-        check_file(file, &self.main, claims, &self.kafka)?;
+        check_file(file, &self.main, claims, &self.kafka, None)?;
         let entry = file.entry();
         // At its key, as `check-config` says it.
         let said = |error: LoadError| format!("{}.{}: {error}", entry.key(), error.key());
@@ -512,6 +526,30 @@ impl Sources {
     }
 }
 
+/// The directory's sources running now whose file is still there (read
+/// well, refused, or waiting for its topics), with what they claim as they
+/// run: each keeps its account and its topics against new files, even
+/// while its file is refused, unless the ledger records another owner.
+fn running(
+    listing: &Listing,
+    waiting: &[SourceFile],
+    before: &BTreeMap<Key, Loaded>,
+    current: &SourceMap,
+) -> BTreeMap<Key, Claim> {
+    listing
+        .files
+        .iter()
+        .chain(waiting)
+        .map(|f| (f.provider, f.name.clone()))
+        .chain(listing.refused.iter().filter_map(|r| r.source.clone()))
+        .filter(|key| before.contains_key(key))
+        .filter_map(|key| {
+            let claim = Claim::of_source(&current.get(&key)?.source);
+            Some((key, claim))
+        })
+        .collect()
+}
+
 /// `posbridge_source_files_refused` and `posbridge_sources_from_files`.
 fn gauges(state: &DirState) {
     let refused = state.refused.len() + usize::from(state.unreadable.is_some());
@@ -533,6 +571,8 @@ pub(super) fn announce(webhook: &WebhookSource) {
 
 mod claims;
 mod opening;
+mod owners;
+mod report;
 #[cfg(test)]
 mod tests;
 mod watch;
@@ -540,4 +580,6 @@ mod watch;
 pub use claims::dir_problems;
 use claims::{Claim, Claims, check_file};
 use opening::Openings;
+pub use owners::Owners;
+use owners::{Recorded, Taking};
 use watch::DirWatch;

@@ -42,6 +42,7 @@ mod secret_rotation;
 mod shared_ledger;
 mod sink;
 mod slow_clients;
+mod source_owners;
 mod sources_dir;
 mod spool;
 mod spool_full;

@@ -21,7 +21,7 @@ use crate::support::{
     TestApp, brokers, config, kafka_only, latest_per_key, mekari_order, read_topic, rr_sale, unique,
 };
 
-fn redis_url() -> String {
+pub(crate) fn redis_url() -> String {
     std::env::var("POSBRIDGE_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 

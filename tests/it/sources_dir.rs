@@ -21,14 +21,14 @@ use crate::support::{
 
 /// Writes `text` as the sources directory's file `name`, whole at once (a
 /// rename, as an editor, `kubectl` or a ConfigMap update does).
-fn put(dir: &Path, name: &str, text: &str) {
+pub(crate) fn put(dir: &Path, name: &str, text: &str) {
     let staged = dir.join(format!(".{name}.tmp"));
     std::fs::write(&staged, text).unwrap();
     std::fs::rename(staged, dir.join(name)).unwrap();
 }
 
 /// The status of one new Mekari order to `source`, signed with `secret`.
-async fn order_to(app: &TestApp, source: &str, secret: &str) -> u16 {
+pub(crate) async fn order_to(app: &TestApp, source: &str, secret: &str) -> u16 {
     let id = unique("dir-order");
     let body = serde_json::to_vec(&mekari_order(
         &id,
@@ -58,7 +58,7 @@ async fn until_answered(app: &TestApp, source: &str, secret: &str, status: u16) 
 }
 
 /// `/admin/sources`' entry for `name`.
-fn source_view(app: &TestApp, name: &str) -> Value {
+pub(crate) fn source_view(app: &TestApp, name: &str) -> Value {
     let report = serde_json::to_value(app.sources.report()).unwrap();
     report["sources"]
         .as_array()

@@ -278,6 +278,16 @@ impl Read<'_> {
         self.ledger.store.entity(slot).await
     }
 
+    /// A named checkpoint as the store holds it now. For what is recorded
+    /// beside the topics' cache and not read back from them (which source
+    /// owns an account), read at start-up before the fill opens the gate.
+    ///
+    /// # Errors
+    /// [`LedgerError`] when the store cannot be read.
+    pub async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
+        self.ledger.store.checkpoint(name).await
+    }
+
     /// What the store holds of the topics ([`Store::cached`]): the topics a
     /// reader looks in beside the configured ones.
     ///

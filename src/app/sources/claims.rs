@@ -6,9 +6,10 @@
 use std::collections::BTreeMap;
 
 use super::Key;
+use super::owners::{self, Account, Holder, Recorded};
 use crate::adapters::providers;
 use crate::app::check::source_problems;
-use crate::config::source_files::{self, SourceFile};
+use crate::config::source_files::{self, Listing, SourceFile};
 use crate::config::{Config, KafkaConfig, Problem, collision_name, topics_of_prefix};
 use crate::domain::event::ProviderKind;
 
@@ -17,7 +18,7 @@ use crate::domain::event::ProviderKind;
 /// tells topics apart by ([`collision_name`]).
 #[derive(Debug, Default)]
 pub(super) struct Claims {
-    accounts: BTreeMap<(ProviderKind, Option<String>), String>,
+    accounts: BTreeMap<Account, Holder>,
     topics: BTreeMap<String, Key>,
 }
 
@@ -29,33 +30,53 @@ pub(super) struct Claim {
 }
 
 impl Claims {
-    /// The main file's sources' claims.
-    pub(super) fn of_main(main: &BTreeMap<Key, Claim>) -> Claims {
+    /// The main file's sources' claims, then the accounts' `owners` (see
+    /// [`owners`]): a source of the main file keeps its account against
+    /// every file, as the main file is read only at start.
+    pub(super) fn new(main: &BTreeMap<Key, Claim>, owners: BTreeMap<Account, Holder>) -> Claims {
         let mut claims = Claims::default();
         for (key, claim) in main {
             claims.take(key, claim);
         }
+        for (account, holder) in owners {
+            claims.accounts.entry(account).or_insert(holder);
+        }
         claims
     }
 
-    /// `claim` taken by the source `key`.
+    /// `claim` taken by the source `key`: its topics, and its account
+    /// unless another source holds it already.
     pub(super) fn take(&mut self, key: &Key, claim: &Claim) {
         self.accounts
-            .insert((key.0, claim.account.clone()), key.1.clone());
+            .entry(claim.account(key.0))
+            .or_insert_with(|| Holder {
+                name: key.1.clone(),
+                since: None,
+            });
         for topic in claim.topic_prefix.iter().flat_map(|p| topics_of_prefix(p)) {
             self.topics.insert(collision_name(&topic), key.clone());
         }
     }
+
+    /// Whether the source `key` may serve with `claim`'s account: no other
+    /// source holds it.
+    pub(super) fn lets(&self, key: &Key, claim: &Claim) -> bool {
+        self.accounts
+            .get(&claim.account(key.0))
+            .is_none_or(|holder| holder.name == key.1)
+    }
 }
 
 /// What a file that parsed must pass to be a source: a name that is not
-/// the main file's, an account no other source has, and its provider's
-/// checks. Takes its account on success.
+/// the main file's, an account no other source holds, and its provider's
+/// checks. Takes its account on success. `note` ends a refusal for an
+/// account no entry of the ledger gives its holder (`check-config`'s).
 pub(super) fn check_file(
     file: &SourceFile,
     main: &BTreeMap<Key, Claim>,
     claims: &mut Claims,
     kafka: &KafkaConfig,
+    note: Option<&str>,
 ) -> Result<(), String> {
     if let Some(why) = file
         .config
@@ -76,12 +97,20 @@ pub(super) fn check_file(
     if let Some(owner) = claims
         .accounts
         .get(&account)
-        .filter(|owner| **owner != file.name)
+        .filter(|owner| owner.name != file.name)
     {
+        // What the ledger could say of the holder, when no entry names it
+        // (a source of the main file holds its account whatever it says).
+        let note = note
+            .filter(|_| owner.since.is_none())
+            .filter(|_| !main.contains_key(&(file.provider, owner.name.clone())))
+            .unwrap_or_default();
         return Err(format!(
-            "{}.account: {}.sources.{owner} has the same provider and account: their records would share keys; give each source an account of its own",
+            "{}.account: {}.sources.{} has the same provider and account{}: their records would share keys; give each source an account of its own{note}",
             file.entry().key(),
             file.provider,
+            owner.name,
+            owner.owning(),
         ));
     }
     let taken = file
@@ -114,6 +143,11 @@ pub(super) fn check_file(
 }
 
 impl Claim {
+    /// The account claimed, of `provider`'s sources.
+    pub(super) fn account(&self, provider: ProviderKind) -> Account {
+        (provider, self.account.clone())
+    }
+
     pub(super) fn of(config: &crate::config::SourceConfig) -> Claim {
         Claim {
             account: config.account.clone(),
@@ -132,8 +166,11 @@ impl Claim {
 /// The sources directory's problems, for `check-config`: each refused
 /// file, by its path, as a running posbridge would refuse it. Not part of
 /// [`crate::app::problems`]: `serve` starts with a bad file in the directory,
-/// which it refuses alone.
-pub fn dir_problems(config: &Config) -> Vec<Problem> {
+/// which it refuses alone. Where two files claim one account, the one the
+/// ledger records as its owner keeps it (read when it can be without
+/// disturbing a running posbridge: [`owners::read_for_check`]); else the
+/// first in name order, as a start on a ledger without it would.
+pub async fn dir_problems(config: &Config) -> Vec<Problem> {
     let Some(dir) = &config.sources_dir else {
         return Vec::new();
     };
@@ -141,13 +178,35 @@ pub fn dir_problems(config: &Config) -> Vec<Problem> {
         Ok(listing) => listing,
         Err(error) => return vec![Problem::new("sources_dir", error.to_string())],
     };
+    let claimants: Vec<(Account, String)> = listing
+        .files
+        .iter()
+        .map(|f| ((f.provider, f.config.account.clone()), f.name.clone()))
+        .collect();
+    let mut claimed: BTreeMap<&Account, usize> = BTreeMap::new();
+    for (account, _) in &claimants {
+        *claimed.entry(account).or_default() += 1;
+    }
+    // The ledger is asked only when its answer changes what is said.
+    let recorded = if claimed.values().any(|n| *n > 1) {
+        let unknown = listing.refused.iter().filter_map(|r| r.source.clone());
+        owners::read_for_check(config, owners::asks(claimants.clone(), unknown)).await
+    } else {
+        Recorded::default()
+    };
+    listing_problems(config, listing, &recorded)
+}
+
+/// [`dir_problems`] of a directory read, with what the ledger records.
+fn listing_problems(config: &Config, listing: Listing, recorded: &Recorded) -> Vec<Problem> {
     let main = config
         .sources()
         .map(|e| ((e.provider, e.name.to_owned()), Claim::of(e.config)))
         .collect();
-    let mut claims = Claims::of_main(&main);
+    let mut claims = Claims::new(&main, recorded.owners(&BTreeMap::new()));
+    let note = recorded.note.as_deref();
     let checked = listing.files.iter().filter_map(|file| {
-        check_file(file, &main, &mut claims, &config.kafka)
+        check_file(file, &main, &mut claims, &config.kafka, note)
             .err()
             .map(|reason| (file.path.clone(), file.refused(&reason).reason))
     });

@@ -7,8 +7,9 @@ use super::*;
 
 /// What `check-config` says of `config`'s directory: each refused file's
 /// name and why.
-fn problems_by_file(config: &Config) -> Vec<(String, String)> {
+async fn problems_by_file(config: &Config) -> Vec<(String, String)> {
     dir_problems(config)
+        .await
         .into_iter()
         .map(|p| {
             let file = Path::new(&p.key).file_name().unwrap().to_str().unwrap();
@@ -18,19 +19,22 @@ fn problems_by_file(config: &Config) -> Vec<(String, String)> {
 }
 
 /// A main file of `main_table` (with the `main` Mekari source of every
-/// test) whose `sources_dir` is `dir`.
+/// test) whose `sources_dir` is `dir`, its ledger in `dir` too (a name
+/// starting with `.` is not a source).
 fn with_dir(dir: &Path, main_table: &str) -> Config {
-    Config::from_toml(&format!(
+    let mut config = Config::from_toml(&format!(
         "sources_dir = \"{}\"\n{main_table}[mekari.sources.main]\nsecrets = [\"secret-of-main\"]\n",
         dir.display()
     ))
-    .unwrap()
+    .unwrap();
+    config.ledger.path = dir.join(".ledger.redb");
+    config
 }
 
 /// `check-config` on a main file and a directory: each file refused by
 /// its path, as a running posbridge refuses it.
-#[test]
-fn check_config_names_every_refused_file_by_its_path() {
+#[tokio::test]
+async fn check_config_names_every_refused_file_by_its_path() {
     let dir = tempfile::tempdir().unwrap();
     let put = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
     put(
@@ -60,7 +64,7 @@ fn check_config_names_every_refused_file_by_its_path() {
         "secrets = [\"secret-of-g\"]\naccount = \"g\"\ntopic_prefix = \"shop-g.\"\n",
     );
     let config = with_dir(dir.path(), "");
-    let problems = problems_by_file(&config);
+    let problems = problems_by_file(&config).await;
     let files: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
     assert_eq!(
         files,
@@ -94,8 +98,8 @@ fn check_config_names_every_refused_file_by_its_path() {
 /// the shared topics' pattern, the same prefix twice, two prefixes giving
 /// one dead-letter topic, two Kafka tells apart by nothing (`.` and `_`);
 /// each against a main-file source's own topics too.
-#[test]
-fn own_topics_that_collide_are_refused_naming_the_collision() {
+#[tokio::test]
+async fn own_topics_that_collide_are_refused_naming_the_collision() {
     let dir = tempfile::tempdir().unwrap();
     let put = |name: &str, account: &str, prefix: &str| {
         std::fs::write(
@@ -115,7 +119,7 @@ fn own_topics_that_collide_are_refused_naming_the_collision() {
     put("mekari.i-fine.toml", "i", "fine.");
     let mut config = with_dir(dir.path(), "");
     config.mekari.sources.get_mut("main").unwrap().topic_prefix = Some("main.".to_owned());
-    let problems = problems_by_file(&config);
+    let problems = problems_by_file(&config).await;
     let files: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
     assert_eq!(
         files,
@@ -147,8 +151,8 @@ fn own_topics_that_collide_are_refused_naming_the_collision() {
 /// names its key and the kind of problem, never a value of the file nor
 /// a key no setting has: the checks that need the providers and the
 /// other sources too.
-#[test]
-fn a_refused_files_reason_quotes_no_value_of_it() {
+#[tokio::test]
+async fn a_refused_files_reason_quotes_no_value_of_it() {
     let dir = tempfile::tempdir().unwrap();
     let put = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
     let api = "[api]\nclient_id = \"c\"\nclient_secret = \"s3cr3t-client\"\noutlets = [\"o\"]\n";
@@ -203,7 +207,7 @@ fn a_refused_files_reason_quotes_no_value_of_it() {
         "secrets = [\"secret-of-owner\"]\naccount = \"owner\"\n",
     );
     let config = with_dir(dir.path(), "[kafka]\ntopic_prefix = \"s3cr3t-shared.\"\n");
-    let problems = dir_problems(&config);
+    let problems = dir_problems(&config).await;
     let mut wrong = Vec::new();
     for (file, _, named) in &cases {
         let path = dir.path().join(file).display().to_string();
@@ -224,10 +228,10 @@ fn a_refused_files_reason_quotes_no_value_of_it() {
     );
 }
 
-#[test]
-fn a_directory_that_cannot_be_listed_is_a_problem_of_sources_dir() {
+#[tokio::test]
+async fn a_directory_that_cannot_be_listed_is_a_problem_of_sources_dir() {
     let config = Config::from_toml("sources_dir = \"/nonexistent/sources\"\n").unwrap();
-    let problems = dir_problems(&config);
+    let problems = dir_problems(&config).await;
     assert_eq!(problems.len(), 1);
     assert_eq!(problems[0].key, "sources_dir");
 }
@@ -242,6 +246,15 @@ fn silent_broker() -> std::net::TcpListener {
 /// cancelled, read again only every 60 s whatever the watch sees; their own
 /// topics made on `broker`.
 async fn watching(dir: &Path, broker: &std::net::TcpListener) -> (Sources, CancellationToken) {
+    watching_with(dir, broker, Owners::default()).await
+}
+
+/// [`watching`], the accounts' owners recorded in `owners`.
+async fn watching_with(
+    dir: &Path,
+    broker: &std::net::TcpListener,
+    owners: Owners,
+) -> (Sources, CancellationToken) {
     let config = Config::from_toml(&format!(
         "sources_dir = \"{}\"\n[server]\nsecrets_recheck_secs = 60\n[kafka]\nbrokers = \"{}\"\n",
         dir.display(),
@@ -259,9 +272,15 @@ async fn watching(dir: &Path, broker: &std::net::TcpListener) -> (Sources, Cance
         encoder,
         &config,
     );
-    let sources = Sources::start(&config, SourceMap::new(), Board::new([]), own_topics)
-        .await
-        .unwrap();
+    let sources = Sources::start(
+        &config,
+        SourceMap::new(),
+        Board::new([]),
+        own_topics,
+        owners,
+    )
+    .await
+    .unwrap();
     let shutdown = CancellationToken::new();
     tokio::spawn(sources.clone().watch(shutdown.clone()));
     // The watch made before the test changes anything.
@@ -401,4 +420,179 @@ async fn a_switched_link_is_followed() {
         "a change in the new target is not seen"
     );
     shutdown.cancel();
+}
+
+/// An embedded ledger at `path`, opened as start-up opens it (waiting while
+/// a closing handle of this process still holds the file).
+async fn ledger_at(path: &Path) -> Arc<crate::adapters::ledger::Ledger> {
+    let config = crate::config::LedgerConfig {
+        path: path.to_owned(),
+        ..crate::config::LedgerConfig::default()
+    };
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match crate::adapters::ledger::open(&config, Duration::from_secs(10)).await {
+            Ok(opened) => return opened.ledger,
+            Err(error) if error.is_held_elsewhere() && tokio::time::Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => panic!("the ledger does not open: {error}"),
+        }
+    }
+}
+
+/// Writes a Mekari source file `name` into `dir` claiming `account`.
+fn put_claim(dir: &Path, name: &str, account: &str) {
+    std::fs::write(
+        dir.join(format!("mekari.{name}.toml")),
+        format!("secrets = [\"secret-of-{name}\"]\naccount = \"{account}\"\n"),
+    )
+    .unwrap();
+}
+
+/// Why `/admin/sources` says the source `name`'s file is refused.
+fn refusal(sources: &Sources, name: &str) -> Option<String> {
+    sources
+        .report()
+        .sources
+        .into_iter()
+        .find(|v| v.name == name)
+        .and_then(|v| v.refused)
+}
+
+/// Issue 49, item 6: the account's owner is the source the ledger records,
+/// not the first file in name order. A newcomer (named to sort first)
+/// claiming a serving source's account is refused, and still after a
+/// restart on the same ledger; with the owner's file gone it takes the
+/// account, and the old file coming back does not take it back, neither
+/// at once nor after another restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_accounts_owner_is_the_one_the_ledger_records_across_restarts() {
+    let broker = silent_broker();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("sources");
+    std::fs::create_dir(&dir).unwrap();
+    let ledger_path = root.path().join("ledger.redb");
+    let restart = async |ledger: Arc<crate::adapters::ledger::Ledger>| {
+        ledger.persist().await.unwrap();
+        drop(ledger);
+        let ledger = ledger_at(&ledger_path).await;
+        let (sources, shutdown) =
+            watching_with(&dir, &broker, Owners::in_ledger(ledger.clone())).await;
+        (ledger, sources, shutdown)
+    };
+
+    put_claim(&dir, "owner", "shared");
+    let ledger = ledger_at(&ledger_path).await;
+    let (sources, shutdown) = watching_with(&dir, &broker, Owners::in_ledger(ledger.clone())).await;
+    assert!(serves(&sources, "owner"));
+    put_claim(&dir, "newcomer", "shared");
+    sources.reload_request().unwrap().request();
+    let refused = async |sources: &Sources, name: &str| {
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        while refusal(sources, name).is_none() && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        refusal(sources, name)
+    };
+    let reason = refused(&sources, "newcomer").await.expect("not refused");
+    assert!(
+        reason.contains("mekari.sources.owner has the same provider and account"),
+        "{reason}"
+    );
+    assert!(serves(&sources, "owner") && !serves(&sources, "newcomer"));
+    shutdown.cancel();
+    drop(sources);
+
+    let (ledger, sources, shutdown) = restart(ledger).await;
+    assert!(
+        serves(&sources, "owner"),
+        "the owner lost its account at a restart"
+    );
+    assert!(!serves(&sources, "newcomer"));
+    let reason = refused(&sources, "newcomer").await.expect("not refused");
+    assert!(
+        reason.contains(
+            "mekari.sources.owner has the same provider and account, and owns them since"
+        ),
+        "{reason}"
+    );
+
+    // The owner's file gone: the account passes to the newcomer.
+    std::fs::remove_file(dir.join("mekari.owner.toml")).unwrap();
+    sources.reload_request().unwrap().request();
+    assert!(serves_within(&sources, "newcomer", Duration::from_secs(5)).await);
+    assert!(!serves(&sources, "owner"));
+    // Back, the old file is refused: the account stays where it went.
+    put_claim(&dir, "owner", "shared");
+    sources.reload_request().unwrap().request();
+    let reason = refused(&sources, "owner")
+        .await
+        .expect("the old owner is not refused");
+    assert!(reason.contains("mekari.sources.newcomer has"), "{reason}");
+    assert!(serves(&sources, "newcomer") && !serves(&sources, "owner"));
+    shutdown.cancel();
+    drop(sources);
+
+    let (_ledger, sources, shutdown) = restart(ledger).await;
+    assert!(
+        serves(&sources, "newcomer"),
+        "the account went back at a restart"
+    );
+    assert!(!serves(&sources, "owner"));
+    shutdown.cancel();
+}
+
+/// `check-config` names the owner the ledger records, whatever the order
+/// of the names; without a ledger it says the first in name order takes
+/// the account at a start.
+#[tokio::test]
+async fn check_config_names_the_owner_the_ledger_records() {
+    let dir = tempfile::tempdir().unwrap();
+    put_claim(dir.path(), "a-newcomer", "shared");
+    put_claim(dir.path(), "b-owner", "shared");
+    let config = with_dir(dir.path(), "");
+    let problems = problems_by_file(&config).await;
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].0, "mekari.b-owner.toml");
+    assert!(
+        problems[0].1.contains("no ledger at")
+            && problems[0].1.contains("first file in name order"),
+        "{problems:?}"
+    );
+
+    let ledger = ledger_at(&config.ledger.path).await;
+    let owners = Owners::in_ledger(ledger.clone());
+    owners
+        .record(vec![owners::Taking {
+            account: (ProviderKind::Mekari, Some("shared".to_owned())),
+            name: "b-owner".to_owned(),
+            since: 1_796_378_400_000,
+            from: None,
+        }])
+        .await
+        .unwrap();
+    ledger.persist().await.unwrap();
+    // Held by a running posbridge: it cannot be read, and says so.
+    let problems = problems_by_file(&config).await;
+    assert_eq!(problems[0].0, "mekari.b-owner.toml");
+    assert!(problems[0].1.contains("could not read"), "{problems:?}");
+    drop((owners, ledger));
+
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    let problems = loop {
+        let problems = problems_by_file(&config).await;
+        if !problems[0].1.contains("could not read") || tokio::time::Instant::now() > until {
+            break problems;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].0, "mekari.a-newcomer.toml");
+    assert!(
+        problems[0].1.contains(
+            "mekari.sources.b-owner has the same provider and account, and owns them since 2026-12-04T10:00:00Z"
+        ),
+        "{problems:?}"
+    );
 }
