@@ -215,14 +215,14 @@ fn signed(sender: &Sender, received_at: OffsetDateTime) -> Delivery {
     }
 }
 
-/// The body of event `index` of entity `entity` of `provider`, and the
-/// entity's record key. Versions rise with `index` (the event's time), and
-/// every event's content differs. A `broken` one's data is no entity.
+/// The body of event `index` of entity `entity` of `provider`, bringing
+/// `state` (its amounts), and the entity's record key. Versions rise with
+/// `index` (the event's time); states may repeat (the world draws them). A
+/// `broken` one's data is no entity.
 pub(super) fn body(
     provider: ProviderKind,
     delivery: &str,
-    entity: usize,
-    index: usize,
+    (entity, index, state): (usize, usize, usize),
     broken: bool,
 ) -> (String, Vec<u8>) {
     let at = event_time(index)
@@ -232,7 +232,7 @@ pub(super) fn body(
         ProviderKind::Mekari => json!({
             "id": delivery, "event": "order.updated",
             "occurred_at": at,
-            "data": {"id": format!("ORD-{entity}"), "status": "paid", "total": 100 + index,
+            "data": {"id": format!("ORD-{entity}"), "status": "paid", "total": 100 + state,
                      "kitchen_status": "preparing"}
         }),
         ProviderKind::ReceiptRoller => json!({
@@ -241,7 +241,7 @@ pub(super) fn body(
             "data": {"id": format!("T1|2026-11|{entity:04}"), "terminal_id": "T1", "store_id": "S1",
                      "transaction_id": "000001", "transaction_type": 1,
                      "transaction_at": "2026-11-29T10:00:00Z", "currency": "JPY",
-                     "sub_total": 100 + index, "tax_total": 0, "grand_total": 100 + index,
+                     "sub_total": 100 + state, "tax_total": 0, "grand_total": 100 + state,
                      "items": []}
         }),
     };

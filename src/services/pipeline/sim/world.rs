@@ -37,6 +37,9 @@ const RETRYABLE: [RDKafkaErrorCode; 4] = [
     RDKafkaErrorCode::LeaderNotAvailable,
 ];
 
+/// Mixed into the seed for the states' draws.
+const STATES_SEED: u64 = 0x57a7_e5ee_d000_0001;
+
 /// How long a clean stop refuses requests before it ends (the deliveries
 /// in flight end meanwhile).
 const STOP_TAKES: Duration = Duration::from_secs(10);
@@ -176,6 +179,10 @@ impl Shared {
 /// The world of one seed.
 pub(super) struct World {
     rng: StdRng,
+    /// What each event's state is (a new one, the last one again, an
+    /// earlier one back): drawn apart from `rng`, so that a seed's schedule
+    /// is the one it drew before states repeated.
+    states: StdRng,
     broker: Arc<FakeBroker>,
     shared: Shared,
     clock: Clock,
@@ -219,6 +226,7 @@ impl World {
         let broker = Arc::new(FakeBroker::default());
         World {
             rng,
+            states: StdRng::seed_from_u64(seed ^ STATES_SEED),
             shared: Shared {
                 record: Arc::default(),
                 broker: broker.clone(),
@@ -524,11 +532,14 @@ impl World {
         let mut next = 0;
         for provider in ProviderKind::ALL {
             for entity in 0..self.rng.random_range(1..4) {
+                let mut states = Vec::new();
                 for index in 0..self.rng.random_range(1..5) {
                     next += 1;
                     let delivery = format!("d-{next}");
                     let broken = self.rng.random_bool(0.1);
-                    let (key, body) = body(provider, &delivery, entity, index, broken);
+                    let state = self.state_of(index, &states);
+                    states.push(state);
+                    let (key, body) = body(provider, &delivery, (entity, index, state), broken);
                     events.insert(
                         delivery,
                         (
@@ -546,6 +557,20 @@ impl World {
             }
         }
         events
+    }
+
+    /// The state event `index` of an entity brings, given the states of the
+    /// ones before: mostly a new one (its index), sometimes the last one
+    /// again (an update that changes nothing the state hash covers), or an
+    /// earlier one back (A → B → A); all delivered out of order like any.
+    fn state_of(&mut self, index: usize, before: &[usize]) -> usize {
+        match (before.last(), self.states.random_range(0..10)) {
+            (Some(last), 0..2) => *last,
+            (Some(_), 2..4) if before.len() >= 2 => {
+                before[self.states.random_range(0..before.len() - 1)]
+            }
+            _ => index,
+        }
     }
 
     /// Each delivery as its provider sends it: a first attempt in the first
