@@ -89,9 +89,13 @@ impl FakeApi {
                     .iter()
                     .rev()
                     .find(|(_, happened, _)| *happened <= at)?;
-                // After its event, before the next one (a minute later).
+                // After its event, before the next one (a minute later),
+                // and later at each later fetch, as a real fetch's time is:
+                // a record in doubt at one fetch's version is then
+                // replaced by the next fetch's.
+                let at_ms = at.as_secs_f64() * 1000.0;
                 let into = Duration::from_secs(1)
-                    + Duration::from_millis(u64::try_from(at.as_millis() % 50_000).unwrap_or(0));
+                    + Duration::from_secs_f64(58.0 * at_ms / (at_ms + 600_000.0));
                 let fetched_at = event_time(*index) + into;
                 Some((
                     entity.provider,

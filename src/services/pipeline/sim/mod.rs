@@ -59,7 +59,9 @@
 //! providers' 10 s; every last attempt after the faults and the restarts
 //! ended taken; the spool empty at the end. Each broker's log is checked
 //! against the answers given while it was the one (a spooled delivery may
-//! reach the one that replaced it); a spooled delivery is excused only as
+//! reach the one that replaced it, and so may the newer state a `stale`
+//! answer was judged against while it was in doubt, by its own retry); a
+//! spooled delivery is excused only as
 //! many times as spool entries were quarantined as damaged.
 //!
 //! **Running it.** `cargo test --lib sim` runs [`SEEDS`] seeds (or

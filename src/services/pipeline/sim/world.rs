@@ -502,7 +502,10 @@ impl World {
             let fault = if now >= from && now < to {
                 match if outage { 0 } else { rng.random_range(0..100) } {
                     0..40 => Fault::Fail(RETRYABLE[rng.random_range(0..RETRYABLE.len())]),
-                    40..55 => Fault::LoseAck,
+                    40..48 => Fault::LoseAck,
+                    // A send the broker never took, reported timed out as
+                    // a lost acknowledgement is: in doubt, not in the log.
+                    48..55 => Fault::Fail(RDKafkaErrorCode::MessageTimedOut),
                     55..75 => Fault::Late(Duration::from_millis(rng.random_range(0..3_000))),
                     _ => Fault::Take,
                 }
