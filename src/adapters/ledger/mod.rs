@@ -32,6 +32,7 @@
 
 mod answered;
 mod cached;
+mod clock;
 mod embedded;
 mod fence;
 mod gate;
@@ -52,6 +53,7 @@ use crate::domain::guard::EntityState;
 
 pub use answered::{Answered, Done, Place, Recorded, Remembered};
 pub use cached::{Cached, TopicSeen, TopicsSeen};
+pub use clock::WallClock;
 pub use embedded::{DEFAULT_CHECKPOINT_EVERY, EmbeddedLedger, LedgerCounts};
 pub use gate::{Gate, Progress};
 pub use handle::{Fill, Ledger};
@@ -243,10 +245,14 @@ pub async fn open(config: &LedgerConfig, lease: Duration) -> Result<Opened, Ledg
 #[cfg(test)]
 pub(crate) fn open_driven(
     path: &std::path::Path,
-    dedup_ttl: Duration,
+    (dedup_ttl, clock): (Duration, WallClock),
     lease: Duration,
 ) -> Result<Opened, LedgerError> {
-    let store: Arc<dyn Store> = Arc::new(EmbeddedLedger::open_driven(path, dedup_ttl, lease)?);
+    let store: Arc<dyn Store> = Arc::new(EmbeddedLedger::open_driven(
+        path,
+        (dedup_ttl, clock),
+        lease,
+    )?);
     Ok(Opened::behind_a_closed_gate(store))
 }
 

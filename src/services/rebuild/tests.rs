@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use super::{FOLD_AT_MOST, Rebuild, TopicRead, TopicSource};
-use crate::adapters::ledger::{EntitySlot, LedgerError, Opened, open_driven};
+use crate::adapters::ledger::{EntitySlot, LedgerError, Opened, WallClock, open_driven};
 use crate::adapters::publish::{Described, TopicSets, Topics};
 use crate::config::KafkaConfig;
 use crate::domain::event::{EntityType, Version};
@@ -100,7 +100,7 @@ fn order(offset: i64, key: &str, at_micros: i64) -> Letter {
 fn ledger(dir: &std::path::Path) -> Opened {
     open_driven(
         &dir.join("ledger.redb"),
-        Duration::from_secs(3600),
+        (Duration::from_secs(3600), WallClock::system()),
         Duration::from_secs(10),
     )
     .unwrap()

@@ -17,7 +17,8 @@ use tokio::sync::oneshot;
 use tracing::{error, info};
 
 use super::store::{Recent, Store};
-use super::tables::{Sweep, Tables, unix_now, write_batch};
+use super::tables::{Sweep, Tables, write_batch};
+use crate::adapters::ledger::WallClock;
 use crate::adapters::ledger::placements::{Offsets, Placements};
 use crate::adapters::ledger::{LedgerError, TopicsSeen};
 
@@ -95,6 +96,7 @@ impl Checkpointer {
         placements: Arc<Placements>,
         seen: Arc<Seen>,
         health: Arc<Health>,
+        clock: WallClock,
     ) -> Checkpointer {
         Checkpointer {
             store,
@@ -102,7 +104,10 @@ impl Checkpointer {
             seen,
             health,
             seal_wait: SEAL_WAIT,
-            checkpoint: Checkpoint::default(),
+            checkpoint: Checkpoint {
+                clock,
+                ..Checkpoint::default()
+            },
         }
     }
 
@@ -161,6 +166,8 @@ pub(super) fn checkpoint_loop(
 #[derive(Debug, Default)]
 struct Checkpoint {
     sweep: Sweep,
+    /// What the sweep of expired done ids counts time by.
+    clock: WallClock,
     /// The offsets the file records.
     offsets: Offsets,
     /// The cluster and topics the file records they are of.
@@ -247,7 +254,7 @@ impl Checkpoint {
             offsets,
             topics.as_ref(),
             &mut self.sweep,
-            unix_now(),
+            self.clock.unix_now(),
         )
         .map_err(storage)?;
         // The file holds it all now: reads find it there, through new

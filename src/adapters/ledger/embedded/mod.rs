@@ -42,12 +42,12 @@ use super::placements::{Offsets, Placements, Sending};
 use super::{
     Begin, Cached, Commit, EntityLock, EntitySlot, EntityState, Exclusive, FILL_TOKEN_NAME,
     FillToken, GENERATION_MARK_NAME, GenerationMark, Held, LedgerError, RebuildLock, Remembered,
-    TopicsSeen,
+    TopicsSeen, WallClock,
 };
 use crate::domain::event::DeliveryKey;
 use checkpoint::{Ask, Checkpointer, Health, Seen, checkpoint_loop};
 use store::Store;
-use tables::{DONE, unix_now};
+use tables::DONE;
 
 /// How often memory's writes are made durable when the config says nothing.
 pub const DEFAULT_CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
@@ -78,6 +78,8 @@ pub struct EmbeddedLedger {
     rederiving: Arc<tokio::sync::Mutex<()>>,
     /// How long a done id is remembered.
     dedup_ttl: Duration,
+    /// What that time is counted on.
+    clock: WallClock,
     /// The sends in flight and the offsets committed, for checkpoints.
     placements: Arc<Placements>,
     /// The cluster and topics a rebuild found, for the next checkpoint.
@@ -143,7 +145,8 @@ impl EmbeddedLedger {
         lease: Duration,
         checkpoint_every: Duration,
     ) -> Result<Self, LedgerError> {
-        Self::open_taking(path, dedup_ttl, lease, |checkpointer, asked| {
+        let clock = WallClock::system();
+        Self::open_taking(path, (dedup_ttl, clock), lease, |checkpointer, asked| {
             let (asks, queue) = std::sync::mpsc::channel();
             std::thread::Builder::new()
                 .name("ledger-checkpoint".into())
@@ -165,20 +168,25 @@ impl EmbeddedLedger {
     #[cfg(test)]
     pub(crate) fn open_driven(
         path: &Path,
-        dedup_ttl: Duration,
+        (dedup_ttl, clock): (Duration, WallClock),
         lease: Duration,
     ) -> Result<Self, LedgerError> {
-        Self::open_taking(path, dedup_ttl, lease, |mut checkpointer, asked| {
-            checkpointer.seal_wait = Duration::ZERO;
-            Ok(Asks::Inline(Arc::new(Mutex::new(checkpointer)), asked))
-        })
+        Self::open_taking(
+            path,
+            (dedup_ttl, clock),
+            lease,
+            |mut checkpointer, asked| {
+                checkpointer.seal_wait = Duration::ZERO;
+                Ok(Asks::Inline(Arc::new(Mutex::new(checkpointer)), asked))
+            },
+        )
     }
 
     /// Opens the file, a damaged one set aside, and hands its checkpoints
     /// to whoever `start` says.
     fn open_taking(
         path: &Path,
-        dedup_ttl: Duration,
+        (dedup_ttl, clock): (Duration, WallClock),
         lease: Duration,
         start: impl FnOnce(Checkpointer, Arc<AtomicBool>) -> Result<Asks, LedgerError>,
     ) -> Result<Self, LedgerError> {
@@ -193,6 +201,7 @@ impl EmbeddedLedger {
                 placements.clone(),
                 seen.clone(),
                 health.clone(),
+                clock.clone(),
             ),
             asked.clone(),
         )?;
@@ -204,6 +213,7 @@ impl EmbeddedLedger {
             rebuilding: Arc::default(),
             rederiving: Arc::default(),
             dedup_ttl,
+            clock,
             placements,
             seen,
             health,
@@ -214,7 +224,7 @@ impl EmbeddedLedger {
 
     /// Writes a commit in memory; what the checkpoint thread makes durable.
     fn write(&self, commit: &Commit) -> Result<(), LedgerError> {
-        let expires = unix_now() + self.dedup_ttl.as_secs();
+        let expires = self.clock.unix_now() + self.dedup_ttl.as_secs();
         let held = {
             let mut layers = self.store.layers();
             let current = &mut layers.current;
@@ -254,7 +264,7 @@ impl EmbeddedLedger {
 
     fn is_done(&self, delivery: &DeliveryKey) -> Result<bool, LedgerError> {
         let expires = self.done_value(delivery, tables::expiry)?;
-        Ok(expires.is_some_and(|expires| expires > unix_now()))
+        Ok(expires.is_some_and(|expires| expires > self.clock.unix_now()))
     }
 
     /// What `read` makes of a done id's stored value, if the ledger holds
@@ -359,7 +369,7 @@ impl super::Store for EmbeddedLedger {
             (tables::expiry(value), tables::answered(value))
         })?;
         Ok(match found {
-            Some((expires, answered)) if expires > unix_now() => Remembered::Done {
+            Some((expires, answered)) if expires > self.clock.unix_now() => Remembered::Done {
                 answered,
                 until: i64::try_from(expires).ok(),
             },

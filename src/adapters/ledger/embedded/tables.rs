@@ -4,7 +4,6 @@
 
 use std::ops::Bound;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
@@ -243,10 +242,4 @@ pub(super) fn forget(db: &Database) -> Result<(), redb::Error> {
     txn.open_table(META)?.retain(|_, _| false)?;
     txn.commit()?;
     Ok(())
-}
-
-pub(super) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }

@@ -2,7 +2,7 @@ use redb::Database;
 
 use super::tables::{DONE, ENTITIES, SWEEP_PER_COMMIT, Sweep, Write, done_value, write_batch};
 use super::*;
-use crate::adapters::ledger::{Done, Store};
+use crate::adapters::ledger::{Done, Store, WallClock};
 use crate::domain::event::{EntityKey, EntityType, ProviderKind, Version};
 
 fn open(dir: &tempfile::TempDir) -> EmbeddedLedger {
@@ -393,7 +393,7 @@ async fn a_done_delivery_is_remembered_with_its_answer() {
         .unwrap();
     let remembered = |found: Remembered| match found {
         Remembered::Done { answered, until } => {
-            let in_an_hour = unix_now() as i64 + 3600;
+            let in_an_hour = WallClock::system().unix_now() as i64 + 3600;
             assert!(until.is_some_and(|until| (in_an_hour - 5..=in_an_hour).contains(&until)));
             answered
         }
@@ -422,7 +422,7 @@ async fn an_earlier_versions_done_ids_stay_done_with_their_outcome_unknown() {
         let txn = db.begin_write().unwrap();
         txn.open_table(super::tables::OLD_DONE)
             .unwrap()
-            .insert(id.as_str(), unix_now() + 600)
+            .insert(id.as_str(), WallClock::system().unix_now() + 600)
             .unwrap();
         txn.commit().unwrap();
     }

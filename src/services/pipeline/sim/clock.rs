@@ -6,6 +6,8 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use tokio::time::Instant;
 
+use crate::adapters::ledger::WallClock;
+
 /// The world's time: each life's runtime has a clock of its own, which
 /// this maps onto time from the world's start.
 #[derive(Clone)]
@@ -43,5 +45,14 @@ impl Clock {
     /// The wall-clock time of world time `at`.
     pub(super) fn wall(&self, at: Duration) -> OffsetDateTime {
         self.epoch + at
+    }
+
+    /// The wall clock a ledger in this world keeps time by: the world's
+    /// now, so that a done id's time to live passes with the world's time.
+    pub(super) fn ledgers(&self) -> WallClock {
+        let clock = self.clone();
+        WallClock::driven(move || {
+            u64::try_from(clock.wall(clock.now()).unix_timestamp()).unwrap_or(0)
+        })
     }
 }

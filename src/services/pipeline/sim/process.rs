@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use tokio_util::sync::CancellationToken;
 
 use super::source::FakeSource;
-use crate::adapters::ledger::{self, EntitySlot, Ledger, Offsets};
+use crate::adapters::ledger::{self, EntitySlot, Ledger, Offsets, WallClock};
 use crate::adapters::publish::{FakeBroker, TopicSets};
 use crate::adapters::spool::Spool;
 use crate::config::{KafkaConfig, SpoolConfig};
@@ -65,8 +65,9 @@ impl Process {
         drains: bool,
         checkpoint_every: Option<Duration>,
         violated: Violated,
+        clock: WallClock,
     ) -> Process {
-        let opened = ledger::open_driven(&dir.join(LEDGER_FILE), DEDUP_TTL, LEASE)
+        let opened = ledger::open_driven(&dir.join(LEDGER_FILE), (DEDUP_TTL, clock), LEASE)
             .expect("a ledger file opens, a damaged one set aside");
         let spool = Spool::open(&SpoolConfig {
             path: dir.join(SPOOL_FILE),

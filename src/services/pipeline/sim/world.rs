@@ -402,6 +402,7 @@ impl World {
                     record.internal.push(broken);
                 })
             },
+            self.clock.ledgers(),
         )
         .await;
         self.shared.step(self.clock.now(), "posbridge starts");
