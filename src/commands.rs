@@ -69,7 +69,7 @@ pub(crate) async fn reconcile(
     let summary = reconciler
         .run_window(provider, source.as_deref(), from, to)
         .await
-        .context("reconcile failed; nothing past the failing page was published")?;
+        .context("reconcile failed; nothing past the failing page was published; run it again when the cause is fixed (a record the broker did not acknowledge is written by the next run)")?;
     println!(
         "{}",
         serde_json::json!({

@@ -320,3 +320,14 @@ fn seed_668_a_valid_spooled_delivery_is_not_set_aside_for_a_flaky_broker() {
 fn seed_60199_a_delivery_spooled_before_a_broker_was_replaced_is_drained_into_the_new_one() {
     replays_green(60199);
 }
+
+/// Found by the long run once sends could time out without landing: a
+/// reconciled record left in doubt held a webhook's older event back as
+/// `stale`, and the world ended before the reconciler's next run, which
+/// replaces such a record. A world with a reconciler now lets one whole run
+/// follow its faults; the promise a `stale` answer against a reconciled
+/// record in doubt rests on is that run.
+#[test]
+fn seed_2321_a_reconciled_record_in_doubt_is_replaced_by_the_next_run() {
+    replays_green(2321);
+}

@@ -37,6 +37,9 @@ const RETRYABLE: [RDKafkaErrorCode; 4] = [
     RDKafkaErrorCode::LeaderNotAvailable,
 ];
 
+/// Ample for one reconciler run over a world's few entities, faults over.
+const RUN_TAKES: Duration = Duration::from_secs(10);
+
 /// Mixed into the seed for the states' draws.
 const STATES_SEED: u64 = 0x57a7_e5ee_d000_0001;
 
@@ -407,6 +410,7 @@ impl World {
         .await;
         self.shared.step(self.clock.now(), "posbridge starts");
         *door.lock().unwrap_or_else(PoisonError::into_inner) = Some(process.pipeline.clone());
+        let reconciles = api.as_ref().map(|(_, every)| *every);
         if let Some((api, every)) = api {
             tokio::spawn(reconcile(
                 process.pipeline.clone(),
@@ -463,6 +467,14 @@ impl World {
         // Records still in the producer when their answer was cut are
         // committed by their own tasks, and the drainer empties the spool
         // once the faults ended: let them end.
+        // A reconciled record left in doubt (sent, never acknowledged) is
+        // replaced by the reconciler's next run, as webhooks answered
+        // `stale` against it were promised: let one whole run follow the
+        // faults and this start.
+        if let Some(every) = reconciles {
+            let quiet = self.faults.1.max(at + down);
+            tokio::time::sleep_until(self.clock.instant_at(quiet) + every + RUN_TAKES).await;
+        }
         let deadline = self.clock.instant_at(self.faults.1) + Duration::from_secs(3600);
         loop {
             tokio::time::sleep(Duration::from_secs(60)).await;
