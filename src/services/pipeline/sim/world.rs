@@ -7,7 +7,7 @@
 //! what outlives it is what outlives a real crash (the broker's log, the
 //! files as they were on disk, the providers' retries).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -21,7 +21,7 @@ use super::api::{FakeApi, reconcile};
 use super::clock::Clock;
 use super::crash::{Crash, crashes};
 use super::hooks::pause_commits;
-use super::process::{Process, after_crash};
+use super::process::{LedgerFate, Process, SpoolFate, after_crash};
 use super::providers::{Door, Sender, Senders, body, cut, deliveries, send, unfinished};
 use crate::adapters::ledger::Remembered;
 use crate::adapters::publish::{FakeBroker, Fault, OutgoingRecord};
@@ -117,6 +117,8 @@ pub(super) struct Ended {
     pub(super) internal: Vec<String>,
     /// The schedule, step by step.
     pub(super) steps: Vec<String>,
+    /// The classes of fault and schedule the world drew ([`super::DRAWN`]).
+    pub(super) drawn: BTreeSet<&'static str>,
 }
 
 /// What the world notes as it runs, shared by the providers, the broker's
@@ -137,6 +139,7 @@ struct Record {
     era: usize,
     /// The reconciler's records: derived id → the event whose state each holds.
     reconciled: BTreeMap<String, Event>,
+    drawn: BTreeSet<&'static str>,
 }
 
 impl Shared {
@@ -172,6 +175,11 @@ impl Shared {
         self.record()
             .steps
             .push(format!("t={:.3}s {step}", at.as_secs_f64()));
+    }
+
+    /// Notes that the world drew a class of fault or schedule.
+    fn drew(&self, class: &'static str) {
+        self.record().drawn.insert(class);
     }
 
     fn in_doubt(&self, delivery: String) {
@@ -261,6 +269,25 @@ impl World {
         );
         if self.spools {
             self.shared.step(Duration::ZERO, "ReceiptRoller spools");
+            self.shared.drew("spooling source");
+        }
+        if self.outage {
+            self.shared.drew("broker outage");
+        }
+        for crash in &self.crashes {
+            self.shared
+                .drew(if crash.clean { "clean stop" } else { "crash" });
+            if crash.broker_replaced {
+                self.shared.drew("broker replaced");
+            }
+            match crash.ledger {
+                LedgerFate::Lost => self.shared.drew("ledger lost"),
+                LedgerFate::Damaged => self.shared.drew("ledger damaged"),
+                LedgerFate::Kept => {}
+            }
+            if crash.spool == SpoolFate::Damaged {
+                self.shared.drew("spool damaged");
+            }
         }
         self.shared.step(
             Duration::ZERO,
@@ -270,6 +297,7 @@ impl World {
         let events = self.events();
         let (senders, firsts) = self.senders(&events);
         let api = self.reconcile_every.map(|every| {
+            self.shared.drew("reconciler");
             self.shared.step(
                 Duration::ZERO,
                 format!("the reconciler runs every {every:?}"),
@@ -350,6 +378,7 @@ impl World {
             quarantined,
             internal: record.internal,
             steps: record.steps,
+            drawn: record.drawn,
         }
     }
 
@@ -531,6 +560,16 @@ impl World {
             if fault == Fault::LoseAck {
                 shared.in_doubt(delivery.clone());
             }
+            let class = match fault {
+                Fault::LoseAck => Some("acknowledgement lost"),
+                Fault::Fail(RDKafkaErrorCode::MessageTimedOut) => Some("send never taken"),
+                Fault::Fail(_) => Some("retryable failure"),
+                Fault::Late(_) => Some("late acknowledgement"),
+                Fault::Take => None,
+            };
+            if let Some(class) = class {
+                shared.drew(class);
+            }
             if fault != Fault::Take {
                 shared.step(
                     now,
@@ -554,6 +593,13 @@ impl World {
                     let delivery = format!("d-{next}");
                     let broken = self.rng.random_bool(0.1);
                     let state = self.state_of(index, &states);
+                    if broken {
+                        self.shared.drew("cannot be normalized");
+                    } else if states.last() == Some(&state) {
+                        self.shared.drew("state repeated");
+                    } else if states.contains(&state) {
+                        self.shared.drew("state brought back");
+                    }
                     states.push(state);
                     let (key, body) = body(provider, &delivery, (entity, index, state), broken);
                     events.insert(
