@@ -254,7 +254,16 @@ fn era_violations<'a>(
                 .collect();
             let waits_in_the_spool = outcome == Outcome::Spooled
                 || (outcome == Outcome::Duplicate && spooled.contains(answer.delivery.as_str()));
-            let allowed = if waits_in_the_spool {
+            // A delivery that wrote nothing is not remembered by a ledger
+            // filled again from the topics: a retry after a lost ledger is
+            // decided again, and writes its state when the one it was
+            // judged against never reached the topic (a state in doubt).
+            let decided_again = matches!(outcome, Outcome::Stale | Outcome::Unchanged)
+                && ended
+                    .ledger_lost
+                    .iter()
+                    .any(|(era, len)| *era == answer.era && *len >= answer.log_len);
+            let allowed = if waits_in_the_spool || decided_again {
                 allowed(&answer.delivery)
             } else {
                 0

@@ -413,3 +413,14 @@ fn seed_60199_a_delivery_spooled_before_a_broker_was_replaced_is_drained_into_th
 fn seed_2321_a_reconciled_record_in_doubt_is_replaced_by_the_next_run() {
     replays_green(2321);
 }
+
+/// Found by the long run, a check too strict: a delivery answered `stale`
+/// against a newer state in doubt (sent, never taken), then the ledger lost
+/// at a crash, is not remembered (it wrote nothing) and its duplicate is
+/// decided again against what the topic holds, where that newer state never
+/// landed: it writes its own state, once, before the newer one's retry. The
+/// check now allows that write after a lost ledger.
+#[test]
+fn seed_15879_a_stale_delivery_decided_again_after_a_lost_ledger_may_write_its_state() {
+    replays_green(15879);
+}

@@ -119,6 +119,10 @@ pub(super) struct Ended {
     pub(super) steps: Vec<String>,
     /// The classes of fault and schedule the world drew ([`super::DRAWN`]).
     pub(super) drawn: BTreeSet<&'static str>,
+    /// Where the ledger was lost or damaged at a crash: the era, and how
+    /// long the broker's log was then. What it forgot of a delivery that
+    /// wrote nothing (stale, unchanged), a retry after it decides again.
+    pub(super) ledger_lost: Vec<(usize, usize)>,
 }
 
 /// What the world notes as it runs, shared by the providers, the broker's
@@ -305,6 +309,7 @@ impl World {
             (Arc::new(FakeApi::new(&events, &firsts)), every)
         });
         let mut quarantined = 0;
+        let mut ledger_lost = Vec::new();
         let mut spooled_at_end = 0;
         let mut remembered = BTreeMap::new();
         let mut eras = Vec::new();
@@ -337,6 +342,9 @@ impl World {
             if crash.clean {
                 // Its files closed as a stopping process closes them.
                 drop(runtime);
+            }
+            if crash.ledger != LedgerFate::Kept {
+                ledger_lost.push((self.shared.record().era, self.broker.taken_count()));
             }
             let next_dir = dir.join(format!("life-{}", life + 1));
             for said in after_crash(
@@ -379,6 +387,7 @@ impl World {
             internal: record.internal,
             steps: record.steps,
             drawn: record.drawn,
+            ledger_lost,
         }
     }
 
