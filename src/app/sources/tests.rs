@@ -255,12 +255,29 @@ async fn watching_with(
     broker: &std::net::TcpListener,
     owners: Owners,
 ) -> (Sources, CancellationToken) {
+    watching_beside(dir, broker, owners, "").await
+}
+
+/// [`watching_with`], beside the main file's sources `main_tables`.
+async fn watching_beside(
+    dir: &Path,
+    broker: &std::net::TcpListener,
+    owners: Owners,
+    main_tables: &str,
+) -> (Sources, CancellationToken) {
     let config = Config::from_toml(&format!(
-        "sources_dir = \"{}\"\n[server]\nsecrets_recheck_secs = 60\n[kafka]\nbrokers = \"{}\"\n",
+        "sources_dir = \"{}\"\n[server]\nsecrets_recheck_secs = 60\n[kafka]\nbrokers = \"{}\"\n{main_tables}",
         dir.display(),
         broker.local_addr().unwrap()
     ))
     .unwrap();
+    let main: SourceMap = config
+        .sources()
+        .map(|entry| {
+            let key = (entry.provider, entry.name.to_owned());
+            (key, webhook_source(entry).unwrap())
+        })
+        .collect();
     let publisher =
         crate::adapters::publish::Publisher::new(&config.kafka, config.max_record_bytes()).unwrap();
     let encoder = crate::adapters::encode::Encoder::new(&config.schema_registry, &[])
@@ -272,15 +289,9 @@ async fn watching_with(
         encoder,
         &config,
     );
-    let sources = Sources::start(
-        &config,
-        SourceMap::new(),
-        Board::new([]),
-        own_topics,
-        owners,
-    )
-    .await
-    .unwrap();
+    let sources = Sources::start(&config, main, Board::new([]), own_topics, owners)
+        .await
+        .unwrap();
     let shutdown = CancellationToken::new();
     tokio::spawn(sources.clone().watch(shutdown.clone()));
     // The watch made before the test changes anything.
@@ -595,4 +606,33 @@ async fn check_config_names_the_owner_the_ledger_records() {
         ),
         "{problems:?}"
     );
+}
+
+/// Issue 49, item 12b: a file named like a main-file source is refused,
+/// and shows on `/status` with its reason like every other refused file.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_named_like_a_main_file_source_shows_as_refused() {
+    let broker = silent_broker();
+    let dir = tempfile::tempdir().unwrap();
+    put_source(dir.path(), "main", "");
+    let (sources, shutdown) = watching_beside(
+        dir.path(),
+        &broker,
+        Owners::default(),
+        "[mekari.sources.main]\nsecrets = [\"secret-of-the-main-file\"]\n",
+    )
+    .await;
+    let report = sources.report();
+    let main = report.sources.iter().find(|v| v.name == "main").unwrap();
+    assert_eq!(main.origin, crate::http::status::Origin::MainFile);
+    assert!(main.serving);
+    let refused = report.refused();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].path, dir.path().join("mekari.main.toml"));
+    assert!(
+        refused[0].reason.contains("a source of the main file"),
+        "{}",
+        refused[0].reason
+    );
+    shutdown.cancel();
 }
