@@ -463,7 +463,7 @@ impl Sources {
         before: Option<(&Loaded, &WebhookSource)>,
         claims: &mut Claims,
     ) -> Result<(WebhookSource, OffsetDateTime), String> {
-        check_file(file, &self.main, claims, &self.kafka, None)?;
+        check_file(file, &self.main, claims, &self.kafka, None).map_err(|all| all.join("; "))?;
         let entry = file.entry();
         // At its key, as `check-config` says it.
         let said = |error: LoadError| format!("{}.{}: {error}", entry.key(), error.key());

@@ -636,3 +636,37 @@ async fn a_file_named_like_a_main_file_source_shows_as_refused() {
     );
     shutdown.cancel();
 }
+
+/// Issue 49, item 12e: `check-config` reports every problem of a file, not
+/// the first it meets: a name the main file's, its own topics among the
+/// shared ones, an account another source holds and a secret too short.
+#[tokio::test]
+async fn check_config_reports_every_problem_of_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let put = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+    put(
+        "mekari.a-first.toml",
+        "secrets = [\"secret-of-a\"]\naccount = \"a\"\n",
+    );
+    put(
+        "mekari.main.toml",
+        "secrets = [\"short\"]\naccount = \"a\"\ntopic_prefix = \"pos.\"\n",
+    );
+    let config = with_dir(dir.path(), "");
+    let problems = problems_by_file(&config).await;
+    let of_main: Vec<&str> = problems
+        .iter()
+        .filter(|(f, _)| f == "mekari.main.toml")
+        .map(|(_, m)| m.as_str())
+        .collect();
+    let said = of_main.join("\n");
+    for expected in [
+        "gives one of the shared topics",
+        "a source of the main file",
+        "mekari.sources.a-first has the same provider and account",
+        "shorter than 8 characters",
+    ] {
+        assert!(said.contains(expected), "{expected} not said:\n{said}");
+    }
+    assert_eq!(of_main.len(), 4, "one problem each:\n{said}");
+}
