@@ -463,29 +463,41 @@ impl Sources {
         before: Option<(&Loaded, &WebhookSource)>,
         claims: &mut Claims,
     ) -> Result<(WebhookSource, OffsetDateTime), String> {
-        check_file(file, &self.main, claims, &self.kafka, None).map_err(|all| all.join("; "))?;
+        if let Err(problems) = check_file(file, &self.main, claims, &self.kafka, None) {
+            // The checks read the secret files too: whether they read is
+            // asked apart from the other problems.
+            if file.config.reads_secret_files() {
+                secret_files_readable(file, secrets::read(&file.config).is_ok());
+            }
+            return Err(problems.join("; "));
+        }
         let entry = file.entry();
-        // At its key, as `check-config` says it.
-        let said = |error: LoadError| format!("{}.{}: {error}", entry.key(), error.key());
         let made = match before {
             Some((loaded, webhook)) if loaded.file.digest == file.digest => {
-                if file.config.reads_secret_files() {
+                let reread = if file.config.reads_secret_files() {
                     let (scheme, _) = super::check::signature(entry);
-                    let found = secrets::load(&file.config, scheme).map_err(said)?;
-                    webhook
-                        .verifier
-                        .replace(&secrets::secrets_of(&found))
-                        .map_err(|refused| said(secrets::unfit(&found, refused)))?;
-                }
-                (webhook.clone(), loaded.at)
+                    secrets::load(&file.config, scheme).and_then(|found| {
+                        webhook
+                            .verifier
+                            .replace(&secrets::secrets_of(&found))
+                            .map(|_| ())
+                            .map_err(|refused| secrets::unfit(&found, refused))
+                    })
+                } else {
+                    Ok(())
+                };
+                reread.map(|()| (webhook.clone(), loaded.at))
             }
-            _ => {
-                let webhook = webhook_source(entry).map_err(said)?;
-                announce(&webhook);
-                (webhook, OffsetDateTime::now_utc())
-            }
+            _ => webhook_source(entry)
+                .inspect(announce)
+                .map(|webhook| (webhook, OffsetDateTime::now_utc())),
         };
-        Ok(made)
+        if file.config.reads_secret_files() {
+            let readable = !matches!(made, Err(LoadError::Read(_)));
+            secret_files_readable(file, readable);
+        }
+        // At its key, as `check-config` says it.
+        made.map_err(|error| format!("{}.{}: {error}", entry.key(), error.key()))
     }
 
     /// Says once what a read changed: sources added, changed, removed,
@@ -555,6 +567,18 @@ fn gauges(state: &DirState) {
     let refused = state.refused.len() + usize::from(state.unreadable.is_some());
     metrics::gauge!(telemetry::SOURCE_FILES_REFUSED).set(refused as f64);
     metrics::gauge!(telemetry::SOURCES_FROM_FILES).set(state.loaded.len() as f64);
+}
+
+/// `posbridge_secret_files_readable` of a directory file's source, as the
+/// main file's sources' watch sets it (the alert on unreadable secret
+/// files reads it for every source).
+fn secret_files_readable(file: &SourceFile, readable: bool) {
+    metrics::gauge!(
+        telemetry::SECRET_FILES_READABLE,
+        telemetry::PROVIDER => file.provider.as_str(),
+        telemetry::SOURCE => file.name.clone()
+    )
+    .set(f64::from(u8::from(readable)));
 }
 
 /// Makes a new source's series exist at 0 (alerts watch them from the

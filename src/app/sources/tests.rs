@@ -670,3 +670,60 @@ async fn check_config_reports_every_problem_of_a_file() {
     }
     assert_eq!(of_main.len(), 4, "one problem each:\n{said}");
 }
+
+/// The value `/metrics` shows for `name` of the Mekari source `source`
+/// (the process's recorder, which the watch records through).
+fn series(name: &str, source: &str) -> Option<String> {
+    let labels = format!("{name}{{provider=\"mekari\",source=\"{source}\"}} ");
+    crate::observe::telemetry::install()
+        .render()
+        .lines()
+        .find_map(|line| line.strip_prefix(&labels).map(str::to_owned))
+}
+
+/// Whether `series` comes to `value` within two seconds.
+async fn series_within(name: &str, source: &str, value: Option<&str>) -> bool {
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    while tokio::time::Instant::now() < until {
+        if series(name, source).as_deref() == value {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// Issue 49, item 12f: a directory source reading secret files has its
+/// `posbridge_secret_files_readable`, as a main-file source has: 1 while
+/// they read, 0 when they cannot (it keeps its last good secrets).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_source_says_whether_its_secret_files_read() {
+    use crate::observe::telemetry::SECRET_FILES_READABLE;
+    crate::observe::telemetry::install();
+    let broker = silent_broker();
+    let dir = tempfile::tempdir().unwrap();
+    let secrets = tempfile::tempdir().unwrap();
+    let secret = secrets.path().join("signing");
+    std::fs::write(&secret, "a-long-enough-secret").unwrap();
+    let (sources, shutdown) = watching(dir.path(), &broker).await;
+    std::fs::write(
+        dir.path().join("mekari.readable-files.toml"),
+        format!("secrets_files = [\"{}\"]\n", secret.display()),
+    )
+    .unwrap();
+    assert!(serves_within(&sources, "readable-files", Duration::from_secs(2)).await);
+    assert!(
+        series_within(SECRET_FILES_READABLE, "readable-files", Some("1")).await,
+        "{:?}",
+        series(SECRET_FILES_READABLE, "readable-files")
+    );
+    std::fs::remove_file(&secret).unwrap();
+    assert!(
+        series_within(SECRET_FILES_READABLE, "readable-files", Some("0")).await,
+        "{:?} {:?}",
+        series(SECRET_FILES_READABLE, "readable-files"),
+        refusal(&sources, "readable-files")
+    );
+    assert!(serves(&sources, "readable-files"), "keeps its last secrets");
+    shutdown.cancel();
+}
