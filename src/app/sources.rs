@@ -38,7 +38,7 @@ use time::OffsetDateTime;
 use tokio::sync::Notify;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::BuildError;
 use super::check::webhook_source;
@@ -54,11 +54,6 @@ use crate::observe::{Board, delivery, telemetry};
 
 /// A source's provider and name: its URL.
 type Key = (ProviderKind, String);
-
-/// How long after a change is seen the directory is read: the few events
-/// of one update (Kubernetes swaps a link and deletes the old files) make
-/// one read.
-const SETTLE: Duration = Duration::from_millis(200);
 
 /// A directory file's source as it runs: its file as last read well.
 #[derive(Debug, Clone)]
@@ -223,17 +218,29 @@ impl Sources {
         }
     }
 
-    /// Reads the directory and puts the files that are ready in use.
+    /// Reads the directory and puts the files that are ready in use: the
+    /// files that stayed the same across [`SETTLE`] ([`settle`]); one still
+    /// changing keeps what it had, and is read again.
     async fn read(&self, dir: &Path, openings: &mut Openings, retry: bool) {
         // File reads block; a slow file system must not hold a runtime thread.
+        let before = {
+            let dir = dir.to_owned();
+            tokio::task::spawn_blocking(move || Stamps::of(&dir))
+                .await
+                .ok()
+        };
+        tokio::time::sleep(SETTLE).await;
         let listed = {
             let dir = dir.to_owned();
-            tokio::task::spawn_blocking(move || source_files::read_dir(&dir, providers::api_keys))
-                .await
+            tokio::task::spawn_blocking(move || {
+                let listing = source_files::read_dir(&dir, providers::api_keys);
+                (listing, Stamps::of(&dir))
+            })
+            .await
         };
-        let listing = match listed {
-            Ok(Ok(listing)) => listing,
-            Ok(Err(error)) => {
+        let (listing, after) = match listed {
+            Ok((Ok(listing), after)) => (listing, after),
+            Ok((Err(error), _)) => {
                 self.unreadable(&error);
                 return;
             }
@@ -242,7 +249,14 @@ impl Sources {
                 return;
             }
         };
-        let (ready, waiting) = openings.sort(listing, retry);
+        let unsettled = before.map(|b| b.unsettled(&after)).unwrap_or_default();
+        let (listing, held) = self.hold(listing, &unsettled);
+        if !unsettled.is_empty() {
+            debug!(files = ?unsettled, "Source files still changing; read again once they settle.");
+            self.requested.notify_one();
+        }
+        let (ready, mut waiting) = openings.sort(listing, retry);
+        waiting.extend(held);
         if let Err(error) = self.take(ready, waiting).await {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             let why = error.to_string();
@@ -308,6 +322,30 @@ impl Sources {
             Err(error) => warn!(%error, "Reading the sources directory failed."),
         }
         Ok(())
+    }
+
+    /// `listing` without the `unsettled` files, and the files of those
+    /// that run now, to keep as they are (as a file waiting for its topics
+    /// is kept): a refused one keeps its refusal, a new one is not seen yet.
+    fn hold(&self, mut listing: Listing, unsettled: &[PathBuf]) -> (Listing, Vec<SourceFile>) {
+        if unsettled.is_empty() {
+            return (listing, Vec::new());
+        }
+        listing.files.retain(|f| !unsettled.contains(&f.path));
+        listing.refused.retain(|r| !unsettled.contains(&r.path));
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let held = state
+            .loaded
+            .values()
+            .filter(|l| unsettled.contains(&l.file.path))
+            .map(|l| l.file.clone())
+            .collect();
+        listing.refused.extend(
+            unsettled
+                .iter()
+                .filter_map(|path| state.refused.get(path).cloned()),
+        );
+        (listing, held)
     }
 
     /// The directories of the sources' own secret files.
@@ -597,6 +635,7 @@ mod claims;
 mod opening;
 mod owners;
 mod report;
+mod settle;
 #[cfg(test)]
 mod tests;
 mod watch;
@@ -606,4 +645,5 @@ use claims::{Claim, Claims, check_file};
 use opening::Openings;
 pub use owners::Owners;
 use owners::{Recorded, Taking};
+use settle::{SETTLE, Stamps};
 use watch::DirWatch;

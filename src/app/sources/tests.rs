@@ -727,3 +727,48 @@ async fn a_directory_source_says_whether_its_secret_files_read() {
     assert!(serves(&sources, "readable-files"), "keeps its last secrets");
     shutdown.cancel();
 }
+
+/// The account the source `name` serves with now, if it serves.
+fn serving_account(sources: &Sources, name: &str) -> Option<Option<String>> {
+    let live = sources.live().load();
+    let webhook = live.get(&(ProviderKind::Mekari, name.to_owned()))?;
+    Some(webhook.source.account.clone())
+}
+
+/// Issue 49, item 12c: a file written in place slowly, whose first part
+/// parses alone, is taken once it has settled, not half-written: its
+/// source never serves without the account the finished file gives.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_written_slowly_is_taken_once_settled() {
+    use std::io::Write as _;
+    let broker = silent_broker();
+    let dir = tempfile::tempdir().unwrap();
+    let (sources, shutdown) = watching(dir.path(), &broker).await;
+    let path = dir.path().join("mekari.slow.toml");
+    let writer = std::thread::spawn(move || {
+        let mut file = std::fs::File::create(&path).unwrap();
+        file.write_all(b"secrets = [\"secret-of-slow\"]\n").unwrap();
+        for _ in 0..20 {
+            std::thread::sleep(Duration::from_millis(50));
+            file.write_all(b"# the rest of the file is on its way\n")
+                .unwrap();
+        }
+        file.write_all(b"account = \"acc-slow\"\n").unwrap();
+    });
+    let mut seen = Vec::new();
+    let until = tokio::time::Instant::now() + Duration::from_secs(4);
+    while tokio::time::Instant::now() < until {
+        let now = serving_account(&sources, "slow");
+        if seen.last() != Some(&now) {
+            seen.push(now);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    writer.join().unwrap();
+    assert_eq!(
+        seen,
+        [None, Some(Some("acc-slow".to_owned()))],
+        "what the source served with, in turn"
+    );
+    shutdown.cancel();
+}
