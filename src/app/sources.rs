@@ -50,7 +50,7 @@ use crate::config::source_files::{self, Listing, Refusal, SourceFile};
 use crate::config::{Config, KafkaConfig};
 use crate::domain::event::ProviderKind;
 use crate::http::ingress::{SourceMap, WebhookSource};
-use crate::observe::{Board, delivery, telemetry};
+use crate::observe::{Board, gone};
 
 /// A source's provider and name: its URL.
 type Key = (ProviderKind, String);
@@ -552,6 +552,7 @@ impl Sources {
             match state.loaded.get(key) {
                 None => {
                     self.board.add_source(key.0, &key.1);
+                    gone::source_back(key.0.as_str(), &key.1);
                     info!(provider = %key.0, source = %key.1, %file, "Source added: its webhook URL answers.");
                 }
                 Some(before) if before.file.digest != now.file.digest => {
@@ -562,6 +563,7 @@ impl Sources {
         }
         for key in state.loaded.keys().filter(|k| !loaded.contains_key(*k)) {
             self.board.remove_source(key.0, &key.1);
+            gone::source_gone(key.0.as_str(), &key.1);
             info!(provider = %key.0, source = %key.1, "Source removed: its webhook URL answers 404; what it spooled still drains.");
         }
         for (path, refusal) in refused {
@@ -600,41 +602,11 @@ fn running(
         .collect()
 }
 
-/// `posbridge_source_files_refused` and `posbridge_sources_from_files`.
-fn gauges(state: &DirState) {
-    let refused = state.refused.len() + usize::from(state.unreadable.is_some());
-    metrics::gauge!(telemetry::SOURCE_FILES_REFUSED).set(refused as f64);
-    metrics::gauge!(telemetry::SOURCES_FROM_FILES).set(state.loaded.len() as f64);
-}
-
-/// `posbridge_secret_files_readable` of a directory file's source, as the
-/// main file's sources' watch sets it (the alert on unreadable secret
-/// files reads it for every source).
-fn secret_files_readable(file: &SourceFile, readable: bool) {
-    metrics::gauge!(
-        telemetry::SECRET_FILES_READABLE,
-        telemetry::PROVIDER => file.provider.as_str(),
-        telemetry::SOURCE => file.name.clone()
-    )
-    .set(f64::from(u8::from(readable)));
-}
-
-/// Makes a new source's series exist at 0 (alerts watch them from the
-/// start).
-pub(super) fn announce(webhook: &WebhookSource) {
-    metrics::gauge!(
-        telemetry::SECRETS,
-        telemetry::PROVIDER => webhook.source.provider.as_str(),
-        telemetry::SOURCE => webhook.source.name.clone()
-    )
-    .set(webhook.verifier.secrets_in_use() as f64);
-    delivery::announce_source(&webhook.source, webhook.spools);
-}
-
 mod claims;
 mod opening;
 mod owners;
 mod report;
+mod series;
 mod settle;
 #[cfg(test)]
 mod tests;
@@ -645,5 +617,7 @@ use claims::{Claim, Claims, check_file};
 use opening::Openings;
 pub use owners::Owners;
 use owners::{Recorded, Taking};
+pub(super) use series::announce;
+use series::{gauges, secret_files_readable};
 use settle::{SETTLE, Stamps};
 use watch::DirWatch;

@@ -772,3 +772,44 @@ async fn a_file_written_slowly_is_taken_once_settled() {
     );
     shutdown.cancel();
 }
+
+/// What `/metrics` serves now.
+fn scrape() -> String {
+    crate::observe::gone::render(&crate::observe::telemetry::install())
+}
+
+/// Issue 49, item 12a: a removed file's source takes its series off
+/// `/metrics` (1,000 sources added and removed left 11,000 series); a
+/// source of that name coming back has them again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_removed_sources_series_leave_metrics() {
+    crate::observe::telemetry::install();
+    let broker = silent_broker();
+    let dir = tempfile::tempdir().unwrap();
+    let (sources, shutdown) = watching(dir.path(), &broker).await;
+    let label = "source=\"series-go\"";
+    let lines = || scrape().lines().filter(|l| l.contains(label)).count();
+    put_source(dir.path(), "series-go", "");
+    assert!(serves_within(&sources, "series-go", Duration::from_secs(2)).await);
+    assert!(lines() > 0, "no series while it serves");
+    std::fs::remove_file(dir.path().join("mekari.series-go.toml")).unwrap();
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    while serves(&sources, "series-go") && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!serves(&sources, "series-go"));
+    let left: Vec<String> = scrape()
+        .lines()
+        .filter(|l| l.contains(label))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        left.is_empty(),
+        "series of a removed source:\n{}",
+        left.join("\n")
+    );
+    put_source(dir.path(), "series-go", "");
+    assert!(serves_within(&sources, "series-go", Duration::from_secs(2)).await);
+    assert!(lines() > 0, "no series once it is back");
+    shutdown.cancel();
+}
