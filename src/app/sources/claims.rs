@@ -10,7 +10,9 @@ use super::owners::{self, Account, Holder, Recorded};
 use crate::adapters::providers;
 use crate::app::check::source_problems;
 use crate::config::source_files::{self, Listing, SourceFile};
-use crate::config::{Config, KafkaConfig, Problem, collision_name, topics_of_prefix};
+use crate::config::{
+    Config, KafkaConfig, Problem, collision_name, prefixes_nest as nested, topics_of_prefix,
+};
 use crate::domain::event::ProviderKind;
 
 /// What a source holds that no other may: its provider and account (a
@@ -20,6 +22,8 @@ use crate::domain::event::ProviderKind;
 pub(super) struct Claims {
     accounts: BTreeMap<Account, Holder>,
     topics: BTreeMap<String, Key>,
+    /// The own topics' prefixes: no source's topics inside another's pattern.
+    prefixes: BTreeMap<String, Key>,
 }
 
 /// What a source claims: its account and its own topics' prefix.
@@ -55,6 +59,9 @@ impl Claims {
             });
         for topic in claim.topic_prefix.iter().flat_map(|p| topics_of_prefix(p)) {
             self.topics.insert(collision_name(&topic), key.clone());
+        }
+        if let Some(prefix) = &claim.topic_prefix {
+            self.prefixes.insert(prefix.clone(), key.clone());
         }
     }
 
@@ -130,6 +137,23 @@ pub(super) fn check_file(
     if let Some((provider, owner)) = taken {
         problems.push(format!(
             "{}.topic_prefix: gives a topic {provider}.sources.{owner}'s topic_prefix gives too (or a name Kafka takes for it, `.` and `_` alike): each source's own topics are its own",
+            file.entry().key(),
+        ));
+    }
+    // Said when no topic is taken outright (the one reason is enough).
+    let nested = file
+        .config
+        .topic_prefix
+        .as_deref()
+        .filter(|_| taken.is_none())
+        .and_then(|prefix| {
+            claims.prefixes.iter().find_map(|(other, owner)| {
+                (*owner != key && nested(prefix, other)).then_some(owner)
+            })
+        });
+    if let Some((provider, owner)) = nested {
+        problems.push(format!(
+            "{}.topic_prefix: its topics and {provider}.sources.{owner}'s would be inside one another's pattern: a subscriber to one source's topics would read the other's records and raw dead letters; give each a prefix neither begins the other's topics with",
             file.entry().key(),
         ));
     }

@@ -112,7 +112,8 @@ async fn own_topics_that_collide_are_refused_naming_the_collision() {
     put("mekari.b-first.toml", "b", "twice.");
     put("mekari.c-again.toml", "c", "twice.");
     put("mekari.d-dot.toml", "d", "dl.");
-    put("mekari.e-dash.toml", "e", "dl-");
+    // `dl-dead-letter` as `dl.` gives (`dl-` is refused on its own).
+    put("mekari.e-dash.toml", "e", "dl_");
     put("mekari.f-dot.toml", "f", "col.");
     put("mekari.g-under.toml", "g", "col_");
     put("mekari.h-main.toml", "h", "main_");
@@ -812,4 +813,37 @@ async fn a_removed_sources_series_leave_metrics() {
     assert!(serves_within(&sources, "series-go", Duration::from_secs(2)).await);
     assert!(lines() > 0, "no series once it is back");
     shutdown.cancel();
+}
+
+/// Issue 49, item 12g: every source's dead letters (raw JSON) and records
+/// stay outside every other topic pattern a subscriber reads by: one
+/// source's prefix inside another's, the shared topics inside a source's
+/// pattern, a dead-letter topic inside its own source's pattern (`-`).
+#[tokio::test]
+async fn no_topics_fall_inside_another_prefixs_pattern() {
+    let dir = tempfile::tempdir().unwrap();
+    let put = |name: &str, account: &str, prefix: &str| {
+        std::fs::write(
+            dir.path().join(name),
+            format!("secrets = [\"secret-of-{account}\"]\naccount = \"{account}\"\ntopic_prefix = \"{prefix}\"\n"),
+        )
+        .unwrap();
+    };
+    put("mekari.a-outer.toml", "a", "acme.");
+    put("mekari.b-inner.toml", "b", "acme.eu.");
+    put("mekari.c-dash.toml", "c", "dash-");
+    put("mekari.d-short.toml", "d", "p");
+    put("mekari.e-fine.toml", "e", "fine_");
+    let config = with_dir(dir.path(), "");
+    let problems = problems_by_file(&config).await;
+    let files: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
+    assert_eq!(
+        files,
+        [
+            "mekari.b-inner.toml",
+            "mekari.c-dash.toml",
+            "mekari.d-short.toml",
+        ],
+        "{problems:?}"
+    );
 }
