@@ -348,9 +348,20 @@ impl Sources {
         (listing, held)
     }
 
-    /// The directories of the sources' own secret files.
+    /// The directories outside the sources directory whose changes change
+    /// what a read finds: of the sources' own secret files, and of the
+    /// targets of the files that are links (a link's target changed
+    /// elsewhere tells the sources directory nothing).
     fn secret_dirs(&self) -> BTreeSet<PathBuf> {
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let targets = state
+            .loaded
+            .values()
+            .map(|l| &l.file.path)
+            .chain(state.refused.keys())
+            .filter(|path| path.is_symlink())
+            .filter_map(|path| std::fs::canonicalize(path).ok())
+            .filter_map(|target| target.parent().map(Path::to_owned));
         state
             .loaded
             .values()
@@ -363,6 +374,7 @@ impl Sources {
                         .filter_map(|f| f.parent().map(Path::to_owned)),
                 )
             })
+            .chain(targets)
             .filter(|d| !d.as_os_str().is_empty())
             .collect()
     }

@@ -847,3 +847,40 @@ async fn no_topics_fall_inside_another_prefixs_pattern() {
         "{problems:?}"
     );
 }
+
+/// Issue 49, item 12d: a source file that is a link to a file outside the
+/// directory is read again when its target changes, not at the recheck.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_linked_files_target_changed_outside_is_seen() {
+    let broker = silent_broker();
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("linked.toml");
+    let write = |account: &str| {
+        let staged = outside.path().join("linked.toml.new");
+        std::fs::write(
+            &staged,
+            format!("secrets = [\"secret-of-linked\"]\naccount = \"{account}\"\n"),
+        )
+        .unwrap();
+        std::fs::rename(&staged, &target).unwrap();
+    };
+    write("first");
+    let (sources, shutdown) = watching(dir.path(), &broker).await;
+    std::os::unix::fs::symlink(&target, dir.path().join("mekari.linked.toml")).unwrap();
+    assert!(serves_within(&sources, "linked", Duration::from_secs(2)).await);
+    // The watch of the target's directory is made after the read.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    write("second");
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    let second = Some(Some("second".to_owned()));
+    while serving_account(&sources, "linked") != second && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        serving_account(&sources, "linked"),
+        second,
+        "the target's change waited for the recheck"
+    );
+    shutdown.cancel();
+}
