@@ -7,6 +7,8 @@
 
 mod check;
 pub mod files;
+mod first_fill;
+mod kafka_ready;
 mod known;
 pub mod lookup;
 pub mod partitions;
@@ -22,7 +24,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::adapters::encode::{EncodeError, Encoder};
+use crate::adapters::encode::EncodeError;
 use crate::adapters::ledger::{self, LedgerError};
 use crate::adapters::providers::NormalizeError;
 use crate::adapters::publish::{PublishError, Publisher, TopicSets};
@@ -39,32 +41,10 @@ use crate::observe::traces::{TraceError, Traces};
 use crate::services::drain::Drainer;
 use crate::services::pipeline::{Pipeline, Stages, Timing};
 use crate::services::reconcile::{FileApi, ReconcileError, Reconciler};
+use first_fill::FirstFill;
 use sources::Sources;
 
 pub use check::{load, problems, webhook_source};
-
-/// How long start-up waits for a broker when an earlier start's topics let
-/// it start without one: deliveries wait
-/// for the app meanwhile (spooling
-/// sources could already be taking them), and a broker that answers at all
-/// answers a metadata request in milliseconds. Without that knowledge
-/// start-up waits the whole produce deadline, as it cannot start otherwise.
-const KAFKA_WAIT_WHEN_KNOWN: Duration = Duration::from_secs(1);
-
-/// How long start-up waits for the ledger's first fill from the topics
-/// (from its last checkpoint: usually a second's records) before serving
-/// with the gate closed.
-const FIRST_FILL_WAIT: Duration = Duration::from_secs(5);
-
-/// How long start-up waits for the ledger's first fill from the topics.
-#[derive(Debug, Clone, Copy)]
-enum FirstFill {
-    /// At most [`FIRST_FILL_WAIT`]: `serve` then answers while it goes on.
-    Briefly,
-    /// To its end: a catch-up command (reconcile, replay) has nothing to
-    /// do meanwhile.
-    Whole,
-}
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -169,36 +149,6 @@ fn announce_series(sources: &SourceMap, encoding: &'static str) {
     .set(1.0);
 }
 
-/// The encoder: the registry's ids, or (the registry not answering) the
-/// ids an earlier start took for this schema; `known` is updated with
-/// fresh ones.
-async fn encoder(
-    config: &Config,
-    topics: &[String],
-    known: &mut known::Known,
-) -> Result<Encoder, EncodeError> {
-    let schema = format!("{:016x}", crate::adapters::encode::fingerprint());
-    match Encoder::new(&config.schema_registry, topics).await {
-        Ok(encoder) => {
-            if let (Some(url), Some(ids)) = (&config.schema_registry.url, encoder.ids()) {
-                known.registry = Some(url.clone());
-                known.schema = Some(schema);
-                known.ids = ids.iter().map(|(t, id)| (t.clone(), *id)).collect();
-            }
-            Ok(encoder)
-        }
-        Err(error) if error.is_unreachable() => {
-            let url = config.schema_registry.url.as_deref().unwrap_or_default();
-            let Some(ids) = known.ids_for(url, &schema, topics) else {
-                return Err(error);
-            };
-            warn!(%error, "The schema registry does not answer: starting with the schema ids an earlier start took.");
-            Encoder::with_known_ids(&config.schema_registry, url, ids)
-        }
-        Err(error) => Err(error),
-    }
-}
-
 /// The reconciler of `config`'s sources with an `api` table and of
 /// `sources`' directory's, as [`App::reconciler`] makes it, from the pieces
 /// of a running app.
@@ -296,58 +246,7 @@ impl App {
         for prefix in topics::at_start(config, cached.as_ref()) {
             topics.open(&prefix);
         }
-        let known_path = known::path(config);
-        let mut known = known_path.as_deref().map(known::load).unwrap_or_default();
-        let wanted: std::collections::BTreeMap<String, bool> =
-            topics.all().iter().flat_map(|set| set.all()).collect();
-        // Wrong credentials or an untrusted certificate end start-up here,
-        // named; a broker that does not answer is an outage to ride out.
-        let can_start_on_known = known.has_topics(&kafka.brokers, wanted.keys());
-        let wait_for_kafka = if can_start_on_known {
-            kafka.delivery_timeout().min(KAFKA_WAIT_WHEN_KNOWN)
-        } else {
-            kafka.delivery_timeout()
-        };
-        let reachable = publisher.check_access(wait_for_kafka).await?;
-        if reachable {
-            if kafka.create_topics {
-                publisher
-                    .ensure_topics(&wanted, kafka.partitions, kafka.replication_factor)
-                    .await?;
-                info!(topics = ?wanted.keys().collect::<Vec<_>>(), "Topics ready.");
-            }
-            for set in topics.all() {
-                publisher.check_topic_settings(&set).await?;
-            }
-            known.brokers.clone_from(&kafka.brokers);
-            known.topics = wanted.keys().cloned().collect();
-        } else if can_start_on_known {
-            warn!(
-                "No Kafka broker answers: starting on the topics an earlier start found; sources that spool accept webhooks, the others answer 503 until Kafka answers."
-            );
-        } else if kafka.create_topics {
-            // Nothing known to start on: unless Kafka came back meanwhile,
-            // this fails, naming it.
-            publisher
-                .ensure_topics(&wanted, kafka.partitions, kafka.replication_factor)
-                .await?;
-        } else {
-            warn!(
-                "No Kafka broker answered at start-up; the entity topics' settings are not checked."
-            );
-        }
-        if kafka.topic_check_secs > 0 {
-            publisher.watch_topics(&topics, Duration::from_secs(kafka.topic_check_secs));
-        }
-        let encoder = encoder(config, &topics.entity_topics(), &mut known).await?;
-        info!(
-            encoding = encoder.name(),
-            "Encoder ready: records are Avro in the {} framing.",
-            encoder.name()
-        );
-        if let Some(path) = &known_path {
-            known::save(path, &known);
-        }
+        let (reachable, encoder) = kafka_ready::ready(config, &publisher, &topics).await?;
 
         let mut sources = HashMap::new();
         let mut secret_files = SecretFiles::new(config.server.secrets_recheck());
@@ -408,24 +307,7 @@ impl App {
             )
             .run(background.clone()),
         );
-        match first_fill {
-            FirstFill::Briefly => {
-                if reachable && !opened.gate.opens_within(FIRST_FILL_WAIT).await {
-                    info!(
-                        "The ledger is being filled from the topics: sources that spool take deliveries meanwhile, the others answer 503 with Retry-After; /readyz and /status show its progress."
-                    );
-                }
-            }
-            // Until it is filled, or the first attempt failed (then the
-            // command's own calls say why).
-            FirstFill::Whole => {
-                while !opened.gate.opens_within(FIRST_FILL_WAIT).await {
-                    if opened.gate.snapshot().failed.is_some() {
-                        break;
-                    }
-                }
-            }
-        }
+        first_fill.wait(&opened.gate, reachable).await;
         Ok(App {
             state: AppState {
                 sources: sources.live(),

@@ -38,7 +38,7 @@ use time::OffsetDateTime;
 use tokio::sync::Notify;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::BuildError;
 use super::check::webhook_source;
@@ -50,15 +50,10 @@ use crate::config::source_files::{self, Listing, Refusal, SourceFile};
 use crate::config::{Config, KafkaConfig};
 use crate::domain::event::ProviderKind;
 use crate::http::ingress::{SourceMap, WebhookSource};
-use crate::observe::{Board, delivery, telemetry};
+use crate::observe::{Board, gone};
 
 /// A source's provider and name: its URL.
 type Key = (ProviderKind, String);
-
-/// How long after a change is seen the directory is read: the few events
-/// of one update (Kubernetes swaps a link and deletes the old files) make
-/// one read.
-const SETTLE: Duration = Duration::from_millis(200);
 
 /// A directory file's source as it runs: its file as last read well.
 #[derive(Debug, Clone)]
@@ -223,17 +218,29 @@ impl Sources {
         }
     }
 
-    /// Reads the directory and puts the files that are ready in use.
+    /// Reads the directory and puts the files that are ready in use: the
+    /// files that stayed the same across [`SETTLE`] ([`settle`]); one still
+    /// changing keeps what it had, and is read again.
     async fn read(&self, dir: &Path, openings: &mut Openings, retry: bool) {
         // File reads block; a slow file system must not hold a runtime thread.
+        let before = {
+            let dir = dir.to_owned();
+            tokio::task::spawn_blocking(move || Stamps::of(&dir))
+                .await
+                .ok()
+        };
+        tokio::time::sleep(SETTLE).await;
         let listed = {
             let dir = dir.to_owned();
-            tokio::task::spawn_blocking(move || source_files::read_dir(&dir, providers::api_keys))
-                .await
+            tokio::task::spawn_blocking(move || {
+                let listing = source_files::read_dir(&dir, providers::api_keys);
+                (listing, Stamps::of(&dir))
+            })
+            .await
         };
-        let listing = match listed {
-            Ok(Ok(listing)) => listing,
-            Ok(Err(error)) => {
+        let (listing, after) = match listed {
+            Ok((Ok(listing), after)) => (listing, after),
+            Ok((Err(error), _)) => {
                 self.unreadable(&error);
                 return;
             }
@@ -242,7 +249,14 @@ impl Sources {
                 return;
             }
         };
-        let (ready, waiting) = openings.sort(listing, retry);
+        let unsettled = before.map(|b| b.unsettled(&after)).unwrap_or_default();
+        let (listing, held) = self.hold(listing, &unsettled);
+        if !unsettled.is_empty() {
+            debug!(files = ?unsettled, "Source files still changing; read again once they settle.");
+            self.requested.notify_one();
+        }
+        let (ready, mut waiting) = openings.sort(listing, retry);
+        waiting.extend(held);
         if let Err(error) = self.take(ready, waiting).await {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             let why = error.to_string();
@@ -310,9 +324,44 @@ impl Sources {
         Ok(())
     }
 
-    /// The directories of the sources' own secret files.
+    /// `listing` without the `unsettled` files, and the files of those
+    /// that run now, to keep as they are (as a file waiting for its topics
+    /// is kept): a refused one keeps its refusal, a new one is not seen yet.
+    fn hold(&self, mut listing: Listing, unsettled: &[PathBuf]) -> (Listing, Vec<SourceFile>) {
+        if unsettled.is_empty() {
+            return (listing, Vec::new());
+        }
+        listing.files.retain(|f| !unsettled.contains(&f.path));
+        listing.refused.retain(|r| !unsettled.contains(&r.path));
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let held = state
+            .loaded
+            .values()
+            .filter(|l| unsettled.contains(&l.file.path))
+            .map(|l| l.file.clone())
+            .collect();
+        listing.refused.extend(
+            unsettled
+                .iter()
+                .filter_map(|path| state.refused.get(path).cloned()),
+        );
+        (listing, held)
+    }
+
+    /// The directories outside the sources directory whose changes change
+    /// what a read finds: of the sources' own secret files, and of the
+    /// targets of the files that are links (a link's target changed
+    /// elsewhere tells the sources directory nothing).
     fn secret_dirs(&self) -> BTreeSet<PathBuf> {
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let targets = state
+            .loaded
+            .values()
+            .map(|l| &l.file.path)
+            .chain(state.refused.keys())
+            .filter(|path| path.is_symlink())
+            .filter_map(|path| std::fs::canonicalize(path).ok())
+            .filter_map(|target| target.parent().map(Path::to_owned));
         state
             .loaded
             .values()
@@ -325,6 +374,7 @@ impl Sources {
                         .filter_map(|f| f.parent().map(Path::to_owned)),
                 )
             })
+            .chain(targets)
             .filter(|d| !d.as_os_str().is_empty())
             .collect()
     }
@@ -463,29 +513,41 @@ impl Sources {
         before: Option<(&Loaded, &WebhookSource)>,
         claims: &mut Claims,
     ) -> Result<(WebhookSource, OffsetDateTime), String> {
-        check_file(file, &self.main, claims, &self.kafka, None)?;
+        if let Err(problems) = check_file(file, &self.main, claims, &self.kafka, None) {
+            // The checks read the secret files too: whether they read is
+            // asked apart from the other problems.
+            if file.config.reads_secret_files() {
+                secret_files_readable(file, secrets::read(&file.config).is_ok());
+            }
+            return Err(problems.join("; "));
+        }
         let entry = file.entry();
-        // At its key, as `check-config` says it.
-        let said = |error: LoadError| format!("{}.{}: {error}", entry.key(), error.key());
         let made = match before {
             Some((loaded, webhook)) if loaded.file.digest == file.digest => {
-                if file.config.reads_secret_files() {
+                let reread = if file.config.reads_secret_files() {
                     let (scheme, _) = super::check::signature(entry);
-                    let found = secrets::load(&file.config, scheme).map_err(said)?;
-                    webhook
-                        .verifier
-                        .replace(&secrets::secrets_of(&found))
-                        .map_err(|refused| said(secrets::unfit(&found, refused)))?;
-                }
-                (webhook.clone(), loaded.at)
+                    secrets::load(&file.config, scheme).and_then(|found| {
+                        webhook
+                            .verifier
+                            .replace(&secrets::secrets_of(&found))
+                            .map(|_| ())
+                            .map_err(|refused| secrets::unfit(&found, refused))
+                    })
+                } else {
+                    Ok(())
+                };
+                reread.map(|()| (webhook.clone(), loaded.at))
             }
-            _ => {
-                let webhook = webhook_source(entry).map_err(said)?;
-                announce(&webhook);
-                (webhook, OffsetDateTime::now_utc())
-            }
+            _ => webhook_source(entry)
+                .inspect(announce)
+                .map(|webhook| (webhook, OffsetDateTime::now_utc())),
         };
-        Ok(made)
+        if file.config.reads_secret_files() {
+            let readable = !matches!(made, Err(LoadError::Read(_)));
+            secret_files_readable(file, readable);
+        }
+        // At its key, as `check-config` says it.
+        made.map_err(|error| format!("{}.{}: {error}", entry.key(), error.key()))
     }
 
     /// Says once what a read changed: sources added, changed, removed,
@@ -502,6 +564,7 @@ impl Sources {
             match state.loaded.get(key) {
                 None => {
                     self.board.add_source(key.0, &key.1);
+                    gone::source_back(key.0.as_str(), &key.1);
                     info!(provider = %key.0, source = %key.1, %file, "Source added: its webhook URL answers.");
                 }
                 Some(before) if before.file.digest != now.file.digest => {
@@ -512,6 +575,7 @@ impl Sources {
         }
         for key in state.loaded.keys().filter(|k| !loaded.contains_key(*k)) {
             self.board.remove_source(key.0, &key.1);
+            gone::source_gone(key.0.as_str(), &key.1);
             info!(provider = %key.0, source = %key.1, "Source removed: its webhook URL answers 404; what it spooled still drains.");
         }
         for (path, refusal) in refused {
@@ -550,29 +614,12 @@ fn running(
         .collect()
 }
 
-/// `posbridge_source_files_refused` and `posbridge_sources_from_files`.
-fn gauges(state: &DirState) {
-    let refused = state.refused.len() + usize::from(state.unreadable.is_some());
-    metrics::gauge!(telemetry::SOURCE_FILES_REFUSED).set(refused as f64);
-    metrics::gauge!(telemetry::SOURCES_FROM_FILES).set(state.loaded.len() as f64);
-}
-
-/// Makes a new source's series exist at 0 (alerts watch them from the
-/// start).
-pub(super) fn announce(webhook: &WebhookSource) {
-    metrics::gauge!(
-        telemetry::SECRETS,
-        telemetry::PROVIDER => webhook.source.provider.as_str(),
-        telemetry::SOURCE => webhook.source.name.clone()
-    )
-    .set(webhook.verifier.secrets_in_use() as f64);
-    delivery::announce_source(&webhook.source, webhook.spools);
-}
-
 mod claims;
 mod opening;
 mod owners;
 mod report;
+mod series;
+mod settle;
 #[cfg(test)]
 mod tests;
 mod watch;
@@ -582,4 +629,7 @@ use claims::{Claim, Claims, check_file};
 use opening::Openings;
 pub use owners::Owners;
 use owners::{Recorded, Taking};
+pub(super) use series::announce;
+use series::{gauges, secret_files_readable};
+use settle::{SETTLE, Stamps};
 use watch::DirWatch;

@@ -31,7 +31,7 @@ use crate::domain::event::{ProviderKind, Source};
 
 pub use admin::AdminConfig;
 pub use kafka::{
-    KafkaConfig, collision_name, dead_letter_of, entity_topic, topic_prefix_problem,
+    KafkaConfig, collision_name, dead_letter_of, entity_topic, prefixes_nest, topic_prefix_problem,
     topics_of_prefix,
 };
 pub use ledger::{LedgerBackend, LedgerConfig};
@@ -301,6 +301,21 @@ impl Config {
                 problems.push((
                     format!("{}.topic_prefix", entry.key()),
                     format!("gives a topic {owner}'s topic_prefix gives too (or a name Kafka takes for it, `.` and `_` alike): each source's own topics are its own"),
+                ));
+            } else if let Some(owner) = self
+                .sources()
+                .take_while(|other| other.key() != entry.key())
+                .find(|other| {
+                    other
+                        .config
+                        .topic_prefix
+                        .as_deref()
+                        .is_some_and(|p| prefixes_nest(prefix, p))
+                })
+            {
+                problems.push((
+                    format!("{}.topic_prefix", entry.key()),
+                    format!("its topics and {}'s would be inside one another's pattern: a subscriber to one source's topics would read the other's records and raw dead letters", owner.key()),
                 ));
             }
         }

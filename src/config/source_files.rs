@@ -110,26 +110,53 @@ pub fn read_dir(dir: &Path, api_keys: ApiKeys) -> Result<Listing, DirError> {
         source,
     };
     let mut paths = Vec::new();
+    let mut listing = Listing::default();
     for entry in std::fs::read_dir(dir).map_err(unreadable)? {
         let path = entry.map_err(unreadable)?.path();
-        let named = path.file_name().and_then(|n| n.to_str()).unwrap_or(".");
-        // A link to a file counts (a ConfigMap's keys are links into `..data`).
-        if !named.starts_with('.')
-            && path.extension().is_some_and(|e| e == EXTENSION)
-            && path.is_file()
-        {
-            paths.push(path);
+        let hidden = path
+            .file_name()
+            .is_some_and(|n| n.as_encoded_bytes().starts_with(b"."));
+        if hidden || path.extension().is_none_or(|e| e != EXTENSION) {
+            continue;
+        }
+        match unread(&path) {
+            None => paths.push(path),
+            Some(reason) => listing.refused.push(Refusal {
+                path,
+                source: None,
+                reason: reason.to_owned(),
+            }),
         }
     }
     paths.sort();
-    let mut listing = Listing::default();
     for path in paths {
         match read_file(&path, api_keys) {
             Ok(file) => listing.files.push(file),
             Err(refusal) => listing.refused.push(refusal),
         }
     }
+    listing.refused.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(listing)
+}
+
+/// Why an entry named like a source file is not read, if it is not: it
+/// is said (on `/status`, once in the log) rather than passed over, so a
+/// link gone dangling is not mistaken for a removed source. A link to a
+/// file counts (a ConfigMap's keys are links into `..data`).
+fn unread(path: &Path) -> Option<&'static str> {
+    if path.file_name().and_then(|n| n.to_str()).is_none() {
+        return Some("its name is not UTF-8: a source's name goes into its URL");
+    }
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => None,
+        Ok(meta) if meta.is_dir() => Some("is a directory, not a source file"),
+        // Read, a FIFO would block the read until a writer came.
+        Ok(_) => Some("is not a regular file (a FIFO, a socket or a device): not read"),
+        Err(_) if path.is_symlink() => {
+            Some("is a link that leads to no file (its target is missing, or links loop)")
+        }
+        Err(_) => Some("cannot be looked at (its permissions, or it went meanwhile)"),
+    }
 }
 
 /// The provider and source name a file's name gives, or why it gives none.
@@ -537,6 +564,42 @@ mod tests {
             refusal.reason,
             "mekari.sources.shop-1.topic_prefix: topic …sales: denied; …"
         );
+    }
+
+    /// Issue 49, item 12d: an entry named like a source file that is not
+    /// one to read is said with why, never passed over without a word.
+    #[test]
+    fn entries_that_cannot_be_read_are_said() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let at = |name: &str| dir.path().join(name);
+        std::os::unix::fs::symlink(at("missing"), at("mekari.dangling.toml")).unwrap();
+        std::os::unix::fs::symlink(at("mekari.loop-b.toml"), at("mekari.loop-a.toml")).unwrap();
+        std::os::unix::fs::symlink(at("mekari.loop-a.toml"), at("mekari.loop-b.toml")).unwrap();
+        let fifo = std::process::Command::new("mkfifo")
+            .arg(at("mekari.fifo.toml"))
+            .status()
+            .unwrap();
+        assert!(fifo.success());
+        let odd = std::ffi::OsStr::from_bytes(b"mekari.caf\xe9.toml");
+        std::fs::write(dir.path().join(odd), "secrets = [\"s1-long-enough\"]\n").unwrap();
+        let listing = read_dir(dir.path(), api_keys).unwrap();
+        let said: Vec<(PathBuf, &str)> = listing
+            .refused
+            .iter()
+            .map(|r| (r.path.clone(), r.reason.as_str()))
+            .collect();
+        assert_eq!(listing.refused.len(), 5, "{said:?}");
+        for (path, reason) in &said {
+            let expected = match path.file_name().and_then(|n| n.to_str()) {
+                Some("mekari.dangling.toml" | "mekari.loop-a.toml" | "mekari.loop-b.toml") => {
+                    "a link that leads to no file"
+                }
+                Some("mekari.fifo.toml") => "not a regular file",
+                _ => "not UTF-8",
+            };
+            assert!(reason.contains(expected), "{path:?}: {reason}");
+        }
     }
 
     #[test]

@@ -164,8 +164,8 @@ fn two_sources_whose_own_topics_kafka_cannot_tell_apart_are_refused() {
     };
     let text = [
         source("a", "dl."),
-        // `dl-dead-letter`, as `dl.` gives.
-        source("b", "dl-"),
+        // `dl-dead-letter` (and `dl_sales`), as `dl.` gives.
+        source("b", "dl_"),
         source("c", "col."),
         // `col_sales`, which Kafka takes for `col.sales`.
         source("d", "col_"),

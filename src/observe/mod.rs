@@ -6,6 +6,7 @@
 //! * [`traces`]: a span per delivery and its stages over OTLP, the records' `traceparent`.
 //! * [`delivery`]: each stage's counter beside its one log line, and the
 //!   series made to exist at start-up.
+//! * [`gone`]: the series of sources no longer in use, left off `/metrics`.
 //! * [`board`]: the in-memory board of recent deliveries, webhook checks and
 //!   reconcile runs that the status page draws.
 //! * [`progress`]: a long run's live line or periodic log line.
@@ -13,6 +14,7 @@
 
 pub mod board;
 pub mod delivery;
+pub mod gone;
 pub mod panics;
 pub mod progress;
 pub mod telemetry;

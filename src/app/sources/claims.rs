@@ -10,7 +10,9 @@ use super::owners::{self, Account, Holder, Recorded};
 use crate::adapters::providers;
 use crate::app::check::source_problems;
 use crate::config::source_files::{self, Listing, SourceFile};
-use crate::config::{Config, KafkaConfig, Problem, collision_name, topics_of_prefix};
+use crate::config::{
+    Config, KafkaConfig, Problem, collision_name, prefixes_nest as nested, topics_of_prefix,
+};
 use crate::domain::event::ProviderKind;
 
 /// What a source holds that no other may: its provider and account (a
@@ -20,6 +22,8 @@ use crate::domain::event::ProviderKind;
 pub(super) struct Claims {
     accounts: BTreeMap<Account, Holder>,
     topics: BTreeMap<String, Key>,
+    /// The own topics' prefixes: no source's topics inside another's pattern.
+    prefixes: BTreeMap<String, Key>,
 }
 
 /// What a source claims: its account and its own topics' prefix.
@@ -56,6 +60,9 @@ impl Claims {
         for topic in claim.topic_prefix.iter().flat_map(|p| topics_of_prefix(p)) {
             self.topics.insert(collision_name(&topic), key.clone());
         }
+        if let Some(prefix) = &claim.topic_prefix {
+            self.prefixes.insert(prefix.clone(), key.clone());
+        }
     }
 
     /// Whether the source `key` may serve with `claim`'s account: no other
@@ -68,8 +75,10 @@ impl Claims {
 }
 
 /// What a file that parsed must pass to be a source: a name that is not
-/// the main file's, an account no other source holds, and its provider's
-/// checks. Takes its account on success. `note` ends a refusal for an
+/// the main file's, an account no other source holds, its own topics no
+/// other source's or shared, and its provider's checks. Takes its account
+/// on success; every problem found, each on its own, on failure (an
+/// operator fixes them all in one go). `note` ends a refusal for an
 /// account no entry of the ledger gives its holder (`check-config`'s).
 pub(super) fn check_file(
     file: &SourceFile,
@@ -77,17 +86,18 @@ pub(super) fn check_file(
     claims: &mut Claims,
     kafka: &KafkaConfig,
     note: Option<&str>,
-) -> Result<(), String> {
+) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
     if let Some(why) = file
         .config
         .topic_prefix
         .as_deref()
         .and_then(|prefix| kafka.shared_topic_clash(prefix))
     {
-        return Err(format!("{}.topic_prefix: {why}", file.entry().key()));
+        problems.push(format!("{}.topic_prefix: {why}", file.entry().key()));
     }
     if main.contains_key(&(file.provider, file.name.clone())) {
-        return Err(format!(
+        problems.push(format!(
             "{}.sources.{} is a source of the main file: one URL, one source",
             file.provider, file.name
         ));
@@ -105,7 +115,7 @@ pub(super) fn check_file(
             .filter(|_| owner.since.is_none())
             .filter(|_| !main.contains_key(&(file.provider, owner.name.clone())))
             .unwrap_or_default();
-        return Err(format!(
+        problems.push(format!(
             "{}.account: {}.sources.{} has the same provider and account{}: their records would share keys; give each source an account of its own{note}",
             file.entry().key(),
             file.provider,
@@ -125,18 +135,35 @@ pub(super) fn check_file(
                 .filter(|owner| **owner != key)
         });
     if let Some((provider, owner)) = taken {
-        return Err(format!(
+        problems.push(format!(
             "{}.topic_prefix: gives a topic {provider}.sources.{owner}'s topic_prefix gives too (or a name Kafka takes for it, `.` and `_` alike): each source's own topics are its own",
             file.entry().key(),
         ));
     }
-    let problems = source_problems(file.entry());
-    if !problems.is_empty() {
-        return Err(problems
+    // Said when no topic is taken outright (the one reason is enough).
+    let nested = file
+        .config
+        .topic_prefix
+        .as_deref()
+        .filter(|_| taken.is_none())
+        .and_then(|prefix| {
+            claims.prefixes.iter().find_map(|(other, owner)| {
+                (*owner != key && nested(prefix, other)).then_some(owner)
+            })
+        });
+    if let Some((provider, owner)) = nested {
+        problems.push(format!(
+            "{}.topic_prefix: its topics and {provider}.sources.{owner}'s would be inside one another's pattern: a subscriber to one source's topics would read the other's records and raw dead letters; give each a prefix neither begins the other's topics with",
+            file.entry().key(),
+        ));
+    }
+    problems.extend(
+        source_problems(file.entry())
             .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("; "));
+            .map(ToString::to_string),
+    );
+    if !problems.is_empty() {
+        return Err(problems);
     }
     claims.take(&key, &Claim::of(&file.config));
     Ok(())
@@ -205,9 +232,11 @@ fn listing_problems(config: &Config, listing: Listing, recorded: &Recorded) -> V
         .collect();
     let mut claims = Claims::new(&main, recorded.owners(&BTreeMap::new()));
     let note = recorded.note.as_deref();
-    let checked = listing.files.iter().filter_map(|file| {
-        check_file(file, &main, &mut claims, &config.kafka, note)
-            .err()
+    let checked = listing.files.iter().flat_map(|file| {
+        let problems = check_file(file, &main, &mut claims, &config.kafka, note).err();
+        problems
+            .into_iter()
+            .flatten()
             .map(|reason| (file.path.clone(), file.refused(&reason).reason))
     });
     let refused = listing
@@ -218,6 +247,7 @@ fn listing_problems(config: &Config, listing: Listing, recorded: &Recorded) -> V
         .chain(checked)
         .map(|(path, reason)| Problem::new(path.display().to_string(), reason))
         .collect();
+    // By file, each file's problems in the order they were found.
     problems.sort_by(|a, b| a.key.cmp(&b.key));
     problems
 }

@@ -9,11 +9,11 @@ use crate::http::status::{Origin, RefusedFile, SourceView, SourcesReport};
 
 impl Sources {
     /// Every source, the refused files' too, in provider and name order,
-    /// and the files refused without a source name.
+    /// and the files refused without a directory source to show them under.
     pub fn report(&self) -> SourcesReport {
         SourcesReport {
             sources: self.views(),
-            refused_files: self.unnamed_refusals(),
+            refused_files: self.unsourced_refusals(),
         }
     }
 
@@ -39,7 +39,15 @@ impl Sources {
             );
         }
         for refusal in state.refused.values() {
-            let Some(key) = &refusal.source else { continue };
+            // A file named like a main-file source is not that source's:
+            // it is shown apart ([`Sources::unsourced_refusals`]).
+            let Some(key) = refusal
+                .source
+                .as_ref()
+                .filter(|k| !self.main.contains_key(*k))
+            else {
+                continue;
+            };
             let view = views.entry(key.clone()).or_insert_with(|| SourceView {
                 provider: key.0,
                 name: key.1.clone(),
@@ -56,14 +64,15 @@ impl Sources {
         views.into_values().collect()
     }
 
-    /// The refused files without a source name (a file named wrongly), and
-    /// why the directory cannot be read, when it cannot.
-    fn unnamed_refusals(&self) -> Vec<RefusedFile> {
+    /// The refused files without a directory source to show them under (a
+    /// file named wrongly, or named like a main-file source), and why the
+    /// directory cannot be read, when it cannot.
+    fn unsourced_refusals(&self) -> Vec<RefusedFile> {
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         state
             .refused
             .values()
-            .filter(|r| r.source.is_none())
+            .filter(|r| r.source.as_ref().is_none_or(|k| self.main.contains_key(k)))
             .map(|r| RefusedFile {
                 path: r.path.clone(),
                 reason: r.reason.clone(),

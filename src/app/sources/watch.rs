@@ -99,7 +99,7 @@ impl DirWatch {
     /// Watches the directories of the sources' own secret files too (a
     /// Kubernetes Secret mounted beside the sources directory), so that a
     /// rotated secret there is read as soon as one of the main file's
-    /// sources is.
+    /// sources is, and those of the targets of source files that are links.
     pub(super) fn secret_dirs(&mut self, dirs: BTreeSet<PathBuf>) {
         let Some(watcher) = &mut self.files else {
             return;

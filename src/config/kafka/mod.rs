@@ -160,10 +160,31 @@ pub fn topic_prefix_problem(prefix: &str) -> Option<String> {
     }
     // Neither the prefix nor its topics are repeated: a source file's
     // problems are shown on `/status`, and it holds secrets.
-    topics_of_prefix(prefix)
+    if topics_of_prefix(prefix)
         .into_iter()
         .any(|n| !valid_topic_name(&n))
-        .then(|| "gives topic names Kafka does not take (1-249 of a-z A-Z 0-9 . _ -)".into())
+    {
+        return Some("gives topic names Kafka does not take (1-249 of a-z A-Z 0-9 . _ -)".into());
+    }
+    // Its dead letters are raw JSON: a subscriber to its topics' pattern
+    // with an Avro deserializer must not get them.
+    inside(&dead_letter_of(prefix), prefix).then(|| {
+        "does not end with `.` or `_`: its dead-letter topic would be inside its own topics' pattern".into()
+    })
+}
+
+/// Whether the topics of one prefix fall inside the other's pattern, one
+/// way or the other.
+pub fn prefixes_nest(a: &str, b: &str) -> bool {
+    topics_of_prefix(a).iter().any(|t| inside(t, b))
+        || topics_of_prefix(b).iter().any(|t| inside(t, a))
+}
+
+/// Whether `topic` is inside the pattern of the topics named by `prefix`
+/// (a subscriber to `{prefix}.*` reads it), by the name Kafka tells
+/// topics apart by.
+pub fn inside(topic: &str, prefix: &str) -> bool {
+    collision_name(topic).starts_with(&collision_name(prefix))
 }
 
 impl KafkaConfig {
@@ -195,8 +216,11 @@ impl KafkaConfig {
             );
         }
         let pattern = self.topic_prefix.as_str();
-        (!pattern.is_empty() && own.iter().any(|n| n.starts_with(pattern))).then(|| {
-            "starts with kafka.topic_prefix: its topics would be inside the shared topics' pattern, and a subscriber to the shared topics would read this source's records; choose a prefix of its own".into()
+        if !pattern.is_empty() && own.iter().any(|n| n.starts_with(pattern)) {
+            return Some("starts with kafka.topic_prefix: its topics would be inside the shared topics' pattern, and a subscriber to the shared topics would read this source's records; choose a prefix of its own".into());
+        }
+        self.shared_topics().iter().any(|t| inside(t, prefix)).then(|| {
+            "the shared topics would be inside this source's topics' pattern: a subscriber to its topics would read every merchant's records and the shared dead letters; choose a longer prefix".into()
         })
     }
 }

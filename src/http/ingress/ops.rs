@@ -152,7 +152,7 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4",
         )],
-        state.metrics.render(),
+        crate::observe::gone::render(&state.metrics),
     )
         .into_response()
 }

@@ -42,8 +42,9 @@ pub struct SourceView {
     pub refused: Option<String>,
 }
 
-/// A file of the sources directory refused without a source to show it
-/// under (named wrongly), or the directory itself unreadable.
+/// A file of the sources directory refused without a source of its own to
+/// show it under (named wrongly, or named like a main-file source, which
+/// is not the file's), or the directory itself unreadable.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RefusedFile {
     /// The file (or the directory).
@@ -57,7 +58,7 @@ pub struct RefusedFile {
 pub struct SourcesReport {
     /// By provider and name.
     pub sources: Vec<SourceView>,
-    /// The files refused without a source name.
+    /// The files refused without a directory source to show them under.
     pub refused_files: Vec<RefusedFile>,
 }
 
