@@ -75,6 +75,7 @@ mod api;
 mod check;
 mod clock;
 mod crash;
+mod ended;
 mod hooks;
 mod process;
 mod providers;
