@@ -49,6 +49,45 @@ async fn rederive(app: &TestApp, options: &Options) -> (Summary, Vec<Value>) {
     (summary, lines)
 }
 
+/// A run of `options` over `app`'s shared topics, `broker` cut once
+/// `topic` holds `records` records and healed once the run stopped: what
+/// the run wrote (its summary line among it).
+async fn run_cut_at(
+    app: &TestApp,
+    broker: &OwnBroker,
+    (topic, records): (&str, usize),
+    options: &Options,
+) -> String {
+    let sets = [Arc::new(Topics::new(&app.config.kafka))];
+    let run = Rederive::new(&app.config, app.pipeline.clone(), &sets).unwrap();
+    let cut = async {
+        let (address, topic) = (broker.address(), topic.to_owned());
+        wait_until(
+            Duration::from_secs(60),
+            "the records to cut at",
+            async || {
+                let (address, topic) = (address.clone(), topic.clone());
+                tokio::task::spawn_blocking(move || read_topic(&address, &topic).len() >= records)
+                    .await
+                    .unwrap()
+            },
+        )
+        .await;
+        broker.cut();
+    };
+    let mut out = Vec::new();
+    let (stopped, ()) = tokio::join!(run.run(options, &mut out), cut);
+    assert!(stopped.is_err(), "the outage stops it");
+    broker.heal();
+    wait_until(
+        Duration::from_secs(30),
+        "the broker to answer again",
+        async || app.pipeline.producer().health().is_up(),
+    )
+    .await;
+    String::from_utf8(out).unwrap()
+}
+
 /// What an older build wrote for six products `P-1` … `P-6`, a minute
 /// apart, to `products` on `brokers`.
 async fn write_six_v1_products(brokers: &str, products: &str) {
@@ -111,23 +150,7 @@ async fn a_run_stopped_by_an_outage_resumes_where_it_stopped() {
         rate: 1,
         ..Options::default()
     };
-    let sets = [Arc::new(Topics::new(&app.config.kafka))];
-    let run = Rederive::new(&app.config, app.pipeline.clone(), &sets).unwrap();
-    let cut = async {
-        let (address, topic) = (broker.address(), products.clone());
-        wait_until(Duration::from_secs(30), "two derived records", async || {
-            let (address, topic) = (address.clone(), topic.clone());
-            tokio::task::spawn_blocking(move || read_topic(&address, &topic).len() >= 8)
-                .await
-                .unwrap()
-        })
-        .await;
-        broker.cut();
-    };
-    let mut out = Vec::new();
-    let (stopped, ()) = tokio::join!(run.run(&slow, &mut out), cut);
-    assert!(stopped.is_err(), "the outage stops it");
-    let text = String::from_utf8(out).unwrap();
+    let text = run_cut_at(&app, &broker, (&products, 8), &slow).await;
     let summary: Value = text
         .lines()
         .find_map(|l| {
@@ -140,13 +163,6 @@ async fn a_run_stopped_by_an_outage_resumes_where_it_stopped() {
     assert_eq!(summary["complete"], false);
     let done = summary["published"].as_u64().unwrap();
     assert!((1..6).contains(&done), "{summary}");
-    broker.heal();
-    wait_until(
-        Duration::from_secs(30),
-        "the broker to answer again",
-        async || app.pipeline.producer().health().is_up(),
-    )
-    .await;
     // A dry run meanwhile previews the whole, and leaves the stop's place.
     let preview = Options {
         dry_run: true,
@@ -221,33 +237,8 @@ async fn a_run_cut_with_records_on_the_wire_leaves_no_key_unfixed() {
         rate: 100,
         ..Options::default()
     };
-    let sets = [Arc::new(Topics::new(&app.config.kafka))];
-    let run = Rederive::new(&app.config, app.pipeline.clone(), &sets).unwrap();
-    let cut = async {
-        let (address, topic) = (broker.address(), products.clone());
-        wait_until(
-            Duration::from_secs(60),
-            "fifty derived records",
-            async || {
-                let (address, topic) = (address.clone(), topic.clone());
-                tokio::task::spawn_blocking(move || read_topic(&address, &topic).len() >= 350)
-                    .await
-                    .unwrap()
-            },
-        )
-        .await;
-        broker.cut();
-    };
-    let mut out = Vec::new();
-    let (stopped, ()) = tokio::join!(run.run(&paced, &mut out), cut);
-    assert!(stopped.is_err(), "the outage stops it");
-    broker.heal();
-    wait_until(
-        Duration::from_secs(30),
-        "the broker to answer again",
-        async || app.pipeline.producer().health().is_up(),
-    )
-    .await;
+    // Fifty derived records in, the broker is cut.
+    run_cut_at(&app, &broker, (&products, 350), &paced).await;
     let (summary, _) = rederive(&app, &Options::default()).await;
     assert!(summary.complete, "{summary:?}");
     let mut last: BTreeMap<String, bool> = BTreeMap::new();

@@ -33,18 +33,26 @@ async fn ledger(prefix: &str) -> RedisLedger {
 
 /// [`ledger`] whose locks and leases hold `lease` unless renewed.
 async fn ledger_leasing(prefix: &str, lease: Duration) -> RedisLedger {
-    let ledger = RedisLedger::connect(
-        &redis_url(),
-        prefix,
-        Duration::from_secs(3600),
-        lease,
-        None,
-        false,
-    )
-    .await
-    .expect("a Redis server at POSBRIDGE_TEST_REDIS");
+    ledger_at(&redis_url(), prefix, lease).await
+}
+
+/// A Redis ledger on the server at `url` under `prefix`, marked as filled.
+async fn ledger_at(url: &str, prefix: &str, lease: Duration) -> RedisLedger {
+    let ledger = RedisLedger::connect(url, prefix, Duration::from_secs(3600), lease, None, false)
+        .await
+        .expect("a Redis server");
     crate::support::redis::mark_filled(&ledger).await;
     ledger
+}
+
+/// Two replicas' ledgers on one Redis, under a prefix of their own named
+/// after `name`, whose locks hold `lease` unless renewed.
+async fn two_replicas_leasing(name: &str, lease: Duration) -> (RedisLedger, RedisLedger) {
+    let prefix = format!("{}:", unique(name));
+    (
+        ledger_leasing(&prefix, lease).await,
+        ledger_leasing(&prefix, lease).await,
+    )
 }
 
 fn state(at_micros: i64, hash: u8) -> Held {
@@ -320,12 +328,7 @@ async fn two_replicas_sharing_redis_publish_each_delivery_once_and_never_roll_ba
 /// deployment upgrades.
 #[tokio::test]
 async fn the_rebuild_lock_held_longer_than_its_lease_is_renewed_and_a_second_replica_waits() {
-    let prefix = format!("{}:", unique("renewed"));
-    let lease = Duration::from_millis(300);
-    let (a, b) = (
-        ledger_leasing(&prefix, lease).await,
-        ledger_leasing(&prefix, lease).await,
-    );
+    let (a, b) = two_replicas_leasing("renewed", Duration::from_millis(300)).await;
     let held = a.exclusive(Exclusive::Fill).await.unwrap();
     let older_versions_lock =
         EntitySlot::of_record_key(EntityType::Sale, "posbridge:rebuilt-from-topics");
@@ -362,12 +365,7 @@ async fn the_rebuild_lock_held_longer_than_its_lease_is_renewed_and_a_second_rep
 /// refused at once, not made to wait; once it ends, the next may run.
 #[tokio::test]
 async fn a_second_rederive_run_on_one_redis_ledger_is_refused_while_one_runs() {
-    let prefix = format!("{}:", unique("rederive-lock"));
-    let lease = Duration::from_millis(300);
-    let (a, b) = (
-        ledger_leasing(&prefix, lease).await,
-        ledger_leasing(&prefix, lease).await,
-    );
+    let (a, b) = two_replicas_leasing("rederive-lock", Duration::from_millis(300)).await;
     let running = a.exclusive(Exclusive::Rederive).await.unwrap();
     assert!(running.is_some(), "the first run takes the lock");
     // Five leases on: the run still holds it (renewed while it runs).
@@ -466,19 +464,7 @@ async fn kafka_only_a_fill_that_outlasts_its_locks_lease_keeps_it_and_a_second_r
 #[tokio::test]
 async fn one_entitys_deliveries_in_one_process_take_its_lock_in_turn_without_polling() {
     let redis = RedisServer::start(free_port(), &[]).await;
-    let ledger = Arc::new(
-        RedisLedger::connect(
-            &redis.url(),
-            "turns:",
-            Duration::from_secs(3600),
-            Duration::from_secs(10),
-            None,
-            false,
-        )
-        .await
-        .unwrap(),
-    );
-    crate::support::redis::mark_filled(&ledger).await;
+    let ledger = Arc::new(ledger_at(&redis.url(), "turns:", Duration::from_secs(10)).await);
     let slot = EntitySlot::of_record_key(EntityType::Sale, "receiptroller:T1|2026-12|1");
     let script_calls = async || {
         let stats = redis.cli(&["INFO", "commandstats"]).await;
@@ -520,16 +506,7 @@ async fn one_entitys_deliveries_in_one_process_take_its_lock_in_turn_without_pol
         "{calls} script calls for ten turns handed on: a renewal each, the last one's release"
     );
     // The last turn let the lock go: another process takes it at once.
-    let other = RedisLedger::connect(
-        &redis.url(),
-        "turns:",
-        Duration::from_secs(3600),
-        Duration::from_secs(10),
-        None,
-        false,
-    )
-    .await
-    .unwrap();
+    let other = ledger_at(&redis.url(), "turns:", Duration::from_secs(10)).await;
     let taken = look_for(Duration::from_secs(2), async || {
         tokio::time::timeout(Duration::from_millis(100), other.lock_and_read(&slot))
             .await
