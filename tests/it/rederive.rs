@@ -266,22 +266,25 @@ async fn a_run_cut_with_records_on_the_wire_leaves_no_key_unfixed() {
 /// tells them apart by the offset the ledger holds, and publishes nothing.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fix_to_a_field_the_hash_leaves_out_is_published_once() {
+    // A private broker, whose tansu compacts only hourly
+    // (support/broker.rs): every record written stays there to be counted.
+    let broker = OwnBroker::start().await;
     let dir = tempfile::tempdir().unwrap();
     let prefix = unique("rederive-once");
-    let config = config(&brokers(), &prefix, dir.path());
+    let config = config(&broker.address(), &prefix, dir.path());
     let products = format!("{prefix}.products");
-    products_topic(&brokers(), &products).await;
+    products_topic(&broker.address(), &products).await;
     let (time, micros) = at(1);
     let body = v1::product_created("d-1", "P-1", "Kopi 1", &time);
     // Today's code writes the product, and says the state's hash.
     let mut app = TestApp::start_with(config.clone()).await;
     assert_eq!(app.send("mekari", "main", &body).await.status(), 200);
-    let hash = read_topic(&brokers(), &products)[0].headers["posbridge-state-hash"].clone();
+    let hash = read_topic(&broker.address(), &products)[0].headers["posbridge-state-hash"].clone();
     // An older build's record of the same delivery, its event time 7 h off,
     // is the key's last record; a restart takes its state in.
     let off = -7 * 3_600_000_000;
     produce(
-        &brokers(),
+        &broker.address(),
         &products,
         v1::product_record_misdated(&body, micros, off, &hash),
     )
@@ -320,7 +323,7 @@ async fn a_fix_to_a_field_the_hash_leaves_out_is_published_once() {
             "the fixed record, and the two before it: {summary:?}"
         );
     }
-    let records = read_topic(&brokers(), &products);
+    let records = read_topic(&broker.address(), &products);
     assert_eq!(records.len(), 3, "the fixed record written once");
     assert_eq!(records[2].headers["posbridge-state-hash"], hash);
     app.stop().await;
