@@ -43,6 +43,7 @@ mod replace;
 mod topics;
 mod watch;
 
+use std::borrow::Cow;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
@@ -100,8 +101,10 @@ pub struct OutgoingRecord {
     pub payload: Option<Vec<u8>>,
     /// Record timestamp, milliseconds since the epoch.
     pub timestamp_ms: i64,
-    /// Record headers.
-    pub headers: Vec<(&'static str, String)>,
+    /// Record headers: names and the values known before the run (a
+    /// provider's name, the origin, the schema's revision) are not
+    /// allocated per record.
+    pub headers: Vec<(&'static str, Cow<'static, str>)>,
     /// Provider name, for the latency metric.
     pub provider: &'static str,
 }
@@ -113,7 +116,7 @@ impl OutgoingRecord {
         self.headers
             .iter()
             .find(|(key, _)| *key == name)
-            .map(|(_, value)| value.as_str())
+            .map(|(_, value)| value.as_ref())
     }
 }
 

@@ -4,6 +4,7 @@
 //! the trace context a record carries (`traceparent`, when traces are on)
 //! comes in as headers of the producing span (`traces::StageSpan::record_headers`).
 
+use std::borrow::Cow;
 use time::OffsetDateTime;
 
 use crate::adapters::encode::SCHEMA_REVISION;
@@ -96,18 +97,24 @@ pub fn entity_record(
 ) -> OutgoingRecord {
     debug_assert_eq!(*key, event.key(), "the record is keyed by its own entity");
     let mut headers = vec![
-        (HEADER_DELIVERY_ID, event.event_id.clone()),
-        (HEADER_PROVIDER, event.provider.as_str().to_owned()),
-        (HEADER_EVENT_TYPE, event.event_type.clone()),
-        (HEADER_SOURCE, event.source.clone()),
-        (HEADER_ORIGIN, event.origin.as_str().to_owned()),
+        (HEADER_DELIVERY_ID, Cow::Owned(event.event_id.clone())),
+        (HEADER_PROVIDER, Cow::Borrowed(event.provider.as_str())),
+        (HEADER_EVENT_TYPE, Cow::Owned(event.event_type.clone())),
+        (HEADER_SOURCE, Cow::Owned(event.source.clone())),
+        (HEADER_ORIGIN, Cow::Borrowed(event.origin.as_str())),
         (
             HEADER_VERSION,
-            format!("{}:{}", state.version.at_micros, state.version.rank),
+            Cow::Owned(format!(
+                "{}:{}",
+                state.version.at_micros, state.version.rank
+            )),
         ),
-        (HEADER_STATE_HASH, hex::encode(state.state_hash)),
-        (HEADER_SCHEMA, SCHEMA_REVISION.to_owned()),
-        (HEADER_RECEIVED_AT, micros(event.received_at).to_string()),
+        (HEADER_STATE_HASH, Cow::Owned(hex::encode(state.state_hash))),
+        (HEADER_SCHEMA, Cow::Borrowed(SCHEMA_REVISION)),
+        (
+            HEADER_RECEIVED_AT,
+            Cow::Owned(micros(event.received_at).to_string()),
+        ),
     ];
     with_trace(&mut headers, trace);
     OutgoingRecord {
@@ -128,11 +135,14 @@ pub fn dead_letter_record(
     trace: Vec<(&'static str, String)>,
 ) -> OutgoingRecord {
     let mut headers = vec![
-        (HEADER_DELIVERY_ID, letter.delivery_id.to_owned()),
-        (HEADER_PROVIDER, letter.provider.as_str().to_owned()),
-        (HEADER_SOURCE, letter.source.to_owned()),
-        (HEADER_REASON, letter.reason),
-        (HEADER_REASON_CODE, letter.code.to_owned()),
+        (
+            HEADER_DELIVERY_ID,
+            Cow::Owned(letter.delivery_id.to_owned()),
+        ),
+        (HEADER_PROVIDER, Cow::Borrowed(letter.provider.as_str())),
+        (HEADER_SOURCE, Cow::Owned(letter.source.to_owned())),
+        (HEADER_REASON, Cow::Owned(letter.reason)),
+        (HEADER_REASON_CODE, Cow::Borrowed(letter.code)),
     ];
     with_trace(&mut headers, trace);
     OutgoingRecord {
@@ -166,9 +176,16 @@ pub fn state_from_headers(version: &[u8], state_hash: &[u8]) -> Option<EntitySta
 
 /// Adds the trace context headers, when traces are on; off, the headers
 /// stay as allocated.
-fn with_trace(headers: &mut Vec<(&'static str, String)>, trace: Vec<(&'static str, String)>) {
+fn with_trace(
+    headers: &mut Vec<(&'static str, Cow<'static, str>)>,
+    trace: Vec<(&'static str, String)>,
+) {
     if !trace.is_empty() {
-        headers.extend(trace);
+        headers.extend(
+            trace
+                .into_iter()
+                .map(|(name, value)| (name, Cow::Owned(value))),
+        );
     }
 }
 
@@ -207,11 +224,14 @@ pub fn cut_dead_letter(
     };
     record
         .headers
-        .push((HEADER_BODY_BYTES, body.len().to_string()));
+        .push((HEADER_BODY_BYTES, Cow::Owned(body.len().to_string())));
+    record.headers.push((
+        HEADER_BODY_SHA256,
+        Cow::Owned(hex::encode(Sha256::digest(&body[..]))),
+    ));
     record
         .headers
-        .push((HEADER_BODY_SHA256, hex::encode(Sha256::digest(&body[..]))));
-    record.headers.push((HEADER_CUT_REASON, why.to_owned()));
+        .push((HEADER_CUT_REASON, Cow::Owned(why.to_owned())));
     let beside_body = RECORD_OVERHEAD_BYTES
         + record.key.len()
         + record
