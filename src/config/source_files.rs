@@ -566,7 +566,7 @@ mod tests {
         );
     }
 
-    /// Issue 49, item 12d: an entry named like a source file that is not
+    /// An entry named like a source file that is not
     /// one to read is said with why, never passed over without a word.
     #[test]
     fn entries_that_cannot_be_read_are_said() {
