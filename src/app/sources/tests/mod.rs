@@ -31,6 +31,16 @@ fn with_dir(dir: &Path, main_table: &str) -> Config {
     config
 }
 
+/// Writes source file `name` in `dir`, for `account`, with topics of its
+/// own under `prefix`.
+fn put_prefixed(dir: &Path, name: &str, account: &str, prefix: &str) {
+    std::fs::write(
+        dir.join(name),
+        format!("secrets = [\"secret-of-{account}\"]\naccount = \"{account}\"\ntopic_prefix = \"{prefix}\"\n"),
+    )
+    .unwrap();
+}
+
 /// `check-config` on a main file and a directory: each file refused by
 /// its path, as a running posbridge refuses it.
 #[tokio::test]
@@ -101,13 +111,8 @@ async fn check_config_names_every_refused_file_by_its_path() {
 #[tokio::test]
 async fn own_topics_that_collide_are_refused_naming_the_collision() {
     let dir = tempfile::tempdir().unwrap();
-    let put = |name: &str, account: &str, prefix: &str| {
-        std::fs::write(
-            dir.path().join(name),
-            format!("secrets = [\"secret-of-{account}\"]\naccount = \"{account}\"\ntopic_prefix = \"{prefix}\"\n"),
-        )
-        .unwrap();
-    };
+    let put =
+        |name: &str, account: &str, prefix: &str| put_prefixed(dir.path(), name, account, prefix);
     put("mekari.a-inside.toml", "a", "pos.acme.");
     put("mekari.b-first.toml", "b", "twice.");
     put("mekari.c-again.toml", "c", "twice.");
@@ -388,10 +393,8 @@ async fn a_directory_made_again_is_watched() {
         "the new directory's file waited for the recheck"
     );
     assert!(!serves(&sources, "first"), "the old directory's file stays");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    put_source(&dir, "third", "");
     assert!(
-        serves_within(&sources, "third", Duration::from_secs(2)).await,
+        a_new_file_is_served(&sources, &dir).await,
         "a change in the new directory is not seen"
     );
     shutdown.cancel();
@@ -425,13 +428,20 @@ async fn a_switched_link_is_followed() {
         "the new target's file waited for the recheck"
     );
     assert!(!serves(&sources, "first"), "the old target's file stays");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    put_source(&b, "third", "");
     assert!(
-        serves_within(&sources, "third", Duration::from_secs(2)).await,
+        a_new_file_is_served(&sources, &b).await,
         "a change in the new target is not seen"
     );
     shutdown.cancel();
+}
+
+/// Whether a file put in `dir` a moment after its watch was set up anew
+/// is served within two seconds (the moment: the directory's own events
+/// of the switch have passed, so the file's are the ones seen).
+async fn a_new_file_is_served(sources: &Sources, dir: &Path) -> bool {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    put_source(dir, "third", "");
+    serves_within(sources, "third", Duration::from_secs(2)).await
 }
 
 /// Why `/admin/sources` says the source `name`'s file is refused.

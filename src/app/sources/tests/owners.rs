@@ -30,7 +30,7 @@ fn put_claim(dir: &Path, name: &str, account: &str) {
     .unwrap();
 }
 
-/// Issue 49, item 6: the account's owner is the source the ledger records,
+/// The account's owner is the source the ledger records,
 /// not the first file in name order. A newcomer (named to sort first)
 /// claiming a serving source's account is refused, and still after a
 /// restart on the same ledger; with the owner's file gone it takes the
@@ -167,7 +167,7 @@ async fn check_config_names_the_owner_the_ledger_records() {
     );
 }
 
-/// Issue 49, item 12b: a file named like a main-file source is refused,
+/// A file named like a main-file source is refused,
 /// and shows on `/status` with its reason like every other refused file.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_file_named_like_a_main_file_source_shows_as_refused() {
@@ -196,7 +196,7 @@ async fn a_file_named_like_a_main_file_source_shows_as_refused() {
     shutdown.cancel();
 }
 
-/// Issue 49, item 12e: `check-config` reports every problem of a file, not
+/// `check-config` reports every problem of a file, not
 /// the first it meets: a name the main file's, its own topics among the
 /// shared ones, an account another source holds and a secret too short.
 #[tokio::test]

@@ -26,7 +26,7 @@ async fn series_within(name: &str, source: &str, value: Option<&str>) -> bool {
     false
 }
 
-/// Issue 49, item 12f: a directory source reading secret files has its
+/// A directory source reading secret files has its
 /// `posbridge_secret_files_readable`, as a main-file source has: 1 while
 /// they read, 0 when they cannot (it keeps its last good secrets).
 #[tokio::test(flavor = "multi_thread")]
@@ -68,7 +68,7 @@ fn serving_account(sources: &Sources, name: &str) -> Option<Option<String>> {
     Some(webhook.source.account.clone())
 }
 
-/// Issue 49, item 12c: a file written in place slowly, whose first part
+/// A file written in place slowly, whose first part
 /// parses alone, is taken once it has settled, not half-written: its
 /// source never serves without the account the finished file gives.
 #[tokio::test(flavor = "multi_thread")]
@@ -111,7 +111,7 @@ fn scrape() -> String {
     crate::observe::gone::render(&crate::observe::telemetry::install())
 }
 
-/// Issue 49, item 12a: a removed file's source takes its series off
+/// A removed file's source takes its series off
 /// `/metrics` (1,000 sources added and removed left 11,000 series); a
 /// source of that name coming back has them again.
 #[tokio::test(flavor = "multi_thread")]
@@ -147,20 +147,15 @@ async fn a_removed_sources_series_leave_metrics() {
     shutdown.cancel();
 }
 
-/// Issue 49, item 12g: every source's dead letters (raw JSON) and records
+/// Every source's dead letters (raw JSON) and records
 /// stay outside every other topic pattern a subscriber reads by: one
 /// source's prefix inside another's, the shared topics inside a source's
 /// pattern, a dead-letter topic inside its own source's pattern (`-`).
 #[tokio::test]
 async fn no_topics_fall_inside_another_prefixs_pattern() {
     let dir = tempfile::tempdir().unwrap();
-    let put = |name: &str, account: &str, prefix: &str| {
-        std::fs::write(
-            dir.path().join(name),
-            format!("secrets = [\"secret-of-{account}\"]\naccount = \"{account}\"\ntopic_prefix = \"{prefix}\"\n"),
-        )
-        .unwrap();
-    };
+    let put =
+        |name: &str, account: &str, prefix: &str| put_prefixed(dir.path(), name, account, prefix);
     put("mekari.a-outer.toml", "a", "acme.");
     put("mekari.b-inner.toml", "b", "acme.eu.");
     put("mekari.c-dash.toml", "c", "dash-");
@@ -180,7 +175,7 @@ async fn no_topics_fall_inside_another_prefixs_pattern() {
     );
 }
 
-/// Issue 49, item 12d: a source file that is a link to a file outside the
+/// A source file that is a link to a file outside the
 /// directory is read again when its target changes, not at the recheck.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_linked_files_target_changed_outside_is_seen() {
