@@ -1,4 +1,4 @@
-//! Which source owns a merchant account (issue 49, item 6): a file that
+//! Which source owns a merchant account: a file that
 //! claims the account of a serving source is refused, and stays refused
 //! after a restart and on a replica started later, whatever the order of
 //! the files' names; the account passes on only when its owner's file is

@@ -205,32 +205,25 @@ fn era_violations<'a>(
         }
     }
 
+    // A state of `event`'s key at least as new in a later broker's log.
+    let newer_later = |event: &super::world::Event| {
+        !event.broken
+            && later.iter().flatten().any(|record| {
+                delivery_of(record)
+                    .and_then(|id| ended.events.get(&id))
+                    .is_some_and(|written| {
+                        !written.broken && written.key == event.key && written.index >= event.index
+                    })
+            })
+    };
     // A spooled delivery reached a later broker: its own record, or (the
     // drainer found a newer state there first) one at least as new.
     let drained_later = |delivery: &str| {
-        let event = &ended.events[delivery];
-        later.iter().flatten().any(|record| {
-            let Some(id) = delivery_of(record) else {
-                return false;
-            };
-            id == delivery
-                || ended.events.get(&id).is_some_and(|written| {
-                    !event.broken
-                        && !written.broken
-                        && written.key == event.key
-                        && written.index >= event.index
-                })
-        })
-    };
-    // A state of `event`'s key at least as new in a later broker's log.
-    let newer_later = |event: &super::world::Event| {
-        later.iter().flatten().any(|record| {
-            delivery_of(record)
-                .and_then(|id| ended.events.get(&id))
-                .is_some_and(|written| {
-                    !written.broken && written.key == event.key && written.index >= event.index
-                })
-        })
+        newer_later(&ended.events[delivery])
+            || later
+                .iter()
+                .flatten()
+                .any(|record| delivery_of(record).as_deref() == Some(delivery))
     };
     let mut lost_to_the_spool = BTreeSet::new();
     let mut answered_2xx = BTreeSet::new();
