@@ -61,7 +61,7 @@ impl<T: Default> KeyLocks<T> {
 
 /// A key's turn, and the value its holders hand on: ends when dropped or
 /// [`KeyGuard::release`]d (the next waiter of the key goes on).
-pub(super) struct KeyGuard<T = ()> {
+pub(super) struct KeyGuard<T: Default = ()> {
     locks: Arc<Mutex<Map<T>>>,
     key: Arc<str>,
     held: Option<OwnedMutexGuard<T>>,
@@ -72,6 +72,11 @@ impl<T: Default> KeyGuard<T> {
     /// (`None`), else the key's entry goes and the value is handed back
     /// for the caller to end what it stands for.
     pub(super) fn release(mut self) -> Option<T> {
+        self.end()
+    }
+
+    /// [`KeyGuard::release`], for it and for a guard dropped without it.
+    fn end(&mut self) -> Option<T> {
         let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
         // Under the map's lock no one can take a new handle on this key's
         // lock: if only the map and this guard hold it, no one waits.
@@ -87,7 +92,7 @@ impl<T: Default> KeyGuard<T> {
     }
 }
 
-impl<T> Deref for KeyGuard<T> {
+impl<T: Default> Deref for KeyGuard<T> {
     type Target = T;
 
     fn deref(&self) -> &T {
@@ -95,7 +100,7 @@ impl<T> Deref for KeyGuard<T> {
     }
 }
 
-impl<T> DerefMut for KeyGuard<T> {
+impl<T: Default> DerefMut for KeyGuard<T> {
     fn deref_mut(&mut self) -> &mut T {
         self.held.as_mut().expect("held until released")
     }
@@ -103,18 +108,9 @@ impl<T> DerefMut for KeyGuard<T> {
 
 /// A guard dropped without [`KeyGuard::release`] ends its turn the same
 /// way, the value left for the next waiter or dropped.
-impl<T> Drop for KeyGuard<T> {
+impl<T: Default> Drop for KeyGuard<T> {
     fn drop(&mut self) {
-        let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(held) = self.held.take() else {
-            return;
-        };
-        if let Some(lock) = locks.get(&self.key)
-            && Arc::strong_count(lock) == 2
-        {
-            locks.remove(&self.key);
-        }
-        drop(held);
+        drop(self.end());
     }
 }
 
