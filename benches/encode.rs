@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use apache_avro::writer::datum::GenericDatumWriter;
 use posbridge::adapters::encode::{Encoder, SCHEMA};
-use posbridge::adapters::providers::{self, Context};
+use posbridge::adapters::providers::{self, Context, Json};
 use posbridge::config::RegistryConfig;
 use posbridge::domain::event::{
     Decimal, EntityType, LineItem, Origin, PosEvent, ProviderKind, Source, micros,
@@ -170,7 +170,7 @@ fn view(event: &PosEvent) -> View<'_> {
         payment_method: event.payment_method.as_deref(),
         customer_id: event.customer_id.as_deref(),
         items_given: event.items_given.as_deref().map(items),
-        raw: &event.raw,
+        raw: std::str::from_utf8(&event.raw).expect("an event's raw body is UTF-8"),
     }
 }
 
@@ -189,7 +189,7 @@ fn sale() -> PosEvent {
         account: None,
         topic_prefix: None,
     };
-    let raw = body.to_string();
+    let raw = bytes::Bytes::from(body.to_string());
     let ctx = Context {
         event_id: "bench-1",
         source: &source,
@@ -199,7 +199,7 @@ fn sale() -> PosEvent {
         max_event_ahead: Duration::from_secs(300),
     };
     providers::for_kind(ProviderKind::ReceiptRoller)
-        .normalize(&body, &ctx)
+        .normalize(&Json::from(&body), &ctx)
         .expect("the bench's sale normalizes")
         .event
 }

@@ -247,7 +247,7 @@ fn create(spec: &EntitySpec, step: &Step, at: OffsetDateTime) -> Entity {
 mod tests {
     use super::*;
     use crate::plan::{self, PlanConfig};
-    use posbridge::adapters::providers::{Context, for_kind};
+    use posbridge::adapters::providers::{Context, Json, for_kind};
     use posbridge::domain::event::Origin;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
@@ -288,13 +288,13 @@ mod tests {
                 event_id: &happened.delivery_id,
                 source: &source,
                 received_at: at,
-                raw: "{}",
+                raw: &Bytes::from_static(b"{}"),
                 origin: Origin::Webhook,
                 max_event_ahead: posbridge::config::ServerConfig::default().max_event_ahead(),
             };
             let provider = for_kind(happened.provider);
             let pushed = provider
-                .normalize(&body, &ctx)
+                .normalize(&Json::from(&body), &ctx)
                 .unwrap_or_else(|e| panic!("{}: {e}", happened.event_type));
             let event = &pushed.event;
             let entity = truth.entities[step.entity].as_ref().unwrap();
@@ -303,7 +303,7 @@ mod tests {
             let reconciled = provider
                 .normalize_record(
                     entity.entity_type,
-                    &Value::Object(entity.data.clone()),
+                    &Json::from(&Value::Object(entity.data.clone())),
                     &Context {
                         origin: Origin::Reconciler,
                         ..ctx.clone()

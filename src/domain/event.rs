@@ -8,6 +8,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
@@ -376,8 +377,10 @@ pub struct PosEvent {
     pub customer_id: Option<String>,
     /// Exchanges: the lines given to the customer.
     pub items_given: Option<Vec<LineItem>>,
-    /// The provider's JSON for this entity, untouched, for fields the schema lacks.
-    pub raw: String,
+    /// The provider's JSON for this entity, untouched, for fields the schema
+    /// lacks: UTF-8, as the Avro string it becomes. A webhook's shares the
+    /// request's bytes (a body that parsed is UTF-8 as a whole).
+    pub raw: Bytes,
     /// Where its records go: its source's own topics (that prefix), or the
     /// shared ones. Not part of the record.
     pub topic_prefix: Option<Arc<str>>,

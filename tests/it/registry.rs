@@ -237,13 +237,13 @@ async fn fastavro_reads_records_across_schema_versions() {
         event_id: "ev-1",
         source: &source,
         received_at: time::OffsetDateTime::now_utc(),
-        raw: "{}",
+        raw: &bytes::Bytes::from_static(b"{}"),
         origin: posbridge::domain::event::Origin::Webhook,
         max_event_ahead: posbridge::config::ServerConfig::default().max_event_ahead(),
     };
     let mut event =
         posbridge::adapters::providers::for_kind(posbridge::domain::event::ProviderKind::Mekari)
-            .normalize(&body, &ctx)
+            .normalize(&posbridge::adapters::providers::Json::from(&body), &ctx)
             .unwrap()
             .event;
     event.name = Some("Teh Manis".into());

@@ -42,7 +42,7 @@ async fn receiptroller_sale_lands_keyed_with_headers_and_decodes() {
     assert_eq!(event.total.unwrap().to_string(), "1100.0000");
     assert_eq!(event.terminal_id.as_deref(), Some("T001"));
     assert_eq!(event.items.len(), 1);
-    let raw: serde_json::Value = serde_json::from_str(&event.raw).unwrap();
+    let raw: serde_json::Value = serde_json::from_slice(&event.raw).unwrap();
     assert_eq!(raw, body);
     assert!(read_topic(&brokers(), &app.topic("orders")).is_empty());
 
@@ -149,7 +149,7 @@ async fn mekari_product_deleted_writes_a_tombstone() {
 /// compares, so the API's record is not "unchanged"; reading it again is.
 #[tokio::test]
 async fn a_reconciled_rename_reaches_the_topic_and_a_second_read_writes_nothing() {
-    use posbridge::adapters::providers::{Context, for_kind};
+    use posbridge::adapters::providers::{Context, Json, for_kind};
     use posbridge::services::pipeline::Outcome;
     let app = TestApp::start().await;
     let product = serde_json::json!({"id": "P-REN", "sku": "SKU-1", "name": "Teh Manis",
@@ -170,7 +170,7 @@ async fn a_reconciled_rename_reaches_the_topic_and_a_second_read_writes_nothing(
         let pipeline = app.pipeline.clone();
         let source = source.clone();
         async move {
-            let raw = record.to_string();
+            let raw = bytes::Bytes::from(record.to_string());
             let ctx = Context {
                 event_id: "reconcile:1",
                 source: &source,
@@ -180,7 +180,7 @@ async fn a_reconciled_rename_reaches_the_topic_and_a_second_read_writes_nothing(
                 max_event_ahead: std::time::Duration::ZERO,
             };
             let normalized = for_kind(ProviderKind::Mekari)
-                .normalize_record(EntityType::Product, &record, &ctx)
+                .normalize_record(EntityType::Product, &Json::from(&record), &ctx)
                 .unwrap();
             pipeline.apply(normalized).await.unwrap()
         }

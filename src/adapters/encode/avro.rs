@@ -202,7 +202,10 @@ pub fn to_avro(event: &PosEvent) -> Value {
             "items_given".into(),
             optional(items_given.as_deref(), lines),
         ),
-        ("raw".into(), Value::String(raw.clone())),
+        (
+            "raw".into(),
+            Value::String(String::from_utf8_lossy(raw).into_owned()),
+        ),
     ])
 }
 
@@ -374,7 +377,7 @@ pub fn from_avro(value: Value) -> Result<PosEvent, DecodeError> {
         payment_method: f.optional_string("payment_method")?,
         customer_id: f.optional_string("customer_id")?,
         items_given: f.lines("items_given")?,
-        raw: f.string("raw")?,
+        raw: f.string("raw")?.into(),
         // Not in the record: the reader knows its topic.
         topic_prefix: None,
     })

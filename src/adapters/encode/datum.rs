@@ -174,7 +174,7 @@ pub fn write(event: &PosEvent, out: &mut Vec<u8>) {
     optional_string(out, payment_method.as_deref());
     optional_string(out, customer_id.as_deref());
     optional(out, items_given.as_deref(), lines);
-    string(out, raw);
+    bytes(out, raw);
 }
 
 #[cfg(test)]
@@ -262,7 +262,7 @@ mod tests {
                 business_at: (n % 2 == 0).then_some(at),
                 active: [None, Some(true), Some(false)][n % 3],
                 product_ids: (n % 3 != 0).then(|| (0..n * 9).map(|i| format!("P-{i}")).collect()),
-                raw: "x".repeat(n * 100),
+                raw: "x".repeat(n * 100).into(),
                 ..PosEvent::with_every_field()
             };
             assert_eq!(direct(&event), by_apache_avro(&event), "case {n}");

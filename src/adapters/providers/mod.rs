@@ -19,7 +19,8 @@ pub mod receiptroller;
 
 use std::time::Duration;
 
-use serde_json::Value;
+use bytes::Bytes;
+
 use time::OffsetDateTime;
 
 use crate::config::ApiSection;
@@ -27,6 +28,7 @@ use crate::domain::event::{EntityType, Normalized, Origin, ProviderKind, Source}
 use crate::domain::verify::SchemeName;
 
 use api::{ApiOptions, FetchError, ProviderApi};
+pub use json::Json;
 
 /// Why an event cannot be normalized. Such an event goes to the dead-letter
 /// topic with its raw body and this reason, and is answered 2xx.
@@ -119,8 +121,8 @@ pub struct Context<'a> {
     pub source: &'a Source,
     /// When posbridge received the delivery.
     pub received_at: OffsetDateTime,
-    /// The raw body as text, kept in the event.
-    pub raw: &'a str,
+    /// The raw body, kept in the event: UTF-8 (a body that parsed is).
+    pub raw: &'a Bytes,
     /// Webhook or reconciler; reconciled records are versioned by `received_at`.
     pub origin: Origin,
     /// How far after `received_at` a webhook's event time may lie
@@ -162,7 +164,7 @@ pub trait Provider: Send + Sync + 'static {
     /// # Errors
     /// [`NormalizeError`] when the event cannot be represented; the caller
     /// dead-letters it.
-    fn normalize(&self, body: &Value, ctx: &Context<'_>) -> Result<Normalized, NormalizeError>;
+    fn normalize(&self, body: &Json<'_>, ctx: &Context<'_>) -> Result<Normalized, NormalizeError>;
     /// Builds the event from an entity's data, the part both webhooks and
     /// API records share; `at` is the version time.
     ///
@@ -172,7 +174,7 @@ pub trait Provider: Send + Sync + 'static {
         &self,
         event_type: &str,
         at: OffsetDateTime,
-        data: &Value,
+        data: &Json<'_>,
         ctx: &Context<'_>,
     ) -> Result<Normalized, NormalizeError>;
     /// Turns one record read from the provider's API (the entity's data, as
@@ -184,7 +186,7 @@ pub trait Provider: Send + Sync + 'static {
     fn normalize_record(
         &self,
         entity_type: EntityType,
-        data: &Value,
+        data: &Json<'_>,
         ctx: &Context<'_>,
     ) -> Result<Normalized, NormalizeError> {
         let event_type = format!("{}.{RECONCILED_VERB}", entity_type.as_str());
@@ -225,6 +227,10 @@ pub fn for_kind(kind: ProviderKind) -> &'static dyn Provider {
         // ALL lists every ProviderKind; the registry test checks it.
         .expect("every provider kind is registered")
 }
+
+/// The raw body normalizer tests give their context.
+#[cfg(test)]
+pub(crate) static TEST_RAW: Bytes = Bytes::from_static(b"{}");
 
 /// A source for normalizer tests, alive for the whole test run.
 #[cfg(test)]

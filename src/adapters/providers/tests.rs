@@ -154,7 +154,7 @@ fn ctx<'a>(source: &'a Source, origin: Origin) -> Context<'a> {
         event_id: "d-1",
         source,
         received_at: datetime!(2026-11-29 10:20 UTC),
-        raw: "{}",
+        raw: &crate::adapters::providers::TEST_RAW,
         origin,
         max_event_ahead: std::time::Duration::from_secs(300),
     }
@@ -168,7 +168,7 @@ fn pushed(provider: ProviderKind, event_type: &str, data: &Value) -> Normalized 
     let source = crate::adapters::providers::test_source(provider, None);
     for_kind(provider)
         .normalize(
-            &webhook(provider, event_type, data),
+            &Json::from(&webhook(provider, event_type, data)),
             &ctx(source, Origin::Webhook),
         )
         .unwrap()
@@ -177,7 +177,11 @@ fn pushed(provider: ProviderKind, event_type: &str, data: &Value) -> Normalized 
 fn fetched(provider: ProviderKind, entity_type: EntityType, data: &Value) -> Normalized {
     let source = crate::adapters::providers::test_source(provider, None);
     for_kind(provider)
-        .normalize_record(entity_type, data, &ctx(source, Origin::Reconciler))
+        .normalize_record(
+            entity_type,
+            &Json::from(data),
+            &ctx(source, Origin::Reconciler),
+        )
         .unwrap()
 }
 

@@ -285,12 +285,11 @@ fn run(provider: ProviderKind, body: &[u8], delivery_id: &str) -> Fate {
         Err(PipelineError::DeliveryIdMismatch) => return Fate::Mismatch,
         Err(other) => panic!("identify failed with {other}"),
     };
-    let raw = String::from_utf8_lossy(body);
     let ctx = Context {
         event_id: delivery_id,
         source: &delivery.source,
         received_at,
-        raw: &raw,
+        raw: delivery.body.bytes(),
         origin: Origin::Webhook,
         max_event_ahead: std::time::Duration::from_secs(300),
     };

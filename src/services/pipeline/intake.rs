@@ -7,14 +7,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use serde_json::Value;
-
 use super::lease::{Lease, Released};
 use super::send::Outgoing;
 use super::write::Decided;
 use super::{DeadLetter, Delivery, Handled, Outcome, Pipeline, PipelineError};
 use crate::adapters::ledger::Begin;
-use crate::adapters::providers::{self, Context, NormalizeError};
+use crate::adapters::providers::{self, Context, Json, NormalizeError};
 use crate::domain::event::{DeliveryKey, EntityKey, Normalized, Origin, ProviderKind};
 use crate::observe::delivery as observe;
 use crate::observe::traces::Stage;
@@ -223,14 +221,13 @@ impl Pipeline {
     pub(super) fn normalize(
         &self,
         delivery: &Delivery,
-        envelope: Envelope,
+        envelope: Envelope<'_>,
     ) -> Result<Normalized, NormalizeError> {
-        let raw = String::from_utf8_lossy(delivery.body.bytes());
         let ctx = Context {
             event_id: &delivery.delivery_id,
             source: &delivery.source,
             received_at: delivery.received_at,
-            raw: &raw,
+            raw: delivery.body.bytes(),
             origin: Origin::Webhook,
             max_event_ahead: self.inner.max_event_ahead,
         };
@@ -255,9 +252,9 @@ pub(super) enum Attempt {
 }
 
 /// What a signed body says of itself, before it is normalized.
-pub(super) enum Envelope {
-    /// JSON whose `id` is the delivery id.
-    Event(Value),
+pub(super) enum Envelope<'a> {
+    /// JSON whose `id` is the delivery id, borrowing from the body.
+    Event(Json<'a>),
     /// It cannot become an event, and why: not JSON, or no string `id`. It is
     /// dead-lettered (2xx), never refused: retrying the same signed bytes
     /// cannot help, and a refusal counts toward switching the webhook off.
@@ -273,7 +270,7 @@ pub(super) enum Envelope {
 ///
 /// # Errors
 /// [`PipelineError::DeliveryIdMismatch`] when the body names another id.
-pub(super) fn identify(delivery: &Delivery) -> Result<(DeliveryKey, Envelope), PipelineError> {
+pub(super) fn identify(delivery: &Delivery) -> Result<(DeliveryKey, Envelope<'_>), PipelineError> {
     Ok((key_of(delivery), envelope_of(delivery)?))
 }
 
@@ -283,19 +280,17 @@ pub(super) fn key_of(delivery: &Delivery) -> DeliveryKey {
 }
 
 /// What a delivery's body says of itself ([`identify`]).
-pub(super) fn envelope_of(delivery: &Delivery) -> Result<Envelope, PipelineError> {
-    Ok(
-        match serde_json::from_slice::<Value>(delivery.body.bytes()) {
-            Err(error) => Envelope::Unusable(NormalizeError::InvalidJson(error)),
-            Ok(json) => match json.get("id") {
-                Some(Value::String(id)) if *id == delivery.delivery_id => Envelope::Event(json),
-                Some(Value::String(_)) => return Err(PipelineError::DeliveryIdMismatch),
-                None => Envelope::Unusable(NormalizeError::MissingField("id")),
-                Some(_) => Envelope::Unusable(NormalizeError::InvalidField {
-                    field: "id",
-                    reason: "is not a string",
-                }),
-            },
+pub(super) fn envelope_of(delivery: &Delivery) -> Result<Envelope<'_>, PipelineError> {
+    Ok(match Json::parse(delivery.body.bytes()) {
+        Err(error) => Envelope::Unusable(NormalizeError::InvalidJson(error)),
+        Ok(json) => match json.get("id") {
+            Some(Json::String(id)) if *id == delivery.delivery_id => Envelope::Event(json),
+            Some(Json::String(_)) => return Err(PipelineError::DeliveryIdMismatch),
+            None => Envelope::Unusable(NormalizeError::MissingField("id")),
+            Some(_) => Envelope::Unusable(NormalizeError::InvalidField {
+                field: "id",
+                reason: "is not a string",
+            }),
         },
-    )
+    })
 }

@@ -75,7 +75,7 @@ impl<'a> DeadLetter<'a> {
             topic_prefix: event.topic_prefix.as_deref(),
             delivery_id: &event.event_id,
             received_at: event.received_at,
-            body: event.raw.clone().into_bytes(),
+            body: event.raw.to_vec(),
             code,
             reason,
         }
@@ -460,7 +460,7 @@ mod tests {
         );
         assert_eq!(record.topic, "pos.dead-letter");
         assert_eq!(record.key, "mekari:d1");
-        assert_eq!(record.payload.as_deref(), Some(event.raw.as_bytes()));
+        assert_eq!(record.payload.as_deref(), Some(&event.raw[..]));
         assert_eq!(record.timestamp_ms, 1_795_946_401_000);
         assert_eq!(header(&record, HEADER_REASON), Some("record too large"));
         assert_eq!(header(&record, HEADER_REASON_CODE), Some("publish_refused"));

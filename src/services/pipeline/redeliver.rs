@@ -114,7 +114,7 @@ impl Pipeline {
     async fn redeliver_leased(
         &self,
         delivery: &Delivery,
-        envelope: Envelope,
+        envelope: Envelope<'_>,
         lease: Lease,
     ) -> Result<Redecided, PipelineError> {
         let trace = &delivery.trace;

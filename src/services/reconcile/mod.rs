@@ -555,7 +555,7 @@ impl Reconciler {
                         topic_prefix: source.topic_prefix.as_deref(),
                         delivery_id: &refused.event_id,
                         received_at: fetched_at,
-                        body: refused.raw.into_bytes(),
+                        body: refused.raw.into(),
                         code: refused.reason.code(),
                         reason: refused.reason.to_string(),
                     })

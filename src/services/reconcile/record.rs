@@ -1,10 +1,11 @@
 //! One record read from a provider's API, as the reconciler publishes it.
 
+use bytes::Bytes;
 use serde_json::Value;
 use time::OffsetDateTime;
 
 use super::RECONCILED_ID_PREFIX;
-use crate::adapters::providers::{self, Context, NormalizeError};
+use crate::adapters::providers::{self, Context, Json, NormalizeError};
 use crate::domain::event::{EntityType, Normalized, Origin, Source, Version};
 
 /// A record that could not be normalized, and why: its id and its body,
@@ -13,7 +14,7 @@ pub(crate) struct Unnormalized {
     /// `reconcile:{µs}`.
     pub(crate) event_id: String,
     /// The record as read.
-    pub(crate) raw: String,
+    pub(crate) raw: Bytes,
     /// Why.
     pub(crate) reason: NormalizeError,
 }
@@ -28,7 +29,7 @@ pub(crate) fn reconciled(
     record: &Value,
     fetched_at: OffsetDateTime,
 ) -> Result<Normalized, Box<Unnormalized>> {
-    let raw = record.to_string();
+    let raw = Bytes::from(record.to_string());
     let event_id = format!(
         "{RECONCILED_ID_PREFIX}{}",
         Version::new(fetched_at, 0).at_micros
@@ -42,7 +43,11 @@ pub(crate) fn reconciled(
         // An API record's version is its fetch time: no event time to bound.
         max_event_ahead: std::time::Duration::ZERO,
     };
-    match providers::for_kind(source.provider).normalize_record(entity_type, record, &ctx) {
+    match providers::for_kind(source.provider).normalize_record(
+        entity_type,
+        &Json::from(record),
+        &ctx,
+    ) {
         Ok(mut normalized) => {
             let event = &mut normalized.event;
             event.event_id = format!("{event_id}:{}", event.key());

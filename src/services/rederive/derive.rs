@@ -6,9 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
-
-use crate::adapters::providers::{self, Context, NormalizeError};
+use crate::adapters::providers::{self, Context, Json, NormalizeError};
 use crate::domain::event::{Normalized, Origin, PosEvent, Source};
 
 /// Why a record could not be derived again.
@@ -59,7 +57,7 @@ pub fn derive(was: &PosEvent, topic_prefix: Option<&str>) -> Result<Normalized, 
         // Accepted once: its time is not judged again.
         max_event_ahead: Duration::MAX,
     };
-    let json: Value = serde_json::from_str(&was.raw).map_err(NormalizeError::InvalidJson)?;
+    let json = Json::parse(&was.raw).map_err(NormalizeError::InvalidJson)?;
     let provider = providers::for_kind(was.provider);
     let mut normalized = match was.origin {
         Origin::Webhook => provider.normalize(&json, &ctx)?,

@@ -13,11 +13,10 @@ mod webhook;
 
 use std::time::Duration;
 
-use serde_json::Value;
 use time::OffsetDateTime;
 
 use super::api::{ApiOptions, FetchError, ProviderApi};
-use super::{Context, DeliveryRules, NormalizeError, Provider};
+use super::{Context, DeliveryRules, Json, NormalizeError, Provider};
 use crate::config::ApiSection;
 use crate::domain::event::{Normalized, ProviderKind};
 use crate::domain::verify::SchemeName;
@@ -60,7 +59,7 @@ impl Provider for Mekari {
         SIGNATURE_HEADER
     }
 
-    fn normalize(&self, body: &Value, ctx: &Context<'_>) -> Result<Normalized, NormalizeError> {
+    fn normalize(&self, body: &Json<'_>, ctx: &Context<'_>) -> Result<Normalized, NormalizeError> {
         webhook::normalize(body, ctx)
     }
 
@@ -68,7 +67,7 @@ impl Provider for Mekari {
         &self,
         event_type: &str,
         at: OffsetDateTime,
-        data: &Value,
+        data: &Json<'_>,
         ctx: &Context<'_>,
     ) -> Result<Normalized, NormalizeError> {
         webhook::entity_event(event_type, at, data, ctx)

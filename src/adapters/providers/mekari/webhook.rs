@@ -4,12 +4,11 @@
 //! `occurred_at` orders events about one entity; at one instant, kitchen
 //! events also compare `kitchen_status`, so a later stage wins a tie.
 
-use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::adapters::providers::json::{
-    content, envelope, first_decimal, items, lines, optional_bool, optional_decimal, optional_ids,
-    optional_text, optional_time, required_str,
+    Json, content, envelope, first_decimal, items, lines, optional_bool, optional_decimal,
+    optional_ids, optional_text, optional_time, required_str,
 };
 use crate::adapters::providers::{Context, NormalizeError};
 use crate::domain::event::{EntityType, Normalized, PosEvent, ProviderKind, Version};
@@ -38,7 +37,7 @@ const KITCHEN_PROGRESS: [&str; 9] = [
 
 /// A webhook body: `event`, `occurred_at` (the version), the entity's
 /// `data`, and the envelope's `outlet_id` where the data has none.
-pub fn normalize(body: &Value, ctx: &Context<'_>) -> Result<Normalized, NormalizeError> {
+pub fn normalize(body: &Json<'_>, ctx: &Context<'_>) -> Result<Normalized, NormalizeError> {
     let (event_type, occurred_at, data) = envelope(body, "event", "occurred_at", ctx)?;
     let mut normalized = entity_event(event_type, occurred_at, data, ctx)?;
     if normalized.event.outlet_id.is_none() {
@@ -56,7 +55,7 @@ pub fn normalize(body: &Value, ctx: &Context<'_>) -> Result<Normalized, Normaliz
 pub fn entity_event(
     event_type: &str,
     at: OffsetDateTime,
-    data: &Value,
+    data: &Json<'_>,
     ctx: &Context<'_>,
 ) -> Result<Normalized, NormalizeError> {
     let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
@@ -146,7 +145,7 @@ pub fn entity_event(
         } else {
             None
         },
-        raw: ctx.raw.to_owned(),
+        raw: ctx.raw.clone(),
         topic_prefix: ctx.source.topic_prefix.clone(),
     };
     Ok(Normalized {
@@ -171,7 +170,7 @@ mod tests {
     use crate::adapters::providers::mekari::Mekari;
     use crate::adapters::providers::{Provider, test_source};
     use crate::domain::event::Origin;
-    use serde_json::json;
+    use serde_json::{Value, json};
     use time::macros::datetime;
 
     fn ctx() -> Context<'static> {
@@ -179,7 +178,7 @@ mod tests {
             event_id: "01JD8Y6Q",
             source: test_source(ProviderKind::Mekari, Some("acme")),
             received_at: datetime!(2026-11-29 10:15:31 UTC),
-            raw: "{}",
+            raw: &crate::adapters::providers::TEST_RAW,
             origin: Origin::Webhook,
             max_event_ahead: std::time::Duration::from_secs(300),
         }
@@ -197,7 +196,10 @@ mod tests {
 
     #[test]
     fn the_documented_order_normalizes_with_fractional_idr() {
-        let event = Mekari.normalize(&order("preparing"), &ctx()).unwrap().event;
+        let event = Mekari
+            .normalize(&Json::from(&order("preparing")), &ctx())
+            .unwrap()
+            .event;
         assert_eq!(event.key().as_str(), "mekari:acme:ORD-5512");
         assert_eq!(event.total.unwrap().to_string(), "51000.5000");
         assert_eq!(event.outlet_id.as_deref(), Some("OUT-9"));
@@ -207,9 +209,18 @@ mod tests {
 
     #[test]
     fn kitchen_progress_breaks_ties_at_one_instant() {
-        let preparing = Mekari.normalize(&order("preparing"), &ctx()).unwrap().event;
-        let ready = Mekari.normalize(&order("ready"), &ctx()).unwrap().event;
-        let unknown = Mekari.normalize(&order("juggling"), &ctx()).unwrap().event;
+        let preparing = Mekari
+            .normalize(&Json::from(&order("preparing")), &ctx())
+            .unwrap()
+            .event;
+        let ready = Mekari
+            .normalize(&Json::from(&order("ready")), &ctx())
+            .unwrap()
+            .event;
+        let unknown = Mekari
+            .normalize(&Json::from(&order("juggling")), &ctx())
+            .unwrap()
+            .event;
         assert!(ready.version > preparing.version);
         assert!(unknown.version < preparing.version);
     }
@@ -226,7 +237,7 @@ mod tests {
         ] {
             let mut body = order("preparing");
             body["occurred_at"] = json!(occurred_at);
-            let error = Mekari.normalize(&body, &ctx()).unwrap_err();
+            let error = Mekari.normalize(&Json::from(&body), &ctx()).unwrap_err();
             assert_eq!(error.code(), code, "{occurred_at}");
             assert!(error.to_string().contains("`occurred_at`"), "{error}");
         }
@@ -236,7 +247,7 @@ mod tests {
     fn deleted_products_are_marked_for_a_tombstone() {
         let body = json!({"id": "e1", "event": "product.deleted",
                           "occurred_at": "2026-11-29T17:15:30+07:00", "data": {"id": "P-1"}});
-        let event = Mekari.normalize(&body, &ctx()).unwrap().event;
+        let event = Mekari.normalize(&Json::from(&body), &ctx()).unwrap().event;
         assert_eq!(event.entity_type, EntityType::Product);
         assert!(event.deleted);
     }
@@ -246,7 +257,7 @@ mod tests {
         let body = json!({"id": "e1", "event": "shift.closed",
                           "occurred_at": "2026-11-29T17:15:30+07:00", "data": {"id": "S"}});
         assert!(matches!(
-            Mekari.normalize(&body, &ctx()).unwrap_err(),
+            Mekari.normalize(&Json::from(&body), &ctx()).unwrap_err(),
             NormalizeError::UnknownEventType(t) if t == "shift.closed"
         ));
     }

@@ -12,11 +12,10 @@ mod webhook;
 
 use std::time::Duration;
 
-use serde_json::Value;
 use time::OffsetDateTime;
 
 use super::api::{ApiOptions, FetchError, ProviderApi};
-use super::{Context, DeliveryRules, NormalizeError, Provider};
+use super::{Context, DeliveryRules, Json, NormalizeError, Provider};
 use crate::config::ApiSection;
 use crate::domain::event::{Normalized, ProviderKind};
 use crate::domain::verify::SchemeName;
@@ -57,7 +56,7 @@ impl Provider for ReceiptRoller {
         SIGNATURE_HEADER
     }
 
-    fn normalize(&self, body: &Value, ctx: &Context<'_>) -> Result<Normalized, NormalizeError> {
+    fn normalize(&self, body: &Json<'_>, ctx: &Context<'_>) -> Result<Normalized, NormalizeError> {
         webhook::normalize(body, ctx)
     }
 
@@ -65,7 +64,7 @@ impl Provider for ReceiptRoller {
         &self,
         event_type: &str,
         at: OffsetDateTime,
-        data: &Value,
+        data: &Json<'_>,
         ctx: &Context<'_>,
     ) -> Result<Normalized, NormalizeError> {
         webhook::entity_event(event_type, at, data, ctx)

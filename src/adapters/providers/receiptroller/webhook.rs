@@ -4,17 +4,16 @@
 //! version that keeps newer state from being overwritten; a sale's state is
 //! its event's verb (`sale.created`, `sale.cancelled`), as sales carry no status.
 
-use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::adapters::providers::json::{
-    content, envelope, items, optional_decimal, optional_text, optional_time, required_str,
+    Json, content, envelope, items, optional_decimal, optional_text, optional_time, required_str,
 };
 use crate::adapters::providers::{Context, NormalizeError, RECONCILED_VERB};
 use crate::domain::event::{EntityType, Normalized, PosEvent, ProviderKind, Version};
 
 /// A webhook body: `type`, `timestamp` (the version) and the entity's `data`.
-pub fn normalize(body: &Value, ctx: &Context<'_>) -> Result<Normalized, NormalizeError> {
+pub fn normalize(body: &Json<'_>, ctx: &Context<'_>) -> Result<Normalized, NormalizeError> {
     let (event_type, sent_at, data) = envelope(body, "type", "timestamp", ctx)?;
     entity_event(event_type, sent_at, data, ctx)
 }
@@ -26,7 +25,7 @@ pub fn normalize(body: &Value, ctx: &Context<'_>) -> Result<Normalized, Normaliz
 pub fn entity_event(
     event_type: &str,
     at: OffsetDateTime,
-    data: &Value,
+    data: &Json<'_>,
     ctx: &Context<'_>,
 ) -> Result<Normalized, NormalizeError> {
     let (family, verb) = event_type.split_once('.').unwrap_or((event_type, ""));
@@ -81,7 +80,7 @@ pub fn entity_event(
         payment_method: optional_text(data, "payment_method"),
         customer_id: optional_text(data, "customer_id"),
         items_given: None,
-        raw: ctx.raw.to_owned(),
+        raw: ctx.raw.clone(),
         topic_prefix: ctx.source.topic_prefix.clone(),
     };
     Ok(Normalized {
@@ -97,15 +96,15 @@ mod tests {
     use crate::adapters::providers::receiptroller::ReceiptRoller;
     use crate::adapters::providers::{Provider, test_source};
     use crate::domain::event::Origin;
-    use serde_json::json;
+    use serde_json::{Value, json};
     use time::macros::datetime;
 
-    fn ctx(raw: &str) -> Context<'_> {
+    fn ctx() -> Context<'static> {
         Context {
             event_id: "rr_dlv_1",
             source: test_source(ProviderKind::ReceiptRoller, None),
             received_at: datetime!(2026-11-29 10:15:31 UTC),
-            raw,
+            raw: &crate::adapters::providers::TEST_RAW,
             origin: Origin::Webhook,
             max_event_ahead: std::time::Duration::from_secs(300),
         }
@@ -126,7 +125,10 @@ mod tests {
     #[test]
     fn the_documented_sale_normalizes() {
         let body = sale();
-        let event = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap().event;
+        let event = ReceiptRoller
+            .normalize(&Json::from(&body), &ctx())
+            .unwrap()
+            .event;
         assert_eq!(event.entity_type, EntityType::Sale);
         assert_eq!(event.key().as_str(), "receiptroller:T001|2026-11|000123");
         assert_eq!(event.total.unwrap().to_string(), "1100.0000");
@@ -139,11 +141,14 @@ mod tests {
     #[test]
     fn a_fetched_sale_normalizes_like_its_webhook_with_the_fetch_time_as_version() {
         let body = sale();
-        let webhook = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap().event;
-        let mut fetched = ctx("{}");
+        let webhook = ReceiptRoller
+            .normalize(&Json::from(&body), &ctx())
+            .unwrap()
+            .event;
+        let mut fetched = ctx();
         fetched.origin = Origin::Reconciler;
         let record = ReceiptRoller
-            .normalize_record(EntityType::Sale, &body["data"], &fetched)
+            .normalize_record(EntityType::Sale, &Json::from(&body["data"]), &fetched)
             .unwrap()
             .event;
         assert_eq!(record.key(), webhook.key());
@@ -166,20 +171,25 @@ mod tests {
         ] {
             let mut body = sale();
             body["timestamp"] = json!(timestamp);
-            let error = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap_err();
+            let error = ReceiptRoller
+                .normalize(&Json::from(&body), &ctx())
+                .unwrap_err();
             assert_eq!(error.code(), code, "{timestamp}");
             assert!(error.to_string().contains("`timestamp`"), "{error}");
         }
         let mut body = sale();
         body["timestamp"] = json!("2026-11-29T10:20:31Z");
-        assert!(ReceiptRoller.normalize(&body, &ctx("{}")).is_ok());
+        assert!(ReceiptRoller.normalize(&Json::from(&body), &ctx()).is_ok());
     }
 
     #[test]
     fn orders_are_keyed_by_order_id() {
         let body = json!({"id": "d2", "type": "order.updated", "timestamp": "2026-11-29T10:15:30Z",
                           "data": {"order_id": "O-9", "status": "paid"}});
-        let event = ReceiptRoller.normalize(&body, &ctx("{}")).unwrap().event;
+        let event = ReceiptRoller
+            .normalize(&Json::from(&body), &ctx())
+            .unwrap()
+            .event;
         assert_eq!(event.entity_type, EntityType::Order);
         assert_eq!(event.entity_id, "O-9");
         assert_eq!(event.status.as_deref(), Some("paid"));
@@ -190,20 +200,22 @@ mod tests {
         let mut body = sale();
         body["type"] = json!("customer.created");
         assert!(matches!(
-            ReceiptRoller.normalize(&body, &ctx("{}")).unwrap_err(),
+            ReceiptRoller.normalize(&Json::from(&body), &ctx()).unwrap_err(),
             NormalizeError::UnknownEventType(t) if t == "customer.created"
         ));
         let mut body = sale();
         body["data"].as_object_mut().unwrap().remove("id");
         assert!(matches!(
-            ReceiptRoller.normalize(&body, &ctx("{}")).unwrap_err(),
+            ReceiptRoller
+                .normalize(&Json::from(&body), &ctx())
+                .unwrap_err(),
             NormalizeError::MissingField("data.id")
         ));
         let mut body = sale();
         body["timestamp"] = json!("yesterday");
         assert_eq!(
             ReceiptRoller
-                .normalize(&body, &ctx("{}"))
+                .normalize(&Json::from(&body), &ctx())
                 .unwrap_err()
                 .code(),
             "invalid_field"

@@ -353,13 +353,13 @@ async fn the_same_state_again_is_200_unchanged() {
         event_id: "d-first",
         source: &source,
         received_at: time::OffsetDateTime::now_utc(),
-        raw: "{}",
+        raw: &crate::adapters::providers::TEST_RAW,
         origin: crate::domain::event::Origin::Webhook,
         max_event_ahead: std::time::Duration::from_secs(300),
     };
     let crate::domain::event::Normalized { event, content } =
         crate::adapters::providers::for_kind(ProviderKind::Mekari)
-            .normalize(&body, &ctx)
+            .normalize(&crate::adapters::providers::Json::from(&body), &ctx)
             .unwrap();
     h.pipeline
         .ledger()
