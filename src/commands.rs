@@ -27,8 +27,10 @@ pub(crate) async fn serve(path: PathBuf) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", config.server.listen))?;
     let app = App::build(&config).await.map_err(start_error)?;
-    let shutdown = CancellationToken::new();
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    // The first signal starts leaving the balancer (and stops the
+    // background work); a second one stops accepting at once.
+    let (shutdown, hurry) = (CancellationToken::new(), CancellationToken::new());
+    tokio::spawn(cancel_on_signals([shutdown.clone(), hurry.clone()]));
     reload_secrets_on_hangup(&app)?;
     let background = spawn_background(&config, &app, &shutdown, false)?;
     if let Some(admin) = &config.admin.listen {
@@ -44,7 +46,9 @@ pub(crate) async fn serve(path: PathBuf) -> anyhow::Result<()> {
         info!(listen = %admin, "Status page at /status on the admin listener.");
     }
     info!(listen = %config.server.listen, "posbridge is accepting webhooks.");
-    app.serve(listener, shutdown.clone().cancelled_owned())
+    let stop_accepting =
+        app.leave_after(shutdown.clone().cancelled_owned(), hurry.cancelled_owned());
+    app.serve(listener, stop_accepting)
         .await
         .context("serving HTTP")?;
     shutdown.cancel();
@@ -354,27 +358,42 @@ fn reload_secrets_on_hangup(app: &App) -> anyhow::Result<()> {
 
 /// Cancels `token` on Ctrl-C or SIGTERM.
 async fn cancel_on_signal(token: CancellationToken) {
-    let ctrl_c = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            tracing::error!(%error, "Cannot listen for Ctrl-C.");
-            std::future::pending::<()>().await;
-        }
-    };
-    let terminate = async {
+    cancel_on_signals([token]).await;
+}
+
+/// Cancels the first of `tokens` on the first Ctrl-C or SIGTERM, the next
+/// on the next, and so on.
+async fn cancel_on_signals<const N: usize>(tokens: [CancellationToken; N]) {
+    let mut terminate =
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
+            Ok(signal) => Some(signal),
             Err(error) => {
                 tracing::error!(%error, "Cannot listen for SIGTERM.");
+                None
+            }
+        };
+    for (n, token) in tokens.into_iter().enumerate() {
+        let ctrl_c = async {
+            if let Err(error) = tokio::signal::ctrl_c().await {
+                tracing::error!(%error, "Cannot listen for Ctrl-C.");
                 std::future::pending::<()>().await;
             }
+        };
+        let term = async {
+            match terminate.as_mut() {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = ctrl_c => {},
+            () = term => {},
         }
-    };
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
+        if n == 0 {
+            info!("Shutdown requested.");
+        }
+        token.cancel();
     }
-    info!("Shutdown requested; finishing in-flight deliveries.");
-    token.cancel();
 }

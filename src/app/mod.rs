@@ -13,6 +13,7 @@ mod known;
 pub mod lookup;
 pub mod partitions;
 pub mod schema;
+mod serve;
 pub mod sources;
 mod topics;
 
@@ -22,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::adapters::encode::EncodeError;
 use crate::adapters::ledger::{self, LedgerError};
@@ -38,7 +39,6 @@ use crate::observe::Board;
 use crate::observe::delivery;
 use crate::observe::telemetry;
 use crate::observe::traces::{TraceError, Traces};
-use crate::services::drain::Drainer;
 use crate::services::pipeline::{Pipeline, Stages, Timing};
 use crate::services::reconcile::{FileApi, ReconcileError, Reconciler};
 use first_fill::FirstFill;
@@ -181,6 +181,9 @@ pub struct App {
     publisher: Publisher,
     /// Shutdown budget for the producer flush.
     shutdown_timeout: Duration,
+    /// `server.drain_delay_ms`: how long the webhooks are still answered
+    /// after the shutdown signal (see [`App::leave_after`]).
+    drain_delay: Duration,
     /// The sources whose secrets come from files, read again while serving.
     secret_files: SecretFiles,
     /// The sources in use, a sources directory's read again while serving.
@@ -328,9 +331,11 @@ impl App {
                 retry_after_secs: config.server.retry_after_secs,
                 metrics,
                 board,
+                leaving: ingress::Leaving::default(),
             },
             publisher,
             shutdown_timeout: Duration::from_millis(config.server.shutdown_timeout_ms),
+            drain_delay: config.server.drain_delay(),
             secret_files,
             sources,
             topics,
@@ -457,64 +462,6 @@ impl App {
     /// The router, for handler tests without a socket.
     pub fn router(&self) -> axum::Router {
         ingress::router(self.state.clone())
-    }
-
-    /// The end of a run: waits for queued records to be delivered, then
-    /// exports the spans still batched and stops the exporter, each at most
-    /// `server.shutdown_timeout_ms`.
-    pub async fn flush(&self) {
-        let pipeline = &self.state.pipeline;
-        self.publisher.flush(self.shutdown_timeout).await;
-        if let Err(error) = pipeline.ledger().persist().await {
-            warn!(%error, "The ledger's last checkpoint failed: the next start reads the topics from the one before.");
-        }
-        pipeline.traces().shutdown(self.shutdown_timeout).await;
-    }
-
-    /// The drainer of the spool, when a source spools.
-    pub fn drainer(&self) -> Option<Drainer> {
-        let pipeline = self.state.pipeline.clone();
-        let spool = pipeline.spool()?.clone();
-        Some(Drainer::new(pipeline, spool))
-    }
-
-    /// Serves on `listener` until `shutdown` resolves, draining the spool
-    /// and watching the secret files meanwhile, then lets in-flight
-    /// deliveries finish and flushes the producer.
-    ///
-    /// # Errors
-    /// When the listener fails.
-    pub async fn serve(
-        self,
-        listener: tokio::net::TcpListener,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> std::io::Result<()> {
-        let app = self.clone();
-        let stop_background = CancellationToken::new();
-        let drainer = self
-            .drainer()
-            .map(|drainer| tokio::spawn(drainer.run(stop_background.clone())));
-        let secret_files = tokio::spawn(self.secret_files.watch(stop_background.clone()));
-        let sources = tokio::spawn(self.sources.watch(stop_background.clone()));
-        let served = ingress::serve(listener, self.state, shutdown).await;
-        stop_background.cancel();
-        // A read of the secret files may hang on a stuck mount; it only
-        // replaces the verifier's secrets, so it is abandoned rather than
-        // waited for ahead of the in-flight deliveries and the flush.
-        secret_files.abort();
-        sources.abort();
-        if let Some(drainer) = drainer {
-            // The drainer stops between entries or mid-entry; either is safe.
-            let _ = drainer.await;
-        }
-        served?;
-        info!("Stopped accepting; finishing deliveries and flushing the producer.");
-        app.state
-            .pipeline
-            .finish_deliveries(app.shutdown_timeout)
-            .await;
-        app.flush().await;
-        Ok(())
     }
 }
 

@@ -29,6 +29,17 @@ pub struct ServerConfig {
     /// one-shot commands wait this long for the flush.
     #[serde(default = "default_shutdown_timeout_ms")]
     pub shutdown_timeout_ms: u64,
+    /// How long `serve` keeps accepting and answering webhooks after SIGTERM
+    /// (or Ctrl-C), with `/readyz` answering 503, before it stops accepting:
+    /// the time a balancer takes to move away. A port closed before then
+    /// refuses the connections still sent to it, and each is a failed
+    /// attempt to its provider (four of one event switch a ReceiptRoller
+    /// webhook off). It must cover the balancer's checks (HAProxy: `inter` ×
+    /// `fall` plus a check under way) or, behind a Kubernetes Service, the
+    /// endpoint's removal reaching every node. A second signal ends it at
+    /// once; 0 stops accepting at the first.
+    #[serde(default = "default_drain_delay_ms")]
+    pub drain_delay_ms: u64,
     /// How long a connection may take to send a request's head (line and
     /// headers). It also bounds how long a kept-alive connection may sit idle
     /// before its next request: hyper starts this clock when it waits for a head.
@@ -81,6 +92,11 @@ impl ServerConfig {
         Duration::from_millis(self.max_event_ahead_ms)
     }
 
+    /// [`ServerConfig::drain_delay_ms`] as a duration.
+    pub fn drain_delay(&self) -> Duration {
+        Duration::from_millis(self.drain_delay_ms)
+    }
+
     /// [`ServerConfig::secrets_recheck_secs`] as a duration.
     pub fn secrets_recheck(&self) -> Duration {
         Duration::from_secs(self.secrets_recheck_secs)
@@ -95,6 +111,7 @@ impl Default for ServerConfig {
             retry_after_secs: default_retry_after_secs(),
             inflight_wait_ms: default_inflight_wait_ms(),
             shutdown_timeout_ms: default_shutdown_timeout_ms(),
+            drain_delay_ms: default_drain_delay_ms(),
             header_read_timeout_ms: default_header_read_timeout_ms(),
             body_read_timeout_ms: default_body_read_timeout_ms(),
             max_connections: default_max_connections(),
@@ -119,6 +136,12 @@ const fn default_inflight_wait_ms() -> u64 {
     3000
 }
 const fn default_shutdown_timeout_ms() -> u64 {
+    10_000
+}
+// HAProxy's default checks take a failing server out within inter × fall
+// = 2 s × 3 (plus the check under way); Kubernetes' endpoint removal reaches
+// kube-proxy within a second or two. Both, with room.
+const fn default_drain_delay_ms() -> u64 {
     10_000
 }
 // Providers wait 10 s for the whole answer; a head takes milliseconds.

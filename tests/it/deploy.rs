@@ -236,8 +236,9 @@ fn both_shapes_render_what_kubernetes_accepts() {
                 assert_eq!(scraped(&objects), ["pb-posbridge"]);
                 // Helm reads numbers as floats; the file has them as written.
                 assert!(config_file(&objects).contains("body_limit_bytes = 2097152\n"));
-                // shutdown_timeout_ms = 20000: 5 s preStop + 3 × 20 s + 5 s.
-                assert_eq!(pod["terminationGracePeriodSeconds"], 70);
+                // shutdown_timeout_ms = 20000: 5 s preStop + the default
+                // 10 s drain delay + 3 × 20 s + 5 s.
+                assert_eq!(pod["terminationGracePeriodSeconds"], 80);
             }
             _ => {
                 assert_eq!(set["spec"]["replicas"], 3);
@@ -272,8 +273,8 @@ fn both_shapes_render_what_kubernetes_accepts() {
                     scraped(&objects),
                     ["pb-posbridge", "pb-posbridge-reconciler"]
                 );
-                // The default shutdown_timeout_ms, 10000.
-                assert_eq!(pod["terminationGracePeriodSeconds"], 40);
+                // The defaults: drain_delay_ms and shutdown_timeout_ms 10000.
+                assert_eq!(pod["terminationGracePeriodSeconds"], 50);
             }
         }
 
@@ -286,6 +287,59 @@ fn both_shapes_render_what_kubernetes_accepts() {
         assert_eq!(security["capabilities"]["drop"][0], "ALL");
         assert!(has(&objects, "PodDisruptionBudget", "pb-posbridge"));
         assert!(has(&objects, "Service", "pb-posbridge"));
+    }
+}
+
+/// A pod told to stop keeps serving through the preStop sleep (its endpoint
+/// leaving the Service), then through posbridge's `drain_delay_ms` (`/readyz`
+/// 503), then has three `shutdown_timeout_ms` to finish: the grace period
+/// holds all of it, with posbridge's own defaults where the values set
+/// nothing (the chart's copies of them must agree), and with values that
+/// change each.
+#[test]
+fn the_grace_period_holds_the_prestop_sleep_the_drain_and_the_shutdown() {
+    for (shape, more) in [
+        ("embedded", &[][..]),
+        ("shared", &[][..]),
+        (
+            "shared",
+            &[
+                "--set",
+                "preStopSleepSeconds=8",
+                "--set",
+                "config.server.drain_delay_ms=30500",
+                "--set",
+                "config.server.shutdown_timeout_ms=4000",
+            ][..],
+        ),
+        ("embedded", &["--set", "config.server.drain_delay_ms=0"][..]),
+    ] {
+        let objects = rendered_with(shape, more);
+        let config = Config::from_toml(&config_file(&objects)).unwrap();
+        let set = object(&objects, "StatefulSet", "pb-posbridge");
+        let pod = &set["spec"]["template"]["spec"];
+        let sleep = container(set)["lifecycle"]["preStop"]["exec"]["command"]
+            .as_array()
+            .unwrap();
+        assert_eq!(sleep[0], "sleep", "{shape} {more:?}");
+        let pre_stop: u64 = sleep[1].as_str().unwrap().parse().unwrap();
+        let server = &config.server;
+        let shutdown_ms = server.drain_delay_ms + 3 * server.shutdown_timeout_ms;
+        let needed = pre_stop + shutdown_ms.div_ceil(1000);
+        assert_eq!(
+            pod["terminationGracePeriodSeconds"],
+            needed + 5,
+            "{shape} {more:?}: preStop {pre_stop} s, drain {} ms, shutdown 3 × {} ms, 5 s to spare",
+            server.drain_delay_ms,
+            server.shutdown_timeout_ms
+        );
+        if more.is_empty() {
+            assert_eq!(
+                server.drain_delay_ms,
+                posbridge::config::ServerConfig::default().drain_delay_ms,
+                "the chart sets no drain delay of its own"
+            );
+        }
     }
 }
 

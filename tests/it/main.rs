@@ -37,6 +37,7 @@ mod registry_auth;
 mod rejects;
 mod replay;
 mod replicas;
+mod rolling_restart;
 mod round_trip;
 mod secret_rotation;
 mod shared_ledger;

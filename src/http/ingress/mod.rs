@@ -6,6 +6,7 @@
 //! `published` and `dead_lettered`, which the integration tests cover).
 
 mod admin;
+mod leaving;
 mod listen;
 mod meters;
 mod ops;
@@ -30,6 +31,7 @@ use crate::observe::Board;
 use crate::services::pipeline::Pipeline;
 
 pub use admin::{AdminState, router as admin_router};
+pub use leaving::Leaving;
 pub use listen::ConnectionLimits;
 pub use meters::RequestMeters;
 pub use response::{RequestOutcome, WebhookError};
@@ -72,6 +74,9 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// What the status page shows of the last hour.
     pub board: Board,
+    /// Set at the shutdown signal: `/readyz` answers 503 and every answer
+    /// closes its connection while the balancer moves away.
+    pub leaving: Leaving,
 }
 
 /// The router; `App::serve` and the handler tests share it. The state is
@@ -103,11 +108,16 @@ fn ops_routes() -> Router<Arc<AppState>> {
         .route("/metrics", get(ops::metrics))
 }
 
-/// `routes` with the JSON answers for what they do not route, and the state.
+/// `routes` with the JSON answers for what they do not route, every answer
+/// closing its connection while leaving, and the state.
 fn answered(routes: Router<Arc<AppState>>, state: AppState) -> Router {
     routes
         .fallback(|| async { WebhookError::NoRoute.into_response() })
         .method_not_allowed_fallback(|| async { WebhookError::MethodNotAllowed.into_response() })
+        .layer(axum::middleware::map_response_with_state(
+            state.leaving.clone(),
+            leaving::close_while_leaving,
+        ))
         .with_state(Arc::new(state))
 }
 

@@ -87,8 +87,17 @@ impl Readiness {
 /// pod unready: every other topic publishes. A spool whose writes fail (its
 /// disk full) has no room, and says why under `spool.unwritable`. While the
 /// ledger is filled from the topics, `ledger` says so and `ledger_rebuild`
-/// shows how far it got (records and partitions read, seconds, ETA).
+/// shows how far it got (records and partitions read, seconds, ETA). From
+/// the shutdown signal on it answers 503 `{"status": "stopping"}` at once,
+/// asking nothing, while webhooks are still answered (`server.drain_delay_ms`).
 pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    if state.leaving.is_leaving() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": "stopping" })),
+        )
+            .into_response();
+    }
     let pipeline = &state.pipeline;
     let readiness = Readiness::of(pipeline, true).await;
     let Readiness {

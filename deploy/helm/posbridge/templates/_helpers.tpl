@@ -204,13 +204,16 @@ whole float in a table, and in its tables, into an integer, in place.
 
 {{/*
 Seconds Kubernetes waits after asking a pod to stop: the preStop sleep,
-then posbridge's shutdown, which takes at most three times
-server.shutdown_timeout_ms (open connections finish, in-flight deliveries
-finish, the producer flushes), and 5 s to spare.
+then posbridge's shutdown: server.drain_delay_ms still answering with
+/readyz 503 (10000 by default, as in posbridge), then at most three times
+server.shutdown_timeout_ms (10000 by default: open connections finish,
+in-flight deliveries finish, the producer flushes), and 5 s to spare.
 */}}
 {{- define "posbridge.terminationGracePeriodSeconds" -}}
-{{- $ms := int64 (dig "server" "shutdown_timeout_ms" 10000 (.Values.config | default dict)) -}}
-{{- add (int64 .Values.preStopSleepSeconds) (div (add (mul 3 $ms) 999) 1000) 5 -}}
+{{- $server := dig "server" dict (.Values.config | default dict) -}}
+{{- $shutdown := int64 (hasKey $server "shutdown_timeout_ms" | ternary (get $server "shutdown_timeout_ms") 10000) -}}
+{{- $drain := int64 (hasKey $server "drain_delay_ms" | ternary (get $server "drain_delay_ms") 10000) -}}
+{{- add (int64 .Values.preStopSleepSeconds) (div (add $drain (mul 3 $shutdown) 999) 1000) 5 -}}
 {{- end -}}
 
 {{/* The environment of every posbridge container. */}}

@@ -35,6 +35,8 @@ struct Harness {
     board: Board,
     /// The router's bound on body bytes in flight, to see it taken.
     body_budget: Arc<tokio::sync::Semaphore>,
+    /// What the shutdown signal sets.
+    leaving: Leaving,
     _dir: tempfile::TempDir,
 }
 
@@ -57,6 +59,7 @@ fn state(pipeline: Pipeline, sources: HashMap<(ProviderKind, String), WebhookSou
         metrics: crate::observe::telemetry::install(),
         board: Board::new(sources.keys().cloned()),
         sources: Arc::new(arc_swap::ArcSwap::from_pointee(sources)),
+        leaving: Leaving::default(),
     }
 }
 
@@ -90,6 +93,7 @@ async fn harness() -> Harness {
     );
     Harness {
         body_budget: state.body_budget.clone(),
+        leaving: state.leaving.clone(),
         board: state.board.clone(),
         router: router(state),
         pipeline,
@@ -552,3 +556,4 @@ async fn bodies_past_the_bytes_in_flight_bound_are_a_503() {
 }
 
 mod board;
+mod leaving;
