@@ -460,7 +460,7 @@ impl App {
     }
 
     /// The router, for handler tests without a socket.
-    pub fn router(&self) -> axum::Router {
+    pub fn router(&self) -> impl ingress::Routes {
         ingress::router(self.state.clone())
     }
 }

@@ -14,8 +14,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use axum::http::{HeaderValue, header};
-use axum::response::Response;
 use tracing::info;
 
 /// Whether the process is leaving; cheap to clone, shared by the handlers.
@@ -56,19 +54,6 @@ impl Leaving {
             () = hurry => info!("Asked again: not waiting out server.drain_delay_ms."),
         }
     }
-}
-
-/// Adds `Connection: close` to an answer given while leaving.
-pub(super) async fn close_while_leaving(
-    axum::extract::State(leaving): axum::extract::State<Leaving>,
-    mut response: Response,
-) -> Response {
-    if leaving.is_leaving() {
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    response
 }
 
 #[cfg(test)]

@@ -20,6 +20,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::body::Body;
+use hyper::Request;
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -28,7 +31,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+use tower::ServiceExt;
 use tracing::{debug, info, warn};
+
+use super::Routes;
 
 /// The connection bounds, from `[server]`.
 #[derive(Debug, Clone, Copy)]
@@ -56,7 +62,7 @@ const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
 /// None today; the signature keeps room for a listener that cannot go on.
 pub async fn serve(
     listener: TcpListener,
-    router: axum::Router,
+    router: impl Routes,
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -102,7 +108,12 @@ pub async fn serve(
             });
             continue;
         };
-        let service = TowerToHyperService::new(router.clone());
+        // hyper's request body into axum's, as `axum::serve` maps it.
+        let service = TowerToHyperService::new(
+            router
+                .clone()
+                .map_request(|request: Request<Incoming>| request.map(Body::new)),
+        );
         let http = http.clone();
         let watcher = graceful.watcher();
         connections.spawn(async move {

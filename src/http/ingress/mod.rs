@@ -16,14 +16,19 @@ mod tests;
 mod webhook;
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use axum::Router;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
+use axum::routing::future::RouteFuture;
 use axum::routing::{get, post};
+use futures::FutureExt as _;
 use metrics_exporter_prometheus::PrometheusHandle;
+use tower::{Service, ServiceBuilder};
 
 use crate::domain::event::{ProviderKind, Source};
 use crate::domain::verify::Verifier;
@@ -79,16 +84,39 @@ pub struct AppState {
     pub leaving: Leaving,
 }
 
-/// The router; `App::serve` and the handler tests share it. The state is
-/// shared behind one `Arc`: axum clones it for every request, and one
-/// reference count is cheaper than one per handle.
-pub fn router(state: AppState) -> Router {
-    let retry_after_secs = state.retry_after_secs;
+/// A request as the routers take it (hyper's are mapped to it by `listen`).
+pub type HttpRequest = axum::extract::Request;
+
+/// The routes with what every answer passes through: a service of the
+/// request, cloned for each by the listener. What `Router::layer` would
+/// add is applied once around the router instead, as plain
+/// (unboxed) tower layers: a layer inside the router is boxed, and each
+/// box cloned with every request (about twenty allocations a request for
+/// the three the routes had).
+pub trait Routes:
+    Service<HttpRequest, Response = Response, Error = Infallible, Future: Send + 'static>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> Routes for S where
+    S: Service<HttpRequest, Response = Response, Error = Infallible, Future: Send + 'static>
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// The webhook and operations routes; `App::serve` and the handler tests
+/// share them. The state is shared behind one `Arc`: axum clones it for
+/// every request, and one reference count is cheaper than one per handle.
+pub fn router(state: AppState) -> impl Routes {
     answered(
-        ops_routes().route(
-            "/webhooks/{provider}/{source}",
-            guarded(post(webhook::receive), retry_after_secs),
-        ),
+        ops_routes().route("/webhooks/{provider}/{source}", post(webhook::receive)),
         state,
     )
 }
@@ -96,7 +124,7 @@ pub fn router(state: AppState) -> Router {
 /// The operations endpoints alone (`/healthz`, `/readyz`, `/metrics`), for
 /// `posbridge reconciler`: its probes and its scrape, and no webhook route,
 /// since it takes no deliveries.
-pub fn ops_router(state: AppState) -> Router {
+pub fn ops_router(state: AppState) -> impl Routes {
     answered(ops_routes(), state)
 }
 
@@ -108,34 +136,28 @@ fn ops_routes() -> Router<Arc<AppState>> {
         .route("/metrics", get(ops::metrics))
 }
 
-/// `routes` with the JSON answers for what they do not route, every answer
-/// closing its connection while leaving, and the state.
-fn answered(routes: Router<Arc<AppState>>, state: AppState) -> Router {
-    routes
+/// `routes` with the JSON answers for what they do not route and the
+/// state, inside the answer rules: a panic becomes a 503 with a JSON body
+/// (never a connection closed without an answer), every 503 carries
+/// `Retry-After`, and every answer closes its connection while leaving
+/// ([`response::finish`]).
+fn answered(routes: Router<Arc<AppState>>, state: AppState) -> impl Routes {
+    let retry_after_secs = state.retry_after_secs;
+    let leaving = state.leaving.clone();
+    let router = routes
         .fallback(|| async { WebhookError::NoRoute.into_response() })
         .method_not_allowed_fallback(|| async { WebhookError::MethodNotAllowed.into_response() })
-        .layer(axum::middleware::map_response_with_state(
-            state.leaving.clone(),
-            leaving::close_while_leaving,
-        ))
-        .with_state(Arc::new(state))
-}
-
-/// The webhook route's answer rules: a panic becomes a 503 with a JSON body
-/// (never a connection closed without an answer), and every 503 carries
-/// `Retry-After`.
-fn guarded(
-    route: axum::routing::MethodRouter<Arc<AppState>>,
-    retry_after_secs: u64,
-) -> axum::routing::MethodRouter<Arc<AppState>> {
-    route
-        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
-            response::panicked,
-        ))
-        .layer(axum::middleware::map_response_with_state(
-            retry_after_secs,
-            response::add_retry_after,
-        ))
+        .with_state(Arc::new(state));
+    ServiceBuilder::new()
+        .map_response(move |answer| response::finish(answer, retry_after_secs, &leaving))
+        .map_future(|answer: RouteFuture<Infallible>| async {
+            // A panic in a handler is answered, not a dropped connection.
+            AssertUnwindSafe(answer)
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| Ok(response::panicked(panic)))
+        })
+        .service(router)
 }
 
 /// Connections the admin listener keeps open at once: a few operators'
@@ -151,7 +173,7 @@ const ADMIN_CONNECTIONS: usize = 32;
 /// When the listener fails.
 pub async fn serve_admin(
     listener: tokio::net::TcpListener,
-    router: Router,
+    router: impl Routes,
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {

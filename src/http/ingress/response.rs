@@ -11,12 +11,12 @@
 //!   why a refused signature is logged at ERROR and counted.
 
 use axum::Json;
-use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tracing::{debug, error};
 
+use super::Leaving;
 use crate::domain::verify::VerifyError;
 use crate::services::pipeline::{Outcome, PipelineError};
 
@@ -144,7 +144,7 @@ impl WebhookError {
 }
 
 impl IntoResponse for WebhookError {
-    /// A JSON `{"error": …}` with the status; [`add_retry_after`] puts
+    /// A JSON `{"error": …}` with the status; [`finish`] puts
     /// `Retry-After` on the 503s.
     fn into_response(self) -> Response {
         let status = self.status();
@@ -169,16 +169,20 @@ pub fn accepted(outcome: Outcome) -> Response {
     (StatusCode::OK, Json(json!({ "status": outcome.as_str() }))).into_response()
 }
 
-/// Puts the configured `Retry-After` (seconds) on every 503 of the webhook
-/// route: Mekari waits at least that long before its next attempt.
-pub async fn add_retry_after(
-    State(retry_after_secs): State<u64>,
-    mut response: Response,
-) -> Response {
+/// What every answer passes through: the configured `Retry-After`
+/// (seconds) on every 503 (Mekari waits at least that long before its next
+/// attempt; a balancer's probe ignores it), and `Connection: close` while
+/// leaving, so a kept-alive client opens its next connection elsewhere.
+pub fn finish(mut response: Response, retry_after_secs: u64, leaving: &Leaving) -> Response {
     if response.status() == StatusCode::SERVICE_UNAVAILABLE {
         response
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+    }
+    if leaving.is_leaving() {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response
 }

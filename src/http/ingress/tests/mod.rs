@@ -27,7 +27,9 @@ const BODY_LIMIT: usize = 4096;
 const RETRY_AFTER_SECS: u64 = 7;
 
 struct Harness {
-    router: Router,
+    /// The routes, boxed to be named.
+    router:
+        tower::util::BoxCloneSyncService<super::HttpRequest, Response, std::convert::Infallible>,
     pipeline: Pipeline,
     /// The broker the pipeline produces to; down until `recover`.
     broker: Arc<crate::adapters::publish::FakeBroker>,
@@ -95,7 +97,7 @@ async fn harness() -> Harness {
         body_budget: state.body_budget.clone(),
         leaving: state.leaving.clone(),
         board: state.board.clone(),
-        router: router(state),
+        router: tower::util::BoxCloneSyncService::new(router(state)),
         pipeline,
         broker,
         _dir: dir,
@@ -474,12 +476,10 @@ async fn boom() -> &'static str {
 async fn a_panic_in_a_request_is_a_503_with_a_json_body() {
     let h = harness().await;
     let state = state(h.pipeline.clone(), HashMap::new());
-    let router = Router::new()
-        .route(
-            "/boom",
-            guarded(axum::routing::post(boom), RETRY_AFTER_SECS),
-        )
-        .with_state(Arc::new(state));
+    let router = super::answered(
+        Router::new().route("/boom", axum::routing::post(boom)),
+        state,
+    );
     let response: Response = router
         .oneshot(Request::post("/boom").body(Body::empty()).unwrap())
         .await
