@@ -34,6 +34,13 @@ impl Decimal {
         (all, start)
     }
 
+    /// An integer, exactly: every 64-bit integer fits (38 digits hold
+    /// 10^19 with its four places). `None` past [`Decimal::PRECISION`] digits.
+    pub fn of_integer(n: i128) -> Option<Decimal> {
+        let unscaled = n.checked_mul(10_i128.pow(Self::SCALE))?;
+        (unscaled.unsigned_abs() < 10_u128.pow(Self::PRECISION)).then_some(Decimal { unscaled })
+    }
+
     /// Parses a decimal literal such as `51000.5`, `-3` or `1e3`, exactly.
     /// Returns `None` when it has more than [`Decimal::SCALE`] places or more
     /// than [`Decimal::PRECISION`] digits in all.
@@ -101,6 +108,21 @@ impl fmt::Display for Decimal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An integer is the decimal its text parses to, at every 64-bit
+    /// bound; past 38 digits there is none.
+    #[test]
+    fn an_integer_is_the_decimal_of_its_text() {
+        for n in [0, 1, -1, 1100, i128::from(i64::MIN), i128::from(u64::MAX)] {
+            assert_eq!(
+                Decimal::of_integer(n),
+                Decimal::parse(&n.to_string()),
+                "{n}"
+            );
+        }
+        assert_eq!(Decimal::of_integer(10_i128.pow(34)), None);
+        assert_eq!(Decimal::of_integer(i128::MAX), None);
+    }
 
     #[test]
     fn decimals_parse_exactly() {

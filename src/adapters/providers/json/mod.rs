@@ -56,6 +56,7 @@ pub(super) fn envelope<'a>(
 pub(super) fn optional_text(value: &Json<'_>, field: &str) -> Option<String> {
     match value.get(field)? {
         Json::String(s) | Json::Number(s) => Some(s.to_string()),
+        Json::Integer(n) => Some(n.to_string()),
         _ => None,
     }
 }
@@ -114,9 +115,10 @@ pub(super) fn optional_decimal(
     value: &Json<'_>,
     field: &'static str,
 ) -> Result<Option<Decimal>, NormalizeError> {
-    let text = match value.get(leaf(field)) {
+    let decimal = match value.get(leaf(field)) {
         None | Some(Json::Null) => return Ok(None),
-        Some(Json::Number(text) | Json::String(text)) => text.as_ref(),
+        Some(Json::Integer(n)) => Decimal::of_integer(*n),
+        Some(Json::Number(text) | Json::String(text)) => Decimal::parse(text),
         Some(_) => {
             return Err(NormalizeError::InvalidField {
                 field,
@@ -124,12 +126,10 @@ pub(super) fn optional_decimal(
             });
         }
     };
-    Decimal::parse(text)
-        .map(Some)
-        .ok_or(NormalizeError::InvalidField {
-            field,
-            reason: "is not a decimal of at most 38 digits with at most 4 places",
-        })
+    decimal.map(Some).ok_or(NormalizeError::InvalidField {
+        field,
+        reason: "is not a decimal of at most 38 digits with at most 4 places",
+    })
 }
 
 /// The first present of several alternative decimal fields (a provider names
@@ -222,6 +222,7 @@ pub(super) fn optional_ids(
             .iter()
             .map(|id| match id {
                 Json::String(id) | Json::Number(id) => Ok(id.to_string()),
+                Json::Integer(id) => Ok(id.to_string()),
                 _ => Err(invalid()),
             })
             .collect::<Result<_, _>>()
@@ -286,6 +287,14 @@ fn canonical(value: &Json<'_>, skip: &[&str], out: &mut String) {
             }
             out.push(']');
         }
+        Json::Integer(n) => match Decimal::of_integer(*n) {
+            Some(decimal) => {
+                let _ = write!(out, "{decimal}");
+            }
+            None => {
+                let _ = write!(out, "{n}");
+            }
+        },
         Json::Number(n) => match Decimal::parse(n) {
             Some(decimal) => {
                 let _ = write!(out, "{decimal}");

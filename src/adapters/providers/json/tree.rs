@@ -24,7 +24,11 @@ pub enum Json<'a> {
     Null,
     /// `true` or `false`.
     Bool(bool),
-    /// A number, as its text (`51000.50` stays `51000.50`).
+    /// An integer that fits 64 bits, as `serde_json` reads one: kept as
+    /// its value, whose text is the one sent (JSON has no leading zeros or
+    /// `+`), so the usual amount costs no allocation of its own.
+    Integer(i128),
+    /// Any other number, as its text (`51000.50` stays `51000.50`).
     Number(Cow<'a, str>),
     /// A string, unescaped.
     String(Cow<'a, str>),
@@ -81,7 +85,8 @@ impl<'a> From<&'a Value> for Json<'a> {
         match value {
             Value::Null => Json::Null,
             Value::Bool(b) => Json::Bool(*b),
-            Value::Number(n) => Json::Number(Cow::Borrowed(n.as_str())),
+            Value::Number(n) => integer(n.as_str())
+                .map_or_else(|| Json::Number(Cow::Borrowed(n.as_str())), Json::Integer),
             Value::String(s) => Json::String(Cow::Borrowed(s)),
             Value::Array(values) => Json::Array(values.iter().map(Json::from).collect()),
             Value::Object(map) => Json::Object(
@@ -91,6 +96,18 @@ impl<'a> From<&'a Value> for Json<'a> {
             ),
         }
     }
+}
+
+/// The integer `text` is when `serde_json` reads it as one (it keeps `-0`
+/// as text).
+fn integer(text: &str) -> Option<i128> {
+    if text == "-0" {
+        return None;
+    }
+    text.parse::<u64>()
+        .map(i128::from)
+        .or_else(|_| text.parse::<i64>().map(i128::from))
+        .ok()
 }
 
 impl<'de> Deserialize<'de> for Json<'de> {
@@ -116,16 +133,16 @@ impl<'de> Visitor<'de> for TreeVisitor {
         Ok(Json::Bool(b))
     }
 
-    // With `arbitrary_precision` numbers come as a map (`visit_map`); these
-    // serve a deserializer without it.
     fn visit_i64<E>(self, n: i64) -> Result<Json<'de>, E> {
-        Ok(Json::Number(Cow::Owned(n.to_string())))
+        Ok(Json::Integer(n.into()))
     }
 
     fn visit_u64<E>(self, n: u64) -> Result<Json<'de>, E> {
-        Ok(Json::Number(Cow::Owned(n.to_string())))
+        Ok(Json::Integer(n.into()))
     }
 
+    // With `arbitrary_precision` other numbers come as a map (`visit_map`);
+    // this serves a deserializer without it.
     fn visit_f64<E>(self, n: f64) -> Result<Json<'de>, E> {
         Ok(Json::Number(Cow::Owned(n.to_string())))
     }
@@ -201,23 +218,33 @@ mod tests {
     use super::*;
 
     /// Numbers keep their digits as sent, through `serde_json`'s own
-    /// reading (an exponent gets its sign, as `Value` has it).
+    /// reading (an exponent gets its sign, as `Value` has it); 64-bit
+    /// integers their value.
     #[test]
     fn numbers_keep_their_text() {
-        let body = br#"{"a": 51000.50, "b": 123456789012345678901234567890, "c": -0.0001e3}"#;
+        let body = br#"{"a": 51000.50, "b": 123456789012345678901234567890, "c": -0.0001e3,
+                        "d": 18446744073709551615, "e": -9223372036854775808, "f": -0}"#;
         let json = Json::parse(body).unwrap();
         let value: Value = serde_json::from_slice(body).unwrap();
         for (key, text) in [
             ("a", "51000.50"),
             ("b", "123456789012345678901234567890"),
             ("c", "-0.0001e+3"),
+            ("f", "-0"),
         ] {
+            let number = Json::Number(Cow::Borrowed(text));
+            assert_eq!(json.get(key), Some(&number), "{key}");
+            assert_eq!(Json::from(&value).get(key), Some(&number), "{key}");
+            assert_eq!(value[key].to_string(), text, "{key}");
+        }
+        for (key, n) in [("d", i128::from(u64::MAX)), ("e", i128::from(i64::MIN))] {
+            assert_eq!(json.get(key), Some(&Json::Integer(n)), "{key}");
             assert_eq!(
-                json.get(key),
-                Some(&Json::Number(Cow::Borrowed(text))),
+                Json::from(&value).get(key),
+                Some(&Json::Integer(n)),
                 "{key}"
             );
-            assert_eq!(value[key].to_string(), text, "{key}");
+            assert_eq!(value[key].to_string(), n.to_string(), "{key}");
         }
     }
 
