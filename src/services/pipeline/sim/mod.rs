@@ -75,10 +75,13 @@ mod api;
 mod check;
 mod clock;
 mod crash;
+mod disk;
+mod disk_plan;
 mod ended;
 mod hooks;
 mod process;
 mod providers;
+mod shared;
 mod source;
 mod world;
 
@@ -93,7 +96,7 @@ const SEEDS: u64 = 2000;
 /// seeds drew when it was set): a change that stops a world
 /// drawing one (a range made empty, a fault no longer planned) fails the
 /// budget instead of leaving the simulation blind to it.
-pub(super) const DRAWN: [(&str, f64); 16] = [
+pub(super) const DRAWN: [(&str, f64); 21] = [
     ("broker outage", 0.10),
     ("retryable failure", 0.25),
     ("acknowledgement lost", 0.07),
@@ -110,6 +113,11 @@ pub(super) const DRAWN: [(&str, f64); 16] = [
     ("cannot be normalized", 0.30),
     ("state repeated", 0.30),
     ("state brought back", 0.15),
+    ("crash in a disk op", 0.05),
+    ("unsynced writes lost", 0.02),
+    ("disk write failed", 0.035),
+    ("disk full", 0.008),
+    ("spool full", 0.07),
 ];
 
 /// Real time a world may take before it counts as stopped: a world takes
