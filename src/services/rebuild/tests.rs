@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{FOLD_AT_MOST, Rebuild, TopicRead, TopicSource};
 use crate::adapters::ledger::{EntitySlot, LedgerError, Opened, WallClock, open_driven};
-use crate::adapters::store_file::Disk;
 use crate::adapters::publish::{Described, TopicSets, Topics};
+use crate::adapters::store_file::Disk;
 use crate::config::KafkaConfig;
 use crate::domain::event::{EntityType, Version};
 use crate::services::pipeline::{HEADER_STATE_HASH, HEADER_VERSION};

@@ -142,7 +142,9 @@ impl SimDisk {
     pub(super) fn store_disk(&self) -> Disk {
         let disk = self.clone();
         Disk::simulated(Arc::new(move |builder: &Builder, path: &Path| {
-            let file = disk.open(path).map_err(|e| DatabaseError::Storage(e.into()))?;
+            let file = disk
+                .open(path)
+                .map_err(|e| DatabaseError::Storage(e.into()))?;
             builder.create_with_backend(file)
         }))
     }
@@ -284,7 +286,6 @@ impl SimDisk {
         }
         Ok(())
     }
-
 }
 
 impl State {

@@ -68,12 +68,9 @@ impl Process {
         violated: Violated,
         clock: WallClock,
     ) -> Process {
-        let opened = ledger::open_driven(
-            (&dir.join(LEDGER_FILE), &disk),
-            (DEDUP_TTL, clock),
-            LEASE,
-        )
-        .expect("a ledger file opens, a damaged one set aside");
+        let opened =
+            ledger::open_driven((&dir.join(LEDGER_FILE), &disk), (DEDUP_TTL, clock), LEASE)
+                .expect("a ledger file opens, a damaged one set aside");
         let spool = Spool::open_on(
             &SpoolConfig {
                 path: dir.join(SPOOL_FILE),
