@@ -235,7 +235,7 @@ pub async fn open(config: &LedgerConfig, lease: Duration) -> Result<Opened, Ledg
     ))
 }
 
-/// An embedded ledger at `path` whose checkpoints are taken only when
+/// An embedded ledger at `file` (a path and its disk) whose checkpoints are taken only when
 /// [`Fill::persist`] asks, behind a closed [`Gate`] and the fence: what a
 /// simulation opens, so its seeded schedule decides what is durable when it
 /// crashes.
@@ -244,12 +244,12 @@ pub async fn open(config: &LedgerConfig, lease: Duration) -> Result<Opened, Ledg
 /// As [`open`].
 #[cfg(test)]
 pub(crate) fn open_driven(
-    path: &std::path::Path,
+    file: (&std::path::Path, &crate::adapters::store_file::Disk),
     (dedup_ttl, clock): (Duration, WallClock),
     lease: Duration,
 ) -> Result<Opened, LedgerError> {
     let store: Arc<dyn Store> = Arc::new(EmbeddedLedger::open_driven(
-        path,
+        file,
         (dedup_ttl, clock),
         lease,
     )?);

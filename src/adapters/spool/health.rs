@@ -12,7 +12,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use redb::{Database, TableDefinition};
 use tracing::{error, info};
@@ -21,7 +23,10 @@ use super::Inner;
 use crate::adapters::store_file::{self, Integrity, ReopenError};
 use crate::observe::telemetry;
 
-/// How often an unwritable spool tries to heal, as the ledger's fence does.
+/// How often an unwritable spool tries to heal, as the ledger's fence does;
+/// on tokio's clock, like the core's other retries, which a simulation's
+/// paused clock moves (the system's does not: a world's spool stayed
+/// unwritable after one failed write).
 pub const RETRY_EVERY: Duration = Duration::from_secs(1);
 
 /// The smallest probe a heal writes: a sale's body is a few KB. It writes
@@ -147,7 +152,7 @@ impl Inner {
         let reopened = self
             .db
             .reopen(
-                || store_file::open_with(&self.path, Integrity::Trust),
+                || store_file::open_with(&self.path, Integrity::Trust, &self.disk),
                 store_file::is_held,
             )
             .map_err(|error| match error {

@@ -42,7 +42,7 @@ pub use entry::SpooledDelivery;
 use health::{Health, PROBE_BYTES};
 use quarantine::{Damaged, Quarantine};
 
-use crate::adapters::store_file::{self, Reopenable, StoreFileError};
+use crate::adapters::store_file::{self, Disk, Reopenable, StoreFileError};
 use crate::config::SpoolConfig;
 use crate::domain::event::DeliveryKey;
 use crate::observe::telemetry;
@@ -162,6 +162,8 @@ pub struct Spool {
 struct Inner {
     /// The spool file's path, to reopen it.
     path: PathBuf,
+    /// The disk it is on, to reopen it there.
+    disk: Disk,
     /// The spool file, reopened by a heal.
     db: Reopenable<Database>,
     /// Where damaged entries go.
@@ -221,9 +223,18 @@ impl Spool {
     /// other than damage, e.g. because another posbridge process holds it;
     /// [`SpoolError::SetAside`] when a damaged file cannot be renamed.
     pub fn open(config: &SpoolConfig) -> Result<Spool, SpoolError> {
+        Spool::open_on(config, Disk::default())
+    }
+
+    /// [`Spool::open`] on `disk`: in service the file itself
+    /// ([`Spool::open`]), under a simulation a simulated disk.
+    ///
+    /// # Errors
+    /// As [`Spool::open`].
+    pub fn open_on(config: &SpoolConfig, disk: Disk) -> Result<Spool, SpoolError> {
         let path: &Path = &config.path;
         let quarantine = Quarantine::beside(path);
-        let (db, mut counts) = match open_file(path) {
+        let (db, mut counts) = match open_file(path, &disk) {
             Ok(OpenedFile {
                 db,
                 mut counts,
@@ -241,7 +252,7 @@ impl Spool {
                 (db, counts)
             }
             Err(SpoolError::File(damage)) if damage.is_damage() => {
-                salvage::recover(path, damage, &quarantine)?
+                salvage::recover((path, &disk), damage, &quarantine)?
             }
             Err(error) => return Err(error),
         };
@@ -250,6 +261,7 @@ impl Spool {
         let spool = Spool {
             inner: Arc::new(Inner {
                 path: path.to_owned(),
+                disk,
                 db: Reopenable::new(db),
                 quarantine,
                 health: Health::new(),
@@ -543,7 +555,7 @@ impl Spool {
     /// [`SpoolError`] when the file cannot be opened or read; for a damaged
     /// file, [`SpoolError::File`] whose error says [`StoreFileError::is_damage`].
     pub fn check(config: &SpoolConfig) -> Result<Checked, SpoolError> {
-        let opened = open_file(&config.path)?;
+        let opened = open_file(&config.path, &Disk::default())?;
         Ok(Checked {
             entries: opened.counts.entries,
             bytes: opened.counts.bytes,
@@ -563,10 +575,10 @@ struct OpenedFile {
     rolled_back: bool,
 }
 
-/// Opens the spool file at `path`, counts what it holds and verifies every
-/// entry (here, once, whatever its place in the spool).
-fn open_file(path: &Path) -> Result<OpenedFile, SpoolError> {
-    let store_file::Opened { db, rolled_back } = store_file::open_noting_rollback(path)?;
+/// Opens the spool file at `path` on `disk`, counts what it holds and
+/// verifies every entry (here, once, whatever its place in the spool).
+fn open_file(path: &Path, disk: &Disk) -> Result<OpenedFile, SpoolError> {
+    let store_file::Opened { db, rolled_back } = store_file::open_noting_rollback(path, disk)?;
     let fail = opening_error(path);
     // A damaged entry page the check let through makes redb panic here.
     let read = store_file::guarded(path, || -> Result<(Counts, Vec<Damaged>), SpoolError> {

@@ -37,7 +37,7 @@ use super::entry::HEADER_START;
 use super::frame::{self, Damage, Found};
 use super::quarantine::Quarantine;
 use super::{BY_DELIVERY, Counts, ENTRIES, SpoolError, SpooledDelivery};
-use crate::adapters::store_file::{self, StoreFileError};
+use crate::adapters::store_file::{self, Disk, Integrity, StoreFileError};
 
 /// What a salvage found in a damaged file's bytes.
 #[derive(Debug, Default)]
@@ -89,16 +89,16 @@ impl Salvaged {
     }
 }
 
-/// Sets the damaged spool file at `path` aside, opens a new one there and
-/// writes into it every intact entry found in the old one's bytes. Said
-/// once, at ERROR, with what was salvaged and what was not.
+/// Sets the damaged spool file at `path` aside, opens a new one there (on
+/// its disk) and writes into it every intact entry found in the old one's
+/// bytes. Said once, at ERROR, with what was salvaged and what was not.
 ///
 /// # Errors
 /// [`SpoolError::SetAside`] when the file cannot be renamed; the new
 /// file's [`SpoolError::File`] or [`SpoolError::Open`] when it cannot be
 /// made.
 pub(super) fn recover(
-    path: &Path,
+    (path, disk): (&Path, &Disk),
     damage: StoreFileError,
     quarantine: &Quarantine,
 ) -> Result<(Database, Counts), SpoolError> {
@@ -116,7 +116,7 @@ pub(super) fn recover(
         Ok(bytes) => (Salvaged::from_bytes(&bytes), None),
         Err(error) => (Salvaged::default(), Some(error)),
     };
-    let db = store_file::open(path)?;
+    let db = store_file::open_with(path, Integrity::Check, disk)?;
     let mut counts = Counts::default();
     write(path, &db, &salvaged.deliveries, &mut counts)?;
     let damaged = keep_damaged(quarantine, &salvaged.damaged);

@@ -11,6 +11,7 @@
 //! damaged, and the refusal says so and names the process (`holder.rs`).
 
 mod aside;
+mod disk;
 mod holder;
 mod reopen;
 
@@ -21,6 +22,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Once};
 
 pub use aside::{count_set_aside, set_aside};
+#[cfg(test)]
+pub use disk::Create;
+pub use disk::Disk;
 pub use holder::Holder;
 pub use reopen::{ReopenError, Reopenable, is_held};
 
@@ -118,7 +122,7 @@ impl StoreFileError {
 /// # Errors
 /// [`StoreFileError`] naming the file and what is wrong with it.
 pub fn open(path: &Path) -> Result<Database, StoreFileError> {
-    open_with(path, Integrity::Check)
+    open_with(path, Integrity::Check, &Disk::default())
 }
 
 /// Whether [`open_with`] reads every page of an existing file.
@@ -131,12 +135,16 @@ pub enum Integrity {
     Trust,
 }
 
-/// [`open`], choosing whether to check an existing file's pages.
+/// [`open`] on `disk`, choosing whether to check an existing file's pages.
 ///
 /// # Errors
 /// [`StoreFileError`] naming the file and what is wrong with it.
-pub fn open_with(path: &Path, integrity: Integrity) -> Result<Database, StoreFileError> {
-    opened(path, integrity).map(|opened| opened.db)
+pub fn open_with(
+    path: &Path,
+    integrity: Integrity,
+    disk: &Disk,
+) -> Result<Database, StoreFileError> {
+    opened(path, integrity, disk).map(|opened| opened.db)
 }
 
 /// A store file opened and checked.
@@ -150,15 +158,15 @@ pub struct Opened {
     pub rolled_back: bool,
 }
 
-/// [`open`], saying whether the check rolled the file back.
+/// [`open`] on `disk`, saying whether the check rolled the file back.
 ///
 /// # Errors
 /// [`StoreFileError`] naming the file and what is wrong with it.
-pub fn open_noting_rollback(path: &Path) -> Result<Opened, StoreFileError> {
-    opened(path, Integrity::Check)
+pub fn open_noting_rollback(path: &Path, disk: &Disk) -> Result<Opened, StoreFileError> {
+    opened(path, Integrity::Check, disk)
 }
 
-fn opened(path: &Path, integrity: Integrity) -> Result<Opened, StoreFileError> {
+fn opened(path: &Path, integrity: Integrity, disk: &Disk) -> Result<Opened, StoreFileError> {
     let name = || path.display().to_string();
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| StoreFileError::Directory {
@@ -190,14 +198,15 @@ fn opened(path: &Path, integrity: Integrity) -> Result<Opened, StoreFileError> {
     let noted = fell_back.clone();
     // redb panics on some damaged pages instead of returning an error.
     let opened = quietly(|| {
-        let mut db = redb::Builder::new()
+        let mut builder = redb::Builder::new();
+        builder
             .set_cache_size(CACHE_BYTES)
             .set_repair_callback(move |session| {
                 if session.progress() > 0.0 && session.progress() < 0.5 {
                     noted.store(true, Ordering::Relaxed);
                 }
-            })
-            .create(path)?;
+            });
+        let mut db = disk.create(&builder, path)?;
         let intact = !existed || integrity == Integrity::Trust || db.check_integrity()?;
         Ok((db, intact))
     });

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::{FOLD_AT_MOST, Rebuild, TopicRead, TopicSource};
 use crate::adapters::ledger::{EntitySlot, LedgerError, Opened, WallClock, open_driven};
 use crate::adapters::publish::{Described, TopicSets, Topics};
+use crate::adapters::store_file::Disk;
 use crate::config::KafkaConfig;
 use crate::domain::event::{EntityType, Version};
 use crate::services::pipeline::{HEADER_STATE_HASH, HEADER_VERSION};
@@ -99,7 +100,7 @@ fn order(offset: i64, key: &str, at_micros: i64) -> Letter {
 /// An embedded ledger in `dir`, checkpointed when asked.
 fn ledger(dir: &std::path::Path) -> Opened {
     open_driven(
-        &dir.join("ledger.redb"),
+        (&dir.join("ledger.redb"), &Disk::default()),
         (Duration::from_secs(3600), WallClock::system()),
         Duration::from_secs(10),
     )

@@ -44,6 +44,7 @@ use super::{
     FillToken, GENERATION_MARK_NAME, GenerationMark, Held, LedgerError, RebuildLock, Remembered,
     TopicsSeen, WallClock,
 };
+use crate::adapters::store_file::Disk;
 use crate::domain::event::DeliveryKey;
 use checkpoint::{Ask, Checkpointer, Health, Seen, checkpoint_loop};
 use store::Store;
@@ -146,7 +147,8 @@ impl EmbeddedLedger {
         checkpoint_every: Duration,
     ) -> Result<Self, LedgerError> {
         let clock = WallClock::system();
-        Self::open_taking(path, (dedup_ttl, clock), lease, |checkpointer, asked| {
+        let file = (path, &Disk::default());
+        Self::open_taking(file, (dedup_ttl, clock), lease, |checkpointer, asked| {
             let (asks, queue) = std::sync::mpsc::channel();
             std::thread::Builder::new()
                 .name("ledger-checkpoint".into())
@@ -159,20 +161,21 @@ impl EmbeddedLedger {
         })
     }
 
-    /// Opens (or creates) the ledger file with no checkpoint thread: a
-    /// checkpoint is taken when [`super::Store::persist`] asks for one, on the
-    /// asker's thread, and none when the ledger is dropped (a crash).
+    /// Opens (or creates) the ledger file on `disk` with no checkpoint
+    /// thread: a checkpoint is taken when [`super::Store::persist`] asks for
+    /// one, on the asker's thread, and none when the ledger is dropped (a
+    /// crash).
     ///
     /// # Errors
     /// As [`EmbeddedLedger::open_with`].
     #[cfg(test)]
     pub(crate) fn open_driven(
-        path: &Path,
+        (path, disk): (&Path, &Disk),
         (dedup_ttl, clock): (Duration, WallClock),
         lease: Duration,
     ) -> Result<Self, LedgerError> {
         Self::open_taking(
-            path,
+            (path, disk),
             (dedup_ttl, clock),
             lease,
             |mut checkpointer, asked| {
@@ -182,15 +185,15 @@ impl EmbeddedLedger {
         )
     }
 
-    /// Opens the file, a damaged one set aside, and hands its checkpoints
-    /// to whoever `start` says.
+    /// Opens the file on its disk, a damaged one set aside, and hands its
+    /// checkpoints to whoever `start` says.
     fn open_taking(
-        path: &Path,
+        (path, disk): (&Path, &Disk),
         (dedup_ttl, clock): (Duration, WallClock),
         lease: Duration,
         start: impl FnOnce(Checkpointer, Arc<AtomicBool>) -> Result<Asks, LedgerError>,
     ) -> Result<Self, LedgerError> {
-        let store = Arc::new(opening::open_or_set_aside(path)?);
+        let store = Arc::new(opening::open_or_set_aside(path, disk)?);
         let placements = Arc::new(Placements::default());
         let seen = Arc::new(Seen::default());
         let health = Arc::new(Health::default());

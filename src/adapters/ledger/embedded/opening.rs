@@ -11,7 +11,7 @@ use super::store::Store;
 use super::tables::{CHECKPOINTS, DONE, ENTITIES};
 use super::{EmbeddedLedger, LedgerCounts, storage};
 use crate::adapters::ledger::LedgerError;
-use crate::adapters::store_file::{self, StoreFileError};
+use crate::adapters::store_file::{self, Disk, StoreFileError};
 
 /// The ledger's `store` label on `posbridge_store_files_set_aside`.
 const STORE: &str = "ledger";
@@ -29,11 +29,11 @@ struct SetAsideFailed {
     source: std::io::Error,
 }
 
-/// Opens the ledger file at `path`; a damaged one is set aside, said once
-/// at ERROR, and a new file opened in its place. The files set aside beside
-/// it are counted in `posbridge_store_files_set_aside{store="ledger"}`.
-pub(super) fn open_or_set_aside(path: &Path) -> Result<Store, LedgerError> {
-    let store = match Store::open(path) {
+/// Opens the ledger file at `path` on `disk`; a damaged one is set aside,
+/// said once at ERROR, and a new file opened in its place. The files set
+/// aside beside it are counted in `posbridge_store_files_set_aside{store="ledger"}`.
+pub(super) fn open_or_set_aside(path: &Path, disk: &Disk) -> Result<Store, LedgerError> {
+    let store = match Store::open(path, disk) {
         Err(LedgerError::File(damage)) if damage.is_damage() => {
             let aside = match store_file::set_aside(path) {
                 Ok(aside) => aside,
@@ -50,7 +50,7 @@ pub(super) fn open_or_set_aside(path: &Path) -> Result<Store, LedgerError> {
                 error = %damage,
                 "The ledger file is damaged: it was set aside and a new one opened, filled from the topics' beginning before deliveries are decided (the ledger is the topics' cache: nothing is lost, but the fill takes as long as reading every topic)."
             );
-            Store::open(path)?
+            Store::open(path, disk)?
         }
         opened => opened?,
     };
@@ -68,7 +68,7 @@ impl EmbeddedLedger {
     /// one, an error that says [`StoreFileError::is_damage`]);
     /// [`LedgerError::Embedded`] when a table cannot be read.
     pub fn check(path: &Path) -> Result<LedgerCounts, LedgerError> {
-        let store = Store::open(path)?;
+        let store = Store::open(path, &Disk::default())?;
         let txn = store.get()?.db.begin_read().map_err(storage)?;
         Ok(LedgerCounts {
             done_deliveries: txn

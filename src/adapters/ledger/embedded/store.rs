@@ -13,12 +13,14 @@ use super::tables::{
     move_old_done,
 };
 use crate::adapters::ledger::LedgerError;
-use crate::adapters::store_file::{self, Integrity, ReopenError, Reopenable};
+use crate::adapters::store_file::{self, Disk, Integrity, ReopenError, Reopenable};
 
 /// The open database, replaced by [`Store::reopen`] after a failure, and
 /// what was written since its last checkpoint, which outlives a reopen.
 pub(super) struct Store {
     pub(super) path: PathBuf,
+    /// The disk it is on: a reopen opens the file on the same one.
+    disk: Disk,
     pub(super) db: Reopenable<Opened>,
     /// Reads look here first, newest first: one lock, so a read never falls
     /// between a checkpoint's layers.
@@ -111,18 +113,19 @@ impl Recent {
 }
 
 impl Store {
-    /// Opens (or creates) the ledger file at `path`, checked.
-    pub(super) fn open(path: &Path) -> Result<Store, LedgerError> {
+    /// Opens (or creates) the ledger file at `path` on `disk`, checked.
+    pub(super) fn open(path: &Path, disk: &Disk) -> Result<Store, LedgerError> {
         Ok(Store {
             path: path.to_owned(),
-            db: Reopenable::new(Store::open_file(path, Integrity::Check)?),
+            disk: disk.clone(),
+            db: Reopenable::new(Store::open_file(path, Integrity::Check, disk)?),
             layers: RwLock::default(),
         })
     }
 
     /// Opens (or creates) the checked file and its tables.
-    pub(super) fn open_file(path: &Path, integrity: Integrity) -> Result<Opened, LedgerError> {
-        let db = store_file::open_with(path, integrity)?;
+    fn open_file(path: &Path, integrity: Integrity, disk: &Disk) -> Result<Opened, LedgerError> {
+        let db = store_file::open_with(path, integrity, disk)?;
         let redb_error = |e: redb::Error| LedgerError::Open {
             path: path.display().to_string(),
             source: e.into(),
@@ -172,7 +175,7 @@ impl Store {
     pub(super) fn reopen(&self) -> Result<(), LedgerError> {
         self.db
             .reopen(
-                || Store::open_file(&self.path, Integrity::Trust),
+                || Store::open_file(&self.path, Integrity::Trust, &self.disk),
                 LedgerError::is_held_elsewhere,
             )
             .map_err(|error| match error {

@@ -29,6 +29,14 @@
 //! gate. The broker may be replaced by an empty one while posbridge is
 //! down (another cluster id, other topic ids). Some stops are clean
 //! instead (requests refused, the ledger made durable, the files closed).
+//! **The disk** (`disk.rs`): the ledger's and the spool's redb files lie
+//! on a simulated disk (redb's `StorageBackend`, through the
+//! [`crate::adapters::store_file::Disk`] seam): what was synced is the file
+//! itself, what was written since is held apart and, at a crash that takes
+//! the machine down, lost, kept or torn at a sector boundary. Writes and
+//! syncs take virtual time; a crash whose time falls in one, or aimed at a
+//! store, lands in that op. A window may fail a store's writes (no space,
+//! I/O errors), and a spooling world's spool may hold a few entries only.
 //! Between an acknowledgement and its commit the core awaits the world's
 //! pause (`hooks.rs`), and after each checkpoint the world checks that the
 //! ledger holds the state of every record below the offsets it recorded.
@@ -37,11 +45,13 @@
 //! checkpoints are taken on the virtual clock by the simulation
 //! (`EmbeddedLedger::open_driven`: no thread), but the spool's writes run
 //! on tokio's blocking pool (the clock does not move while one runs; a task
-//! it wakes is queued when the write ends); wall-clock reads (record
-//! timestamps, dedup expiry) are offset from the world's epoch and decide
+//! it wakes is queued when the write ends, and a crash that lands in one of
+//! its ops is seen by the world when the runtime next looks, so the tasks
+//! of that instant it runs first vary with the threads' timing); wall-clock
+//! reads (record timestamps) are offset from the world's epoch and decide
 //! nothing within a world; not simulated: Redis, partition counts (the fake
-//! broker has one partition per topic), a torn write apart from changed
-//! bytes, bytes changed under a running process.
+//! broker has one partition per topic), latent sector faults on reads,
+//! bytes changed under a running process.
 //!
 //! **The reconciler** runs in half the worlds through the real pipeline,
 //! over a fake API (`api.rs`) showing each entity's newest state by the
@@ -75,10 +85,13 @@ mod api;
 mod check;
 mod clock;
 mod crash;
+mod disk;
+mod disk_plan;
 mod ended;
 mod hooks;
 mod process;
 mod providers;
+mod shared;
 mod source;
 mod world;
 
@@ -93,7 +106,7 @@ const SEEDS: u64 = 2000;
 /// seeds drew when it was set): a change that stops a world
 /// drawing one (a range made empty, a fault no longer planned) fails the
 /// budget instead of leaving the simulation blind to it.
-pub(super) const DRAWN: [(&str, f64); 16] = [
+pub(super) const DRAWN: [(&str, f64); 21] = [
     ("broker outage", 0.10),
     ("retryable failure", 0.25),
     ("acknowledgement lost", 0.07),
@@ -110,6 +123,11 @@ pub(super) const DRAWN: [(&str, f64); 16] = [
     ("cannot be normalized", 0.30),
     ("state repeated", 0.30),
     ("state brought back", 0.15),
+    ("crash in a disk op", 0.05),
+    ("unsynced writes lost", 0.02),
+    ("disk write failed", 0.035),
+    ("disk full", 0.008),
+    ("spool full", 0.07),
 ];
 
 /// Real time a world may take before it counts as stopped: a world takes
@@ -402,6 +420,26 @@ fn seed_668_a_valid_spooled_delivery_is_not_set_aside_for_a_flaky_broker() {
 #[test]
 fn seed_60199_a_delivery_spooled_before_a_broker_was_replaced_is_drained_into_the_new_one() {
     replays_green(60199);
+}
+
+/// Found by the simulated disk: one failed spool write left the spool
+/// unwritable for the rest of the world, its drained entries never
+/// removed: the heal's wait was counted on the system's clock, which the
+/// world's does not move. It is counted on tokio's now, as the core's other
+/// retries (seen failing without it).
+#[test]
+fn seed_1635_a_spool_whose_write_failed_heals_on_the_worlds_clock() {
+    replays_green(1635);
+}
+
+/// Found when the disk came, a world too strict: the last life took no
+/// periodic checkpoints, so a reopen of the ledger that failed in a window
+/// of failing writes was never tried again and the ledger stayed closed;
+/// the service's checkpoint thread tries it again at its next interval.
+/// The last life now checkpoints while the disk fails and a minute after.
+#[test]
+fn seed_699_a_failed_reopen_of_the_ledger_is_tried_again() {
+    replays_green(699);
 }
 
 /// Found by the long run once sends could time out without landing: a

@@ -16,6 +16,7 @@ use super::source::FakeSource;
 use crate::adapters::ledger::{self, EntitySlot, Ledger, Offsets, WallClock};
 use crate::adapters::publish::{FakeBroker, TopicSets};
 use crate::adapters::spool::Spool;
+use crate::adapters::store_file::Disk;
 use crate::config::{KafkaConfig, SpoolConfig};
 use crate::domain::event::EntityType;
 use crate::services::drain::Drainer;
@@ -38,8 +39,7 @@ const INFLIGHT_WAIT: Duration = Duration::from_millis(200);
 /// usual ones (up to 400 ms) and a pause before the commit (up to 300 ms).
 const ANSWER_BUDGET: Duration = Duration::from_millis(1_000);
 
-const LEDGER_FILE: &str = "ledger.redb";
-const SPOOL_FILE: &str = "spool.redb";
+use super::disk_plan::{LEDGER_FILE, SPOOL_FILE};
 
 /// A running posbridge process.
 pub(super) struct Process {
@@ -52,28 +52,33 @@ pub(super) struct Process {
 }
 
 impl Process {
-    /// Starts posbridge over the files in `dir`: the ledger closed until
-    /// the rebuild filled it from `broker`'s log.
-    /// Its ledger's memory is made durable every `checkpoint_every`; with
-    /// none (a life no crash ends, where what is durable decides nothing),
-    /// only when the rebuild asks.
+    /// Starts posbridge over the files in `dir` on `disk`: the ledger
+    /// closed until the rebuild filled it from `broker`'s log; the spool
+    /// holding `spool_room` deliveries at most, if that is said.
+    /// Its ledger's memory is made durable every `checkpoints.0` (until
+    /// `checkpoints.1`, if said); with none (a life no crash ends, where
+    /// what is durable decides nothing), only when the rebuild asks.
     /// After each checkpoint, what the ledger holds is checked against
     /// the broker's log; `violated` hears what does not hold.
     pub(super) async fn start(
-        dir: &Path,
+        (dir, disk, spool_room): (&Path, Disk, Option<u64>),
         broker: Arc<FakeBroker>,
         drains: bool,
-        checkpoint_every: Option<Duration>,
+        checkpoints_every: Option<(Duration, Option<tokio::time::Instant>)>,
         violated: Violated,
         clock: WallClock,
     ) -> Process {
-        let opened = ledger::open_driven(&dir.join(LEDGER_FILE), (DEDUP_TTL, clock), LEASE)
-            .expect("a ledger file opens, a damaged one set aside");
-        let spool = Spool::open(&SpoolConfig {
-            path: dir.join(SPOOL_FILE),
-            max_bytes: 1 << 20,
-            max_entries: 1_000,
-        })
+        let opened =
+            ledger::open_driven((&dir.join(LEDGER_FILE), &disk), (DEDUP_TTL, clock), LEASE)
+                .expect("a ledger file opens, a damaged one set aside");
+        let spool = Spool::open_on(
+            &SpoolConfig {
+                path: dir.join(SPOOL_FILE),
+                max_bytes: 1 << 20,
+                max_entries: spool_room.unwrap_or(1_000),
+            },
+            disk,
+        )
         .expect("a spool file opens, a damaged one set aside and salvaged");
         let topics = TopicSets::new(&KafkaConfig::default());
         topics.open(super::providers::OWN_PREFIX);
@@ -97,7 +102,7 @@ impl Process {
             )
             .run(stop.clone()),
         );
-        if let Some(every) = checkpoint_every {
+        if let Some(every) = checkpoints_every {
             tokio::spawn(checkpoints(
                 opened.ledger.clone(),
                 broker,
@@ -133,13 +138,14 @@ const SETTLES_WITHIN: Duration = Duration::from_secs(5);
 /// Hears what the ledger's checkpoints broke.
 pub(super) type Violated = Arc<dyn Fn(String) + Send + Sync>;
 
-/// The ledger's checkpoints, every `every` of virtual time, each followed
-/// by the check of what it recorded ([`below_the_offsets`]).
+/// The ledger's checkpoints, every `every` of virtual time (until `until`,
+/// if said), each followed by the check of what it recorded
+/// ([`below_the_offsets`]).
 async fn checkpoints(
     store: Arc<Ledger>,
     broker: Arc<FakeBroker>,
     (topics, violated): (TopicSets, Violated),
-    every: Duration,
+    (every, until): (Duration, Option<tokio::time::Instant>),
     stop: CancellationToken,
 ) {
     let mut checked = Offsets::new();
@@ -151,6 +157,9 @@ async fn checkpoints(
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(every) => {
+                if until.is_some_and(|until| tokio::time::Instant::now() > until) {
+                    return;
+                }
                 let len = broker.taken_count();
                 if len != grown.0 {
                     grown = (len, tokio::time::Instant::now());

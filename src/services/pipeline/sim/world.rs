@@ -7,7 +7,7 @@
 //! what outlives it is what outlives a real crash (the broker's log, the
 //! files as they were on disk, the providers' retries).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -20,10 +20,13 @@ use tokio::time::Instant;
 use super::api::{FakeApi, reconcile};
 use super::clock::Clock;
 use super::crash::{Crash, crashes};
+use super::disk::{AIM_WITHIN, Armed, End, SimDisk};
+use super::disk_plan::{DiskPlan, OnDisk, plan};
 pub(super) use super::ended::{Answer, Ended, Event};
 use super::hooks::pause_commits;
 use super::process::{LedgerFate, Process, SpoolFate, after_crash};
 use super::providers::{Door, Sender, Senders, body, cut, deliveries, send, unfinished};
+pub(super) use super::shared::Shared;
 use crate::adapters::ledger::Remembered;
 use crate::adapters::publish::{FakeBroker, Fault, OutgoingRecord};
 use crate::domain::event::{DeliveryKey, ProviderKind};
@@ -44,6 +47,9 @@ const RUN_TAKES: Duration = Duration::from_secs(10);
 /// Mixed into the seed for the states' draws.
 const STATES_SEED: u64 = 0x57a7_e5ee_d000_0001;
 
+/// Mixed into the seed for the disk's draws.
+const DISK_SEED: u64 = 0xd15c_5eed_0000_0001;
+
 /// How long a clean stop refuses requests before it ends (the deliveries
 /// in flight end meanwhile).
 const STOP_TAKES: Duration = Duration::from_secs(10);
@@ -51,72 +57,6 @@ const STOP_TAKES: Duration = Duration::from_secs(10);
 /// How long after the last start the rebuild may take before every
 /// delivery must be taken again.
 const START_SLACK: Duration = Duration::from_secs(30);
-
-/// What the world notes as it runs, shared by the providers, the broker's
-/// plan and the crashes.
-#[derive(Clone)]
-pub(super) struct Shared {
-    record: Arc<Mutex<Record>>,
-    broker: Arc<FakeBroker>,
-}
-
-#[derive(Default)]
-struct Record {
-    answers: Vec<Answer>,
-    /// What the checks inside the core found broken as it ran.
-    internal: Vec<String>,
-    in_doubt: BTreeMap<String, u32>,
-    steps: Vec<String>,
-    era: usize,
-    /// The reconciler's records: derived id → the event whose state each holds.
-    reconciled: BTreeMap<String, Event>,
-    drawn: BTreeSet<&'static str>,
-}
-
-impl Shared {
-    fn record(&self) -> std::sync::MutexGuard<'_, Record> {
-        self.record.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Notes a record the reconciler is about to publish.
-    pub(super) fn reconciled(&self, id: String, event: Event) {
-        self.record().reconciled.insert(id, event);
-    }
-
-    /// Notes an answer, and the broker's log and era when it was given.
-    pub(super) fn answered(&self, mut answer: Answer) {
-        answer.log_len = self.broker.taken_count();
-        let mut record = self.record();
-        answer.era = record.era;
-        let step = format!(
-            "t={:.3}s {} → {} in {} ms",
-            answer.at.as_secs_f64(),
-            answer.delivery,
-            match &answer.outcome {
-                Ok(outcome) => outcome.as_str().to_owned(),
-                Err(error) => format!("retry ({error})"),
-            },
-            answer.took.as_millis()
-        );
-        record.steps.push(step);
-        record.answers.push(answer);
-    }
-
-    pub(super) fn step(&self, at: Duration, step: impl std::fmt::Display) {
-        self.record()
-            .steps
-            .push(format!("t={:.3}s {step}", at.as_secs_f64()));
-    }
-
-    /// Notes that the world drew a class of fault or schedule.
-    fn drew(&self, class: &'static str) {
-        self.record().drawn.insert(class);
-    }
-
-    fn in_doubt(&self, delivery: String) {
-        *self.record().in_doubt.entry(delivery).or_default() += 1;
-    }
-}
 
 /// The world of one seed.
 pub(super) struct World {
@@ -128,6 +68,8 @@ pub(super) struct World {
     broker: Arc<FakeBroker>,
     shared: Shared,
     clock: Clock,
+    /// The disk under the ledger's and the spool's files, and its plan.
+    disk: (SimDisk, DiskPlan),
     faults: (Duration, Duration),
     /// Every send in the fault window fails (retryably).
     outage: bool,
@@ -166,15 +108,29 @@ impl World {
             .random_bool(0.5)
             .then(|| Duration::from_millis(rng.random_range(5_000..120_000)));
         let broker = Arc::new(FakeBroker::default());
+        let shared = Shared::new(broker.clone());
+        let clock = Clock::new();
+        let mut disk_rng = StdRng::seed_from_u64(seed ^ DISK_SEED);
+        let disk_plan = plan(
+            &mut disk_rng,
+            crashes.len(),
+            spools,
+            outage.then_some((start, start + length)),
+            spread,
+        );
+        let disk = SimDisk::new(
+            StdRng::seed_from_u64(disk_rng.random()),
+            (clock.clone(), shared.clone()),
+            disk_plan.sector,
+            disk_plan.failing,
+        );
         World {
             rng,
             states: StdRng::seed_from_u64(seed ^ STATES_SEED),
-            shared: Shared {
-                record: Arc::default(),
-                broker: broker.clone(),
-            },
+            shared,
             broker,
-            clock: Clock::new(),
+            clock,
+            disk: (disk, disk_plan),
             faults: (start, start + length),
             outage,
             crashes,
@@ -224,6 +180,7 @@ impl World {
             Duration::ZERO,
             format!("the ledger checkpoints every {:?}", self.checkpoint_every),
         );
+        self.disk.1.announce(&self.shared);
         self.plan_faults();
         let events = self.events();
         let (senders, firsts) = self.senders(&events);
@@ -252,10 +209,11 @@ impl World {
                 .build()
                 .expect("a current-thread runtime builds");
             let mut rng = StdRng::seed_from_u64(self.rng.random());
+            let on_disk = self.disk.1.crashes.get(life).copied();
             let lived = runtime.block_on(self.live(
                 &life_dir,
                 begins,
-                crash.map(|c| (c.at, c.clean)),
+                crash.zip(on_disk).map(|(c, d)| (c.at, c.clean, d)),
                 &senders,
                 api.clone(),
                 &mut rng,
@@ -266,10 +224,21 @@ impl World {
                 remembered = lived.remembered;
                 break;
             };
+            let ended = lived.ended;
             if crash.clean {
                 // Its files closed as a stopping process closes them.
                 drop(runtime);
             }
+            // What the disk keeps of what was not synced; every handle of
+            // this life dies (an unclean one's runtime is dropped below).
+            let end = if crash.clean {
+                End::Clean
+            } else {
+                End::Crash {
+                    machine: on_disk.is_some_and(|d| d.machine),
+                }
+            };
+            self.disk.0.end_life(end, ended);
             if crash.ledger != LedgerFate::Kept {
                 ledger_lost.push((self.shared.record().era, self.broker.taken_count()));
             }
@@ -281,18 +250,18 @@ impl World {
                 &lived.spooled_ids,
                 &mut rng,
             ) {
-                self.shared.step(crash.at, said);
+                self.shared.step(ended, said);
             }
             if crash.broker_replaced {
                 eras.push(self.broker.taken());
                 self.broker.replace();
                 self.shared.record().era += 1;
                 self.shared
-                    .step(crash.at, "the broker is replaced by an empty one");
+                    .step(ended, "the broker is replaced by an empty one");
             }
             life_dir = next_dir;
-            begins = (crash.at, crash.down);
-            quiet_from = quiet_from.max(crash.at + crash.down + START_SLACK);
+            begins = (ended, crash.down);
+            quiet_from = quiet_from.max(ended + crash.down + START_SLACK);
         }
         pause_commits(None);
         eras.push(self.broker.taken());
@@ -322,12 +291,13 @@ impl World {
     /// then up until it crashes (or stops cleanly) at `crash` (or, at the
     /// end, until every provider is done and the spool drained). A crash
     /// ends the life's runtime when this returns, and every task and all
-    /// memory with it.
+    /// memory with it. A crash aimed at a store's op, or whose time falls
+    /// in one, ends it when it lands there.
     async fn live(
         &self,
         dir: &Path,
         (at, down): (Duration, Duration),
-        crash: Option<(Duration, bool)>,
+        crash: Option<(Duration, bool, OnDisk)>,
         senders: &Senders,
         api: Option<(Arc<FakeApi>, Duration)>,
         rng: &mut StdRng,
@@ -357,10 +327,10 @@ impl World {
             .collect();
         tokio::time::sleep(down).await;
         let process = Process::start(
-            dir,
+            (dir, self.disk.0.store_disk(), self.disk.1.spool_room),
             self.broker.clone(),
             self.spools,
-            crash.map(|_| self.checkpoint_every),
+            self.checkpoints_every(crash.is_some()),
             {
                 let (shared, clock) = (self.shared.clone(), self.clock.clone());
                 Arc::new(move |broken| {
@@ -374,6 +344,12 @@ impl World {
         )
         .await;
         self.shared.step(self.clock.now(), "posbridge starts");
+        self.disk.0.serve(crash.and_then(|(at, clean, on_disk)| {
+            (!clean).then_some(Armed {
+                at,
+                aimed: on_disk.aimed,
+            })
+        }));
         *door.lock().unwrap_or_else(PoisonError::into_inner) = Some(process.pipeline.clone());
         let reconciles = api.as_ref().map(|(_, every)| *every);
         if let Some((api, every)) = api {
@@ -385,7 +361,7 @@ impl World {
                 self.clock.clone(),
             ));
         }
-        if let Some((crash, clean)) = crash {
+        if let Some((crash, clean, on_disk)) = crash {
             if clean {
                 let closing = crash.saturating_sub(STOP_TAKES);
                 tokio::time::sleep_until(self.clock.instant_at(closing)).await;
@@ -393,13 +369,18 @@ impl World {
                     .step(self.clock.now(), "posbridge stops taking requests");
                 *door.lock().unwrap_or_else(PoisonError::into_inner) = None;
             }
-            tokio::time::sleep_until(self.clock.instant_at(crash)).await;
+            let due = crash + on_disk.aimed.map_or(Duration::ZERO, |_| AIM_WITHIN);
+            tokio::select! {
+                () = tokio::time::sleep_until(self.clock.instant_at(due)) => {}
+                () = self.disk.0.died() => {}
+            }
             let now = self.clock.now();
             if clean {
                 process.stop();
                 // Its outcome is seen by the next start, which reads on from
                 // what is durable whatever it is.
                 let _ = process.ledger.fill().persist().await;
+                self.disk.0.rest();
                 self.shared.step(now, "posbridge stopped");
             } else {
                 self.shared.step(now, "posbridge crashes");
@@ -414,6 +395,7 @@ impl World {
             }
             cut(senders, &self.shared, now);
             return Lived {
+                ended: now,
                 remembered: BTreeMap::new(),
                 quarantined: process.spool.stats().quarantined,
                 spooled: 0,
@@ -462,6 +444,7 @@ impl World {
         }
         let stats = process.spool.stats();
         Lived {
+            ended: self.clock.now(),
             remembered,
             quarantined: stats.quarantined,
             spooled: usize::try_from(stats.entries).unwrap_or(usize::MAX),
@@ -571,6 +554,20 @@ impl World {
         }
     }
 
+    /// How often a life's ledger checkpoints, and until when: every
+    /// `checkpoint_every` in a life a crash ends; in the last (where what
+    /// is durable decides nothing, and hours pass) only while the disk's
+    /// writes fail and a while after, as a service's checkpoint thread
+    /// retries a write (and the reopen before it) that failed.
+    fn checkpoints_every(&self, crashes: bool) -> Option<(Duration, Option<Instant>)> {
+        if crashes {
+            return Some((self.checkpoint_every, None));
+        }
+        let failing = self.disk.1.failing?;
+        let until = self.clock.instant_at(failing.to + Duration::from_secs(60));
+        Some((self.checkpoint_every, Some(until)))
+    }
+
     /// Each delivery as its provider sends it: a first attempt in the first
     /// minute, sometimes two copies (a duplicate, at once or minutes
     /// later), and a jitter on each retry's wait; and when each delivery's
@@ -610,6 +607,9 @@ impl World {
 
 /// What one life left besides its files.
 struct Lived {
+    /// When it ended, from the world's start: a crash that landed in a
+    /// disk op ends it then, not at its planned time.
+    ended: Duration,
     /// What its ledger remembers of each delivery at its end, when it ended
     /// without a crash (the world's last life).
     remembered: BTreeMap<String, Remembered>,
