@@ -44,6 +44,9 @@
 //! `sources` (after `--`): posbridge with a directory of a thousand sources
 //! (`sources.rs`).
 //!
+//! `fleet` (after `--`): two replicas on one Redis ledger beside one on it
+//! and the bare limit (`fleet.rs`; `POSBRIDGE_BENCH_REDIS_PID` for Redis's CPU).
+//!
 //! `rebuild` (after `--`) times the ledger's rebuild from the topics: the
 //! tail after a SIGKILL under load and the whole after a lost ledger, on
 //! `POSBRIDGE_BENCH_ENTITIES` entities (`rebuild.rs`).
