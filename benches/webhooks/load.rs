@@ -232,9 +232,23 @@ pub async fn run(
     ids: Ids,
     duration: Duration,
 ) -> Measured {
+    run_spread(&[addr], dialect, load, ids, duration).await
+}
+
+/// [`run`] against several replicas of one server: connection `i` goes to
+/// `addrs[i % len]`, as a Kubernetes Service spreads connections (not
+/// requests), and the requests follow the connections.
+pub async fn run_spread(
+    addrs: &[SocketAddr],
+    dialect: Dialect,
+    load: Load,
+    ids: Ids,
+    duration: Duration,
+) -> Measured {
     let mut senders = Vec::new();
-    for _ in 0..load.connections() {
-        senders.push(connect(addr).await);
+    for i in 0..load.connections() {
+        let addr = addrs[i % addrs.len()];
+        senders.push((addr, connect(addr).await));
     }
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -249,7 +263,7 @@ pub async fn run(
     };
     let tasks: Vec<_> = senders
         .into_iter()
-        .map(|mut sender| {
+        .map(|(addr, mut sender)| {
             let next = next.clone();
             let ids = ids.clone();
             tokio::spawn(async move {

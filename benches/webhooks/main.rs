@@ -44,18 +44,24 @@
 //! `sources` (after `--`): posbridge with a directory of a thousand sources
 //! (`sources.rs`).
 //!
+//! `fleet` (after `--`): two replicas on one Redis ledger beside one on it
+//! and the bare limit (`fleet.rs`; `POSBRIDGE_BENCH_REDIS_PID` for Redis's CPU).
+//!
 //! `rebuild` (after `--`) times the ledger's rebuild from the topics: the
 //! tail after a SIGKILL under load and the whole after a lost ledger, on
 //! `POSBRIDGE_BENCH_ENTITIES` entities (`rebuild.rs`).
 //!
 //! Asserts nothing about speed: it prints figures.
 
+mod commands;
 mod fill;
+mod fleet;
 mod limit;
 mod load;
 mod rebuild;
 mod rederive;
 mod report;
+mod scale;
 mod server;
 mod sources;
 #[path = "../../tests/it/support/v1.rs"]
@@ -65,15 +71,15 @@ mod v1;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use commands::{camel_command, limit_command, posbridge_command};
 use load::{Dialect, Ids, Load, Measured};
 use posbridge::adapters::publish::{Publisher, Topics};
 use posbridge::config::{Config, KafkaConfig};
 use report::{Phase, Row};
-use server::{Server, Usage, free_addr};
+use server::{Group, Server, Usage, free_addr};
 
 /// The settings of one bench run.
 #[derive(Debug, Clone)]
@@ -85,6 +91,7 @@ struct Settings {
     librdkafka: BTreeMap<String, String>,
     partitions: i32,
     broker_pid: Option<u32>,
+    redis_pid: Option<u32>,
     baseline: Option<PathBuf>,
     camel: Option<PathBuf>,
     broker_warmup: Duration,
@@ -113,6 +120,7 @@ impl Settings {
                     v.parse().expect("partitions")
                 }),
             broker_pid: var("POSBRIDGE_BENCH_BROKER_PID").map(|v| v.parse().expect("pid")),
+            redis_pid: var("POSBRIDGE_BENCH_REDIS_PID").map(|v| v.parse().expect("pid")),
             baseline: var("POSBRIDGE_BENCH_BASELINE").map(PathBuf::from),
             camel: var("POSBRIDGE_BENCH_CAMEL").map(PathBuf::from),
             broker_warmup: Duration::from_secs(
@@ -149,7 +157,9 @@ fn main() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let run = run_id();
     if args.iter().any(|a| a == "scale") {
-        runtime.block_on(scale(&settings, &run));
+        runtime.block_on(scale::run(&settings, &run));
+    } else if args.iter().any(|a| a == "fleet") {
+        runtime.block_on(fleet::run(&settings, &run));
     } else if args.iter().any(|a| a == "rebuild") {
         runtime.block_on(rebuild::run(&settings, &run));
     } else if args.iter().any(|a| a == "sources") {
@@ -266,6 +276,8 @@ enum Under {
     Baseline(LedgerChoice, PathBuf),
     /// The peer, by its start script.
     Camel(PathBuf),
+    /// This many replicas of the release posbridge on one ledger (`fleet.rs`).
+    Fleet(LedgerChoice, usize),
 }
 
 impl Under {
@@ -274,6 +286,16 @@ impl Under {
         match self {
             Under::Baseline(_, binary) => binary,
             _ => Path::new(env!("CARGO_BIN_EXE_posbridge")),
+        }
+    }
+
+    /// The ledger of a posbridge (or of each replica of a fleet).
+    fn ledger(&self) -> Option<&LedgerChoice> {
+        match self {
+            Under::Posbridge(ledger) | Under::Baseline(ledger, _) | Under::Fleet(ledger, _) => {
+                Some(ledger)
+            }
+            Under::Limit(_) | Under::Camel(_) => None,
         }
     }
 
@@ -414,24 +436,34 @@ async fn bench(settings: &Settings, run: &str, specs: &[Spec]) -> Vec<Row> {
     for rep in 1..=settings.repeat {
         let mut half_limit = None;
         for (index, spec) in specs.iter().enumerate() {
-            let addr = free_addr();
             let tag = format!("{rep}-{index}");
-            let log = work.path().join(format!("server-{tag}.log"));
-            let command = match &spec.under {
-                Under::Limit(kind) => limit_command(settings, addr, &limit_topic, *kind),
-                Under::Posbridge(ledger) | Under::Baseline(ledger, _) => {
-                    let dir = work.path().join(format!("posbridge-{tag}"));
-                    posbridge_command(settings, addr, run, ledger, &dir, spec.under.binary())
+            let (server, addrs) = match &spec.under {
+                Under::Fleet(ledger, replicas) => {
+                    fleet::start(settings, run, ledger, *replicas, work.path(), &tag).await
                 }
-                Under::Camel(script) => camel_command(settings, script, addr, &limit_topic),
+                under => {
+                    let addr = free_addr();
+                    let log = work.path().join(format!("server-{tag}.log"));
+                    let command = match under {
+                        Under::Limit(kind) => limit_command(settings, addr, &limit_topic, *kind),
+                        Under::Camel(script) => camel_command(settings, script, addr, &limit_topic),
+                        _ => {
+                            let dir = work.path().join(format!("posbridge-{tag}"));
+                            let ledger = under.ledger().expect("a posbridge");
+                            posbridge_command(settings, addr, run, ledger, &dir, under.binary())
+                        }
+                    };
+                    let server = Server::start_within(command, addr, &log, under.start_within());
+                    (Group::of(vec![server]), vec![addr])
+                }
             };
-            let server = Server::start_within(command, addr, &log, spec.under.start_within());
+            let addr = addrs[0];
             let prefix = format!("{run}-{tag}");
             let dialect = spec.under.dialect();
             if spec.phases.iter().any(|p| *p != Phase::Duplicates) {
                 let warm = Load::Closed { connections: 64 };
                 let ids = Ids::Fresh(format!("{prefix}-warm"));
-                load::run(addr, dialect, warm, ids, spec.under.warmup()).await;
+                load::run_spread(&addrs, dialect, warm, ids, spec.under.warmup()).await;
             }
             for &phase in &spec.phases {
                 let (load, ids) = match phase {
@@ -452,7 +484,7 @@ async fn bench(settings: &Settings, run: &str, specs: &[Spec]) -> Vec<Row> {
                     ),
                 };
                 let row = measure(settings, &server, rep, spec.name, phase, || {
-                    load::run(addr, dialect, load, ids, settings.phase)
+                    load::run_spread(&addrs, dialect, load, ids, settings.phase)
                 })
                 .await;
                 if spec.name == report::LIMIT && phase == Phase::Closed(64) {
@@ -516,7 +548,7 @@ async fn prime(addr: SocketAddr, dialect: Dialect, prefix: &str) -> Arc<Vec<Stri
 /// Runs one phase between two readings of the server's (and the broker's) usage.
 async fn measure<F, Fut>(
     settings: &Settings,
-    server: &Server,
+    server: &Group,
     rep: usize,
     server_name: &'static str,
     phase: Phase,
@@ -527,9 +559,10 @@ where
     Fut: std::future::Future<Output = Measured>,
 {
     let broker = || settings.broker_pid.map(Usage::of).unwrap_or_default();
-    let (server_before, broker_before) = (server.usage(), broker());
+    let redis = || settings.redis_pid.map(Usage::of).unwrap_or_default();
+    let (server_before, broker_before, redis_before) = (server.usage(), broker(), redis());
     let measured = run().await;
-    let (server_after, broker_after) = (server.usage(), broker());
+    let (server_after, broker_after, redis_after) = (server.usage(), broker(), redis());
     Row {
         rep,
         server: server_name,
@@ -538,102 +571,12 @@ where
         broker_cpu: settings
             .broker_pid
             .map(|_| broker_after.cpu_since(&broker_before)),
+        redis_cpu: settings
+            .redis_pid
+            .map(|_| redis_after.cpu_since(&redis_before)),
         peak_rss: server_after.peak_rss,
         measured,
     }
-}
-
-fn limit_command(
-    settings: &Settings,
-    addr: SocketAddr,
-    topic: &str,
-    kind: limit::LimitKind,
-) -> Command {
-    let mut command = Command::new(std::env::current_exe().expect("bench binary"));
-    command
-        .arg(LIMIT_SERVER)
-        .arg(addr.to_string())
-        .arg(&settings.brokers)
-        .arg(topic)
-        .arg(kind.as_str())
-        .args(settings.librdkafka.iter().map(|(k, v)| format!("{k}={v}")));
-    command
-}
-
-/// The peer's start script on `addr` and the limit's sale topic (posbridge's
-/// layout, compacted: the peer keys its records, see [`Dialect::Peer`]).
-/// The script must `exec` its server, so that the child whose CPU and RSS
-/// the bench reads is the server itself; it inherits the bench's CPUs and
-/// environment (its own settings included), not `POSBRIDGE_BENCH_LIBRDKAFKA`.
-fn camel_command(settings: &Settings, script: &Path, addr: SocketAddr, topic: &str) -> Command {
-    let mut command = Command::new(script);
-    command
-        .arg(addr.port().to_string())
-        .arg(&settings.brokers)
-        .arg(topic);
-    command
-}
-
-/// The release posbridge, `serve` with its defaults but for the listener,
-/// broker, topic prefix, ledger and the bench's secret; its files in `dir`.
-/// Its topics are its own (named after `dir`): on topics an earlier server
-/// wrote, a new ledger would be filled from them first, and every
-/// repetition would start on more state than the one before.
-fn posbridge_command(
-    settings: &Settings,
-    addr: SocketAddr,
-    run: &str,
-    ledger: &LedgerChoice,
-    dir: &Path,
-    binary: &Path,
-) -> Command {
-    std::fs::create_dir_all(dir).expect("posbridge dir");
-    let mut name = dir.file_name().expect("named dir").to_string_lossy();
-    // A filled Redis ledger is one for the whole run (it cannot be copied
-    // as the embedded file is): its topics are too, so each repetition
-    // restarts on them, not on topics it never cached (which the ledger
-    // would rightly forget whole first).
-    if let LedgerChoice::Redis {
-        prefix: Some(filled),
-        ..
-    } = ledger
-    {
-        name = filled.trim_end_matches([':', '.']).replace(':', "-").into();
-    }
-    let ledger = match ledger {
-        LedgerChoice::Redis { url, prefix } => {
-            let unique = format!("{run}.{name}:");
-            let prefix = prefix.clone().unwrap_or(unique);
-            format!("backend = \"redis\"\nredis_url = \"{url}\"\nredis_prefix = \"{prefix}\"")
-        }
-        LedgerChoice::Embedded(prepared) => {
-            let path = dir.join("ledger.redb");
-            if let Some(prepared) = prepared {
-                std::fs::copy(prepared, &path).expect("copy the prepared ledger");
-            }
-            format!("path = \"{}\"", path.display())
-        }
-    };
-    let librdkafka: String = settings
-        .librdkafka
-        .iter()
-        .map(|(k, v)| format!("\"{k}\" = \"{v}\"\n"))
-        .collect();
-    let text = format!(
-        "[server]\nlisten = \"{addr}\"\n\
-         [kafka]\nbrokers = \"{}\"\ntopic_prefix = \"{run}.{name}.\"\npartitions = {}\n\
-         [kafka.librdkafka]\n{librdkafka}\
-         [ledger]\n{ledger}\n\
-         [receiptroller.sources.main]\nsecrets = [\"{}\"]\n",
-        settings.brokers,
-        settings.partitions,
-        load::SECRET,
-    );
-    let path = dir.join("posbridge.toml");
-    std::fs::write(&path, text).expect("posbridge config");
-    let mut command = Command::new(binary);
-    command.arg("serve").arg("--config").arg(path);
-    command
 }
 
 fn settings_line(settings: &Settings, specs: &[Spec]) -> String {
@@ -647,6 +590,10 @@ fn settings_line(settings: &Settings, specs: &[Spec]) -> String {
                 if prefix.is_some() { ", filled" } else { "" }
             )),
             Under::Baseline(_, binary) => Some(format!("baseline {}", binary.display())),
+            Under::Fleet(LedgerChoice::Redis { url, .. }, n) => {
+                Some(format!("{n} replicas on redis at {url}"))
+            }
+            Under::Fleet(LedgerChoice::Embedded(_), n) => Some(format!("{n} replicas, embedded")),
             Under::Limit(_) | Under::Camel(_) => None,
         })
         .collect();
@@ -671,49 +618,4 @@ fn settings_line(settings: &Settings, specs: &[Spec]) -> String {
         ledgers.join(" / "),
         settings.librdkafka,
     )
-}
-
-/// Fills an embedded and (with `POSBRIDGE_BENCH_REDIS`) a Redis ledger,
-/// then runs posbridge on empty and filled ledgers beside the limit.
-async fn scale(settings: &Settings, run: &str) {
-    let work = tempfile::tempdir().expect("work dir");
-    let size = fill::Size::from_env();
-    let filled = fill::embedded(&work.path().join("filled.redb"), size).await;
-    let mut specs = vec![
-        Spec {
-            name: report::LIMIT,
-            under: Under::Limit(limit::LimitKind::Produce),
-            phases: vec![Phase::Closed(64), Phase::Closed(256)],
-        },
-        posbridge_spec(report::POSBRIDGE, LedgerChoice::Embedded(None)),
-        posbridge_spec("posbridge, filled", LedgerChoice::Embedded(Some(filled))),
-    ];
-    if let Some(url) = &settings.redis {
-        let prefix = format!("{run}.filled:");
-        fill::redis(url, &prefix, size).await;
-        specs.push(posbridge_spec(
-            "posbridge, redis",
-            LedgerChoice::Redis {
-                url: url.clone(),
-                prefix: None,
-            },
-        ));
-        specs.push(posbridge_spec(
-            "posbridge, redis filled",
-            LedgerChoice::Redis {
-                url: url.clone(),
-                prefix: Some(prefix),
-            },
-        ));
-    }
-    let rows = bench(settings, run, &specs).await;
-    report::scale(&rows);
-}
-
-fn posbridge_spec(name: &'static str, ledger: LedgerChoice) -> Spec {
-    Spec {
-        name,
-        under: Under::Posbridge(ledger),
-        phases: vec![Phase::Closed(64), Phase::Closed(256), Phase::Duplicates],
-    }
 }

@@ -56,12 +56,15 @@ pub struct Row {
     pub server_cpu: Duration,
     /// CPU the broker used during the phase, when its pid is known.
     pub broker_cpu: Option<Duration>,
+    /// CPU Redis used during the phase, when its pid is known.
+    pub redis_cpu: Option<Duration>,
     /// The server process's peak RSS so far.
     pub peak_rss: u64,
 }
 
 impl Row {
-    fn cpu_per_request(&self) -> Duration {
+    /// The server's CPU (a fleet's replicas' summed) per answer.
+    pub fn cpu_per_request(&self) -> Duration {
         self.server_cpu
             .checked_div(self.measured.requests.max(1) as u32)
             .unwrap_or_default()
@@ -70,7 +73,7 @@ impl Row {
 
 const MIB: f64 = 1024.0 * 1024.0;
 
-fn ms(d: Duration) -> f64 {
+pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
@@ -123,7 +126,7 @@ pub fn row(row: &Row) {
 }
 
 /// The row of `server` in `phase` of repetition `rep`.
-fn find<'a>(rows: &'a [Row], rep: usize, server: &str, phase: Phase) -> Option<&'a Row> {
+pub fn find<'a>(rows: &'a [Row], rep: usize, server: &str, phase: Phase) -> Option<&'a Row> {
     rows.iter()
         .find(|r| r.rep == rep && r.server == server && r.phase == phase)
 }

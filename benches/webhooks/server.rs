@@ -68,6 +68,30 @@ impl Drop for Server {
     }
 }
 
+/// The processes one row measures: one server, or the replicas of a fleet.
+pub struct Group {
+    servers: Vec<Server>,
+}
+
+impl Group {
+    /// The replicas, in order.
+    pub fn of(servers: Vec<Server>) -> Group {
+        Group { servers }
+    }
+
+    /// Their usage so far, summed: the CPU a fleet spends on its requests,
+    /// and the memory it holds (the peaks of each, added).
+    pub fn usage(&self) -> Usage {
+        self.servers
+            .iter()
+            .map(Server::usage)
+            .fold(Usage::default(), |sum, one| Usage {
+                cpu: sum.cpu + one.cpu,
+                peak_rss: sum.peak_rss + one.peak_rss,
+            })
+    }
+}
+
 /// The last `lines` lines of the file at `path`.
 fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
