@@ -9,6 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
@@ -299,9 +300,9 @@ impl fmt::Display for DeliveryKey {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LineItem {
     /// The provider's product code, when sent.
-    pub sku: Option<String>,
+    pub sku: Option<CompactString>,
     /// The product's display name, when sent.
-    pub name: Option<String>,
+    pub name: Option<CompactString>,
     /// Units sold; a decimal because weighed goods sell fractions.
     pub quantity: Option<Decimal>,
     /// Price of one unit, when sent.
@@ -312,19 +313,19 @@ pub struct LineItem {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PosEvent {
     /// The provider's delivery id for webhooks; a derived id for reconciled records.
-    pub event_id: String,
+    pub event_id: CompactString,
     /// Who sent it.
     pub provider: ProviderKind,
     /// The configured webhook (or reconciler source) it came through.
-    pub source: String,
+    pub source: CompactString,
     /// The merchant account the source serves, when a deployment has several.
-    pub account: Option<String>,
+    pub account: Option<CompactString>,
     /// Which compacted topic it belongs to.
     pub entity_type: EntityType,
     /// The provider's business id of the entity.
-    pub entity_id: String,
+    pub entity_id: CompactString,
     /// The event name exactly as the provider sent it (`sale.created`, …).
-    pub event_type: String,
+    pub event_type: CompactString,
     /// When the provider says the change happened; the Kafka record timestamp.
     pub occurred_at: OffsetDateTime,
     /// The ordering version the stale-event guard compared.
@@ -334,13 +335,13 @@ pub struct PosEvent {
     /// Webhook or reconciler.
     pub origin: Origin,
     /// Mekari outlet, when known.
-    pub outlet_id: Option<String>,
+    pub outlet_id: Option<CompactString>,
     /// ReceiptRoller store, when known.
-    pub store_id: Option<String>,
+    pub store_id: Option<CompactString>,
     /// ReceiptRoller terminal, when known.
-    pub terminal_id: Option<String>,
+    pub terminal_id: Option<CompactString>,
     /// ISO 4217 code of every amount in the event.
-    pub currency: Option<String>,
+    pub currency: Option<CompactString>,
     /// Amount before tax.
     pub subtotal: Option<Decimal>,
     /// Tax amount.
@@ -348,9 +349,9 @@ pub struct PosEvent {
     /// Amount the customer paid (grand total).
     pub total: Option<Decimal>,
     /// The entity's status as the provider names it (`paid`, `cancelled`, …).
-    pub status: Option<String>,
+    pub status: Option<CompactString>,
     /// Mekari kitchen progress, for orders.
-    pub kitchen_status: Option<String>,
+    pub kitchen_status: Option<CompactString>,
     /// Lines, where the provider sends them.
     pub items: Vec<LineItem>,
     /// True for delete events; such events are written as tombstones.
@@ -358,9 +359,9 @@ pub struct PosEvent {
     /// When it happened in the shop (sale, sold, created), where the provider says.
     pub business_at: Option<OffsetDateTime>,
     /// Products and collections: the display name.
-    pub name: Option<String>,
+    pub name: Option<CompactString>,
     /// Products: the stock-keeping unit.
-    pub sku: Option<String>,
+    pub sku: Option<CompactString>,
     /// Products: the unit price.
     pub price: Option<Decimal>,
     /// Products and collections: whether it is on sale / in use.
@@ -368,13 +369,13 @@ pub struct PosEvent {
     /// Collections: the member products' ids.
     pub product_ids: Option<Vec<String>>,
     /// Returns, refunds and exchanges: the order they belong to.
-    pub order_id: Option<String>,
+    pub order_id: Option<CompactString>,
     /// Returns, refunds and exchanges: why.
-    pub reason: Option<String>,
+    pub reason: Option<CompactString>,
     /// How it was paid (or, for refunds, paid back).
-    pub payment_method: Option<String>,
+    pub payment_method: Option<CompactString>,
     /// The provider's customer reference.
-    pub customer_id: Option<String>,
+    pub customer_id: Option<CompactString>,
     /// Exchanges: the lines given to the customer.
     pub items_given: Option<Vec<LineItem>>,
     /// The provider's JSON for this entity, untouched, for fields the schema

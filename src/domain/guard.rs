@@ -5,6 +5,7 @@
 //! to not write older ones. The pipeline calls [`decide`] while holding the
 //! entity's lock, with the ledger's record of what was last written.
 
+use compact_str::CompactString;
 use sha2::{Digest, Sha256};
 
 use crate::domain::event::{Content, Decimal, LineItem, Origin, PosEvent, Version, micros};
@@ -100,7 +101,7 @@ pub fn decide_replacing(written: Option<&EntityState>, replaces: &EntityState) -
 /// (no `..`): a new field must be placed in the hash or explicitly left out,
 /// or this does not compile.
 pub fn state_hash(event: &PosEvent, content: &Content) -> [u8; 16] {
-    fn text(s: &Option<String>) -> &[u8] {
+    fn text(s: &Option<CompactString>) -> &[u8] {
         s.as_deref().unwrap_or("\u{0}").as_bytes()
     }
     fn decimal(m: Option<Decimal>) -> [u8; 17] {

@@ -56,7 +56,7 @@ pub struct Delivery {
     /// The provider's delivery id, when the request carried one.
     pub delivery_id: Option<String>,
     /// The event type, when the body was an event.
-    pub event_type: Option<String>,
+    pub event_type: Option<compact_str::CompactString>,
     /// The entity's record key, when it was normalized.
     pub entity_key: Option<String>,
     /// A dead letter's reason code (`time_in_future`, `invalid_field`, …).

@@ -347,7 +347,7 @@ impl Traced {
         let span = self.context.span();
         span.set_attribute(KeyValue::new(ENTITY_TYPE, event.entity_type.as_str()));
         span.set_attribute(KeyValue::new(ENTITY_KEY, key.as_str().to_owned()));
-        span.set_attribute(KeyValue::new(EVENT_TYPE, event.event_type.clone()));
+        span.set_attribute(KeyValue::new(EVENT_TYPE, event.event_type.to_string()));
     }
 
     fn outcome(&self, outcome: &'static str, dead_letter_reason: Option<&'static str>) {

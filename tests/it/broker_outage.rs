@@ -242,7 +242,7 @@ async fn readiness_follows_the_broker_and_shutdown_finishes_in_flight_deliveries
         .iter()
         .map(|r| {
             let event = posbridge::adapters::encode::decode(r.payload.as_deref().unwrap()).unwrap();
-            (r.key.as_str(), event.event_id)
+            (r.key.as_str(), event.event_id.into())
         })
         .collect();
     assert_eq!(

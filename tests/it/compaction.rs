@@ -170,8 +170,8 @@ async fn kafka_only_the_log_cleaner_leaves_exactly_the_newest_state_of_every_liv
         let event = decode(record.payload.as_deref().expect("no tombstone left")).unwrap();
         let id = record.key.trim_start_matches("mekari:");
         assert_eq!(
-            event.kitchen_status.as_ref(),
-            live.get(&id.to_owned()).copied(),
+            event.kitchen_status.as_deref(),
+            live.get(&id.to_owned()).map(|status| status.as_str()),
             "{}: the newest state",
             record.key
         );

@@ -146,7 +146,15 @@ async fn kafka_only_losing_a_partition_leader_under_load_loses_nothing_and_keeps
         let records = read_topic(&cluster.bootstrap(), &app.topic(plural));
         let written: HashMap<String, ()> = records
             .iter()
-            .map(|r| (decode(r.payload.as_deref().unwrap()).unwrap().event_id, ()))
+            .map(|r| {
+                (
+                    decode(r.payload.as_deref().unwrap())
+                        .unwrap()
+                        .event_id
+                        .into(),
+                    (),
+                )
+            })
             .collect();
         for s in sent
             .iter()

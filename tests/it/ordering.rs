@@ -96,7 +96,11 @@ async fn kafka_only_a_record_in_doubt_never_lands_after_a_newer_state_of_its_key
         .map(|r| decode(r.payload.as_deref().unwrap()).unwrap().event_id)
         .collect();
     println!("record in doubt: the key's records in order: {states:?}");
-    assert_eq!(states.last().map(String::as_str), Some("d-2"), "{states:?}");
+    assert_eq!(
+        states.last().map(compact_str::CompactString::as_str),
+        Some("d-2"),
+        "{states:?}"
+    );
     assert!(
         states.iter().filter(|s| *s == "d-2").count() == 1,
         "{states:?}"

@@ -192,7 +192,7 @@ async fn a_run_stopped_by_an_outage_resumes_where_it_stopped() {
         .iter()
         .filter_map(|r| decode(r.payload.as_deref()?).ok())
         .filter(|event| event.name.is_some())
-        .map(|event| event.entity_id)
+        .map(|event| event.entity_id.into())
         .collect();
     let mut keys = derived.clone();
     keys.sort();

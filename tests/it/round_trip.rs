@@ -114,7 +114,12 @@ async fn an_id_with_a_colon_and_another_accounts_id_publish_under_two_keys() {
     assert_eq!(keys, ["mekari:acme%3AORD-1", "mekari:acme:ORD-1"]);
     let ids: Vec<String> = records
         .iter()
-        .map(|r| decode(r.payload.as_deref().unwrap()).unwrap().entity_id)
+        .map(|r| {
+            decode(r.payload.as_deref().unwrap())
+                .unwrap()
+                .entity_id
+                .into()
+        })
         .collect();
     assert_eq!(
         ids,

@@ -128,19 +128,19 @@ pub fn to_avro(event: &PosEvent) -> Value {
         topic_prefix: _,
     } = event;
     Value::Record(vec![
-        ("event_id".into(), Value::String(event_id.clone())),
+        ("event_id".into(), Value::String(event_id.to_string())),
         (
             "provider".into(),
             symbol(&ProviderKind::ALL, *provider, ProviderKind::as_str),
         ),
-        ("source".into(), Value::String(source.clone())),
+        ("source".into(), Value::String(source.to_string())),
         ("account".into(), optional_string(account.as_deref())),
         (
             "entity_type".into(),
             symbol(&EntityType::ALL, *entity_type, EntityType::as_str),
         ),
-        ("entity_id".into(), Value::String(entity_id.clone())),
-        ("event_type".into(), Value::String(event_type.clone())),
+        ("entity_id".into(), Value::String(entity_id.to_string())),
+        ("event_type".into(), Value::String(event_type.to_string())),
         (
             "occurred_at".into(),
             Value::TimestampMicros(micros(*occurred_at)),
@@ -226,17 +226,21 @@ impl Fields {
         })
     }
 
-    fn string(&mut self, name: &'static str) -> Result<String, DecodeError> {
+    /// A string field, as whichever owner of it the event keeps.
+    fn string<T: From<String>>(&mut self, name: &'static str) -> Result<T, DecodeError> {
         match self.take(name)? {
-            Value::String(s) => Ok(s),
+            Value::String(s) => Ok(s.into()),
             _ => Err(DecodeError::Field(name)),
         }
     }
 
-    fn optional_string(&mut self, name: &'static str) -> Result<Option<String>, DecodeError> {
+    fn optional_string<T: From<String>>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<Option<T>, DecodeError> {
         match self.take(name)? {
             Value::Null => Ok(None),
-            Value::String(s) => Ok(Some(s)),
+            Value::String(s) => Ok(Some(s.into())),
             _ => Err(DecodeError::Field(name)),
         }
     }
@@ -377,7 +381,7 @@ pub fn from_avro(value: Value) -> Result<PosEvent, DecodeError> {
         payment_method: f.optional_string("payment_method")?,
         customer_id: f.optional_string("customer_id")?,
         items_given: f.lines("items_given")?,
-        raw: f.string("raw")?.into(),
+        raw: f.string("raw")?,
         // Not in the record: the reader knows its topic.
         topic_prefix: None,
     })

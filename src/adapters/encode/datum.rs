@@ -239,8 +239,8 @@ mod tests {
         for (n, unscaled) in decimals.into_iter().enumerate() {
             let at = times[n % times.len()];
             let line = LineItem {
-                sku: Some("s".repeat(n * 20)),
-                name: (n % 2 == 0).then(|| "ü€".repeat(n)),
+                sku: Some("s".repeat(n * 20).into()),
+                name: (n % 2 == 0).then(|| "ü€".repeat(n).into()),
                 quantity: Some(Decimal { unscaled }),
                 unit_price: (n % 3 == 0).then_some(Decimal {
                     unscaled: unscaled.wrapping_neg(),

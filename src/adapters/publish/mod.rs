@@ -43,11 +43,11 @@ mod replace;
 mod topics;
 mod watch;
 
-use std::borrow::Cow;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
+use compact_str::CompactString;
 use metrics::Histogram;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -104,7 +104,7 @@ pub struct OutgoingRecord {
     /// Record headers: names and the values known before the run (a
     /// provider's name, the origin, the schema's revision) are not
     /// allocated per record.
-    pub headers: Vec<(&'static str, Cow<'static, str>)>,
+    pub headers: Vec<(&'static str, CompactString)>,
     /// Provider name, for the latency metric.
     pub provider: &'static str,
 }

@@ -355,7 +355,7 @@ mod tests {
             Delivery {
                 at: now,
                 delivery_id: Some(HOSTILE.to_owned()),
-                event_type: Some(HOSTILE.to_owned()),
+                event_type: Some(HOSTILE.into()),
                 entity_key: Some(HOSTILE.to_owned()),
                 dead_letter_reason: Some("invalid_field"),
                 answer: Answer {

@@ -58,7 +58,7 @@ pub struct Handled {
     /// The outcome, answered 2xx.
     pub outcome: Outcome,
     /// The provider's event type, once the body was read as an event.
-    pub event_type: Option<String>,
+    pub event_type: Option<compact_str::CompactString>,
     /// The entity's record key, once the event was normalized.
     pub entity_key: Option<String>,
     /// A dead letter's reason code, so the operator sees why without

@@ -4,7 +4,9 @@
 //! the trace context a record carries (`traceparent`, when traces are on)
 //! comes in as headers of the producing span (`traces::StageSpan::record_headers`).
 
-use std::borrow::Cow;
+use std::fmt::Write as _;
+
+use compact_str::{CompactString, ToCompactString as _, format_compact};
 use time::OffsetDateTime;
 
 use crate::adapters::encode::SCHEMA_REVISION;
@@ -97,23 +99,26 @@ pub fn entity_record(
 ) -> OutgoingRecord {
     debug_assert_eq!(*key, event.key(), "the record is keyed by its own entity");
     let mut headers = vec![
-        (HEADER_DELIVERY_ID, Cow::Owned(event.event_id.clone())),
-        (HEADER_PROVIDER, Cow::Borrowed(event.provider.as_str())),
-        (HEADER_EVENT_TYPE, Cow::Owned(event.event_type.clone())),
-        (HEADER_SOURCE, Cow::Owned(event.source.clone())),
-        (HEADER_ORIGIN, Cow::Borrowed(event.origin.as_str())),
+        (HEADER_DELIVERY_ID, event.event_id.clone()),
+        (
+            HEADER_PROVIDER,
+            CompactString::const_new(event.provider.as_str()),
+        ),
+        (HEADER_EVENT_TYPE, event.event_type.clone()),
+        (HEADER_SOURCE, event.source.clone()),
+        (
+            HEADER_ORIGIN,
+            CompactString::const_new(event.origin.as_str()),
+        ),
         (
             HEADER_VERSION,
-            Cow::Owned(format!(
-                "{}:{}",
-                state.version.at_micros, state.version.rank
-            )),
+            format_compact!("{}:{}", state.version.at_micros, state.version.rank),
         ),
-        (HEADER_STATE_HASH, Cow::Owned(hex::encode(state.state_hash))),
-        (HEADER_SCHEMA, Cow::Borrowed(SCHEMA_REVISION)),
+        (HEADER_STATE_HASH, hex_of(&state.state_hash)),
+        (HEADER_SCHEMA, CompactString::const_new(SCHEMA_REVISION)),
         (
             HEADER_RECEIVED_AT,
-            Cow::Owned(micros(event.received_at).to_string()),
+            micros(event.received_at).to_compact_string(),
         ),
     ];
     with_trace(&mut headers, trace);
@@ -135,14 +140,14 @@ pub fn dead_letter_record(
     trace: Vec<(&'static str, String)>,
 ) -> OutgoingRecord {
     let mut headers = vec![
+        (HEADER_DELIVERY_ID, letter.delivery_id.into()),
         (
-            HEADER_DELIVERY_ID,
-            Cow::Owned(letter.delivery_id.to_owned()),
+            HEADER_PROVIDER,
+            CompactString::const_new(letter.provider.as_str()),
         ),
-        (HEADER_PROVIDER, Cow::Borrowed(letter.provider.as_str())),
-        (HEADER_SOURCE, Cow::Owned(letter.source.to_owned())),
-        (HEADER_REASON, Cow::Owned(letter.reason)),
-        (HEADER_REASON_CODE, Cow::Borrowed(letter.code)),
+        (HEADER_SOURCE, letter.source.into()),
+        (HEADER_REASON, letter.reason.into()),
+        (HEADER_REASON_CODE, CompactString::const_new(letter.code)),
     ];
     with_trace(&mut headers, trace);
     OutgoingRecord {
@@ -174,18 +179,24 @@ pub fn state_from_headers(version: &[u8], state_hash: &[u8]) -> Option<EntitySta
     })
 }
 
+/// `bytes` in lower-case hex, written straight into the header's value
+/// (a state hash's 32 digits fit no inline string; no second copy).
+fn hex_of(bytes: &[u8]) -> CompactString {
+    let mut text = CompactString::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        let _ = write!(text, "{byte:02x}");
+    }
+    text
+}
+
 /// Adds the trace context headers, when traces are on; off, the headers
 /// stay as allocated.
 fn with_trace(
-    headers: &mut Vec<(&'static str, Cow<'static, str>)>,
+    headers: &mut Vec<(&'static str, CompactString)>,
     trace: Vec<(&'static str, String)>,
 ) {
     if !trace.is_empty() {
-        headers.extend(
-            trace
-                .into_iter()
-                .map(|(name, value)| (name, Cow::Owned(value))),
-        );
+        headers.extend(trace.into_iter().map(|(name, value)| (name, value.into())));
     }
 }
 
@@ -224,14 +235,11 @@ pub fn cut_dead_letter(
     };
     record
         .headers
-        .push((HEADER_BODY_BYTES, Cow::Owned(body.len().to_string())));
-    record.headers.push((
-        HEADER_BODY_SHA256,
-        Cow::Owned(hex::encode(Sha256::digest(&body[..]))),
-    ));
+        .push((HEADER_BODY_BYTES, body.len().to_compact_string()));
     record
         .headers
-        .push((HEADER_CUT_REASON, Cow::Owned(why.to_owned())));
+        .push((HEADER_BODY_SHA256, hex_of(&Sha256::digest(&body[..]))));
+    record.headers.push((HEADER_CUT_REASON, why.into()));
     let beside_body = RECORD_OVERHEAD_BYTES
         + record.key.len()
         + record

@@ -50,7 +50,7 @@ pub(crate) fn reconciled(
     ) {
         Ok(mut normalized) => {
             let event = &mut normalized.event;
-            event.event_id = format!("{event_id}:{}", event.key());
+            event.event_id = compact_str::format_compact!("{event_id}:{}", event.key());
             Ok(normalized)
         }
         Err(reason) => Err(Box::new(Unnormalized {

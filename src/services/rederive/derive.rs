@@ -44,8 +44,8 @@ impl Underivable {
 pub fn derive(was: &PosEvent, topic_prefix: Option<&str>) -> Result<Normalized, Underivable> {
     let source = Source {
         provider: was.provider,
-        name: was.source.clone(),
-        account: was.account.clone(),
+        name: was.source.to_string(),
+        account: was.account.as_deref().map(String::from),
         topic_prefix: topic_prefix.map(Arc::from),
     };
     let ctx = Context {

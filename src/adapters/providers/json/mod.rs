@@ -3,6 +3,7 @@
 
 mod tree;
 
+use compact_str::{CompactString, ToCompactString as _};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
@@ -53,10 +54,10 @@ pub(super) fn envelope<'a>(
 }
 
 /// A string or number field as text (ids are sometimes numbers).
-pub(super) fn optional_text(value: &Json<'_>, field: &str) -> Option<String> {
+pub(super) fn optional_text(value: &Json<'_>, field: &str) -> Option<CompactString> {
     match value.get(field)? {
-        Json::String(s) | Json::Number(s) => Some(s.to_string()),
-        Json::Integer(n) => Some(n.to_string()),
+        Json::String(s) | Json::Number(s) => Some(CompactString::from(s.as_ref())),
+        Json::Integer(n) => Some(n.to_compact_string()),
         _ => None,
     }
 }

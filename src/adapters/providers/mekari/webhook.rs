@@ -96,13 +96,13 @@ pub fn entity_event(
         _ => optional_text(data, "payment_method"),
     };
     let event = PosEvent {
-        event_id: ctx.event_id.to_owned(),
+        event_id: ctx.event_id.into(),
         provider: ProviderKind::Mekari,
-        source: ctx.source.name.clone(),
-        account: ctx.source.account.clone(),
+        source: ctx.source.name.as_str().into(),
+        account: ctx.source.account.as_deref().map(Into::into),
         entity_type,
-        entity_id: required_str(data, "data.id")?.to_owned(),
-        event_type: event_type.to_owned(),
+        entity_id: required_str(data, "data.id")?.into(),
+        event_type: event_type.into(),
         occurred_at: at,
         version: Version::new(at, kitchen_rank(kitchen_status.as_deref())),
         received_at: ctx.received_at,

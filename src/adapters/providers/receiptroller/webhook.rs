@@ -45,15 +45,15 @@ pub fn entity_event(
         ),
         _ => return Err(NormalizeError::UnknownEventType(event_type.to_owned())),
     };
-    let status = optional_text(data, "status").unwrap_or_else(|| verb.to_owned());
+    let status = optional_text(data, "status").unwrap_or_else(|| verb.into());
     let event = PosEvent {
-        event_id: ctx.event_id.to_owned(),
+        event_id: ctx.event_id.into(),
         provider: ProviderKind::ReceiptRoller,
-        source: ctx.source.name.clone(),
-        account: ctx.source.account.clone(),
+        source: ctx.source.name.as_str().into(),
+        account: ctx.source.account.as_deref().map(Into::into),
         entity_type,
-        entity_id: entity_id.to_owned(),
-        event_type: event_type.to_owned(),
+        entity_id: entity_id.into(),
+        event_type: event_type.into(),
         occurred_at: at,
         version: Version::new(at, 0),
         received_at: ctx.received_at,

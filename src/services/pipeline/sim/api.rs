@@ -128,7 +128,7 @@ pub(super) async fn reconcile(
                 });
             let id = normalized.event.event_id.clone();
             shared.reconciled(
-                id.clone(),
+                id.to_string(),
                 Event {
                     key: key.to_owned(),
                     index,

@@ -87,7 +87,7 @@ impl TopicRead for FakeReader {
                 headers: record
                     .headers
                     .into_iter()
-                    .map(|(name, value)| (name.to_owned(), value.into_owned()))
+                    .map(|(name, value)| (name.to_owned(), value.into()))
                     .collect(),
             })
             .collect();
