@@ -17,6 +17,7 @@ mod dedup;
 mod deploy;
 mod dev_stack;
 mod event_times;
+mod fair_shares;
 mod hostile_api;
 mod kafka_acls;
 mod kafka_security;

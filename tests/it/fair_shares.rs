@@ -1,0 +1,211 @@
+//! Fair shares on a real broker: one source floods while another sends at
+//! its rate. The other is never refused; the flooding Mekari source is
+//! slowed with 429 + `Retry-After`; a flooding ReceiptRoller source is
+//! answered 200 (`spooled` past its share) and every delivery of it ends
+//! published; one with no spool is answered 200 all the same.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::wait::wait_until;
+use crate::support::{
+    TestApp, brokers, mekari_order, metric, read_topic, rr_sale, spool_config, timed, unique,
+};
+
+/// Requests of the flooding source, all sent at once: far past the default
+/// busy mark (64 deliveries in flight) and share (16).
+const FLOOD: usize = 240;
+/// The quiet source's deliveries, one every [`QUIET_PACE`], during the flood.
+const QUIET: usize = 20;
+const QUIET_PACE: Duration = Duration::from_millis(40);
+
+/// What a request was answered: status, `status` field, `Retry-After`.
+type Answer = (u16, String, Option<String>);
+
+fn sale(tag: &str, n: usize) -> Value {
+    rr_sale(
+        &format!("{tag}-{n}"),
+        "sale.created",
+        "2026-11-29T10:15:30Z",
+        &format!("{tag}|2026-11|{n:05}"),
+        100,
+    )
+}
+
+fn order(tag: &str, n: usize) -> Value {
+    mekari_order(
+        &format!("{tag}-{n}"),
+        "order.updated",
+        "2026-11-29T17:15:30+07:00",
+        &format!("{tag}-ORD-{n}"),
+        "new",
+    )
+}
+
+/// Sends `flood` bodies to `flooder` all at once while `quiet` bodies go
+/// to `calm` one every [`QUIET_PACE`]; returns both sides' answers.
+async fn flood_beside_quiet(
+    app: &TestApp,
+    provider: &str,
+    (flooder, flood): (&str, Vec<Value>),
+    (calm, quiet): (&str, Vec<Value>),
+) -> (Vec<Answer>, Vec<Answer>) {
+    let answer = async |request| {
+        let answer = timed(request).await;
+        let what = answer.what();
+        (answer.status, what, answer.retry_after)
+    };
+    let flooding: Vec<_> = flood
+        .iter()
+        .map(|body| tokio::spawn(answer(app.request(provider, flooder, body))))
+        .collect();
+    let mut calm_answers = Vec::new();
+    for body in &quiet {
+        calm_answers.push(tokio::spawn(answer(app.request(provider, calm, body))));
+        tokio::time::sleep(QUIET_PACE).await;
+    }
+    let mut flood_answers = Vec::new();
+    for request in flooding {
+        flood_answers.push(request.await.unwrap());
+    }
+    let mut quiet_answers = Vec::new();
+    for request in calm_answers {
+        quiet_answers.push(request.await.unwrap());
+    }
+    (flood_answers, quiet_answers)
+}
+
+fn count(answers: &[Answer], status: u16, what: &str) -> usize {
+    answers
+        .iter()
+        .filter(|(s, w, _)| *s == status && (what.is_empty() || w == what))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    // ReceiptRoller `main` spools; `backup` does not. Mekari `main` and
+    // `acme`. Every share setting at its default.
+    let app = TestApp::start_with(spool_config(&brokers(), &unique("share"), dir.path())).await;
+
+    // Mekari `main` floods while `acme` sends at its rate.
+    let mk_flood = (0..FLOOD).map(|n| order("mkf", n)).collect();
+    let mk_quiet = (0..QUIET).map(|n| order("mkq", n)).collect();
+    let (flood, quiet) =
+        flood_beside_quiet(&app, "mekari", ("main", mk_flood), ("acme", mk_quiet)).await;
+    let refused = count(&flood, 429, "");
+    println!(
+        "mekari: flood {refused} of {FLOOD} answered 429, {} published; quiet {} of {QUIET} published",
+        count(&flood, 200, "published"),
+        count(&quiet, 200, "published"),
+    );
+    assert_eq!(
+        count(&quiet, 200, "published"),
+        QUIET,
+        "the quiet Mekari source is never refused: {quiet:?}"
+    );
+    assert!(
+        refused > 0,
+        "the flooding Mekari source is slowed by 429: 0 of {FLOOD} answered 429 ({} published)",
+        count(&flood, 200, "published"),
+    );
+    assert_eq!(
+        refused + count(&flood, 200, "published"),
+        FLOOD,
+        "the flood is answered 429 or published, nothing else: {flood:?}"
+    );
+    for (status, _, retry_after) in &flood {
+        if *status == 429 {
+            let secs: u64 = retry_after
+                .as_deref()
+                .expect("a 429 carries Retry-After")
+                .parse()
+                .expect("Retry-After in seconds");
+            assert!((31..=3600).contains(&secs), "Retry-After {secs}");
+        }
+    }
+
+    // ReceiptRoller `main` (spooling) floods while `backup` sends at its rate.
+    let rr_flood: Vec<Value> = (0..FLOOD).map(|n| sale("rrf", n)).collect();
+    let rr_quiet = (0..QUIET).map(|n| sale("rrq", n)).collect();
+    let (flood, quiet) = flood_beside_quiet(
+        &app,
+        "receiptroller",
+        ("main", rr_flood.clone()),
+        ("backup", rr_quiet),
+    )
+    .await;
+    let spooled = count(&flood, 200, "spooled");
+    println!(
+        "receiptroller: flood {spooled} of {FLOOD} spooled, {} published; quiet {} of {QUIET} published",
+        count(&flood, 200, "published"),
+        count(&quiet, 200, "published"),
+    );
+    assert_eq!(
+        count(&quiet, 200, "published"),
+        QUIET,
+        "the quiet ReceiptRoller source is never refused: {quiet:?}"
+    );
+    assert_eq!(
+        count(&flood, 200, ""),
+        FLOOD,
+        "a flooding ReceiptRoller source is never refused: {flood:?}"
+    );
+    assert!(
+        spooled > 0,
+        "the flooding ReceiptRoller source is slowed by the spool: 0 of {FLOOD} spooled"
+    );
+    // Every delivery of it ends published: the drainer takes the spooled.
+    let spool = app.pipeline.spool().expect("a spooling configuration");
+    wait_until(Duration::from_secs(30), "the spool to drain", async || {
+        spool.stats().entries == 0
+    })
+    .await;
+    let keys: HashSet<String> = read_topic(&brokers(), &app.topic("sales"))
+        .into_iter()
+        .map(|record| record.key)
+        .collect();
+    let missing: Vec<_> = rr_flood
+        .iter()
+        .map(|body| body["data"]["id"].as_str().unwrap())
+        .filter(|id| !keys.iter().any(|key| key.ends_with(*id)))
+        .collect();
+    assert!(missing.is_empty(), "not published: {missing:?}");
+
+    // ReceiptRoller `backup` (no spool) floods while `main` sends at its
+    // rate: both answered 200, none refused.
+    let rr_flood = (0..FLOOD).map(|n| sale("rrn", n)).collect();
+    let rr_quiet = (0..QUIET).map(|n| sale("rrm", n)).collect();
+    let (flood, quiet) = flood_beside_quiet(
+        &app,
+        "receiptroller",
+        ("backup", rr_flood),
+        ("main", rr_quiet),
+    )
+    .await;
+    assert_eq!(count(&flood, 200, "published"), FLOOD, "{flood:?}");
+    assert_eq!(count(&quiet, 200, ""), QUIET, "{quiet:?}");
+
+    // Counted, by source and by what was done.
+    let metrics = app.metrics().await;
+    let slowed = |provider, source, action| {
+        metric(
+            &metrics,
+            "posbridge_deliveries_over_share_total",
+            &[("provider", provider), ("source", source), ("action", action)],
+        )
+    };
+    assert_eq!(slowed("mekari", "main", "refused"), refused as f64);
+    assert_eq!(slowed("receiptroller", "main", "spooled"), spooled as f64);
+    assert_eq!(slowed("mekari", "acme", "refused"), 0.0);
+    assert!(
+        metrics.lines().any(|line| line
+            .starts_with("posbridge_deliveries_over_share_total{")
+            && line.contains("source=\"acme\"")),
+        "the series exist from start-up"
+    );
+    app.stop().await;
+}
