@@ -11,7 +11,7 @@ use crate::adapters::providers;
 use crate::adapters::secrets::{self, LoadError};
 use crate::config::{Config, ConfigError, OnBrokerUnavailable, Problem, SourceEntry};
 use crate::domain::verify::Verifier;
-use crate::http::ingress::{RequestMeters, WebhookSource};
+use crate::http::ingress::{RequestMeters, SourceShare, WebhookSource};
 
 /// Reads a configuration file with its environment overrides and checks it
 /// completely: what the data alone shows and what the providers need.
@@ -177,15 +177,24 @@ fn delivery_rule_problems(config: &Config) -> Vec<Problem> {
     if let Some((name, longest)) = rules()
         .filter_map(|(k, r)| Some((k, r.longest_retry_after?)))
         .min_by_key(|(_, l)| *l)
-        && config.server.retry_after_secs > longest.as_secs()
     {
-        problems.push(Problem::new(
-            "server.retry_after_secs",
-            format!(
-                "must be at most {} ({name} caps Retry-After there)",
-                longest.as_secs()
+        for (key, secs) in [
+            ("server.retry_after_secs", config.server.retry_after_secs),
+            (
+                "server.share_retry_after_secs",
+                config.server.share_retry_after_secs,
             ),
-        ));
+        ] {
+            if secs > longest.as_secs() {
+                problems.push(Problem::new(
+                    key,
+                    format!(
+                        "must be at most {} ({name} caps Retry-After there)",
+                        longest.as_secs()
+                    ),
+                ));
+            }
+        }
     }
     problems
 }
@@ -228,6 +237,7 @@ pub fn webhook_source(entry: SourceEntry<'_>) -> Result<WebhookSource, LoadError
     Ok(WebhookSource {
         verifier,
         spools: config.on_broker_unavailable == OnBrokerUnavailable::Spool,
+        share: SourceShare::new(config.max_in_flight),
         meters: RequestMeters::register(&source),
         source: Arc::new(source),
     })
@@ -419,6 +429,10 @@ mod tests {
                 "[server]\nretry_after_secs = 3601",
                 "server.retry_after_secs",
             ),
+            (
+                "[server]\nshare_retry_after_secs = 3601",
+                "server.share_retry_after_secs",
+            ),
         ] {
             assert_eq!(keys(settings), [key], "{settings}");
         }
@@ -427,6 +441,7 @@ mod tests {
             "[kafka]\ndelivery_timeout_ms = 5999",
             "[ledger]\ndedup_ttl_secs = 39901",
             "[server]\nretry_after_secs = 3600",
+            "[server]\nshare_retry_after_secs = 3600",
         ] {
             assert_eq!(keys(settings), Vec::<String>::new(), "{settings}");
         }

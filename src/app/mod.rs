@@ -329,6 +329,14 @@ impl App {
                     retry_after_secs: config.server.retry_after_secs,
                 },
                 retry_after_secs: config.server.retry_after_secs,
+                shares: ingress::FairShares::new(ingress::ShareSettings {
+                    busy: config.server.busy_in_flight,
+                    default_share: config.server.share_in_flight,
+                    retry_after_secs: config.server.share_retry_after_secs,
+                }),
+                // What the answer budget keeps beyond Kafka's deadline:
+                // taken in then, a delivery still has Kafka's whole deadline.
+                share_wait: inflight_wait,
                 metrics,
                 board,
                 leaving: ingress::Leaving::default(),

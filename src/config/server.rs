@@ -74,6 +74,29 @@ pub struct ServerConfig {
     /// inotify, the inotify limit reached). Changes seen are read at once.
     #[serde(default = "default_secrets_recheck_secs")]
     pub secrets_recheck_secs: u64,
+    /// Deliveries in flight (being handled at once, every source together)
+    /// from which the process is busy and each source is held to its share
+    /// (`share_in_flight`, or the source's `max_in_flight`). Below it any
+    /// source may take more than its share, so a lone merchant on a quiet
+    /// server is never slowed; at it, one merchant replaying a day of sales
+    /// cannot crowd the others out. 0: shares always apply.
+    #[serde(default = "default_busy_in_flight")]
+    pub busy_in_flight: usize,
+    /// A source's share of the deliveries in flight while the process is
+    /// busy, when the source sets no `max_in_flight`. A delivery of a source
+    /// over it is slowed the way its provider understands: 429 +
+    /// `Retry-After` for one that honours the header (Mekari), the spool or
+    /// a wait for its share for one that counts every refusal against the
+    /// webhook (ReceiptRoller).
+    #[serde(default = "default_share_in_flight")]
+    pub share_in_flight: usize,
+    /// `Retry-After` (seconds) of the 429 answered to a source over its
+    /// share whose provider honours the header (capped at the most it
+    /// honours). Longer than the provider's own next retry, so a burst
+    /// refused comes back spread out, not at once; short against its
+    /// retry window, so a refused delivery keeps most of its attempts.
+    #[serde(default = "default_share_retry_after_secs")]
+    pub share_retry_after_secs: u64,
 }
 
 impl ServerConfig {
@@ -118,6 +141,9 @@ impl Default for ServerConfig {
             max_body_bytes_in_flight: default_max_body_bytes_in_flight(),
             max_event_ahead_ms: default_max_event_ahead_ms(),
             secrets_recheck_secs: default_secrets_recheck_secs(),
+            busy_in_flight: default_busy_in_flight(),
+            share_in_flight: default_share_in_flight(),
+            share_retry_after_secs: default_share_retry_after_secs(),
         }
     }
 }
@@ -166,6 +192,22 @@ const fn default_max_event_ahead_ms() -> u64 {
 const fn default_secrets_recheck_secs() -> u64 {
     60
 }
+// The benchmark's closed-loop runs keep 64 deliveries in flight and saturate
+// two cores (docs/BENCHMARKS.md): a process with 64 in flight has nothing to
+// spare, one at half its capacity has a handful.
+const fn default_busy_in_flight() -> usize {
+    64
+}
+// A quarter of the busy mark: a flooding source holds at most that once the
+// process is busy, and four sources at their share make it busy alone.
+const fn default_share_in_flight() -> usize {
+    16
+}
+// Mekari's own second attempt comes 30 s after the first: twice that spreads
+// a refused burst's retries, and leaves most of its 8 attempts over ~11 h.
+const fn default_share_retry_after_secs() -> u64 {
+    60
+}
 
 impl ServerConfig {
     /// The section's mistakes, as (key, what is wrong). What the providers'
@@ -188,6 +230,8 @@ impl ServerConfig {
             ("server.body_read_timeout_ms", self.body_read_timeout_ms),
             ("server.retry_after_secs", self.retry_after_secs),
             ("server.secrets_recheck_secs", self.secrets_recheck_secs),
+            ("server.share_in_flight", self.share_in_flight as u64),
+            ("server.share_retry_after_secs", self.share_retry_after_secs),
         ] {
             if value == 0 {
                 problem(key, "must be above 0".into());

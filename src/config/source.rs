@@ -65,6 +65,12 @@ pub struct SourceConfig {
     /// default the shared topics, the account in the key.
     #[serde(default)]
     pub topic_prefix: Option<String>,
+    /// This source's share of the deliveries in flight while the process
+    /// is busy (`server.busy_in_flight`); `server.share_in_flight` when
+    /// absent. Raise it for a merchant that sends far more than the
+    /// others, lower it for one that must not crowd them out.
+    #[serde(default)]
+    pub max_in_flight: Option<usize>,
 }
 
 /// What a verified delivery gets when Kafka cannot acknowledge it in time.
@@ -212,6 +218,12 @@ impl SourceConfig {
             problem(
                 "account",
                 "must be non-empty and without `:` (it is part of the record key)".into(),
+            );
+        }
+        if self.max_in_flight == Some(0) {
+            problem(
+                "max_in_flight",
+                "must be above 0: a share of 0 slows every delivery of a busy process".into(),
             );
         }
         if let Some(why) = self

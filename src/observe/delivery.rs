@@ -38,6 +38,59 @@ pub fn announce_source(source: &Source, spools: bool) {
     }
 }
 
+/// Makes a source's `posbridge_deliveries_over_share_total` series exist at
+/// 0, one per action its deliveries over their share can get.
+pub fn announce_over_share(source: &Source, actions: &[OverShareAction]) {
+    for action in actions {
+        over_share_counter(source, *action).increment(0);
+    }
+}
+
+/// What was done with a delivery over its source's fair share: the
+/// `action` label of `posbridge_deliveries_over_share_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverShareAction {
+    /// Answered 429 + `Retry-After` (a provider that honours it).
+    Refused,
+    /// Kept in the spool and answered 200 `spooled`.
+    Spooled,
+    /// Waited for a slot of its share, then taken in.
+    Waited,
+    /// Waited the whole wait without a slot, then taken in over its share.
+    Taken,
+}
+
+impl OverShareAction {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OverShareAction::Refused => "refused",
+            OverShareAction::Spooled => "spooled",
+            OverShareAction::Waited => "waited",
+            OverShareAction::Taken => "taken",
+        }
+    }
+}
+
+/// A delivery of a source over its fair share while the process is busy,
+/// and what was done with it.
+pub fn over_share(source: &Source, action: OverShareAction) {
+    debug!(
+        action = action.as_str(),
+        "Delivery over its source's fair share."
+    );
+    over_share_counter(source, action).increment(1);
+}
+
+fn over_share_counter(source: &Source, action: OverShareAction) -> metrics::Counter {
+    metrics::counter!(
+        telemetry::OVER_SHARE,
+        telemetry::PROVIDER => source.provider.as_str(),
+        telemetry::SOURCE => source.name.clone(),
+        telemetry::ACTION => action.as_str()
+    )
+}
+
 /// Makes the per-provider series exist at 0 from start-up, a dead-letter
 /// series for each reason code in `dead_letter_codes`.
 pub fn announce_provider(provider: ProviderKind, dead_letter_codes: &[&'static str]) {

@@ -103,6 +103,11 @@ pub const SPOOL_QUARANTINED: &str = "posbridge_spool_quarantined_entries";
 /// because they could not be opened, by store (`ledger`, `spool`); counted
 /// at start-up, so a set aside then shows from the first scrape on.
 pub const STORE_FILES_SET_ASIDE: &str = "posbridge_store_files_set_aside";
+/// Deliveries of a source over its fair share while the process was busy,
+/// by provider, source and what was done (`action`: `refused` 429,
+/// `spooled`, `waited` for a slot of its share, `taken` anyway once the
+/// wait ran out).
+pub const OVER_SHARE: &str = "posbridge_deliveries_over_share_total";
 
 /// Label keys.
 pub const PROVIDER: &str = "provider";
@@ -122,6 +127,8 @@ pub const VERSION: &str = "version";
 pub const ENCODING: &str = "encoding";
 /// Label key: retryable or permanent.
 pub const KIND: &str = "kind";
+/// Label key: what was done with a delivery over its share.
+pub const ACTION: &str = "action";
 /// Label key: which store file (`ledger`, `spool`).
 pub const STORE: &str = "store";
 

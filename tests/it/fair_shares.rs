@@ -195,16 +195,21 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
         metric(
             &metrics,
             "posbridge_deliveries_over_share_total",
-            &[("provider", provider), ("source", source), ("action", action)],
+            &[
+                ("provider", provider),
+                ("source", source),
+                ("action", action),
+            ],
         )
     };
     assert_eq!(slowed("mekari", "main", "refused"), refused as f64);
     assert_eq!(slowed("receiptroller", "main", "spooled"), spooled as f64);
     assert_eq!(slowed("mekari", "acme", "refused"), 0.0);
     assert!(
-        metrics.lines().any(|line| line
-            .starts_with("posbridge_deliveries_over_share_total{")
-            && line.contains("source=\"acme\"")),
+        metrics.lines().any(
+            |line| line.starts_with("posbridge_deliveries_over_share_total{")
+                && line.contains("source=\"acme\"")
+        ),
         "the series exist from start-up"
     );
     app.stop().await;

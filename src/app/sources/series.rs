@@ -36,4 +36,8 @@ pub(in crate::app) fn announce(webhook: &WebhookSource) {
     )
     .set(webhook.verifier.secrets_in_use() as f64);
     delivery::announce_source(&webhook.source, webhook.spools);
+    delivery::announce_over_share(
+        &webhook.source,
+        crate::http::ingress::over_share_actions(webhook),
+    );
 }

@@ -10,7 +10,9 @@ mod leaving;
 mod listen;
 mod meters;
 mod ops;
+mod over_share;
 mod response;
+mod share;
 #[cfg(test)]
 mod tests;
 mod webhook;
@@ -39,7 +41,9 @@ pub use admin::{AdminState, router as admin_router};
 pub use leaving::Leaving;
 pub use listen::ConnectionLimits;
 pub use meters::RequestMeters;
+pub use over_share::actions as over_share_actions;
 pub use response::{RequestOutcome, WebhookError};
+pub use share::{FairShares, ShareSettings, SourceShare};
 
 /// One configured webhook, ready to verify.
 #[derive(Debug, Clone)]
@@ -52,6 +56,8 @@ pub struct WebhookSource {
     pub spools: bool,
     /// Its requests and their latency, by outcome.
     pub meters: RequestMeters,
+    /// Its share of the deliveries in flight while the process is busy.
+    pub share: SourceShare,
 }
 
 /// The webhooks in use, by provider and name.
@@ -79,6 +85,11 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// What the status page shows of the last hour.
     pub board: Board,
+    /// Every source's share of the deliveries in flight, and the count.
+    pub shares: FairShares,
+    /// How long a delivery over its share that must not be refused waits
+    /// for its share, from its arrival, before it is taken in anyway.
+    pub share_wait: std::time::Duration,
     /// Set at the shutdown signal: `/readyz` answers 503 and every answer
     /// closes its connection while the balancer moves away.
     pub leaving: Leaving,

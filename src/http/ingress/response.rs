@@ -5,6 +5,9 @@
 //! * 2xx: delivered, no retry (also duplicates, stale events, dead letters).
 //! * 503 + `Retry-After`: retried by both; the only way to ask for a retry
 //!   (Mekari never retries other 4xx, and never follows 3xx).
+//! * 429 + `Retry-After`: a source over its fair share while the process
+//!   is busy, answered so only to a provider that honours `Retry-After`
+//!   (Mekari retries a 429 like a 5xx, waiting at least that long).
 //! * 401 / 400 / 404 / 405 / 413: the request is wrong and retrying it
 //!   unchanged cannot help. Mekari gives up on that delivery; ReceiptRoller
 //!   retries it and switches the webhook off after four failures, which is
@@ -65,6 +68,13 @@ pub enum WebhookError {
     /// The delivery-id header is missing or not text.
     #[error("missing or unreadable delivery id header `{0}`")]
     MissingDeliveryId(&'static str),
+    /// The source is over its fair share of the deliveries in flight while
+    /// the process is busy, and its provider honours `Retry-After`.
+    #[error("this source has its share of deliveries in flight, retry later")]
+    OverShare {
+        /// The answer's `Retry-After`, in seconds.
+        retry_after_secs: u64,
+    },
     /// The pipeline could not handle the delivery.
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
@@ -81,6 +91,8 @@ pub enum RequestOutcome {
     Rejected,
     /// Could not be handled now; 503, retryable.
     Unavailable,
+    /// Its source is over its fair share; 429, retryable.
+    OverShare,
 }
 
 impl RequestOutcome {
@@ -93,6 +105,7 @@ impl RequestOutcome {
                 RequestOutcome::Unauthorized,
                 RequestOutcome::Rejected,
                 RequestOutcome::Unavailable,
+                RequestOutcome::OverShare,
             ])
     }
 
@@ -103,6 +116,7 @@ impl RequestOutcome {
             RequestOutcome::Unauthorized => "unauthorized",
             RequestOutcome::Rejected => "rejected",
             RequestOutcome::Unavailable => "unavailable",
+            RequestOutcome::OverShare => "over_share",
         }
     }
 }
@@ -114,6 +128,7 @@ impl WebhookError {
             WebhookError::Unauthorized(_) => RequestOutcome::Unauthorized,
             WebhookError::Pipeline(error) if error.is_retryable() => RequestOutcome::Unavailable,
             WebhookError::Busy => RequestOutcome::Unavailable,
+            WebhookError::OverShare { .. } => RequestOutcome::OverShare,
             _ => RequestOutcome::Rejected,
         }
     }
@@ -132,6 +147,7 @@ impl WebhookError {
             WebhookError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             WebhookError::Busy | WebhookError::Lookup(_) => StatusCode::SERVICE_UNAVAILABLE,
             WebhookError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            WebhookError::OverShare { .. } => StatusCode::TOO_MANY_REQUESTS,
             WebhookError::Pipeline(error) if error.is_retryable() => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -145,9 +161,17 @@ impl WebhookError {
 
 impl IntoResponse for WebhookError {
     /// A JSON `{"error": …}` with the status; [`finish`] puts
-    /// `Retry-After` on the 503s.
+    /// `Retry-After` on the 503s, a 429 carries its own.
     fn into_response(self) -> Response {
         let status = self.status();
+        if let WebhookError::OverShare { retry_after_secs } = self {
+            let message = self.to_string();
+            let mut response = (status, Json(json!({ "error": message }))).into_response();
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+            return response;
+        }
         let message = match &self {
             // Internals stay in our logs; the provider learns only to retry.
             WebhookError::Pipeline(error) if error.is_retryable() => {

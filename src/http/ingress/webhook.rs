@@ -1,8 +1,10 @@
 //! The webhook handler: raw bytes in, a status out.
 //!
 //! Order matters: find the source, read at most the body limit, verify the
-//! signature over the untouched bytes, read the delivery id, and only then
-//! hand the delivery to the pipeline.
+//! signature over the untouched bytes, read the delivery id, take the
+//! delivery's place in its source's fair share (`share.rs`; over it, slowed
+//! as its provider understands, `over_share.rs`), and only then hand the
+//! delivery to the pipeline.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +20,7 @@ use time::OffsetDateTime;
 use tracing::{Instrument, info_span};
 
 use super::meters;
+use super::over_share::{self, Slowed};
 use super::response::{RequestOutcome, WebhookError, accepted};
 use super::{AppState, WebhookSource};
 use crate::adapters::providers;
@@ -231,6 +234,15 @@ async fn handle(
         arrived,
         spools: webhook.spools,
         trace,
+    };
+    // Held until the answer: the delivery counts against its source's
+    // share that long.
+    let _place = match state.shares.try_admit(&webhook.share) {
+        Ok(place) => place,
+        Err(over) => match over_share::slow_down(state, webhook, &delivery, over).await? {
+            Slowed::Answered(handled) => return Ok(handled),
+            Slowed::Admitted(place) => place,
+        },
     };
     Ok(state.pipeline.deliver(delivery).await?)
 }

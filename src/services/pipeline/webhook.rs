@@ -92,6 +92,43 @@ impl Pipeline {
             (Err(error), Some(spool)) if error.spoolable() => (error, spool),
             (handled, _) => return handled,
         };
+        self.append(delivery, spool, deadline, &error).await
+    }
+
+    /// Keeps a delivery of a source that spools in the spool at once,
+    /// without taking it in: a source over its fair share whose provider
+    /// counts every refusal against the webhook. The drainer publishes it.
+    /// A delivery id the spool holds already is a duplicate. `None` when
+    /// the delivery's source does not spool.
+    ///
+    /// # Errors
+    /// [`PipelineError::DeliveryIdMismatch`] when the body names another
+    /// id; [`PipelineError::Spool`] (or a deadline passed) when the spool
+    /// cannot take it, and the caller then takes it in some other way.
+    pub async fn spool_at_once(
+        &self,
+        delivery: &Delivery,
+    ) -> Option<Result<Handled, PipelineError>> {
+        let spool = self.inner.spool.as_ref().filter(|_| delivery.spools)?;
+        Some(match spool.contains(&key_of(delivery)) {
+            Ok(true) => Ok(Handled::bare(self.duplicate(delivery.source.provider))),
+            Ok(false) => {
+                let deadline = delivery.arrived + self.inner.answer_budget;
+                self.append(delivery, spool, deadline, &"over its fair share")
+                    .await
+            }
+            Err(error) => Err(error.into()),
+        })
+    }
+
+    /// Appends `delivery` to `spool` before `deadline`: 200 `spooled`.
+    async fn append(
+        &self,
+        delivery: &Delivery,
+        spool: &Spool,
+        deadline: Instant,
+        reason: &(dyn std::fmt::Display + Sync),
+    ) -> Result<Handled, PipelineError> {
         // The lease may have failed before the body was read: a body naming
         // another id is the request's mistake, never spooled.
         envelope_of(delivery)?;
@@ -109,7 +146,7 @@ impl Pipeline {
                 .map_err(|_| PipelineError::DeadlinePassed)
                 .and_then(|appended| appended.map_err(PipelineError::from)),
         )?;
-        observe::spooled(&spooled.source, &error);
+        observe::spooled(&spooled.source, reason);
         Ok(Handled::bare(Outcome::Spooled))
     }
 }

@@ -39,6 +39,10 @@ struct Harness {
     body_budget: Arc<tokio::sync::Semaphore>,
     /// What the shutdown signal sets.
     leaving: Leaving,
+    /// The router's fair shares, to make the process busy.
+    shares: FairShares,
+    /// The router's sources, to take a source's share.
+    sources: SourceMap,
     _dir: tempfile::TempDir,
 }
 
@@ -58,6 +62,12 @@ fn state(pipeline: Pipeline, sources: HashMap<(ProviderKind, String), WebhookSou
             retry_after_secs: RETRY_AFTER_SECS,
         },
         retry_after_secs: RETRY_AFTER_SECS,
+        shares: super::FairShares::new(super::ShareSettings {
+            busy: 64,
+            default_share: 16,
+            retry_after_secs: 60,
+        }),
+        share_wait: Duration::from_millis(100),
         metrics: crate::observe::telemetry::install(),
         board: Board::new(sources.keys().cloned()),
         sources: Arc::new(arc_swap::ArcSwap::from_pointee(sources)),
@@ -86,6 +96,7 @@ async fn harness() -> Harness {
             source: Arc::new(source),
             verifier: verifier.clone(),
             spools,
+            share: super::SourceShare::default(),
         };
         ((ProviderKind::Mekari, name.to_owned()), webhook)
     };
@@ -97,6 +108,8 @@ async fn harness() -> Harness {
         body_budget: state.body_budget.clone(),
         leaving: state.leaving.clone(),
         board: state.board.clone(),
+        shares: state.shares.clone(),
+        sources: state.sources.load_full().as_ref().clone(),
         router: tower::util::BoxCloneSyncService::new(router(state)),
         pipeline,
         broker,
@@ -557,3 +570,4 @@ async fn bodies_past_the_bytes_in_flight_bound_are_a_503() {
 
 mod board;
 mod leaving;
+mod share;

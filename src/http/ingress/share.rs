@@ -1,0 +1,297 @@
+//! Fair shares: a bound per source on the deliveries it has in flight,
+//! which bites only while the process is busy.
+//!
+//! Every verified delivery takes a [`Place`] before the pipeline sees it,
+//! and keeps it until it is answered. A source's first `share` places are
+//! its own (a slot of its semaphore); past them it may borrow while fewer
+//! than `busy` deliveries are in flight in the whole process, so a lone
+//! merchant on a quiet server is never slowed. Once the process is busy, a
+//! source over its share gets no place at once ([`OverShare`]): one merchant
+//! replaying a day of sales holds at most its share of what is in flight
+//! (plus what it borrowed before the process turned busy), and the others'
+//! deliveries, each within its own share, are taken in at once.
+//!
+//! What an over-share delivery gets is the handler's to decide, by what its
+//! provider understands (`webhook.rs`): 429 + `Retry-After` for one that
+//! honours the header, the spool or a wait for its share for one that
+//! counts every non-2xx against the webhook.
+//!
+//! A source's slots are tokio's [`Semaphore`]: its waiters are served
+//! first come, first served, and a slot is a value
+//! ([`OwnedSemaphorePermit`]) given back when the delivery's place drops,
+//! whatever way the request ends (answered, cut by the client, panicked).
+//! The process's count is one atomic: it is read on every delivery, and an
+//! approximate "busy" (two deliveries racing past the mark) is harmless.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+/// The share settings, from `[server]` (see `ServerConfig`).
+#[derive(Debug, Clone, Copy)]
+pub struct ShareSettings {
+    /// Deliveries in flight, all sources together, from which the process
+    /// is busy and shares apply.
+    pub busy: usize,
+    /// A source's share when it sets none (`max_in_flight`).
+    pub default_share: usize,
+    /// `Retry-After` of the 429 answered to a source over its share whose
+    /// provider honours it.
+    pub retry_after_secs: u64,
+}
+
+/// The shares of every source and the process's count. Cheap to clone.
+#[derive(Clone)]
+pub struct FairShares(Arc<Shares>);
+
+struct Shares {
+    /// Deliveries holding a place now, every source together.
+    in_flight: AtomicUsize,
+    /// From how many in flight shares apply.
+    busy: usize,
+    /// A source's share when it sets none.
+    default_share: usize,
+    /// `Retry-After` of a share's 429.
+    retry_after_secs: u64,
+}
+
+/// One source's share: its own setting and its slots. Cheap to clone; the
+/// slots are made at its first delivery, with the server's default share
+/// when the source sets none.
+#[derive(Clone, Default)]
+pub struct SourceShare(Arc<SourceSlots>);
+
+#[derive(Default)]
+struct SourceSlots {
+    /// The source's `max_in_flight`, when it sets one.
+    own: Option<usize>,
+    /// One permit per delivery of its share.
+    slots: OnceLock<Arc<Semaphore>>,
+}
+
+/// A source's delivery is over its share while the process is busy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverShare;
+
+/// How a delivery that waited for its share got its place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    /// A slot of its share came free within the wait.
+    ForShare,
+    /// None did: it was taken in over its share all the same.
+    TakenAnyway,
+}
+
+/// A delivery's place in flight: counted in the process's total while it
+/// lives, holding a slot of its source's share unless it borrowed.
+#[must_use = "the delivery holds its place only while this lives"]
+pub struct Place {
+    /// The count this place is part of.
+    shares: Arc<Shares>,
+    /// Its source's slot; `None` when it borrowed or was taken anyway.
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.shares.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl SourceShare {
+    /// A source's share: `own` deliveries in flight while the process is
+    /// busy, or the server's default when `None`.
+    pub fn new(own: Option<usize>) -> SourceShare {
+        SourceShare(Arc::new(SourceSlots {
+            own,
+            slots: OnceLock::new(),
+        }))
+    }
+}
+
+impl FairShares {
+    /// The shares, with no delivery in flight.
+    pub fn new(settings: ShareSettings) -> FairShares {
+        FairShares(Arc::new(Shares {
+            in_flight: AtomicUsize::new(0),
+            busy: settings.busy,
+            // A share of 0 would refuse every delivery of a busy process.
+            default_share: settings.default_share.max(1),
+            retry_after_secs: settings.retry_after_secs,
+        }))
+    }
+
+    /// A place for a delivery of `source` at once: a slot of its share, or
+    /// borrowed while the process is not busy.
+    ///
+    /// # Errors
+    /// [`OverShare`] when its share is taken and the process is busy.
+    pub fn try_admit(&self, source: &SourceShare) -> Result<Place, OverShare> {
+        if let Ok(slot) = self.slots(source).try_acquire_owned() {
+            return Ok(self.place(Some(slot)));
+        }
+        let before = self.0.in_flight.fetch_add(1, Ordering::AcqRel);
+        if before < self.0.busy {
+            return Ok(Place {
+                shares: self.0.clone(),
+                _slot: None,
+            });
+        }
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        Err(OverShare)
+    }
+
+    /// A place for a delivery of `source` over its share, waiting until
+    /// `until` for a slot of its share to come free (first come, first
+    /// served), then taking it in all the same: for a provider that must
+    /// never be refused.
+    pub async fn wait_for(&self, source: &SourceShare, until: Instant) -> (Place, Waited) {
+        let slots = self.slots(source);
+        match tokio::time::timeout_at(until, slots.acquire_owned()).await {
+            Ok(Ok(slot)) => (self.place(Some(slot)), Waited::ForShare),
+            // The slots are never closed; a closed one is treated as a
+            // wait that ran out.
+            Ok(Err(_)) | Err(_) => (self.place(None), Waited::TakenAnyway),
+        }
+    }
+
+    /// `Retry-After` (seconds) of a share's 429.
+    pub fn retry_after_secs(&self) -> u64 {
+        self.0.retry_after_secs
+    }
+
+    /// Deliveries holding a place now.
+    pub fn in_flight(&self) -> usize {
+        self.0.in_flight.load(Ordering::Acquire)
+    }
+
+    /// `source`'s slots, made at its first delivery.
+    fn slots(&self, source: &SourceShare) -> Arc<Semaphore> {
+        source
+            .0
+            .slots
+            .get_or_init(|| {
+                let share = source.0.own.unwrap_or(self.0.default_share).max(1);
+                Arc::new(Semaphore::new(share))
+            })
+            .clone()
+    }
+
+    /// A place counted in the total, with `slot` if it has one.
+    fn place(&self, slot: Option<OwnedSemaphorePermit>) -> Place {
+        self.0.in_flight.fetch_add(1, Ordering::AcqRel);
+        Place {
+            shares: self.0.clone(),
+            _slot: slot,
+        }
+    }
+}
+
+impl fmt::Debug for FairShares {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FairShares")
+            .field("in_flight", &self.in_flight())
+            .field("busy", &self.0.busy)
+            .field("default_share", &self.0.default_share)
+            .finish()
+    }
+}
+
+impl fmt::Debug for SourceShare {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SourceShare")
+            .field("own", &self.0.own)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn shares(busy: usize, default_share: usize) -> FairShares {
+        FairShares::new(ShareSettings {
+            busy,
+            default_share,
+            retry_after_secs: 60,
+        })
+    }
+
+    #[test]
+    fn a_lone_source_borrows_past_its_share_while_the_process_is_not_busy() {
+        let shares = shares(8, 2);
+        let source = SourceShare::new(None);
+        let places: Vec<Place> = (0..8).map(|_| shares.try_admit(&source).unwrap()).collect();
+        assert_eq!(shares.in_flight(), 8);
+        // Busy now, and the source is past its share.
+        assert_eq!(shares.try_admit(&source).err(), Some(OverShare));
+        drop(places);
+        assert_eq!(shares.in_flight(), 0);
+        assert!(shares.try_admit(&source).is_ok());
+    }
+
+    #[test]
+    fn a_source_within_its_share_is_taken_in_however_busy_the_process_is() {
+        let shares = shares(4, 2);
+        let (flood, quiet) = (SourceShare::new(None), SourceShare::new(None));
+        let flooding: Vec<Place> = std::iter::from_fn(|| shares.try_admit(&flood).ok())
+            .take(100)
+            .collect();
+        // Its share and what it borrowed before the process turned busy.
+        assert_eq!(flooding.len(), 4);
+        let calm: Vec<Place> = (0..2).map(|_| shares.try_admit(&quiet).unwrap()).collect();
+        assert_eq!(shares.in_flight(), 6);
+        assert_eq!(shares.try_admit(&quiet).err(), Some(OverShare));
+        assert_eq!(shares.try_admit(&flood).err(), Some(OverShare));
+        drop(calm);
+        // A slot of the flood's own share comes free: it may take one more.
+        drop(flooding);
+        assert!(shares.try_admit(&flood).is_ok());
+    }
+
+    #[test]
+    fn a_source_s_own_setting_replaces_the_default_share() {
+        let shares = shares(0, 2);
+        let big = SourceShare::new(Some(5));
+        let places: Vec<Place> = std::iter::from_fn(|| shares.try_admit(&big).ok())
+            .take(100)
+            .collect();
+        assert_eq!(places.len(), 5);
+        // A share of 0 would refuse every delivery: it is at least 1.
+        let zero = SourceShare::new(Some(0));
+        assert!(shares.try_admit(&zero).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_delivery_gets_the_first_slot_that_comes_free_or_is_taken_anyway() {
+        let shares = shares(0, 1);
+        let source = SourceShare::new(None);
+        let first = shares.try_admit(&source).unwrap();
+        let waiting = {
+            let shares = shares.clone();
+            let source = source.clone();
+            tokio::spawn(async move {
+                let (place, waited) = shares
+                    .wait_for(&source, Instant::now() + Duration::from_secs(3))
+                    .await;
+                (place, waited)
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(first);
+        let (place, waited) = waiting.await.unwrap();
+        assert_eq!(waited, Waited::ForShare);
+        // Nothing comes free now: the wait runs out and it is taken anyway.
+        let (over, waited) = shares
+            .wait_for(&source, Instant::now() + Duration::from_secs(3))
+            .await;
+        assert_eq!(waited, Waited::TakenAnyway);
+        assert_eq!(shares.in_flight(), 2);
+        drop((place, over));
+        assert_eq!(shares.in_flight(), 0);
+    }
+}
