@@ -44,6 +44,10 @@
 //! `sources` (after `--`): posbridge with a directory of a thousand sources
 //! (`sources.rs`).
 //!
+//! `fairshare` (after `--`): a thousand sources, the others' p99 and
+//! refusals alone and beside one source flooding 20 × its share
+//! (`fairshare.rs`).
+//!
 //! `fleet` (after `--`): two replicas on one Redis ledger beside one on it
 //! and the bare limit (`fleet.rs`; `POSBRIDGE_BENCH_REDIS_PID` for Redis's CPU).
 //!
@@ -54,6 +58,7 @@
 //! Asserts nothing about speed: it prints figures.
 
 mod commands;
+mod fairshare;
 mod fill;
 mod fleet;
 mod limit;
@@ -162,6 +167,8 @@ fn main() {
         runtime.block_on(fleet::run(&settings, &run));
     } else if args.iter().any(|a| a == "rebuild") {
         runtime.block_on(rebuild::run(&settings, &run));
+    } else if args.iter().any(|a| a == "fairshare") {
+        runtime.block_on(fairshare::run(&settings, &run));
     } else if args.iter().any(|a| a == "sources") {
         runtime.block_on(sources::run(&settings, &run));
     } else if args.iter().any(|a| a == "rederive") {

@@ -1,0 +1,175 @@
+//! `fairshare` (after `--`): fair shares among `POSBRIDGE_BENCH_SOURCES`
+//! sources from a directory (default 1,000, ReceiptRoller; `s0` spools),
+//! on the embedded ledger and default share settings. The others' rate is
+//! half the closed-64 rate spread over every source; it runs alone (quiet)
+//! and beside `s0` flooding with 20 × its share of deliveries in flight
+//! (`server.share_in_flight` 16: 320 connections in a closed loop), in
+//! turns, `POSBRIDGE_BENCH_REPEAT` times. Rows: the others' p50, p99 and
+//! answers other than 200, the flood's rate and answers other than 200,
+//! what was done with the flood's deliveries over its share, and the
+//! spool drained after (every spooled delivery published).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::load::{self, Dialect, Ids, Load, Measured};
+use crate::rebuild::get;
+use crate::server::{Server, free_addr};
+use crate::{LedgerChoice, Settings, posbridge_command};
+
+/// Connections of the flood: 20 × the default share of 16 in flight.
+const FLOOD_CONNECTIONS: usize = 20 * 16;
+
+/// The file of source `name`, spooling or not.
+fn write_source(dir: &Path, name: &str, spools: bool) {
+    let spool = if spools {
+        "on_broker_unavailable = \"spool\"\n"
+    } else {
+        ""
+    };
+    std::fs::write(
+        dir.join(format!("receiptroller.{name}.toml")),
+        format!(
+            "secrets = [\"{}\"]\naccount = \"acct-{name}\"\n{spool}",
+            load::SECRET
+        ),
+    )
+    .expect("source file");
+}
+
+/// The sum of the `/metrics` lines named `name` that carry every label.
+async fn metric(addr: SocketAddr, name: &str, labels: &[&str]) -> f64 {
+    let text = get(addr, "/metrics").await.expect("metrics").1;
+    String::from_utf8_lossy(&text)
+        .lines()
+        .filter(|line| line.starts_with(name) && labels.iter().all(|l| line.contains(l)))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn row(label: &str, measured: &Measured) {
+    println!(
+        "{label:>28}: {:>7.0} req/s, p50 {:>5.1} ms, p99 {:>6.1} ms, {} not 200 of {}",
+        measured.rate(),
+        measured.p50.as_secs_f64() * 1e3,
+        measured.p99.as_secs_f64() * 1e3,
+        measured.errors,
+        measured.requests
+    );
+}
+
+pub async fn run(settings: &Settings, run: &str) {
+    let count: usize = std::env::var("POSBRIDGE_BENCH_SOURCES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let work = tempfile::tempdir().expect("work dir");
+    let sources = work.path().join("sources");
+    std::fs::create_dir(&sources).expect("sources dir");
+    for n in 0..count {
+        write_source(&sources, &format!("s{n}"), n == 0);
+    }
+    let dir = work.path().join("posbridge");
+    let addr = free_addr();
+    let binary = Path::new(env!("CARGO_BIN_EXE_posbridge"));
+    let command = posbridge_command(
+        settings,
+        addr,
+        run,
+        &LedgerChoice::Embedded(None),
+        &dir,
+        binary,
+    );
+    let config = dir.join("posbridge.toml");
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(
+        &config,
+        format!(
+            "sources_dir = \"{}\"\n{text}[spool]\npath = \"{}\"\nmax_entries = 10000000\nmax_bytes = 8589934592\n",
+            sources.display(),
+            dir.join("spool.redb").display()
+        ),
+    )
+    .expect("config");
+    let _server = Server::start(command, addr, &work.path().join("fairshare.log"));
+    while get(addr, "/readyz").await.map(|(status, _)| status) != Some(200) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let spread = Dialect::Spread(count);
+    let limit = load::run(
+        addr,
+        spread,
+        Load::Closed { connections: 64 },
+        Ids::Fresh(format!("{run}-limit")),
+        settings.phase,
+    )
+    .await;
+    row("closed 64 over all (limit)", &limit);
+    let others = Load::Fixed {
+        per_second: limit.rate() / 2.0,
+        connections: 64,
+    };
+    println!(
+        "{count} sources, the others at {:.0} req/s; the flood: s0 on {FLOOD_CONNECTIONS} connections (20 × its share of 16 in flight), s0 spools",
+        limit.rate() / 2.0
+    );
+    for repetition in 0..settings.repeat {
+        let quiet = load::run(
+            addr,
+            spread,
+            others,
+            Ids::Fresh(format!("{run}-quiet{repetition}")),
+            settings.phase,
+        )
+        .await;
+        row(&format!("rep {repetition} others, quiet"), &quiet);
+        let before = metric(addr, "posbridge_deliveries_over_share_total", &["s0\""]).await;
+        let (loaded, flood) = tokio::join!(
+            load::run(
+                addr,
+                spread,
+                others,
+                Ids::Fresh(format!("{run}-others{repetition}")),
+                settings.phase,
+            ),
+            load::run(
+                addr,
+                Dialect::Spread(1),
+                Load::Closed {
+                    connections: FLOOD_CONNECTIONS,
+                },
+                Ids::Fresh(format!("{run}-flood{repetition}")),
+                settings.phase,
+            ),
+        );
+        row(&format!("rep {repetition} others, s0 flooding"), &loaded);
+        row(&format!("rep {repetition} the flood (s0)"), &flood);
+        let mut actions = Vec::new();
+        for action in ["spooled", "waited", "taken"] {
+            let label = format!("action=\"{action}\"");
+            let n = metric(
+                addr,
+                "posbridge_deliveries_over_share_total",
+                &["source=\"s0\"", &label],
+            )
+            .await;
+            actions.push(format!("{action} {n:.0}"));
+        }
+        let after = metric(addr, "posbridge_deliveries_over_share_total", &["s0\""]).await;
+        let drained = Instant::now();
+        while metric(addr, "posbridge_spool_entries", &[]).await > 0.0 {
+            assert!(
+                drained.elapsed() < Duration::from_secs(300),
+                "the spool never drained"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        println!(
+            "rep {repetition}: the flood's deliveries over its share {:.0} (so far: {}), the spool drained {:.1} s after the flood",
+            after - before,
+            actions.join(", "),
+            drained.elapsed().as_secs_f64()
+        );
+    }
+}
