@@ -156,6 +156,17 @@ fn keys(problems: &[Problem]) -> Vec<&str> {
 }
 
 #[test]
+fn a_share_of_nothing_is_refused() {
+    let problems = problems_with_source("max_in_flight = 0", "[server]\nshare_in_flight = 0");
+    assert_eq!(
+        keys(&problems),
+        ["server.share_in_flight", "mekari.sources.main.max_in_flight"]
+    );
+    let problems = problems_with_source("max_in_flight = 1", "[server]\nbusy_in_flight = 0");
+    assert_eq!(keys(&problems), Vec::<&str>::new());
+}
+
+#[test]
 fn two_sources_whose_own_topics_kafka_cannot_tell_apart_are_refused() {
     let source = |name: &str, prefix: &str| {
         format!(
