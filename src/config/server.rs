@@ -85,9 +85,9 @@ pub struct ServerConfig {
     /// A source's share of the deliveries in flight while the process is
     /// busy, when the source sets no `max_in_flight`. A delivery of a source
     /// over it is slowed the way its provider understands: 429 +
-    /// `Retry-After` for one that honours the header (Mekari), the spool or
-    /// a wait for its share for one that counts every refusal against the
-    /// webhook (ReceiptRoller).
+    /// `Retry-After` for one that honours the header (Mekari); for one that
+    /// counts every refusal against the webhook (ReceiptRoller), a wait for
+    /// its share, then the spool or taken in.
     #[serde(default = "default_share_in_flight")]
     pub share_in_flight: usize,
     /// `Retry-After` (seconds) of the 429 answered to a source over its

@@ -160,7 +160,10 @@ fn a_share_of_nothing_is_refused() {
     let problems = problems_with_source("max_in_flight = 0", "[server]\nshare_in_flight = 0");
     assert_eq!(
         keys(&problems),
-        ["server.share_in_flight", "mekari.sources.main.max_in_flight"]
+        [
+            "server.share_in_flight",
+            "mekari.sources.main.max_in_flight"
+        ]
     );
     let problems = problems_with_source("max_in_flight = 1", "[server]\nbusy_in_flight = 0");
     assert_eq!(keys(&problems), Vec::<&str>::new());

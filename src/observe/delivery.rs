@@ -52,11 +52,13 @@ pub fn announce_over_share(source: &Source, actions: &[OverShareAction]) {
 pub enum OverShareAction {
     /// Answered 429 + `Retry-After` (a provider that honours it).
     Refused,
-    /// Kept in the spool and answered 200 `spooled`.
+    /// Waited the whole wait without a slot, then kept in the spool and
+    /// answered 200 `spooled`.
     Spooled,
     /// Waited for a slot of its share, then taken in.
     Waited,
-    /// Waited the whole wait without a slot, then taken in over its share.
+    /// Waited the whole wait without a slot and could not be spooled, then
+    /// taken in over its share.
     Taken,
 }
 

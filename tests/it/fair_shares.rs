@@ -1,8 +1,9 @@
 //! Fair shares on a real broker: one source floods while another sends at
 //! its rate. The other is never refused; the flooding Mekari source is
 //! slowed with 429 + `Retry-After`; a flooding ReceiptRoller source is
-//! answered 200 (`spooled` past its share) and every delivery of it ends
-//! published; one with no spool is answered 200 all the same.
+//! answered 200 (`spooled` when its share did not come free within the
+//! wait) and every delivery of it ends published; one with no spool is
+//! answered 200 all the same.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -14,8 +15,8 @@ use crate::support::{
     TestApp, brokers, mekari_order, metric, read_topic, rr_sale, spool_config, timed, unique,
 };
 
-/// Requests of the flooding source, all sent at once: far past the default
-/// busy mark (64 deliveries in flight) and share (16).
+/// Requests of the flooding source, all sent at once: far past the busy
+/// mark and its share.
 const FLOOD: usize = 240;
 /// The quiet source's deliveries, one every [`QUIET_PACE`], during the flood.
 const QUIET: usize = 20;
@@ -88,8 +89,19 @@ fn count(answers: &[Answer], status: u16, what: &str) -> usize {
 async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_are_not() {
     let dir = tempfile::tempdir().unwrap();
     // ReceiptRoller `main` spools; `backup` does not. Mekari `main` and
-    // `acme`. Every share setting at its default.
-    let app = TestApp::start_with(spool_config(&brokers(), &unique("share"), dir.path())).await;
+    // `acme`. The shares at their defaults, but busy from 8 in flight, and
+    // ReceiptRoller `main` with a share of its own of one: its flood's tail
+    // waits past the wait (`inflight_wait_ms`, 500 ms here) and is spooled.
+    let mut config = spool_config(&brokers(), &unique("share"), dir.path());
+    config.server.busy_in_flight = 8;
+    config.server.inflight_wait_ms = 500;
+    config
+        .receiptroller
+        .sources
+        .get_mut("main")
+        .unwrap()
+        .max_in_flight = Some(1);
+    let app = TestApp::start_with(config).await;
 
     // Mekari `main` floods while `acme` sends at its rate.
     let mk_flood = (0..FLOOD).map(|n| order("mkf", n)).collect();
@@ -128,7 +140,8 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
         }
     }
 
-    // ReceiptRoller `main` (spooling) floods while `backup` sends at its rate.
+    // ReceiptRoller `main` (spooling) floods while `backup` sends at its
+    // rate. Over its share, a delivery waits for its share first.
     let rr_flood: Vec<Value> = (0..FLOOD).map(|n| sale("rrf", n)).collect();
     let rr_quiet = (0..QUIET).map(|n| sale("rrq", n)).collect();
     let (flood, quiet) = flood_beside_quiet(
@@ -204,6 +217,11 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
     };
     assert_eq!(slowed("mekari", "main", "refused"), refused as f64);
     assert_eq!(slowed("receiptroller", "main", "spooled"), spooled as f64);
+    assert!(slowed("receiptroller", "main", "waited") > 0.0, "{metrics}");
+    assert!(
+        slowed("receiptroller", "backup", "waited") > 0.0,
+        "{metrics}"
+    );
     assert_eq!(slowed("mekari", "acme", "refused"), 0.0);
     assert!(
         metrics.lines().any(

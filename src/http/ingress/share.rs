@@ -13,8 +13,8 @@
 //!
 //! What an over-share delivery gets is the handler's to decide, by what its
 //! provider understands (`webhook.rs`): 429 + `Retry-After` for one that
-//! honours the header, the spool or a wait for its share for one that
-//! counts every non-2xx against the webhook.
+//! honours the header, a wait for its share (then the spool, or taken in
+//! anyway) for one that counts every non-2xx against the webhook.
 //!
 //! A source's slots are tokio's [`Semaphore`]: its waiters are served
 //! first come, first served, and a slot is a value
@@ -74,15 +74,6 @@ struct SourceSlots {
 /// A source's delivery is over its share while the process is busy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OverShare;
-
-/// How a delivery that waited for its share got its place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Waited {
-    /// A slot of its share came free within the wait.
-    ForShare,
-    /// None did: it was taken in over its share all the same.
-    TakenAnyway,
-}
 
 /// A delivery's place in flight: counted in the process's total while it
 /// lives, holding a slot of its source's share unless it borrowed.
@@ -145,16 +136,21 @@ impl FairShares {
 
     /// A place for a delivery of `source` over its share, waiting until
     /// `until` for a slot of its share to come free (first come, first
-    /// served), then taking it in all the same: for a provider that must
-    /// never be refused.
-    pub async fn wait_for(&self, source: &SourceShare, until: Instant) -> (Place, Waited) {
+    /// served); `None` when none did.
+    pub async fn wait_for(&self, source: &SourceShare, until: Instant) -> Option<Place> {
         let slots = self.slots(source);
         match tokio::time::timeout_at(until, slots.acquire_owned()).await {
-            Ok(Ok(slot)) => (self.place(Some(slot)), Waited::ForShare),
+            Ok(Ok(slot)) => Some(self.place(Some(slot))),
             // The slots are never closed; a closed one is treated as a
             // wait that ran out.
-            Ok(Err(_)) | Err(_) => (self.place(None), Waited::TakenAnyway),
+            Ok(Err(_)) | Err(_) => None,
         }
+    }
+
+    /// A place over its share all the same, for a delivery that must not
+    /// be refused and cannot be spooled.
+    pub fn take_anyway(&self) -> Place {
+        self.place(None)
     }
 
     /// `Retry-After` (seconds) of a share's 429.
@@ -267,7 +263,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_waiting_delivery_gets_the_first_slot_that_comes_free_or_is_taken_anyway() {
+    async fn a_waiting_delivery_gets_the_first_slot_that_comes_free_or_none() {
         let shares = shares(0, 1);
         let source = SourceShare::new(None);
         let first = shares.try_admit(&source).unwrap();
@@ -275,21 +271,23 @@ mod tests {
             let shares = shares.clone();
             let source = source.clone();
             tokio::spawn(async move {
-                let (place, waited) = shares
+                shares
                     .wait_for(&source, Instant::now() + Duration::from_secs(3))
-                    .await;
-                (place, waited)
+                    .await
             })
         };
         tokio::time::sleep(Duration::from_secs(1)).await;
         drop(first);
-        let (place, waited) = waiting.await.unwrap();
-        assert_eq!(waited, Waited::ForShare);
-        // Nothing comes free now: the wait runs out and it is taken anyway.
-        let (over, waited) = shares
+        let place = waiting.await.unwrap().expect("the slot that came free");
+        // Nothing comes free now: the wait runs out.
+        let started = Instant::now();
+        let none = shares
             .wait_for(&source, Instant::now() + Duration::from_secs(3))
             .await;
-        assert_eq!(waited, Waited::TakenAnyway);
+        assert!(none.is_none());
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+        assert_eq!(shares.in_flight(), 1);
+        let over = shares.take_anyway();
         assert_eq!(shares.in_flight(), 2);
         drop((place, over));
         assert_eq!(shares.in_flight(), 0);
