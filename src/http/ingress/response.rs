@@ -168,7 +168,10 @@ impl IntoResponse for WebhookError {
 pub fn accepted(outcome: Outcome) -> Response {
     (
         StatusCode::OK,
-        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
         outcome.answer(),
     )
         .into_response()
