@@ -54,7 +54,7 @@ pub struct Delivery {
     #[serde(with = "time::serde::rfc3339")]
     pub at: OffsetDateTime,
     /// The provider's delivery id, when the request carried one.
-    pub delivery_id: Option<String>,
+    pub delivery_id: Option<compact_str::CompactString>,
     /// The event type, when the body was an event.
     pub event_type: Option<compact_str::CompactString>,
     /// The entity's record key, when it was normalized.

@@ -190,7 +190,15 @@ impl IntoResponse for WebhookError {
 
 /// The 2xx answer for a handled delivery: `{"status": "<outcome>"}`.
 pub fn accepted(outcome: Outcome) -> Response {
-    (StatusCode::OK, Json(json!({ "status": outcome.as_str() }))).into_response()
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        outcome.answer(),
+    )
+        .into_response()
 }
 
 /// What every answer passes through: the configured `Retry-After`

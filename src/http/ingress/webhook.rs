@@ -15,6 +15,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use compact_str::CompactString;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use time::OffsetDateTime;
 use tracing::{Instrument, info_span};
@@ -52,7 +53,7 @@ pub async fn receive(
         .get(providers::for_kind(provider).delivery_id_header())
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty())
-        .map(str::to_owned);
+        .map(CompactString::from);
     // A configured source's request is a delivery, traced from here,
     // continuing the request's own trace when it names one.
     let trace = match source {
@@ -95,7 +96,7 @@ struct Answered {
     /// From arrival to the answer.
     elapsed: Duration,
     /// The delivery-id header's value, when it had one.
-    delivery_id: Option<String>,
+    delivery_id: Option<CompactString>,
 }
 
 /// The request's answer as the operator sees it, in one place: the end of
@@ -169,7 +170,7 @@ struct Request {
     /// Its body, not read yet.
     body: Body,
     /// The delivery-id header's value, when it has one.
-    delivery_id: Option<String>,
+    delivery_id: Option<CompactString>,
     /// When it started: the answer budget counts from here.
     arrived: Instant,
     /// Its delivery's span.

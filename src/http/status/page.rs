@@ -354,7 +354,7 @@ mod tests {
             "main",
             Delivery {
                 at: now,
-                delivery_id: Some(HOSTILE.to_owned()),
+                delivery_id: Some(HOSTILE.into()),
                 event_type: Some(HOSTILE.into()),
                 entity_key: Some(HOSTILE.to_owned()),
                 dead_letter_reason: Some("invalid_field"),

@@ -400,7 +400,7 @@ impl SpoolStops {
 fn delivery_of(spooled: SpooledDelivery) -> Delivery {
     Delivery {
         source: Arc::new(spooled.source),
-        delivery_id: spooled.delivery_id,
+        delivery_id: spooled.delivery_id.into(),
         body: VerifiedBody::from_spool(spooled.body),
         received_at: spooled.received_at,
         arrived: Instant::now(),

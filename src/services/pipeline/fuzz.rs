@@ -273,7 +273,7 @@ fn run(provider: ProviderKind, body: &[u8], delivery_id: &str) -> Fate {
     let received_at = time::macros::datetime!(2026-11-29 10:15:31 UTC);
     let delivery = Delivery {
         source: Arc::new(source),
-        delivery_id: delivery_id.to_owned(),
+        delivery_id: delivery_id.into(),
         body: verified,
         received_at,
         arrived: Instant::now(),

@@ -53,6 +53,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use compact_str::CompactString;
 use time::OffsetDateTime;
 
 use crate::adapters::encode::Encoder;
@@ -80,7 +81,7 @@ pub struct Delivery {
     /// Through which configured webhook (and so which provider).
     pub source: Arc<Source>,
     /// The delivery-id header's value.
-    pub delivery_id: String,
+    pub delivery_id: CompactString,
     /// The signed body.
     pub body: VerifiedBody,
     /// When it arrived.

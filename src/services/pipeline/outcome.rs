@@ -38,6 +38,19 @@ impl Outcome {
         Outcome::Spooled,
     ];
 
+    /// The 2xx answer's body, `{"status":"<outcome>"}`, written once: the
+    /// usual answer costs no serialization.
+    pub fn answer(self) -> &'static str {
+        match self {
+            Outcome::Published => r#"{"status":"published"}"#,
+            Outcome::Duplicate => r#"{"status":"duplicate"}"#,
+            Outcome::Stale => r#"{"status":"stale"}"#,
+            Outcome::Unchanged => r#"{"status":"unchanged"}"#,
+            Outcome::DeadLettered => r#"{"status":"dead_lettered"}"#,
+            Outcome::Spooled => r#"{"status":"spooled"}"#,
+        }
+    }
+
     /// The label value, and the `status` of the 2xx answer.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -193,5 +206,26 @@ pub(super) fn ended(trace: &DeliveryTrace, result: &Result<Outcome, PipelineErro
     match result {
         Ok(outcome) => trace.outcome(outcome.as_str(), None),
         Err(error) => trace.failed(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Outcome;
+
+    /// Each answer written out is the JSON of its outcome's `status`.
+    #[test]
+    fn each_written_answer_is_its_status_as_json() {
+        for outcome in [
+            Outcome::Published,
+            Outcome::Duplicate,
+            Outcome::Stale,
+            Outcome::Unchanged,
+            Outcome::DeadLettered,
+            Outcome::Spooled,
+        ] {
+            let json = serde_json::json!({ "status": outcome.as_str() }).to_string();
+            assert_eq!(outcome.answer(), json, "{outcome:?}");
+        }
     }
 }

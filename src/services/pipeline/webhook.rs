@@ -135,7 +135,7 @@ impl Pipeline {
         let spooled = SpooledDelivery {
             key: key_of(delivery),
             source: delivery.source.as_ref().clone(),
-            delivery_id: delivery.delivery_id.clone(),
+            delivery_id: delivery.delivery_id.to_string(),
             received_at: delivery.received_at,
             body: delivery.body.bytes().clone(),
         };

@@ -191,7 +191,7 @@ pub fn select(letter: &Letter, filter: &Filter, sources: &Sources) -> Selection 
     };
     Selection::Redeliver(Delivery {
         source: source.clone(),
-        delivery_id: delivery_id.to_owned(),
+        delivery_id: delivery_id.into(),
         body: VerifiedBody::from_dead_letter(body.clone()),
         received_at,
         arrived: Instant::now(),

@@ -204,7 +204,7 @@ fn signed(sender: &Sender, received_at: OffsetDateTime) -> Delivery {
     }
     Delivery {
         source: source(sender.provider),
-        delivery_id: sender.delivery.clone(),
+        delivery_id: sender.delivery.as_str().into(),
         body: verifier
             .verify(&headers, Bytes::from(sender.body.clone()), 0)
             .expect("signed with the secret"),
