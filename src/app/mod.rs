@@ -406,7 +406,7 @@ impl App {
         self.topics
             .all()
             .iter()
-            .map(|set| set.dead_letter().to_owned())
+            .map(|set| set.dead_letter().to_string())
             .collect()
     }
 

@@ -111,7 +111,7 @@ pub struct Place {
 impl From<&super::Placed> for Place {
     fn from(placed: &super::Placed) -> Place {
         Place {
-            topic: placed.topic.clone(),
+            topic: placed.topic.to_string(),
             partition: placed.partition,
             offset: placed.offset,
         }

@@ -32,8 +32,8 @@ pub type Offsets = HashMap<Partition, i64>;
 /// the commit, or once a commit the fence kept is written.
 #[derive(Debug, Clone)]
 pub struct Placed {
-    /// Its topic.
-    pub topic: String,
+    /// Its topic, shared with the record's.
+    pub topic: Arc<str>,
     /// Its partition.
     pub partition: i32,
     /// Its offset.
@@ -67,8 +67,10 @@ struct Inner {
     epoch: u64,
     /// Sends not yet given back, by epoch.
     open: BTreeMap<u64, usize>,
-    /// Offsets committed, by the epoch of their send, not yet counted.
-    applied: BTreeMap<u64, Offsets>,
+    /// Offsets committed, by the epoch of their send, not yet counted;
+    /// keyed by the records' shared topic names (no copy per commit), made
+    /// [`Offsets`] when counted.
+    applied: BTreeMap<u64, HashMap<(Arc<str>, i32), i64>>,
     /// What a checkpoint may record: the epochs counted so far, folded.
     safe: Offsets,
 }
@@ -148,8 +150,11 @@ impl Placements {
             let later = inner.applied.split_off(&(through + 1));
             let counted = std::mem::replace(&mut inner.applied, later);
             for offsets in counted.into_values() {
-                for (partition, next) in offsets {
-                    let slot = inner.safe.entry(partition).or_insert(next);
+                for ((topic, partition), next) in offsets {
+                    let slot = inner
+                        .safe
+                        .entry((topic.to_string(), partition))
+                        .or_insert(next);
                     *slot = (*slot).max(next);
                 }
             }
@@ -169,9 +174,9 @@ pub struct Sending {
 impl Sending {
     /// Where the record of this send lies, to carry in its commit, which
     /// gives the send back when done with it.
-    pub fn placed(self, topic: &str, partition: i32, offset: i64) -> Placed {
+    pub fn placed(self, topic: &Arc<str>, partition: i32, offset: i64) -> Placed {
         Placed {
-            topic: topic.to_owned(),
+            topic: topic.clone(),
             partition,
             offset,
             epoch: self.epoch,
@@ -207,7 +212,7 @@ mod tests {
         let placements = Arc::new(Placements::default());
         let slow = placements.sending();
         let fast = placements.sending();
-        let placed_fast = fast.placed("t", 0, 11);
+        let placed_fast = fast.placed(&"t".into(), 0, 11);
         placements.applied(&placed_fast);
         drop(placed_fast);
         let sealed = placements.seal();
@@ -218,7 +223,7 @@ mod tests {
             "10 is not in yet"
         );
 
-        let placed_slow = slow.placed("t", 0, 10);
+        let placed_slow = slow.placed(&"t".into(), 0, 10);
         placements.applied(&placed_slow);
         drop(placed_slow);
         assert!(placements.finished(sealed));
@@ -233,10 +238,10 @@ mod tests {
         let old = placements.sending();
         let first = placements.seal();
         let new = placements.sending();
-        placements.applied(&new.placed("t", 0, 20));
+        placements.applied(&new.placed(&"t".into(), 0, 20));
         let second = placements.seal();
         assert_eq!(at(&placements.safe(second), "t", 0), None);
-        placements.applied(&old.placed("t", 0, 5));
+        placements.applied(&old.placed(&"t".into(), 0, 5));
         assert_eq!(at(&placements.safe(first), "t", 0), Some(6));
         assert_eq!(at(&placements.safe(second), "t", 0), Some(21));
     }
@@ -246,7 +251,7 @@ mod tests {
         let placements = Arc::new(Placements::default());
         placements.restore(&[(("t".to_owned(), 1), 50)].into_iter().collect());
         let send = placements.sending();
-        placements.applied(&send.placed("t", 1, 7));
+        placements.applied(&send.placed(&"t".into(), 1, 7));
         let sealed = placements.seal();
         assert_eq!(at(&placements.safe(sealed), "t", 1), Some(50));
     }

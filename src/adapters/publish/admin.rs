@@ -154,7 +154,7 @@ impl Publisher {
     /// # Errors
     /// [`PublishError::TopicSettings`] for the first topic that is not compacted.
     pub async fn check_topic_settings(&self, topics: &Topics) -> Result<(), PublishError> {
-        let dead_letter = topics.dead_letter().to_owned();
+        let dead_letter = topics.dead_letter().to_string();
         let mut names: Vec<String> = topics.entities().map(str::to_owned).collect();
         names.push(dead_letter.clone());
         let mut observed = match watch::observe(&self.admin_config, self.producer().0, &names).await

@@ -168,7 +168,7 @@ impl FakeBroker {
         self.state()
             .taken
             .iter()
-            .filter(|(offset, record)| record.topic == topic && offsets.contains(offset))
+            .filter(|(offset, record)| *record.topic == *topic && offsets.contains(offset))
             .cloned()
             .collect()
     }
@@ -240,7 +240,7 @@ impl FakeBroker {
         let failure = state.next_failures.pop_front().or(state.every_failure);
         let too_large = state
             .limits
-            .get(&record.topic)
+            .get(&*record.topic)
             .is_some_and(|limit| size(record) > *limit);
         let failure = failure
             .or(too_large.then_some(RDKafkaErrorCode::MessageSizeTooLarge))
@@ -264,7 +264,10 @@ impl FakeBroker {
 impl State {
     /// `record` at the end of its topic's log.
     fn append(&mut self, record: &OutgoingRecord) -> Delivered {
-        let offset = self.next_offset.entry(record.topic.clone()).or_default();
+        let offset = self
+            .next_offset
+            .entry(record.topic.to_string())
+            .or_default();
         let delivered = Delivered {
             partition: 0,
             offset: *offset,

@@ -93,8 +93,8 @@ pub struct Delivered {
 /// One record to produce, built by the pipeline (`pipeline/record.rs`).
 #[derive(Debug, Clone)]
 pub struct OutgoingRecord {
-    /// Destination topic.
-    pub topic: String,
+    /// Destination topic, shared with its topic set.
+    pub topic: Arc<str>,
     /// UTF-8 record key.
     pub key: String,
     /// Value bytes; `None` writes a tombstone.
@@ -233,7 +233,7 @@ impl Publisher {
         }
         if let Some(change) = self.health.changed(&record.topic) {
             return Err(PublishError::TopicChanged {
-                topic: record.topic.clone(),
+                topic: record.topic.to_string(),
                 change,
             });
         }
@@ -338,10 +338,10 @@ impl Publisher {
         let known = self
             .latency
             .iter()
-            .find(|(topic, _)| *topic == record.topic);
+            .find(|(topic, _)| **topic == *record.topic);
         match (known, provider) {
             (Some((_, by_provider)), Some(at)) => by_provider[at].clone(),
-            _ => latency_histogram(record.provider, record.topic.clone()),
+            _ => latency_histogram(record.provider, record.topic.to_string()),
         }
     }
 

@@ -22,9 +22,9 @@ pub struct Topics {
     /// Its source's own prefix; none for the shared topics.
     prefix: Option<String>,
     /// One compacted topic per entity type.
-    entities: BTreeMap<EntityType, String>,
+    entities: BTreeMap<EntityType, Arc<str>>,
     /// Raw bodies that could not be normalized.
-    dead_letter: String,
+    dead_letter: Arc<str>,
 }
 
 impl Topics {
@@ -34,9 +34,9 @@ impl Topics {
             prefix: None,
             entities: EntityType::ALL
                 .into_iter()
-                .map(|t| (t, config.topic(t)))
+                .map(|t| (t, config.topic(t).into()))
                 .collect(),
-            dead_letter: config.dead_letter_topic(),
+            dead_letter: config.dead_letter_topic().into(),
         }
     }
 
@@ -47,9 +47,9 @@ impl Topics {
             prefix: Some(prefix.to_owned()),
             entities: EntityType::ALL
                 .into_iter()
-                .map(|t| (t, entity_topic(prefix, t)))
+                .map(|t| (t, entity_topic(prefix, t).into()))
                 .collect(),
-            dead_letter: dead_letter_of(prefix),
+            dead_letter: dead_letter_of(prefix).into(),
         }
     }
 
@@ -58,19 +58,20 @@ impl Topics {
         self.prefix.as_deref()
     }
 
-    /// The compacted topic of an entity type.
-    pub fn entity(&self, entity_type: EntityType) -> &str {
+    /// The compacted topic of an entity type, shared: a record names it
+    /// without a copy.
+    pub fn entity(&self, entity_type: EntityType) -> &Arc<str> {
         // Built from EntityType::ALL; a missing entry is a bug.
         &self.entities[&entity_type]
     }
 
     /// Every entity topic.
     pub fn entities(&self) -> impl Iterator<Item = &str> {
-        self.entities.values().map(String::as_str)
+        self.entities.values().map(AsRef::as_ref)
     }
 
     /// The dead-letter topic.
-    pub fn dead_letter(&self) -> &str {
+    pub fn dead_letter(&self) -> &Arc<str> {
         &self.dead_letter
     }
 
@@ -79,7 +80,7 @@ impl Topics {
     pub fn all(&self) -> BTreeMap<String, bool> {
         let mut all: BTreeMap<String, bool> =
             self.entities().map(|t| (t.to_owned(), true)).collect();
-        all.insert(self.dead_letter.clone(), false);
+        all.insert(self.dead_letter.to_string(), false);
         all
     }
 
@@ -87,8 +88,8 @@ impl Topics {
     pub fn typed(&self) -> impl Iterator<Item = (&str, Option<EntityType>)> {
         self.entities
             .iter()
-            .map(|(t, name)| (name.as_str(), Some(*t)))
-            .chain([(self.dead_letter.as_str(), None)])
+            .map(|(t, name)| (name.as_ref(), Some(*t)))
+            .chain([(self.dead_letter.as_ref(), None)])
     }
 }
 
@@ -168,10 +169,10 @@ mod tests {
     #[test]
     fn a_prefix_names_its_own_topics_and_stays_open() {
         let sets = TopicSets::new(&KafkaConfig::default());
-        assert_eq!(sets.of(None).entity(EntityType::Sale), "pos.sales");
+        assert_eq!(&**sets.of(None).entity(EntityType::Sale), "pos.sales");
         let acme = sets.of(Some("acme."));
-        assert_eq!(acme.entity(EntityType::Sale), "acme.sales");
-        assert_eq!(acme.dead_letter(), "acme-dead-letter");
+        assert_eq!(&**acme.entity(EntityType::Sale), "acme.sales");
+        assert_eq!(&**acme.dead_letter(), "acme-dead-letter");
         assert!(!sets.is_open("acme."));
         sets.open("acme.");
         sets.open("acme.");

@@ -221,7 +221,7 @@ impl Lookup {
             for set in self.sets.all() {
                 let topic = set.entity(entity_type);
                 let on_topic = |partition, records| TopicReport {
-                    topic: topic.to_owned(),
+                    topic: topic.to_string(),
                     partition,
                     entity_type: entity_type.plural(),
                     ledger_state: None,

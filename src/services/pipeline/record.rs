@@ -5,6 +5,7 @@
 //! comes in as headers of the producing span (`traces::StageSpan::record_headers`).
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use compact_str::{CompactString, ToCompactString as _, format_compact};
 use time::OffsetDateTime;
@@ -93,7 +94,7 @@ pub fn entity_record(
     event: &PosEvent,
     key: &EntityKey,
     state: &EntityState,
-    topic: &str,
+    topic: &Arc<str>,
     payload: Option<Vec<u8>>,
     trace: Vec<(&'static str, String)>,
 ) -> OutgoingRecord {
@@ -123,7 +124,7 @@ pub fn entity_record(
     ];
     with_trace(&mut headers, trace);
     OutgoingRecord {
-        topic: topic.to_owned(),
+        topic: topic.clone(),
         key: key.as_str().to_owned(),
         payload,
         timestamp_ms: millis(event.occurred_at),
@@ -136,7 +137,7 @@ pub fn entity_record(
 /// timestamped with its arrival; `trace` as for [`entity_record`].
 pub fn dead_letter_record(
     letter: DeadLetter<'_>,
-    topic: &str,
+    topic: &Arc<str>,
     trace: Vec<(&'static str, String)>,
 ) -> OutgoingRecord {
     let mut headers = vec![
@@ -151,7 +152,7 @@ pub fn dead_letter_record(
     ];
     with_trace(&mut headers, trace);
     OutgoingRecord {
-        topic: topic.to_owned(),
+        topic: topic.clone(),
         key: DeliveryKey::new(letter.provider, letter.delivery_id)
             .as_str()
             .to_owned(),
@@ -294,7 +295,7 @@ mod tests {
         let record = cut_dead_letter(
             dead_letter_record(
                 DeadLetter::of_event(&event(), "publish_refused", "too large".into()),
-                "dlq",
+                &"dlq".into(),
                 Vec::new(),
             ),
             None,
@@ -303,7 +304,7 @@ mod tests {
         assert_eq!(header(&record, HEADER_BODY_BYTES), Some("12"));
         let mut big = dead_letter_record(
             DeadLetter::of_event(&event(), "publish_refused", "too large".into()),
-            "dlq",
+            &"dlq".into(),
             vec![("traceparent", TRACEPARENT.to_owned())],
         );
         big.payload = Some(body.clone());
@@ -366,11 +367,11 @@ mod tests {
             &event(),
             &event().key(),
             &STATE,
-            "pos.orders",
+            &"pos.orders".into(),
             Some(vec![1, 2]),
             Vec::new(),
         );
-        assert_eq!(record.topic, "pos.orders");
+        assert_eq!(&*record.topic, "pos.orders");
         assert_eq!(record.key, "mekari:acme:O-1");
         assert_eq!(record.payload.as_deref(), Some(&[1u8, 2][..]));
         assert_eq!(record.timestamp_ms, 1_795_946_400_123);
@@ -400,7 +401,7 @@ mod tests {
             &event(),
             &event().key(),
             &STATE,
-            "pos.orders",
+            &"pos.orders".into(),
             None,
             vec![("traceparent", TRACEPARENT.to_owned())],
         );
@@ -419,7 +420,14 @@ mod tests {
 
     #[test]
     fn an_entity_records_headers_give_back_the_state_the_guard_compared() {
-        let record = entity_record(&event(), &event().key(), &STATE, "t", None, Vec::new());
+        let record = entity_record(
+            &event(),
+            &event().key(),
+            &STATE,
+            &"t".into(),
+            None,
+            Vec::new(),
+        );
         let read = |name| header(&record, name).unwrap().as_bytes();
         assert_eq!(
             state_from_headers(read(HEADER_VERSION), read(HEADER_STATE_HASH)),
@@ -449,7 +457,7 @@ mod tests {
             &event(),
             &event().key(),
             &STATE,
-            "pos.orders",
+            &"pos.orders".into(),
             None,
             Vec::new(),
         );
@@ -463,10 +471,10 @@ mod tests {
         let letter = DeadLetter::of_event(&event, "publish_refused", "record too large".into());
         let record = dead_letter_record(
             letter,
-            "pos.dead-letter",
+            &"pos.dead-letter".into(),
             vec![("traceparent", TRACEPARENT.to_owned())],
         );
-        assert_eq!(record.topic, "pos.dead-letter");
+        assert_eq!(&*record.topic, "pos.dead-letter");
         assert_eq!(record.key, "mekari:d1");
         assert_eq!(record.payload.as_deref(), Some(&event.raw[..]));
         assert_eq!(record.timestamp_ms, 1_795_946_401_000);

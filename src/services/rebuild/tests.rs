@@ -133,7 +133,7 @@ async fn a_partition_is_written_in_batches_and_an_older_state_in_a_later_one_doe
     // a later offset), and in a later batch than the newer state.
     records.push(order(i64::try_from(fillers).unwrap() + 1, "mekari:O-1", 10));
     let source = InMemory {
-        topics: [(topics.entity(EntityType::Order).to_owned(), records)]
+        topics: [(topics.entity(EntityType::Order).to_string(), records)]
             .into_iter()
             .collect(),
         ..InMemory::default()

@@ -209,7 +209,7 @@ impl Rederive {
             .iter()
             .flat_map(|set| {
                 EntityType::ALL.map(|entity_type| Target {
-                    topic: set.entity(entity_type).to_owned(),
+                    topic: set.entity(entity_type).to_string(),
                     entity_type,
                     prefix: set.prefix().map(str::to_owned),
                 })

@@ -209,7 +209,7 @@ async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
         .commit(&Commit {
             delivery: Some(Done::published_now(id)),
             entity: Some((slot, Held::unplaced(state))),
-            placed: Some(fast.placed("pos.orders", 2, 41)),
+            placed: Some(fast.placed(&"pos.orders".into(), 2, 41)),
             ..Commit::default()
         })
         .await
@@ -222,7 +222,7 @@ async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
     );
     ledger
         .commit(&Commit {
-            placed: Some(slow.placed("pos.orders", 2, 40)),
+            placed: Some(slow.placed(&"pos.orders".into(), 2, 40)),
             ..Commit::default()
         })
         .await

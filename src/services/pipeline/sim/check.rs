@@ -78,8 +78,8 @@ fn lookup_violations(ended: &Ended, log: &[OutgoingRecord], broken: &mut Vec<Str
     let mut offsets: BTreeMap<&str, i64> = BTreeMap::new();
     let mut placed: BTreeMap<(&str, i64), &OutgoingRecord> = BTreeMap::new();
     for record in log {
-        let next = offsets.entry(record.topic.as_str()).or_default();
-        placed.insert((record.topic.as_str(), *next), record);
+        let next = offsets.entry(&record.topic).or_default();
+        placed.insert((&record.topic, *next), record);
         *next += 1;
     }
     for (delivery, remembered) in &ended.remembered {
@@ -111,7 +111,7 @@ fn lookup_violations(ended: &Ended, log: &[OutgoingRecord], broken: &mut Vec<Str
             continue;
         };
         let there = placed.get(&(place.topic.as_str(), place.offset));
-        if place.topic != topic
+        if *place.topic != **topic
             || there.and_then(|record| delivery_of(record)).as_deref() != Some(delivery.as_str())
         {
             broken.push(format!(
@@ -160,8 +160,8 @@ fn era_violations<'a>(
             ));
         }
         let topics = topics_of(event.provider);
-        if record.topic == topics.dead_letter() || event.broken {
-            if !event.broken || record.topic != topics.dead_letter() {
+        if record.topic == *topics.dead_letter() || event.broken {
+            if !event.broken || record.topic != *topics.dead_letter() {
                 broken.push(format!(
                     "{delivery} (broken: {}) was written to {} at {at}",
                     event.broken, record.topic
@@ -169,7 +169,7 @@ fn era_violations<'a>(
             }
             continue;
         }
-        if record.topic != topics.entity(entity_type(event.provider)) || record.key != event.key {
+        if record.topic != *topics.entity(entity_type(event.provider)) || record.key != event.key {
             broken.push(format!(
                 "{delivery} went to {} under {}",
                 record.topic, record.key

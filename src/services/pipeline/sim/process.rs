@@ -195,9 +195,9 @@ async fn below_the_offsets(
     let sets = topics.all();
     let typed = sets
         .iter()
-        .flat_map(|set| EntityType::ALL.map(|t| (t, set.entity(t).to_owned())));
+        .flat_map(|set| EntityType::ALL.map(|t| (t, set.entity(t).clone())));
     for (entity_type, topic) in typed {
-        let topic = topic.as_str();
+        let topic: &str = &topic;
         let next = cached
             .offsets
             .get(&(topic.to_owned(), 0))

@@ -37,11 +37,11 @@ fn orders(pipeline: &Pipeline) -> String {
         .topics
         .shared()
         .entity(EntityType::Order)
-        .to_owned()
+        .to_string()
 }
 
 fn dead_letters(pipeline: &Pipeline) -> String {
-    pipeline.inner.topics.shared().dead_letter().to_owned()
+    pipeline.inner.topics.shared().dead_letter().to_string()
 }
 
 fn header<'r>(record: &'r OutgoingRecord, name: &str) -> &'r str {
@@ -86,7 +86,7 @@ async fn a_delivery_kafka_takes_is_published_once_with_the_state_it_wrote_in_its
     let taken = broker.taken();
     assert_eq!(taken.len(), 1, "{taken:?}");
     let record = &taken[0];
-    assert_eq!(record.topic, orders(&pipeline));
+    assert_eq!(*record.topic, *orders(&pipeline));
     assert_eq!(record.key, ORDER);
     assert!(record.payload.is_some());
     assert_eq!(header(record, HEADER_DELIVERY_ID), "d-1");
@@ -309,7 +309,7 @@ async fn a_record_refused_for_good_is_dead_lettered_with_its_reason_and_done() {
         assert_eq!(handled.dead_letter_reason, Some(reason), "{code:?}");
         let taken = broker.taken();
         assert_eq!(taken.len(), 1, "{code:?}: {taken:?}");
-        assert_eq!(taken[0].topic, dead_letters(&pipeline));
+        assert_eq!(*taken[0].topic, *dead_letters(&pipeline));
         assert_eq!(header(&taken[0], HEADER_REASON_CODE), reason);
         assert_eq!(order_state(&pipeline).await, None, "no state written");
         assert_eq!(
@@ -501,7 +501,11 @@ async fn a_source_with_its_own_topics_writes_its_states_and_letters_there_only()
         pipeline.deliver(junk).await.unwrap().outcome,
         Outcome::DeadLettered
     );
-    let topics: Vec<String> = broker.taken().into_iter().map(|r| r.topic).collect();
+    let topics: Vec<String> = broker
+        .taken()
+        .into_iter()
+        .map(|r| r.topic.to_string())
+        .collect();
     assert_eq!(topics, ["acme.orders", "acme-dead-letter"]);
     assert_ne!(orders(&pipeline), "acme.orders");
 }
