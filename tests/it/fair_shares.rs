@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::support::wait::wait_until;
 use crate::support::{
-    TestApp, brokers, mekari_order, metric, read_topic, rr_sale, spool_config, timed, unique,
+    TestApp, brokers, mekari_order, metric, read_topic, rr_sale, spool_config_text, timed, unique,
 };
 
 /// Requests of the flooding source, all sent at once: far past the busy
@@ -92,13 +92,21 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
     // `acme`. The shares at their defaults, but busy from 8 in flight, and
     // ReceiptRoller `main` with a share of its own of one: its flood's tail
     // waits past the wait (`inflight_wait_ms`, 500 ms here) and is spooled.
-    let mut config = spool_config(&brokers(), &unique("share"), dir.path());
+    // Sources named for this test alone: the suite's tests share one
+    // process and its recorder, and a neighbour whose sources directory
+    // drops a `main` leaves that name's series off `/metrics` (`observe::gone`).
+    let text = spool_config_text(&brokers(), &unique("share"), dir.path())
+        .replace("sources.main]", "sources.share-main]")
+        .replace("sources.backup]", "sources.share-backup]")
+        .replace("sources.acme]", "sources.share-acme]");
+    let mut config = posbridge::config::Config::from_toml(&text).unwrap();
+    assert!(config.spools());
     config.server.busy_in_flight = 8;
     config.server.inflight_wait_ms = 500;
     config
         .receiptroller
         .sources
-        .get_mut("main")
+        .get_mut("share-main")
         .unwrap()
         .max_in_flight = Some(1);
     let app = TestApp::start_with(config).await;
@@ -106,8 +114,13 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
     // Mekari `main` floods while `acme` sends at its rate.
     let mk_flood = (0..FLOOD).map(|n| order("mkf", n)).collect();
     let mk_quiet = (0..QUIET).map(|n| order("mkq", n)).collect();
-    let (flood, quiet) =
-        flood_beside_quiet(&app, "mekari", ("main", mk_flood), ("acme", mk_quiet)).await;
+    let (flood, quiet) = flood_beside_quiet(
+        &app,
+        "mekari",
+        ("share-main", mk_flood),
+        ("share-acme", mk_quiet),
+    )
+    .await;
     let refused = count(&flood, 429, "");
     println!(
         "mekari: flood {refused} of {FLOOD} answered 429, {} published; quiet {} of {QUIET} published",
@@ -147,8 +160,8 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
     let (flood, quiet) = flood_beside_quiet(
         &app,
         "receiptroller",
-        ("main", rr_flood.clone()),
-        ("backup", rr_quiet),
+        ("share-main", rr_flood.clone()),
+        ("share-backup", rr_quiet),
     )
     .await;
     let spooled = count(&flood, 200, "spooled");
@@ -195,8 +208,8 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
     let (flood, quiet) = flood_beside_quiet(
         &app,
         "receiptroller",
-        ("backup", rr_flood),
-        ("main", rr_quiet),
+        ("share-backup", rr_flood),
+        ("share-main", rr_quiet),
     )
     .await;
     assert_eq!(count(&flood, 200, "published"), FLOOD, "{flood:?}");
@@ -215,18 +228,24 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
             ],
         )
     };
-    assert_eq!(slowed("mekari", "main", "refused"), refused as f64);
-    assert_eq!(slowed("receiptroller", "main", "spooled"), spooled as f64);
-    assert!(slowed("receiptroller", "main", "waited") > 0.0, "{metrics}");
+    assert_eq!(slowed("mekari", "share-main", "refused"), refused as f64);
+    assert_eq!(
+        slowed("receiptroller", "share-main", "spooled"),
+        spooled as f64
+    );
     assert!(
-        slowed("receiptroller", "backup", "waited") > 0.0,
+        slowed("receiptroller", "share-main", "waited") > 0.0,
         "{metrics}"
     );
-    assert_eq!(slowed("mekari", "acme", "refused"), 0.0);
+    assert!(
+        slowed("receiptroller", "share-backup", "waited") > 0.0,
+        "{metrics}"
+    );
+    assert_eq!(slowed("mekari", "share-acme", "refused"), 0.0);
     assert!(
         metrics.lines().any(
             |line| line.starts_with("posbridge_deliveries_over_share_total{")
-                && line.contains("source=\"acme\"")
+                && line.contains("source=\"share-acme\"")
         ),
         "the series exist from start-up"
     );
