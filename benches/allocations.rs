@@ -12,19 +12,16 @@
 //!
 //! Run with `cargo bench --bench allocations`. Prints figures.
 
-use std::time::Duration;
-
 use posbridge::adapters::encode::Encoder;
-use posbridge::adapters::providers::{self, Context, Json};
+use posbridge::adapters::providers::{self, Json};
 use posbridge::config::RegistryConfig;
-use posbridge::domain::event::{Origin, ProviderKind, Source};
+use posbridge::domain::event::ProviderKind;
 use posbridge::domain::guard::state_hash;
 use serde::de::IgnoredAny;
 use serde_json::Value;
 
-#[path = "shared/sale_body.rs"]
-mod sale_body;
-use sale_body::body;
+#[path = "shared/sale.rs"]
+mod sale;
 
 #[global_allocator]
 static ALLOCATOR: dhat::Alloc = dhat::Alloc;
@@ -45,21 +42,9 @@ async fn main() {
     let encoder = Encoder::new(&RegistryConfig::default(), &[])
         .await
         .expect("the registry-less encoder needs nothing");
-    let body = body();
-    let source = Source {
-        provider: ProviderKind::ReceiptRoller,
-        name: "main".into(),
-        account: None,
-        topic_prefix: None,
-    };
-    let ctx = Context {
-        event_id: "bench-1",
-        source: &source,
-        received_at: time::macros::datetime!(2026-11-29 10:15:31 UTC),
-        raw: &body,
-        origin: Origin::Webhook,
-        max_event_ahead: Duration::from_secs(300),
-    };
+    let body = sale::body();
+    let source = sale::source();
+    let ctx = sale::context(&source, &body);
     let provider = providers::for_kind(ProviderKind::ReceiptRoller);
     let read = || {
         let json = Json::parse(&body).expect("json");

@@ -12,15 +12,14 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use posbridge::adapters::providers::{self, Context, Json};
-use posbridge::domain::event::{Origin, ProviderKind, Source};
+use posbridge::adapters::providers::{self, Json};
+use posbridge::domain::event::ProviderKind;
 use posbridge::domain::guard::state_hash;
 use serde::de::IgnoredAny;
 use serde_json::Value;
 
-#[path = "shared/sale_body.rs"]
-mod sale_body;
-use sale_body::body;
+#[path = "shared/sale.rs"]
+mod sale;
 
 /// Runs `work` `rounds` times and returns the time per call.
 fn time_per(rounds: u32, mut work: impl FnMut() -> usize) -> Duration {
@@ -38,25 +37,12 @@ fn main() {
         println!("normalize bench: run it with `cargo bench --bench normalize`");
         return;
     }
-    let body = body();
-    let source = Source {
-        provider: ProviderKind::ReceiptRoller,
-        name: "main".into(),
-        account: None,
-        topic_prefix: None,
-    };
-    let received_at = time::macros::datetime!(2026-11-29 10:15:31 UTC);
+    let body = sale::body();
+    let source = sale::source();
+    let ctx = sale::context(&source, &body);
     let provider = providers::for_kind(ProviderKind::ReceiptRoller);
     let posbridge = || {
         let json = Json::parse(&body).expect("json");
-        let ctx = Context {
-            event_id: "bench-1",
-            source: &source,
-            received_at,
-            raw: &body,
-            origin: Origin::Webhook,
-            max_event_ahead: Duration::from_secs(300),
-        };
         let normalized = provider.normalize(&json, &ctx).expect("normalizes");
         state_hash(&normalized.event, &normalized.content)[0] as usize
     };

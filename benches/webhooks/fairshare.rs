@@ -9,14 +9,14 @@
 //! what was done with the flood's deliveries over its share, and the
 //! spool drained after (every spooled delivery published).
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::Settings;
 use crate::load::{self, Dialect, Ids, Load, Measured};
 use crate::rebuild::get;
-use crate::server::{Server, free_addr};
-use crate::{LedgerChoice, Settings, posbridge_command};
+use crate::server::Server;
+use crate::sources::{directory_posbridge, metric, source_count};
 
 /// Connections of the flood: 20 × the default share of 16 in flight.
 const FLOOD_CONNECTIONS: usize = 20 * 16;
@@ -38,16 +38,6 @@ fn write_source(dir: &Path, name: &str, spools: bool) {
     .expect("source file");
 }
 
-/// The sum of the `/metrics` lines named `name` that carry every label.
-async fn metric(addr: SocketAddr, name: &str, labels: &[&str]) -> f64 {
-    let text = get(addr, "/metrics").await.expect("metrics").1;
-    String::from_utf8_lossy(&text)
-        .lines()
-        .filter(|line| line.starts_with(name) && labels.iter().all(|l| line.contains(l)))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 fn row(label: &str, measured: &Measured) {
     println!(
         "{label:>28}: {:>7.0} req/s, p50 {:>5.1} ms, p99 {:>6.1} ms, {} not 200 of {}",
@@ -60,38 +50,12 @@ fn row(label: &str, measured: &Measured) {
 }
 
 pub async fn run(settings: &Settings, run: &str) {
-    let count: usize = std::env::var("POSBRIDGE_BENCH_SOURCES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
+    let count = source_count();
     let work = tempfile::tempdir().expect("work dir");
-    let sources = work.path().join("sources");
-    std::fs::create_dir(&sources).expect("sources dir");
-    for n in 0..count {
-        write_source(&sources, &format!("s{n}"), n == 0);
-    }
-    let dir = work.path().join("posbridge");
-    let addr = free_addr();
-    let binary = Path::new(env!("CARGO_BIN_EXE_posbridge"));
-    let command = posbridge_command(
-        settings,
-        addr,
-        run,
-        &LedgerChoice::Embedded(None),
-        &dir,
-        binary,
-    );
-    let config = dir.join("posbridge.toml");
-    let text = std::fs::read_to_string(&config).expect("config");
-    std::fs::write(
-        &config,
-        format!(
-            "sources_dir = \"{}\"\n{text}[spool]\npath = \"{}\"\nmax_entries = 10000000\nmax_bytes = 8589934592\n",
-            sources.display(),
-            dir.join("spool.redb").display()
-        ),
-    )
-    .expect("config");
+    let write = |dir: &Path, n: usize| write_source(dir, &format!("s{n}"), n == 0);
+    // Room for every spooled delivery of the flood.
+    let spool = "max_entries = 10000000\nmax_bytes = 8589934592\n";
+    let (command, addr) = directory_posbridge(settings, run, work.path(), count, write, spool);
     let _server = Server::start(command, addr, &work.path().join("fairshare.log"));
     while get(addr, "/readyz").await.map(|(status, _)| status) != Some(200) {
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Full};
@@ -76,18 +77,32 @@ async fn until_published(addr: SocketAddr, source: &str, secret: &str, tag: &str
     from.elapsed()
 }
 
-pub async fn run(settings: &Settings, run: &str) {
-    let count: usize = std::env::var("POSBRIDGE_BENCH_SOURCES")
+/// How many sources a directory bench reads: `POSBRIDGE_BENCH_SOURCES`,
+/// 1,000 by default.
+pub(crate) fn source_count() -> usize {
+    std::env::var("POSBRIDGE_BENCH_SOURCES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
-    let work = tempfile::tempdir().expect("work dir");
-    let sources = work.path().join("sources");
+        .unwrap_or(1000)
+}
+
+/// posbridge on the embedded ledger reading `count` sources from a
+/// directory in `work` (`write(dir, n)` writes the n-th file), with a spool
+/// (`spool_settings`: more lines of its table): its command and address.
+pub(crate) fn directory_posbridge(
+    settings: &Settings,
+    run: &str,
+    work: &Path,
+    count: usize,
+    write: impl Fn(&Path, usize),
+    spool_settings: &str,
+) -> (Command, SocketAddr) {
+    let sources = work.join("sources");
     std::fs::create_dir(&sources).expect("sources dir");
     for n in 0..count {
-        write_source(&sources, &format!("s{n}"), &[load::SECRET], None);
+        write(&sources, n);
     }
-    let dir = work.path().join("posbridge");
+    let dir = work.join("posbridge");
     let addr = free_addr();
     let binary = Path::new(env!("CARGO_BIN_EXE_posbridge"));
     let command = posbridge_command(
@@ -104,12 +119,31 @@ pub async fn run(settings: &Settings, run: &str) {
     std::fs::write(
         &config,
         format!(
-            "sources_dir = \"{}\"\n{text}[spool]\npath = \"{}\"\n",
+            "sources_dir = \"{}\"\n{text}[spool]\npath = \"{}\"\n{spool_settings}",
             sources.display(),
             dir.join("spool.redb").display()
         ),
     )
     .expect("config");
+    (command, addr)
+}
+
+/// The sum of the `/metrics` lines named `name` that carry every label.
+pub(crate) async fn metric(addr: SocketAddr, name: &str, labels: &[&str]) -> f64 {
+    let text = get(addr, "/metrics").await.expect("metrics").1;
+    String::from_utf8_lossy(&text)
+        .lines()
+        .filter(|line| line.starts_with(name) && labels.iter().all(|l| line.contains(l)))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+pub async fn run(settings: &Settings, run: &str) {
+    let count = source_count();
+    let work = tempfile::tempdir().expect("work dir");
+    let sources = work.path().join("sources");
+    let write = |dir: &Path, n: usize| write_source(dir, &format!("s{n}"), &[load::SECRET], None);
+    let (command, addr) = directory_posbridge(settings, run, work.path(), count, write, "");
     let started = Instant::now();
     let server = Server::start(command, addr, &work.path().join("sources.log"));
     let listening = started.elapsed();

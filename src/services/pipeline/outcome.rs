@@ -216,14 +216,7 @@ mod tests {
     /// Each answer written out is the JSON of its outcome's `status`.
     #[test]
     fn each_written_answer_is_its_status_as_json() {
-        for outcome in [
-            Outcome::Published,
-            Outcome::Duplicate,
-            Outcome::Stale,
-            Outcome::Unchanged,
-            Outcome::DeadLettered,
-            Outcome::Spooled,
-        ] {
+        for outcome in Outcome::ALL {
             let json = serde_json::json!({ "status": outcome.as_str() }).to_string();
             assert_eq!(outcome.answer(), json, "{outcome:?}");
         }
