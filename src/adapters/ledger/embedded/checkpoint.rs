@@ -114,7 +114,15 @@ impl Checkpointer {
     /// Does what was asked (`None`: the interval is up).
     pub(super) fn handle(&mut self, ask: Option<Ask>) {
         if let Some(Ask::Forget(reply)) = ask {
-            let _ = reply.send(self.checkpoint.forget(&self.store, &self.placements));
+            // A write of the file like a checkpoint's: its failure shows in
+            // the health, and the next write reopens the file first (redb
+            // takes no write after an I/O error until it is reopened).
+            let reopen_first = needs_reopen(&self.store, &self.health);
+            let outcome = self
+                .checkpoint
+                .forget(&self.store, &self.placements, reopen_first);
+            self.health.set(&outcome);
+            let _ = reply.send(outcome);
             return;
         }
         let outcome = self.take();
@@ -206,17 +214,12 @@ impl Checkpoint {
             layers.flushing = Some(flushing.clone());
             flushing
         };
-        if flushing.len() == 0 && offsets == self.offsets && topics.is_none() {
+        let reopen_first = needs_reopen(store, health);
+        if flushing.len() == 0 && offsets == self.offsets && topics.is_none() && !reopen_first {
             store.layers().flushing = None;
             return Ok(());
         }
-        let written = self.write(
-            store,
-            &flushing,
-            &offsets,
-            topics,
-            health.failing().is_some(),
-        );
+        let written = self.write(store, &flushing, &offsets, topics, reopen_first);
         let mut layers = store.layers();
         layers.flushing = None;
         if written.is_err() {
@@ -235,16 +238,7 @@ impl Checkpoint {
         reopen_first: bool,
     ) -> Result<(), LedgerError> {
         if reopen_first {
-            // Room first: a reopen on a disk still full may fail and leave
-            // no handle for the reads memory does not answer.
-            let bytes = 64 * 1024 + 64 * flushing.len() as u64;
-            crate::adapters::store_file::probe_disk(&store.path, bytes).map_err(|e| {
-                LedgerError::Open {
-                    path: store.path.display().to_string(),
-                    source: e.into(),
-                }
-            })?;
-            store.reopen()?;
+            reopen(store, 64 * flushing.len() as u64)?;
         }
         let opened = store.get()?;
         let storage = |e: redb::Error| LedgerError::Embedded(Arc::new(e));
@@ -272,7 +266,15 @@ impl Checkpoint {
     }
 
     /// Forgets what memory and the file hold, durably.
-    fn forget(&mut self, store: &Store, placements: &Placements) -> Result<(), LedgerError> {
+    fn forget(
+        &mut self,
+        store: &Store,
+        placements: &Placements,
+        reopen_first: bool,
+    ) -> Result<(), LedgerError> {
+        if reopen_first {
+            reopen(store, 0)?;
+        }
         {
             let mut layers = store.layers();
             layers.current = Recent::default();
@@ -290,6 +292,27 @@ impl Checkpoint {
         *self = Checkpoint::default();
         Ok(())
     }
+}
+
+/// Whether the next write opens the file again first: the last write
+/// failed (redb takes none after an I/O error until it is reopened), or a
+/// reopen failed and left no handle. Either way, nothing counts as working
+/// again until a write has.
+fn needs_reopen(store: &Store, health: &Health) -> bool {
+    health.failing().is_some() || store.get().is_err()
+}
+
+/// Opens the file again after a write failed, room for `bytes` more first:
+/// a reopen on a disk still full may fail and leave no handle for the
+/// reads memory does not answer.
+fn reopen(store: &Store, bytes: u64) -> Result<(), LedgerError> {
+    crate::adapters::store_file::probe_disk(&store.path, 64 * 1024 + bytes).map_err(|e| {
+        LedgerError::Open {
+            path: store.path.display().to_string(),
+            source: e.into(),
+        }
+    })?;
+    store.reopen()
 }
 
 #[cfg(test)]

@@ -376,6 +376,18 @@ fn seed_61_an_older_event_does_not_land_after_a_record_in_doubt() {
     replays_green(61);
 }
 
+/// Found by the long run: a restart onto a replaced broker during a window
+/// of failing ledger writes; the rebuild's write of the forgotten ledger
+/// failed, redb took no write after that I/O error, and nothing reopened
+/// the file (only a failed checkpoint did, and a checkpoint with nothing
+/// to write cleared the failure), so the gate never opened: every
+/// delivery refused for good. The ledger's writes now reopen the file
+/// first after any failed one, the rebuild's among them.
+#[test]
+fn seed_8035_a_rebuild_whose_write_failed_reopens_the_ledger_and_fills_it() {
+    replays_green(8035);
+}
+
 /// Found by the simulation: the salvage of a damaged spool file dropped a
 /// frame that failed its checksum and only logged it, so a spooled delivery
 /// was lost with no count and no alert. Every damaged frame it finds now
