@@ -12,7 +12,8 @@ use serde_json::Value;
 
 use crate::support::wait::wait_until;
 use crate::support::{
-    TestApp, brokers, mekari_order, metric, read_topic, rr_sale, spool_config_text, timed, unique,
+    Meter, TestApp, brokers, mekari_order, own_source, read_topic, rr_sale, spool_config, timed,
+    unique,
 };
 
 /// Requests of the flooding source, all sent at once: far past the busy
@@ -92,24 +93,34 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
     // `acme`. The shares at their defaults, but busy from 8 in flight, and
     // ReceiptRoller `main` with a share of its own of one: its flood's tail
     // waits past the wait (`inflight_wait_ms`, 500 ms here) and is spooled.
-    // Sources named for this test alone: the suite's tests share one
-    // process and its recorder, and a neighbour whose sources directory
-    // drops a `main` leaves that name's series off `/metrics` (`observe::gone`).
-    let text = spool_config_text(&brokers(), &unique("share"), dir.path())
-        .replace("sources.main]", "sources.share-main]")
-        .replace("sources.backup]", "sources.share-backup]")
-        .replace("sources.acme]", "sources.share-acme]");
-    let mut config = posbridge::config::Config::from_toml(&text).unwrap();
-    assert!(config.spools());
+    // Each renamed for this test alone, so the series it reads count its
+    // own deliveries (the suite's apps share one recorder).
+    let mut config = spool_config(&brokers(), &unique("share"), dir.path());
+    let (rr_main, rr_backup) = (unique("share-rr-main"), unique("share-rr-backup"));
+    let (mk_main, mk_acme) = (unique("share-mk-main"), unique("share-mk-acme"));
+    own_source(&mut config, "receiptroller", "main", &rr_main);
+    own_source(&mut config, "receiptroller", "backup", &rr_backup);
+    own_source(&mut config, "mekari", "main", &mk_main);
+    own_source(&mut config, "mekari", "acme", &mk_acme);
     config.server.busy_in_flight = 8;
     config.server.inflight_wait_ms = 500;
     config
         .receiptroller
         .sources
-        .get_mut("share-main")
+        .get_mut(&rr_main)
         .unwrap()
         .max_in_flight = Some(1);
     let app = TestApp::start_with(config).await;
+    let over_share = "posbridge_deliveries_over_share_total";
+    let started = app.metrics().await;
+    assert!(
+        started
+            .lines()
+            .any(|line| line.starts_with(over_share)
+                && line.contains(&format!("source=\"{mk_acme}\""))),
+        "the series exist from start-up"
+    );
+    let before = Meter::read(&app).await;
 
     // Mekari `main` floods while `acme` sends at its rate.
     let mk_flood = (0..FLOOD).map(|n| order("mkf", n)).collect();
@@ -117,8 +128,8 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
     let (flood, quiet) = flood_beside_quiet(
         &app,
         "mekari",
-        ("share-main", mk_flood),
-        ("share-acme", mk_quiet),
+        (mk_main.as_str(), mk_flood),
+        (mk_acme.as_str(), mk_quiet),
     )
     .await;
     let refused = count(&flood, 429, "");
@@ -160,8 +171,8 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
     let (flood, quiet) = flood_beside_quiet(
         &app,
         "receiptroller",
-        ("share-main", rr_flood.clone()),
-        ("share-backup", rr_quiet),
+        (rr_main.as_str(), rr_flood.clone()),
+        (rr_backup.as_str(), rr_quiet),
     )
     .await;
     let spooled = count(&flood, 200, "spooled");
@@ -208,19 +219,19 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
     let (flood, quiet) = flood_beside_quiet(
         &app,
         "receiptroller",
-        ("share-backup", rr_flood),
-        ("share-main", rr_quiet),
+        (rr_backup.as_str(), rr_flood),
+        (rr_main.as_str(), rr_quiet),
     )
     .await;
     assert_eq!(count(&flood, 200, "published"), FLOOD, "{flood:?}");
     assert_eq!(count(&quiet, 200, ""), QUIET, "{quiet:?}");
 
-    // Counted, by source and by what was done.
-    let metrics = app.metrics().await;
-    let slowed = |provider, source, action| {
-        metric(
-            &metrics,
-            "posbridge_deliveries_over_share_total",
+    // Counted, by source and by what was done: this test's change alone.
+    let after = Meter::read(&app).await;
+    let slowed = |provider, source: &str, action| {
+        after.delta(
+            &before,
+            over_share,
             &[
                 ("provider", provider),
                 ("source", source),
@@ -228,26 +239,10 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
             ],
         )
     };
-    assert_eq!(slowed("mekari", "share-main", "refused"), refused as f64);
-    assert_eq!(
-        slowed("receiptroller", "share-main", "spooled"),
-        spooled as f64
-    );
-    assert!(
-        slowed("receiptroller", "share-main", "waited") > 0.0,
-        "{metrics}"
-    );
-    assert!(
-        slowed("receiptroller", "share-backup", "waited") > 0.0,
-        "{metrics}"
-    );
-    assert_eq!(slowed("mekari", "share-acme", "refused"), 0.0);
-    assert!(
-        metrics.lines().any(
-            |line| line.starts_with("posbridge_deliveries_over_share_total{")
-                && line.contains("source=\"share-acme\"")
-        ),
-        "the series exist from start-up"
-    );
+    assert_eq!(slowed("mekari", &mk_main, "refused"), refused as f64);
+    assert_eq!(slowed("receiptroller", &rr_main, "spooled"), spooled as f64);
+    assert!(slowed("receiptroller", &rr_main, "waited") > 0.0);
+    assert!(slowed("receiptroller", &rr_backup, "waited") > 0.0);
+    assert_eq!(slowed("mekari", &mk_acme, "refused"), 0.0);
     app.stop().await;
 }

@@ -231,7 +231,7 @@ impl Spool {
     ///
     /// # Errors
     /// As [`Spool::open`].
-    pub fn open_on(config: &SpoolConfig, disk: Disk) -> Result<Spool, SpoolError> {
+    pub(crate) fn open_on(config: &SpoolConfig, disk: Disk) -> Result<Spool, SpoolError> {
         let path: &Path = &config.path;
         let quarantine = Quarantine::beside(path);
         let (db, mut counts) = match open_file(path, &disk) {

@@ -117,10 +117,12 @@ impl StoreFileError {
 }
 
 /// Opens `path`, creating it (and its directory) when it does not exist,
-/// and checking its integrity when it does.
+/// and checking its integrity when it does: for tests that read a store
+/// file as posbridge left it.
 ///
 /// # Errors
 /// [`StoreFileError`] naming the file and what is wrong with it.
+#[cfg(test)]
 pub fn open(path: &Path) -> Result<Database, StoreFileError> {
     open_with(path, Integrity::Check, &Disk::default())
 }

@@ -4,7 +4,6 @@
 //! the trace context a record carries (`traceparent`, when traces are on)
 //! comes in as headers of the producing span (`traces::StageSpan::record_headers`).
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use compact_str::{CompactString, ToCompactString as _, format_compact};
@@ -115,7 +114,7 @@ pub fn entity_record(
             HEADER_VERSION,
             format_compact!("{}:{}", state.version.at_micros, state.version.rank),
         ),
-        (HEADER_STATE_HASH, hex_of(&state.state_hash)),
+        (HEADER_STATE_HASH, hex::encode(state.state_hash).into()),
         (HEADER_SCHEMA, CompactString::const_new(SCHEMA_REVISION)),
         (
             HEADER_RECEIVED_AT,
@@ -180,16 +179,6 @@ pub fn state_from_headers(version: &[u8], state_hash: &[u8]) -> Option<EntitySta
     })
 }
 
-/// `bytes` in lower-case hex, written straight into the header's value
-/// (a state hash's 32 digits fit no inline string; no second copy).
-fn hex_of(bytes: &[u8]) -> CompactString {
-    let mut text = CompactString::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        let _ = write!(text, "{byte:02x}");
-    }
-    text
-}
-
 /// Adds the trace context headers, when traces are on; off, the headers
 /// stay as allocated.
 fn with_trace(
@@ -237,9 +226,10 @@ pub fn cut_dead_letter(
     record
         .headers
         .push((HEADER_BODY_BYTES, body.len().to_compact_string()));
-    record
-        .headers
-        .push((HEADER_BODY_SHA256, hex_of(&Sha256::digest(&body[..]))));
+    record.headers.push((
+        HEADER_BODY_SHA256,
+        hex::encode(Sha256::digest(&body[..])).into(),
+    ));
     record.headers.push((HEADER_CUT_REASON, why.into()));
     let beside_body = RECORD_OVERHEAD_BYTES
         + record.key.len()
