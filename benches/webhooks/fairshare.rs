@@ -14,29 +14,11 @@ use std::time::{Duration, Instant};
 
 use crate::Settings;
 use crate::load::{self, Dialect, Ids, Load, Measured};
-use crate::rebuild::get;
 use crate::server::Server;
-use crate::sources::{directory_posbridge, metric, source_count};
+use crate::sources::{directory_posbridge, metric, source_count, write_source};
 
 /// Connections of the flood: 20 × the default share of 16 in flight.
 const FLOOD_CONNECTIONS: usize = 20 * 16;
-
-/// The file of source `name`, spooling or not.
-fn write_source(dir: &Path, name: &str, spools: bool) {
-    let spool = if spools {
-        "on_broker_unavailable = \"spool\"\n"
-    } else {
-        ""
-    };
-    std::fs::write(
-        dir.join(format!("receiptroller.{name}.toml")),
-        format!(
-            "secrets = [\"{}\"]\naccount = \"acct-{name}\"\n{spool}",
-            load::SECRET
-        ),
-    )
-    .expect("source file");
-}
 
 fn row(label: &str, measured: &Measured) {
     println!(
@@ -52,14 +34,19 @@ fn row(label: &str, measured: &Measured) {
 pub async fn run(settings: &Settings, run: &str) {
     let count = source_count();
     let work = tempfile::tempdir().expect("work dir");
-    let write = |dir: &Path, n: usize| write_source(dir, &format!("s{n}"), n == 0);
+    let write = |dir: &Path, n: usize| {
+        let spools = if n == 0 {
+            "on_broker_unavailable = \"spool\"\n"
+        } else {
+            ""
+        };
+        write_source(dir, &format!("s{n}"), &[load::SECRET], spools);
+    };
     // Room for every spooled delivery of the flood.
     let spool = "max_entries = 10000000\nmax_bytes = 8589934592\n";
     let (command, addr) = directory_posbridge(settings, run, work.path(), count, write, spool);
     let _server = Server::start(command, addr, &work.path().join("fairshare.log"));
-    while get(addr, "/readyz").await.map(|(status, _)| status) != Some(200) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::rebuild::ready(addr).await;
     let spread = Dialect::Spread(count);
     let limit = load::run(
         addr,

@@ -14,7 +14,6 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use crate::report::{self, Phase, Row, find, ms};
 use crate::server::{Group, Server, free_addr};
@@ -80,22 +79,9 @@ pub(crate) async fn start(
         let log = work.join(format!("server-{tag}-r{n}.log"));
         servers.push(Server::start(command, addr, &log));
         addrs.push(addr);
-        ready(addr).await;
+        crate::rebuild::ready(addr).await;
     }
     (Group::of(servers), addrs)
-}
-
-/// Waits until `/readyz` on `addr` answers 200 (a minute at most): the
-/// port is bound before the topics are checked.
-async fn ready(addr: SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !matches!(crate::rebuild::get(addr, "/readyz").await, Some((200, _))) {
-        assert!(
-            Instant::now() < deadline,
-            "{addr} was not ready within 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Each server's figures per repetition beside the limit's of the same

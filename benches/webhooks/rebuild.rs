@@ -192,6 +192,19 @@ async fn wait_ready(addr: SocketAddr) -> Rebuilt {
     }
 }
 
+/// Waits until `/readyz` on `addr` answers 200 (a minute at most): the
+/// port is bound before the topics are checked.
+pub(crate) async fn ready(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !matches!(get(addr, "/readyz").await, Some((200, _))) {
+        assert!(
+            Instant::now() < deadline,
+            "{addr} was not ready within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// One GET on a new connection: its status and body, `None` when refused.
 pub(crate) async fn get(addr: SocketAddr, path: &str) -> Option<(u16, Bytes)> {
     let stream = tokio::net::TcpStream::connect(addr).await.ok()?;

@@ -24,14 +24,14 @@ use crate::{LedgerChoice, Settings, posbridge_command};
 /// How long a change may take to be in use before the bench gives up.
 const WITHIN: Duration = Duration::from_secs(60);
 
-/// The file of source `name`, signed with any of `secrets`, on the shared
-/// topics or (`topic_prefix`) its own.
-fn write_source(dir: &Path, name: &str, secrets: &[&str], topic_prefix: Option<&str>) {
+/// The file of source `name`, signed with any of `secrets`, with `more`
+/// of its settings (its own `topic_prefix`, its spool), written whole at
+/// once (staged, then renamed).
+pub(crate) fn write_source(dir: &Path, name: &str, secrets: &[&str], more: &str) {
     let staged = dir.join(format!(".{name}.tmp"));
-    let own = topic_prefix.map_or_else(String::new, |p| format!("topic_prefix = \"{p}\"\n"));
     std::fs::write(
         &staged,
-        format!("secrets = {secrets:?}\naccount = \"acct-{name}\"\n{own}"),
+        format!("secrets = {secrets:?}\naccount = \"acct-{name}\"\n{more}"),
     )
     .expect("source file");
     std::fs::rename(staged, dir.join(format!("receiptroller.{name}.toml"))).expect("rename");
@@ -142,14 +142,12 @@ pub async fn run(settings: &Settings, run: &str) {
     let count = source_count();
     let work = tempfile::tempdir().expect("work dir");
     let sources = work.path().join("sources");
-    let write = |dir: &Path, n: usize| write_source(dir, &format!("s{n}"), &[load::SECRET], None);
+    let write = |dir: &Path, n: usize| write_source(dir, &format!("s{n}"), &[load::SECRET], "");
     let (command, addr) = directory_posbridge(settings, run, work.path(), count, write, "");
     let started = Instant::now();
     let server = Server::start(command, addr, &work.path().join("sources.log"));
     let listening = started.elapsed();
-    while get(addr, "/readyz").await.map(|(status, _)| status) != Some(200) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::rebuild::ready(addr).await;
     let ready = started.elapsed();
     let rss = Usage::of(server.pid()).peak_rss;
     let metrics = get(addr, "/metrics").await.expect("metrics").1;
@@ -164,15 +162,20 @@ pub async fn run(settings: &Settings, run: &str) {
         rss >> 20
     );
 
-    write_source(&sources, "new", &[load::SECRET], None);
+    write_source(&sources, "new", &[load::SECRET], "");
     let added = until_published(addr, "new", load::SECRET, &format!("{run}-new")).await;
     // Its eight topics made and checked first.
     let prefix = format!("{run}-own.");
-    write_source(&sources, "own", &[load::SECRET], Some(&prefix));
+    write_source(
+        &sources,
+        "own",
+        &[load::SECRET],
+        &format!("topic_prefix = \"{prefix}\"\n"),
+    );
     let own = until_published(addr, "own", load::SECRET, &format!("{run}-own")).await;
     let middle = format!("s{}", count / 2);
     // A second secret (a rotation's first step): the load's still signs.
-    write_source(&sources, &middle, &[load::SECRET, "bench-secret-2"], None);
+    write_source(&sources, &middle, &[load::SECRET, "bench-secret-2"], "");
     let changed = until_published(addr, &middle, "bench-secret-2", &format!("{run}-chg")).await;
     println!(
         "a new file to its first published delivery: {:.0} ms (with topics of its own: {:.0} ms); one changed file among {count} in use: {:.0} ms",
