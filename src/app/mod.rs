@@ -192,8 +192,9 @@ pub struct App {
     topics: TopicSets,
     /// Finds an entity's records (`posbridge lookup`, `/admin/entities`).
     lookup: crate::services::lookup::Lookup,
-    /// Stops the ledger's rebuild task when the last clone goes.
-    _rebuild: Arc<tokio_util::sync::DropGuard>,
+    /// The ledger's rebuild task, ended by `serve` or when the last clone
+    /// goes.
+    rebuild: Arc<serve::RebuildTask>,
 }
 
 impl App {
@@ -297,7 +298,7 @@ impl App {
         // long one (a lost ledger) is served through (spool or 503).
         // Started last: a start-up that fails before lets go of the ledger.
         let background = CancellationToken::new();
-        tokio::spawn(
+        let rebuild = tokio::spawn(
             crate::services::rebuild::Rebuild::new(
                 Arc::new(crate::services::rebuild::Kafka::new(
                     kafka,
@@ -348,7 +349,7 @@ impl App {
             sources,
             topics,
             lookup,
-            _rebuild: background.drop_guard().into(),
+            rebuild: Arc::new(serve::RebuildTask::new(background, rebuild)),
         })
     }
 

@@ -1,9 +1,14 @@
 //! Running a built [`App`]: serving until the shutdown signal, leaving the
 //! balancer first (`server.drain_delay_ms`), then letting in-flight
-//! deliveries finish and flushing what is queued.
+//! deliveries finish and flushing what is queued. `serve` returns once
+//! every task it relies on has ended, so the ledger's file is let go with
+//! the app's last handle (a restart in the same process, `ledger check`
+//! right after).
 
 use std::future::Future;
+use std::sync::{Mutex, PoisonError};
 
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -76,6 +81,9 @@ impl App {
             // The drainer stops between entries or mid-entry; either is safe.
             let _ = drainer.await;
         }
+        // Aborted, they end at once; waited for so that their handles on
+        // the pipeline are gone when `serve` returns.
+        let _ = tokio::join!(secret_files, sources);
         served?;
         info!("Stopped accepting; finishing deliveries and flushing the producer.");
         app.state
@@ -83,6 +91,47 @@ impl App {
             .finish_deliveries(app.shutdown_timeout)
             .await;
         app.flush().await;
+        // A store that hangs a watch's read holds the end no longer than
+        // the shutdown's budget.
+        let _ = tokio::time::timeout(app.shutdown_timeout, app.rebuild.end()).await;
         Ok(())
+    }
+}
+
+/// The ledger's rebuild, a task for as long as the app serves: it fills
+/// the ledger again whenever the gate closes.
+pub(super) struct RebuildTask {
+    stop: CancellationToken,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl RebuildTask {
+    pub(super) fn new(stop: CancellationToken, task: JoinHandle<()>) -> RebuildTask {
+        RebuildTask {
+            stop,
+            task: Mutex::new(Some(task)),
+        }
+    }
+
+    /// Stops the rebuild and waits until it has ended (a fill under way
+    /// stops between batches).
+    async fn end(&self) {
+        self.stop.cancel();
+        let task = self
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for RebuildTask {
+    /// An app dropped without serving (a start-up that fails later, a
+    /// command that only reads) stops its rebuild too.
+    fn drop(&mut self) {
+        self.stop.cancel();
     }
 }

@@ -98,7 +98,7 @@ pub struct EmbeddedLedger {
 enum Asks {
     /// The checkpoint thread, which also checkpoints every interval and
     /// ends (with a last checkpoint) when every handle is gone.
-    Thread(std::sync::mpsc::Sender<Ask>),
+    Thread(Arc<CheckpointThread>),
     /// Taken on the asker's thread, and only when asked, without waiting
     /// for sends of the sealed epoch: a simulation decides when each
     /// checkpoint is taken, on its virtual clock, and a crash takes none.
@@ -109,7 +109,7 @@ enum Asks {
 impl Asks {
     fn send(&self, ask: Ask) -> Result<(), LedgerError> {
         match self {
-            Asks::Thread(thread) => thread.send(ask).map_err(|_| LedgerError::Closed),
+            Asks::Thread(thread) => thread.send(ask),
             #[cfg(test)]
             Asks::Inline(checkpointer, asked) => {
                 asked.store(false, Ordering::Release);
@@ -119,6 +119,36 @@ impl Asks {
                     .handle(Some(ask));
                 Ok(())
             }
+        }
+    }
+}
+
+/// The checkpoint thread, joined when the last handle goes: that handle's
+/// drop returns once the last checkpoint is written and the file let go,
+/// so a stopped posbridge's file can be opened at once (`ledger check`, a
+/// restart in the same process) instead of after a race with the thread.
+struct CheckpointThread {
+    /// Taken on drop: the thread ends when it sees the channel closed.
+    asks: Option<std::sync::mpsc::Sender<Ask>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CheckpointThread {
+    fn send(&self, ask: Ask) -> Result<(), LedgerError> {
+        self.asks
+            .as_ref()
+            .ok_or(LedgerError::Closed)?
+            .send(ask)
+            .map_err(|_| LedgerError::Closed)
+    }
+}
+
+impl Drop for CheckpointThread {
+    fn drop(&mut self) {
+        drop(self.asks.take());
+        if let Some(thread) = self.thread.take() {
+            // A panic in the thread was already reported by its hook.
+            let _ = thread.join();
         }
     }
 }
@@ -150,14 +180,17 @@ impl EmbeddedLedger {
         let file = (path, &Disk::default());
         Self::open_taking(file, (dedup_ttl, clock), lease, |checkpointer, asked| {
             let (asks, queue) = std::sync::mpsc::channel();
-            std::thread::Builder::new()
+            let thread = std::thread::Builder::new()
                 .name("ledger-checkpoint".into())
                 .spawn(move || checkpoint_loop(checkpointer, &asked, &queue, checkpoint_every))
                 .map_err(|e| LedgerError::Open {
                     path: path.display().to_string(),
                     source: e.into(),
                 })?;
-            Ok(Asks::Thread(asks))
+            Ok(Asks::Thread(Arc::new(CheckpointThread {
+                asks: Some(asks),
+                thread: Some(thread),
+            })))
         })
     }
 

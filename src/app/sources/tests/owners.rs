@@ -3,7 +3,7 @@
 use super::*;
 
 /// An embedded ledger at `path`, opened as start-up opens it (waiting while
-/// a closing handle of this process still holds the file).
+/// the watch task of the sources before, cancelled, still holds it).
 async fn ledger_at(path: &Path) -> Arc<crate::adapters::ledger::Ledger> {
     let config = crate::config::LedgerConfig {
         path: path.to_owned(),
