@@ -286,10 +286,13 @@ fn spawn_background(
             interval_secs = config.watchdog.interval_secs,
             "Webhook watchdog running."
         );
-        tracker.spawn(Watchdog::new(reconciler).run(
-            Duration::from_secs(config.watchdog.interval_secs),
-            shutdown.clone(),
-        ));
+        tracker.spawn(
+            Watchdog::new(
+                reconciler,
+                Duration::from_secs(config.watchdog.interval_secs),
+            )
+            .run(shutdown.clone()),
+        );
     }
     tracker.close();
     Ok(tracker)

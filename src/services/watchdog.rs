@@ -8,6 +8,17 @@
 //! lookback. While a webhook stays off, every check catches up again, so data
 //! keeps flowing through the API meanwhile.
 //!
+//! "Delivering" means on at the provider **and** its deliveries taken:
+//! Kafka answers, or the source spools and the spool has room. During a
+//! broker outage a source on `retry` answers 503, so an endpoint the
+//! provider shows as active delivers nothing, and Mekari gives up on those
+//! deliveries after ~11 hours (and pauses the endpoint after ten). So the
+//! mark does not move while they are not taken, a catch-up that fails
+//! (Kafka still away) leaves it where it was, and the first check that finds
+//! the webhook on, its deliveries taken and the mark older than a few checks
+//! catches up from it before moving it: what the provider gave up on during
+//! the outage is read back from its API, paused or not.
+//!
 //! A resume counts only once the provider's state reads back as on: a 2xx to
 //! the switch is not proof (a provider can answer it and leave the webhook
 //! off, and the API client follows no redirect to another host that could
@@ -26,6 +37,13 @@ use crate::observe::board::WebhookSeen;
 use crate::observe::telemetry;
 use crate::services::reconcile::Reconciler;
 use crate::services::ticker::Every;
+
+/// Checks that may go by without a mark before the next one catches up on
+/// the gap: one slow check (a long catch-up) is not yet a gap.
+const CHECKS_BEFORE_A_GAP: u32 = 3;
+
+/// How long a check waits for Kafka to answer a metadata request.
+const BROKER_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What one check found for a source.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,18 +74,29 @@ pub struct Watchdog {
     reconciler: Reconciler,
     /// Catch-ups of a webhook never seen on start this long before now.
     started: OffsetDateTime,
+    /// Time between checks.
+    interval: Duration,
+    /// A mark older than this, on a webhook found on with Kafka answering,
+    /// is a time nothing was delivered (an outage, posbridge stopped): the
+    /// check catches up from it.
+    gap: time::Duration,
 }
 
 impl Watchdog {
-    /// A watchdog over the reconciler's sources. Each source's resume
-    /// counter exists from here on at 0, so a first resume shows in a `rate()`.
-    pub fn new(reconciler: Reconciler) -> Watchdog {
+    /// A watchdog over the reconciler's sources, checking every `interval`.
+    /// Each source's resume counter exists from here on at 0, so a first
+    /// resume shows in a `rate()`.
+    pub fn new(reconciler: Reconciler, interval: Duration) -> Watchdog {
         for watched in reconciler.watched().iter() {
             announce(watched.source());
         }
+        let gap = time::Duration::try_from(interval.saturating_mul(CHECKS_BEFORE_A_GAP))
+            .unwrap_or(time::Duration::MAX);
         Watchdog {
             reconciler,
             started: OffsetDateTime::now_utc(),
+            interval,
+            gap,
         }
     }
 
@@ -75,8 +104,11 @@ impl Watchdog {
     pub async fn check(&self) -> Vec<Finding> {
         let mut findings = Vec::new();
         let now = OffsetDateTime::now_utc();
+        let broker_up = self.reconciler.broker_reachable(BROKER_PROBE_TIMEOUT).await;
         for watched in self.reconciler.watched().iter() {
             let api = watched.api();
+            // Whether its deliveries are taken now (see the module's comment).
+            let taken = broker_up || (watched.spools() && self.reconciler.spool_has_room());
             let watched = watched.source();
             // A source added while running (a sources directory's file)
             // gets its resume counter at its first check.
@@ -108,14 +140,26 @@ impl Watchdog {
                 }
             };
             let mut resumed = false;
+            // Whether this check moved the mark to `now`.
+            let mut marked = false;
             // Read from the ledger once: the catch-up's start and the board's.
-            let mut last_active = None;
+            let last_active;
             match &state {
                 WebhookState::NotWatched => continue,
                 WebhookState::Active => {
                     metrics::gauge!(telemetry::WEBHOOK_ACTIVE, &labels).set(1.0);
-                    if let Err(error) = self.mark_active(watched, now).await {
-                        warn!(%provider, source, %error, "Cannot record that the webhook is on.");
+                    last_active = self.last_seen_active(watched).await.ok().flatten();
+                    // While deliveries are not taken the mark stays where
+                    // they last were (see the module's comment).
+                    if taken {
+                        let caught_up = match last_active.filter(|at| now - *at > self.gap) {
+                            Some(since) => {
+                                info!(%provider, source, since = %since, "Deliveries were not taken for a while (Kafka away, or posbridge stopped): catching up on what the provider may have given up on.");
+                                self.catch_up(provider, source, since).await
+                            }
+                            None => true,
+                        };
+                        marked = caught_up && self.mark(watched, now).await;
                     }
                 }
                 WebhookState::Off(detail) => {
@@ -130,26 +174,17 @@ impl Watchdog {
                         info!(%provider, source, "Webhook switched back on.");
                     }
                     last_active = self.last_seen_active(watched).await.ok().flatten();
-                    let since = last_active.unwrap_or(self.started) - self.reconciler.lookback();
-                    match self.reconciler.catch_up(provider, source, since).await {
-                        Ok(summary) => {
-                            info!(%provider, source, published = summary.published, "Caught up on the time the webhook was off.");
-                        }
-                        Err(error) => {
-                            error!(%provider, source, %error, "Catch-up after the webhook was off failed.");
-                        }
-                    }
-                    if resumed && let Err(error) = self.mark_active(watched, now).await {
-                        warn!(%provider, source, %error, "Cannot record that the webhook is on.");
+                    let since = last_active.unwrap_or(self.started);
+                    let caught_up = self.catch_up(provider, source, since).await;
+                    // A failed catch-up, or deliveries not taken, leaves the
+                    // mark: a later check that finds them taken catches up on it.
+                    if resumed && caught_up && taken {
+                        marked = self.mark(watched, now).await;
                     }
                 }
             }
             if let Some(board) = self.reconciler.board() {
-                let last_seen_active = match &state {
-                    WebhookState::Active => Some(now),
-                    _ if resumed => Some(now),
-                    _ => last_active,
-                };
+                let last_seen_active = if marked { Some(now) } else { last_active };
                 let (shown, detail) = match &state {
                     WebhookState::Off(detail) => ("off", Some(detail.clone())),
                     _ => ("active", None),
@@ -174,6 +209,34 @@ impl Watchdog {
             });
         }
         findings
+    }
+
+    /// Reads the source's API from `since` minus the lookback to now;
+    /// whether it went through. A failure is said here, once.
+    async fn catch_up(&self, provider: ProviderKind, source: &str, since: OffsetDateTime) -> bool {
+        let since = since - self.reconciler.lookback();
+        match self.reconciler.catch_up(provider, source, since).await {
+            Ok(summary) => {
+                info!(%provider, source, published = summary.published, "Caught up on the time the webhook was not delivering.");
+                true
+            }
+            Err(error) => {
+                error!(%provider, source, %error, "Catch-up of the time the webhook was not delivering failed; the next check tries again.");
+                false
+            }
+        }
+    }
+
+    /// Moves the source's mark to `at`; whether it moved. A failure is said
+    /// here (the next check's catch-up then covers a little more).
+    async fn mark(&self, source: &Source, at: OffsetDateTime) -> bool {
+        match self.mark_active(source, at).await {
+            Ok(()) => true,
+            Err(error) => {
+                warn!(provider = %source.provider, source = %source.name, %error, "Cannot record that the webhook is delivering.");
+                false
+            }
+        }
     }
 
     /// When the watchdog last saw this source's webhook delivering, kept in
@@ -201,9 +264,9 @@ impl Watchdog {
             .await
     }
 
-    /// Checks every `interval` until `shutdown`.
-    pub async fn run(self, interval: Duration, shutdown: CancellationToken) {
-        let mut every = Every::new(interval, shutdown);
+    /// Checks every interval until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut every = Every::new(self.interval, shutdown);
         while every.tick().await {
             if every.or_shutdown(self.check()).await.is_none() {
                 return;

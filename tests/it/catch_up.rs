@@ -197,7 +197,7 @@ pub(crate) async fn reconcile_both(reconciler: &Reconciler, from: OffsetDateTime
 
 /// Compares the compacted view of every entity topic with the simulator's
 /// truth; returns how many entities were compared.
-async fn assert_view_equals_truth(app: &TestApp, brokers: &str, sim: &Sim) -> usize {
+pub(crate) async fn assert_view_equals_truth(app: &TestApp, brokers: &str, sim: &Sim) -> usize {
     let truth = sim.get("/sim/truth").await;
     let mut views: HashMap<String, HashMap<String, Record>> = HashMap::new();
     for entity in EntityType::ALL {
@@ -570,7 +570,9 @@ async fn the_watchdog_resumes_a_switched_off_webhook_and_catches_up() {
         app.pipeline.clone(),
     )
     .unwrap();
-    let findings = Watchdog::new(reconciler).check().await;
+    let findings = Watchdog::new(reconciler, Duration::from_secs(60))
+        .check()
+        .await;
     let rr = findings
         .iter()
         .find(|f| f.provider == ProviderKind::ReceiptRoller)

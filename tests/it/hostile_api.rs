@@ -118,7 +118,9 @@ async fn a_resume_counts_only_once_the_webhook_reads_back_on() {
         own_source(&mut config, "receiptroller", "main", &source);
         let reconciler = Reconciler::new(&config, app.pipeline.clone()).unwrap();
         let before = Meter::read(&app).await;
-        let findings = Watchdog::new(reconciler).check().await;
+        let findings = Watchdog::new(reconciler, Duration::from_secs(60))
+            .check()
+            .await;
         let rr = findings
             .iter()
             .find(|f| f.provider == ProviderKind::ReceiptRoller)

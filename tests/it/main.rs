@@ -24,6 +24,7 @@ mod kafka_security;
 mod leader_loss;
 mod ledger_full;
 mod ledger_topics;
+mod long_outage;
 mod lookup;
 mod monitoring;
 mod ordering;

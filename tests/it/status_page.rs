@@ -224,7 +224,9 @@ async fn an_operator_sees_the_sources_their_deliveries_and_a_switched_off_webhoo
     let reconciler = Reconciler::new(&watched, app.pipeline.clone())
         .unwrap()
         .with_board(app.board.clone());
-    let findings = Watchdog::new(reconciler).check().await;
+    let findings = Watchdog::new(reconciler, std::time::Duration::from_secs(60))
+        .check()
+        .await;
     assert!(
         findings
             .iter()

@@ -40,7 +40,7 @@ use tracing::{error, info};
 use crate::adapters::ledger::{Commit, Ledger, LedgerError};
 use crate::adapters::providers;
 use crate::adapters::providers::api::{ApiOptions, FetchError, Job, Paging, ProviderApi};
-use crate::config::{Config, ReconcileConfig, SourceEntry};
+use crate::config::{Config, OnBrokerUnavailable, ReconcileConfig, SourceEntry};
 use crate::domain::event::{EntityType, ProviderKind, Source};
 use crate::observe::Board;
 use crate::observe::board::{ReconcileRun, Window};
@@ -137,6 +137,8 @@ pub struct ApiSource {
     /// The digest of its file, for a source of the sources directory: an
     /// unchanged file keeps its API client (and its run in progress).
     file: Option<[u8; 32]>,
+    /// Whether its webhooks are spooled while Kafka is away.
+    spools: bool,
 }
 
 impl ApiSource {
@@ -148,6 +150,12 @@ impl ApiSource {
     /// Its provider's API.
     pub fn api(&self) -> &dyn ProviderApi {
         self.api.as_ref()
+    }
+
+    /// Whether its webhooks are spooled while Kafka is away
+    /// (`on_broker_unavailable = "spool"`).
+    pub fn spools(&self) -> bool {
+        self.spools
     }
 }
 
@@ -370,6 +378,21 @@ impl Reconciler {
         window::lookback(&self.config)
     }
 
+    /// Whether Kafka answers now: this process's producer has not seen it
+    /// away and a metadata request is answered within `timeout`. Asked, not
+    /// only the last send's word, since a `posbridge reconciler` process
+    /// sends nothing while the outage lasts.
+    pub async fn broker_reachable(&self, timeout: std::time::Duration) -> bool {
+        self.pipeline.producer().broker_reachable(timeout).await
+    }
+
+    /// Whether the spool would take one more delivery now.
+    pub fn spool_has_room(&self) -> bool {
+        self.pipeline
+            .spool()
+            .is_some_and(|spool| spool.stats().has_room)
+    }
+
     async fn run_source(
         &self,
         source: &ApiSource,
@@ -587,6 +610,7 @@ fn api_source(
         api,
         running: Mutex::new(()),
         file,
+        spools: entry.config.on_broker_unavailable == OnBrokerUnavailable::Spool,
     }))
 }
 
