@@ -15,9 +15,10 @@
 //! deliveries after ~11 hours (and pauses the endpoint after ten). So the
 //! mark does not move while they are not taken, a catch-up that fails
 //! (Kafka still away) leaves it where it was, and the first check that finds
-//! the webhook on, its deliveries taken and the mark older than a few checks
-//! catches up from it before moving it: what the provider gave up on during
-//! the outage is read back from its API, paused or not.
+//! the webhook on, its deliveries taken and the mark (or, never seen
+//! delivering, the watchdog's start) older than a few checks catches up from
+//! it before moving it: what the provider gave up on during the outage is
+//! read back from its API, paused or not.
 //!
 //! A resume counts only once the provider's state reads back as on: a 2xx to
 //! the switch is not proof (a provider can answer it and leave the webhook
@@ -152,12 +153,14 @@ impl Watchdog {
                     // While deliveries are not taken the mark stays where
                     // they last were (see the module's comment).
                     if taken {
-                        let caught_up = match last_active.filter(|at| now - *at > self.gap) {
-                            Some(since) => {
-                                info!(%provider, source, since = %since, "Deliveries were not taken for a while (Kafka away, or posbridge stopped): catching up on what the provider may have given up on.");
-                                self.catch_up(provider, source, since).await
-                            }
-                            None => true,
+                        // Never seen delivering: since the watchdog's start
+                        // (posbridge started during an outage, say).
+                        let since = last_active.unwrap_or(self.started);
+                        let caught_up = if now - since > self.gap {
+                            info!(%provider, source, since = %since, "Deliveries were not taken for a while (Kafka away, or posbridge stopped): catching up on what the provider may have given up on.");
+                            self.catch_up(provider, source, since).await
+                        } else {
+                            true
                         };
                         marked = caught_up && self.mark(watched, now).await;
                     }
