@@ -83,11 +83,11 @@ async fn commit_range(ledger: &Arc<Ledger>, from: usize, to: usize, size: Size, 
             });
             async move {
                 ledger
-                    .commit(Commit {
-                        delivery: Some(published(delivery, n)),
-                        entity,
-                        checkpoint: None,
-                        placed: None,
+                    .commit(match entity {
+                        Some((slot, held)) => {
+                            Commit::done(published(delivery, n)).and_state(slot, held)
+                        }
+                        None => Commit::done(published(delivery, n)),
                     })
                     .await
                     .expect("fill commit");
@@ -183,10 +183,7 @@ async fn checkpoint_times(path: &Path) -> String {
             let delivery =
                 DeliveryKey::new(ProviderKind::ReceiptRoller, &format!("timed-{round}-{n}"));
             ledger
-                .commit(Commit {
-                    delivery: Some(published(delivery, n)),
-                    ..Commit::default()
-                })
+                .commit(Commit::done(published(delivery, n)))
                 .await
                 .expect("commit");
         }

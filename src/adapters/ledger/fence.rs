@@ -421,7 +421,7 @@ mod tests {
             fenced
                 .commit(Commit {
                     entity: Some((slot.clone(), Held::unplaced(newer))),
-                    ..Commit::default()
+                    ..Commit::NOTHING
                 })
                 .await
                 .is_err()

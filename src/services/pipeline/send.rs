@@ -360,53 +360,39 @@ impl Pipeline {
         durable: Durable,
         trace: &DeliveryTrace,
     ) -> Result<(), LedgerError> {
-        let (lease, entity, placed, recorded) = match durable {
+        // What the delivery holding `lease` came to, written with it.
+        let done = |lease: &Lease, recorded, placed: Option<&Placed>| Done {
+            key: lease.key().clone(),
+            answered: Answered::now(recorded, placed.map(Place::from)),
+            read_back: false,
+        };
+        let (lease, commit) = match durable {
             Durable::Decided(None, _) => return Ok(()),
-            Durable::Decided(lease, recorded) => (lease, None, None, recorded),
+            Durable::Decided(Some(lease), recorded) => {
+                let commit = Commit::done(done(&lease, recorded, None));
+                (Some(lease), commit)
+            }
             Durable::Published {
                 lease,
                 slot,
                 state,
                 placed,
-            } => (
-                lease,
-                Some((
-                    slot,
-                    Held {
-                        state,
-                        offset: Some(placed.offset),
-                    },
-                )),
-                Some(placed),
-                Recorded::Published,
-            ),
-            Durable::InDoubt { slot, state } => (
-                None,
-                Some((slot, Held::unplaced(state))),
-                None,
-                Recorded::Unknown,
-            ),
+            } => {
+                let done = lease
+                    .as_ref()
+                    .map(|lease| done(lease, Recorded::Published, Some(&placed)));
+                (lease, Commit::published(done, slot, state, placed))
+            }
+            Durable::InDoubt { slot, state } => (None, Commit::state(slot, Held::unplaced(state))),
             Durable::DeadLettered { lease, placed } => {
-                (lease, None, Some(placed), Recorded::DeadLettered)
+                let done = lease
+                    .as_ref()
+                    .map(|lease| done(lease, Recorded::DeadLettered, Some(&placed)));
+                (lease, Commit::dead_lettered(done, placed))
             }
         };
-        let delivery = lease.as_ref().map(|lease| Done {
-            key: lease.key().clone(),
-            answered: Answered::now(recorded, placed.as_ref().map(Place::from)),
-            read_back: false,
-        });
         let committing = trace.stage(Stage::Commit);
-        let committed = committing.result(
-            self.inner
-                .ledger
-                .commit(Commit {
-                    delivery,
-                    entity,
-                    checkpoint: None,
-                    placed,
-                })
-                .await,
-        );
+        let committed = committing.result(self.inner.ledger.commit(commit).await);
         if let Some(lease) = lease {
             lease.ended();
         }

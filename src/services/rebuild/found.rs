@@ -118,17 +118,16 @@ impl Found {
     /// The commits that write it into a ledger: every entity state, then
     /// every done id.
     pub(super) fn into_commits(self) -> impl Iterator<Item = Commit> {
-        let entities = self.entities.into_iter().map(|(slot, state)| Commit {
-            entity: Some((slot, state)),
-            ..Commit::default()
-        });
-        let done = self.done.into_iter().map(|(key, answered)| Commit {
-            delivery: Some(Done {
+        let entities = self
+            .entities
+            .into_iter()
+            .map(|(slot, state)| Commit::state(slot, state));
+        let done = self.done.into_iter().map(|(key, answered)| {
+            Commit::done(Done {
                 key,
                 answered,
                 read_back: true,
-            }),
-            ..Commit::default()
+            })
         });
         entities.chain(done)
     }
@@ -222,8 +221,7 @@ mod tests {
         );
         let mut done: Vec<String> = found
             .into_commits()
-            .filter_map(|commit| commit.delivery)
-            .map(|done| done.key.as_str().to_owned())
+            .filter_map(|commit| commit.delivery().map(|done| done.key.as_str().to_owned()))
             .collect();
         done.sort_unstable();
         assert_eq!(done, ["mekari:late", "mekari:old-recent"]);
@@ -275,8 +273,7 @@ mod tests {
         let order = commits
             .iter()
             .find_map(|c| {
-                c.entity
-                    .as_ref()
+                c.entity()
                     .filter(|(slot, _)| slot.as_str() == "orders/mekari:O-1")
             })
             .unwrap();
@@ -289,7 +286,7 @@ mod tests {
         );
         let mut done: Vec<(&str, Recorded, &str, i64)> = commits
             .iter()
-            .filter_map(|c| c.delivery.as_ref())
+            .filter_map(Commit::delivery)
             .map(|done| {
                 let place = done.answered.place.as_ref().unwrap();
                 (

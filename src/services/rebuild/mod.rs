@@ -512,7 +512,7 @@ impl Rebuild {
             let mut commits_made = futures::stream::iter(chunk)
                 .map(|commit| async move {
                     if check_held
-                        && let Some((slot, state)) = &commit.entity
+                        && let Some((slot, state)) = commit.entity()
                         && let Some(held) = store.entity(slot).await?
                         && held.state.version > state.state.version
                     {

@@ -457,7 +457,7 @@ impl super::Store for EmbeddedLedger {
     async fn mark_generation(&self, filled_at: i64) -> Result<(), LedgerError> {
         self.write(&Commit {
             checkpoint: Some((GENERATION_MARK_NAME.to_owned(), filled_at)),
-            ..Commit::default()
+            ..Commit::NOTHING
         })
     }
 
@@ -469,7 +469,7 @@ impl super::Store for EmbeddedLedger {
         let token = FillToken::random();
         self.write(&Commit {
             checkpoint: Some((FILL_TOKEN_NAME.to_owned(), token.0)),
-            ..Commit::default()
+            ..Commit::NOTHING
         })?;
         Ok(token)
     }

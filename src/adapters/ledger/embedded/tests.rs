@@ -18,7 +18,7 @@ async fn mark_done(ledger: &EmbeddedLedger, id: &DeliveryKey) {
     ledger
         .commit(&Commit {
             delivery: Some(Done::published_now(id.clone())),
-            ..Commit::default()
+            ..Commit::NOTHING
         })
         .await
         .unwrap();
@@ -229,7 +229,7 @@ async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
             delivery: Some(Done::published_now(id)),
             entity: Some((slot, Held::unplaced(state))),
             placed: Some(fast.placed(&"pos.orders".into(), 2, 41)),
-            ..Commit::default()
+            ..Commit::NOTHING
         })
         .await
         .unwrap();
@@ -242,7 +242,7 @@ async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
     ledger
         .commit(&Commit {
             placed: Some(slow.placed(&"pos.orders".into(), 2, 40)),
-            ..Commit::default()
+            ..Commit::NOTHING
         })
         .await
         .unwrap();
@@ -335,7 +335,7 @@ async fn the_topics_seen_are_kept_with_the_offsets_and_forgotten_whole() {
             delivery: Some(Done::published_now(id.clone())),
             entity: Some((slot.clone(), Held::unplaced(state))),
             checkpoint: Some(("reconcile".to_owned(), 7)),
-            ..Commit::default()
+            ..Commit::NOTHING
         })
         .await
         .unwrap();
@@ -406,7 +406,7 @@ async fn a_done_delivery_is_remembered_with_its_answer() {
                 read_back: false,
             }),
             entity: Some((slot, Held::unplaced(state))),
-            ..Commit::default()
+            ..Commit::NOTHING
         })
         .await
         .unwrap();
