@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 use posbridge::adapters::ledger::{
-    self, Answered, Commit, Done, EntitySlot, Held, Ledger, Place, Recorded,
+    self, Answered, Commit, Done, EntitySlot, Held, Ledger, Recorded,
 };
 use posbridge::config::{LedgerBackend, LedgerConfig};
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
@@ -161,11 +161,11 @@ fn published(delivery: DeliveryKey, n: usize) -> Done {
         key: delivery,
         answered: Answered::now(
             Recorded::Published,
-            Some(Place {
-                topic: "sales".to_owned(),
-                partition: (n % 6) as i32,
-                offset: n as i64,
-            }),
+            Some(posbridge::domain::record_at::RecordAt::new(
+                "sales",
+                (n % 6) as i32,
+                n as i64,
+            )),
         ),
         read_back: false,
     }

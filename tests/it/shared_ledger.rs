@@ -113,15 +113,10 @@ async fn the_redis_ledger_keeps_the_delivery_protocol() {
 /// record's time is its event's), and is written where none is held.
 #[tokio::test]
 async fn the_redis_ledger_remembers_each_answer_and_a_fill_keeps_the_one_held() {
-    use posbridge::adapters::ledger::{Answered, Place, Recorded, Remembered};
+    use posbridge::adapters::ledger::{Answered, Recorded, Remembered};
+    use posbridge::domain::record_at::RecordAt;
     let ledger = ledger(&format!("{}:", unique("answers"))).await;
-    let place = |offset| {
-        Some(Place {
-            topic: "pos.orders".to_owned(),
-            partition: 2,
-            offset,
-        })
-    };
+    let place = |offset| Some(RecordAt::new("pos.orders", 2, offset));
     let answered = Answered {
         outcome: Recorded::Published,
         at_micros: 1_764_000_000_000_001,

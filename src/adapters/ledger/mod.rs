@@ -51,7 +51,7 @@ use crate::config::{LedgerBackend, LedgerConfig};
 use crate::domain::event::{DeliveryKey, EntityKey, EntityType};
 use crate::domain::guard::EntityState;
 
-pub use answered::{Answered, Done, Place, Recorded, Remembered};
+pub use answered::{Answered, Done, Recorded, Remembered};
 pub use cached::{Cached, TopicSeen, TopicsSeen};
 pub use clock::WallClock;
 pub use embedded::{DEFAULT_CHECKPOINT_EVERY, EmbeddedLedger, LedgerCounts};
@@ -382,7 +382,7 @@ impl Commit {
                 slot,
                 Held {
                     state,
-                    offset: Some(placed.offset),
+                    offset: Some(placed.at.offset),
                 },
             )),
             checkpoint: None,

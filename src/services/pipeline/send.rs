@@ -9,12 +9,12 @@
 use super::lease::Lease;
 use super::{DeadLetter, Outcome, Pipeline, PipelineError, cut_dead_letter, dead_letter_record};
 use crate::adapters::ledger::{
-    Answered, Commit, Done, EntityLock, EntitySlot, Held, LedgerError, Place, Placed, Recorded,
-    Sending,
+    Answered, Commit, Done, EntityLock, EntitySlot, Held, LedgerError, Placed, Recorded, Sending,
 };
-use crate::adapters::publish::{Delivered, OutgoingRecord, PublishError};
+use crate::adapters::publish::{OutgoingRecord, PublishError};
 use crate::domain::event::{PosEvent, ProviderKind};
 use crate::domain::guard::EntityState;
+use crate::domain::record_at::RecordAt;
 use crate::observe::delivery::{self as observe, DeadLetterSeen};
 use crate::observe::traces::{DeliveryTrace, Stage, StageSpan};
 
@@ -227,7 +227,7 @@ impl Pipeline {
                 return Err(error.into());
             }
         };
-        let placed = sending.placed(&record.topic, delivered.partition, delivered.offset);
+        let placed = sending.placed(delivered);
         // In the simulation, the moment between an acknowledgement and its
         // commit that a thread beside them (a checkpoint) may see.
         #[cfg(test)]
@@ -280,7 +280,7 @@ impl Pipeline {
         self.inner
             .dead_letters
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let placed = sending.placed(&record.topic, delivered.partition, delivered.offset);
+        let placed = sending.placed(delivered);
         self.commit(Durable::DeadLettered { lease, placed }, &trace)
             .await?;
         Ok(said.code)
@@ -323,7 +323,7 @@ impl Pipeline {
     /// what can never fit: it is cut to what the topic takes now, and to no
     /// body at all should even that be refused (the limit lowered
     /// meanwhile).
-    async fn send_letter_record(&self, record: &OutgoingRecord) -> Result<Delivered, PublishError> {
+    async fn send_letter_record(&self, record: &OutgoingRecord) -> Result<RecordAt, PublishError> {
         let producer = &self.inner.producer;
         match producer.send(record).await {
             Err(error) if error.is_too_large() => {
@@ -363,7 +363,7 @@ impl Pipeline {
         // What the delivery holding `lease` came to, written with it.
         let done = |lease: &Lease, recorded, placed: Option<&Placed>| Done {
             key: lease.key().clone(),
-            answered: Answered::now(recorded, placed.map(Place::from)),
+            answered: Answered::now(recorded, placed.map(|placed| placed.at.clone())),
             read_back: false,
         };
         let (lease, commit) = match durable {

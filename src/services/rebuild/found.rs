@@ -4,8 +4,9 @@
 
 use std::collections::HashMap;
 
-use crate::adapters::ledger::{Answered, Commit, Done, EntitySlot, Held, Place, Recorded};
+use crate::adapters::ledger::{Answered, Commit, Done, EntitySlot, Held, Recorded};
 use crate::domain::event::{DeliveryKey, EntityType, ProviderKind};
+use crate::domain::record_at::RecordAt;
 use crate::services::pipeline::{
     HEADER_DELIVERY_ID, HEADER_PROVIDER, HEADER_RECEIVED_AT, HEADER_STATE_HASH, HEADER_VERSION,
     received_at_from_header, state_from_headers,
@@ -139,11 +140,7 @@ fn answered(outcome: Recorded, topic: &str, record: &Letter) -> Answered {
     Answered {
         outcome,
         at_micros: record.timestamp_ms.unwrap_or_default().saturating_mul(1000),
-        place: Some(Place {
-            topic: topic.to_owned(),
-            partition: record.partition,
-            offset: record.offset,
-        }),
+        place: Some(RecordAt::new(topic, record.partition, record.offset)),
     }
 }
 
@@ -292,7 +289,7 @@ mod tests {
                 (
                     done.key.as_str(),
                     done.answered.outcome,
-                    place.topic.as_str(),
+                    &*place.topic,
                     done.answered.at_micros,
                 )
             })
