@@ -26,10 +26,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{
+    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+    WriteTransaction,
+};
 use time::OffsetDateTime;
 
 mod depth;
+mod doubt;
 mod entry;
 mod error;
 mod frame;
@@ -39,6 +43,7 @@ mod salvage;
 
 use depth::DepthHistory;
 pub use depth::MINUTES as DEPTH_MINUTES;
+use doubt::InDoubt;
 pub use entry::SpooledDelivery;
 pub use error::SpoolError;
 use error::{opening_error, storage};
@@ -108,6 +113,14 @@ struct Counts {
     depth: DepthHistory,
     /// Entries in the quarantine directory.
     quarantined: u64,
+    /// Appends whose commit failed, uncounted (`doubt.rs`).
+    in_doubt: InDoubt,
+}
+
+impl Inner {
+    fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl std::fmt::Debug for Spool {
@@ -242,6 +255,7 @@ impl Spool {
                 let mut counts = self.counts();
                 counts.entries -= 1;
                 counts.bytes -= size;
+                counts.in_doubt.failed(seq, delivery.key.clone());
             }
             self.inner.health.failed(error);
         }
@@ -256,9 +270,13 @@ impl Spool {
     pub fn contains(&self, delivery: &DeliveryKey) -> Result<bool, SpoolError> {
         // Every delivery asks, and the spool is nearly always empty: counts
         // are reserved before an append writes, so zero means none is there
-        // or on its way, and no read transaction is needed.
-        if self.counts().entries == 0 {
-            return Ok(false);
+        // or on its way, and no read transaction is needed. An append that
+        // failed spooled nothing the retry may be answered on (`doubt.rs`).
+        {
+            let counts = self.counts();
+            if counts.entries == 0 || counts.in_doubt.holds(delivery) {
+                return Ok(false);
+            }
         }
         // While a heal reopens the file (or could not), nothing tells: not
         // spooled, then. A delivery processed anew is published once, and its
@@ -328,20 +346,9 @@ impl Spool {
         let db = self.writable_db().await?;
         let freed = tokio::task::spawn_blocking(move || -> Result<(u64, u64), SpoolError> {
             let txn = db.begin_write().map_err(storage)?;
-            let (mut entries_freed, mut bytes_freed) = (0, 0);
-            {
-                let mut entries = txn.open_table(ENTRIES).map_err(storage)?;
-                let mut by_delivery = txn.open_table(BY_DELIVERY).map_err(storage)?;
-                for (seq, key) in &done {
-                    if let Some(value) = entries.remove(*seq).map_err(storage)? {
-                        entries_freed += 1;
-                        bytes_freed += value.value().len() as u64;
-                    }
-                    by_delivery.remove(key.as_str()).map_err(storage)?;
-                }
-            }
+            let freed = take_out(&txn, &done).map_err(storage)?;
             txn.commit().map_err(storage)?;
-            Ok((entries_freed, bytes_freed))
+            Ok(freed)
         })
         .await
         .unwrap_or_else(|join| Err(storage(redb::StorageError::Io(std::io::Error::other(join)))))
@@ -434,10 +441,7 @@ impl Spool {
     }
 
     fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
-        self.inner
-            .counts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.inner.counts()
     }
 
     /// The deepest the spool was in each of the last [`DEPTH_MINUTES`]
@@ -532,6 +536,28 @@ fn open_file(path: &Path, disk: &Disk) -> Result<OpenedFile, SpoolError> {
         damaged,
         rolled_back,
     })
+}
+
+/// Removes `entries` (sequence number, delivery) in `txn`, and each
+/// delivery's index entry while it names that one (not a later entry of
+/// the same delivery); the entries and bytes freed.
+fn take_out(
+    txn: &WriteTransaction,
+    entries: &[(u64, DeliveryKey)],
+) -> Result<(u64, u64), redb::Error> {
+    let (mut entries_freed, mut bytes_freed) = (0, 0);
+    let mut table = txn.open_table(ENTRIES)?;
+    let mut by_delivery = txn.open_table(BY_DELIVERY)?;
+    for (seq, key) in entries {
+        if let Some(value) = table.remove(*seq)? {
+            entries_freed += 1;
+            bytes_freed += value.value().len() as u64;
+        }
+        if by_delivery.get(key.as_str())?.map(|named| named.value()) == Some(*seq) {
+            by_delivery.remove(key.as_str())?;
+        }
+    }
+    Ok((entries_freed, bytes_freed))
 }
 
 fn unix_minute(at: OffsetDateTime) -> i64 {
