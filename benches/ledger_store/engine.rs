@@ -124,12 +124,7 @@ impl Engine {
                 let begun = ledger.begin(&key).await.map_err(error)?;
                 assert_eq!(begun, Begin::New, "a new delivery id");
                 ledger
-                    .commit(&Commit {
-                        delivery: Some(Done::published_now(key.clone())),
-                        entity: Some((slot, state)),
-                        checkpoint: None,
-                        placed: None,
-                    })
+                    .commit(&Commit::done(Done::published_now(key.clone())).and_state(slot, state))
                     .await
                     .map_err(error)?;
             }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 use posbridge::adapters::ledger::{
-    self, Answered, Commit, Done, EntitySlot, Held, Ledger, Place, Recorded,
+    self, Answered, Commit, Done, EntitySlot, Held, Ledger, Recorded,
 };
 use posbridge::config::{LedgerBackend, LedgerConfig};
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
@@ -83,11 +83,11 @@ async fn commit_range(ledger: &Arc<Ledger>, from: usize, to: usize, size: Size, 
             });
             async move {
                 ledger
-                    .commit(Commit {
-                        delivery: Some(published(delivery, n)),
-                        entity,
-                        checkpoint: None,
-                        placed: None,
+                    .commit(match entity {
+                        Some((slot, held)) => {
+                            Commit::done(published(delivery, n)).and_state(slot, held)
+                        }
+                        None => Commit::done(published(delivery, n)),
                     })
                     .await
                     .expect("fill commit");
@@ -161,11 +161,11 @@ fn published(delivery: DeliveryKey, n: usize) -> Done {
         key: delivery,
         answered: Answered::now(
             Recorded::Published,
-            Some(Place {
-                topic: "sales".to_owned(),
-                partition: (n % 6) as i32,
-                offset: n as i64,
-            }),
+            Some(posbridge::domain::record_at::RecordAt::new(
+                "sales",
+                (n % 6) as i32,
+                n as i64,
+            )),
         ),
         read_back: false,
     }
@@ -183,10 +183,7 @@ async fn checkpoint_times(path: &Path) -> String {
             let delivery =
                 DeliveryKey::new(ProviderKind::ReceiptRoller, &format!("timed-{round}-{n}"));
             ledger
-                .commit(Commit {
-                    delivery: Some(published(delivery, n)),
-                    ..Commit::default()
-                })
+                .commit(Commit::done(published(delivery, n)))
                 .await
                 .expect("commit");
         }

@@ -8,8 +8,10 @@
 //! * [`guard`]: an older state never overwrites a newer one.
 //! * [`verify`]: signature schemes, constant-time, several secrets.
 //! * [`secret`]: a secret value that never reaches a log.
+//! * [`record_at`]: where a record lies in Kafka.
 
 pub mod event;
 pub mod guard;
+pub mod record_at;
 pub mod secret;
 pub mod verify;

@@ -260,10 +260,10 @@ impl Watchdog {
     async fn mark_active(&self, source: &Source, at: OffsetDateTime) -> Result<(), LedgerError> {
         self.reconciler
             .ledger()
-            .commit(Commit {
-                checkpoint: Some((last_active_name(source), at.unix_timestamp())),
-                ..Commit::default()
-            })
+            .commit(Commit::checkpoint(
+                last_active_name(source),
+                at.unix_timestamp(),
+            ))
             .await
     }
 

@@ -240,12 +240,8 @@ async fn worker(ledger: RedisLedger, traffic: Arc<Traffic>) {
         let mut tries = 0;
         loop {
             tries += 1;
-            let commit = Commit {
-                delivery: Some(Done::published_now(id.clone())),
-                entity: Some((slot.clone(), state(i))),
-                checkpoint: None,
-                placed: None,
-            };
+            let commit =
+                Commit::done(Done::published_now(id.clone())).and_state(slot.clone(), state(i));
             match ledger.commit(&commit).await {
                 Ok(()) => break,
                 Err(_) => {
@@ -304,11 +300,14 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
         let (lock, _) = ledger.lock_and_read(&slot).await.unwrap();
         let checkpoint = format!("mekari/main/OUT-{}/orders", i % 7);
         ledger
-            .commit(&Commit {
-                delivery: Some(Done::published_now(id.clone())),
-                entity: Some((slot.clone(), state(i))),
-                checkpoint: (i % 5 == 0).then(|| (checkpoint.clone(), i64::try_from(i).unwrap())),
-                placed: None,
+            .commit(&{
+                let commit =
+                    Commit::done(Done::published_now(id.clone())).and_state(slot.clone(), state(i));
+                if i % 5 == 0 {
+                    commit.and_checkpoint(checkpoint.clone(), i64::try_from(i).unwrap())
+                } else {
+                    commit
+                }
             })
             .await
             .unwrap();
@@ -325,13 +324,7 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
             let mut read_back = Done::published_now(id.clone());
             read_back.answered.at_micros = 0;
             read_back.read_back = true;
-            ledger
-                .commit(&Commit {
-                    delivery: Some(read_back),
-                    ..Commit::default()
-                })
-                .await
-                .unwrap();
+            ledger.commit(&Commit::done(read_back)).await.unwrap();
             assert_eq!(answered(ledger.remembered(&id).await.unwrap()), held);
             assert_ne!(held.at_micros, 0);
         }
@@ -348,20 +341,14 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
     }
     // An older state never replaces a newer one, even without a delivery.
     ledger
-        .commit(&Commit {
-            entity: Some((entity(7), state(1))),
-            ..Commit::default()
-        })
+        .commit(&Commit::state(entity(7), state(1)))
         .await
         .unwrap();
     assert_eq!(ledger.entity(&entity(7)).await.unwrap(), Some(state(207)));
     // A dead letter's commit: the delivery alone.
     ledger.begin(&delivery(1000)).await.unwrap();
     ledger
-        .commit(&Commit {
-            delivery: Some(Done::published_now(delivery(1000))),
-            ..Commit::default()
-        })
+        .commit(&Commit::done(Done::published_now(delivery(1000))))
         .await
         .unwrap();
     assert_eq!(ledger.begin(&delivery(1000)).await.unwrap(), Begin::Done);

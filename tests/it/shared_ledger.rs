@@ -79,12 +79,11 @@ async fn the_redis_ledger_keeps_the_delivery_protocol() {
         &EntityKey::new(ProviderKind::Mekari, None, "O-1"),
     );
     ledger
-        .commit(&Commit {
-            delivery: Some(Done::published_now(id.clone())),
-            entity: Some((slot.clone(), state(200, 1))),
-            checkpoint: Some(("mekari/main/OUT-1/orders".into(), 77)),
-            placed: None,
-        })
+        .commit(
+            &Commit::done(Done::published_now(id.clone()))
+                .and_state(slot.clone(), state(200, 1))
+                .and_checkpoint("mekari/main/OUT-1/orders", 77),
+        )
         .await
         .unwrap();
     assert_eq!(ledger.begin(&id).await.unwrap(), Begin::Done);
@@ -102,10 +101,7 @@ async fn the_redis_ledger_keeps_the_delivery_protocol() {
 
     // Even a writer whose lock lapsed cannot roll the version back.
     ledger
-        .commit(&Commit {
-            entity: Some((slot.clone(), state(100, 2))),
-            ..Commit::default()
-        })
+        .commit(&Commit::state(slot.clone(), state(100, 2)))
         .await
         .unwrap();
     assert_eq!(ledger.entity(&slot).await.unwrap(), Some(state(200, 1)));
@@ -117,15 +113,10 @@ async fn the_redis_ledger_keeps_the_delivery_protocol() {
 /// record's time is its event's), and is written where none is held.
 #[tokio::test]
 async fn the_redis_ledger_remembers_each_answer_and_a_fill_keeps_the_one_held() {
-    use posbridge::adapters::ledger::{Answered, Place, Recorded, Remembered};
+    use posbridge::adapters::ledger::{Answered, Recorded, Remembered};
+    use posbridge::domain::record_at::RecordAt;
     let ledger = ledger(&format!("{}:", unique("answers"))).await;
-    let place = |offset| {
-        Some(Place {
-            topic: "pos.orders".to_owned(),
-            partition: 2,
-            offset,
-        })
-    };
+    let place = |offset| Some(RecordAt::new("pos.orders", 2, offset));
     let answered = Answered {
         outcome: Recorded::Published,
         at_micros: 1_764_000_000_000_001,
@@ -135,13 +126,12 @@ async fn the_redis_ledger_remembers_each_answer_and_a_fill_keeps_the_one_held() 
         at_micros: 0,
         ..answered.clone()
     };
-    let commit = |id: &DeliveryKey, answered: &Answered, read_back: bool| Commit {
-        delivery: Some(Done {
+    let commit = |id: &DeliveryKey, answered: &Answered, read_back: bool| {
+        Commit::done(Done {
             key: id.clone(),
             answered: answered.clone(),
             read_back,
-        }),
-        ..Commit::default()
+        })
     };
     let held = DeliveryKey::new(ProviderKind::Mekari, "answered");
     let lost = DeliveryKey::new(ProviderKind::Mekari, "lost");
@@ -231,12 +221,9 @@ async fn an_entity_lock_excludes_a_second_holder_until_released_and_reads_the_st
         waiting.is_err(),
         "the second process waits while the first holds the lock"
     );
-    a.commit(&Commit {
-        entity: Some((slot.clone(), state(300, 3))),
-        ..Commit::default()
-    })
-    .await
-    .unwrap();
+    a.commit(&Commit::state(slot.clone(), state(300, 3)))
+        .await
+        .unwrap();
     drop(held);
     let (held, read) = tokio::time::timeout(Duration::from_secs(2), b.lock_and_read(&slot))
         .await

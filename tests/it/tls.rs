@@ -116,10 +116,7 @@ async fn the_redis_ledger_speaks_tls_to_a_server_signed_by_the_configured_ca() {
     let key = DeliveryKey::new(ProviderKind::Mekari, "tls-1");
     assert_eq!(ledger.begin(&key).await.unwrap(), Begin::New);
     ledger
-        .commit(&Commit {
-            delivery: Some(Done::published_now(key.clone())),
-            ..Commit::default()
-        })
+        .commit(&Commit::done(Done::published_now(key.clone())))
         .await
         .unwrap();
     assert_eq!(ledger.begin(&key).await.unwrap(), Begin::Done);

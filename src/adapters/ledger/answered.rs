@@ -5,7 +5,10 @@
 //! done id, under the same key, for as long (`ledger.dedup_ttl_secs`): one
 //! value of a few dozen bytes instead of a mark, no second index.
 
+use std::sync::Arc;
+
 use crate::domain::event::{DeliveryKey, micros};
+use crate::domain::record_at::RecordAt;
 
 /// A delivery done: its id and what it was answered, the ledger's part of a
 /// [`super::Commit`].
@@ -45,7 +48,7 @@ pub struct Answered {
     /// whose time is its event's; a dead letter's is its arrival).
     pub at_micros: i64,
     /// Where its record lies; none when nothing was written.
-    pub place: Option<Place>,
+    pub place: Option<RecordAt>,
 }
 
 /// The outcome of a done delivery as the ledger keeps it.
@@ -97,27 +100,6 @@ impl Recorded {
     }
 }
 
-/// Where a record lies.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Place {
-    /// Its topic.
-    pub topic: String,
-    /// Its partition.
-    pub partition: i32,
-    /// Its offset.
-    pub offset: i64,
-}
-
-impl From<&super::Placed> for Place {
-    fn from(placed: &super::Placed) -> Place {
-        Place {
-            topic: placed.topic.to_string(),
-            partition: placed.partition,
-            offset: placed.offset,
-        }
-    }
-}
-
 /// The storage form's first byte: its layout, so a later one can be told apart.
 const LAYOUT: u8 = 1;
 /// Layout, outcome, time.
@@ -127,7 +109,7 @@ const PLACE: usize = 4 + 8;
 
 impl Answered {
     /// An outcome made durable now.
-    pub fn now(outcome: Recorded, place: Option<Place>) -> Answered {
+    pub fn now(outcome: Recorded, place: Option<RecordAt>) -> Answered {
         Answered {
             outcome,
             at_micros: micros(time::OffsetDateTime::now_utc()),
@@ -176,10 +158,10 @@ impl Answered {
             .get(HEAD..)
             .filter(|rest| rest.len() >= PLACE)
             .and_then(|rest| {
-                Some(Place {
+                Some(RecordAt {
                     partition: i32::from_be_bytes(rest[..4].try_into().ok()?),
                     offset: i64::from_be_bytes(rest[4..PLACE].try_into().ok()?),
-                    topic: String::from_utf8(rest[PLACE..].to_vec()).ok()?,
+                    topic: Arc::from(std::str::from_utf8(&rest[PLACE..]).ok()?),
                 })
             });
         Answered {
@@ -218,8 +200,8 @@ mod tests {
             Answered {
                 outcome: Recorded::Published,
                 at_micros: 1_764_000_000_123_456,
-                place: Some(Place {
-                    topic: "acme.sales".to_owned(),
+                place: Some(RecordAt {
+                    topic: "acme.sales".into(),
                     partition: 5,
                     offset: 1 << 40,
                 }),

@@ -320,14 +320,14 @@ mod tests {
         async fn generation_mark(&self) -> Result<Option<GenerationMark>, LedgerError> {
             self.ledger.generation_mark().await
         }
-        async fn mark_generation(&self, mark: GenerationMark) -> Result<(), LedgerError> {
-            self.ledger.mark_generation(mark).await
+        async fn mark_generation(&self, filled_at: i64) -> Result<(), LedgerError> {
+            self.ledger.mark_generation(filled_at).await
         }
         async fn fill_token(&self) -> Result<Option<FillToken>, LedgerError> {
             self.ledger.fill_token().await
         }
-        async fn begin_fill(&self, token: FillToken) -> Result<(), LedgerError> {
-            self.ledger.begin_fill(token).await
+        async fn begin_fill(&self) -> Result<FillToken, LedgerError> {
+            self.ledger.begin_fill().await
         }
         async fn exclusive(&self, task: Exclusive) -> Result<Option<RebuildLock>, LedgerError> {
             self.ledger.exclusive(task).await
@@ -421,7 +421,7 @@ mod tests {
             fenced
                 .commit(Commit {
                     entity: Some((slot.clone(), Held::unplaced(newer))),
-                    ..Commit::default()
+                    ..Commit::NOTHING
                 })
                 .await
                 .is_err()

@@ -10,13 +10,17 @@
 //! what opens the gate; a reader's ([`Ledger::read`]) pass neither, since
 //! a read decides and writes nothing.
 //!
-//! Each face's methods forward to the [`Store`] by hand, each calling the
-//! rules its face keeps (`gate.wait_open`, `fence.open`): a method added
-//! to a face must call them too. Some of the line's calls skip one on
-//! purpose, each saying why: `commit` is not held back by the gate (what
-//! it records is in a topic already), `release` and `sending` pass neither
-//! (they end or begin what a call past both started).
+//! The rules are applied in one place each, not by the methods: a call of
+//! the line goes through [`Ledger::decided`] (the gate waited for, the
+//! fence passed, a write's outcome shown to the fence, a ledger found lost
+//! asked again once it is filled), a call of the fill through
+//! [`Fill::fenced`]; a method added to a face says which it goes through.
+//! Some of the line's calls pass fewer rules on purpose, each saying why:
+//! `commit` is not held back by the gate (what it records is in a topic
+//! already), `release` and `sending` pass neither (they end or begin what
+//! a call past both started), `lock_and_read` looks at the fence twice.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use super::fence::Fence;
@@ -34,13 +38,12 @@ pub struct Ledger {
     fence: Fence,
 }
 
-/// Whether `begin` may find a delivery done.
+/// What a call of the line does to the store, for the fence: a write's
+/// failure raises it, a read's does not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Leasing {
-    /// A delivery: a done one is not leased ([`Begin::Done`]).
-    New,
-    /// A dead letter put through again: leased whether done or not.
-    Again,
+enum Call {
+    Reads,
+    Writes,
 }
 
 impl Ledger {
@@ -60,14 +63,9 @@ impl Ledger {
     /// [`LedgerError::Unwritable`] while the fence is up, or the store's
     /// error.
     pub async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
-        self.gate.wait_open().await?;
-        let begun = self.begin_fenced(delivery, Leasing::New).await;
-        if self.gate.again(&begun).await? {
-            return self
-                .gate
-                .saw(self.begin_fenced(delivery, Leasing::New).await);
-        }
-        begun
+        // A lease is a write.
+        self.decided(Call::Writes, || self.store.begin(delivery))
+            .await
     }
 
     /// Takes a delivery's lease whether or not it is done: `New` when taken,
@@ -79,24 +77,37 @@ impl Ledger {
     /// # Errors
     /// As [`Ledger::begin`].
     pub async fn begin_again(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
-        self.gate.wait_open().await?;
-        self.gate
-            .saw(self.begin_fenced(delivery, Leasing::Again).await)
+        self.decided(Call::Writes, || self.store.begin_again(delivery))
+            .await
     }
 
-    /// A lease is a write: the fence sees whether it worked.
-    async fn begin_fenced(
-        &self,
-        delivery: &DeliveryKey,
-        leasing: Leasing,
-    ) -> Result<Begin, LedgerError> {
+    /// The rules of a call of the line, around `call`: waits for the gate
+    /// to open, passes the fence, shows a write's outcome to the fence, and
+    /// asks once more when the store was found lost and filled again
+    /// meanwhile (the gate's wait).
+    async fn decided<T, F>(&self, call: Call, ask: impl Fn() -> F) -> Result<T, LedgerError>
+    where
+        F: Future<Output = Result<T, LedgerError>>,
+    {
+        self.gate.wait_open().await?;
+        let first = self.fenced(call, &ask).await;
+        if self.gate.again(&first).await? {
+            return self.gate.saw(self.fenced(call, &ask).await);
+        }
+        first
+    }
+
+    /// `ask` past the fence, its outcome shown to the fence if it writes.
+    async fn fenced<T, F>(&self, call: Call, ask: &impl Fn() -> F) -> Result<T, LedgerError>
+    where
+        F: Future<Output = Result<T, LedgerError>>,
+    {
         self.fence.open(self.store.as_ref()).await?;
-        let begun = match leasing {
-            Leasing::New => self.store.begin(delivery).await,
-            Leasing::Again => self.store.begin_again(delivery).await,
-        };
-        self.fence.saw_write(&begun);
-        begun
+        let result = ask().await;
+        if call == Call::Writes {
+            self.fence.saw_write(&result);
+        }
+        result
     }
 
     /// Gives a lease back without marking the delivery done, so the
@@ -148,9 +159,7 @@ impl Ledger {
     /// # Errors
     /// As [`Ledger::begin`].
     pub async fn entity(&self, slot: &EntitySlot) -> Result<Option<Held>, LedgerError> {
-        self.gate.wait_open().await?;
-        self.fence.open(self.store.as_ref()).await?;
-        self.gate.saw(self.store.entity(slot).await)
+        self.decided(Call::Reads, || self.store.entity(slot)).await
     }
 
     /// What the ledger knows of a delivery id: in flight, done with what it
@@ -159,9 +168,8 @@ impl Ledger {
     /// # Errors
     /// As [`Ledger::begin`].
     pub async fn remembered(&self, delivery: &DeliveryKey) -> Result<Remembered, LedgerError> {
-        self.gate.wait_open().await?;
-        self.fence.open(self.store.as_ref()).await?;
-        self.gate.saw(self.store.remembered(delivery).await)
+        self.decided(Call::Reads, || self.store.remembered(delivery))
+            .await
     }
 
     /// A reconciler's or a replay's checkpoint: the unix second up to which
@@ -170,9 +178,8 @@ impl Ledger {
     /// # Errors
     /// As [`Ledger::begin`].
     pub async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
-        self.gate.wait_open().await?;
-        self.fence.open(self.store.as_ref()).await?;
-        self.store.checkpoint(name).await
+        self.decided(Call::Reads, || self.store.checkpoint(name))
+            .await
     }
 
     /// Takes the lock of a `posbridge rederive` run that moves its
@@ -182,8 +189,8 @@ impl Ledger {
     /// # Errors
     /// As [`Ledger::begin`].
     pub async fn rederive_lock(&self) -> Result<Option<RebuildLock>, LedgerError> {
-        self.gate.wait_open().await?;
-        self.store.exclusive(Exclusive::Rederive).await
+        self.decided(Call::Reads, || self.store.exclusive(Exclusive::Rederive))
+            .await
     }
 
     /// Makes an outcome durable, then ends the delivery's lease. Not held
@@ -310,8 +317,15 @@ impl Fill<'_> {
         self.ledger.store.as_ref()
     }
 
-    async fn open(&self) -> Result<(), LedgerError> {
-        self.ledger.fence.open(self.store()).await
+    /// The fill's rule around `ask`: past the fence (a store that cannot
+    /// write fails the fill, which is tried again), no gate (the fill is
+    /// what opens it).
+    async fn fenced<T, F>(&self, ask: impl FnOnce() -> F) -> Result<T, LedgerError>
+    where
+        F: Future<Output = Result<T, LedgerError>>,
+    {
+        self.ledger.fence.open(self.store()).await?;
+        ask().await
     }
 
     /// The state held for an entity, if any.
@@ -319,8 +333,7 @@ impl Fill<'_> {
     /// # Errors
     /// [`LedgerError`] when the fence is up or the store cannot be read.
     pub async fn entity(&self, slot: &EntitySlot) -> Result<Option<Held>, LedgerError> {
-        self.open().await?;
-        self.store().entity(slot).await
+        self.fenced(|| self.store().entity(slot)).await
     }
 
     /// Writes what the topics say ([`Ledger::commit`]).
@@ -377,17 +390,17 @@ impl Fill<'_> {
     /// # Errors
     /// [`LedgerError`] when the fence is up or the store cannot be read.
     pub async fn generation_mark(&self) -> Result<Option<GenerationMark>, LedgerError> {
-        self.open().await?;
-        self.store().generation_mark().await
+        self.fenced(|| self.store().generation_mark()).await
     }
 
-    /// Marks the store filled from the topics.
+    /// Marks the store filled from the topics by a fill that began at
+    /// `filled_at` (unix seconds).
     ///
     /// # Errors
     /// [`LedgerError`] when the fence is up or the write fails.
-    pub async fn mark_generation(&self, mark: GenerationMark) -> Result<(), LedgerError> {
-        self.open().await?;
-        self.store().mark_generation(mark).await
+    pub async fn mark_generation(&self, filled_at: i64) -> Result<(), LedgerError> {
+        self.fenced(|| self.store().mark_generation(filled_at))
+            .await
     }
 
     /// The token of the last fill into a store without the mark.
@@ -395,17 +408,15 @@ impl Fill<'_> {
     /// # Errors
     /// [`LedgerError`] when the fence is up or the store cannot be read.
     pub async fn fill_token(&self) -> Result<Option<FillToken>, LedgerError> {
-        self.open().await?;
-        self.store().fill_token().await
+        self.fenced(|| self.store().fill_token()).await
     }
 
-    /// Writes the token of a fill that begins.
+    /// Writes a new token for a fill that begins, and hands it over.
     ///
     /// # Errors
     /// [`LedgerError`] when the fence is up or the write fails.
-    pub async fn begin_fill(&self, token: FillToken) -> Result<(), LedgerError> {
-        self.open().await?;
-        self.store().begin_fill(token).await
+    pub async fn begin_fill(&self) -> Result<FillToken, LedgerError> {
+        self.fenced(|| self.store().begin_fill()).await
     }
 
     /// Takes the lock a whole fill holds ([`Store::exclusive`]), waiting

@@ -33,6 +33,7 @@
 mod answered;
 mod cached;
 mod clock;
+mod commit;
 mod embedded;
 mod fence;
 mod gate;
@@ -51,9 +52,10 @@ use crate::config::{LedgerBackend, LedgerConfig};
 use crate::domain::event::{DeliveryKey, EntityKey, EntityType};
 use crate::domain::guard::EntityState;
 
-pub use answered::{Answered, Done, Place, Recorded, Remembered};
+pub use answered::{Answered, Done, Recorded, Remembered};
 pub use cached::{Cached, TopicSeen, TopicsSeen};
 pub use clock::WallClock;
+pub use commit::Commit;
 pub use embedded::{DEFAULT_CHECKPOINT_EVERY, EmbeddedLedger, LedgerCounts};
 pub use gate::{Gate, Progress};
 pub use handle::{Fill, Ledger};
@@ -153,24 +155,34 @@ pub enum LedgerError {
 /// unix second that fill began. A store whose commits are durable when made
 /// (Redis) holds it once it was filled whole; gone, the store lost its keys
 /// (`FLUSHALL`, a failover to an empty replica) and decides nothing until
-/// it is filled again.
+/// it is filled again. Only a store makes one (its field is the ledger
+/// module's): it is read from the store or written by
+/// [`Store::mark_generation`], never made up by a caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GenerationMark {
     /// When the fill that wrote it began, in unix seconds: for an operator
     /// looking at the store, nothing decides on it.
-    pub filled_at: i64,
+    filled_at: i64,
+}
+
+impl GenerationMark {
+    /// When the fill that wrote it began, in unix seconds.
+    pub fn filled_at(&self) -> i64 {
+        self.filled_at
+    }
 }
 
 /// A fill's token: written when a fill into a store without the
 /// [`GenerationMark`] begins, looked at while it runs and at its end. A store
 /// flushed in the middle of a fill holds only what came after, so the fill
-/// marks the store only if its token is still there.
+/// marks the store only if its token is still there. Minted by the store
+/// when a fill begins ([`Store::begin_fill`]), or read back from it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FillToken(pub i64);
+pub struct FillToken(i64);
 
 impl FillToken {
     /// A token no other fill holds.
-    pub fn random() -> FillToken {
+    fn random() -> FillToken {
         FillToken(rand::random())
     }
 }
@@ -325,23 +337,6 @@ impl EntitySlot {
     }
 }
 
-/// One durable outcome: a delivery marked done and/or an entity's new state.
-#[derive(Debug, Clone, Default)]
-pub struct Commit {
-    /// The delivery that is now done, with what it was answered (none for
-    /// reconciled records).
-    pub delivery: Option<Done>,
-    /// The entity state that is now in the topic, with its record's offset
-    /// where known (none for dead letters and stale events).
-    pub entity: Option<(EntitySlot, Held)>,
-    /// A reconciler checkpoint that moved: its name and the unix second up
-    /// to which its window is complete.
-    pub checkpoint: Option<(String, i64)>,
-    /// Where the record of this outcome lies (none when nothing was
-    /// written), so a checkpoint knows how far the topics are applied.
-    pub placed: Option<Placed>,
-}
-
 /// Held while an entity is guarded and published; dropping it unlocks.
 pub type EntityLock = Box<dyn Send + Sync>;
 
@@ -471,12 +466,13 @@ pub trait Store: Send + Sync + 'static {
     /// [`LedgerError`] when the store cannot be read.
     async fn generation_mark(&self) -> Result<Option<GenerationMark>, LedgerError>;
 
-    /// Marks the store filled from the topics (the end of a fill whose
-    /// token was still there).
+    /// Marks the store filled from the topics by a fill that began at
+    /// `filled_at` (unix seconds): the end of a fill whose token was still
+    /// there.
     ///
     /// # Errors
     /// [`LedgerError`] when the write fails.
-    async fn mark_generation(&self, mark: GenerationMark) -> Result<(), LedgerError>;
+    async fn mark_generation(&self, filled_at: i64) -> Result<(), LedgerError>;
 
     /// The token of the last fill into a store without the mark, if the
     /// store still holds it.
@@ -485,11 +481,12 @@ pub trait Store: Send + Sync + 'static {
     /// [`LedgerError`] when the store cannot be read.
     async fn fill_token(&self) -> Result<Option<FillToken>, LedgerError>;
 
-    /// Writes the token of a fill that begins (replacing another's).
+    /// Writes a new token for a fill that begins (replacing another's),
+    /// and hands it over.
     ///
     /// # Errors
     /// [`LedgerError`] when the write fails.
-    async fn begin_fill(&self, token: FillToken) -> Result<(), LedgerError>;
+    async fn begin_fill(&self) -> Result<FillToken, LedgerError>;
 
     /// Takes a lock held by one process of those sharing the store for
     /// as long as a whole task runs: the fill's waits while another replica

@@ -20,6 +20,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::domain::record_at::RecordAt;
+
 /// A topic's partition.
 pub type Partition = (String, i32);
 
@@ -32,12 +34,8 @@ pub type Offsets = HashMap<Partition, i64>;
 /// the commit, or once a commit the fence kept is written.
 #[derive(Debug, Clone)]
 pub struct Placed {
-    /// Its topic, shared with the record's.
-    pub topic: Arc<str>,
-    /// Its partition.
-    pub partition: i32,
-    /// Its offset.
-    pub offset: i64,
+    /// Where it lies.
+    pub at: RecordAt,
     /// The epoch of the [`Sending`] it was sent under.
     pub epoch: u64,
     /// The send, still open while this is (held, never read).
@@ -47,8 +45,7 @@ pub struct Placed {
 /// Where a record lies: its send is not part of what it is.
 impl PartialEq for Placed {
     fn eq(&self, other: &Placed) -> bool {
-        (&self.topic, self.partition, self.offset, self.epoch)
-            == (&other.topic, other.partition, other.offset, other.epoch)
+        (&self.at, self.epoch) == (&other.at, other.epoch)
     }
 }
 
@@ -94,12 +91,12 @@ impl Placements {
     /// A committed record's place, counted once its epoch is finished.
     pub fn applied(&self, placed: &Placed) {
         let mut inner = self.inner();
-        let next = placed.offset + 1;
+        let next = placed.at.offset + 1;
         let slot = inner
             .applied
             .entry(placed.epoch)
             .or_default()
-            .entry((placed.topic.clone(), placed.partition))
+            .entry((placed.at.topic.clone(), placed.at.partition))
             .or_insert(next);
         *slot = (*slot).max(next);
     }
@@ -174,11 +171,9 @@ pub struct Sending {
 impl Sending {
     /// Where the record of this send lies, to carry in its commit, which
     /// gives the send back when done with it.
-    pub fn placed(self, topic: &Arc<str>, partition: i32, offset: i64) -> Placed {
+    pub fn placed(self, at: RecordAt) -> Placed {
         Placed {
-            topic: topic.clone(),
-            partition,
-            offset,
+            at,
             epoch: self.epoch,
             _sending: Arc::new(self),
         }
@@ -212,7 +207,7 @@ mod tests {
         let placements = Arc::new(Placements::default());
         let slow = placements.sending();
         let fast = placements.sending();
-        let placed_fast = fast.placed(&"t".into(), 0, 11);
+        let placed_fast = fast.placed(RecordAt::new("t", 0, 11));
         placements.applied(&placed_fast);
         drop(placed_fast);
         let sealed = placements.seal();
@@ -223,7 +218,7 @@ mod tests {
             "10 is not in yet"
         );
 
-        let placed_slow = slow.placed(&"t".into(), 0, 10);
+        let placed_slow = slow.placed(RecordAt::new("t", 0, 10));
         placements.applied(&placed_slow);
         drop(placed_slow);
         assert!(placements.finished(sealed));
@@ -238,10 +233,10 @@ mod tests {
         let old = placements.sending();
         let first = placements.seal();
         let new = placements.sending();
-        placements.applied(&new.placed(&"t".into(), 0, 20));
+        placements.applied(&new.placed(RecordAt::new("t", 0, 20)));
         let second = placements.seal();
         assert_eq!(at(&placements.safe(second), "t", 0), None);
-        placements.applied(&old.placed(&"t".into(), 0, 5));
+        placements.applied(&old.placed(RecordAt::new("t", 0, 5)));
         assert_eq!(at(&placements.safe(first), "t", 0), Some(6));
         assert_eq!(at(&placements.safe(second), "t", 0), Some(21));
     }
@@ -251,7 +246,7 @@ mod tests {
         let placements = Arc::new(Placements::default());
         placements.restore(&[(("t".to_owned(), 1), 50)].into_iter().collect());
         let send = placements.sending();
-        placements.applied(&send.placed(&"t".into(), 1, 7));
+        placements.applied(&send.placed(RecordAt::new("t", 1, 7)));
         let sealed = placements.seal();
         assert_eq!(at(&placements.safe(sealed), "t", 1), Some(50));
     }

@@ -14,7 +14,8 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::watch;
 
 use super::error::classify;
-use super::{BrokerHealth, Delivered, OutgoingRecord, Produce, PublishError};
+use super::{BrokerHealth, OutgoingRecord, Produce, PublishError};
+use crate::domain::record_at::RecordAt;
 
 /// What the broker does with one send, when a plan decides
 /// ([`FakeBroker::plan`]): a simulation's seeded schedule of faults.
@@ -61,7 +62,7 @@ struct State {
     taken: Vec<(i64, OutgoingRecord)>,
     /// Sends that reached the broker and are not answered yet, by arrival,
     /// with where the log took each it took already.
-    in_flight: BTreeMap<u64, (OutgoingRecord, Option<Delivered>)>,
+    in_flight: BTreeMap<u64, (OutgoingRecord, Option<RecordAt>)>,
     /// Sends that reached the broker, ever.
     arrivals: u64,
     /// How many times the broker was replaced by an empty one.
@@ -232,7 +233,7 @@ impl FakeBroker {
         arrival: u64,
         record: &OutgoingRecord,
         fault: Fault,
-    ) -> Result<Delivered, PublishError> {
+    ) -> Result<RecordAt, PublishError> {
         let mut state = self.state();
         if let Some((_, Some(delivered))) = state.in_flight.remove(&arrival) {
             return Ok(delivered);
@@ -263,12 +264,13 @@ impl FakeBroker {
 
 impl State {
     /// `record` at the end of its topic's log.
-    fn append(&mut self, record: &OutgoingRecord) -> Delivered {
+    fn append(&mut self, record: &OutgoingRecord) -> RecordAt {
         let offset = self
             .next_offset
             .entry(record.topic.to_string())
             .or_default();
-        let delivered = Delivered {
+        let delivered = RecordAt {
+            topic: record.topic.clone(),
             partition: 0,
             offset: *offset,
         };
@@ -290,7 +292,7 @@ fn size(record: &OutgoingRecord) -> usize {
 
 #[async_trait]
 impl Produce for FakeBroker {
-    async fn send(&self, record: &OutgoingRecord) -> Result<Delivered, PublishError> {
+    async fn send(&self, record: &OutgoingRecord) -> Result<RecordAt, PublishError> {
         if !self.health.is_up() {
             return Err(PublishError::BrokerDown);
         }

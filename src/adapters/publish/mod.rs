@@ -57,6 +57,7 @@ use rdkafka::util::Timeout;
 
 use crate::config::KafkaConfig;
 use crate::domain::event::ProviderKind;
+use crate::domain::record_at::RecordAt;
 use crate::observe::telemetry;
 
 pub use change::TopicChange;
@@ -80,15 +81,6 @@ const CLUSTER_PROBE: Duration = Duration::from_millis(500);
 
 /// The producer type: librdkafka's errors and logs go through [`BrokerContext`].
 type KafkaProducer = FutureProducer<BrokerContext>;
-
-/// Where Kafka put an acknowledged record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Delivered {
-    /// Its partition.
-    pub partition: i32,
-    /// Its offset there.
-    pub offset: i64,
-}
 
 /// One record to produce, built by the pipeline (`pipeline/record.rs`).
 #[derive(Debug, Clone)]
@@ -227,7 +219,7 @@ impl Publisher {
     /// [`PublishError::Unavailable`], [`PublishError::Denied`],
     /// [`PublishError::ProducerFailed`], or at once
     /// [`PublishError::BrokerDown`] and [`PublishError::TopicChanged`].
-    pub async fn send(&self, record: &OutgoingRecord) -> Result<Delivered, PublishError> {
+    pub async fn send(&self, record: &OutgoingRecord) -> Result<RecordAt, PublishError> {
         if !self.health.is_up() {
             return Err(PublishError::BrokerDown);
         }
@@ -265,7 +257,8 @@ impl Publisher {
                 self.new_producer_after_timeout
                     .then_some(Replace::AfterTimeout),
             )),
-            Ok(Ok(delivery)) => Ok(Delivered {
+            Ok(Ok(delivery)) => Ok(RecordAt {
+                topic: record.topic.clone(),
                 partition: delivery.partition,
                 offset: delivery.offset,
             }),

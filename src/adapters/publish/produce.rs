@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{BrokerHealth, Delivered, OutgoingRecord, PublishError, Publisher};
+use super::{BrokerHealth, OutgoingRecord, PublishError, Publisher};
+use crate::domain::record_at::RecordAt;
 
 /// A producer the pipeline hands its records to.
 #[async_trait]
@@ -22,7 +23,7 @@ pub trait Produce: Send + Sync + 'static {
     /// # Errors
     /// [`PublishError::Refused`] when the broker refuses it for good; any
     /// other error is retryable.
-    async fn send(&self, record: &OutgoingRecord) -> Result<Delivered, PublishError>;
+    async fn send(&self, record: &OutgoingRecord) -> Result<RecordAt, PublishError>;
 
     /// The largest record `topic` takes now (its `max.message.bytes`), for a
     /// dead letter refused as too large; `None` when it cannot be learnt.
@@ -41,7 +42,7 @@ pub trait Produce: Send + Sync + 'static {
 
 #[async_trait]
 impl Produce for Publisher {
-    async fn send(&self, record: &OutgoingRecord) -> Result<Delivered, PublishError> {
+    async fn send(&self, record: &OutgoingRecord) -> Result<RecordAt, PublishError> {
         Publisher::send(self, record).await
     }
 

@@ -5,10 +5,11 @@
 //! instead of each trying the disk, and at most once per [`RETRY_EVERY`]
 //! an append or the drainer heals it: tries the disk with a plain file of an
 //! entry's size, then reopens the spool file and writes a probe entry of
-//! that size into it. Only a probe that is durable marks it writable again:
-//! a reopen alone succeeds on a disk that is still full. Until then, reads
-//! go on through the handle there is, so the drainer still publishes what
-//! the spool holds.
+//! that size into it, taking out in the same commit the entries of appends
+//! that failed (`doubt.rs`). Only a probe that is durable marks it writable
+//! again: a reopen alone succeeds on a disk that is still full. Until then,
+//! reads go on through the handle there is, so the drainer still publishes
+//! what the spool holds.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -21,6 +22,7 @@ use tracing::{error, info};
 
 use super::Inner;
 use crate::adapters::store_file::{self, Integrity, ReopenError};
+use crate::domain::event::DeliveryKey;
 use crate::observe::telemetry;
 
 /// How often an unwritable spool tries to heal, as the ledger's fence does;
@@ -138,8 +140,9 @@ impl Health {
 }
 
 impl Inner {
-    /// Reopens the file and writes (then removes) a probe of `probe_bytes`;
-    /// marks the spool writable when both are durable. Blocking.
+    /// Reopens the file and writes (then removes) a probe of `probe_bytes`,
+    /// taking out the entries of appends in doubt; marks the spool writable
+    /// when both are durable. Blocking.
     pub(super) fn heal(&self, probe_bytes: u64) -> bool {
         // The disk first, with a plain file: reopening on a disk that is
         // still full can fail (redb repairs a file it could not close
@@ -159,12 +162,14 @@ impl Inner {
                 ReopenError::Busy => "reads kept the spool file open past the wait".to_owned(),
                 ReopenError::Open(error) => error.to_string(),
             });
+        let in_doubt = self.counts().in_doubt.entries();
         let probed = reopened.and_then(|()| {
             let db = self.db.get().ok_or("the spool file is not open")?;
-            probe(&db, probe_bytes).map_err(|error| error.to_string())
+            probe(&db, probe_bytes, &in_doubt).map_err(|error| error.to_string())
         });
         match probed {
             Ok(()) => {
+                self.counts().in_doubt.taken_out(&in_doubt);
                 self.health.healed();
                 true
             }
@@ -176,11 +181,13 @@ impl Inner {
     }
 }
 
-/// Writes `bytes` into the probe table, then removes them, each durably.
-fn probe(db: &Database, bytes: u64) -> Result<(), redb::Error> {
+/// Writes `bytes` into the probe table, taking `in_doubt` out of the
+/// spool's, then removes them, each durably.
+fn probe(db: &Database, bytes: u64, in_doubt: &[(u64, DeliveryKey)]) -> Result<(), redb::Error> {
     let filler = vec![0u8; usize::try_from(bytes).unwrap_or(usize::MAX)];
     let txn = db.begin_write()?;
     txn.open_table(PROBE)?.insert(0, filler.as_slice())?;
+    super::take_out(&txn, in_doubt)?;
     txn.commit()?;
     let txn = db.begin_write()?;
     txn.open_table(PROBE)?.remove(0)?;

@@ -26,11 +26,16 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{
+    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+    WriteTransaction,
+};
 use time::OffsetDateTime;
 
 mod depth;
+mod doubt;
 mod entry;
+mod error;
 mod frame;
 mod health;
 mod quarantine;
@@ -38,11 +43,14 @@ mod salvage;
 
 use depth::DepthHistory;
 pub use depth::MINUTES as DEPTH_MINUTES;
+use doubt::InDoubt;
 pub use entry::SpooledDelivery;
+pub use error::SpoolError;
+use error::{opening_error, storage};
 use health::{Health, PROBE_BYTES};
 use quarantine::{Damaged, Quarantine};
 
-use crate::adapters::store_file::{self, Disk, Reopenable, StoreFileError};
+use crate::adapters::store_file::{self, Disk, Reopenable};
 use crate::config::SpoolConfig;
 use crate::domain::event::DeliveryKey;
 use crate::observe::telemetry;
@@ -54,87 +62,6 @@ const STORE: &str = "spool";
 const ENTRIES: TableDefinition<u64, &[u8]> = TableDefinition::new("entries");
 /// Delivery key → its sequence number: the dedup check, and removal.
 const BY_DELIVERY: TableDefinition<&str, u64> = TableDefinition::new("by_delivery");
-
-/// Why the spool could not take or give back a delivery.
-#[derive(Debug, thiserror::Error)]
-pub enum SpoolError {
-    /// The spool file could not be opened (path, permissions, another process).
-    #[error("cannot open the spool at {path}: {source}")]
-    Open {
-        /// The file.
-        path: PathBuf,
-        /// The store's error.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    /// The spool's file cannot be opened. From [`Spool::open`] never for
-    /// damage (a damaged file is set aside and salvaged), but because
-    /// another process holds it or its directory cannot be made; from
-    /// [`Spool::check`], damage too.
-    #[error(transparent)]
-    File(#[from] StoreFileError),
-    /// The spool's file is damaged and could not be set aside to start on
-    /// a new one.
-    #[error("the spool file {path} is damaged ({damage}) and cannot be set aside: {source}")]
-    SetAside {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong with it (boxed: it is large, and rare).
-        damage: Box<StoreFileError>,
-        /// The rename's error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A damaged entry could not be written to the quarantine, so it stays
-    /// in the spool (it is never replayed).
-    #[error("cannot quarantine a damaged spool entry in {dir}: {source}")]
-    Quarantine {
-        /// The quarantine directory.
-        dir: PathBuf,
-        /// The filesystem's error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A read or write failed.
-    #[error("spool storage: {0}")]
-    Storage(#[source] Arc<redb::Error>),
-    /// The configured bound (`spool.max_bytes` / `spool.max_entries`) is reached.
-    #[error("the spool is full ({entries} deliveries, {bytes} bytes)")]
-    Full {
-        /// Deliveries spooled.
-        entries: u64,
-        /// Bytes spooled.
-        bytes: u64,
-    },
-    /// A write failed and none has worked since (see `health.rs`).
-    #[error(
-        "spool writes are failing ({reason}); the spool takes nothing until a write works again"
-    )]
-    Unwritable {
-        /// The last failure's message.
-        reason: String,
-    },
-}
-
-fn storage(error: impl Into<redb::Error>) -> SpoolError {
-    SpoolError::Storage(Arc::new(error.into()))
-}
-
-/// A redb error while the file is opened and first read (or, salvaged,
-/// first written): damage redb reports instead of panicking is damage (set
-/// aside and salvaged), any other error stops start-up.
-fn opening_error(path: &Path) -> impl Fn(redb::Error) -> SpoolError + '_ {
-    move |error| match error {
-        redb::Error::Corrupted(detail) => SpoolError::File(StoreFileError::Damaged {
-            path: path.display().to_string(),
-            detail,
-        }),
-        error => SpoolError::Open {
-            path: path.to_owned(),
-            source: error.into(),
-        },
-    }
-}
 
 /// What the spool holds now, for `/readyz`, the gauges and the status page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -186,6 +113,14 @@ struct Counts {
     depth: DepthHistory,
     /// Entries in the quarantine directory.
     quarantined: u64,
+    /// Appends whose commit failed, uncounted (`doubt.rs`).
+    in_doubt: InDoubt,
+}
+
+impl Inner {
+    fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl std::fmt::Debug for Spool {
@@ -320,6 +255,7 @@ impl Spool {
                 let mut counts = self.counts();
                 counts.entries -= 1;
                 counts.bytes -= size;
+                counts.in_doubt.failed(seq, delivery.key.clone());
             }
             self.inner.health.failed(error);
         }
@@ -334,9 +270,13 @@ impl Spool {
     pub fn contains(&self, delivery: &DeliveryKey) -> Result<bool, SpoolError> {
         // Every delivery asks, and the spool is nearly always empty: counts
         // are reserved before an append writes, so zero means none is there
-        // or on its way, and no read transaction is needed.
-        if self.counts().entries == 0 {
-            return Ok(false);
+        // or on its way, and no read transaction is needed. An append that
+        // failed spooled nothing the retry may be answered on (`doubt.rs`).
+        {
+            let counts = self.counts();
+            if counts.entries == 0 || counts.in_doubt.holds(delivery) {
+                return Ok(false);
+            }
         }
         // While a heal reopens the file (or could not), nothing tells: not
         // spooled, then. A delivery processed anew is published once, and its
@@ -406,20 +346,9 @@ impl Spool {
         let db = self.writable_db().await?;
         let freed = tokio::task::spawn_blocking(move || -> Result<(u64, u64), SpoolError> {
             let txn = db.begin_write().map_err(storage)?;
-            let (mut entries_freed, mut bytes_freed) = (0, 0);
-            {
-                let mut entries = txn.open_table(ENTRIES).map_err(storage)?;
-                let mut by_delivery = txn.open_table(BY_DELIVERY).map_err(storage)?;
-                for (seq, key) in &done {
-                    if let Some(value) = entries.remove(*seq).map_err(storage)? {
-                        entries_freed += 1;
-                        bytes_freed += value.value().len() as u64;
-                    }
-                    by_delivery.remove(key.as_str()).map_err(storage)?;
-                }
-            }
+            let freed = take_out(&txn, &done).map_err(storage)?;
             txn.commit().map_err(storage)?;
-            Ok((entries_freed, bytes_freed))
+            Ok(freed)
         })
         .await
         .unwrap_or_else(|join| Err(storage(redb::StorageError::Io(std::io::Error::other(join)))))
@@ -512,10 +441,7 @@ impl Spool {
     }
 
     fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
-        self.inner
-            .counts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.inner.counts()
     }
 
     /// The deepest the spool was in each of the last [`DEPTH_MINUTES`]
@@ -553,7 +479,8 @@ impl Spool {
     ///
     /// # Errors
     /// [`SpoolError`] when the file cannot be opened or read; for a damaged
-    /// file, [`SpoolError::File`] whose error says [`StoreFileError::is_damage`].
+    /// file, [`SpoolError::File`] whose error says
+    /// [`StoreFileError::is_damage`](store_file::StoreFileError::is_damage).
     pub fn check(config: &SpoolConfig) -> Result<Checked, SpoolError> {
         let opened = open_file(&config.path, &Disk::default())?;
         Ok(Checked {
@@ -609,6 +536,28 @@ fn open_file(path: &Path, disk: &Disk) -> Result<OpenedFile, SpoolError> {
         damaged,
         rolled_back,
     })
+}
+
+/// Removes `entries` (sequence number, delivery) in `txn`, and each
+/// delivery's index entry while it names that one (not a later entry of
+/// the same delivery); the entries and bytes freed.
+fn take_out(
+    txn: &WriteTransaction,
+    entries: &[(u64, DeliveryKey)],
+) -> Result<(u64, u64), redb::Error> {
+    let (mut entries_freed, mut bytes_freed) = (0, 0);
+    let mut table = txn.open_table(ENTRIES)?;
+    let mut by_delivery = txn.open_table(BY_DELIVERY)?;
+    for (seq, key) in entries {
+        if let Some(value) = table.remove(*seq)? {
+            entries_freed += 1;
+            bytes_freed += value.value().len() as u64;
+        }
+        if by_delivery.get(key.as_str())?.map(|named| named.value()) == Some(*seq) {
+            by_delivery.remove(key.as_str())?;
+        }
+    }
+    Ok((entries_freed, bytes_freed))
 }
 
 fn unix_minute(at: OffsetDateTime) -> i64 {

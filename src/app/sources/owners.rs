@@ -261,10 +261,10 @@ impl Owners {
                 from,
             } = taking;
             ledger
-                .commit(Commit {
-                    checkpoint: Some((entry_name(&(provider, account.clone()), &name), since)),
-                    ..Commit::default()
-                })
+                .commit(Commit::checkpoint(
+                    entry_name(&(provider, account.clone()), &name),
+                    since,
+                ))
                 .await?;
             let account = account.unwrap_or_default();
             match from {

@@ -107,5 +107,5 @@ pub(super) async fn slow_down(
         None => {}
     }
     observe::over_share(source, OverShareAction::Taken);
-    Ok(Slowed::Admitted(state.shares.take_anyway()))
+    Ok(Slowed::Admitted(state.shares.take_anyway(&webhook.share)))
 }

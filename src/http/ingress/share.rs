@@ -1,15 +1,22 @@
 //! Fair shares: a bound per source on the deliveries it has in flight,
-//! which bites only while the process is busy.
+//! which bites only while the process is busy, and only on a source that
+//! holds far more than the others.
 //!
 //! Every verified delivery takes a [`Place`] before the pipeline sees it,
-//! and keeps it until it is answered. A source's first `share` places are
-//! its own (a slot of its semaphore); past them it may borrow while fewer
-//! than `busy` deliveries are in flight in the whole process, so a lone
-//! merchant on a quiet server is never slowed. Once the process is busy, a
-//! source over its share gets no place at once ([`OverShare`]): one merchant
-//! replaying a day of sales holds at most its share of what is in flight
-//! (plus what it borrowed before the process turned busy), and the others'
-//! deliveries, each within its own share, are taken in at once.
+//! and keeps it until its outcome (on the delivery's own task, so a
+//! provider that hangs up does not free its place early). A source's first
+//! `share` places are its own (a slot of its semaphore); past them it may
+//! borrow while fewer than `busy` deliveries are in flight in the whole
+//! process, so a lone merchant on a quiet server is never slowed. Once the
+//! process is busy, a source past its share is over it ([`OverShare`])
+//! when it holds at least [`OVER_THE_OTHERS`] times what the other
+//! sources with deliveries in flight hold on average (a source alone in
+//! flight is over it at once): one merchant replaying a day of sales holds
+//! at most its share of what is in flight (plus what it borrowed before
+//! the process turned busy), and the others' deliveries are taken in at
+//! once. Equal sources behind a slow broker, each holding about the
+//! average, are never held to their shares: a slow broker is no merchant's
+//! doing, and each refusal would spend one of its provider's attempts.
 //!
 //! What an over-share delivery gets is the handler's to decide, by what its
 //! provider understands (`webhook.rs`): 429 + `Retry-After` for one that
@@ -19,15 +26,20 @@
 //! A source's slots are tokio's [`Semaphore`]: its waiters are served
 //! first come, first served, and a slot is a value
 //! ([`OwnedSemaphorePermit`]) given back when the delivery's place drops,
-//! whatever way the request ends (answered, cut by the client, panicked).
-//! The process's count is one atomic: it is read on every delivery, and an
-//! approximate "busy" (two deliveries racing past the mark) is harmless.
+//! whatever way the delivery ends (answered, cut by the client, panicked).
+//! The counts are atomics read on every delivery; an approximate "busy" or
+//! average (two deliveries racing past the mark) is harmless.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+
+/// How many times the others' average a source past its share holds before
+/// it is over its share in a busy process: equal sources hold about the
+/// average each, a flood many times it.
+pub const OVER_THE_OTHERS: usize = 2;
 
 /// The share settings, from `[server]` (see `ServerConfig`).
 #[derive(Debug, Clone, Copy)]
@@ -49,6 +61,8 @@ pub struct FairShares(Arc<Shares>);
 struct Shares {
     /// Deliveries holding a place now, every source together.
     in_flight: AtomicUsize,
+    /// Sources with at least one delivery holding a place now.
+    active: AtomicUsize,
     /// From how many in flight shares apply.
     busy: usize,
     /// A source's share when it sets none.
@@ -69,6 +83,9 @@ struct SourceSlots {
     own: Option<usize>,
     /// One permit per delivery of its share.
     slots: OnceLock<Arc<Semaphore>>,
+    /// Its deliveries holding a place now (its slots', borrowed and taken
+    /// over its share alike).
+    held: AtomicUsize,
 }
 
 /// A source's delivery is over its share while the process is busy.
@@ -81,6 +98,8 @@ pub struct OverShare;
 pub struct Place {
     /// The count this place is part of.
     shares: Arc<Shares>,
+    /// Its source's count.
+    source: Arc<SourceSlots>,
     /// Its source's slot; `None` when it borrowed or was taken anyway.
     _slot: Option<OwnedSemaphorePermit>,
 }
@@ -88,6 +107,9 @@ pub struct Place {
 impl Drop for Place {
     fn drop(&mut self) {
         self.shares.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if self.source.held.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.shares.active.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -98,6 +120,7 @@ impl SourceShare {
         SourceShare(Arc::new(SourceSlots {
             own,
             slots: OnceLock::new(),
+            held: AtomicUsize::new(0),
         }))
     }
 }
@@ -107,6 +130,7 @@ impl FairShares {
     pub fn new(settings: ShareSettings) -> FairShares {
         FairShares(Arc::new(Shares {
             in_flight: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
             busy: settings.busy,
             // A share of 0 would refuse every delivery of a busy process.
             default_share: settings.default_share.max(1),
@@ -115,23 +139,35 @@ impl FairShares {
     }
 
     /// A place for a delivery of `source` at once: a slot of its share, or
-    /// borrowed while the process is not busy.
+    /// borrowed while the process is not busy or the source holds less than
+    /// [`OVER_THE_OTHERS`] times the others' average.
     ///
     /// # Errors
-    /// [`OverShare`] when its share is taken and the process is busy.
+    /// [`OverShare`] when its share is taken, the process is busy and the
+    /// source holds that much more than the others.
     pub fn try_admit(&self, source: &SourceShare) -> Result<Place, OverShare> {
         if let Ok(slot) = self.slots(source).try_acquire_owned() {
-            return Ok(self.place(Some(slot)));
+            return Ok(self.place(source, Some(slot)));
         }
-        let before = self.0.in_flight.fetch_add(1, Ordering::AcqRel);
-        if before < self.0.busy {
-            return Ok(Place {
-                shares: self.0.clone(),
-                _slot: None,
-            });
+        let before = self.0.in_flight.load(Ordering::Acquire);
+        if before >= self.0.busy && self.far_above_the_others(source, before) {
+            return Err(OverShare);
         }
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-        Err(OverShare)
+        Ok(self.place(source, None))
+    }
+
+    /// Whether `source` holds at least [`OVER_THE_OTHERS`] times the
+    /// average of the other sources in flight, `in_flight` in all; a source
+    /// alone in flight does.
+    fn far_above_the_others(&self, source: &SourceShare, in_flight: usize) -> bool {
+        let mine = source.0.held.load(Ordering::Acquire);
+        let others = in_flight.saturating_sub(mine);
+        let others_active = self
+            .0
+            .active
+            .load(Ordering::Acquire)
+            .saturating_sub(usize::from(mine > 0));
+        others_active == 0 || mine * others_active >= OVER_THE_OTHERS * others
     }
 
     /// A place for a delivery of `source` over its share, waiting until
@@ -140,7 +176,7 @@ impl FairShares {
     pub async fn wait_for(&self, source: &SourceShare, until: Instant) -> Option<Place> {
         let slots = self.slots(source);
         match tokio::time::timeout_at(until, slots.acquire_owned()).await {
-            Ok(Ok(slot)) => Some(self.place(Some(slot))),
+            Ok(Ok(slot)) => Some(self.place(source, Some(slot))),
             // The slots are never closed; a closed one is treated as a
             // wait that ran out.
             Ok(Err(_)) | Err(_) => None,
@@ -149,8 +185,8 @@ impl FairShares {
 
     /// A place over its share all the same, for a delivery that must not
     /// be refused and cannot be spooled.
-    pub fn take_anyway(&self) -> Place {
-        self.place(None)
+    pub fn take_anyway(&self, source: &SourceShare) -> Place {
+        self.place(source, None)
     }
 
     /// `Retry-After` (seconds) of a share's 429.
@@ -175,11 +211,15 @@ impl FairShares {
             .clone()
     }
 
-    /// A place counted in the total, with `slot` if it has one.
-    fn place(&self, slot: Option<OwnedSemaphorePermit>) -> Place {
+    /// A place of `source` counted in the totals, with `slot` if it has one.
+    fn place(&self, source: &SourceShare, slot: Option<OwnedSemaphorePermit>) -> Place {
         self.0.in_flight.fetch_add(1, Ordering::AcqRel);
+        if source.0.held.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.0.active.fetch_add(1, Ordering::AcqRel);
+        }
         Place {
             shares: self.0.clone(),
+            source: source.0.clone(),
             _slot: slot,
         }
     }
@@ -237,16 +277,51 @@ mod tests {
         let flooding: Vec<Place> = std::iter::from_fn(|| shares.try_admit(&flood).ok())
             .take(100)
             .collect();
-        // Its share and what it borrowed before the process turned busy.
+        // Its share and what it borrowed before the process turned busy:
+        // alone in flight, it is over its share at once.
         assert_eq!(flooding.len(), 4);
         let calm: Vec<Place> = (0..2).map(|_| shares.try_admit(&quiet).unwrap()).collect();
         assert_eq!(shares.in_flight(), 6);
-        assert_eq!(shares.try_admit(&quiet).err(), Some(OverShare));
+        // The flood holds twice the quiet source's 2: over its share.
         assert_eq!(shares.try_admit(&flood).err(), Some(OverShare));
-        drop(calm);
+        // The quiet source, past its share too, holds less than the flood:
+        // it borrows until it holds twice as much.
+        let more: Vec<Place> = std::iter::from_fn(|| shares.try_admit(&quiet).ok())
+            .take(100)
+            .collect();
+        assert_eq!(
+            more.len(),
+            6,
+            "2 of its share + 6 borrowed = 2 × the flood's 4"
+        );
+        drop((calm, more));
         // A slot of the flood's own share comes free: it may take one more.
         drop(flooding);
         assert!(shares.try_admit(&flood).is_ok());
+    }
+
+    /// A slow broker keeps every source's deliveries in flight longer: the
+    /// process turns busy with no merchant flooding, and equal sources are
+    /// not refused (a Mekari source would have been answered 429 and spent
+    /// one of its attempts on every delivery past its share).
+    #[test]
+    fn equal_sources_behind_a_slow_broker_are_not_held_to_their_shares() {
+        let shares = shares(8, 2);
+        let sources: Vec<SourceShare> = (0..4).map(|_| SourceShare::new(None)).collect();
+        let mut places = Vec::new();
+        for _round in 0..10 {
+            for source in &sources {
+                places.push(shares.try_admit(source).expect("an equal source refused"));
+            }
+        }
+        assert_eq!(shares.in_flight(), 40);
+        // One of them sending far more than the others is held, though.
+        let flood = &sources[0];
+        let flooding: Vec<Place> = std::iter::from_fn(|| shares.try_admit(flood).ok())
+            .take(100)
+            .collect();
+        assert_eq!(flooding.len(), 10, "up to twice the others' 10 each");
+        assert_eq!(shares.try_admit(flood).err(), Some(OverShare));
     }
 
     #[test]
@@ -287,7 +362,7 @@ mod tests {
         assert!(none.is_none());
         assert_eq!(started.elapsed(), Duration::from_secs(3));
         assert_eq!(shares.in_flight(), 1);
-        let over = shares.take_anyway();
+        let over = shares.take_anyway(&source);
         assert_eq!(shares.in_flight(), 2);
         drop((place, over));
         assert_eq!(shares.in_flight(), 0);

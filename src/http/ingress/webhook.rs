@@ -236,14 +236,14 @@ async fn handle(
         spools: webhook.spools,
         trace,
     };
-    // Held until the answer: the delivery counts against its source's
-    // share that long.
-    let _place = match state.shares.try_admit(&webhook.share) {
+    // Held until the delivery's outcome, on its task: the delivery counts
+    // against its source's share that long, answered or not.
+    let place = match state.shares.try_admit(&webhook.share) {
         Ok(place) => place,
         Err(over) => match over_share::slow_down(state, webhook, &delivery, over).await? {
             Slowed::Answered(handled) => return Ok(handled),
             Slowed::Admitted(place) => place,
         },
     };
-    Ok(state.pipeline.deliver(delivery).await?)
+    Ok(state.pipeline.deliver_holding(delivery, place).await?)
 }

@@ -93,7 +93,7 @@ fn delivery(report: &DeliveryReport) -> Markup {
                 @if let Some(record) = &found.record {
                     tr {
                         th { "record" }
-                        td { (record.topic) " partition " (record.partition) " offset " (record.offset) }
+                        td { (record.at.topic) " partition " (record.at.partition) " offset " (record.at.offset) }
                     }
                     @if let Some(note) = &record.note {
                         tr { th { "note" } td.bad { (note) } }

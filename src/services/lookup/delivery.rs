@@ -8,8 +8,9 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::{Deadline, Lookup, LookupError, RecordView, Unread};
-use crate::adapters::ledger::{Answered, Place, Recorded, Remembered};
+use crate::adapters::ledger::{Answered, Recorded, Remembered};
 use crate::domain::event::{DeliveryKey, ProviderKind, from_micros};
+use crate::domain::record_at::RecordAt;
 use crate::services::pipeline::{HEADER_DELIVERY_ID, HEADER_PROVIDER};
 use crate::services::replay::Reader;
 
@@ -54,12 +55,9 @@ pub struct DeliveryFound {
 /// A delivery's record: where the ledger says it lies, and what is there.
 #[derive(Debug, Serialize)]
 pub struct PlacedRecord {
-    /// Its topic.
-    pub topic: String,
-    /// Its partition.
-    pub partition: i32,
-    /// Its offset.
-    pub offset: i64,
+    /// Where it lies: `topic`, `partition` and `offset` in the JSON.
+    #[serde(flatten)]
+    pub at: RecordAt,
     /// What the topic holds there; none when it no longer does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub read: Option<RecordView>,
@@ -155,18 +153,11 @@ impl Lookup {
         &self,
         key: &DeliveryKey,
         outcome: Recorded,
-        place: Place,
+        place: RecordAt,
         deadline: &Deadline,
     ) -> PlacedRecord {
-        let Place {
-            topic,
-            partition,
-            offset,
-        } = place;
         let mut placed = PlacedRecord {
-            topic,
-            partition,
-            offset,
+            at: place,
             read: None,
             note: None,
         };
@@ -185,8 +176,8 @@ impl Lookup {
         placed: &mut PlacedRecord,
         deadline: &Deadline,
     ) -> Result<(), Unread> {
-        let (partition, offset) = (placed.partition, placed.offset);
-        let mut reader = Reader::new(&self.config.kafka, &placed.topic)?;
+        let (partition, offset) = (placed.at.partition, placed.at.offset);
+        let mut reader = Reader::new(&self.config.kafka, &placed.at.topic)?;
         let extent = deadline
             .read(reader.extents())
             .await?

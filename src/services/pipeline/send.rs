@@ -9,12 +9,12 @@
 use super::lease::Lease;
 use super::{DeadLetter, Outcome, Pipeline, PipelineError, cut_dead_letter, dead_letter_record};
 use crate::adapters::ledger::{
-    Answered, Commit, Done, EntityLock, EntitySlot, Held, LedgerError, Place, Placed, Recorded,
-    Sending,
+    Answered, Commit, Done, EntityLock, EntitySlot, Held, LedgerError, Placed, Recorded, Sending,
 };
-use crate::adapters::publish::{Delivered, OutgoingRecord, PublishError};
+use crate::adapters::publish::{OutgoingRecord, PublishError};
 use crate::domain::event::{PosEvent, ProviderKind};
 use crate::domain::guard::EntityState;
+use crate::domain::record_at::RecordAt;
 use crate::observe::delivery::{self as observe, DeadLetterSeen};
 use crate::observe::traces::{DeliveryTrace, Stage, StageSpan};
 
@@ -227,7 +227,7 @@ impl Pipeline {
                 return Err(error.into());
             }
         };
-        let placed = sending.placed(&record.topic, delivered.partition, delivered.offset);
+        let placed = sending.placed(delivered);
         // In the simulation, the moment between an acknowledgement and its
         // commit that a thread beside them (a checkpoint) may see.
         #[cfg(test)]
@@ -280,7 +280,7 @@ impl Pipeline {
         self.inner
             .dead_letters
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let placed = sending.placed(&record.topic, delivered.partition, delivered.offset);
+        let placed = sending.placed(delivered);
         self.commit(Durable::DeadLettered { lease, placed }, &trace)
             .await?;
         Ok(said.code)
@@ -323,7 +323,7 @@ impl Pipeline {
     /// what can never fit: it is cut to what the topic takes now, and to no
     /// body at all should even that be refused (the limit lowered
     /// meanwhile).
-    async fn send_letter_record(&self, record: &OutgoingRecord) -> Result<Delivered, PublishError> {
+    async fn send_letter_record(&self, record: &OutgoingRecord) -> Result<RecordAt, PublishError> {
         let producer = &self.inner.producer;
         match producer.send(record).await {
             Err(error) if error.is_too_large() => {
@@ -360,53 +360,39 @@ impl Pipeline {
         durable: Durable,
         trace: &DeliveryTrace,
     ) -> Result<(), LedgerError> {
-        let (lease, entity, placed, recorded) = match durable {
+        // What the delivery holding `lease` came to, written with it.
+        let done = |lease: &Lease, recorded, placed: Option<&Placed>| Done {
+            key: lease.key().clone(),
+            answered: Answered::now(recorded, placed.map(|placed| placed.at.clone())),
+            read_back: false,
+        };
+        let (lease, commit) = match durable {
             Durable::Decided(None, _) => return Ok(()),
-            Durable::Decided(lease, recorded) => (lease, None, None, recorded),
+            Durable::Decided(Some(lease), recorded) => {
+                let commit = Commit::done(done(&lease, recorded, None));
+                (Some(lease), commit)
+            }
             Durable::Published {
                 lease,
                 slot,
                 state,
                 placed,
-            } => (
-                lease,
-                Some((
-                    slot,
-                    Held {
-                        state,
-                        offset: Some(placed.offset),
-                    },
-                )),
-                Some(placed),
-                Recorded::Published,
-            ),
-            Durable::InDoubt { slot, state } => (
-                None,
-                Some((slot, Held::unplaced(state))),
-                None,
-                Recorded::Unknown,
-            ),
+            } => {
+                let done = lease
+                    .as_ref()
+                    .map(|lease| done(lease, Recorded::Published, Some(&placed)));
+                (lease, Commit::published(done, slot, state, placed))
+            }
+            Durable::InDoubt { slot, state } => (None, Commit::state(slot, Held::unplaced(state))),
             Durable::DeadLettered { lease, placed } => {
-                (lease, None, Some(placed), Recorded::DeadLettered)
+                let done = lease
+                    .as_ref()
+                    .map(|lease| done(lease, Recorded::DeadLettered, Some(&placed)));
+                (lease, Commit::dead_lettered(done, placed))
             }
         };
-        let delivery = lease.as_ref().map(|lease| Done {
-            key: lease.key().clone(),
-            answered: Answered::now(recorded, placed.as_ref().map(Place::from)),
-            read_back: false,
-        });
         let committing = trace.stage(Stage::Commit);
-        let committed = committing.result(
-            self.inner
-                .ledger
-                .commit(Commit {
-                    delivery,
-                    entity,
-                    checkpoint: None,
-                    placed,
-                })
-                .await,
-        );
+        let committed = committing.result(self.inner.ledger.commit(commit).await);
         if let Some(lease) = lease {
             lease.ended();
         }

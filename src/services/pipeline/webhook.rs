@@ -30,9 +30,27 @@ impl Pipeline {
     /// match the body; any other [`PipelineError`] when the outcome could not
     /// be made durable (the provider should retry).
     pub async fn deliver(&self, delivery: Delivery) -> Result<Handled, PipelineError> {
+        self.deliver_holding(delivery, ()).await
+    }
+
+    /// [`Pipeline::deliver`], with `held` kept until the delivery reaches
+    /// its outcome, not only until its answer: the ingress's place in the
+    /// source's fair share, which a provider hanging up must not free
+    /// while the delivery still runs.
+    ///
+    /// # Errors
+    /// As [`Pipeline::deliver`].
+    pub async fn deliver_holding(
+        &self,
+        delivery: Delivery,
+        held: impl Send + 'static,
+    ) -> Result<Handled, PipelineError> {
         let pipeline = self.clone();
-        self.on_its_task(|answer| pipeline.deliver_on_its_task(delivery, answer))
-            .await
+        self.on_its_task(|answer| async move {
+            pipeline.deliver_on_its_task(delivery, answer).await;
+            drop(held);
+        })
+        .await
     }
 
     /// [`Pipeline::deliver`], on the delivery's task: taken in before the

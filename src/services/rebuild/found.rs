@@ -4,8 +4,9 @@
 
 use std::collections::HashMap;
 
-use crate::adapters::ledger::{Answered, Commit, Done, EntitySlot, Held, Place, Recorded};
+use crate::adapters::ledger::{Answered, Commit, Done, EntitySlot, Held, Recorded};
 use crate::domain::event::{DeliveryKey, EntityType, ProviderKind};
+use crate::domain::record_at::RecordAt;
 use crate::services::pipeline::{
     HEADER_DELIVERY_ID, HEADER_PROVIDER, HEADER_RECEIVED_AT, HEADER_STATE_HASH, HEADER_VERSION,
     received_at_from_header, state_from_headers,
@@ -118,17 +119,16 @@ impl Found {
     /// The commits that write it into a ledger: every entity state, then
     /// every done id.
     pub(super) fn into_commits(self) -> impl Iterator<Item = Commit> {
-        let entities = self.entities.into_iter().map(|(slot, state)| Commit {
-            entity: Some((slot, state)),
-            ..Commit::default()
-        });
-        let done = self.done.into_iter().map(|(key, answered)| Commit {
-            delivery: Some(Done {
+        let entities = self
+            .entities
+            .into_iter()
+            .map(|(slot, state)| Commit::state(slot, state));
+        let done = self.done.into_iter().map(|(key, answered)| {
+            Commit::done(Done {
                 key,
                 answered,
                 read_back: true,
-            }),
-            ..Commit::default()
+            })
         });
         entities.chain(done)
     }
@@ -140,11 +140,7 @@ fn answered(outcome: Recorded, topic: &str, record: &Letter) -> Answered {
     Answered {
         outcome,
         at_micros: record.timestamp_ms.unwrap_or_default().saturating_mul(1000),
-        place: Some(Place {
-            topic: topic.to_owned(),
-            partition: record.partition,
-            offset: record.offset,
-        }),
+        place: Some(RecordAt::new(topic, record.partition, record.offset)),
     }
 }
 
@@ -222,8 +218,7 @@ mod tests {
         );
         let mut done: Vec<String> = found
             .into_commits()
-            .filter_map(|commit| commit.delivery)
-            .map(|done| done.key.as_str().to_owned())
+            .filter_map(|commit| commit.delivery().map(|done| done.key.as_str().to_owned()))
             .collect();
         done.sort_unstable();
         assert_eq!(done, ["mekari:late", "mekari:old-recent"]);
@@ -275,8 +270,7 @@ mod tests {
         let order = commits
             .iter()
             .find_map(|c| {
-                c.entity
-                    .as_ref()
+                c.entity()
                     .filter(|(slot, _)| slot.as_str() == "orders/mekari:O-1")
             })
             .unwrap();
@@ -289,13 +283,13 @@ mod tests {
         );
         let mut done: Vec<(&str, Recorded, &str, i64)> = commits
             .iter()
-            .filter_map(|c| c.delivery.as_ref())
+            .filter_map(Commit::delivery)
             .map(|done| {
                 let place = done.answered.place.as_ref().unwrap();
                 (
                     done.key.as_str(),
                     done.answered.outcome,
-                    place.topic.as_str(),
+                    &*place.topic,
                     done.answered.at_micros,
                 )
             })

@@ -66,7 +66,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::adapters::ledger::{
-    Commit, Fill, FillToken, Gate, GenerationMark, Ledger, LedgerError, Offsets, TopicsSeen,
+    Commit, Fill, FillToken, Gate, Ledger, LedgerError, Offsets, TopicsSeen,
 };
 use crate::adapters::publish::TopicSets;
 use crate::domain::event::EntityType;
@@ -136,9 +136,7 @@ impl Proof {
         if store.generation_mark().await?.is_some() {
             return Ok(Proof::Mark);
         }
-        let token = FillToken::random();
-        store.begin_fill(token).await?;
-        Ok(Proof::Token(token))
+        Ok(Proof::Token(store.begin_fill().await?))
     }
 
     /// Whether what the fill wrote is still there.
@@ -340,9 +338,7 @@ impl Rebuild {
         if let Proof::Token(_) = proof {
             self.ledger
                 .fill()
-                .mark_generation(GenerationMark {
-                    filled_at: now.unix_timestamp(),
-                })
+                .mark_generation(now.unix_timestamp())
                 .await?;
             self.ledger.fill().persist().await?;
         }
@@ -516,7 +512,7 @@ impl Rebuild {
             let mut commits_made = futures::stream::iter(chunk)
                 .map(|commit| async move {
                     if check_held
-                        && let Some((slot, state)) = &commit.entity
+                        && let Some((slot, state)) = commit.entity()
                         && let Some(held) = store.entity(slot).await?
                         && held.state.version > state.state.version
                     {

@@ -484,10 +484,7 @@ impl Reconciler {
             );
             if scheduled {
                 self.ledger()
-                    .commit(Commit {
-                        checkpoint: Some((checkpoint.clone(), end.unix_timestamp())),
-                        ..Commit::default()
-                    })
+                    .commit(Commit::checkpoint(checkpoint.clone(), end.unix_timestamp()))
                     .await?;
             }
         }

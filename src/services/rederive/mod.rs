@@ -524,10 +524,7 @@ impl Rederive {
     async fn save(&self, checkpoint: &str, next: i64) -> Result<(), LedgerError> {
         self.pipeline
             .ledger()
-            .commit(Commit {
-                checkpoint: Some((checkpoint.to_owned(), next)),
-                ..Commit::default()
-            })
+            .commit(Commit::checkpoint(checkpoint, next))
             .await
     }
 }

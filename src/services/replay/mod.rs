@@ -292,10 +292,7 @@ impl Replay {
     async fn save(&self, checkpoint: &str, next: i64) -> Result<(), LedgerError> {
         self.pipeline
             .ledger()
-            .commit(Commit {
-                checkpoint: Some((checkpoint.to_owned(), next)),
-                ..Commit::default()
-            })
+            .commit(Commit::checkpoint(checkpoint, next))
             .await
     }
 }

@@ -82,9 +82,9 @@ pub async fn cli(port: u16, args: &[&str]) -> String {
 /// it from the topics) as filled: without its generation mark it decides
 /// nothing.
 pub async fn mark_filled(ledger: &posbridge::adapters::ledger::RedisLedger) {
-    use posbridge::adapters::ledger::{GenerationMark, Store};
+    use posbridge::adapters::ledger::Store;
     ledger
-        .mark_generation(GenerationMark { filled_at: 1 })
+        .mark_generation(1)
         .await
         .expect("the generation mark written");
 }

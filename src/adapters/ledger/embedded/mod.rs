@@ -454,10 +454,10 @@ impl super::Store for EmbeddedLedger {
         Ok(filled_at.map(|filled_at| GenerationMark { filled_at }))
     }
 
-    async fn mark_generation(&self, mark: GenerationMark) -> Result<(), LedgerError> {
+    async fn mark_generation(&self, filled_at: i64) -> Result<(), LedgerError> {
         self.write(&Commit {
-            checkpoint: Some((GENERATION_MARK_NAME.to_owned(), mark.filled_at)),
-            ..Commit::default()
+            checkpoint: Some((GENERATION_MARK_NAME.to_owned(), filled_at)),
+            ..Commit::NOTHING
         })
     }
 
@@ -465,11 +465,13 @@ impl super::Store for EmbeddedLedger {
         Ok(self.checkpoint(FILL_TOKEN_NAME).await?.map(FillToken))
     }
 
-    async fn begin_fill(&self, token: FillToken) -> Result<(), LedgerError> {
+    async fn begin_fill(&self) -> Result<FillToken, LedgerError> {
+        let token = FillToken::random();
         self.write(&Commit {
             checkpoint: Some((FILL_TOKEN_NAME.to_owned(), token.0)),
-            ..Commit::default()
-        })
+            ..Commit::NOTHING
+        })?;
+        Ok(token)
     }
 
     async fn exclusive(&self, task: Exclusive) -> Result<Option<RebuildLock>, LedgerError> {

@@ -119,7 +119,7 @@ mod tests {
                 ledger
                     .commit(&Commit {
                         delivery: Some(Done::published_now(delivery)),
-                        ..Commit::default()
+                        ..Commit::NOTHING
                     })
                     .await
                     .unwrap();

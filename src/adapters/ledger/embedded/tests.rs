@@ -18,7 +18,7 @@ async fn mark_done(ledger: &EmbeddedLedger, id: &DeliveryKey) {
     ledger
         .commit(&Commit {
             delivery: Some(Done::published_now(id.clone())),
-            ..Commit::default()
+            ..Commit::NOTHING
         })
         .await
         .unwrap();
@@ -228,8 +228,8 @@ async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
         .commit(&Commit {
             delivery: Some(Done::published_now(id)),
             entity: Some((slot, Held::unplaced(state))),
-            placed: Some(fast.placed(&"pos.orders".into(), 2, 41)),
-            ..Commit::default()
+            placed: Some(fast.placed(crate::domain::record_at::RecordAt::new("pos.orders", 2, 41))),
+            ..Commit::NOTHING
         })
         .await
         .unwrap();
@@ -241,8 +241,8 @@ async fn a_checkpoint_records_the_offsets_of_finished_sends_only() {
     );
     ledger
         .commit(&Commit {
-            placed: Some(slow.placed(&"pos.orders".into(), 2, 40)),
-            ..Commit::default()
+            placed: Some(slow.placed(crate::domain::record_at::RecordAt::new("pos.orders", 2, 40))),
+            ..Commit::NOTHING
         })
         .await
         .unwrap();
@@ -335,7 +335,7 @@ async fn the_topics_seen_are_kept_with_the_offsets_and_forgotten_whole() {
             delivery: Some(Done::published_now(id.clone())),
             entity: Some((slot.clone(), Held::unplaced(state))),
             checkpoint: Some(("reconcile".to_owned(), 7)),
-            ..Commit::default()
+            ..Commit::NOTHING
         })
         .await
         .unwrap();
@@ -382,18 +382,15 @@ async fn the_topics_seen_are_kept_with_the_offsets_and_forgotten_whole() {
 /// restart; a lease held is in flight; an unknown id is nothing.
 #[tokio::test]
 async fn a_done_delivery_is_remembered_with_its_answer() {
-    use crate::adapters::ledger::{Answered, Place, Recorded, Remembered};
+    use crate::adapters::ledger::{Answered, Recorded, Remembered};
+    use crate::domain::record_at::RecordAt;
     let dir = tempfile::tempdir().unwrap();
     let ledger = open(&dir);
     let (id, slot, state) = sample();
     let answered = Answered {
         outcome: Recorded::Published,
         at_micros: 1_764_000_000_000_001,
-        place: Some(Place {
-            topic: "orders".to_owned(),
-            partition: 3,
-            offset: 77,
-        }),
+        place: Some(RecordAt::new("orders", 3, 77)),
     };
     assert_eq!(ledger.remembered(&id).await.unwrap(), Remembered::Nothing);
     assert_eq!(ledger.begin(&id).await.unwrap(), Begin::New);
@@ -406,7 +403,7 @@ async fn a_done_delivery_is_remembered_with_its_answer() {
                 read_back: false,
             }),
             entity: Some((slot, Held::unplaced(state))),
-            ..Commit::default()
+            ..Commit::NOTHING
         })
         .await
         .unwrap();

@@ -465,12 +465,8 @@ impl Store for RedisLedger {
         Ok(filled_at.map(|filled_at| GenerationMark { filled_at }))
     }
 
-    async fn mark_generation(&self, mark: GenerationMark) -> Result<(), LedgerError> {
-        let () = self
-            .conn
-            .clone()
-            .set(self.mark_key(), mark.filled_at)
-            .await?;
+    async fn mark_generation(&self, filled_at: i64) -> Result<(), LedgerError> {
+        let () = self.conn.clone().set(self.mark_key(), filled_at).await?;
         Ok(())
     }
 
@@ -483,13 +479,14 @@ impl Store for RedisLedger {
         Ok(token.map(FillToken))
     }
 
-    async fn begin_fill(&self, token: FillToken) -> Result<(), LedgerError> {
+    async fn begin_fill(&self) -> Result<FillToken, LedgerError> {
+        let token = FillToken::random();
         let () = self
             .conn
             .clone()
             .set(self.key("checkpoint", FILL_TOKEN_NAME), token.0)
             .await?;
-        Ok(())
+        Ok(token)
     }
 
     /// Renewed while held (`lock.rs`): a fill of any length keeps it.

@@ -309,11 +309,11 @@ async fn a_done_delivery_and_a_stale_event_are_200_without_kafka() {
     let h = harness().await;
     h.pipeline
         .ledger()
-        .commit(Commit {
-            delivery: Some(crate::adapters::ledger::Done::published_now(
+        .commit(
+            Commit::done(crate::adapters::ledger::Done::published_now(
                 crate::domain::event::DeliveryKey::new(ProviderKind::Mekari, "d-done"),
-            )),
-            entity: Some((
+            ))
+            .and_state(
                 EntitySlot::new(
                     EntityType::Order,
                     &EntityKey::new(ProviderKind::Mekari, None, "ORD-7"),
@@ -322,10 +322,8 @@ async fn a_done_delivery_and_a_stale_event_are_200_without_kafka() {
                     version: Version::new(time::macros::datetime!(2026-11-29 12:00 UTC), 0),
                     state_hash: [0; 16],
                 }),
-            )),
-            checkpoint: None,
-            placed: None,
-        })
+            ),
+        )
         .await
         .unwrap();
     let (status, _, json) = post_order(&h, Some("d-done"), "d-done", "2026-11-29T13:00:00Z").await;
@@ -382,16 +380,13 @@ async fn the_same_state_again_is_200_unchanged() {
             .unwrap();
     h.pipeline
         .ledger()
-        .commit(Commit {
-            entity: Some((
-                EntitySlot::new(event.entity_type, &event.key()),
-                Held::unplaced(EntityState {
-                    version: event.version,
-                    state_hash: crate::domain::guard::state_hash(&event, &content),
-                }),
-            )),
-            ..Commit::default()
-        })
+        .commit(Commit::state(
+            EntitySlot::new(event.entity_type, &event.key()),
+            Held::unplaced(EntityState {
+                version: event.version,
+                state_hash: crate::domain::guard::state_hash(&event, &content),
+            }),
+        ))
         .await
         .unwrap();
     let (status, _, json) =

@@ -9,12 +9,12 @@ use crate::http::ingress::share::Place;
 const BUSY: usize = 64;
 const SHARE: usize = 16;
 
-/// Makes the process busy with deliveries of a source of its own, and
-/// takes the whole share of `source`: its next delivery is over its share.
+/// Makes the process busy with one delivery each of many other sources,
+/// and takes the whole share of `source`: holding far more than they do,
+/// its next delivery is over its share.
 fn busy_with(shares: &FairShares, source: &SourceShare) -> Vec<Place> {
-    let filler = SourceShare::new(Some(BUSY));
     let mut places: Vec<Place> = (0..BUSY)
-        .map(|_| shares.try_admit(&filler).unwrap())
+        .map(|_| shares.try_admit(&SourceShare::new(None)).unwrap())
         .collect();
     places.extend((0..SHARE).map(|_| shares.try_admit(source).unwrap()));
     assert!(shares.try_admit(source).is_err(), "over its share");

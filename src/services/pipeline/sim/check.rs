@@ -110,7 +110,7 @@ fn lookup_violations(ended: &Ended, log: &[OutgoingRecord], broken: &mut Vec<Str
             ));
             continue;
         };
-        let there = placed.get(&(place.topic.as_str(), place.offset));
+        let there = placed.get(&(&*place.topic, place.offset));
         if *place.topic != **topic
             || there.and_then(|record| delivery_of(record)).as_deref() != Some(delivery.as_str())
         {

@@ -358,10 +358,11 @@ fn every_guarantee_holds_over_the_seed_budget() {
 
 /// Replays `seed`, failing with its violations and its schedule; under the
 /// same watchdog as the budget's worlds, so a kept seed whose world stops
-/// moving fails by name instead of hanging the run.
-fn replays_green(seed: u64) {
-    if let Err((violations, steps)) = run_caught(seed) {
-        panic!("{}\n{}", violations.join("\n"), steps.join("\n"));
+/// moving fails by name instead of hanging the run. Its schedule.
+fn replays_green(seed: u64) -> Vec<String> {
+    match run_caught(seed) {
+        Ok(ran) => ran.steps,
+        Err((violations, steps)) => panic!("{}\n{}", violations.join("\n"), steps.join("\n")),
     }
 }
 
@@ -477,4 +478,28 @@ fn seed_2321_a_reconciled_record_in_doubt_is_replaced_by_the_next_run() {
 #[test]
 fn seed_15879_a_stale_delivery_decided_again_after_a_lost_ledger_may_write_its_state() {
     replays_green(15879);
+}
+
+/// Found by the long run on the simulated disk: a spool append whose
+/// commit failed at its last sync (`d-1` answered 503) left an entry the
+/// heal's reopen read, and `d-1`'s retry was answered `duplicate` on it,
+/// though nothing said it was durable; the drainer published it after. A
+/// failed append's entry is now in doubt until the heal takes it out, and
+/// the retry is spooled anew.
+#[test]
+fn seed_13924_a_retry_of_a_failed_spool_append_is_spooled_not_a_duplicate() {
+    let steps = replays_green(13924);
+    let failed = steps
+        .iter()
+        .position(|step| step.contains("d-1 → retry (spool: spool storage"));
+    let spooled = steps
+        .iter()
+        .rposition(|step| step.contains("d-1 → spooled"));
+    assert!(
+        failed
+            .zip(spooled)
+            .is_some_and(|(failed, spooled)| failed < spooled),
+        "the world no longer reaches the case (d-1's append failing, then its retry spooled): put the old behaviour back to find the seed again (docs/TESTING.md)\n{}",
+        steps.join("\n")
+    );
 }

@@ -271,6 +271,32 @@ async fn a_delivery_whose_caller_went_away_mid_publish_is_committed_all_the_same
     assert_eq!(broker.taken().len(), 1);
 }
 
+/// What the ingress hands over with a delivery (its place in the source's
+/// fair share) is held until the delivery's outcome, not until its caller
+/// goes away: a provider that hangs up does not free its place while its
+/// record is still on the way.
+#[tokio::test]
+async fn what_a_delivery_holds_is_kept_until_its_outcome_when_its_caller_went_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pipeline, broker) = taking(dir.path(), Duration::from_millis(100)).await;
+    broker.hold();
+    let place = Arc::new(());
+    let caller = {
+        let pipeline = pipeline.clone();
+        let held = place.clone();
+        let delivery = delivery("d-held", "d-held", "2026-11-29T11:20:00Z");
+        tokio::spawn(async move { pipeline.deliver_holding(delivery, held).await })
+    };
+    broker.arrivals(1).await;
+    caller.abort();
+    assert!(caller.await.unwrap_err().is_cancelled());
+    assert_eq!(Arc::strong_count(&place), 2, "let go with the caller");
+    broker.release();
+    pipeline.finish_deliveries(Duration::from_secs(5)).await;
+    assert_eq!(Arc::strong_count(&place), 1, "kept past the outcome");
+    assert!(order_state(&pipeline).await.is_some());
+}
+
 #[tokio::test]
 async fn a_send_that_failed_leaves_the_delivery_to_its_retry_which_writes_it_once() {
     let dir = tempfile::tempdir().unwrap();

@@ -115,16 +115,13 @@ fn unnormalized(event: PosEvent) -> Normalized {
 async fn written(pipeline: &Pipeline, event: &PosEvent) {
     pipeline
         .ledger()
-        .commit(Commit {
-            entity: Some((
-                EntitySlot::new(event.entity_type, &event.key()),
-                Held::unplaced(EntityState {
-                    version: event.version,
-                    state_hash: guard::state_hash(event, &Content::default()),
-                }),
-            )),
-            ..Commit::default()
-        })
+        .commit(Commit::state(
+            EntitySlot::new(event.entity_type, &event.key()),
+            Held::unplaced(EntityState {
+                version: event.version,
+                state_hash: guard::state_hash(event, &Content::default()),
+            }),
+        ))
         .await
         .unwrap();
 }
@@ -456,10 +453,9 @@ async fn done(pipeline: &Pipeline, id: &str) {
     assert_eq!(pipeline.ledger().begin(&key(id)).await.unwrap(), Begin::New);
     pipeline
         .ledger()
-        .commit(Commit {
-            delivery: Some(crate::adapters::ledger::Done::published_now(key(id))),
-            ..Commit::default()
-        })
+        .commit(Commit::done(crate::adapters::ledger::Done::published_now(
+            key(id),
+        )))
         .await
         .unwrap();
 }
