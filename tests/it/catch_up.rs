@@ -114,6 +114,29 @@ impl Sim {
             .unwrap()
     }
 
+    /// A broker outage during this simulator's run: cut once some delivery
+    /// of it was answered 2xx (the run under way, Kafka taking records),
+    /// healed `lasting` later. The outage's length is the scenario itself,
+    /// a span of the providers' clock (its retry windows at the run's time
+    /// scale), not a wait for something to happen: nothing but time marks
+    /// its end, so it is slept.
+    pub(crate) async fn outage(&self, broker: &OwnBroker, lasting: Duration) {
+        wait_until(
+            Duration::from_secs(10),
+            "a first delivery of the simulator answered 2xx",
+            async || {
+                let by = self.get("/sim/status").await["by_provider"].clone();
+                ["receiptroller", "mekari"]
+                    .iter()
+                    .any(|provider| by[provider]["succeeded"].as_u64().unwrap_or(0) > 0)
+            },
+        )
+        .await;
+        broker.cut();
+        tokio::time::sleep(lasting).await;
+        broker.heal();
+    }
+
     /// Waits until every event was sent and every retry finished or was abandoned.
     pub(crate) async fn wait_done(&self) -> Value {
         let done = look_for(Duration::from_secs(180), async || {
@@ -328,15 +351,10 @@ async fn a_broker_outage_shorter_than_the_retry_windows_loses_nothing() {
         ],
     )
     .await;
-    // The simulator's first deliveries under way before the cut: a point in
-    // its run, not a condition.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     // Longer than the 3 s delivery deadline, so attempts fail; well inside
     // both providers' retry windows (14 s / 130 s at this time scale), so a
     // machine busy with the other tests still has time to recover.
-    broker.cut();
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    broker.heal();
+    sim.outage(&broker, Duration::from_secs(4)).await;
     let status = sim.wait_done().await;
     assert_eq!(status["receiptroller_active"], true, "{status}");
     assert_eq!(status["mekari_status"], "active", "{status}");
@@ -639,11 +657,7 @@ async fn an_outage_longer_than_receiptrollers_retries_loses_nothing_with_the_spo
             ],
         )
         .await;
-        // Under way before the cut; the outage lasts 12 s: times, not conditions.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        broker.cut();
-        tokio::time::sleep(Duration::from_secs(12)).await;
-        broker.heal();
+        sim.outage(&broker, Duration::from_secs(12)).await;
         let status = sim.wait_done().await;
         assert_eq!(status["mekari_status"], "active", "{status}");
         if !spools {

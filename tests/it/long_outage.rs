@@ -50,13 +50,23 @@ fn sim_args<'a>(mekari_source: &'a str, seed: &'a str) -> Vec<&'a str> {
     ]
 }
 
-/// Cuts the broker 300 ms into the simulator's run for [`OUTAGE`]: points
-/// in its run, not conditions.
-async fn outage(broker: &OwnBroker) {
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    broker.cut();
-    tokio::time::sleep(OUTAGE).await;
-    broker.heal();
+/// A broker of the test's own (to cut), the app's directory, a spooling
+/// configuration on it, and the name of a Mekari source of its own (so the
+/// series labelled with it count this test's alone).
+async fn beside_its_own_broker(
+    tag: &str,
+) -> (
+    OwnBroker,
+    tempfile::TempDir,
+    posbridge::config::Config,
+    String,
+) {
+    let broker = OwnBroker::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = spool_config(&broker.address(), &unique(tag), dir.path());
+    let mekari_source = unique(&format!("{tag}-mk"));
+    own_source(&mut config, "mekari", "main", &mekari_source);
+    (broker, dir, config, mekari_source)
 }
 
 /// Every entity the provider deleted is a tombstone in its topic: a delete
@@ -92,13 +102,7 @@ fn assert_deletes_are_tombstones(app: &TestApp, brokers: &str, truth: &Value) ->
 /// covered only the lookback before the pause.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_outage_longer_than_mekaris_retries_is_caught_up_by_the_watchdog() {
-    let broker = OwnBroker::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = spool_config(&broker.address(), &unique("mekari-14h"), dir.path());
-    // A Mekari source of its own, so the series labelled with it count this
-    // test's alone.
-    let mekari_source = unique("long-mk");
-    own_source(&mut config, "mekari", "main", &mekari_source);
+    let (broker, dir, mut config, mekari_source) = beside_its_own_broker("mekari-14h").await;
     // The reconciler's 90 min lookback at ×3600.
     config.reconcile.lookback_secs = 2;
     config.reconcile.max_attempts = 3;
@@ -126,12 +130,15 @@ async fn an_outage_longer_than_mekaris_retries_is_caught_up_by_the_watchdog() {
             loop {
                 watchdog.check().await;
                 checks.fetch_add(1, Ordering::SeqCst);
+                // The watchdog's period (`Watchdog::run` keeps it too): a
+                // schedule, not a wait; the checks are counted so the test
+                // waits for two whole ones below.
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
         })
     };
 
-    outage(&broker).await;
+    sim.outage(&broker, OUTAGE).await;
     let status = sim.wait_done().await;
     let mekari = &status["by_provider"]["mekari"];
     assert!(
@@ -179,11 +186,7 @@ async fn an_outage_longer_than_mekaris_retries_is_caught_up_by_the_watchdog() {
 /// included (no list API can show those). No reconciler, no watchdog.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_outage_longer_than_mekaris_retries_loses_nothing_with_mekari_spooled() {
-    let broker = OwnBroker::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = spool_config(&broker.address(), &unique("mekari-14h-spool"), dir.path());
-    let mekari_source = unique("long-mk-spool");
-    own_source(&mut config, "mekari", "main", &mekari_source);
+    let (broker, dir, mut config, mekari_source) = beside_its_own_broker("mekari-14h-spool").await;
     config
         .mekari
         .sources
@@ -194,7 +197,7 @@ async fn an_outage_longer_than_mekaris_retries_loses_nothing_with_mekari_spooled
     let before = Meter::read(&app).await;
     let sim = Sim::start(&app.base, &sim_args(&mekari_source, "31")).await;
 
-    outage(&broker).await;
+    sim.outage(&broker, OUTAGE).await;
     let status = sim.wait_done().await;
     assert_eq!(status["mekari_status"], "active", "{status}");
     assert_eq!(status["receiptroller_active"], true, "{status}");
