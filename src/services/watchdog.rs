@@ -105,11 +105,11 @@ impl Watchdog {
     pub async fn check(&self) -> Vec<Finding> {
         let mut findings = Vec::new();
         let now = OffsetDateTime::now_utc();
-        let broker_up = self.reconciler.broker_reachable(BROKER_PROBE_TIMEOUT).await;
+        // Asked at most once a check, and only when a source needs it.
+        let mut broker_up = None;
         for watched in self.reconciler.watched().iter() {
             let api = watched.api();
-            // Whether its deliveries are taken now (see the module's comment).
-            let taken = broker_up || (watched.spools() && self.reconciler.spool_has_room());
+            let spools = watched.spools();
             let watched = watched.source();
             // A source added while running (a sources directory's file)
             // gets its resume counter at its first check.
@@ -149,10 +149,18 @@ impl Watchdog {
                 WebhookState::NotWatched => continue,
                 WebhookState::Active => {
                     metrics::gauge!(telemetry::WEBHOOK_ACTIVE, &labels).set(1.0);
-                    last_active = self.last_seen_active(watched).await.ok().flatten();
+                    last_active = match self.last_seen_active(watched).await {
+                        Ok(last) => last,
+                        // Not known is not "never": no catch-up from the
+                        // watchdog's start, no mark; the next check asks again.
+                        Err(error) => {
+                            warn!(%provider, source, %error, "Cannot read when the webhook was last seen delivering; asked again at the next check.");
+                            continue;
+                        }
+                    };
                     // While deliveries are not taken the mark stays where
                     // they last were (see the module's comment).
-                    if taken {
+                    if self.taken(spools, &mut broker_up).await {
                         // Never seen delivering: since the watchdog's start
                         // (posbridge started during an outage, say).
                         let since = last_active.unwrap_or(self.started);
@@ -181,7 +189,7 @@ impl Watchdog {
                     let caught_up = self.catch_up(provider, source, since).await;
                     // A failed catch-up, or deliveries not taken, leaves the
                     // mark: a later check that finds them taken catches up on it.
-                    if resumed && caught_up && taken {
+                    if resumed && caught_up && self.taken(spools, &mut broker_up).await {
                         marked = self.mark(watched, now).await;
                     }
                 }
@@ -212,6 +220,21 @@ impl Watchdog {
             });
         }
         findings
+    }
+
+    /// Whether a source's deliveries are taken now (see the module's
+    /// comment): it spools and the spool has room, or Kafka answers (asked
+    /// once a check, kept in `broker_up`).
+    async fn taken(&self, spools: bool, broker_up: &mut Option<bool>) -> bool {
+        if spools && self.reconciler.spool_has_room() {
+            return true;
+        }
+        if let Some(up) = *broker_up {
+            return up;
+        }
+        let up = self.reconciler.broker_reachable(BROKER_PROBE_TIMEOUT).await;
+        *broker_up = Some(up);
+        up
     }
 
     /// Reads the source's API from `since` minus the lookback to now;

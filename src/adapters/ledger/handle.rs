@@ -33,9 +33,11 @@ use crate::domain::event::DeliveryKey;
 
 /// A store behind its gate and its fence. See the module documentation.
 pub struct Ledger {
+    // Dropped first: the commits it keeps hold their sends open, which the
+    // store's last checkpoint would otherwise wait for.
+    fence: Fence,
     store: Arc<dyn Store>,
     gate: Arc<Gate>,
-    fence: Fence,
 }
 
 /// What a call of the line does to the store, for the fence: a write's
@@ -50,9 +52,9 @@ impl Ledger {
     /// `store` behind `gate` and a lowered fence.
     pub fn new(store: Arc<dyn Store>, gate: Arc<Gate>) -> Ledger {
         Ledger {
+            fence: Fence::new(),
             store,
             gate,
-            fence: Fence::new(),
         }
     }
 
@@ -89,10 +91,20 @@ impl Ledger {
     where
         F: Future<Output = Result<T, LedgerError>>,
     {
+        self.gated(|| self.fenced(call, &ask)).await
+    }
+
+    /// The gate's part of [`Ledger::decided`] around `ask`, which passes
+    /// the fence itself: waits for the gate to open, and asks once more
+    /// when the store was found lost and filled again meanwhile.
+    async fn gated<T, F>(&self, ask: impl Fn() -> F) -> Result<T, LedgerError>
+    where
+        F: Future<Output = Result<T, LedgerError>>,
+    {
         self.gate.wait_open().await?;
-        let first = self.fenced(call, &ask).await;
+        let first = ask().await;
         if self.gate.again(&first).await? {
-            return self.gate.saw(self.fenced(call, &ask).await);
+            return self.gate.saw(ask().await);
         }
         first
     }
@@ -130,12 +142,7 @@ impl Ledger {
         &self,
         slot: &EntitySlot,
     ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
-        self.gate.wait_open().await?;
-        let read = self.lock_and_read_fenced(slot).await;
-        if self.gate.again(&read).await? {
-            return self.gate.saw(self.lock_and_read_fenced(slot).await);
-        }
-        read
+        self.gated(|| self.lock_and_read_fenced(slot)).await
     }
 
     /// [`Ledger::lock_and_read`] past the fence.

@@ -10,13 +10,17 @@
 //! process, so a lone merchant on a quiet server is never slowed. Once the
 //! process is busy, a source past its share is over it ([`OverShare`])
 //! when it holds at least [`OVER_THE_OTHERS`] times what the other
-//! sources with deliveries in flight hold on average (a source alone in
-//! flight is over it at once): one merchant replaying a day of sales holds
-//! at most its share of what is in flight (plus what it borrowed before
-//! the process turned busy), and the others' deliveries are taken in at
-//! once. Equal sources behind a slow broker, each holding about the
-//! average, are never held to their shares: a slow broker is no merchant's
-//! doing, and each refusal would spend one of its provider's attempts.
+//! sources with deliveries in flight hold on average: one merchant
+//! replaying a day of sales holds at most its share of what is in flight
+//! (plus what it borrowed before the process turned busy), and the others'
+//! deliveries are taken in at once. Equal sources behind a slow broker,
+//! each holding about the average, are never held to their shares, nor is
+//! a source alone in flight: holding it back would protect nobody, and a
+//! slow broker is no merchant's doing, while each refusal would spend one
+//! of its provider's attempts (ten Mekari deliveries in a row failing for
+//! good pause its endpoint). A newcomer's first deliveries are within its
+//! share and taken in at once; from then on the lone source is held to
+//! twice what the newcomer holds.
 //!
 //! What an over-share delivery gets is the handler's to decide, by what its
 //! provider understands (`webhook.rs`): 429 + `Retry-After` for one that
@@ -158,7 +162,7 @@ impl FairShares {
 
     /// Whether `source` holds at least [`OVER_THE_OTHERS`] times the
     /// average of the other sources in flight, `in_flight` in all; a source
-    /// alone in flight does.
+    /// alone in flight does not.
     fn far_above_the_others(&self, source: &SourceShare, in_flight: usize) -> bool {
         let mine = source.0.held.load(Ordering::Acquire);
         let others = in_flight.saturating_sub(mine);
@@ -167,7 +171,7 @@ impl FairShares {
             .active
             .load(Ordering::Acquire)
             .saturating_sub(usize::from(mine > 0));
-        others_active == 0 || mine * others_active >= OVER_THE_OTHERS * others
+        others_active > 0 && mine * others_active >= OVER_THE_OTHERS * others
     }
 
     /// A place for a delivery of `source` over its share, waiting until
@@ -258,14 +262,20 @@ mod tests {
     }
 
     #[test]
-    fn a_lone_source_borrows_past_its_share_while_the_process_is_not_busy() {
+    fn a_lone_source_is_not_held_to_its_share_however_busy_the_process_is() {
         let shares = shares(8, 2);
         let source = SourceShare::new(None);
-        let places: Vec<Place> = (0..8).map(|_| shares.try_admit(&source).unwrap()).collect();
-        assert_eq!(shares.in_flight(), 8);
-        // Busy now, and the source is past its share.
+        // Busy from the eighth on, and past its share: alone, it is taken in.
+        let places: Vec<Place> = (0..20)
+            .map(|_| shares.try_admit(&source).unwrap())
+            .collect();
+        assert_eq!(shares.in_flight(), 20);
+        // A newcomer is taken in within its share, and from then on the
+        // lone source is held to twice what the newcomer holds.
+        let newcomer = SourceShare::new(None);
+        let first = shares.try_admit(&newcomer).unwrap();
         assert_eq!(shares.try_admit(&source).err(), Some(OverShare));
-        drop(places);
+        drop((places, first));
         assert_eq!(shares.in_flight(), 0);
         assert!(shares.try_admit(&source).is_ok());
     }
@@ -274,27 +284,27 @@ mod tests {
     fn a_source_within_its_share_is_taken_in_however_busy_the_process_is() {
         let shares = shares(4, 2);
         let (flood, quiet) = (SourceShare::new(None), SourceShare::new(None));
+        let first = shares.try_admit(&quiet).unwrap();
         let flooding: Vec<Place> = std::iter::from_fn(|| shares.try_admit(&flood).ok())
             .take(100)
             .collect();
-        // Its share and what it borrowed before the process turned busy:
-        // alone in flight, it is over its share at once.
-        assert_eq!(flooding.len(), 4);
-        let calm: Vec<Place> = (0..2).map(|_| shares.try_admit(&quiet).unwrap()).collect();
-        assert_eq!(shares.in_flight(), 6);
-        // The flood holds twice the quiet source's 2: over its share.
-        assert_eq!(shares.try_admit(&flood).err(), Some(OverShare));
-        // The quiet source, past its share too, holds less than the flood:
-        // it borrows until it holds twice as much.
+        // Its share and one borrowed before the process turned busy; then
+        // it holds 3, past twice the quiet source's 1: over its share.
+        assert_eq!(flooding.len(), 3);
+        assert_eq!(shares.in_flight(), 4);
+        // The quiet source's own share is taken in however busy it is...
+        let second = shares.try_admit(&quiet).unwrap();
+        // ...and past it, holding less than the flood, it borrows until it
+        // holds twice as much.
         let more: Vec<Place> = std::iter::from_fn(|| shares.try_admit(&quiet).ok())
             .take(100)
             .collect();
         assert_eq!(
             more.len(),
-            6,
-            "2 of its share + 6 borrowed = 2 × the flood's 4"
+            4,
+            "2 of its share + 4 borrowed = 2 × the flood's 3"
         );
-        drop((calm, more));
+        drop((first, second, more));
         // A slot of the flood's own share comes free: it may take one more.
         drop(flooding);
         assert!(shares.try_admit(&flood).is_ok());
@@ -327,6 +337,8 @@ mod tests {
     #[test]
     fn a_source_s_own_setting_replaces_the_default_share() {
         let shares = shares(0, 2);
+        // Another source in flight: a source alone is not held at all.
+        let other = shares.try_admit(&SourceShare::new(None)).unwrap();
         let big = SourceShare::new(Some(5));
         let places: Vec<Place> = std::iter::from_fn(|| shares.try_admit(&big).ok())
             .take(100)
@@ -335,6 +347,7 @@ mod tests {
         // A share of 0 would refuse every delivery: it is at least 1.
         let zero = SourceShare::new(Some(0));
         assert!(shares.try_admit(&zero).is_ok());
+        drop(other);
     }
 
     #[tokio::test(start_paused = true)]

@@ -146,9 +146,18 @@ impl CheckpointThread {
 impl Drop for CheckpointThread {
     fn drop(&mut self) {
         drop(self.asks.take());
-        if let Some(thread) = self.thread.take() {
-            // A panic in the thread was already reported by its hook.
-            let _ = thread.join();
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        // A panic in the thread was already reported by its hook.
+        let join = move || drop(thread.join());
+        // Dropped on a worker of tokio's multi-threaded runtime (the end of
+        // `serve`, a task's last handle), the wait for the last checkpoint
+        // hands the worker's other tasks on first; a current-thread runtime
+        // (tests, commands) has no other worker to hand them to.
+        match tokio::runtime::Handle::try_current().map(|handle| handle.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(join),
+            _ => join(),
         }
     }
 }
@@ -455,10 +464,7 @@ impl super::Store for EmbeddedLedger {
     }
 
     async fn mark_generation(&self, filled_at: i64) -> Result<(), LedgerError> {
-        self.write(&Commit {
-            checkpoint: Some((GENERATION_MARK_NAME.to_owned(), filled_at)),
-            ..Commit::NOTHING
-        })
+        self.write(&Commit::checkpoint(GENERATION_MARK_NAME, filled_at))
     }
 
     async fn fill_token(&self) -> Result<Option<FillToken>, LedgerError> {
@@ -467,10 +473,7 @@ impl super::Store for EmbeddedLedger {
 
     async fn begin_fill(&self) -> Result<FillToken, LedgerError> {
         let token = FillToken::random();
-        self.write(&Commit {
-            checkpoint: Some((FILL_TOKEN_NAME.to_owned(), token.0)),
-            ..Commit::NOTHING
-        })?;
+        self.write(&Commit::checkpoint(FILL_TOKEN_NAME, token.0))?;
         Ok(token)
     }
 
