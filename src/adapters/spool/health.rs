@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use redb::{Database, TableDefinition};
+use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use tracing::{error, info};
 
 use super::Inner;
@@ -168,8 +168,16 @@ impl Inner {
             probe(&db, probe_bytes, &in_doubt).map_err(|error| error.to_string())
         });
         match probed {
-            Ok(()) => {
-                self.counts().in_doubt.taken_out(&in_doubt);
+            Ok((entries, bytes)) => {
+                let mut counts = self.counts();
+                counts.in_doubt.taken_out(&in_doubt);
+                // What the file holds, not what the counts kept: a write
+                // that failed may have landed all the same (a removal's
+                // entries gone, the counts still holding them; the drainer
+                // would then look for entries it never finds).
+                counts.entries = entries;
+                counts.bytes = bytes;
+                drop(counts);
                 self.health.healed();
                 true
             }
@@ -182,17 +190,31 @@ impl Inner {
 }
 
 /// Writes `bytes` into the probe table, taking `in_doubt` out of the
-/// spool's, then removes them, each durably.
-fn probe(db: &Database, bytes: u64, in_doubt: &[(u64, DeliveryKey)]) -> Result<(), redb::Error> {
+/// spool's, then removes them, each durably; the entries and bytes the
+/// spool's table holds then (a redb commit that failed may have landed:
+/// after a reopen, the file says what is there).
+fn probe(
+    db: &Database,
+    bytes: u64,
+    in_doubt: &[(u64, DeliveryKey)],
+) -> Result<(u64, u64), redb::Error> {
     let filler = vec![0u8; usize::try_from(bytes).unwrap_or(usize::MAX)];
     let txn = db.begin_write()?;
     txn.open_table(PROBE)?.insert(0, filler.as_slice())?;
     super::take_out(&txn, in_doubt)?;
+    let held = {
+        let entries = txn.open_table(super::ENTRIES)?;
+        let mut held_bytes = 0;
+        for entry in entries.iter()? {
+            held_bytes += entry?.1.value().len() as u64;
+        }
+        (entries.len()?, held_bytes)
+    };
     txn.commit()?;
     let txn = db.begin_write()?;
     txn.open_table(PROBE)?.remove(0)?;
     txn.commit()?;
-    Ok(())
+    Ok(held)
 }
 
 #[cfg(test)]
