@@ -10,17 +10,20 @@
 //! process, so a lone merchant on a quiet server is never slowed. Once the
 //! process is busy, a source past its share is over it ([`OverShare`])
 //! when it holds at least [`OVER_THE_OTHERS`] times what the other
-//! sources with deliveries in flight hold on average: one merchant
-//! replaying a day of sales holds at most its share of what is in flight
-//! (plus what it borrowed before the process turned busy), and the others'
-//! deliveries are taken in at once. Equal sources behind a slow broker,
-//! each holding about the average, are never held to their shares, nor is
-//! a source alone in flight: holding it back would protect nobody, and a
-//! slow broker is no merchant's doing, while each refusal would spend one
-//! of its provider's attempts (ten Mekari deliveries in a row failing for
-//! good pause its endpoint). A newcomer's first deliveries are within its
-//! share and taken in at once; from then on the lone source is held to
-//! twice what the newcomer holds.
+//! active sources hold on average: one merchant replaying a day of sales
+//! holds at most its share of what is in flight (plus what it borrowed
+//! before the process turned busy), and the others' deliveries are taken
+//! in at once. A source is active while it has a delivery in flight or had
+//! one end within [`RECENT`]: a merchant sending one sale every 40 ms is
+//! rarely in flight at the instant a flood's delivery arrives, yet it is
+//! the one the share protects. Equal sources behind a slow broker, each
+//! holding about the average, are never held to their shares, nor is a
+//! source alone: holding it back would protect nobody, and a slow broker
+//! is no merchant's doing, while each refusal would spend one of its
+//! provider's attempts (ten Mekari deliveries in a row failing for good
+//! pause its endpoint). A newcomer's first deliveries are within its share
+//! and taken in at once; from then on, while the newcomer stays active,
+//! the lone source is held to twice what the newcomer holds.
 //!
 //! What an over-share delivery gets is the handler's to decide, by what its
 //! provider understands (`webhook.rs`): 429 + `Retry-After` for one that
@@ -32,11 +35,15 @@
 //! ([`OwnedSemaphorePermit`]) given back when the delivery's place drops,
 //! whatever way the delivery ends (answered, cut by the client, panicked).
 //! The counts are atomics read on every delivery; an approximate "busy" or
-//! average (two deliveries racing past the mark) is harmless.
+//! average (two deliveries racing past the mark) is harmless. Which other
+//! sources are active is looked up only for a delivery past its share in a
+//! busy process, over the sources that have had a delivery (held weakly: a
+//! source removed from the configuration leaves with its last delivery).
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
@@ -44,6 +51,11 @@ use tokio::time::Instant;
 /// it is over its share in a busy process: equal sources hold about the
 /// average each, a flood many times it.
 pub const OVER_THE_OTHERS: usize = 2;
+
+/// How long after its last delivery ended a source still counts as active:
+/// long past a steady merchant's gap between two sales, short enough that
+/// a merchant gone quiet stops holding a flood back within a second.
+pub const RECENT: Duration = Duration::from_secs(1);
 
 /// The share settings, from `[server]` (see `ServerConfig`).
 #[derive(Debug, Clone, Copy)]
@@ -65,8 +77,10 @@ pub struct FairShares(Arc<Shares>);
 struct Shares {
     /// Deliveries holding a place now, every source together.
     in_flight: AtomicUsize,
-    /// Sources with at least one delivery holding a place now.
-    active: AtomicUsize,
+    /// Every source that has had a delivery, to find the active ones.
+    sources: Mutex<Vec<Weak<SourceSlots>>>,
+    /// What a source's [`SourceSlots::last_ended`] counts from.
+    epoch: Instant,
     /// From how many in flight shares apply.
     busy: usize,
     /// A source's share when it sets none.
@@ -90,6 +104,19 @@ struct SourceSlots {
     /// Its deliveries holding a place now (its slots', borrowed and taken
     /// over its share alike).
     held: AtomicUsize,
+    /// When its last delivery let go of its place: milliseconds since the
+    /// shares' epoch, plus one; 0 while none has.
+    last_ended: AtomicU64,
+}
+
+impl SourceSlots {
+    /// Whether it has a delivery in flight or had one end within
+    /// [`RECENT`], `now` being milliseconds since the shares' epoch.
+    fn is_active(&self, now: u64) -> bool {
+        let ended = self.last_ended.load(Ordering::Acquire);
+        self.held.load(Ordering::Acquire) > 0
+            || (ended > 0 && (now + 1).saturating_sub(ended) <= RECENT.as_millis() as u64)
+    }
 }
 
 /// A source's delivery is over its share while the process is busy.
@@ -110,10 +137,18 @@ pub struct Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
+        self.source
+            .last_ended
+            .store(self.shares.now() + 1, Ordering::Release);
+        self.source.held.fetch_sub(1, Ordering::AcqRel);
         self.shares.in_flight.fetch_sub(1, Ordering::AcqRel);
-        if self.source.held.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.shares.active.fetch_sub(1, Ordering::AcqRel);
-        }
+    }
+}
+
+impl Shares {
+    /// Milliseconds since the epoch.
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
     }
 }
 
@@ -125,6 +160,7 @@ impl SourceShare {
             own,
             slots: OnceLock::new(),
             held: AtomicUsize::new(0),
+            last_ended: AtomicU64::new(0),
         }))
     }
 }
@@ -134,7 +170,8 @@ impl FairShares {
     pub fn new(settings: ShareSettings) -> FairShares {
         FairShares(Arc::new(Shares {
             in_flight: AtomicUsize::new(0),
-            active: AtomicUsize::new(0),
+            sources: Mutex::default(),
+            epoch: Instant::now(),
             busy: settings.busy,
             // A share of 0 would refuse every delivery of a busy process.
             default_share: settings.default_share.max(1),
@@ -161,17 +198,30 @@ impl FairShares {
     }
 
     /// Whether `source` holds at least [`OVER_THE_OTHERS`] times the
-    /// average of the other sources in flight, `in_flight` in all; a source
-    /// alone in flight does not.
+    /// average of the other active sources, `in_flight` in all; a source
+    /// alone does not.
     fn far_above_the_others(&self, source: &SourceShare, in_flight: usize) -> bool {
         let mine = source.0.held.load(Ordering::Acquire);
         let others = in_flight.saturating_sub(mine);
-        let others_active = self
-            .0
-            .active
-            .load(Ordering::Acquire)
-            .saturating_sub(usize::from(mine > 0));
+        let others_active = self.others_active(source);
         others_active > 0 && mine * others_active >= OVER_THE_OTHERS * others
+    }
+
+    /// How many sources other than `source` are active; forgets the sources
+    /// that are gone.
+    fn others_active(&self, source: &SourceShare) -> usize {
+        let now = self.0.now();
+        let mut sources = self
+            .0
+            .sources
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        sources.retain(|other| other.strong_count() > 0);
+        sources
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|other| !Arc::ptr_eq(other, &source.0) && other.is_active(now))
+            .count()
     }
 
     /// A place for a delivery of `source` over its share, waiting until
@@ -209,6 +259,11 @@ impl FairShares {
             .0
             .slots
             .get_or_init(|| {
+                self.0
+                    .sources
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(Arc::downgrade(&source.0));
                 let share = source.0.own.unwrap_or(self.0.default_share).max(1);
                 Arc::new(Semaphore::new(share))
             })
@@ -218,9 +273,7 @@ impl FairShares {
     /// A place of `source` counted in the totals, with `slot` if it has one.
     fn place(&self, source: &SourceShare, slot: Option<OwnedSemaphorePermit>) -> Place {
         self.0.in_flight.fetch_add(1, Ordering::AcqRel);
-        if source.0.held.fetch_add(1, Ordering::AcqRel) == 0 {
-            self.0.active.fetch_add(1, Ordering::AcqRel);
-        }
+        source.0.held.fetch_add(1, Ordering::AcqRel);
         Place {
             shares: self.0.clone(),
             source: source.0.clone(),
@@ -278,6 +331,24 @@ mod tests {
         drop((places, first));
         assert_eq!(shares.in_flight(), 0);
         assert!(shares.try_admit(&source).is_ok());
+    }
+
+    /// A merchant sending one sale at a time is rarely in flight when a
+    /// flood's delivery arrives: it protects it for [`RECENT`] after its
+    /// last delivery ended, and then no longer.
+    #[tokio::test(start_paused = true)]
+    async fn a_source_between_two_deliveries_still_holds_a_flood_to_its_share() {
+        let shares = shares(4, 2);
+        let (flood, quiet) = (SourceShare::new(None), SourceShare::new(None));
+        drop(shares.try_admit(&quiet).unwrap());
+        tokio::time::advance(RECENT / 2).await;
+        let flooding: Vec<Place> = std::iter::from_fn(|| shares.try_admit(&flood).ok())
+            .take(100)
+            .collect();
+        assert_eq!(flooding.len(), 4, "its share and two borrowed until busy");
+        // Gone quiet for longer than RECENT: the flood is alone again.
+        tokio::time::advance(RECENT).await;
+        assert!(shares.try_admit(&flood).is_ok());
     }
 
     #[test]
