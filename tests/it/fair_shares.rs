@@ -47,7 +47,9 @@ fn order(tag: &str, n: usize) -> Value {
 }
 
 /// Sends `flood` bodies to `flooder` all at once while `quiet` bodies go
-/// to `calm` one every [`QUIET_PACE`]; returns both sides' answers.
+/// to `calm` one every [`QUIET_PACE`], the first answered before the flood
+/// begins (the quiet merchant was sending at its rate when the other's
+/// flood came); returns both sides' answers.
 async fn flood_beside_quiet(
     app: &TestApp,
     provider: &str,
@@ -59,12 +61,14 @@ async fn flood_beside_quiet(
         let what = answer.what();
         (answer.status, what, answer.retry_after)
     };
+    let (first, rest) = quiet.split_first().expect("a quiet delivery at least");
+    let before_the_flood = answer(app.request(provider, calm, first)).await;
     let flooding: Vec<_> = flood
         .iter()
         .map(|body| tokio::spawn(answer(app.request(provider, flooder, body))))
         .collect();
     let mut calm_answers = Vec::new();
-    for body in &quiet {
+    for body in rest {
         calm_answers.push(tokio::spawn(answer(app.request(provider, calm, body))));
         tokio::time::sleep(QUIET_PACE).await;
     }
@@ -72,7 +76,7 @@ async fn flood_beside_quiet(
     for request in flooding {
         flood_answers.push(request.await.unwrap());
     }
-    let mut quiet_answers = Vec::new();
+    let mut quiet_answers = vec![before_the_flood];
     for request in calm_answers {
         quiet_answers.push(request.await.unwrap());
     }

@@ -41,6 +41,9 @@ pub struct Progress {
     /// Fills started again since start-up because the store lost what they
     /// had written (a `FLUSHALL` in the middle of one).
     pub restarted: u64,
+    /// Seconds since start-up while the gate has never opened (the first
+    /// fill, or its attempts, still running); `None` once it opened.
+    pub first_fill_secs: Option<f64>,
 }
 
 /// The gate and the progress behind it. Shared by the [`super::Ledger`], the
@@ -55,6 +58,10 @@ pub struct Gate {
     /// ledger was found lost: a fill that began before the last loss does
     /// not open the gate ([`Gate::end_filled`]).
     progress: Mutex<(Progress, Option<Instant>, u64)>,
+    /// When the gate was made (at start-up), and whether it has opened
+    /// since: a replica still on its first fill says so to `/readyz`.
+    created: Instant,
+    ever_opened: AtomicBool,
 }
 
 impl Gate {
@@ -65,6 +72,8 @@ impl Gate {
             opened: tokio::sync::Notify::new(),
             lost: tokio::sync::Notify::new(),
             progress: Mutex::default(),
+            created: Instant::now(),
+            ever_opened: AtomicBool::new(false),
         })
     }
 
@@ -122,6 +131,7 @@ impl Gate {
         }
         if outcome.is_ok() {
             self.open.store(true, Ordering::Release);
+            self.ever_opened.store(true, Ordering::Release);
             self.opened.notify_waiters();
         }
     }
@@ -147,6 +157,7 @@ impl Gate {
         progress.0.failed = None;
         progress.0.secs = progress.1.map_or(0.0, |at| at.elapsed().as_secs_f64());
         self.open.store(true, Ordering::Release);
+        self.ever_opened.store(true, Ordering::Release);
         drop(progress);
         self.opened.notify_waiters();
         true
@@ -165,6 +176,8 @@ impl Gate {
                 .saturating_sub(progress.records_read);
             progress.eta_secs = (rate > 0.0).then(|| left as f64 / rate);
         }
+        progress.first_fill_secs = (!self.ever_opened.load(Ordering::Acquire))
+            .then(|| self.created.elapsed().as_secs_f64());
         progress
     }
 

@@ -15,6 +15,17 @@ use crate::services::pipeline::Pipeline;
 /// How long `/readyz` waits for the broker's metadata answer.
 const BROKER_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long after start-up a replica still on its first fill from the
+/// topics says it is not ready though its spool would take deliveries.
+/// Behind a balancer the others take its traffic meanwhile (a rolling
+/// deploy moves on once it is filled, usually within seconds, instead of
+/// sending the sources that do not spool to a replica that answers them
+/// 503); a lone replica whose fill runs longer (its ledger lost) is ready
+/// again after it, so its spooling sources are refused for a minute at
+/// most, one of ReceiptRoller's four attempts. A fill that does not run
+/// (the broker away at start) holds nothing: every replica is alike then.
+const FIRST_FILL_UNREADY: Duration = Duration::from_secs(60);
+
 /// `GET /healthz`: the process is up and serving HTTP.
 pub async fn healthz() -> Response {
     (StatusCode::OK, Json(json!({ "status": "ok" }))).into_response()
@@ -80,6 +91,8 @@ impl Readiness {
 /// a spool with room, posbridge stays ready: sources that spool still accept
 /// (those that do not answer 503 until both are back), and taking the pod
 /// out of service would fail every delivery instead, and says `degraded`;
+/// but not while its first fill from the topics runs, for at most
+/// [`FIRST_FILL_UNREADY`] from start-up (`filling`);
 /// so it does while the registry does not answer (records carry the schema
 /// ids taken at start-up). A topic Kafka refuses while the
 /// cluster answers, or one that changed under posbridge (the topic watch),
@@ -110,7 +123,12 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     // Records carry the schema ids taken at start-up: a registry that stops
     // answering later (or was away at a start on known ids) delays nothing.
     let ledger_ok = readiness.ledger.is_ok();
-    let ready = spool_takes_it || broker && ledger_ok;
+    let rebuild = pipeline.ledger().rebuild_progress();
+    let first_fill = rebuild.running
+        && rebuild
+            .first_fill_secs
+            .is_some_and(|secs| secs < FIRST_FILL_UNREADY.as_secs_f64());
+    let ready = (spool_takes_it && !first_fill) || (broker && ledger_ok);
     let status = if ready {
         StatusCode::OK
     } else {
@@ -118,6 +136,7 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     };
     let word = |ok: bool| if ok { "ok" } else { "unavailable" };
     let overall = match (ready, broker && registry && ledger_ok) {
+        (false, _) if first_fill => "filling",
         (false, _) => "unavailable",
         (true, true) => "ok",
         (true, false) => "degraded",
@@ -146,7 +165,7 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
             "broker": word(broker),
             "schema_registry": word(registry),
             "ledger": readiness.ledger_text(),
-            "ledger_rebuild": pipeline.ledger().rebuild_progress(),
+            "ledger_rebuild": rebuild,
             "spool": spool,
             "failing_topics": pipeline.producer().health().failing_topics(),
         })),

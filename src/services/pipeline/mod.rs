@@ -220,6 +220,25 @@ impl Pipeline {
         inflight_wait: Duration,
         spool_entries: u64,
     ) -> (Pipeline, Arc<FakeBroker>) {
+        let (pipeline, broker, gate) =
+            Self::on_fake_broker_behind(dir, inflight_wait, spool_entries).await;
+        // Nothing to fill it from: decided at once.
+        gate.end(Ok(()));
+        (pipeline, broker)
+    }
+
+    /// [`Pipeline::on_fake_broker_spooling`] with its ledger's gate closed,
+    /// never opened yet: the test fills it, or not.
+    #[cfg(test)]
+    pub(crate) async fn on_fake_broker_behind(
+        dir: &std::path::Path,
+        inflight_wait: Duration,
+        spool_entries: u64,
+    ) -> (
+        Pipeline,
+        Arc<FakeBroker>,
+        Arc<crate::adapters::ledger::Gate>,
+    ) {
         use crate::config::LedgerConfig;
         let ledger = LedgerConfig {
             path: dir.join("ledger.redb"),
@@ -228,8 +247,6 @@ impl Pipeline {
         let opened = crate::adapters::ledger::open(&ledger, Duration::from_secs(30))
             .await
             .expect("a fresh ledger file opens");
-        // Nothing to fill it from: decided at once.
-        opened.gate.end(Ok(()));
         let broker = Arc::new(FakeBroker::default());
         let spool = Spool::open(&crate::config::SpoolConfig {
             path: dir.join("spool.redb"),
@@ -243,7 +260,7 @@ impl Pipeline {
             max_event_ahead: crate::config::ServerConfig::default().max_event_ahead(),
         };
         let pipeline = Pipeline::on_fake(opened.ledger, broker.clone(), spool, timing).await;
-        (pipeline, broker)
+        (pipeline, broker, opened.gate)
     }
 
     /// A pipeline deciding with `ledger`, producing to `broker` and

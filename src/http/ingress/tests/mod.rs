@@ -80,6 +80,16 @@ async fn harness() -> Harness {
     crate::observe::telemetry::install();
     let dir = tempfile::tempdir().unwrap();
     let (pipeline, broker) = Pipeline::on_fake_broker(dir.path(), Duration::from_millis(100)).await;
+    harness_on(dir, pipeline, broker)
+}
+
+/// The routes over `pipeline`, whose broker is taken down (the meters
+/// installed before it was made, so they record).
+fn harness_on(
+    dir: tempfile::TempDir,
+    pipeline: Pipeline,
+    broker: Arc<crate::adapters::publish::FakeBroker>,
+) -> Harness {
     broker.go_down();
     let secrets: Secrets = serde_json::from_value(json!([SECRET])).unwrap();
     let verifier =
@@ -354,6 +364,51 @@ async fn without_a_broker_a_spool_with_room_keeps_posbridge_ready() {
     assert_eq!(json["ledger"], "ok");
     assert_eq!(json["spool"]["has_room"], true);
     assert_eq!(json["encoding"], "avro-single-object");
+}
+
+/// A replica restarted behind a balancer is filled from the topics before
+/// it takes the traffic of sources that do not spool: its first fill holds
+/// `/readyz` at 503 though its spool has room. A fill that does not run (the
+/// broker away at start-up) holds nothing: every replica is alike then.
+#[tokio::test]
+async fn a_replica_on_its_first_fill_is_not_ready_though_its_spool_has_room() {
+    crate::observe::telemetry::install();
+    let dir = tempfile::tempdir().unwrap();
+    let (pipeline, broker, gate) =
+        Pipeline::on_fake_broker_behind(dir.path(), Duration::from_millis(100), 3).await;
+    let h = harness_on(dir, pipeline, broker);
+    let get = || Request::get("/readyz").body(Body::empty()).unwrap();
+    let (status, _, json) = answer(&h, get()).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (StatusCode::OK, Some("degraded")),
+        "no fill runs: {json}"
+    );
+    gate.begin(1, 100);
+    let (status, _, json) = answer(&h, get()).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("filling")),
+        "{json}"
+    );
+    assert!(
+        json["ledger_rebuild"]["first_fill_secs"].is_number(),
+        "{json}"
+    );
+    assert_eq!(json["spool"]["has_room"], true);
+    gate.end(Ok(()));
+    let (status, _, json) = answer(&h, get()).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (StatusCode::OK, Some("degraded")),
+        "filled, the broker away: {json}"
+    );
+    assert_eq!(json["ledger_rebuild"]["first_fill_secs"], Value::Null);
+    // A fill after the first (the ledger found lost while serving) holds
+    // nothing either: the spool takes deliveries meanwhile.
+    gate.begin(1, 100);
+    let (status, _, json) = answer(&h, get()).await;
+    assert_eq!(status, StatusCode::OK, "{json}");
 }
 
 #[tokio::test]
