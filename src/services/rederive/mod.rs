@@ -26,6 +26,7 @@
 mod current;
 mod derive;
 mod diff;
+mod judge;
 mod report;
 mod runs;
 
@@ -41,21 +42,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::adapters::encode::Writers;
-use crate::adapters::ledger::{Commit, EntitySlot, LedgerError};
+use crate::adapters::ledger::{Commit, LedgerError};
 use crate::adapters::publish::Topics;
 use crate::config::Config;
-use crate::domain::event::{EntityType, Normalized, ProviderKind};
-use crate::domain::guard::EntityState;
+use crate::domain::event::{EntityType, ProviderKind};
 use crate::observe::progress::Progress;
-use crate::services::pipeline::{
-    HEADER_PROVIDER, HEADER_SOURCE, HEADER_STATE_HASH, HEADER_VERSION, Outcome, Pipeline,
-    PipelineError, state_from_headers,
-};
+use crate::services::pipeline::{Pipeline, PipelineError};
 use crate::services::replay::{Extent, Letter, ReadError, Reader};
 
-use current::is_current;
 pub use diff::Change;
-use report::Line;
+use judge::{Judged, Target, Verdict, count, judge};
 pub use report::Summary;
 pub use runs::{Busy, RunView, Runs};
 
@@ -140,24 +136,6 @@ pub enum RederiveError {
     AnotherRun,
 }
 
-/// One entity topic to read.
-#[derive(Debug, Clone)]
-struct Target {
-    topic: String,
-    entity_type: EntityType,
-    /// Its source's own topics' prefix; none for the shared ones.
-    prefix: Option<String>,
-}
-
-/// A record judged, before anything is sent.
-enum Judged {
-    /// Nothing to send.
-    Done(Verdict),
-    /// Its state derived again differs: what to send in place of which
-    /// state, and the changes.
-    Differs(Box<(Normalized, EntityState)>, Vec<Change>),
-}
-
 /// A record and what became of it, once its send (if any) ended.
 type Pending<'a> =
     Pin<Box<dyn Future<Output = (Letter, Result<Verdict, PipelineError>)> + Send + 'a>>;
@@ -166,20 +144,6 @@ type Pending<'a> =
 /// acknowledgement, so one at a time would publish at one record per
 /// round trip.
 const IN_FLIGHT: usize = 64;
-
-/// What became of one record.
-enum Verdict {
-    /// Not its key's state now, or nothing to derive: counted only.
-    Passed(fn(&mut Summary)),
-    /// Derives to the same value.
-    Unchanged,
-    /// Derives to another value: `changes`, and what became of it.
-    Differed(Vec<Change>, Outcome),
-    /// Derives to another value; a dry run.
-    WouldPublish(Vec<Change>),
-    /// Could not be read or derived.
-    Failed(&'static str, String),
-}
 
 /// A run over the entity topics in use.
 pub struct Rederive {
@@ -445,7 +409,15 @@ impl Rederive {
         options: &Options,
         pace: &mut Pace,
     ) -> Pending<'static> {
-        match self.judge(target, &record, options).await {
+        match judge(
+            self.pipeline.ledger(),
+            &self.writers,
+            target,
+            &record,
+            options,
+        )
+        .await
+        {
             Ok(Judged::Done(verdict)) => Box::pin(async move { (record, Ok(verdict)) }),
             Ok(Judged::Differs(_, changes)) if options.dry_run => {
                 Box::pin(async move { (record, Ok(Verdict::WouldPublish(changes))) })
@@ -464,54 +436,6 @@ impl Rederive {
             }
             Err(error) => Box::pin(async move { (record, Err(error)) }),
         }
-    }
-
-    /// Judges one record, without publishing anything.
-    async fn judge(
-        &self,
-        target: &Target,
-        record: &Letter,
-        options: &Options,
-    ) -> Result<Judged, PipelineError> {
-        let done = |verdict| Ok(Judged::Done(verdict));
-        let (Some(key), Some(value)) = (&record.key, &record.body) else {
-            return done(Verdict::Passed(|s| s.tombstones += 1));
-        };
-        let selected = options
-            .provider
-            .is_none_or(|p| record.header(HEADER_PROVIDER) == Some(p.as_str()))
-            && options
-                .source
-                .as_deref()
-                .is_none_or(|s| record.header(HEADER_SOURCE) == Some(s));
-        if !selected {
-            return done(Verdict::Passed(|_| {}));
-        }
-        let Some(state) = record
-            .header(HEADER_VERSION)
-            .zip(record.header(HEADER_STATE_HASH))
-            .and_then(|(version, hash)| state_from_headers(version.as_bytes(), hash.as_bytes()))
-        else {
-            return done(Verdict::Passed(|s| s.without_state += 1));
-        };
-        let slot = EntitySlot::of_record_key(target.entity_type, key);
-        let held = self.pipeline.ledger().entity(&slot).await?;
-        if !held.is_some_and(|held| is_current(&held, &state, record.offset)) {
-            return done(Verdict::Passed(|s| s.superseded += 1));
-        }
-        let was = match self.writers.decode(value).await {
-            Ok(was) => was,
-            Err(error) => return done(Verdict::Failed("undecodable", error.to_string())),
-        };
-        let derived = match derive::derive(&was, target.prefix.as_deref()) {
-            Ok(derived) => derived,
-            Err(error) => return done(Verdict::Failed(error.code(), error.to_string())),
-        };
-        let changes = diff::changes(&was, &derived.event);
-        if changes.is_empty() {
-            return done(Verdict::Unchanged);
-        }
-        Ok(Judged::Differs(Box::new((derived, state)), changes))
     }
 
     fn show(&self, summary: &Summary) {
@@ -558,60 +482,6 @@ impl<W: Write> Tally<'_, W> {
         self.progress
             .update(self.summary.read, &self.summary.line());
         Ok(())
-    }
-}
-
-/// Counts `verdict` into `summary`; the line a changed or failed key gets.
-fn count<'a>(
-    verdict: &Verdict,
-    summary: &mut Summary,
-    target: &'a Target,
-    record: &'a Letter,
-) -> Option<Line<'a>> {
-    let line = |outcome, changes, reason| Line {
-        topic: &target.topic,
-        partition: record.partition,
-        offset: record.offset,
-        key: record.key.as_deref().unwrap_or_default(),
-        outcome,
-        changes,
-        reason,
-    };
-    match verdict {
-        Verdict::Passed(counted) => {
-            counted(summary);
-            None
-        }
-        Verdict::Unchanged => {
-            summary.unchanged += 1;
-            None
-        }
-        Verdict::WouldPublish(changes) => {
-            summary.differed += 1;
-            Some(line("would_publish", changes.clone(), None))
-        }
-        Verdict::Differed(changes, outcome) => {
-            summary.differed += 1;
-            let outcome = match outcome {
-                Outcome::Published => {
-                    summary.published += 1;
-                    "published"
-                }
-                Outcome::Stale => {
-                    summary.stale += 1;
-                    "stale"
-                }
-                other => {
-                    *summary.failed.entry(other.as_str()).or_default() += 1;
-                    other.as_str()
-                }
-            };
-            Some(line(outcome, changes.clone(), None))
-        }
-        Verdict::Failed(code, reason) => {
-            *summary.failed.entry(code).or_default() += 1;
-            Some(line("failed", Vec::new(), Some(reason.clone())))
-        }
     }
 }
 

@@ -3,8 +3,8 @@
 //! private one of the same kind for a test that kills, freezes or cuts it.
 
 use super::ports::{free_port, free_ports};
+use super::processes::script;
 use super::proxy::CutProxy;
-use super::script;
 use std::path::PathBuf;
 
 /// Which broker the suite runs on.

@@ -8,8 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::ports::free_ports;
+use super::processes::{log_tail, off_the_runtime, python_path, script};
 use super::wait::look_for;
-use super::{log_tail, off_the_runtime, python_path, script};
 
 /// Why this machine cannot run a Connect worker, if it cannot.
 pub fn missing() -> Option<String> {

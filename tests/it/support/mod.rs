@@ -8,7 +8,9 @@ pub mod connect;
 pub mod operator;
 pub mod ports;
 pub mod postgres;
+mod processes;
 pub mod proxy;
+mod records;
 pub mod redis;
 pub mod registry;
 pub mod secret_mount;
@@ -19,19 +21,20 @@ pub mod wait;
 
 pub use broker::{BrokerKind, KafkaSecurity, OwnBroker, broker_kind, kafka_only, kafka_security};
 pub use ports::{free_port, free_ports};
+pub use processes::{
+    assert_fresh, decode_with_python, example_binary, log_tail, off_the_runtime, python,
+    python_path, script, spawn_posbridge, spawn_serve, wait_healthy,
+};
+pub use records::{Record, latest_per_key, produce, produce_all, read_topic, read_topic_with};
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use posbridge::app::App;
 use posbridge::config::Config;
 use posbridge::domain::verify::SchemeName;
 use posbridge::domain::verify::sign;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::{Value, json};
 
 use tokio::sync::oneshot;
@@ -62,42 +65,6 @@ pub fn unique(tag: &str) -> String {
         COUNTER.fetch_add(1, Ordering::Relaxed),
         tag
     )
-}
-
-/// Writes `record` (a key, a value and headers, as [`v1::product_record`]
-/// makes them) to `topic` on `brokers`, partitioned as posbridge's
-/// producer does: what an older build wrote.
-pub async fn produce(
-    brokers: &str,
-    topic: &str,
-    record: (String, Vec<u8>, rdkafka::message::OwnedHeaders),
-) {
-    produce_all(brokers, topic, [record]).await;
-}
-
-/// [`produce`] for many records, in order, through one producer.
-pub async fn produce_all(
-    brokers: &str,
-    topic: &str,
-    records: impl IntoIterator<Item = (String, Vec<u8>, rdkafka::message::OwnedHeaders)>,
-) {
-    let producer: rdkafka::producer::FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("partitioner", "murmur2_random")
-        .create()
-        .unwrap();
-    for (key, value, headers) in records {
-        producer
-            .send(
-                rdkafka::producer::FutureRecord::to(topic)
-                    .key(&key)
-                    .payload(&value)
-                    .headers(headers),
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
-    }
 }
 
 /// A config with fresh topics (`{prefix}.sales`, …) and a ledger in `dir`.
@@ -466,67 +433,6 @@ pub fn mekari_order(
     })
 }
 
-/// The first record of `topic` as decoded by Confluent's Python client and
-/// fastavro (`tests/python/decode.py`), which also checks the framing.
-pub async fn decode_with_python(topic: &str, registry: Option<&str>) -> Value {
-    let decode = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/decode.py");
-    let brokers = brokers();
-    let mut args = vec![decode, brokers.as_str(), topic];
-    args.extend(registry);
-    let output = python(&args).await;
-    let first = output.stdout.split(|b| *b == b'\n').next().unwrap();
-    serde_json::from_slice(first).unwrap()
-}
-
-/// The venv's Python, with Confluent's client (scripts/test makes it).
-pub fn python_path() -> String {
-    std::env::var("POSBRIDGE_TEST_PYTHON")
-        .expect("POSBRIDGE_TEST_PYTHON (Confluent's client) is set by scripts/test")
-}
-
-/// A script of this repository.
-pub fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("scripts")
-        .join(name)
-}
-
-/// The last 40 lines of a log file, or why there are none: for the message
-/// of a test that failed on a server it started.
-pub fn log_tail(path: &Path) -> String {
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let lines: Vec<&str> = text.lines().collect();
-            lines[lines.len().saturating_sub(40)..].join("\n")
-        }
-        Err(error) => format!("({}: {error})", path.display()),
-    }
-}
-
-/// Runs a command that blocks (psql, a script) off the runtime's threads,
-/// so the posbridge a test runs in its process keeps them.
-pub async fn off_the_runtime(mut command: std::process::Command) -> std::process::Output {
-    tokio::task::spawn_blocking(move || command.output().expect("the command starts"))
-        .await
-        .unwrap()
-}
-
-/// Runs the venv's Python (Confluent's client) with `args`; fails the test
-/// with its stderr unless it succeeds.
-pub async fn python(args: &[&str]) -> std::process::Output {
-    let output = tokio::process::Command::new(python_path())
-        .args(args)
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "python: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
-}
-
 /// An answer to a request sent with [`timed`].
 pub struct Timed {
     /// Its status.
@@ -566,170 +472,6 @@ pub async fn timed(request: reqwest::RequestBuilder) -> Timed {
         retry_after,
         took,
     }
-}
-
-/// One record read back from a topic.
-#[derive(Debug, Clone)]
-pub struct Record {
-    pub key: String,
-    pub payload: Option<Vec<u8>>,
-    pub headers: HashMap<String, String>,
-    pub timestamp_ms: Option<i64>,
-}
-
-/// Every record of a single-partition topic up to its high watermark,
-/// de-duplicated by offset (tansu may repeat records after compaction).
-pub fn read_topic(brokers: &str, topic: &str) -> Vec<Record> {
-    read_topic_with(brokers, topic, &[])
-}
-
-/// The same with more client properties (TLS settings).
-pub fn read_topic_with(brokers: &str, topic: &str, properties: &[(&str, &str)]) -> Vec<Record> {
-    let mut config = ClientConfig::new();
-    for (key, value) in properties {
-        config.set(*key, *value);
-    }
-    let consumer: BaseConsumer = config
-        .set("bootstrap.servers", brokers)
-        .set("group.id", unique("reader"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let high = high_watermark(&consumer, topic);
-    let mut records: std::collections::BTreeMap<i64, Record> = Default::default();
-    if high == 0 {
-        return Vec::new();
-    }
-    let mut assignment = TopicPartitionList::new();
-    assignment
-        .add_partition_offset(topic, 0, Offset::Beginning)
-        .unwrap();
-    consumer.assign(&assignment).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut last_offset = -1;
-    while last_offset < high - 1 && Instant::now() < deadline {
-        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
-            continue;
-        };
-        let message = message.unwrap();
-        last_offset = last_offset.max(message.offset());
-        let headers = message
-            .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|h| {
-                        (
-                            h.key.to_owned(),
-                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        records.insert(
-            message.offset(),
-            Record {
-                key: String::from_utf8(message.key().unwrap().to_vec()).unwrap(),
-                payload: message.payload().map(<[u8]>::to_vec),
-                headers,
-                timestamp_ms: message.timestamp().to_millis(),
-            },
-        );
-    }
-    assert!(
-        last_offset >= high - 1,
-        "read {topic} up to {last_offset}, high watermark {high}"
-    );
-    records.into_values().collect()
-}
-
-/// The partition's high watermark. A partition may be without a leader for
-/// a moment (a broker just thawed from SIGSTOP is fenced until its next
-/// heartbeat, a topic just created has not elected one yet): that is waited
-/// out for up to 20 s; any other error fails the test.
-fn high_watermark(consumer: &BaseConsumer, topic: &str) -> i64 {
-    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match consumer.fetch_watermarks(topic, 0, Duration::from_secs(10)) {
-            Ok((_, high)) => return high,
-            Err(KafkaError::MetadataFetch(
-                RDKafkaErrorCode::NotLeaderForPartition | RDKafkaErrorCode::LeaderNotAvailable,
-                // A blocking caller (no runtime here): the leader is polled in place.
-            )) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(250)),
-            Err(error) => panic!("the high watermark of {topic}: {error}"),
-        }
-    }
-}
-
-/// The compacted view: the last record per key.
-pub fn latest_per_key(records: &[Record]) -> HashMap<String, Record> {
-    records.iter().map(|r| (r.key.clone(), r.clone())).collect()
-}
-
-/// Fails when a file a binary was built from (as cargo's dep-info file
-/// beside it lists them) changed after it was built: a plain `cargo test`
-/// does not rebuild another package's binary or an example.
-pub fn assert_fresh(binary: &Path) {
-    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    let (Some(built), Ok(dep_info)) = (
-        modified(binary),
-        std::fs::read_to_string(binary.with_extension("d")),
-    ) else {
-        return;
-    };
-    let sources = dep_info.split_once(": ").map_or("", |(_, list)| list);
-    for source in sources.split_whitespace().map(Path::new) {
-        assert!(
-            modified(source).is_none_or(|changed| changed <= built),
-            "{} changed after {} was built: run `cargo build --workspace --bins --examples` (scripts/test does)",
-            source.display(),
-            binary.display()
-        );
-    }
-}
-
-/// An example of this package, as `cargo build --examples` (which
-/// scripts/test runs) leaves it beside the test binary.
-pub fn example_binary(name: &str) -> PathBuf {
-    let mut dir = std::env::current_exe().expect("the test binary's own path");
-    dir.pop();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let path = dir.join("examples").join(name);
-    assert!(
-        path.is_file(),
-        "the example is not at {}: run `cargo build --examples` (scripts/test does)",
-        path.display()
-    );
-    assert_fresh(&path);
-    path
-}
-
-/// `posbridge serve` as its own process, quiet; kill it to crash it.
-pub fn spawn_serve(config: &Path) -> std::process::Child {
-    spawn_posbridge("serve", config)
-}
-
-/// `posbridge <command> --config <config>` as its own process, quiet.
-pub fn spawn_posbridge(command: &str, config: &Path) -> std::process::Child {
-    std::process::Command::new(env!("CARGO_BIN_EXE_posbridge"))
-        .args([command, "--config"])
-        .arg(config)
-        .env("POSBRIDGE_LOG", "off")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-/// Waits until a posbridge at `base` answers `/healthz` (30 s at most).
-pub async fn wait_healthy(http: &reqwest::Client, base: &str) {
-    wait::wait_until(Duration::from_secs(30), "posbridge to start", async || {
-        http.get(format!("{base}/healthz")).send().await.is_ok()
-    })
-    .await;
 }
 
 /// The `/metrics` text at one moment. Every app of the test process records

@@ -6,8 +6,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use super::ports::free_port;
+use super::processes::{log_tail, script};
 use super::wait::look_for;
-use super::{log_tail, script};
 
 /// Why this machine cannot run a throwaway PostgreSQL, if it cannot, in
 /// `scripts/postgres --check`'s words (the script knows what it needs).

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use super::*;
+use crate::app::check::webhook_source;
 
 /// What `check-config` says of `config`'s directory: each refused file's
 /// name and why.

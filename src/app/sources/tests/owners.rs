@@ -1,6 +1,7 @@
 //! Which file owns an account, across restarts, and what the refused say.
 
 use super::*;
+use crate::app::sources::owners::Taking;
 
 /// An embedded ledger at `path`, opened as start-up opens it (waiting while
 /// the watch task of the sources before, cancelled, still holds it).
@@ -134,7 +135,7 @@ async fn check_config_names_the_owner_the_ledger_records() {
     let ledger = ledger_at(&config.ledger.path).await;
     let owners = Owners::in_ledger(ledger.clone());
     owners
-        .record(vec![owners::Taking {
+        .record(vec![Taking {
             account: (ProviderKind::Mekari, Some("shared".to_owned())),
             name: "b-owner".to_owned(),
             since: 1_796_378_400_000,
