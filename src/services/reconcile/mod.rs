@@ -376,8 +376,9 @@ impl Reconciler {
     }
 }
 
-/// A record read from an API that cannot be normalized: its derived id and
-/// `entry`'s API source, when it has an `api` table.
+/// `entry`'s API source, when it has an `api` table: its provider's client
+/// connected with `options`, and `file`, the digest of its file in the
+/// sources directory (none for a source of the configuration file).
 fn api_source(
     entry: SourceEntry<'_>,
     file: Option<[u8; 32]>,
