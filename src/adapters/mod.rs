@@ -10,8 +10,10 @@
 //! * [`spool`]: the outage spool, verified deliveries Kafka could not take in time.
 //! * [`store_file`]: opening the redb files, refusing damaged ones.
 //! * [`secrets`]: secrets from files, read again when they change.
+//! * [`file_watch`]: watching the files read while serving, and when one is settled.
 
 pub mod encode;
+pub mod file_watch;
 pub mod ledger;
 pub mod providers;
 pub mod publish;

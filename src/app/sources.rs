@@ -36,7 +36,6 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use time::OffsetDateTime;
 use tokio::sync::Notify;
-use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -191,10 +190,8 @@ impl Sources {
         let Some(dir) = self.dir.clone() else { return };
         let changed = Arc::new(Notify::new());
         let mut watch = DirWatch::new(&dir, &changed, self.recheck);
+        let mut wakes = Wakes::new(changed, self.requested.clone(), self.recheck);
         let mut openings = Openings::new(self.own_topics.clone(), self.kafka.clone());
-        let mut recheck = tokio::time::interval(self.recheck);
-        recheck.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        recheck.tick().await;
         loop {
             watch.secret_dirs(self.secret_dirs());
             // Whether the topics that could not be opened are tried again:
@@ -202,14 +199,12 @@ impl Sources {
             // would be asked in a loop.
             let retry = tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = changed.notified() => {
-                    tokio::time::sleep(SETTLE).await;
-                    // What came during the settling is read by this read.
-                    let _ = futures::FutureExt::now_or_never(changed.notified());
+                wake = wakes.next() => {
+                    if wake == Wake::Changed {
+                        wakes.settle().await;
+                    }
                     true
                 }
-                () = self.requested.notified() => true,
-                _ = recheck.tick() => true,
                 () = openings.next() => false,
             };
             watch.follow();
@@ -396,11 +391,11 @@ mod opening;
 mod owners;
 mod report;
 mod series;
-mod settle;
 #[cfg(test)]
 mod tests;
 mod watch;
 
+use crate::adapters::file_watch::{SETTLE, Stamps, Wake, Wakes};
 use apply::running;
 use claims::Claim;
 pub use claims::dir_problems;
@@ -408,5 +403,4 @@ use opening::Openings;
 pub use owners::Owners;
 pub(super) use series::announce;
 use series::gauges;
-use settle::{SETTLE, Stamps};
 use watch::DirWatch;

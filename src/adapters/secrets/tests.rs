@@ -1,6 +1,7 @@
 //! Reading secret files and reading them again: real files in a temporary
 //! directory, one of them laid out as the kubelet mounts a Secret.
 
+use std::collections::BTreeSet;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -318,6 +319,53 @@ async fn the_recheck_reads_what_no_watcher_sees() {
         accepts(&verifier, "new-secret-2")
     })
     .await;
+    stop.cancel();
+    watch.await.unwrap();
+}
+
+/// A secret file written in place a few bytes at a time (an editor's or a
+/// `cat >` slow write): the watch waits until it stays the same across the
+/// settle time, and never puts a secret cut short in use (it would refuse
+/// every delivery signed with the whole one).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_secret_written_in_place_is_taken_once_it_is_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("secret");
+    std::fs::write(&file, "old-secret-1\n").unwrap();
+    let config = config(&format!("secrets_files = [{}]", toml_path(&file)));
+    let (verifier, files) = assembled(&config);
+    let stop = CancellationToken::new();
+    let watch = tokio::spawn(files.watch(stop.clone()));
+    eventually("the first read", || accepts(&verifier, "old-secret-1")).await;
+
+    const WHOLE: &str = "new-secret-written-slowly-2";
+    let writer = tokio::task::spawn_blocking({
+        let file = file.clone();
+        move || {
+            use std::io::Write;
+            let mut out = std::fs::File::create(&file).unwrap();
+            for chunk in WHOLE.as_bytes().chunks(3) {
+                out.write_all(chunk).unwrap();
+                std::thread::sleep(Duration::from_millis(60));
+            }
+            out.write_all(b"\n").unwrap();
+        }
+    });
+    let mut cut_short = BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !writer.is_finished() || !accepts(&verifier, WHOLE) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never: the whole secret in use"
+        );
+        cut_short.extend((1..WHOLE.len()).filter(|end| accepts(&verifier, &WHOLE[..*end])));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        cut_short,
+        BTreeSet::new(),
+        "secrets cut short at these lengths were in use"
+    );
     stop.cancel();
     watch.await.unwrap();
 }

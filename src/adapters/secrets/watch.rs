@@ -3,11 +3,9 @@
 //! holds them, every `server.secrets_recheck_secs` whatever it saw, and
 //! when asked ([`ReloadRequest`]: `main` asks on SIGHUP).
 //!
-//! The directories are watched, not the files: a Kubernetes update swaps
-//! the `..data` link and deletes the old files, which would end a watch on
-//! a file, and an editor or `mv` replaces a file by another. The recheck is
-//! the safety net for what a watch cannot see (a watched directory itself
-//! replaced, a file system without inotify, the inotify limits reached).
+//! The directories are watched, not the files, with the sources
+//! directory's rules ([`crate::adapters::file_watch`]): a read waits until
+//! the files stayed the same across its settle time.
 //!
 //! Each read puts the whole new set in use in one swap ([`Verifier::replace`]).
 //! A read that fails keeps the set in use and is said once at WARN, and
@@ -19,22 +17,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify::event::{AccessKind, AccessMode};
-use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::Notify;
-use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+
+use crate::adapters::file_watch::{SETTLE, Stamps, Wake, Wakes, Watched};
 
 use crate::config::SourceEntry;
 use crate::domain::verify::SchemeName;
 use crate::domain::verify::{KeyChange, Verifier};
 use crate::observe::telemetry;
-
-/// How long after a change is seen the files are read: the few events of
-/// one update (Kubernetes: a directory, a link, a rename, removals) arrive
-/// within it and make one read.
-const SETTLE: Duration = Duration::from_millis(100);
 
 /// Every source whose secrets come (partly) from files, with the verifier
 /// its requests go through. Cheap to clone; `App::serve` runs [`SecretFiles::watch`].
@@ -134,35 +126,36 @@ impl SecretFiles {
     }
 
     /// Reads every source's files again on each change seen, every
-    /// `recheck` and on each request, until `shutdown`. Returns at once
-    /// when no source reads secret files.
+    /// `recheck` and on each request, until `shutdown`, once the files of
+    /// their directories stayed the same across [`SETTLE`] (a secret read
+    /// while it is being written in place would be cut short). Returns at
+    /// once when no source reads secret files.
     pub async fn watch(self, shutdown: CancellationToken) {
         if self.sources.is_empty() {
             return;
         }
         let changed = Arc::new(Notify::new());
-        let mut watcher = self.watcher(changed.clone());
+        let mut watched = Watched::new(&changed, "the secret files", self.recheck);
+        watched.watch_new(self.directories());
+        let mut wakes = Wakes::new(changed, self.requested.clone(), self.recheck);
         let mut state = vec![None; self.sources.len()];
-        let mut recheck = tokio::time::interval(self.recheck);
-        recheck.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        // The first tick is immediate: a change between start-up's read
-        // and the watch's start is read now.
         loop {
-            let cause = tokio::select! {
+            let wake = tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = changed.notified() => {
-                    tokio::time::sleep(SETTLE).await;
-                    "change seen"
-                }
-                () = self.requested.notified() => "requested",
-                _ = recheck.tick() => {
-                    if let Some(watcher) = &mut watcher {
-                        self.rewatch(watcher);
-                    }
-                    "recheck"
-                }
+                wake = wakes.next() => wake,
             };
-            debug!(cause, "Reading the secret files.");
+            if wake == Wake::Recheck {
+                watched.watch_again(self.directories());
+            }
+            if wake == Wake::Changed {
+                wakes.settle().await;
+            }
+            if !self.settled().await {
+                debug!("Secret files still changing; read once they settle.");
+                wakes.again();
+                continue;
+            }
+            debug!(cause = ?wake, "Reading the secret files.");
             let files = self.clone();
             // File reads block; a slow file system must not hold a runtime thread.
             state = match tokio::task::spawn_blocking(move || {
@@ -179,6 +172,22 @@ impl SecretFiles {
                 }
             };
         }
+    }
+
+    /// Whether the files of the secret directories stayed the same across
+    /// [`SETTLE`]. File reads block: on the blocking pool.
+    async fn settled(&self) -> bool {
+        let stamps = || {
+            let dirs = self.directories();
+            tokio::task::spawn_blocking(move || Stamps::of_all(&dirs))
+        };
+        let Ok(before) = stamps().await else {
+            return true;
+        };
+        tokio::time::sleep(SETTLE).await;
+        stamps()
+            .await
+            .is_ok_and(|after| before.unsettled(&after).is_empty())
     }
 
     /// Reads every source once. `state[i]` is what source `i`'s last failed
@@ -207,44 +216,6 @@ impl SecretFiles {
             }
         }
         dirs
-    }
-
-    /// A watcher of [`SecretFiles::directories`] that wakes `changed`; none
-    /// when the system gives none (said once: the recheck still reads).
-    fn watcher(&self, changed: Arc<Notify>) -> Option<RecommendedWatcher> {
-        let made = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            // Our own reads open the files; only what may change them counts.
-            let read_only = event.as_ref().is_ok_and(|event| {
-                matches!(event.kind, EventKind::Access(access)
-                    if access != AccessKind::Close(AccessMode::Write))
-            });
-            if !read_only {
-                changed.notify_one();
-            }
-        });
-        let mut watcher = match made {
-            Ok(watcher) => watcher,
-            Err(error) => {
-                warn!(%error, recheck_secs = self.recheck.as_secs(), "Cannot watch the secret files; they are read again every recheck_secs and on SIGHUP.");
-                return None;
-            }
-        };
-        for dir in self.directories() {
-            if let Err(error) = watcher.watch(&dir, RecursiveMode::NonRecursive) {
-                warn!(%error, dir = %dir.display(), recheck_secs = self.recheck.as_secs(), "Cannot watch a directory of secret files; it is read again every recheck_secs and on SIGHUP.");
-            }
-        }
-        Some(watcher)
-    }
-
-    /// Watches the directories again: one replaced (a new inode) or created
-    /// since is watched from now on. Watching a watched one changes nothing.
-    fn rewatch(&self, watcher: &mut RecommendedWatcher) {
-        for dir in self.directories() {
-            if let Err(error) = watcher.watch(&dir, RecursiveMode::NonRecursive) {
-                debug!(%error, dir = %dir.display(), "Cannot watch a directory of secret files.");
-            }
-        }
     }
 }
 

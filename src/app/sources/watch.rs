@@ -10,10 +10,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify::event::ModifyKind;
-use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use notify::{Event, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
+
+use crate::adapters::file_watch::{Watched, may_change};
 
 /// A directory as the file system knows it: device and inode of what its
 /// path resolves to (a link followed). Another one behind the same path is
@@ -26,46 +27,30 @@ pub(super) struct DirWatch {
     /// The directory the watch is on, when it could be told.
     watched: Option<Identity>,
     /// On the directory's files and the secret directories.
-    files: Option<RecommendedWatcher>,
+    files: Watched,
     /// On the directory's parent, waking only for the directory's own
     /// entry: a watch on a directory follows it when it is renamed away,
     /// and a link's target does not change when the link is switched.
     entry: Option<RecommendedWatcher>,
-    /// The secret directories watched so far.
-    secret_dirs: BTreeSet<PathBuf>,
 }
 
 impl DirWatch {
     /// Watches `dir`, waking `changed`. Without watches (the system gives
     /// none: said once) the directory is read every `recheck` alone.
     pub(super) fn new(dir: &Path, changed: &Arc<Notify>, recheck: Duration) -> DirWatch {
-        let watched = identity(dir);
-        let files = notify::recommended_watcher({
-            let changed = changed.clone();
-            move |event: notify::Result<Event>| {
-                if event.is_ok_and(|e| may_change(&e.kind)) {
-                    changed.notify_one();
-                }
-            }
-        })
-        .and_then(|mut watcher| {
-            watcher.watch(dir, RecursiveMode::NonRecursive)?;
-            Ok(watcher)
-        });
-        let files = match files {
-            Ok(watcher) => Some(watcher),
-            Err(error) => {
-                warn!(%error, dir = %dir.display(), recheck_secs = recheck.as_secs(), "Cannot watch the sources directory; it is read again every secrets_recheck_secs and on SIGHUP.");
-                None
-            }
-        };
-        let entry = files.as_ref().and_then(|_| entry_watcher(dir, changed));
+        let mut files = Watched::new(changed, "the sources directory", recheck);
+        if let Err(error) = files.watch(dir) {
+            warn!(%error, dir = %dir.display(), recheck_secs = recheck.as_secs(), "Cannot watch the sources directory; it is read again every secrets_recheck_secs and on SIGHUP.");
+        }
+        let entry = files
+            .is_watching()
+            .then(|| entry_watcher(dir, changed))
+            .flatten();
         DirWatch {
             dir: dir.to_owned(),
-            watched,
+            watched: identity(dir),
             files,
             entry,
-            secret_dirs: BTreeSet::new(),
         }
     }
 
@@ -73,18 +58,11 @@ impl DirWatch {
     /// another than the one watched (said once at INFO).
     pub(super) fn follow(&mut self) {
         let now = identity(&self.dir);
-        if now.is_none() || now == self.watched {
+        if now.is_none() || now == self.watched || !self.files.is_watching() {
             return;
         }
         self.watched = now;
-        let Some(files) = &mut self.files else {
-            return;
-        };
-        // A watch stays on the directory it was made on, renamed or not:
-        // the old one is let go (already gone when the directory was
-        // deleted), the path watched afresh.
-        let _ = files.unwatch(&self.dir);
-        if let Err(error) = files.watch(&self.dir, RecursiveMode::NonRecursive) {
+        if let Err(error) = self.files.rewatch(&self.dir) {
             warn!(%error, dir = %self.dir.display(), "The sources directory was replaced and cannot be watched; it is read again every secrets_recheck_secs and on SIGHUP.");
             return;
         }
@@ -101,23 +79,7 @@ impl DirWatch {
     /// rotated secret there is read as soon as one of the main file's
     /// sources is, and those of the targets of source files that are links.
     pub(super) fn secret_dirs(&mut self, dirs: BTreeSet<PathBuf>) {
-        let Some(watcher) = &mut self.files else {
-            return;
-        };
-        for dir in dirs
-            .difference(&self.secret_dirs)
-            .cloned()
-            .collect::<Vec<_>>()
-        {
-            match watcher.watch(&dir, RecursiveMode::NonRecursive) {
-                Ok(()) => {
-                    self.secret_dirs.insert(dir);
-                }
-                Err(error) => {
-                    debug!(%error, dir = %dir.display(), "Cannot watch a directory of a source's secret files; it is read at each recheck.");
-                }
-            }
-        }
+        self.files.watch_new(dirs);
     }
 }
 
@@ -157,12 +119,6 @@ fn parent(dir: &Path) -> Option<PathBuf> {
     } else {
         parent.to_owned()
     })
-}
-
-/// Whether an event may change what a read finds: our own reads open the
-/// files and touch their access times, which does not.
-fn may_change(kind: &EventKind) -> bool {
-    !kind.is_access() && !matches!(kind, EventKind::Modify(ModifyKind::Metadata(_)))
 }
 
 fn identity(dir: &Path) -> Option<Identity> {

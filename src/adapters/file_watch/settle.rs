@@ -1,8 +1,9 @@
-//! The settle rule of the sources directory: a file is taken only once it
-//! has stayed the same across [`SETTLE`]. A file written in place is read
-//! while it is still being written (an editor's or a `cat >` slow write
-//! whose first part parses alone): taken then, its source would serve
-//! with settings its finished file does not give.
+//! The settle rule of the files read while serving: a file is taken only
+//! once it has stayed the same across [`SETTLE`]. A file written in place
+//! is read while it is still being written (an editor's or a `cat >` slow
+//! write whose first part parses alone): taken then, a source would serve
+//! with settings its finished file does not give, and a secret cut short
+//! would refuse every delivery signed with the whole one.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -13,7 +14,7 @@ use std::time::Duration;
 /// a change is seen the directory is read, so that the few events of one
 /// update (Kubernetes swaps a link and deletes the old files) make one
 /// read.
-pub(super) const SETTLE: Duration = Duration::from_millis(200);
+pub const SETTLE: Duration = Duration::from_millis(200);
 
 /// What tells one state of a file from another without reading it: what
 /// its name resolves to (a link followed: device and inode), its size and
@@ -22,12 +23,12 @@ type Stamp = (u64, u64, u64, i64, i64, i64, i64);
 
 /// The stamps of the entries of a directory, by path.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct Stamps(BTreeMap<PathBuf, Stamp>);
+pub struct Stamps(BTreeMap<PathBuf, Stamp>);
 
 impl Stamps {
     /// The stamps of `dir`'s entries now (none when it cannot be listed:
     /// the read that follows says why). Blocks on the file system.
-    pub(super) fn of(dir: &Path) -> Stamps {
+    pub fn of(dir: &Path) -> Stamps {
         let Ok(entries) = std::fs::read_dir(dir) else {
             return Stamps::default();
         };
@@ -51,9 +52,14 @@ impl Stamps {
         )
     }
 
+    /// The stamps of the entries of every one of `dirs` now.
+    pub fn of_all<'a>(dirs: impl IntoIterator<Item = &'a PathBuf>) -> Stamps {
+        Stamps(dirs.into_iter().flat_map(|dir| Stamps::of(dir).0).collect())
+    }
+
     /// The paths whose stamp differs between `self` and `later` (made,
     /// changed or removed in between): not settled.
-    pub(super) fn unsettled(&self, later: &Stamps) -> Vec<PathBuf> {
+    pub fn unsettled(&self, later: &Stamps) -> Vec<PathBuf> {
         let changed = self
             .0
             .iter()
