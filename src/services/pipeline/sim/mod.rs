@@ -89,6 +89,7 @@ mod disk;
 mod disk_plan;
 mod ended;
 mod hooks;
+mod partitions;
 mod process;
 mod providers;
 mod shared;
@@ -106,7 +107,7 @@ const SEEDS: u64 = 2000;
 /// seeds drew when it was set): a change that stops a world
 /// drawing one (a range made empty, a fault no longer planned) fails the
 /// budget instead of leaving the simulation blind to it.
-pub(super) const DRAWN: [(&str, f64); 21] = [
+pub(super) const DRAWN: [(&str, f64); 22] = [
     ("broker outage", 0.10),
     ("retryable failure", 0.25),
     ("acknowledgement lost", 0.07),
@@ -128,6 +129,7 @@ pub(super) const DRAWN: [(&str, f64); 21] = [
     ("disk write failed", 0.035),
     ("disk full", 0.008),
     ("spool full", 0.07),
+    ("several partitions", 0.25),
 ];
 
 /// Real time a world may take before it counts as stopped: a world takes

@@ -196,21 +196,21 @@ async fn below_the_offsets(
     let typed = sets
         .iter()
         .flat_map(|set| EntityType::ALL.map(|t| (t, set.entity(t).clone())));
-    for (entity_type, topic) in typed {
+    let partitions = typed.flat_map(|(entity_type, topic)| {
+        let count = i32::try_from(broker.partitions_of(&topic)).unwrap_or(1);
+        (0..count).map(move |partition| (entity_type, topic.clone(), partition))
+    });
+    for (entity_type, topic, partition) in partitions {
         let topic: &str = &topic;
-        let next = cached
-            .offsets
-            .get(&(topic.to_owned(), 0))
-            .copied()
-            .unwrap_or(0);
-        let partition = (topic.to_owned(), 0);
+        let partition = (topic.to_owned(), partition);
+        let next = cached.offsets.get(&partition).copied().unwrap_or(0);
         let from = checked
             .get(&partition)
             .copied()
             .filter(|from| *from <= next)
             .unwrap_or(0);
-        checked.insert(partition, next);
-        for (offset, record) in broker.log_of(topic, from..next) {
+        checked.insert(partition.clone(), next);
+        for (offset, record) in broker.log_of(topic, partition.1, from..next) {
             let Some(state) = record
                 .header(HEADER_VERSION)
                 .zip(record.header(HEADER_STATE_HASH))
@@ -224,8 +224,8 @@ async fn below_the_offsets(
             let held = store.fill().entity(&slot).await.ok().flatten();
             if held.is_none_or(|held| held.state.version < state.version) {
                 broken.push(format!(
-                    "a checkpoint recorded {topic} read up to {next}, and the ledger does not hold the state of the record at {offset} ({})",
-                    record.key
+                    "a checkpoint recorded {topic}/{} read up to {next}, and the ledger does not hold the state of the record at {offset} ({})",
+                    partition.1, record.key
                 ));
             }
         }
