@@ -49,9 +49,15 @@
 //! its ops is seen by the world when the runtime next looks, so the tasks
 //! of that instant it runs first vary with the threads' timing); wall-clock
 //! reads (record timestamps) are offset from the world's epoch and decide
-//! nothing within a world; not simulated: Redis, partition counts (the fake
-//! broker has one partition per topic), latent sector faults on reads,
-//! bytes changed under a running process.
+//! nothing within a world; not simulated: Redis, latent sector faults on
+//! reads, bytes changed under a running process.
+//!
+//! **Partitions** (`partitions.rs`): half the worlds give each topic one
+//! to four partitions; the fake broker puts a record in the partition its
+//! key's murmur2 names, as the producer's `murmur2_random` does, with
+//! offsets per partition, and the rebuild reads every partition and
+//! checkpoints each one's offset. Order is promised per key, which is per
+//! partition: the checks below hold per key whatever the count.
 //!
 //! **The reconciler** runs in half the worlds through the real pipeline,
 //! over a fake API (`api.rs`) showing each entity's newest state by the
