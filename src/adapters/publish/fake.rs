@@ -14,7 +14,8 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::watch;
 
 use super::error::classify;
-use super::{BrokerHealth, OutgoingRecord, Produce, PublishError};
+use super::watch::{Baseline, Observed};
+use super::{BrokerHealth, OutgoingRecord, Produce, PublishError, TopicChange};
 use crate::domain::record_at::RecordAt;
 use crate::services::lookup::partition_of;
 
@@ -49,6 +50,9 @@ pub struct FakeBroker {
     holding: watch::Sender<bool>,
     /// Each send's fault, when a plan decides them.
     plan: Mutex<Option<Plan>>,
+    /// The partitions posbridge keeps for each topic, as the `Publisher`
+    /// keeps them ([`FakeBroker::start_up`]).
+    baseline: Baseline,
 }
 
 impl std::fmt::Debug for FakeBroker {
@@ -92,6 +96,7 @@ impl Default for FakeBroker {
             arrived: watch::Sender::new(0),
             holding: watch::Sender::new(false),
             plan: Mutex::default(),
+            baseline: Baseline::default(),
         }
     }
 }
@@ -152,6 +157,46 @@ impl FakeBroker {
     /// How many partitions `topic` has.
     pub fn partitions_of(&self, topic: &str) -> usize {
         self.state().partitions_of(topic)
+    }
+
+    /// What a starting posbridge's `Publisher` does with `topics`, the fake
+    /// standing in for it and the cluster: the counts `kept` (the ledger's
+    /// checkpoint's) kept, the others learnt as they are now, and a topic
+    /// whose count differs from the one kept refused from now on (as
+    /// `keep_partitions` then `check_topic_settings` do, with the same
+    /// baseline and health).
+    pub fn start_up(&self, kept: &BTreeMap<String, usize>, topics: &[String]) {
+        self.baseline.keep(kept);
+        let observed: BTreeMap<String, Observed> = topics
+            .iter()
+            .map(|topic| {
+                let seen = Observed {
+                    partitions: Some(self.partitions_of(topic)),
+                    ..Observed::default()
+                };
+                (topic.clone(), seen)
+            })
+            .collect();
+        self.baseline.learn(&observed);
+        for (topic, seen) in &observed {
+            let change = TopicChange::between(self.baseline.get(topic), seen);
+            self.health.topic_shape(topic, change);
+        }
+    }
+
+    /// As [`super::Publisher::kept_partitions`].
+    pub fn kept_partitions(&self) -> BTreeMap<String, usize> {
+        self.baseline.all()
+    }
+
+    /// As [`super::Publisher::keep_partitions_anew`].
+    pub fn keep_partitions_anew(&self, now: &BTreeMap<String, usize>) {
+        self.baseline.keep(now);
+        for topic in now.keys() {
+            if let Some(TopicChange::Partitions { .. }) = self.health.changed(topic) {
+                self.health.topic_shape(topic, None);
+            }
+        }
     }
 
     /// Each send from now on does what `plan` decides for it (after the
@@ -337,6 +382,12 @@ impl Produce for FakeBroker {
     async fn send(&self, record: &OutgoingRecord) -> Result<RecordAt, PublishError> {
         if !self.health.is_up() {
             return Err(PublishError::BrokerDown);
+        }
+        if let Some(change) = self.health.changed(&record.topic) {
+            return Err(PublishError::TopicChanged {
+                topic: record.topic.to_string(),
+                change,
+            });
         }
         self.arrived.send_modify(|arrived| *arrived += 1);
         let fault = self

@@ -46,12 +46,13 @@ impl TopicSource for FakeSource {
         }))
     }
 
-    /// Every topic keeps its one partition.
     fn kept_partitions(&self) -> BTreeMap<String, usize> {
-        BTreeMap::new()
+        self.broker.kept_partitions()
     }
 
-    fn keep_partitions_anew(&self, _now: &BTreeMap<String, usize>) {}
+    fn keep_partitions_anew(&self, now: &BTreeMap<String, usize>) {
+        self.broker.keep_partitions_anew(now);
+    }
 }
 
 /// One topic of the fake broker, read from its log.

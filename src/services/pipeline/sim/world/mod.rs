@@ -29,12 +29,12 @@ use super::disk::{AIM_WITHIN, Armed, End, SimDisk};
 use super::disk_plan::{DiskPlan, OnDisk, plan};
 pub(super) use super::ended::{Answer, Ended, Event};
 use super::hooks::pause_commits;
-use super::partitions::Partitions;
+use super::partitions::{AtStart, Grown, Partitions};
 use super::process::{LedgerFate, Process, SpoolFate, after_crash};
 use super::providers::{Door, Senders, cut, deliveries, send, unfinished};
 pub(super) use super::shared::Shared;
 use crate::adapters::ledger::Remembered;
-use crate::adapters::publish::{FakeBroker, OutgoingRecord};
+use crate::adapters::publish::{FakeBroker, OutgoingRecord, Produce, TopicChange};
 use crate::domain::event::DeliveryKey;
 use crate::services::pipeline::HEADER_DELIVERY_ID;
 
@@ -129,7 +129,10 @@ impl World {
         World {
             rng,
             states: StdRng::seed_from_u64(seed ^ STATES_SEED),
-            partitions: Partitions::draw(&mut StdRng::seed_from_u64(seed ^ PARTITIONS_SEED)),
+            partitions: Partitions::draw(
+                &mut StdRng::seed_from_u64(seed ^ PARTITIONS_SEED),
+                &crashes,
+            ),
             shared,
             broker,
             clock,
@@ -205,7 +208,13 @@ impl World {
         let mut life_dir = dir.join("life-0");
         std::fs::create_dir_all(&life_dir).expect("a life's directory");
         let mut begins = (Duration::ZERO, Duration::ZERO);
+        let grown = self.partitions.grown.clone();
+        // The log's length when the topic grew.
+        let mut grew_at = 0;
         for life in 0..=self.crashes.len() {
+            let meets = grown
+                .as_ref()
+                .and_then(|grown| Some((grown.at_start(life)?, grown)));
             let crash = self.crashes.get(life).copied();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -218,10 +227,13 @@ impl World {
                 &life_dir,
                 begins,
                 crash.zip(on_disk).map(|(c, d)| (c.at, c.clean, d)),
-                &senders,
+                (&senders, meets),
                 api.clone(),
                 &mut rng,
             ));
+            if let Some((AtStart::Refused, grown)) = meets {
+                self.nothing_written_to(grown, grew_at);
+            }
             quarantined += lived.quarantined;
             let Some(crash) = crash else {
                 spooled_at_end = lived.spooled;
@@ -255,6 +267,17 @@ impl World {
                 &mut rng,
             ) {
                 self.shared.step(ended, said);
+            }
+            if let Some(grown) = grown.as_ref().filter(|grown| grown.after == life) {
+                self.broker.partitions(&grown.topic, grown.to);
+                grew_at = self.broker.taken_count();
+                self.shared.step(
+                    ended,
+                    format!(
+                        "{} grows from {} to {} partitions",
+                        grown.topic, grown.from, grown.to
+                    ),
+                );
             }
             if crash.broker_replaced {
                 eras.push(self.broker.placed());
@@ -302,7 +325,7 @@ impl World {
         dir: &Path,
         (at, down): (Duration, Duration),
         crash: Option<(Duration, bool, OnDisk)>,
-        senders: &Senders,
+        (senders, grown): (&Senders, Option<(AtStart, &Grown)>),
         api: Option<(Arc<FakeApi>, Duration)>,
         rng: &mut StdRng,
     ) -> Lived {
@@ -332,7 +355,12 @@ impl World {
         tokio::time::sleep(down).await;
         let process = Process::start(
             (dir, self.disk.0.store_disk(), self.disk.1.spool_room),
-            self.broker.clone(),
+            (
+                self.broker.clone(),
+                grown
+                    .filter(|(at, _)| *at == AtStart::Accepted)
+                    .map(|(_, grown)| grown.topic.as_str()),
+            ),
             self.spools,
             self.checkpoints_every(crash.is_some()),
             {
@@ -348,6 +376,9 @@ impl World {
         )
         .await;
         self.shared.step(self.clock.now(), "posbridge starts");
+        if let Some((at, grown)) = grown {
+            self.grown_topic_at_start(at, grown);
+        }
         self.disk.0.serve(crash.and_then(|(at, clean, on_disk)| {
             (!clean).then_some(Armed {
                 at,
@@ -453,6 +484,46 @@ impl World {
             quarantined: stats.quarantined,
             spooled: usize::try_from(stats.entries).unwrap_or(usize::MAX),
             spooled_ids: Vec::new(),
+        }
+    }
+
+    /// What a start found of the topic grown while posbridge was stopped:
+    /// refused for its partitions and named, the first time; taken again
+    /// once the operator accepted its new count.
+    fn grown_topic_at_start(&self, at: AtStart, grown: &Grown) {
+        let change = self.broker.health().changed(&grown.topic);
+        let expected = (at == AtStart::Refused).then_some(TopicChange::Partitions {
+            from: grown.from,
+            to: grown.to,
+        });
+        let named = self
+            .broker
+            .health()
+            .failing_topics()
+            .get(&grown.topic)
+            .cloned();
+        if change != expected || (at == AtStart::Refused) != named.is_some() {
+            self.shared.record().internal.push(format!(
+                "{} grown from {} to {} partitions while posbridge was stopped ({at:?}): at the start its change is {change:?} and it is named {named:?}",
+                grown.topic, grown.from, grown.to
+            ));
+        }
+    }
+
+    /// Nothing was written to the topic `grown` since the log was `from`
+    /// long: posbridge refuses it until its new count is accepted.
+    fn nothing_written_to(&self, grown: &Grown, from: usize) {
+        let placed = self.broker.placed();
+        for (at, record) in placed.iter().skip(from) {
+            if *at.topic == *grown.topic {
+                self.shared.record().internal.push(format!(
+                    "{} written at {at} while {} had grown to {} partitions and posbridge kept {}",
+                    delivery_of(record).unwrap_or_default(),
+                    grown.topic,
+                    grown.to,
+                    grown.from
+                ));
+            }
         }
     }
 
