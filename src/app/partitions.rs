@@ -13,8 +13,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::adapters::ledger::{self, TopicSeen};
-use crate::adapters::publish::Publisher;
+use crate::adapters::ledger::{self, Fill, TopicSeen};
+use crate::adapters::publish::{Described, Publisher};
 use crate::config::Config;
 
 use super::BuildError;
@@ -44,10 +44,27 @@ pub async fn accept_partitions(config: &Config, only: &[String]) -> Result<Accep
     };
     let publisher = Publisher::new(&config.kafka, config.max_record_bytes())?;
     let described = publisher.describe(&entity_topics).await?;
+    keep_counts(&fill, &described, &wanted).await
+}
+
+/// Keeps in the ledger's checkpoint (through `fill`) the partitions
+/// `described` gives each of `wanted`, its offsets as they were: what the
+/// command does once it has described the cluster (the simulation's
+/// operator does it over its fake broker).
+///
+/// # Errors
+/// [`BuildError`] when the cluster does not know a topic of `wanted`, or
+/// the ledger cannot be read or written.
+pub async fn keep_counts(
+    fill: &Fill<'_>,
+    described: &Described,
+    wanted: &[String],
+) -> Result<Accepted, BuildError> {
+    let cached = fill.cached().await?.unwrap_or_default();
     let mut seen = cached.topics.unwrap_or_default();
     let mut accepted = Accepted::new();
     for topic in wanted {
-        let Some(now) = described.topics.get(&topic) else {
+        let Some(now) = described.topics.get(topic) else {
             return Err(BuildError::Kafka(
                 crate::adapters::publish::PublishError::Describe(format!(
                     "the cluster does not know topic {topic}"
@@ -55,7 +72,7 @@ pub async fn accept_partitions(config: &Config, only: &[String]) -> Result<Accep
             ));
         };
         let kept: &mut TopicSeen = seen.topics.entry(topic.clone()).or_default();
-        accepted.insert(topic, (kept.partitions, now.partitions));
+        accepted.insert(topic.clone(), (kept.partitions, now.partitions));
         kept.partitions = Some(now.partitions);
         kept.id = kept.id.take().or_else(|| now.id.clone());
     }

@@ -14,8 +14,10 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::watch;
 
 use super::error::classify;
-use super::{BrokerHealth, OutgoingRecord, Produce, PublishError};
+use super::watch::{Baseline, Observed};
+use super::{BrokerHealth, OutgoingRecord, Produce, PublishError, TopicChange};
 use crate::domain::record_at::RecordAt;
+use crate::services::lookup::partition_of;
 
 /// What the broker does with one send, when a plan decides
 /// ([`FakeBroker::plan`]): a simulation's seeded schedule of faults.
@@ -36,7 +38,9 @@ pub enum Fault {
 /// Decides each send's [`Fault`].
 type Plan = Box<dyn FnMut(&OutgoingRecord) -> Fault + Send>;
 
-/// The fake broker. Every topic has one partition.
+/// The fake broker. A topic has one partition unless it is given more
+/// ([`FakeBroker::partitions`]); a record goes to the partition its key's
+/// murmur2 names, as the producer's `murmur2_random` puts it.
 pub struct FakeBroker {
     health: BrokerHealth,
     state: Mutex<State>,
@@ -46,6 +50,9 @@ pub struct FakeBroker {
     holding: watch::Sender<bool>,
     /// Each send's fault, when a plan decides them.
     plan: Mutex<Option<Plan>>,
+    /// The partitions posbridge keeps for each topic, as the `Publisher`
+    /// keeps them ([`FakeBroker::start_up`]).
+    baseline: Baseline,
 }
 
 impl std::fmt::Debug for FakeBroker {
@@ -58,8 +65,8 @@ impl std::fmt::Debug for FakeBroker {
 
 #[derive(Debug, Default)]
 struct State {
-    /// What was acknowledged, in order, with its offset in its topic.
-    taken: Vec<(i64, OutgoingRecord)>,
+    /// What was acknowledged, in order, with where it lies.
+    taken: Vec<(RecordAt, OutgoingRecord)>,
     /// Sends that reached the broker and are not answered yet, by arrival,
     /// with where the log took each it took already.
     in_flight: BTreeMap<u64, (OutgoingRecord, Option<RecordAt>)>,
@@ -67,8 +74,10 @@ struct State {
     arrivals: u64,
     /// How many times the broker was replaced by an empty one.
     generation: u64,
-    /// Each topic's next offset.
-    next_offset: BTreeMap<String, i64>,
+    /// Each partition's next offset.
+    next_offset: BTreeMap<(String, i32), i64>,
+    /// Topics' partition counts, where not one.
+    partitions: BTreeMap<String, usize>,
     /// How the next sends fail, one each, front first.
     next_failures: VecDeque<RDKafkaErrorCode>,
     /// How every send fails, after `next_failures`.
@@ -87,6 +96,7 @@ impl Default for FakeBroker {
             arrived: watch::Sender::new(0),
             holding: watch::Sender::new(false),
             plan: Mutex::default(),
+            baseline: Baseline::default(),
         }
     }
 }
@@ -136,6 +146,59 @@ impl FakeBroker {
         self.state().limits.insert(topic.to_owned(), bytes);
     }
 
+    /// `topic` has `count` partitions from now on (grown, say, while
+    /// posbridge was stopped: its keys may then map to other partitions).
+    pub fn partitions(&self, topic: &str, count: usize) {
+        self.state()
+            .partitions
+            .insert(topic.to_owned(), count.max(1));
+    }
+
+    /// How many partitions `topic` has.
+    pub fn partitions_of(&self, topic: &str) -> usize {
+        self.state().partitions_of(topic)
+    }
+
+    /// What a starting posbridge's `Publisher` does with `topics`, the fake
+    /// standing in for it and the cluster: the counts `kept` (the ledger's
+    /// checkpoint's) kept, the others learnt as they are now, and a topic
+    /// whose count differs from the one kept refused from now on (as
+    /// `keep_partitions` then `check_topic_settings` do, with the same
+    /// baseline and health).
+    pub fn start_up(&self, kept: &BTreeMap<String, usize>, topics: &[String]) {
+        self.baseline.keep(kept);
+        let observed: BTreeMap<String, Observed> = topics
+            .iter()
+            .map(|topic| {
+                let seen = Observed {
+                    partitions: Some(self.partitions_of(topic)),
+                    ..Observed::default()
+                };
+                (topic.clone(), seen)
+            })
+            .collect();
+        self.baseline.learn(&observed);
+        for (topic, seen) in &observed {
+            let change = TopicChange::between(self.baseline.get(topic), seen);
+            self.health.topic_shape(topic, change);
+        }
+    }
+
+    /// As [`super::Publisher::kept_partitions`].
+    pub fn kept_partitions(&self) -> BTreeMap<String, usize> {
+        self.baseline.all()
+    }
+
+    /// As [`super::Publisher::keep_partitions_anew`].
+    pub fn keep_partitions_anew(&self, now: &BTreeMap<String, usize>) {
+        self.baseline.keep(now);
+        for topic in now.keys() {
+            if let Some(TopicChange::Partitions { .. }) = self.health.changed(topic) {
+                self.health.topic_shape(topic, None);
+            }
+        }
+    }
+
     /// Each send from now on does what `plan` decides for it (after the
     /// failures asked for one by one, and while the broker is up).
     pub fn plan(&self, plan: impl FnMut(&OutgoingRecord) -> Fault + Send + 'static) {
@@ -147,6 +210,11 @@ impl FakeBroker {
         let mut arrived = self.arrived.subscribe();
         // The sender lives as long as `self`.
         let _ = arrived.wait_for(|arrived| *arrived >= count).await;
+    }
+
+    /// Every record acknowledged, in order, with where it lies.
+    pub fn placed(&self) -> Vec<(RecordAt, OutgoingRecord)> {
+        self.state().taken.clone()
     }
 
     /// Every record acknowledged, in order.
@@ -163,20 +231,31 @@ impl FakeBroker {
         self.state().taken.len()
     }
 
-    /// The records of `topic`'s one partition at `offsets`, with their
+    /// The records of `topic`'s `partition` at `offsets`, with their
     /// offsets, in order.
-    pub fn log_of(&self, topic: &str, offsets: std::ops::Range<i64>) -> Vec<(i64, OutgoingRecord)> {
+    pub fn log_of(
+        &self,
+        topic: &str,
+        partition: i32,
+        offsets: std::ops::Range<i64>,
+    ) -> Vec<(i64, OutgoingRecord)> {
         self.state()
             .taken
             .iter()
-            .filter(|(offset, record)| *record.topic == *topic && offsets.contains(offset))
-            .cloned()
+            .filter(|(at, _)| {
+                *at.topic == *topic && at.partition == partition && offsets.contains(&at.offset)
+            })
+            .map(|(at, record)| (at.offset, record.clone()))
             .collect()
     }
 
-    /// The offset `topic`'s next record gets: its partition's end.
-    pub fn end_of(&self, topic: &str) -> i64 {
-        self.state().next_offset.get(topic).copied().unwrap_or(0)
+    /// The offset `topic`'s `partition`'s next record gets: its end.
+    pub fn end_of(&self, topic: &str, partition: i32) -> i64 {
+        self.state()
+            .next_offset
+            .get(&(topic.to_owned(), partition))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// The cluster's id and each topic's, as `DescribeTopics` gives them:
@@ -206,7 +285,8 @@ impl FakeBroker {
     }
 
     /// An empty broker at the same address: its log gone, its cluster and
-    /// topics new ones (another cluster id, other topic ids).
+    /// topics new ones (another cluster id, other topic ids), made with
+    /// the partitions they had.
     pub fn replace(&self) {
         let mut state = self.state();
         state.taken.clear();
@@ -217,9 +297,11 @@ impl FakeBroker {
 
     /// The records acknowledged on `topic`, in order.
     pub fn taken_on(&self, topic: &str) -> Vec<OutgoingRecord> {
-        self.log_of(topic, 0..i64::MAX)
-            .into_iter()
-            .map(|(_, record)| record)
+        self.state()
+            .taken
+            .iter()
+            .filter(|(at, _)| *at.topic == *topic)
+            .map(|(_, record)| record.clone())
             .collect()
     }
 
@@ -263,19 +345,24 @@ impl FakeBroker {
 }
 
 impl State {
-    /// `record` at the end of its topic's log.
+    fn partitions_of(&self, topic: &str) -> usize {
+        self.partitions.get(topic).copied().unwrap_or(1)
+    }
+
+    /// `record` at the end of the partition of its topic its key maps to.
     fn append(&mut self, record: &OutgoingRecord) -> RecordAt {
+        let partition = partition_of(record.key.as_bytes(), self.partitions_of(&record.topic));
         let offset = self
             .next_offset
-            .entry(record.topic.to_string())
+            .entry((record.topic.to_string(), partition))
             .or_default();
         let delivered = RecordAt {
             topic: record.topic.clone(),
-            partition: 0,
+            partition,
             offset: *offset,
         };
         *offset += 1;
-        self.taken.push((delivered.offset, record.clone()));
+        self.taken.push((delivered.clone(), record.clone()));
         delivered
     }
 }
@@ -295,6 +382,12 @@ impl Produce for FakeBroker {
     async fn send(&self, record: &OutgoingRecord) -> Result<RecordAt, PublishError> {
         if !self.health.is_up() {
             return Err(PublishError::BrokerDown);
+        }
+        if let Some(change) = self.health.changed(&record.topic) {
+            return Err(PublishError::TopicChanged {
+                topic: record.topic.to_string(),
+                change,
+            });
         }
         self.arrived.send_modify(|arrived| *arrived += 1);
         let fault = self

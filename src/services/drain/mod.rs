@@ -435,8 +435,12 @@ fn count(provider: &'static str, outcome: Outcome) {
 /// the entry aside. A ledger that cannot answer, and a broker that is slow,
 /// unreachable or short of in-sync replicas, stop every entry alike:
 /// setting good ones aside then would only move them out of the way of
-/// nothing, and out of their topic. (The simulation found a valid spooled
-/// delivery dead-lettered after half a minute of retryable faults.)
+/// nothing, and out of their topic. Nor is a topic changed under posbridge
+/// (refused until it is as it was, or its new partitions accepted): its
+/// entries wait for the operator, and drain into it after. (The simulation
+/// found a valid spooled delivery dead-lettered after half a minute of
+/// retryable faults, and one whose topic had grown while posbridge was
+/// stopped.)
 fn about_the_entry(error: &PipelineError) -> bool {
     !matches!(
         error,
@@ -447,6 +451,7 @@ fn about_the_entry(error: &PipelineError) -> bool {
                 PublishError::Unavailable(_)
                     | PublishError::DeadlinePassed
                     | PublishError::BrokerDown
+                    | PublishError::TopicChanged { .. }
             )
     )
 }

@@ -9,6 +9,7 @@ use super::world::{Answer, Ended, delivery_of};
 use crate::adapters::ledger::{Recorded, Remembered};
 use crate::adapters::publish::OutgoingRecord;
 use crate::domain::event::ProviderKind;
+use crate::domain::record_at::RecordAt;
 use crate::services::pipeline::Outcome;
 
 /// The providers give up on an answer after this long.
@@ -24,9 +25,14 @@ pub(super) fn violations(ended: &Ended) -> Vec<String> {
     // does not forbid the drainer's write.
     let mut lost_to_the_spool = BTreeSet::new();
     let mut spooled = BTreeSet::new();
-    for (era, log) in ended.eras.iter().enumerate() {
+    let eras: Vec<Vec<OutgoingRecord>> = ended
+        .eras
+        .iter()
+        .map(|log| log.iter().map(|(_, record)| record.clone()).collect())
+        .collect();
+    for (era, log) in eras.iter().enumerate() {
         let answers: Vec<&Answer> = ended.answers.iter().filter(|a| a.era == era).collect();
-        let later = &ended.eras[era + 1..];
+        let later = &eras[era + 1..];
         lost_to_the_spool.extend(era_violations(
             ended,
             log,
@@ -74,14 +80,9 @@ pub(super) fn violations(ended: &Ended) -> Vec<String> {
 /// delivery it says was published or dead-lettered names one. (What it
 /// forgot, it says nothing of: a lost ledger is filled back only from the
 /// records of the dedup window.)
-fn lookup_violations(ended: &Ended, log: &[OutgoingRecord], broken: &mut Vec<String>) {
-    let mut offsets: BTreeMap<&str, i64> = BTreeMap::new();
-    let mut placed: BTreeMap<(&str, i64), &OutgoingRecord> = BTreeMap::new();
-    for record in log {
-        let next = offsets.entry(&record.topic).or_default();
-        placed.insert((&record.topic, *next), record);
-        *next += 1;
-    }
+fn lookup_violations(ended: &Ended, log: &[(RecordAt, OutgoingRecord)], broken: &mut Vec<String>) {
+    let placed: std::collections::HashMap<&RecordAt, &OutgoingRecord> =
+        log.iter().map(|(at, record)| (at, record)).collect();
     for (delivery, remembered) in &ended.remembered {
         let Remembered::Done { answered, .. } = remembered else {
             continue;
@@ -110,15 +111,13 @@ fn lookup_violations(ended: &Ended, log: &[OutgoingRecord], broken: &mut Vec<Str
             ));
             continue;
         };
-        let there = placed.get(&(&*place.topic, place.offset));
+        let there = placed.get(place);
         if *place.topic != **topic
             || there.and_then(|record| delivery_of(record)).as_deref() != Some(delivery.as_str())
         {
             broken.push(format!(
-                "lookup: {delivery} answered {} at {}@{}, which holds {:?}",
+                "lookup: {delivery} answered {} at {place}, which holds {:?}",
                 answered.outcome.as_str(),
-                place.topic,
-                place.offset,
                 there.and_then(|record| delivery_of(record))
             ));
         }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::adapters::ledger::Remembered;
 use crate::adapters::publish::OutgoingRecord;
 use crate::domain::event::ProviderKind;
+use crate::domain::record_at::RecordAt;
 use crate::services::pipeline::Outcome;
 
 /// One event of one entity: its key, and its place among its entity's
@@ -52,9 +53,9 @@ pub(super) struct Ended {
     pub(super) events: BTreeMap<String, Event>,
     /// Every answer, in the order given.
     pub(super) answers: Vec<Answer>,
-    /// The broker's log in each era, in order: a replaced broker's, then
-    /// the one that replaced it.
-    pub(super) eras: Vec<Vec<OutgoingRecord>>,
+    /// The broker's log in each era, in order, each record with where it
+    /// lies: a replaced broker's, then the one that replaced it.
+    pub(super) eras: Vec<Vec<(RecordAt, OutgoingRecord)>>,
     /// Deliveries in doubt (an acknowledgement lost, a send a crash cut
     /// after the log took it), by delivery id: each lets one more copy be
     /// written.

@@ -49,9 +49,18 @@
 //! its ops is seen by the world when the runtime next looks, so the tasks
 //! of that instant it runs first vary with the threads' timing); wall-clock
 //! reads (record timestamps) are offset from the world's epoch and decide
-//! nothing within a world; not simulated: Redis, partition counts (the fake
-//! broker has one partition per topic), latent sector faults on reads,
-//! bytes changed under a running process.
+//! nothing within a world; not simulated: Redis, latent sector faults on
+//! reads, bytes changed under a running process.
+//!
+//! **Partitions** (`partitions.rs`): half the worlds give each topic one
+//! to four partitions; the fake broker puts a record in the partition its
+//! key's murmur2 names, as the producer's `murmur2_random` does, with
+//! offsets per partition, and the rebuild reads every partition and
+//! checkpoints each one's offset. Order is promised per key, which is per
+//! partition: the checks below hold per key whatever the count. A topic
+//! may grow while posbridge is stopped: the next start must refuse it,
+//! named, and write nothing to it, and the start after the operator's
+//! `accept-partitions` (the command's code) must take it again.
 //!
 //! **The reconciler** runs in half the worlds through the real pipeline,
 //! over a fake API (`api.rs`) showing each entity's newest state by the
@@ -89,6 +98,7 @@ mod disk;
 mod disk_plan;
 mod ended;
 mod hooks;
+mod partitions;
 mod process;
 mod providers;
 mod shared;
@@ -106,7 +116,7 @@ const SEEDS: u64 = 2000;
 /// seeds drew when it was set): a change that stops a world
 /// drawing one (a range made empty, a fault no longer planned) fails the
 /// budget instead of leaving the simulation blind to it.
-pub(super) const DRAWN: [(&str, f64); 21] = [
+pub(super) const DRAWN: [(&str, f64); 23] = [
     ("broker outage", 0.10),
     ("retryable failure", 0.25),
     ("acknowledgement lost", 0.07),
@@ -128,6 +138,8 @@ pub(super) const DRAWN: [(&str, f64); 21] = [
     ("disk write failed", 0.035),
     ("disk full", 0.008),
     ("spool full", 0.07),
+    ("several partitions", 0.25),
+    ("topic grown while stopped", 0.05),
 ];
 
 /// Real time a world may take before it counts as stopped: a world takes
@@ -530,6 +542,23 @@ fn seed_72901_a_removal_that_failed_but_landed_leaves_the_counts_right() {
     assert!(
         failed_after,
         "the world no longer reaches the case (a spool write failing once Kafka is back, while the drainer removes what it published): put the old behaviour back to find the seed again (docs/TESTING.md)\n{}",
+        steps.join("\n")
+    );
+}
+
+/// Found by the simulation once a topic could grow while posbridge was
+/// stopped: a sale spooled while `pos.sales` was refused for its new
+/// partitions was set aside to the dead-letter topic after five drain
+/// passes, as if the refusal were the entry's own. A changed topic now
+/// stops its entries without counting toward setting them aside; they
+/// drain into it once the operator accepted its count (seen failing
+/// without it).
+#[test]
+fn seed_92_a_delivery_spooled_while_its_topic_is_refused_as_grown_waits_for_it() {
+    let steps = replays_green(92);
+    assert!(
+        steps.iter().any(|step| step.contains("pos.sales grows")),
+        "the world no longer grows a topic: put the old behaviour back to find the seed again (docs/TESTING.md)\n{}",
         steps.join("\n")
     );
 }

@@ -4,6 +4,7 @@
 //! aside when damaged), the rebuild from the broker's log behind the closed
 //! gate, the pipeline, and the spool's drainer.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +14,11 @@ use rand::rngs::StdRng;
 use tokio_util::sync::CancellationToken;
 
 use super::source::FakeSource;
-use crate::adapters::ledger::{self, EntitySlot, Ledger, Offsets, WallClock};
+use crate::adapters::ledger::{self, Cached, EntitySlot, Ledger, Offsets, WallClock};
 use crate::adapters::publish::{FakeBroker, TopicSets};
 use crate::adapters::spool::Spool;
 use crate::adapters::store_file::Disk;
+use crate::app::partitions::keep_counts;
 use crate::config::{KafkaConfig, SpoolConfig};
 use crate::domain::event::EntityType;
 use crate::services::drain::Drainer;
@@ -24,6 +26,7 @@ use crate::services::pipeline::{
     HEADER_STATE_HASH, HEADER_VERSION, Pipeline, Timing, state_from_headers,
 };
 use crate::services::rebuild::Rebuild;
+use crate::services::rebuild::TopicSource;
 
 /// How long a done delivery id is remembered (the default).
 const DEDUP_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -62,7 +65,7 @@ impl Process {
     /// the broker's log; `violated` hears what does not hold.
     pub(super) async fn start(
         (dir, disk, spool_room): (&Path, Disk, Option<u64>),
-        broker: Arc<FakeBroker>,
+        (broker, accept): (Arc<FakeBroker>, Option<&str>),
         drains: bool,
         checkpoints_every: Option<(Duration, Option<tokio::time::Instant>)>,
         violated: Violated,
@@ -80,8 +83,20 @@ impl Process {
             disk,
         )
         .expect("a spool file opens, a damaged one set aside and salvaged");
+        if let Some(topic) = accept {
+            accept_partitions(&opened.ledger, &broker, topic).await;
+        }
         let topics = TopicSets::new(&KafkaConfig::default());
         topics.open(super::providers::OWN_PREFIX);
+        // As the service's start-up: the partitions the ledger's checkpoint
+        // kept, and a topic whose count differs refused.
+        let kept = match opened.ledger.fill().cached().await {
+            Ok(Some(Cached {
+                topics: Some(seen), ..
+            })) => seen.partitions(),
+            _ => BTreeMap::new(),
+        };
+        broker.start_up(&kept, &topics.entity_topics());
         let timing = Timing {
             inflight_wait: INFLIGHT_WAIT,
             answer_budget: ANSWER_BUDGET,
@@ -128,6 +143,24 @@ impl Process {
     /// crash ends the runtime they run on).
     pub(super) fn stop(&self) {
         self.stop.cancel();
+    }
+}
+
+/// The operator's `posbridge ledger accept-partitions --topic TOPIC`, run
+/// while posbridge is stopped, through the command's own code: the
+/// ledger's checkpoint keeps `topic`'s count as the broker has it now. Run
+/// again until it works (a window of failing disk writes ends).
+async fn accept_partitions(ledger: &Ledger, broker: &Arc<FakeBroker>, topic: &str) {
+    let source = FakeSource {
+        broker: broker.clone(),
+    };
+    let wanted = [topic.to_owned()];
+    let described = source.describe(&wanted).await;
+    while keep_counts(&ledger.fill(), &described, &wanted)
+        .await
+        .is_err()
+    {
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
@@ -196,21 +229,21 @@ async fn below_the_offsets(
     let typed = sets
         .iter()
         .flat_map(|set| EntityType::ALL.map(|t| (t, set.entity(t).clone())));
-    for (entity_type, topic) in typed {
+    let partitions = typed.flat_map(|(entity_type, topic)| {
+        let count = i32::try_from(broker.partitions_of(&topic)).unwrap_or(1);
+        (0..count).map(move |partition| (entity_type, topic.clone(), partition))
+    });
+    for (entity_type, topic, partition) in partitions {
         let topic: &str = &topic;
-        let next = cached
-            .offsets
-            .get(&(topic.to_owned(), 0))
-            .copied()
-            .unwrap_or(0);
-        let partition = (topic.to_owned(), 0);
+        let partition = (topic.to_owned(), partition);
+        let next = cached.offsets.get(&partition).copied().unwrap_or(0);
         let from = checked
             .get(&partition)
             .copied()
             .filter(|from| *from <= next)
             .unwrap_or(0);
-        checked.insert(partition, next);
-        for (offset, record) in broker.log_of(topic, from..next) {
+        checked.insert(partition.clone(), next);
+        for (offset, record) in broker.log_of(topic, partition.1, from..next) {
             let Some(state) = record
                 .header(HEADER_VERSION)
                 .zip(record.header(HEADER_STATE_HASH))
@@ -224,8 +257,8 @@ async fn below_the_offsets(
             let held = store.fill().entity(&slot).await.ok().flatten();
             if held.is_none_or(|held| held.state.version < state.version) {
                 broken.push(format!(
-                    "a checkpoint recorded {topic} read up to {next}, and the ledger does not hold the state of the record at {offset} ({})",
-                    record.key
+                    "a checkpoint recorded {topic}/{} read up to {next}, and the ledger does not hold the state of the record at {offset} ({})",
+                    partition.1, record.key
                 ));
             }
         }

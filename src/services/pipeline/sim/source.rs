@@ -1,6 +1,6 @@
-//! The simulated broker read back by the rebuild: its log, one partition
-//! per topic, with the ids `DescribeTopics` would give (new ones once the
-//! broker was replaced by an empty one).
+//! The simulated broker read back by the rebuild: its log, every partition
+//! of each topic, with the ids and partition counts `DescribeTopics` would
+//! give (new ids once the broker was replaced by an empty one).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -30,7 +30,7 @@ impl TopicSource for FakeSource {
                         topic.clone(),
                         TopicIdentity {
                             id: Some(format!("{topic}-{generation}")),
-                            partitions: 1,
+                            partitions: self.broker.partitions_of(topic),
                         },
                     )
                 })
@@ -46,12 +46,13 @@ impl TopicSource for FakeSource {
         }))
     }
 
-    /// Every topic keeps its one partition.
     fn kept_partitions(&self) -> BTreeMap<String, usize> {
-        BTreeMap::new()
+        self.broker.kept_partitions()
     }
 
-    fn keep_partitions_anew(&self, _now: &BTreeMap<String, usize>) {}
+    fn keep_partitions_anew(&self, now: &BTreeMap<String, usize>) {
+        self.broker.keep_partitions_anew(now);
+    }
 }
 
 /// One topic of the fake broker, read from its log.
@@ -65,21 +66,24 @@ struct FakeReader {
 #[async_trait]
 impl TopicRead for FakeReader {
     async fn extents(&self) -> Result<Vec<Extent>, ReadError> {
-        Ok(vec![Extent {
-            partition: 0,
-            low: 0,
-            high: self.broker.end_of(&self.topic),
-        }])
+        let partitions = i32::try_from(self.broker.partitions_of(&self.topic)).unwrap_or(1);
+        Ok((0..partitions)
+            .map(|partition| Extent {
+                partition,
+                low: 0,
+                high: self.broker.end_of(&self.topic, partition),
+            })
+            .collect())
     }
 
-    fn assign(&mut self, _partition: i32, from: i64, to: i64) -> Result<(), ReadError> {
+    fn assign(&mut self, partition: i32, from: i64, to: i64) -> Result<(), ReadError> {
         self.left = self
             .broker
-            .log_of(&self.topic, from..to)
+            .log_of(&self.topic, partition, from..to)
             .into_iter()
             .rev()
             .map(|(offset, record)| Letter {
-                partition: 0,
+                partition,
                 offset,
                 timestamp_ms: Some(record.timestamp_ms),
                 key: Some(record.key),

@@ -6,15 +6,20 @@
 //! runtime, and with it every task and all the process's memory, at once;
 //! what outlives it is what outlives a real crash (the broker's log, the
 //! files as they were on disk, the providers' retries).
+//!
+//! `faults.rs` holds the broker's answer to each send, `schedule.rs` the
+//! events and the providers' attempts.
+
+mod faults;
+mod schedule;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use rdkafka::error::RDKafkaErrorCode;
 use tokio::time::Instant;
 
 use super::api::{FakeApi, reconcile};
@@ -24,22 +29,14 @@ use super::disk::{AIM_WITHIN, Armed, End, SimDisk};
 use super::disk_plan::{DiskPlan, OnDisk, plan};
 pub(super) use super::ended::{Answer, Ended, Event};
 use super::hooks::pause_commits;
+use super::partitions::{AtStart, Grown, Partitions};
 use super::process::{LedgerFate, Process, SpoolFate, after_crash};
-use super::providers::{Door, Sender, Senders, body, cut, deliveries, send, unfinished};
+use super::providers::{Door, Senders, cut, deliveries, send, unfinished};
 pub(super) use super::shared::Shared;
 use crate::adapters::ledger::Remembered;
-use crate::adapters::publish::{FakeBroker, Fault, OutgoingRecord};
-use crate::domain::event::{DeliveryKey, ProviderKind};
+use crate::adapters::publish::{FakeBroker, OutgoingRecord, Produce, TopicChange};
+use crate::domain::event::DeliveryKey;
 use crate::services::pipeline::HEADER_DELIVERY_ID;
-
-/// Broker errors a send may meet that a later attempt may not: never a
-/// refusal for good (that is a dead letter, a decision of its own).
-const RETRYABLE: [RDKafkaErrorCode; 4] = [
-    RDKafkaErrorCode::NotEnoughReplicas,
-    RDKafkaErrorCode::RequestTimedOut,
-    RDKafkaErrorCode::NetworkException,
-    RDKafkaErrorCode::LeaderNotAvailable,
-];
 
 /// Ample for one reconciler run over a world's few entities, faults over.
 const RUN_TAKES: Duration = Duration::from_secs(10);
@@ -49,6 +46,9 @@ const STATES_SEED: u64 = 0x57a7_e5ee_d000_0001;
 
 /// Mixed into the seed for the disk's draws.
 const DISK_SEED: u64 = 0xd15c_5eed_0000_0001;
+
+/// Mixed into the seed for the topics' partitions.
+const PARTITIONS_SEED: u64 = 0x9a27_5eed_0000_0001;
 
 /// How long a clean stop refuses requests before it ends (the deliveries
 /// in flight end meanwhile).
@@ -70,6 +70,8 @@ pub(super) struct World {
     clock: Clock,
     /// The disk under the ledger's and the spool's files, and its plan.
     disk: (SimDisk, DiskPlan),
+    /// How many partitions each topic has.
+    partitions: Partitions,
     faults: (Duration, Duration),
     /// Every send in the fault window fails (retryably).
     outage: bool,
@@ -127,6 +129,10 @@ impl World {
         World {
             rng,
             states: StdRng::seed_from_u64(seed ^ STATES_SEED),
+            partitions: Partitions::draw(
+                &mut StdRng::seed_from_u64(seed ^ PARTITIONS_SEED),
+                &crashes,
+            ),
             shared,
             broker,
             clock,
@@ -181,6 +187,7 @@ impl World {
             format!("the ledger checkpoints every {:?}", self.checkpoint_every),
         );
         self.disk.1.announce(&self.shared);
+        self.partitions.make(&self.broker, &self.shared);
         self.plan_faults();
         let events = self.events();
         let (senders, firsts) = self.senders(&events);
@@ -201,7 +208,13 @@ impl World {
         let mut life_dir = dir.join("life-0");
         std::fs::create_dir_all(&life_dir).expect("a life's directory");
         let mut begins = (Duration::ZERO, Duration::ZERO);
+        let grown = self.partitions.grown.clone();
+        // The log's length when the topic grew.
+        let mut grew_at = 0;
         for life in 0..=self.crashes.len() {
+            let meets = grown
+                .as_ref()
+                .and_then(|grown| Some((grown.at_start(life)?, grown)));
             let crash = self.crashes.get(life).copied();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -214,10 +227,13 @@ impl World {
                 &life_dir,
                 begins,
                 crash.zip(on_disk).map(|(c, d)| (c.at, c.clean, d)),
-                &senders,
+                (&senders, meets),
                 api.clone(),
                 &mut rng,
             ));
+            if let Some((AtStart::Refused, grown)) = meets {
+                self.nothing_written_to(grown, grew_at);
+            }
             quarantined += lived.quarantined;
             let Some(crash) = crash else {
                 spooled_at_end = lived.spooled;
@@ -252,8 +268,19 @@ impl World {
             ) {
                 self.shared.step(ended, said);
             }
+            if let Some(grown) = grown.as_ref().filter(|grown| grown.after == life) {
+                self.broker.partitions(&grown.topic, grown.to);
+                grew_at = self.broker.taken_count();
+                self.shared.step(
+                    ended,
+                    format!(
+                        "{} grows from {} to {} partitions",
+                        grown.topic, grown.from, grown.to
+                    ),
+                );
+            }
             if crash.broker_replaced {
-                eras.push(self.broker.taken());
+                eras.push(self.broker.placed());
                 self.broker.replace();
                 self.shared.record().era += 1;
                 self.shared
@@ -264,7 +291,7 @@ impl World {
             quiet_from = quiet_from.max(ended + crash.down + START_SLACK);
         }
         pause_commits(None);
-        eras.push(self.broker.taken());
+        eras.push(self.broker.placed());
         let record = std::mem::take(&mut *self.shared.record());
         Ended {
             events: events
@@ -298,7 +325,7 @@ impl World {
         dir: &Path,
         (at, down): (Duration, Duration),
         crash: Option<(Duration, bool, OnDisk)>,
-        senders: &Senders,
+        (senders, grown): (&Senders, Option<(AtStart, &Grown)>),
         api: Option<(Arc<FakeApi>, Duration)>,
         rng: &mut StdRng,
     ) -> Lived {
@@ -328,7 +355,12 @@ impl World {
         tokio::time::sleep(down).await;
         let process = Process::start(
             (dir, self.disk.0.store_disk(), self.disk.1.spool_room),
-            self.broker.clone(),
+            (
+                self.broker.clone(),
+                grown
+                    .filter(|(at, _)| *at == AtStart::Accepted)
+                    .map(|(_, grown)| grown.topic.as_str()),
+            ),
             self.spools,
             self.checkpoints_every(crash.is_some()),
             {
@@ -344,6 +376,9 @@ impl World {
         )
         .await;
         self.shared.step(self.clock.now(), "posbridge starts");
+        if let Some((at, grown)) = grown {
+            self.grown_topic_at_start(at, grown);
+        }
         self.disk.0.serve(crash.and_then(|(at, clean, on_disk)| {
             (!clean).then_some(Armed {
                 at,
@@ -452,105 +487,43 @@ impl World {
         }
     }
 
-    /// The broker's answer to each send: faults while the window lasts,
-    /// acknowledgements (some late) outside it.
-    fn plan_faults(&mut self) {
-        let mut rng = StdRng::seed_from_u64(self.rng.random());
-        let (shared, clock, (from, to)) = (self.shared.clone(), self.clock.clone(), self.faults);
-        let outage = self.outage;
-        self.broker.plan(move |sent| {
-            let now = clock.now();
-            let fault = if now >= from && now < to {
-                match if outage { 0 } else { rng.random_range(0..100) } {
-                    0..40 => Fault::Fail(RETRYABLE[rng.random_range(0..RETRYABLE.len())]),
-                    40..48 => Fault::LoseAck,
-                    // A send the broker never took, reported timed out as
-                    // a lost acknowledgement is: in doubt, not in the log.
-                    48..55 => Fault::Fail(RDKafkaErrorCode::MessageTimedOut),
-                    55..75 => Fault::Late(Duration::from_millis(rng.random_range(0..3_000))),
-                    _ => Fault::Take,
-                }
-            } else if rng.random_bool(0.1) {
-                Fault::Late(Duration::from_millis(rng.random_range(0..400)))
-            } else {
-                Fault::Take
-            };
-            let delivery = delivery_of(sent).unwrap_or_default();
-            if fault == Fault::LoseAck {
-                shared.in_doubt(delivery.clone());
-            }
-            let class = match fault {
-                Fault::LoseAck => Some("acknowledgement lost"),
-                Fault::Fail(RDKafkaErrorCode::MessageTimedOut) => Some("send never taken"),
-                Fault::Fail(_) => Some("retryable failure"),
-                Fault::Late(_) => Some("late acknowledgement"),
-                Fault::Take => None,
-            };
-            if let Some(class) = class {
-                shared.drew(class);
-            }
-            if fault != Fault::Take {
-                shared.step(
-                    now,
-                    format!("broker: {fault:?} for {delivery} on {}", sent.topic),
-                );
-            }
-            fault
+    /// What a start found of the topic grown while posbridge was stopped:
+    /// refused for its partitions and named, the first time; taken again
+    /// once the operator accepted its new count.
+    fn grown_topic_at_start(&self, at: AtStart, grown: &Grown) {
+        let change = self.broker.health().changed(&grown.topic);
+        let expected = (at == AtStart::Refused).then_some(TopicChange::Partitions {
+            from: grown.from,
+            to: grown.to,
         });
-    }
-
-    /// A few entities of each provider, each with a few events of rising
-    /// versions: delivery id → event and body.
-    fn events(&mut self) -> BTreeMap<String, (Event, Vec<u8>)> {
-        let mut events = BTreeMap::new();
-        let mut next = 0;
-        for provider in ProviderKind::ALL {
-            for entity in 0..self.rng.random_range(1..4) {
-                let mut states = Vec::new();
-                for index in 0..self.rng.random_range(1..5) {
-                    next += 1;
-                    let delivery = format!("d-{next}");
-                    let broken = self.rng.random_bool(0.1);
-                    let state = self.state_of(index, &states);
-                    if broken {
-                        self.shared.drew("cannot be normalized");
-                    } else if states.last() == Some(&state) {
-                        self.shared.drew("state repeated");
-                    } else if states.contains(&state) {
-                        self.shared.drew("state brought back");
-                    }
-                    states.push(state);
-                    let (key, body) = body(provider, &delivery, (entity, index, state), broken);
-                    events.insert(
-                        delivery,
-                        (
-                            Event {
-                                key,
-                                index,
-                                provider,
-                                broken,
-                                raw: body.clone(),
-                            },
-                            body,
-                        ),
-                    );
-                }
-            }
+        let named = self
+            .broker
+            .health()
+            .failing_topics()
+            .get(&grown.topic)
+            .cloned();
+        if change != expected || (at == AtStart::Refused) != named.is_some() {
+            self.shared.record().internal.push(format!(
+                "{} grown from {} to {} partitions while posbridge was stopped ({at:?}): at the start its change is {change:?} and it is named {named:?}",
+                grown.topic, grown.from, grown.to
+            ));
         }
-        events
     }
 
-    /// The state event `index` of an entity brings, given the states of the
-    /// ones before: mostly a new one (its index), sometimes the last one
-    /// again (an update that changes nothing the state hash covers), or an
-    /// earlier one back (A → B → A); all delivered out of order like any.
-    fn state_of(&mut self, index: usize, before: &[usize]) -> usize {
-        match (before.last(), self.states.random_range(0..10)) {
-            (Some(last), 0..2) => *last,
-            (Some(_), 2..4) if before.len() >= 2 => {
-                before[self.states.random_range(0..before.len() - 1)]
+    /// Nothing was written to the topic `grown` since the log was `from`
+    /// long: posbridge refuses it until its new count is accepted.
+    fn nothing_written_to(&self, grown: &Grown, from: usize) {
+        let placed = self.broker.placed();
+        for (at, record) in placed.iter().skip(from) {
+            if *at.topic == *grown.topic {
+                self.shared.record().internal.push(format!(
+                    "{} written at {at} while {} had grown to {} partitions and posbridge kept {}",
+                    delivery_of(record).unwrap_or_default(),
+                    grown.topic,
+                    grown.to,
+                    grown.from
+                ));
             }
-            _ => index,
         }
     }
 
@@ -566,42 +539,6 @@ impl World {
         let failing = self.disk.1.failing?;
         let until = self.clock.instant_at(failing.to + Duration::from_secs(60));
         Some((self.checkpoint_every, Some(until)))
-    }
-
-    /// Each delivery as its provider sends it: a first attempt in the first
-    /// minute, sometimes two copies (a duplicate, at once or minutes
-    /// later), and a jitter on each retry's wait; and when each delivery's
-    /// first attempt comes.
-    fn senders(
-        &mut self,
-        events: &BTreeMap<String, (Event, Vec<u8>)>,
-    ) -> (Senders, BTreeMap<String, Duration>) {
-        let mut senders = Vec::new();
-        let mut firsts = BTreeMap::new();
-        for (delivery, (event, body)) in events {
-            let first = Duration::from_millis(self.rng.random_range(0..self.spread));
-            firsts.insert(delivery.clone(), first);
-            let copies = if self.rng.random_bool(0.2) { 2 } else { 1 };
-            for copy in 0..copies {
-                let jitter = (0..8).map(|_| self.rng.random_range(0..5_000)).collect();
-                let offset = Duration::from_millis(
-                    copy * if self.rng.random_bool(0.7) {
-                        self.rng.random_range(0..500)
-                    } else {
-                        self.rng.random_range(1_000..600_000)
-                    },
-                );
-                senders.push(Sender::new(
-                    delivery.clone(),
-                    body.clone(),
-                    event.provider,
-                    self.spools && event.provider == ProviderKind::ReceiptRoller,
-                    first + offset,
-                    jitter,
-                ));
-            }
-        }
-        (Arc::new(Mutex::new(senders)), firsts)
     }
 }
 
