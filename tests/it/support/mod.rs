@@ -11,6 +11,7 @@ pub mod postgres;
 pub mod proxy;
 pub mod redis;
 pub mod registry;
+pub mod schedule;
 pub mod secret_mount;
 pub mod tls;
 pub mod tmpfs;
