@@ -22,8 +22,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::{FutureExt, StreamExt};
 use posbridge::services::pipeline::HEADER_DELIVERY_ID;
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -33,8 +35,10 @@ use crate::support::{
     brokers, kafka_only, log_tail, mekari_order, read_topic, rr_sale, signed_request, unique,
 };
 
-/// Seeds the suite runs: each takes 10-20 s in a debug build.
-const SEEDS: u64 = 3;
+/// Seeds the suite runs, and how many run at once: each takes 15-20 s in
+/// a debug build, most of it waiting (process starts, leases lapsing).
+const SEEDS: u64 = 6;
+const AT_ONCE: usize = 3;
 
 /// Senders at once, and the pause of each between its deliveries (a pace:
 /// the traffic lasts while the faults fire).
@@ -58,10 +62,39 @@ async fn kafka_only_the_redis_ledger_keeps_the_guarantees_under_seeded_faults() 
     kafka_only(
         "tansu compacts the shared topics every 5 s: a record gone could not be told from one lost",
     );
-    for seed in seeds() {
-        eprintln!("redis_schedules: seed {seed} (replay: {})", replay(seed));
-        run(seed).await;
+    let seeds = seeds();
+    let count = seeds.len();
+    // Seeds at once on this task (their futures are not `Send`): each
+    // mostly waits on its servers.
+    let ended: Vec<(u64, std::thread::Result<()>)> = futures::stream::iter(seeds)
+        .map(|seed| async move {
+            eprintln!("redis_schedules: seed {seed} (replay: {})", replay(seed));
+            let ran = std::panic::AssertUnwindSafe(run(seed)).catch_unwind().await;
+            (seed, ran)
+        })
+        .buffer_unordered(AT_ONCE)
+        .collect()
+        .await;
+    let failed: BTreeMap<u64, String> = ended
+        .into_iter()
+        .filter_map(|(seed, ended)| Some((seed, panic_message(ended.err()?))))
+        .collect();
+    if let Some((seed, message)) = failed.first_key_value() {
+        panic!(
+            "{} of {count} seeds failed ({:?}); the lowest, {seed}:\n{message}",
+            failed.len(),
+            failed.keys().collect::<Vec<_>>()
+        );
     }
+}
+
+/// What a seed panicked with.
+fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 fn seeds() -> Vec<u64> {
@@ -192,11 +225,13 @@ impl Plan {
             sends.insert(to, again);
         }
         let mut faults = Vec::new();
-        let mut failed_over = false;
-        for _ in 0..rng.random_range(2..=3) {
+        // Two or three faults, of kinds apart.
+        let mut kinds = [0, 1, 2, 3, 4];
+        kinds.shuffle(&mut rng);
+        for kind in &kinds[..rng.random_range(2..=3)] {
             let at = rng.random_range(8..sends.len() - 4);
             let process = rng.random_range(0..2);
-            let fault = match rng.random_range(0..5) {
+            let fault = match kind {
                 0 => Fault::Kill {
                     process,
                     down: Duration::from_millis(rng.random_range(0..1500)),
@@ -206,12 +241,9 @@ impl Plan {
                     burst: rng.random_range(2..=4),
                     after: Duration::from_millis(rng.random_range(0..40)),
                 },
-                3 if !failed_over => {
-                    failed_over = true;
-                    Fault::Failover {
-                        behind: at - rng.random_range(3..=8),
-                    }
-                }
+                3 => Fault::Failover {
+                    behind: at - rng.random_range(3..=8),
+                },
                 4 => Fault::FlushDuringFill {
                     process,
                     share: rng.random_range(0.1..1.5),
@@ -387,7 +419,15 @@ impl World {
                 self.restart(*process).await;
             }
             Action::Fire(Fault::RedisRestart { .. }) => {
-                self.redis.lock().await.master.kill_and_restart().await;
+                let mut redis = self.redis.lock().await;
+                let before = redis.master.cli(&["DBSIZE"]).await;
+                redis.master.kill_and_restart().await;
+                let after = redis.master.cli(&["DBSIZE"]).await;
+                self.note(format!(
+                    "Redis restarted with {} of its {} keys",
+                    after.trim(),
+                    before.trim()
+                ));
             }
             Action::Fire(Fault::Failover { .. }) => {
                 if let Some(missed) = self.redis.lock().await.fail_over().await {
@@ -605,11 +645,13 @@ fn summary(seed: u64, world: &World, took: Duration) -> String {
         .map(|(at, fault)| format!("#{at} {fault}"))
         .collect();
     format!(
-        "redis_schedules: seed {seed}: {}; {} deliveries, {} attempts: {answers:?}; {}; {took:.1?}",
+        "redis_schedules: seed {seed}: {}; {} deliveries, {} attempts: {answers:?}; {took:.1?}{}",
         faults.join(", "),
         world.plan.events.len(),
         attempts.len(),
-        world.notes.lock().unwrap().join("; ")
+        (world.notes.lock().unwrap().iter())
+            .map(|note| format!("; {note}"))
+            .collect::<String>()
     )
 }
 
@@ -702,4 +744,26 @@ fn violations(
         }
     }
     broken
+}
+
+/// The seeds the suite runs draw every kind of fault: a change to the plan
+/// that stops drawing one fails here instead of leaving the suite blind
+/// to it. No server: the plans alone.
+#[test]
+fn the_suites_seeds_draw_every_kind_of_fault() {
+    let mut drawn: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for seed in 0..SEEDS {
+        for (_, fault) in Plan::draw(seed, "plan").faults {
+            let kind = match fault {
+                Fault::Kill { .. } => "kill -9",
+                Fault::LeaseOutlives { .. } => "a lease outliving its process",
+                Fault::RedisRestart { .. } => "Redis restarted from its snapshot",
+                Fault::Failover { .. } => "a failover to a replica left behind",
+                Fault::FlushDuringFill { .. } => "FLUSHALL during a fill",
+            };
+            drawn.entry(kind).or_default().push(seed);
+        }
+    }
+    eprintln!("{drawn:?}");
+    assert_eq!(drawn.len(), 5, "seeds 0..{SEEDS} draw only {drawn:?}");
 }
