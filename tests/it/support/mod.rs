@@ -12,6 +12,7 @@ pub mod proxy;
 pub mod redis;
 pub mod registry;
 pub mod schedule;
+pub mod schedule_plan;
 pub mod secret_mount;
 pub mod tls;
 pub mod tmpfs;
