@@ -34,6 +34,7 @@ mod rederive;
 mod redis_cluster;
 mod redis_lost_writes;
 mod redis_refusals;
+mod redis_schedules;
 mod registry;
 mod registry_auth;
 mod rejects;

@@ -13,6 +13,8 @@ pub mod proxy;
 mod records;
 pub mod redis;
 pub mod registry;
+pub mod schedule;
+pub mod schedule_plan;
 pub mod secret_mount;
 pub mod tls;
 pub mod tmpfs;

@@ -1,11 +1,13 @@
 //! A TCP proxy a test can cut, in front of a server of the test's (a
 //! broker, the registry): what a crashed server or a network partition
 //! looks like to posbridge. `cut` drops every connection and refuses new
-//! ones until `heal`. Optionally it terminates TLS (for tansu, which has
-//! none of its own).
+//! ones until `heal`. `redirect` sends new connections to another server
+//! and drops the old ones: a stable address that moves to a promoted
+//! replica, as a managed Redis endpoint or a Sentinel-aware proxy does.
+//! Optionally it terminates TLS (for tansu, which has none of its own).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 
 use tokio::sync::watch;
 
@@ -14,6 +16,8 @@ pub struct CutProxy {
     port: u16,
     open: Arc<AtomicBool>,
     cut: watch::Sender<u64>,
+    /// Where new connections go.
+    upstream: Arc<AtomicU16>,
 }
 
 impl CutProxy {
@@ -24,8 +28,14 @@ impl CutProxy {
         let port = listener.local_addr().unwrap().port();
         let open = Arc::new(AtomicBool::new(true));
         let (cut, cuts) = watch::channel(0u64);
-        tokio::spawn(proxy(listener, upstream_port, open.clone(), cuts, tls));
-        CutProxy { port, open, cut }
+        let upstream = Arc::new(AtomicU16::new(upstream_port));
+        tokio::spawn(proxy(listener, upstream.clone(), open.clone(), cuts, tls));
+        CutProxy {
+            port,
+            open,
+            cut,
+            upstream,
+        }
     }
 
     /// What clients connect to.
@@ -43,11 +53,18 @@ impl CutProxy {
     pub fn heal(&self) {
         self.open.store(true, Ordering::SeqCst);
     }
+
+    /// Sends new connections to `upstream_port` and drops the old ones:
+    /// clients reconnect to the other server at the same address.
+    pub fn redirect(&self, upstream_port: u16) {
+        self.upstream.store(upstream_port, Ordering::SeqCst);
+        self.cut.send_modify(|n| *n += 1);
+    }
 }
 
 async fn proxy(
     listener: tokio::net::TcpListener,
-    upstream_port: u16,
+    upstream: Arc<AtomicU16>,
     open: Arc<AtomicBool>,
     cuts: watch::Receiver<u64>,
     tls: Option<tokio_native_tls::TlsAcceptor>,
@@ -60,6 +77,7 @@ async fn proxy(
         let mut cuts = cuts.clone();
         cuts.mark_unchanged();
         let tls = tls.clone();
+        let upstream_port = upstream.load(Ordering::SeqCst);
         tokio::spawn(async move {
             let Ok(mut upstream) =
                 tokio::net::TcpStream::connect(("127.0.0.1", upstream_port)).await
