@@ -9,15 +9,17 @@
 //! borrow while fewer than `busy` deliveries are in flight in the whole
 //! process, so a lone merchant on a quiet server is never slowed. Once the
 //! process is busy, a source past its share is over it ([`OverShare`])
-//! when it holds at least [`OVER_THE_OTHERS`] times what the other
-//! active sources hold on average: one merchant replaying a day of sales
+//! when it holds at least [`OVER_THE_OTHERS`] times what the busiest other
+//! active source holds: one merchant replaying a day of sales
 //! holds at most its share of what is in flight (plus what it borrowed
 //! before the process turned busy), and the others' deliveries are taken
 //! in at once. A source is active while it has a delivery in flight or had
 //! one end within [`RECENT`]: a merchant sending one sale every 40 ms is
 //! rarely in flight at the instant a flood's delivery arrives, yet it is
-//! the one the share protects. Equal sources behind a slow broker, each
-//! holding about the average, are never held to their shares, nor is a
+//! the one the share protects. Equal sources behind a slow broker, none
+//! holding twice another, are never held to their shares (nor beside many
+//! small merchants that hold little: the busiest other, not the average,
+//! is the measure), nor is a
 //! source alone: holding it back would protect nobody, and a slow broker
 //! is no merchant's doing, while each refusal would spend one of its
 //! provider's attempts (ten Mekari deliveries in a row failing for good
@@ -35,10 +37,12 @@
 //! ([`OwnedSemaphorePermit`]) given back when the delivery's place drops,
 //! whatever way the delivery ends (answered, cut by the client, panicked).
 //! The counts are atomics read on every delivery; an approximate "busy" or
-//! average (two deliveries racing past the mark) is harmless. Which other
-//! sources are active is looked up only for a delivery past its share in a
-//! busy process, over the sources that have had a delivery (held weakly: a
-//! source removed from the configuration leaves with its last delivery).
+//! busiest (two deliveries racing past the mark) is harmless. Which other
+//! sources are active, and the two busiest, are looked up only for a
+//! delivery past its share in a busy process, over the sources that have
+//! had a delivery (held weakly: a source removed from the configuration
+//! leaves with its last delivery), at most once a millisecond: a flood's
+//! deliveries share one look.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -47,9 +51,9 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-/// How many times the others' average a source past its share holds before
-/// it is over its share in a busy process: equal sources hold about the
-/// average each, a flood many times it.
+/// How many times what the busiest other active source holds a source past
+/// its share holds before it is over its share in a busy process: equal
+/// sources hold about as much each, a flood many times it.
 pub const OVER_THE_OTHERS: usize = 2;
 
 /// How long after its last delivery ended a source still counts as active:
@@ -77,16 +81,80 @@ pub struct FairShares(Arc<Shares>);
 struct Shares {
     /// Deliveries holding a place now, every source together.
     in_flight: AtomicUsize,
-    /// Every source that has had a delivery, to find the active ones.
-    sources: Mutex<Vec<Weak<SourceSlots>>>,
+    /// Every source that has had a delivery, to find the active ones, and
+    /// the last look at them.
+    sources: Mutex<Registry>,
     /// What a source's [`SourceSlots::last_ended`] counts from.
     epoch: Instant,
+    /// How many times a source with nothing in flight took a place: a
+    /// look at the sources older than the last is looked at again.
+    arrivals: AtomicU64,
     /// From how many in flight shares apply.
     busy: usize,
     /// A source's share when it sets none.
     default_share: usize,
     /// `Retry-After` of a share's 429.
     retry_after_secs: u64,
+}
+
+/// The sources that have had a delivery, and the last look at them.
+#[derive(Default)]
+struct Registry {
+    sources: Vec<Weak<SourceSlots>>,
+    /// The millisecond it was taken, the sources turned active by then
+    /// ([`Shares::arrivals`]), and what it found.
+    look: Option<(u64, u64, Look)>,
+}
+
+/// The active sources at one look: how many, and the two that held the
+/// most then (a source's busiest other is the first, unless it is the
+/// first), whose counts are read afresh at each use.
+#[derive(Clone, Default)]
+struct Look {
+    active: usize,
+    busiest: [Option<Arc<SourceSlots>>; 2],
+}
+
+impl Look {
+    /// Active sources other than `me`, and what the busiest of them holds
+    /// now.
+    fn others_of(&self, me: &Arc<SourceSlots>, me_active: bool) -> (usize, usize) {
+        let busiest = self
+            .busiest
+            .iter()
+            .flatten()
+            .find(|other| !Arc::ptr_eq(other, me))
+            .map_or(0, |other| other.held.load(Ordering::Acquire));
+        (
+            self.active - usize::from(me_active && self.active > 0),
+            busiest,
+        )
+    }
+}
+
+impl Registry {
+    /// The active sources now (`now`: ms since the shares' epoch), the
+    /// sources that are gone forgotten.
+    fn look_now(&mut self, now: u64) -> Look {
+        self.sources.retain(|other| other.strong_count() > 0);
+        let mut look = Look::default();
+        let mut held = [0; 2];
+        for source in self.sources.iter().filter_map(Weak::upgrade) {
+            if !source.is_active(now) {
+                continue;
+            }
+            look.active += 1;
+            let holds = source.held.load(Ordering::Acquire);
+            if look.busiest[0].is_none() || holds > held[0] {
+                look.busiest[1] = look.busiest[0].replace(source);
+                held = [holds, held[0]];
+            } else if look.busiest[1].is_none() || holds > held[1] {
+                look.busiest[1] = Some(source);
+                held[1] = holds;
+            }
+        }
+        look
+    }
 }
 
 /// One source's share: its own setting and its slots. Cheap to clone; the
@@ -113,9 +181,11 @@ impl SourceSlots {
     /// Whether it has a delivery in flight or had one end within
     /// [`RECENT`], `now` being milliseconds since the shares' epoch.
     fn is_active(&self, now: u64) -> bool {
+        // `held` first: a place's drop stores `last_ended` before it lets
+        // go of `held`, so a 0 read here sees the end it follows.
+        let held = self.held.load(Ordering::Acquire);
         let ended = self.last_ended.load(Ordering::Acquire);
-        self.held.load(Ordering::Acquire) > 0
-            || (ended > 0 && (now + 1).saturating_sub(ended) <= RECENT.as_millis() as u64)
+        held > 0 || (ended > 0 && (now + 1).saturating_sub(ended) <= RECENT.as_millis() as u64)
     }
 }
 
@@ -172,6 +242,7 @@ impl FairShares {
             in_flight: AtomicUsize::new(0),
             sources: Mutex::default(),
             epoch: Instant::now(),
+            arrivals: AtomicU64::new(0),
             busy: settings.busy,
             // A share of 0 would refuse every delivery of a busy process.
             default_share: settings.default_share.max(1),
@@ -181,7 +252,7 @@ impl FairShares {
 
     /// A place for a delivery of `source` at once: a slot of its share, or
     /// borrowed while the process is not busy or the source holds less than
-    /// [`OVER_THE_OTHERS`] times the others' average.
+    /// [`OVER_THE_OTHERS`] times what the busiest other active source holds.
     ///
     /// # Errors
     /// [`OverShare`] when its share is taken, the process is busy and the
@@ -191,37 +262,35 @@ impl FairShares {
             return Ok(self.place(source, Some(slot)));
         }
         let before = self.0.in_flight.load(Ordering::Acquire);
-        if before >= self.0.busy && self.far_above_the_others(source, before) {
+        if before >= self.0.busy && self.far_above_the_others(source) {
             return Err(OverShare);
         }
         Ok(self.place(source, None))
     }
 
-    /// Whether `source` holds at least [`OVER_THE_OTHERS`] times the
-    /// average of the other active sources, `in_flight` in all; a source
-    /// alone does not.
-    fn far_above_the_others(&self, source: &SourceShare, in_flight: usize) -> bool {
-        let mine = source.0.held.load(Ordering::Acquire);
-        let others = in_flight.saturating_sub(mine);
-        let others_active = self.others_active(source);
-        others_active > 0 && mine * others_active >= OVER_THE_OTHERS * others
-    }
-
-    /// How many sources other than `source` are active; forgets the sources
-    /// that are gone.
-    fn others_active(&self, source: &SourceShare) -> usize {
+    /// Whether `source` holds at least [`OVER_THE_OTHERS`] times what the
+    /// busiest other active source holds; a source alone does not.
+    fn far_above_the_others(&self, source: &SourceShare) -> bool {
         let now = self.0.now();
-        let mut sources = self
-            .0
-            .sources
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        sources.retain(|other| other.strong_count() > 0);
-        sources
-            .iter()
-            .filter_map(Weak::upgrade)
-            .filter(|other| !Arc::ptr_eq(other, &source.0) && other.is_active(now))
-            .count()
+        let arrivals = self.0.arrivals.load(Ordering::Acquire);
+        let look = {
+            let mut registry = self
+                .0
+                .sources
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match &registry.look {
+                Some((at, seen, look)) if *at == now && *seen == arrivals => look.clone(),
+                _ => {
+                    let look = registry.look_now(now);
+                    registry.look = Some((now, arrivals, look.clone()));
+                    look
+                }
+            }
+        };
+        let (others_active, busiest) = look.others_of(&source.0, source.0.is_active(now));
+        let mine = source.0.held.load(Ordering::Acquire);
+        others_active > 0 && mine >= OVER_THE_OTHERS * busiest
     }
 
     /// A place for a delivery of `source` over its share, waiting until
@@ -259,11 +328,13 @@ impl FairShares {
             .0
             .slots
             .get_or_init(|| {
-                self.0
+                let mut registry = self
+                    .0
                     .sources
                     .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(Arc::downgrade(&source.0));
+                    .unwrap_or_else(PoisonError::into_inner);
+                registry.sources.retain(|other| other.strong_count() > 0);
+                registry.sources.push(Arc::downgrade(&source.0));
                 let share = source.0.own.unwrap_or(self.0.default_share).max(1);
                 Arc::new(Semaphore::new(share))
             })
@@ -273,7 +344,9 @@ impl FairShares {
     /// A place of `source` counted in the totals, with `slot` if it has one.
     fn place(&self, source: &SourceShare, slot: Option<OwnedSemaphorePermit>) -> Place {
         self.0.in_flight.fetch_add(1, Ordering::AcqRel);
-        source.0.held.fetch_add(1, Ordering::AcqRel);
+        if source.0.held.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.0.arrivals.fetch_add(1, Ordering::AcqRel);
+        }
         Place {
             shares: self.0.clone(),
             source: source.0.clone(),
@@ -349,6 +422,26 @@ mod tests {
         // Gone quiet for longer than RECENT: the flood is alone again.
         tokio::time::advance(RECENT).await;
         assert!(shares.try_admit(&flood).is_ok());
+    }
+
+    /// Small merchants sending now and then are active, holding nothing
+    /// in flight; two equal big sources behind a slow broker are not held
+    /// for being far above their average: the busiest other is the measure.
+    #[tokio::test(start_paused = true)]
+    async fn equal_sources_beside_small_merchants_are_not_held_to_their_shares() {
+        let shares = shares(8, 2);
+        let small: Vec<SourceShare> = (0..10).map(|_| SourceShare::new(None)).collect();
+        for merchant in &small {
+            drop(shares.try_admit(merchant).unwrap());
+        }
+        let (a, b) = (SourceShare::new(None), SourceShare::new(None));
+        let mut places = Vec::new();
+        for _round in 0..20 {
+            for source in [&a, &b] {
+                places.push(shares.try_admit(source).expect("an equal source refused"));
+            }
+        }
+        assert_eq!(shares.in_flight(), 40);
     }
 
     #[test]
