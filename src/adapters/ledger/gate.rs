@@ -41,8 +41,9 @@ pub struct Progress {
     /// Fills started again since start-up because the store lost what they
     /// had written (a `FLUSHALL` in the middle of one).
     pub restarted: u64,
-    /// Seconds since start-up while the gate has never opened (the first
-    /// fill, or its attempts, still running); `None` once it opened.
+    /// Seconds since start-up while the first fill has begun and the gate
+    /// has never opened (its attempts, and the waits between them, still
+    /// going on); `None` before the first began and once the gate opened.
     pub first_fill_secs: Option<f64>,
 }
 
@@ -58,9 +59,11 @@ pub struct Gate {
     /// ledger was found lost: a fill that began before the last loss does
     /// not open the gate ([`Gate::end_filled`]).
     progress: Mutex<(Progress, Option<Instant>, u64)>,
-    /// When the gate was made (at start-up), and whether it has opened
-    /// since: a replica still on its first fill says so to `/readyz`.
+    /// When the gate was made (at start-up), whether a fill has begun and
+    /// whether the gate has opened since: a replica still on its first
+    /// fill says so to `/readyz`, between its attempts too.
     created: Instant,
+    began: AtomicBool,
     ever_opened: AtomicBool,
 }
 
@@ -73,6 +76,7 @@ impl Gate {
             lost: tokio::sync::Notify::new(),
             progress: Mutex::default(),
             created: Instant::now(),
+            began: AtomicBool::new(false),
             ever_opened: AtomicBool::new(false),
         })
     }
@@ -89,6 +93,7 @@ impl Gate {
     /// A rebuild begins: closed, its figures reset.
     pub fn begin(&self, partitions: u64, records_to_read: u64) {
         self.open.store(false, Ordering::Release);
+        self.began.store(true, Ordering::Release);
         let mut progress = self.progress();
         let forgotten_because = progress.0.forgotten_because.take();
         let restarted = progress.0.restarted;
@@ -176,8 +181,9 @@ impl Gate {
                 .saturating_sub(progress.records_read);
             progress.eta_secs = (rate > 0.0).then(|| left as f64 / rate);
         }
-        progress.first_fill_secs = (!self.ever_opened.load(Ordering::Acquire))
-            .then(|| self.created.elapsed().as_secs_f64());
+        progress.first_fill_secs = (self.began.load(Ordering::Acquire)
+            && !self.ever_opened.load(Ordering::Acquire))
+        .then(|| self.created.elapsed().as_secs_f64());
         progress
     }
 

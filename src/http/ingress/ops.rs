@@ -91,10 +91,10 @@ impl Readiness {
 /// a spool with room, posbridge stays ready: sources that spool still accept
 /// (those that do not answer 503 until both are back), and taking the pod
 /// out of service would fail every delivery instead, and says `degraded`;
-/// but not while its first fill from the topics runs, for at most
-/// [`FIRST_FILL_UNREADY`] from start-up (`filling`);
 /// so it does while the registry does not answer (records carry the schema
-/// ids taken at start-up). A topic Kafka refuses while the
+/// ids taken at start-up). Not while its first fill from the topics has
+/// begun and not ended, for at most [`FIRST_FILL_UNREADY`] from start-up:
+/// 503 `filling`. A topic Kafka refuses while the
 /// cluster answers, or one that changed under posbridge (the topic watch),
 /// is listed under `failing_topics` with the reason, and does not make the
 /// pod unready: every other topic publishes. A spool whose writes fail (its
@@ -124,10 +124,9 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     // answering later (or was away at a start on known ids) delays nothing.
     let ledger_ok = readiness.ledger.is_ok();
     let rebuild = pipeline.ledger().rebuild_progress();
-    let first_fill = rebuild.running
-        && rebuild
-            .first_fill_secs
-            .is_some_and(|secs| secs < FIRST_FILL_UNREADY.as_secs_f64());
+    let first_fill = rebuild
+        .first_fill_secs
+        .is_some_and(|secs| secs < FIRST_FILL_UNREADY.as_secs_f64());
     let ready = (spool_takes_it && !first_fill) || (broker && ledger_ok);
     let status = if ready {
         StatusCode::OK

@@ -396,6 +396,15 @@ async fn a_replica_on_its_first_fill_is_not_ready_though_its_spool_has_room() {
         "{json}"
     );
     assert_eq!(json["spool"]["has_room"], true);
+    // An attempt that failed is tried again: not ready between the two.
+    gate.end(Err("the broker went away".to_owned()));
+    let (status, _, json) = answer(&h, get()).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("filling")),
+        "between two attempts: {json}"
+    );
+    gate.begin(1, 100);
     gate.end(Ok(()));
     let (status, _, json) = answer(&h, get()).await;
     assert_eq!(
