@@ -32,10 +32,16 @@ impl Stamps {
         let Ok(entries) = std::fs::read_dir(dir) else {
             return Stamps::default();
         };
+        Stamps::of_files(entries.filter_map(|entry| Some(entry.ok()?.path())))
+    }
+
+    /// The stamps of `files` now (a link followed; one that cannot be read
+    /// has none). Blocks on the file system.
+    pub fn of_files(files: impl IntoIterator<Item = PathBuf>) -> Stamps {
         Stamps(
-            entries
-                .filter_map(|entry| {
-                    let path = entry.ok()?.path();
+            files
+                .into_iter()
+                .filter_map(|path| {
                     let m = std::fs::metadata(&path).ok()?;
                     let stamp = (
                         m.dev(),
@@ -52,9 +58,11 @@ impl Stamps {
         )
     }
 
-    /// The stamps of the entries of every one of `dirs` now.
-    pub fn of_all<'a>(dirs: impl IntoIterator<Item = &'a PathBuf>) -> Stamps {
-        Stamps(dirs.into_iter().flat_map(|dir| Stamps::of(dir).0).collect())
+    /// The stamps of `self` and `other` together.
+    #[must_use]
+    pub fn and(mut self, other: Stamps) -> Stamps {
+        self.0.extend(other.0);
+        self
     }
 
     /// The paths whose stamp differs between `self` and `later` (made,

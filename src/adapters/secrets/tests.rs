@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::watch::Reloaded;
 use super::*;
+use crate::adapters::file_watch::SETTLE;
 use crate::config::Config;
 use crate::domain::verify::{KeyChange, Verifier, sign};
 
@@ -326,7 +327,9 @@ async fn the_recheck_reads_what_no_watcher_sees() {
 /// A secret file written in place a few bytes at a time (an editor's or a
 /// `cat >` slow write): the watch waits until it stays the same across the
 /// settle time, and never puts a secret cut short in use (it would refuse
-/// every delivery signed with the whole one).
+/// every delivery signed with the whole one). A round whose writer was
+/// held up for most of the settle time (a loaded machine) proves nothing
+/// and is written again.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_secret_written_in_place_is_taken_once_it_is_whole() {
     let dir = tempfile::tempdir().unwrap();
@@ -338,34 +341,85 @@ async fn a_secret_written_in_place_is_taken_once_it_is_whole() {
     let watch = tokio::spawn(files.watch(stop.clone()));
     eventually("the first read", || accepts(&verifier, "old-secret-1")).await;
 
-    const WHOLE: &str = "new-secret-written-slowly-2";
-    let writer = tokio::task::spawn_blocking({
-        let file = file.clone();
-        move || {
-            use std::io::Write;
-            let mut out = std::fs::File::create(&file).unwrap();
-            for chunk in WHOLE.as_bytes().chunks(3) {
-                out.write_all(chunk).unwrap();
-                std::thread::sleep(Duration::from_millis(60));
+    let mut judged = false;
+    for round in 0..3 {
+        let whole = format!("new-secret-written-slowly-{round}");
+        let writer = tokio::task::spawn_blocking({
+            let (file, whole) = (file.clone(), whole.clone());
+            move || {
+                use std::io::Write;
+                let mut out = std::fs::File::create(&file).unwrap();
+                let mut last = std::time::Instant::now();
+                let mut longest = Duration::ZERO;
+                for chunk in whole.as_bytes().chunks(3) {
+                    out.write_all(chunk).unwrap();
+                    longest = longest.max(last.elapsed());
+                    std::thread::sleep(Duration::from_millis(60));
+                    last = std::time::Instant::now();
+                }
+                out.write_all(b"\n").unwrap();
+                longest.max(last.elapsed())
             }
-            out.write_all(b"\n").unwrap();
+        });
+        let mut cut_short = BTreeSet::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !writer.is_finished() || !accepts(&verifier, &whole) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never: the whole secret in use"
+            );
+            cut_short.extend((1..whole.len()).filter(|end| accepts(&verifier, &whole[..*end])));
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
-    });
-    let mut cut_short = BTreeSet::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !writer.is_finished() || !accepts(&verifier, WHOLE) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never: the whole secret in use"
-        );
-        cut_short.extend((1..WHOLE.len()).filter(|end| accepts(&verifier, &WHOLE[..*end])));
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        let longest = writer.await.unwrap();
+        if longest < SETTLE - Duration::from_millis(50) {
+            assert_eq!(
+                cut_short,
+                BTreeSet::new(),
+                "secrets cut short at these lengths were in use"
+            );
+            judged = true;
+            break;
+        }
+        println!("round {round}: the writer paused {longest:?} between two writes; again");
     }
-    assert_eq!(
-        cut_short,
-        BTreeSet::new(),
-        "secrets cut short at these lengths were in use"
-    );
+    assert!(judged, "the writer never wrote steadily enough to judge");
     stop.cancel();
     watch.await.unwrap();
+}
+
+/// A file that keeps changing beside a secret file (a log in the same
+/// directory) does not hold the secret's read back: only the files read
+/// are waited for.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_changing_beside_a_secret_does_not_hold_its_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("secret");
+    std::fs::write(&file, "old-secret-1\n").unwrap();
+    let config = config(&format!("secrets_files = [{}]", toml_path(&file)));
+    let (verifier, files) = assembled(&config);
+    let stop = CancellationToken::new();
+    // The writer stops with the test, whichever way it ends.
+    let _stop_on_drop = stop.clone().drop_guard();
+    let watch = tokio::spawn(files.watch(stop.clone()));
+    eventually("the first read", || accepts(&verifier, "old-secret-1")).await;
+    let logging = tokio::task::spawn_blocking({
+        let (log, stop) = (dir.path().join("posbridge.log"), stop.clone());
+        move || {
+            use std::io::Write;
+            let mut out = std::fs::File::create(log).unwrap();
+            while !stop.is_cancelled() {
+                writeln!(out, "a line").unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    });
+    std::fs::write(&file, "new-secret-2\n").unwrap();
+    eventually_within(Duration::from_secs(3), "the new secret in use", || {
+        accepts(&verifier, "new-secret-2")
+    })
+    .await;
+    stop.cancel();
+    watch.await.unwrap();
+    logging.await.unwrap();
 }

@@ -28,6 +28,11 @@ use crate::domain::verify::SchemeName;
 use crate::domain::verify::{KeyChange, Verifier};
 use crate::observe::telemetry;
 
+/// Reads in a row that may find the secret files still changing (a
+/// [`SETTLE`] each) before they are read as they are: a file rewritten
+/// without pause must not keep every source's secrets unread.
+const SETTLE_TRIES: u32 = 25;
+
 /// Every source whose secrets come (partly) from files, with the verifier
 /// its requests go through. Cheap to clone; `App::serve` runs [`SecretFiles::watch`].
 #[derive(Clone)]
@@ -136,9 +141,15 @@ impl SecretFiles {
         }
         let changed = Arc::new(Notify::new());
         let mut watched = Watched::new(&changed, "the secret files", self.recheck);
-        watched.watch_new(self.directories());
+        for dir in self.directories() {
+            if let Err(error) = watched.watch(&dir) {
+                warn!(%error, dir = %dir.display(), recheck_secs = self.recheck.as_secs(), "Cannot watch a directory of secret files; it is read again every recheck_secs and on SIGHUP.");
+            }
+        }
         let mut wakes = Wakes::new(changed, self.requested.clone(), self.recheck);
         let mut state = vec![None; self.sources.len()];
+        // Reads in a row the files were found still changing.
+        let mut unsettled = 0;
         loop {
             let wake = tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -150,10 +161,21 @@ impl SecretFiles {
             if wake == Wake::Changed {
                 wakes.settle().await;
             }
-            if !self.settled().await {
+            if self.settled().await {
+                unsettled = 0;
+            } else if unsettled < SETTLE_TRIES {
+                unsettled += 1;
                 debug!("Secret files still changing; read once they settle.");
                 wakes.again();
                 continue;
+            } else {
+                if unsettled == SETTLE_TRIES {
+                    warn!(
+                        tries = SETTLE_TRIES,
+                        "The secret files keep changing; they are read as they are, and again at each change."
+                    );
+                }
+                unsettled = SETTLE_TRIES + 1;
             }
             debug!(cause = ?wake, "Reading the secret files.");
             let files = self.clone();
@@ -174,12 +196,14 @@ impl SecretFiles {
         }
     }
 
-    /// Whether the files of the secret directories stayed the same across
-    /// [`SETTLE`]. File reads block: on the blocking pool.
+    /// Whether the secret files stayed the same across [`SETTLE`]: each of
+    /// the `secrets_files` and the entries of each `secrets_dir` (not the
+    /// rest of a file's directory, a log beside it, say). File reads block:
+    /// on the blocking pool.
     async fn settled(&self) -> bool {
         let stamps = || {
-            let dirs = self.directories();
-            tokio::task::spawn_blocking(move || Stamps::of_all(&dirs))
+            let files = self.clone();
+            tokio::task::spawn_blocking(move || files.stamps())
         };
         let Ok(before) = stamps().await else {
             return true;
@@ -188,6 +212,22 @@ impl SecretFiles {
         stamps()
             .await
             .is_ok_and(|after| before.unsettled(&after).is_empty())
+    }
+
+    /// The stamps of the files [`SecretFiles::settled`] watches.
+    fn stamps(&self) -> Stamps {
+        self.sources
+            .iter()
+            .fold(Stamps::default(), |stamps, source| {
+                let files = Stamps::of_files(source.config.secrets_files.iter().cloned());
+                let dir = source
+                    .config
+                    .secrets_dir
+                    .as_deref()
+                    .map(Stamps::of)
+                    .unwrap_or_default();
+                stamps.and(files).and(dir)
+            })
     }
 
     /// Reads every source once. `state[i]` is what source `i`'s last failed
