@@ -39,7 +39,7 @@ impl RedisServer {
             _dir: dir,
         };
         wait_until(
-            Duration::from_secs(20),
+            Duration::from_secs(60),
             "redis-server to answer",
             async || cli(port, &["PING"]).await.trim() == "PONG",
         )

@@ -101,7 +101,7 @@ impl Redis {
             link,
         };
         wait_until(
-            Duration::from_secs(20),
+            Duration::from_secs(60),
             "the replica to sync with its master",
             async || {
                 let replica = redis.replica.as_ref().unwrap();
