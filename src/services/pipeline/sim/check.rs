@@ -163,6 +163,15 @@ fn era_violations<'a>(
             broken.push(format!("record {at} is of no event: {delivery}"));
             continue;
         };
+        let topics = topics_of(event.provider);
+        if record.topic == *topics.dead_letter() && set_aside_from_the_spool(ended, record) {
+            // Not a copy of its state: each time a provider's retry of it
+            // is spooled again while the topic is refused, the drainer sets
+            // that entry aside too; `posbridge replay` publishes the first
+            // and finds the others duplicates.
+            set_aside.insert(id.as_str());
+            continue;
+        }
         copies.entry(id.as_str()).or_default().push(at);
         let holds_raw = record
             .payload
@@ -172,11 +181,6 @@ fn era_violations<'a>(
             broken.push(format!(
                 "{delivery}'s record at {at} does not hold its body as it was sent"
             ));
-        }
-        let topics = topics_of(event.provider);
-        if record.topic == *topics.dead_letter() && set_aside_from_the_spool(ended, record) {
-            set_aside.insert(id.as_str());
-            continue;
         }
         if record.topic == *topics.dead_letter() || event.broken {
             if !event.broken || record.topic != *topics.dead_letter() {
