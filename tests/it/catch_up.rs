@@ -221,6 +221,22 @@ pub(crate) async fn reconcile_both(reconciler: &Reconciler, from: OffsetDateTime
 /// Compares the compacted view of every entity topic with the simulator's
 /// truth; returns how many entities were compared.
 pub(crate) async fn assert_view_equals_truth(app: &TestApp, brokers: &str, sim: &Sim) -> usize {
+    let (compared, differences) = view_against_truth(app, brokers, sim).await;
+    assert_eq!(
+        differences,
+        Vec::<String>::new(),
+        "the view against the truth"
+    );
+    compared
+}
+
+/// How many entities the compacted view of every entity topic was compared
+/// on with the simulator's truth, and where it differs, in words.
+pub(crate) async fn view_against_truth(
+    app: &TestApp,
+    brokers: &str,
+    sim: &Sim,
+) -> (usize, Vec<String>) {
     let truth = sim.get("/sim/truth").await;
     let mut views: HashMap<String, HashMap<String, Record>> = HashMap::new();
     for entity in EntityType::ALL {
@@ -231,6 +247,7 @@ pub(crate) async fn assert_view_equals_truth(app: &TestApp, brokers: &str, sim: 
         );
     }
     let mut compared = 0;
+    let mut differences = Vec::new();
     for entity in truth["entities"].as_array().unwrap() {
         let key = entity["key"].as_str().unwrap();
         let view = &views[entity["entity_type"].as_str().unwrap()];
@@ -239,40 +256,40 @@ pub(crate) async fn assert_view_equals_truth(app: &TestApp, brokers: &str, sim: 
             // deleted entities; a delivered one left a tombstone.
             continue;
         }
-        let record = view
-            .get(key)
-            .unwrap_or_else(|| panic!("{key} missing from the view"));
-        let event = decode(
-            record
-                .payload
-                .as_deref()
-                .unwrap_or_else(|| panic!("{key} is a tombstone")),
-        )
-        .unwrap();
-        assert_eq!(
-            event.status.as_deref(),
-            entity["status"].as_str(),
-            "{key} status"
-        );
-        assert_eq!(
+        let Some(record) = view.get(key) else {
+            differences.push(format!("{key} missing from the view"));
+            continue;
+        };
+        let Some(payload) = record.payload.as_deref() else {
+            differences.push(format!("{key} is a tombstone"));
+            continue;
+        };
+        let event = decode(payload).unwrap();
+        let mut differs = |field: &str, seen: Option<&str>, wanted: Option<&str>| {
+            if seen != wanted {
+                differences.push(format!("{key} {field}: {seen:?}, the truth {wanted:?}"));
+            }
+        };
+        differs("status", event.status.as_deref(), entity["status"].as_str());
+        differs(
+            "kitchen",
             event.kitchen_status.as_deref(),
             entity["kitchen_status"].as_str(),
-            "{key} kitchen"
         );
-        assert_eq!(
+        differs(
+            "total",
             event.total.map(|t| t.to_string()).as_deref(),
             entity["total"].as_str(),
-            "{key} total"
         );
         if matches!(
             event.entity_type,
             EntityType::Product | EntityType::Collection
         ) {
-            assert_eq!(event.name.as_deref(), entity["name"].as_str(), "{key} name");
+            differs("name", event.name.as_deref(), entity["name"].as_str());
         }
         compared += 1;
     }
-    compared
+    (compared, differences)
 }
 
 #[tokio::test(flavor = "multi_thread")]
