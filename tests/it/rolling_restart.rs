@@ -23,8 +23,8 @@ use tokio::sync::watch;
 use crate::support::redis::RedisServer;
 use crate::support::wait::{wait_for, wait_until};
 use crate::support::{
-    BrokerKind, MEKARI_SECRET, OwnBroker, RR_SECRET, broker_kind, brokers, free_port, log_tail,
-    mekari_order, read_topic, rr_sale, signed_request, unique,
+    OwnBroker, brokers, free_port, log_tail, mekari_order, read_topic, replica_config_text,
+    rr_sale, signed_request, spawn_serve_logging, unique,
 };
 
 /// HAProxy's health checks: every 200 ms, out after 2 failures, back after
@@ -185,36 +185,18 @@ impl Replica {
         let dir = work.join(&name);
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("posbridge.toml");
+        let spool = dir.join("spool.redb");
         std::fs::write(
             &config,
-            format!(
-                r#"
-                [server]
-                listen = "127.0.0.1:{port}"
-                inflight_wait_ms = 2000
-                retry_after_secs = 7
-                drain_delay_ms = {DRAIN_DELAY_MS}
-                [kafka]
-                brokers = "{brokers}"
-                topic_prefix = "{prefix}."
-                partitions = 1
-                delivery_timeout_ms = 3000
-                new_producer_after_timeout = {tansu}
-                [ledger]
-                backend = "redis"
-                redis_url = "{redis}"
-                redis_prefix = "{prefix}:"
-                [spool]
-                path = "{spool}"
-                [receiptroller.sources.main]
-                secrets = ["{RR_SECRET}"]
-                on_broker_unavailable = "spool"
-                [mekari.sources.main]
-                secrets = ["{MEKARI_SECRET}"]
-                on_broker_unavailable = "spool"
-                "#,
-                spool = dir.join("spool.redb").display(),
-                tansu = broker_kind() == BrokerKind::Tansu,
+            replica_config_text(
+                (port, brokers, redis, prefix),
+                &format!(
+                    "inflight_wait_ms = 2000\nretry_after_secs = 7\ndrain_delay_ms = {DRAIN_DELAY_MS}"
+                ),
+                (
+                    &format!("[spool]\npath = \"{}\"", spool.display()),
+                    r#"on_broker_unavailable = "spool""#,
+                ),
             ),
         )
         .unwrap();
@@ -229,21 +211,7 @@ impl Replica {
 
     /// Starts it and waits until its own `/readyz` answers 200.
     async fn start(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_posbridge"))
-            .args(["serve", "--config"])
-            .arg(&self.config)
-            .env("POSBRIDGE_LOG", "info,rdkafka=warn")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
+        self.child = Some(spawn_serve_logging(&self.config, &self.log));
         let http = reqwest::Client::new();
         let url = format!("http://127.0.0.1:{}/readyz", self.port);
         wait_until(

@@ -186,7 +186,6 @@ impl Publisher {
                 tracing::warn!(topic, "{problem}");
             }
         }
-        self.baseline.learn(&observed);
         // A topic changed while posbridge was stopped (the ledger kept its
         // partitions) is refused from the start, as the watch refuses one
         // changed while running. One the metadata does not name is not
@@ -194,13 +193,12 @@ impl Publisher {
         // answer for a moment as if a topic it just created did not exist
         // (seen under load: a fresh start then refused its first deliveries
         // as if the topic had been deleted, until the watch looked again).
-        for (topic, seen) in observed
-            .iter()
-            .filter(|(_, seen)| seen.partitions.is_some())
-        {
-            let change = TopicChange::between(self.baseline.get(topic), seen);
-            self.health.topic_shape(topic, change);
-        }
+        self.baseline.learn_and_judge(
+            observed
+                .iter()
+                .filter(|(_, seen)| seen.partitions.is_some()),
+            &self.health,
+        );
         Ok(())
     }
 
@@ -222,12 +220,7 @@ impl Publisher {
     /// made again), whose counts are not changes. A refusal of those topics
     /// for their partitions ends.
     pub fn keep_partitions_anew(&self, now: &BTreeMap<String, usize>) {
-        self.baseline.keep(now);
-        for topic in now.keys() {
-            if let Some(TopicChange::Partitions { .. }) = self.health.changed(topic) {
-                self.health.topic_shape(topic, None);
-            }
-        }
+        self.baseline.keep_anew(now, &self.health);
     }
 
     /// The cluster's id and each of `topics`' id and partitions.

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use super::error::classify;
 use super::watch::{Baseline, Observed};
-use super::{BrokerHealth, OutgoingRecord, Produce, PublishError, TopicChange};
+use super::{BrokerHealth, OutgoingRecord, Produce, PublishError};
 use crate::domain::record_at::RecordAt;
 use crate::services::lookup::partition_of;
 
@@ -177,11 +177,7 @@ impl FakeBroker {
                 (topic.clone(), seen)
             })
             .collect();
-        self.baseline.learn(&observed);
-        for (topic, seen) in &observed {
-            let change = TopicChange::between(self.baseline.get(topic), seen);
-            self.health.topic_shape(topic, change);
-        }
+        self.baseline.learn_and_judge(&observed, &self.health);
     }
 
     /// As [`super::Publisher::kept_partitions`].
@@ -191,12 +187,7 @@ impl FakeBroker {
 
     /// As [`super::Publisher::keep_partitions_anew`].
     pub fn keep_partitions_anew(&self, now: &BTreeMap<String, usize>) {
-        self.baseline.keep(now);
-        for topic in now.keys() {
-            if let Some(TopicChange::Partitions { .. }) = self.health.changed(topic) {
-                self.health.topic_shape(topic, None);
-            }
-        }
+        self.baseline.keep_anew(now, &self.health);
     }
 
     /// Each send from now on does what `plan` decides for it (after the

@@ -198,12 +198,37 @@ impl Baseline {
             .clone()
     }
 
-    /// Keeps the partitions of each topic not yet known; what was known stays.
-    pub(super) fn learn(&self, observed: &BTreeMap<String, Observed>) {
-        let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+    /// Learns the counts of `observed` and tells `health` how each of its
+    /// topics changed from the count kept (`None`: as kept): what start-up
+    /// does with the topics the metadata names, and the watch with every
+    /// topic it looks at.
+    pub(super) fn learn_and_judge<'a>(
+        &self,
+        observed: impl IntoIterator<Item = (&'a String, &'a Observed)>,
+        health: &BrokerHealth,
+    ) {
+        let observed: Vec<_> = observed.into_iter().collect();
+        {
+            let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            for (topic, seen) in &observed {
+                if let Some(partitions) = seen.partitions {
+                    known.entry((*topic).clone()).or_insert(partitions);
+                }
+            }
+        }
         for (topic, seen) in observed {
-            if let Some(partitions) = seen.partitions {
-                known.entry(topic.clone()).or_insert(partitions);
+            health.topic_shape(topic, TopicChange::between(self.get(topic), seen));
+        }
+    }
+
+    /// Keeps `now`'s counts in place of those kept (the ledger was found
+    /// caching other topics, whose counts are not changes), and ends a
+    /// refusal of those topics for their partitions.
+    pub(super) fn keep_anew(&self, now: &BTreeMap<String, usize>, health: &BrokerHealth) {
+        self.keep(now);
+        for topic in now.keys() {
+            if let Some(TopicChange::Partitions { .. }) = health.changed(topic) {
+                health.topic_shape(topic, None);
             }
         }
     }
@@ -259,11 +284,7 @@ impl Watch {
             match observe(&self.admin_config, producer, &topics).await {
                 Ok(observed) => {
                     // A start during an outage found nothing: the first look counts.
-                    self.baseline.learn(&observed);
-                    for (topic, seen) in &observed {
-                        let change = TopicChange::between(self.baseline.get(topic), seen);
-                        self.health.topic_shape(topic, change);
-                    }
+                    self.baseline.learn_and_judge(&observed, &self.health);
                 }
                 Err(error) => tracing::debug!(%error, "The topic watch got no metadata."),
             }

@@ -324,6 +324,46 @@ async fn the_recheck_reads_what_no_watcher_sees() {
     watch.await.unwrap();
 }
 
+/// A secret file (`old-secret-1`) in a directory of its own, watched, its
+/// first read done: the directory, the file, the verifier, and the watch
+/// with what stops it (also when the handle drops: a test that fails ends
+/// the writers it started).
+struct OneFileWatched {
+    dir: tempfile::TempDir,
+    file: PathBuf,
+    verifier: Verifier,
+    stop: CancellationToken,
+    _stop_on_drop: tokio_util::sync::DropGuard,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+impl OneFileWatched {
+    async fn start() -> OneFileWatched {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("secret");
+        std::fs::write(&file, "old-secret-1\n").unwrap();
+        let config = config(&format!("secrets_files = [{}]", toml_path(&file)));
+        let (verifier, files) = assembled(&config);
+        let stop = CancellationToken::new();
+        let watch = tokio::spawn(files.watch(stop.clone()));
+        eventually("the first read", || accepts(&verifier, "old-secret-1")).await;
+        OneFileWatched {
+            dir,
+            file,
+            verifier,
+            _stop_on_drop: stop.clone().drop_guard(),
+            stop,
+            watch,
+        }
+    }
+
+    /// Stops the watch and waits for it.
+    async fn stop(self) {
+        self.stop.cancel();
+        self.watch.await.unwrap();
+    }
+}
+
 /// A secret file written in place a few bytes at a time (an editor's or a
 /// `cat >` slow write): the watch waits until it stays the same across the
 /// settle time, and never puts a secret cut short in use (it would refuse
@@ -332,14 +372,8 @@ async fn the_recheck_reads_what_no_watcher_sees() {
 /// and is written again.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_secret_written_in_place_is_taken_once_it_is_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("secret");
-    std::fs::write(&file, "old-secret-1\n").unwrap();
-    let config = config(&format!("secrets_files = [{}]", toml_path(&file)));
-    let (verifier, files) = assembled(&config);
-    let stop = CancellationToken::new();
-    let watch = tokio::spawn(files.watch(stop.clone()));
-    eventually("the first read", || accepts(&verifier, "old-secret-1")).await;
+    let watched = OneFileWatched::start().await;
+    let (file, verifier) = (&watched.file, &watched.verifier);
 
     let mut judged = false;
     for round in 0..3 {
@@ -363,12 +397,12 @@ async fn a_secret_written_in_place_is_taken_once_it_is_whole() {
         });
         let mut cut_short = BTreeSet::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while !writer.is_finished() || !accepts(&verifier, &whole) {
+        while !writer.is_finished() || !accepts(verifier, &whole) {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "never: the whole secret in use"
             );
-            cut_short.extend((1..whole.len()).filter(|end| accepts(&verifier, &whole[..*end])));
+            cut_short.extend((1..whole.len()).filter(|end| accepts(verifier, &whole[..*end])));
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let longest = writer.await.unwrap();
@@ -384,8 +418,7 @@ async fn a_secret_written_in_place_is_taken_once_it_is_whole() {
         println!("round {round}: the writer paused {longest:?} between two writes; again");
     }
     assert!(judged, "the writer never wrote steadily enough to judge");
-    stop.cancel();
-    watch.await.unwrap();
+    watched.stop().await;
 }
 
 /// A file that keeps changing beside a secret file (a log in the same
@@ -393,18 +426,13 @@ async fn a_secret_written_in_place_is_taken_once_it_is_whole() {
 /// are waited for.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_file_changing_beside_a_secret_does_not_hold_its_read() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("secret");
-    std::fs::write(&file, "old-secret-1\n").unwrap();
-    let config = config(&format!("secrets_files = [{}]", toml_path(&file)));
-    let (verifier, files) = assembled(&config);
-    let stop = CancellationToken::new();
-    // The writer stops with the test, whichever way it ends.
-    let _stop_on_drop = stop.clone().drop_guard();
-    let watch = tokio::spawn(files.watch(stop.clone()));
-    eventually("the first read", || accepts(&verifier, "old-secret-1")).await;
+    let watched = OneFileWatched::start().await;
+    let (file, verifier) = (&watched.file, &watched.verifier);
     let logging = tokio::task::spawn_blocking({
-        let (log, stop) = (dir.path().join("posbridge.log"), stop.clone());
+        let (log, stop) = (
+            watched.dir.path().join("posbridge.log"),
+            watched.stop.clone(),
+        );
         move || {
             use std::io::Write;
             let mut out = std::fs::File::create(log).unwrap();
@@ -414,12 +442,11 @@ async fn a_file_changing_beside_a_secret_does_not_hold_its_read() {
             }
         }
     });
-    std::fs::write(&file, "new-secret-2\n").unwrap();
+    std::fs::write(file, "new-secret-2\n").unwrap();
     eventually_within(Duration::from_secs(3), "the new secret in use", || {
-        accepts(&verifier, "new-secret-2")
+        accepts(verifier, "new-secret-2")
     })
     .await;
-    stop.cancel();
-    watch.await.unwrap();
+    watched.stop().await;
     logging.await.unwrap();
 }

@@ -25,7 +25,7 @@ pub use broker::{BrokerKind, KafkaSecurity, OwnBroker, broker_kind, kafka_only, 
 pub use ports::{free_port, free_ports};
 pub use processes::{
     assert_fresh, decode_with_python, example_binary, log_tail, off_the_runtime, python,
-    python_path, script, spawn_posbridge, spawn_serve, wait_healthy,
+    python_path, script, spawn_posbridge, spawn_serve, spawn_serve_logging, wait_healthy,
 };
 pub use records::{Record, latest_per_key, produce, produce_all, read_topic, read_topic_with};
 
@@ -100,6 +100,42 @@ pub fn listening_on(text: &str, port: u16) -> String {
     text.replace(
         "listen = \"127.0.0.1:0\"",
         &format!("listen = \"127.0.0.1:{port}\""),
+    )
+}
+
+/// The TOML of a replica of a fleet sharing the Redis ledger at `redis`
+/// (under `prefix`, its topics too), listening on `port`, with both
+/// providers' `main` sources: `server` adds lines to `[server]`, `rest`
+/// tables after it and lines to each source (`on_broker_unavailable`).
+pub fn replica_config_text(
+    (port, brokers, redis, prefix): (u16, &str, &str, &str),
+    server: &str,
+    (rest, each_source): (&str, &str),
+) -> String {
+    format!(
+        r#"
+        [server]
+        listen = "127.0.0.1:{port}"
+        {server}
+        [kafka]
+        brokers = "{brokers}"
+        topic_prefix = "{prefix}."
+        partitions = 1
+        delivery_timeout_ms = 3000
+        new_producer_after_timeout = {tansu}
+        [ledger]
+        backend = "redis"
+        redis_url = "{redis}"
+        redis_prefix = "{prefix}:"
+        {rest}
+        [receiptroller.sources.main]
+        secrets = ["{RR_SECRET}"]
+        {each_source}
+        [mekari.sources.main]
+        secrets = ["{MEKARI_SECRET}"]
+        {each_source}
+        "#,
+        tansu = broker_kind() == BrokerKind::Tansu,
     )
 }
 

@@ -127,6 +127,25 @@ pub fn spawn_posbridge(command: &str, config: &Path) -> std::process::Child {
         .unwrap()
 }
 
+/// `posbridge serve` as its own process, its output appended to `log`
+/// (what [`log_tail`] shows when it fails), killed when the handle drops.
+pub fn spawn_serve_logging(config: &Path, log: &Path) -> tokio::process::Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_posbridge"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("POSBRIDGE_LOG", "info,rdkafka=warn")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
 /// Waits until a posbridge at `base` answers `/healthz` (30 s at most).
 pub async fn wait_healthy(http: &reqwest::Client, base: &str) {
     wait::wait_until(Duration::from_secs(30), "posbridge to start", async || {

@@ -14,12 +14,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 use super::proxy::CutProxy;
 use super::redis::RedisServer;
 use super::wait::wait_until;
-use super::{BrokerKind, MEKARI_SECRET, RR_SECRET, broker_kind, free_port, log_tail};
+use super::{free_port, log_tail, replica_config_text, spawn_serve_logging};
 
 /// A `redis-server` on a port and a data directory of its own, which it
 /// keeps across restarts: started again, it loads its last snapshot.
@@ -161,28 +161,10 @@ impl Serve {
         let config = work.join(format!("{name}.toml"));
         std::fs::write(
             &config,
-            format!(
-                r#"
-                [server]
-                listen = "127.0.0.1:{port}"
-                inflight_wait_ms = 1000
-                retry_after_secs = 1
-                [kafka]
-                brokers = "{brokers}"
-                topic_prefix = "{prefix}."
-                partitions = 1
-                delivery_timeout_ms = 3000
-                new_producer_after_timeout = {tansu}
-                [ledger]
-                backend = "redis"
-                redis_url = "{redis}"
-                redis_prefix = "{prefix}:"
-                [receiptroller.sources.main]
-                secrets = ["{RR_SECRET}"]
-                [mekari.sources.main]
-                secrets = ["{MEKARI_SECRET}"]
-                "#,
-                tansu = broker_kind() == BrokerKind::Tansu,
+            replica_config_text(
+                (port, brokers, redis, prefix),
+                "inflight_wait_ms = 1000\nretry_after_secs = 1",
+                ("", ""),
             ),
         )
         .unwrap();
@@ -203,21 +185,7 @@ impl Serve {
 
     /// Starts it, without waiting.
     pub fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_posbridge"))
-            .args(["serve", "--config"])
-            .arg(&self.config)
-            .env("POSBRIDGE_LOG", "info,rdkafka=warn")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
+        self.child = Some(spawn_serve_logging(&self.config, &self.log));
     }
 
     /// Its `/readyz` body, or `None` while it does not answer.
