@@ -207,9 +207,17 @@ pub struct Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
-        self.source
-            .last_ended
-            .store(self.shares.now() + 1, Ordering::Release);
+        // Only the end of a source's last place in flight says when it was
+        // last active (while it holds others it is active anyway): a busy
+        // source's deliveries read no clock. Stored before `held` lets go,
+        // so a reader that sees 0 sees the end (two last places dropping
+        // at once may both skip it: the source then reads as idle a second
+        // early, which is harmless).
+        if self.source.held.load(Ordering::Acquire) == 1 {
+            self.source
+                .last_ended
+                .store(self.shares.now() + 1, Ordering::Release);
+        }
         self.source.held.fetch_sub(1, Ordering::AcqRel);
         self.shares.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
