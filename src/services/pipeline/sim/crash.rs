@@ -9,7 +9,7 @@ use rand::rngs::StdRng;
 use super::process::{LedgerFate, SpoolFate};
 
 /// One crash of posbridge and what it leaves.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub(super) struct Crash {
     /// When, from the world's start.
     pub(super) at: Duration,

@@ -18,7 +18,7 @@ pub(super) const LEDGER_FILE: &str = "ledger.redb";
 pub(super) const SPOOL_FILE: &str = "spool.redb";
 
 /// A store whose file is on the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(super) enum Store {
     Ledger,
     Spool,
@@ -45,7 +45,7 @@ impl Store {
 }
 
 /// A window of world time in which one store's writes fail.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub(super) struct Failing {
     pub(super) store: Store,
     pub(super) from: Duration,
@@ -54,7 +54,7 @@ pub(super) struct Failing {
 }
 
 /// How a store's writes fail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(super) enum Failure {
     /// No space left: every write past the file's durable length.
     Full,
@@ -63,7 +63,7 @@ pub(super) enum Failure {
 }
 
 /// One crash as the disk sees it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub(super) struct OnDisk {
     /// Whether the machine went down too: its writes not synced are lost
     /// or torn (else the page cache outlives the process).
@@ -73,7 +73,7 @@ pub(super) struct OnDisk {
 }
 
 /// The disk's plan for one world.
-#[derive(Debug)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(super) struct DiskPlan {
     /// Where a write tears: 512 or 4096 bytes.
     pub(super) sector: u64,

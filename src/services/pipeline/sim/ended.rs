@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use super::plan::Plan;
 use crate::adapters::ledger::Remembered;
 use crate::adapters::publish::OutgoingRecord;
 use crate::domain::event::ProviderKind;
@@ -49,6 +50,9 @@ pub(super) struct Answer {
 
 /// What a world ended with, for the checks.
 pub(super) struct Ended {
+    /// Its plan as it ran: the plan it was given, with the broker's answer
+    /// to each send and what the log took of the sends a crash cut.
+    pub(super) kept: Plan,
     /// Every event, by delivery id.
     pub(super) events: BTreeMap<String, Event>,
     /// Every answer, in the order given.

@@ -83,10 +83,19 @@
 //! spooled delivery is excused only as
 //! many times as spool entries were quarantined as damaged.
 //!
+//! **Plans** (`plan.rs`): a seed draws a world's plan (its parameters,
+//! events and attempts, crashes, disk faults and partitions) and the world
+//! runs the plan, noting the broker's answer to each send into it. A
+//! schedule the simulation found is kept as that plan, in `kept/` (JSON),
+//! and its regression test replays the plan: the same faults, whatever a
+//! later change to the world makes each seed draw.
+//!
 //! **Running it.** `cargo test --lib sim` runs [`SEEDS`] seeds (or
 //! `POSBRIDGE_SIM_SEEDS`); `POSBRIDGE_SIM_SEED=N cargo test --lib sim --
 //! --nocapture` replays seed `N` alone and prints its schedule step by
-//! step; `scripts/simulate --seeds N` is the long run.
+//! step (with `POSBRIDGE_SIM_KEEP=FILE` it writes its plan there, to keep;
+//! `POSBRIDGE_SIM_PLAN=FILE` replays a kept plan); `scripts/simulate
+//! --seeds N` is the long run.
 
 use std::time::Duration;
 
@@ -98,7 +107,9 @@ mod disk;
 mod disk_plan;
 mod ended;
 mod hooks;
+mod kept;
 mod partitions;
+mod plan;
 mod process;
 mod providers;
 mod shared;
@@ -106,6 +117,7 @@ mod source;
 mod world;
 
 pub(super) use hooks::between_ack_and_commit;
+use plan::Plan;
 use world::World;
 
 /// Seeds `cargo test` runs, spread over the cores.
@@ -148,13 +160,28 @@ pub(super) const DRAWN: [(&str, f64); 23] = [
 /// all wait for something no timer wakes (the virtual clock never moves).
 const WORLD_LIMIT: Duration = Duration::from_secs(120);
 
-/// The seeds to run: one to replay, or a budget from 0.
-fn seeds() -> (std::ops::Range<u64>, bool) {
+/// What a run of the simulation runs.
+enum Runs {
+    /// A budget of seeds, from the first.
+    Budget(std::ops::Range<u64>),
+    /// One world, step by step: a seed's, or a kept plan's.
+    Replay(Box<Plan>),
+}
+
+/// What to run: a kept plan (`POSBRIDGE_SIM_PLAN`, a file), a seed
+/// (`POSBRIDGE_SIM_SEED`), or a budget (`POSBRIDGE_SIM_SEEDS` seeds from
+/// `POSBRIDGE_SIM_FIRST`, else [`SEEDS`] from 0).
+fn runs() -> Runs {
+    if let Ok(path) = std::env::var("POSBRIDGE_SIM_PLAN") {
+        let kept = std::fs::read_to_string(&path)
+            .unwrap_or_else(|error| panic!("POSBRIDGE_SIM_PLAN={path}: {error}"));
+        return Runs::Replay(Box::new(Plan::read(&kept)));
+    }
     if let Some(seed) = std::env::var("POSBRIDGE_SIM_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
     {
-        return (seed..seed + 1, true);
+        return Runs::Replay(Box::new(Plan::draw(seed)));
     }
     let budget = match std::env::var("POSBRIDGE_SIM_SEEDS") {
         Ok(seeds) => seeds
@@ -170,19 +197,21 @@ fn seeds() -> (std::ops::Range<u64>, bool) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    (first..first + budget, false)
+    Runs::Budget(first..first + budget)
 }
 
-/// A world that kept every guarantee: its schedule, and the classes of
-/// fault and schedule it drew.
-pub(super) struct Ran {
+/// A world run to its end: its schedule, the classes of fault and
+/// schedule it drew, its plan as it ran (to keep), and the guarantees it
+/// broke.
+struct Ran {
     steps: Vec<String>,
     drawn: std::collections::BTreeSet<&'static str>,
+    kept: Option<Plan>,
+    violations: Vec<String>,
 }
 
-/// Runs one seed's world to its end and checks it; the violations, with
-/// the schedule that led to them.
-pub(super) fn run(seed: u64) -> Result<Ran, (Vec<String>, Vec<String>)> {
+/// Runs `plan`'s world to its end and checks it.
+fn run(plan: Plan) -> Ran {
     // The ledger's and the spool's files: in memory where the machine has
     // a tmpfs (their fsyncs cost nothing there; what is durable is the
     // same), else in the temporary directory.
@@ -193,23 +222,25 @@ pub(super) fn run(seed: u64) -> Result<Ran, (Vec<String>, Vec<String>)> {
         tempfile::tempdir()
     }
     .expect("a temporary directory");
-    let ended = World::new(seed).run(dir.path());
-    let violations = check::violations(&ended);
-    if violations.is_empty() {
-        Ok(Ran {
-            steps: ended.steps,
-            drawn: ended.drawn,
-        })
-    } else {
-        Err((violations, ended.steps))
+    let ended = World::new(plan).run(dir.path());
+    Ran {
+        violations: check::violations(&ended),
+        steps: ended.steps,
+        drawn: ended.drawn,
+        kept: Some(ended.kept),
     }
 }
 
-/// Runs `seed`, a panic in its world (the core refused to start, say)
+/// Runs `plan`, a panic in its world (the core refused to start, say)
 /// counted as a violation that names the seed too, and so is a world that
 /// stops moving ([`WORLD_LIMIT`]).
-fn run_caught(seed: u64) -> Result<Ran, (Vec<String>, Vec<String>)> {
-    within(WORLD_LIMIT, move || run(seed)).unwrap_or_else(|why| Err((vec![why], Vec::new())))
+fn run_caught(plan: Plan) -> Ran {
+    within(WORLD_LIMIT, move || run(plan)).unwrap_or_else(|why| Ran {
+        steps: Vec::new(),
+        drawn: std::collections::BTreeSet::new(),
+        kept: None,
+        violations: vec![why],
+    })
 }
 
 /// What `world` returns, run on a thread of its own: its panic, or its
@@ -283,21 +314,19 @@ fn lowest_failure(
                     if seed > lowest.load(Ordering::Relaxed) {
                         return;
                     }
-                    match run_caught(seed) {
-                        Ok(ran) => {
-                            let mut drawn = drawn.lock().expect("not poisoned");
-                            for class in ran.drawn {
-                                *drawn.entry(class).or_insert(0) += 1;
-                            }
+                    let ran = run_caught(Plan::draw(seed));
+                    if ran.violations.is_empty() {
+                        let mut drawn = drawn.lock().expect("not poisoned");
+                        for class in ran.drawn {
+                            *drawn.entry(class).or_insert(0) += 1;
                         }
-                        Err((violations, _)) => {
-                            lowest.fetch_min(seed, Ordering::Relaxed);
-                            failures
-                                .lock()
-                                .expect("not poisoned")
-                                .push((seed, violations));
-                            return;
-                        }
+                    } else {
+                        lowest.fetch_min(seed, Ordering::Relaxed);
+                        failures
+                            .lock()
+                            .expect("not poisoned")
+                            .push((seed, ran.violations));
+                        return;
                     }
                 }
             });
@@ -330,234 +359,52 @@ fn undrawn(drawn: &std::collections::BTreeMap<&'static str, u64>, count: u64) ->
 
 #[test]
 fn every_guarantee_holds_over_the_seed_budget() {
-    let (seeds, replay) = seeds();
     let started = std::time::Instant::now();
-    let count = seeds.end - seeds.start;
-    let failure = if replay {
-        let ran = run_caught(seeds.start);
-        match &ran {
-            Ok(ran) => println!("{}", ran.steps.join("\n")),
-            Err((_, steps)) => println!("{}", steps.join("\n")),
-        }
-        ran.err().map(|(violations, _)| (seeds.start, violations))
-    } else {
-        match lowest_failure(seeds) {
-            Err(failure) => Some(failure),
-            // A budget too small to say (a long run's slice is not).
-            Ok(_) if count < 1000 => None,
-            Ok(drawn) => {
-                let short = undrawn(&drawn, count);
-                assert!(
-                    short.is_empty(),
-                    "the worlds no longer draw what they must:\n  {}",
-                    short.join("\n  ")
-                );
-                None
-            }
+    let (failure, count) = match runs() {
+        Runs::Replay(plan) => (replay(*plan), 1),
+        Runs::Budget(seeds) => {
+            let count = seeds.end - seeds.start;
+            let failure = match lowest_failure(seeds) {
+                Err(failure) => Some(failure),
+                // A budget too small to say (a long run's slice is not).
+                Ok(_) if count < 1000 => None,
+                Ok(drawn) => {
+                    let short = undrawn(&drawn, count);
+                    assert!(
+                        short.is_empty(),
+                        "the worlds no longer draw what they must:\n  {}",
+                        short.join("\n  ")
+                    );
+                    None
+                }
+            };
+            (failure, count)
         }
     };
     if let Some((seed, violations)) = failure {
         panic!(
-            "seed {seed} broke a guarantee:\n  {}\nreplay it step by step: POSBRIDGE_SIM_SEED={seed} cargo test --lib sim -- --nocapture",
+            "seed {seed} broke a guarantee:\n  {}\nreplay it step by step: POSBRIDGE_SIM_SEED={seed} cargo test --lib sim -- --nocapture\nkeep its plan (docs/TESTING.md): POSBRIDGE_SIM_SEED={seed} POSBRIDGE_SIM_KEEP=src/services/pipeline/sim/kept/{seed}.json cargo test --lib sim -- --nocapture",
             violations.join("\n  ")
         );
     }
     println!(
-        "simulation: {count} seeds in {:.1} s",
+        "simulation: {count} worlds in {:.1} s",
         started.elapsed().as_secs_f64()
     );
 }
 
-/// Replays `seed`, failing with its violations and its schedule; under the
-/// same watchdog as the budget's worlds, so a kept seed whose world stops
-/// moving fails by name instead of hanging the run. Its schedule.
-fn replays_green(seed: u64) -> Vec<String> {
-    match run_caught(seed) {
-        Ok(ran) => ran.steps,
-        Err((violations, steps)) => panic!("{}\n{}", violations.join("\n"), steps.join("\n")),
+/// Runs one world and prints its schedule step by step; its plan as it ran
+/// written where `POSBRIDGE_SIM_KEEP` says, if it does. Its seed and the
+/// guarantees it broke, if it broke one.
+fn replay(plan: Plan) -> Option<(u64, Vec<String>)> {
+    let seed = plan.seed;
+    let ran = run_caught(plan);
+    println!("{}", ran.steps.join("\n"));
+    let keep = std::env::var("POSBRIDGE_SIM_KEEP").ok();
+    if let (Some(path), Some(kept)) = (keep.filter(|path| !path.is_empty()), &ran.kept) {
+        std::fs::write(&path, kept.to_kept() + "\n")
+            .unwrap_or_else(|error| panic!("POSBRIDGE_SIM_KEEP={path}: {error}"));
+        println!("simulation: the plan as it ran is kept in {path}");
     }
-}
-
-/// Found by the simulation: a record whose acknowledgement was lost (in
-/// the topic, unknown to the ledger) let an older event of its key pass the
-/// guard and land after it. The state is now kept in doubt. Seed 61 of this
-/// world is the first the old behaviour fails (a change to what a world
-/// draws renumbers its seeds: it was seed 10, then 6, then 7, then 23; this
-/// one is found again by putting the old behaviour back, docs/TESTING.md).
-#[test]
-fn seed_61_an_older_event_does_not_land_after_a_record_in_doubt() {
-    replays_green(61);
-}
-
-/// Found by the long run: a restart onto a replaced broker during a window
-/// of failing ledger writes; the rebuild's write of the forgotten ledger
-/// failed, redb took no write after that I/O error, and nothing reopened
-/// the file (only a failed checkpoint did, and a checkpoint with nothing
-/// to write cleared the failure), so the gate never opened: every
-/// delivery refused for good. The ledger's writes now reopen the file
-/// first after any failed one, the rebuild's among them.
-#[test]
-fn seed_8035_a_rebuild_whose_write_failed_reopens_the_ledger_and_fills_it() {
-    replays_green(8035);
-}
-
-/// Found by the simulation: the salvage of a damaged spool file dropped a
-/// frame that failed its checksum and only logged it, so a spooled delivery
-/// was lost with no count and no alert. Every damaged frame it finds now
-/// goes to the quarantine. Seed 455 of this world is the first the old
-/// behaviour fails (it was seed 215 of the trial world that found it, then
-/// 619 before the simulated disk).
-#[test]
-fn seed_455_a_damaged_spooled_delivery_is_quarantined_not_lost_silently() {
-    replays_green(455);
-}
-
-/// Found by the long run: changed bytes that ran from the end of one
-/// spooled entry over the next one's frame header left one damaged run
-/// holding both, which the salvage quarantined (and counted) as one: two
-/// deliveries lost, one counted. Each entry header found in a damaged run
-/// is now kept and counted on its own.
-#[test]
-fn seed_3421_a_damaged_run_over_two_spooled_entries_counts_both() {
-    replays_green(3421);
-}
-
-/// Found by the long run: changed bytes took a spooled entry's whole frame
-/// header, so the salvage's scan, which starts at each frame's magic, never
-/// saw it: a delivery lost with nothing counted. The salvage now finds
-/// entry headers outside every frame and quarantines each.
-#[test]
-fn seed_17265_an_entry_whose_frame_header_is_gone_is_counted() {
-    replays_green(17265);
-}
-
-/// Found when the drainer's paused passes began to back off: a valid
-/// spooled delivery went to the dead-letter topic after half a minute of
-/// retryable broker faults (five failed passes "while Kafka answered").
-/// Only a failure that may be the entry's own counts toward setting it
-/// aside now; a slow, unreachable or short-of-replicas broker does not.
-#[test]
-fn seed_668_a_valid_spooled_delivery_is_not_set_aside_for_a_flaky_broker() {
-    replays_green(668);
-}
-
-/// Found by the long run, a check too strict: a delivery spooled while one
-/// broker was the one, answered `duplicate` (it waits in the spool) after
-/// that broker was replaced, is drained into the new one. The check now
-/// carries what was spooled from one broker's era into the next.
-#[test]
-fn seed_60199_a_delivery_spooled_before_a_broker_was_replaced_is_drained_into_the_new_one() {
-    replays_green(60199);
-}
-
-/// Found by the simulated disk: one failed spool write left the spool
-/// unwritable for the rest of the world, its drained entries never
-/// removed: the heal's wait was counted on the system's clock, which the
-/// world's does not move. It is counted on tokio's now, as the core's other
-/// retries (seen failing without it).
-#[test]
-fn seed_1635_a_spool_whose_write_failed_heals_on_the_worlds_clock() {
-    replays_green(1635);
-}
-
-/// Found when the disk came, a world too strict: the last life took no
-/// periodic checkpoints, so a reopen of the ledger that failed in a window
-/// of failing writes was never tried again and the ledger stayed closed;
-/// the service's checkpoint thread tries it again at its next interval.
-/// The last life now checkpoints while the disk fails and a minute after.
-#[test]
-fn seed_699_a_failed_reopen_of_the_ledger_is_tried_again() {
-    replays_green(699);
-}
-
-/// Found by the long run once sends could time out without landing: a
-/// reconciled record left in doubt held a webhook's older event back as
-/// `stale`, and the world ended before the reconciler's next run, which
-/// replaces such a record. A world with a reconciler now lets one whole run
-/// follow its faults; the promise a `stale` answer against a reconciled
-/// record in doubt rests on is that run.
-#[test]
-fn seed_2321_a_reconciled_record_in_doubt_is_replaced_by_the_next_run() {
-    replays_green(2321);
-}
-
-/// Found by the long run, a check too strict: a delivery answered `stale`
-/// against a newer state in doubt (sent, never taken), then the ledger lost
-/// at a crash, is not remembered (it wrote nothing) and its duplicate is
-/// decided again against what the topic holds, where that newer state never
-/// landed: it writes its own state, once, before the newer one's retry. The
-/// check now allows that write after a lost ledger.
-#[test]
-fn seed_15879_a_stale_delivery_decided_again_after_a_lost_ledger_may_write_its_state() {
-    replays_green(15879);
-}
-
-/// Found by the long run on the simulated disk: a spool append whose
-/// commit failed at its last sync (`d-1` answered 503) left an entry the
-/// heal's reopen read, and `d-1`'s retry was answered `duplicate` on it,
-/// though nothing said it was durable; the drainer published it after. A
-/// failed append's entry is now in doubt until the heal takes it out, and
-/// the retry is spooled anew.
-#[test]
-fn seed_13924_a_retry_of_a_failed_spool_append_is_spooled_not_a_duplicate() {
-    let steps = replays_green(13924);
-    let failed = steps
-        .iter()
-        .position(|step| step.contains("d-1 → retry (spool: spool storage"));
-    let spooled = steps
-        .iter()
-        .rposition(|step| step.contains("d-1 → spooled"));
-    assert!(
-        failed
-            .zip(spooled)
-            .is_some_and(|(failed, spooled)| failed < spooled),
-        "the world no longer reaches the case (d-1's append failing, then its retry spooled): put the old behaviour back to find the seed again (docs/TESTING.md)\n{}",
-        steps.join("\n")
-    );
-}
-
-/// Seed 72901 (the long run, this stop): with Kafka back, the drainer's
-/// removal of the entries it had published failed (an I/O error of the
-/// spool's disk) yet landed; the heal reopened the file, which no longer
-/// held them, while the counts still did: the drainer looked for five
-/// entries it never found, and the spool "held" them an hour later. A heal
-/// now takes its counts from the file.
-#[test]
-fn seed_72901_a_removal_that_failed_but_landed_leaves_the_counts_right() {
-    let steps = replays_green(72901);
-    let time =
-        |step: &str| -> Option<f64> { step.strip_prefix("t=")?.split('s').next()?.parse().ok() };
-    let outage_end = steps.iter().find_map(|step| {
-        let (_, end) = step
-            .split_once("broker outage from ")?
-            .1
-            .split_once(" to ")?;
-        end.trim_end_matches('s').parse::<f64>().ok()
-    });
-    let failed_after = outage_end.is_some_and(|end| {
-        steps.iter().any(|step| {
-            step.contains("an op of spool.redb fails") && time(step).is_some_and(|at| at > end)
-        })
-    });
-    assert!(
-        failed_after,
-        "the world no longer reaches the case (a spool write failing once Kafka is back, while the drainer removes what it published): put the old behaviour back to find the seed again (docs/TESTING.md)\n{}",
-        steps.join("\n")
-    );
-}
-
-/// A sale spooled while `pos.sales` was refused for the partitions it
-/// grew while posbridge was stopped is set aside to the dead-letter topic
-/// after five drain passes (raw, `spool_unpublishable`, for `posbridge
-/// replay`): the entries behind it drain. The simulation first read it as
-/// lost; a helper's fix that kept such entries waiting instead let a
-/// refused topic's entries hold the whole spool once a batch of them led it.
-#[test]
-fn seed_92_a_delivery_spooled_while_its_topic_is_refused_as_grown_is_set_aside() {
-    let steps = replays_green(92);
-    assert!(
-        steps.iter().any(|step| step.contains("pos.sales grows")),
-        "the world no longer grows a topic: put the old behaviour back to find the seed again (docs/TESTING.md)\n{}",
-        steps.join("\n")
-    );
+    (!ran.violations.is_empty()).then_some((seed, ran.violations))
 }

@@ -32,13 +32,14 @@ use crate::domain::event::ProviderKind;
 
 /// Each topic's partition count, where a world gives it more than one,
 /// and the topic grown while posbridge is stopped, if one is.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(super) struct Partitions {
     counts: BTreeMap<String, usize>,
     pub(super) grown: Option<Grown>,
 }
 
 /// An entity topic grown while posbridge is down after a crash.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(super) struct Grown {
     /// After which crash (its index).
     pub(super) after: usize,

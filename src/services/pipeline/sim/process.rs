@@ -267,7 +267,7 @@ async fn below_the_offsets(
 }
 
 /// What a crash does to the ledger's file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(super) enum LedgerFate {
     /// Kept as the crash left it.
     Kept,
@@ -278,7 +278,7 @@ pub(super) enum LedgerFate {
 }
 
 /// What a crash does to the spool's file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(super) enum SpoolFate {
     /// Kept as the crash left it.
     Kept,

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::ended::{Answer, Event};
+use super::plan::Reply;
 use crate::adapters::publish::FakeBroker;
 
 /// What the world notes as it runs, shared by the providers, the broker's
@@ -30,6 +31,10 @@ pub(super) struct Record {
     /// The reconciler's records: derived id → the event whose state each holds.
     pub(super) reconciled: BTreeMap<String, Event>,
     pub(super) drawn: BTreeSet<&'static str>,
+    /// The broker's answer to each send, as the plan keeps them.
+    pub(super) replies: BTreeMap<String, Vec<Reply>>,
+    /// Whether the log took each send a crash cut, as the plan keeps them.
+    pub(super) cut_taken: BTreeMap<String, Vec<bool>>,
 }
 
 impl Shared {

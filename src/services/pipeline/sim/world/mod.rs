@@ -13,6 +13,8 @@
 mod faults;
 mod schedule;
 
+use faults::sent_key;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, PoisonError};
@@ -24,12 +26,12 @@ use tokio::time::Instant;
 
 use super::api::{FakeApi, reconcile};
 use super::clock::Clock;
-use super::crash::{Crash, crashes};
 use super::disk::{AIM_WITHIN, Armed, End, SimDisk};
-use super::disk_plan::{DiskPlan, OnDisk, plan};
+use super::disk_plan::OnDisk;
 pub(super) use super::ended::{Answer, Ended, Event};
 use super::hooks::pause_commits;
-use super::partitions::{AtStart, Grown, Partitions};
+use super::partitions::{AtStart, Grown};
+use super::plan::Plan;
 use super::process::{LedgerFate, Process, SpoolFate, after_crash};
 use super::providers::{Door, Senders, cut, deliveries, send, unfinished};
 pub(super) use super::shared::Shared;
@@ -41,15 +43,6 @@ use crate::services::pipeline::HEADER_DELIVERY_ID;
 /// Ample for one reconciler run over a world's few entities, faults over.
 const RUN_TAKES: Duration = Duration::from_secs(10);
 
-/// Mixed into the seed for the states' draws.
-const STATES_SEED: u64 = 0x57a7_e5ee_d000_0001;
-
-/// Mixed into the seed for the disk's draws.
-const DISK_SEED: u64 = 0xd15c_5eed_0000_0001;
-
-/// Mixed into the seed for the topics' partitions.
-const PARTITIONS_SEED: u64 = 0x9a27_5eed_0000_0001;
-
 /// How long a clean stop refuses requests before it ends (the deliveries
 /// in flight end meanwhile).
 const STOP_TAKES: Duration = Duration::from_secs(10);
@@ -58,116 +51,62 @@ const STOP_TAKES: Duration = Duration::from_secs(10);
 /// delivery must be taken again.
 const START_SLACK: Duration = Duration::from_secs(30);
 
-/// The world of one seed.
+/// The world of one plan.
 pub(super) struct World {
-    rng: StdRng,
-    /// What each event's state is (a new one, the last one again, an
-    /// earlier one back): drawn apart from `rng`, so that a seed's schedule
-    /// is the one it drew before states repeated.
-    states: StdRng,
+    plan: Plan,
     broker: Arc<FakeBroker>,
     shared: Shared,
     clock: Clock,
-    /// The disk under the ledger's and the spool's files, and its plan.
-    disk: (SimDisk, DiskPlan),
-    /// How many partitions each topic has.
-    partitions: Partitions,
-    faults: (Duration, Duration),
-    /// Every send in the fault window fails (retryably).
-    outage: bool,
-    crashes: Vec<Crash>,
-    spools: bool,
-    /// `ledger.checkpoint_interval_ms`: how much memory a crash may lose.
-    checkpoint_every: Duration,
-    /// The first attempts come within this many ms.
-    spread: u64,
-    /// How often the reconciler runs, in worlds where it does.
-    reconcile_every: Option<Duration>,
+    /// The disk under the ledger's and the spool's files.
+    disk: SimDisk,
 }
 
 impl World {
-    /// The world of `seed`.
-    pub(super) fn new(seed: u64) -> World {
-        let mut rng = StdRng::seed_from_u64(seed);
-        // Some worlds send everything within a second or two, so that
-        // deliveries, acknowledgements and checkpoints overlap.
-        let spread = rng.random_range(1_000..60_000);
-        // In some worlds the faults are an outage while deliveries arrive:
-        // every send fails while it lasts, so the spool holds entries and
-        // crashes meet them there.
-        let outage = rng.random_bool(0.25);
-        let (start, length) = if outage {
-            (rng.random_range(0..spread), rng.random_range(2_000..90_000))
-        } else {
-            (rng.random_range(0..120_000), rng.random_range(0..900_000))
-        };
-        let (start, length) = (Duration::from_millis(start), Duration::from_millis(length));
-        let spools = rng.random_bool(0.5);
-        let crashes = crashes(&mut rng, spread, outage.then_some(start));
-        let checkpoint_every =
-            Duration::from_millis([250, 1_000, 1_000, 5_000][rng.random_range(0..4)]);
-        let reconcile_every = rng
-            .random_bool(0.5)
-            .then(|| Duration::from_millis(rng.random_range(5_000..120_000)));
+    /// The world `plan` says.
+    pub(super) fn new(plan: Plan) -> World {
         let broker = Arc::new(FakeBroker::default());
         let shared = Shared::new(broker.clone());
         let clock = Clock::new();
-        let mut disk_rng = StdRng::seed_from_u64(seed ^ DISK_SEED);
-        let disk_plan = plan(
-            &mut disk_rng,
-            crashes.len(),
-            spools,
-            outage.then_some((start, start + length)),
-            spread,
-        );
         let disk = SimDisk::new(
-            StdRng::seed_from_u64(disk_rng.random()),
+            StdRng::seed_from_u64(plan.disk_seed),
             (clock.clone(), shared.clone()),
-            disk_plan.sector,
-            disk_plan.failing,
+            plan.disk.sector,
+            plan.disk.failing,
         );
         World {
-            rng,
-            states: StdRng::seed_from_u64(seed ^ STATES_SEED),
-            partitions: Partitions::draw(
-                &mut StdRng::seed_from_u64(seed ^ PARTITIONS_SEED),
-                &crashes,
-            ),
+            plan,
             shared,
             broker,
             clock,
-            disk: (disk, disk_plan),
-            faults: (start, start + length),
-            outage,
-            crashes,
-            spools,
-            checkpoint_every,
-            spread,
-            reconcile_every,
+            disk,
         }
     }
 
     /// Plays the schedule to its end, one life of posbridge per runtime, its
     /// files in `dir`: every provider's attempts, then the spool drained.
     pub(super) fn run(mut self, dir: &Path) -> Ended {
-        let (from, to) = self.faults;
+        let (from, to) = self.plan.faults;
+        self.shared.step(
+            Duration::ZERO,
+            format!("the plan of seed {}", self.plan.seed),
+        );
         self.shared.step(
             Duration::ZERO,
             format!(
                 "broker {} from {:.3}s to {:.3}s",
-                if self.outage { "outage" } else { "faults" },
+                if self.plan.outage { "outage" } else { "faults" },
                 from.as_secs_f64(),
                 to.as_secs_f64()
             ),
         );
-        if self.spools {
+        if self.plan.spools {
             self.shared.step(Duration::ZERO, "ReceiptRoller spools");
             self.shared.drew("spooling source");
         }
-        if self.outage {
+        if self.plan.outage {
             self.shared.drew("broker outage");
         }
-        for crash in &self.crashes {
+        for crash in &self.plan.crashes {
             self.shared
                 .drew(if crash.clean { "clean stop" } else { "crash" });
             if crash.broker_replaced {
@@ -184,14 +123,17 @@ impl World {
         }
         self.shared.step(
             Duration::ZERO,
-            format!("the ledger checkpoints every {:?}", self.checkpoint_every),
+            format!(
+                "the ledger checkpoints every {:?}",
+                self.plan.checkpoint_every
+            ),
         );
-        self.disk.1.announce(&self.shared);
-        self.partitions.make(&self.broker, &self.shared);
+        self.plan.disk.announce(&self.shared);
+        self.plan.partitions.make(&self.broker, &self.shared);
         self.plan_faults();
         let events = self.events();
         let (senders, firsts) = self.senders(&events);
-        let api = self.reconcile_every.map(|every| {
+        let api = self.plan.reconcile_every.map(|every| {
             self.shared.drew("reconciler");
             self.shared.step(
                 Duration::ZERO,
@@ -204,32 +146,32 @@ impl World {
         let mut spooled_at_end = 0;
         let mut remembered = BTreeMap::new();
         let mut eras = Vec::new();
-        let mut quiet_from = self.faults.1;
+        let mut quiet_from = self.plan.faults.1;
         let mut life_dir = dir.join("life-0");
         std::fs::create_dir_all(&life_dir).expect("a life's directory");
         let mut begins = (Duration::ZERO, Duration::ZERO);
-        let grown = self.partitions.grown.clone();
+        let grown = self.plan.partitions.grown.clone();
         // The log's length when the topic grew.
         let mut grew_at = 0;
-        for life in 0..=self.crashes.len() {
+        for life in 0..=self.plan.crashes.len() {
             let meets = grown
                 .as_ref()
                 .and_then(|grown| Some((grown.at_start(life)?, grown)));
-            let crash = self.crashes.get(life).copied();
+            let crash = self.plan.crashes.get(life).copied();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .start_paused(true)
                 .build()
                 .expect("a current-thread runtime builds");
-            let mut rng = StdRng::seed_from_u64(self.rng.random());
-            let on_disk = self.disk.1.crashes.get(life).copied();
+            let mut rng = StdRng::seed_from_u64(self.plan.lives[life]);
+            let on_disk = self.plan.disk.crashes.get(life).copied();
             let lived = runtime.block_on(self.live(
                 &life_dir,
                 begins,
                 crash.zip(on_disk).map(|(c, d)| (c.at, c.clean, d)),
                 (&senders, meets),
                 api.clone(),
-                &mut rng,
+                (life, &mut rng),
             ));
             if let Some((AtStart::Refused, grown)) = meets {
                 self.nothing_written_to(grown, grew_at);
@@ -254,7 +196,7 @@ impl World {
                     machine: on_disk.is_some_and(|d| d.machine),
                 }
             };
-            self.disk.0.end_life(end, ended);
+            self.disk.end_life(end, ended);
             if crash.ledger != LedgerFate::Kept {
                 ledger_lost.push((self.shared.record().era, self.broker.taken_count()));
             }
@@ -293,7 +235,12 @@ impl World {
         pause_commits(None);
         eras.push(self.broker.placed());
         let record = std::mem::take(&mut *self.shared.record());
+        let mut kept = self.plan;
+        kept.broker.answers = record.replies;
+        kept.broker.cut_taken = record.cut_taken;
         Ended {
+            spools: kept.spools,
+            kept,
             events: events
                 .into_iter()
                 .map(|(id, (event, _))| (id, event))
@@ -303,7 +250,6 @@ impl World {
             eras,
             in_doubt: record.in_doubt,
             quiet_from,
-            spools: self.spools,
             spooled_at_end,
             remembered,
             quarantined,
@@ -327,7 +273,7 @@ impl World {
         crash: Option<(Duration, bool, OnDisk)>,
         (senders, grown): (&Senders, Option<(AtStart, &Grown)>),
         api: Option<(Arc<FakeApi>, Duration)>,
-        rng: &mut StdRng,
+        (life, rng): (usize, &mut StdRng),
     ) -> Lived {
         self.clock.begin_life(at);
         // One commit in five waits up to 300 ms after its acknowledgement.
@@ -354,14 +300,14 @@ impl World {
             .collect();
         tokio::time::sleep(down).await;
         let process = Process::start(
-            (dir, self.disk.0.store_disk(), self.disk.1.spool_room),
+            (dir, self.disk.store_disk(), self.plan.disk.spool_room),
             (
                 self.broker.clone(),
                 grown
                     .filter(|(at, _)| *at == AtStart::Accepted)
                     .map(|(_, grown)| grown.topic.as_str()),
             ),
-            self.spools,
+            self.plan.spools,
             self.checkpoints_every(crash.is_some()),
             {
                 let (shared, clock) = (self.shared.clone(), self.clock.clone());
@@ -379,7 +325,7 @@ impl World {
         if let Some((at, grown)) = grown {
             self.grown_topic_at_start(at, grown);
         }
-        self.disk.0.serve(crash.and_then(|(at, clean, on_disk)| {
+        self.disk.serve(crash.and_then(|(at, clean, on_disk)| {
             (!clean).then_some(Armed {
                 at,
                 aimed: on_disk.aimed,
@@ -407,7 +353,7 @@ impl World {
             let due = crash + on_disk.aimed.map_or(Duration::ZERO, |_| AIM_WITHIN);
             tokio::select! {
                 () = tokio::time::sleep_until(self.clock.instant_at(due)) => {}
-                () = self.disk.0.died() => {}
+                () = self.disk.died() => {}
             }
             let now = self.clock.now();
             if clean {
@@ -415,12 +361,15 @@ impl World {
                 // Its outcome is seen by the next start, which reads on from
                 // what is durable whatever it is.
                 let _ = process.ledger.fill().persist().await;
-                self.disk.0.rest();
+                self.disk.rest();
                 self.shared.step(now, "posbridge stopped");
             } else {
                 self.shared.step(now, "posbridge crashes");
             }
-            for record in self.broker.crash(|_| rng.random_bool(0.5)) {
+            for record in self
+                .broker
+                .crash(|record| self.cut_taken(life, record, rng))
+            {
                 let delivery = delivery_of(&record).unwrap_or_default();
                 self.shared.step(
                     now,
@@ -454,10 +403,10 @@ impl World {
         // `stale` against it were promised: let one whole run follow the
         // faults and this start.
         if let Some(every) = reconciles {
-            let quiet = self.faults.1.max(at + down);
+            let quiet = self.plan.faults.1.max(at + down);
             tokio::time::sleep_until(self.clock.instant_at(quiet) + every + RUN_TAKES).await;
         }
-        let deadline = self.clock.instant_at(self.faults.1) + Duration::from_secs(3600);
+        let deadline = self.clock.instant_at(self.plan.faults.1) + Duration::from_secs(3600);
         loop {
             tokio::time::sleep(Duration::from_secs(60)).await;
             if process.spool.stats().entries == 0 || Instant::now() > deadline {
@@ -527,6 +476,28 @@ impl World {
         }
     }
 
+    /// Whether the log took `record`, a send the crash that ends life
+    /// `life` cut: as the plan says, else drawn (drawn either way, so that
+    /// the draws after it are those of the run that kept it); noted.
+    fn cut_taken(&self, life: usize, record: &OutgoingRecord, rng: &mut StdRng) -> bool {
+        let drawn = rng.random_bool(0.5);
+        let key = format!(
+            "{life} {}",
+            sent_key(&delivery_of(record).unwrap_or_default(), record)
+        );
+        let mut noted = self.shared.record();
+        let nth = noted.cut_taken.get(&key).map_or(0, Vec::len);
+        let taken = self
+            .plan
+            .broker
+            .cut_taken
+            .get(&key)
+            .and_then(|kept| kept.get(nth).copied())
+            .unwrap_or(drawn);
+        noted.cut_taken.entry(key).or_default().push(taken);
+        taken
+    }
+
     /// How often a life's ledger checkpoints, and until when: every
     /// `checkpoint_every` in a life a crash ends; in the last (where what
     /// is durable decides nothing, and hours pass) only while the disk's
@@ -534,11 +505,11 @@ impl World {
     /// retries a write (and the reopen before it) that failed.
     fn checkpoints_every(&self, crashes: bool) -> Option<(Duration, Option<Instant>)> {
         if crashes {
-            return Some((self.checkpoint_every, None));
+            return Some((self.plan.checkpoint_every, None));
         }
-        let failing = self.disk.1.failing?;
+        let failing = self.plan.disk.failing?;
         let until = self.clock.instant_at(failing.to + Duration::from_secs(60));
-        Some((self.checkpoint_every, Some(until)))
+        Some((self.plan.checkpoint_every, Some(until)))
     }
 }
 
