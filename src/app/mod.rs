@@ -28,7 +28,7 @@ use tracing::info;
 use crate::adapters::encode::EncodeError;
 use crate::adapters::ledger::{self, LedgerError};
 use crate::adapters::providers::NormalizeError;
-use crate::adapters::publish::{PublishError, Publisher, TopicSets};
+use crate::adapters::publish::{Producer, PublishError, Publisher, TopicSets};
 use crate::adapters::secrets::{LoadError, ReloadRequest, SecretFiles};
 use crate::adapters::spool::{Spool, SpoolError};
 use crate::adapters::store_file::StoreFileError;
@@ -280,7 +280,7 @@ impl App {
             Stages {
                 ledger,
                 encoder,
-                producer: Arc::new(publisher.clone()),
+                producer: Producer::Kafka(publisher.clone()),
                 topics: topics.clone(),
                 spool,
                 traces,

@@ -9,13 +9,12 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::watch;
 
 use super::error::classify;
 use super::watch::{Baseline, Observed};
-use super::{BrokerHealth, OutgoingRecord, Produce, PublishError};
+use super::{BrokerHealth, OutgoingRecord, PublishError};
 use crate::domain::record_at::RecordAt;
 use crate::services::lookup::partition_of;
 
@@ -368,9 +367,10 @@ fn size(record: &OutgoingRecord) -> usize {
     record.key.len() + record.payload.as_ref().map_or(0, Vec::len) + headers
 }
 
-#[async_trait]
-impl Produce for FakeBroker {
-    async fn send(&self, record: &OutgoingRecord) -> Result<RecordAt, PublishError> {
+/// What [`super::Producer`] asks of the fake.
+impl FakeBroker {
+    /// As [`super::Publisher::send`], by the plan.
+    pub async fn send(&self, record: &OutgoingRecord) -> Result<RecordAt, PublishError> {
         if !self.health.is_up() {
             return Err(PublishError::BrokerDown);
         }
@@ -407,17 +407,13 @@ impl Produce for FakeBroker {
         self.answer(arrival, record, fault)
     }
 
-    async fn topic_limit(&self, topic: &str) -> Option<usize> {
+    /// The limit set for `topic`.
+    pub fn topic_limit(&self, topic: &str) -> Option<usize> {
         self.state().limits.get(topic).copied()
     }
 
-    fn health(&self) -> &BrokerHealth {
+    /// Whether it is up, as the tests set it.
+    pub fn health(&self) -> &BrokerHealth {
         &self.health
     }
-
-    async fn broker_reachable(&self, _timeout: Duration) -> bool {
-        self.health.is_up()
-    }
-
-    async fn flush(&self, _timeout: Duration) {}
 }

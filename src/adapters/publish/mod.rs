@@ -68,7 +68,7 @@ pub use error::{PUBLISH_REFUSED, PublishError, REFUSAL_CODES, TIMESTAMP_REFUSED}
 pub use fake::{FakeBroker, Fault};
 use health::BrokerContext;
 pub use health::{BrokerHealth, Refusal};
-pub use produce::Produce;
+pub use produce::Producer;
 use replace::{Replace, Streak, needs_new_producer_id};
 pub use topics::{TopicSets, Topics};
 

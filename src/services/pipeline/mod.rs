@@ -60,7 +60,7 @@ use crate::adapters::encode::Encoder;
 use crate::adapters::ledger::Ledger;
 #[cfg(test)]
 use crate::adapters::publish::FakeBroker;
-use crate::adapters::publish::{Produce, TopicSets};
+use crate::adapters::publish::{Producer, TopicSets};
 use crate::adapters::spool::Spool;
 use crate::domain::event::Source;
 use crate::domain::verify::VerifiedBody;
@@ -108,7 +108,7 @@ struct Inner {
     /// Avro, with or without a registry.
     encoder: Encoder,
     /// The idempotent producer (a fake broker in the unit tests).
-    producer: Arc<dyn Produce>,
+    producer: Producer,
     /// Where each record goes: the shared topics, or its source's own.
     topics: TopicSets,
     /// How long a duplicate waits for the same delivery in flight.
@@ -136,7 +136,7 @@ pub struct Stages {
     /// Avro, with or without a registry.
     pub encoder: Encoder,
     /// The idempotent producer (a fake broker in the unit tests).
-    pub producer: Arc<dyn Produce>,
+    pub producer: Producer,
     /// Where each record goes: the shared topics, or its source's own.
     pub topics: TopicSets,
     /// The outage spool, when any source spools.
@@ -279,7 +279,7 @@ impl Pipeline {
                 encoder: Encoder::new(&RegistryConfig::default(), &[])
                     .await
                     .expect("the registry-less encoder needs nothing"),
-                producer: broker,
+                producer: Producer::Fake(broker),
                 topics: TopicSets::new(&KafkaConfig::default()),
                 spool: Some(spool),
                 traces: Traces::default(),
@@ -294,8 +294,8 @@ impl Pipeline {
     }
 
     /// The producer, for readiness checks and the shutdown flush.
-    pub fn producer(&self) -> &dyn Produce {
-        self.inner.producer.as_ref()
+    pub fn producer(&self) -> &Producer {
+        &self.inner.producer
     }
 
     /// The encoder, for readiness checks.

@@ -14,7 +14,7 @@
 //! candidates: madsim replaces tokio and libc's clock and randomness for
 //! the whole crate (a second build of every dependency, rdkafka's C code
 //! not covered), turmoil simulates a network posbridge's core does not
-//! have behind its `Produce` seam; a paused current-thread runtime needs
+//! have behind its `Producer` seam; a paused current-thread runtime needs
 //! neither and drives the same code production runs.
 //!
 //! **Crashes.** Each life of posbridge runs on a runtime of its own; a

@@ -36,7 +36,7 @@ use super::process::{LedgerFate, Process, SpoolFate, after_crash};
 use super::providers::{Door, Senders, cut, deliveries, send, unfinished};
 pub(super) use super::shared::Shared;
 use crate::adapters::ledger::Remembered;
-use crate::adapters::publish::{FakeBroker, OutgoingRecord, Produce, TopicChange};
+use crate::adapters::publish::{FakeBroker, OutgoingRecord, TopicChange};
 use crate::domain::event::DeliveryKey;
 use crate::services::pipeline::HEADER_DELIVERY_ID;
 
