@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use tracing::{error, info, warn};
 
-use super::{Commit, LedgerError, Store};
+use super::{Backend, Commit, LedgerError, Store};
 use crate::observe::telemetry;
 
 /// How often a fenced ledger tries to heal.
@@ -148,7 +148,7 @@ impl Fence {
     ///
     /// # Errors
     /// [`LedgerError::Unwritable`] while it stays up.
-    pub(super) async fn open(&self, store: &dyn Store) -> Result<(), LedgerError> {
+    pub(super) async fn open(&self, store: &Backend) -> Result<(), LedgerError> {
         if !self.up.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -180,11 +180,7 @@ impl Fence {
     /// # Errors
     /// [`LedgerError::Unwritable`] while the fence is up, or the store's
     /// error that raised it.
-    pub(super) async fn commit(
-        &self,
-        store: &dyn Store,
-        commit: Commit,
-    ) -> Result<(), LedgerError> {
+    pub(super) async fn commit(&self, store: &Backend, commit: Commit) -> Result<(), LedgerError> {
         // Heal first when due; then, if the fence is still up, keep the
         // commit under the same lock that saw it up.
         let _ = self.open(store).await;
@@ -217,7 +213,7 @@ impl Fence {
     /// nothing: the next one writes it again, which is harmless. Emptiness is
     /// decided and the fence lowered under one lock, so a commit kept
     /// meanwhile is never dropped.
-    async fn heal(&self, store: &dyn Store) {
+    async fn heal(&self, store: &Backend) {
         if store.reopen().await.is_err() {
             return;
         }
@@ -265,108 +261,12 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
-    use async_trait::async_trait;
-
+    use crate::adapters::ledger::failing::FailingWrites;
     use crate::adapters::ledger::{
-        Begin, Commit, EmbeddedLedger, EntityLock, EntitySlot, Exclusive, FillToken, Gate,
-        GenerationMark, Held, Ledger, LedgerError, RebuildLock, Remembered, Store,
+        Backend, Begin, Commit, EmbeddedLedger, EntitySlot, Gate, Held, Ledger, LedgerError,
     };
     use crate::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
     use crate::domain::guard::EntityState;
-
-    /// A real embedded ledger whose writes (leases, commits) fail while
-    /// `failing` is set: the full disk of `tests/it/ledger_full.rs`, or a
-    /// Redis refusing writes, at the one moment a test needs. Every call a
-    /// test does not fail goes to the real store.
-    struct FailingWrites {
-        ledger: EmbeddedLedger,
-        failing: AtomicBool,
-        /// Calls that asked for an entity's lock so far (the holder's and
-        /// those waiting behind it): what a test waits for, instead of a
-        /// sleep that passes whether or not a waiter got there.
-        locks_asked: tokio::sync::watch::Sender<usize>,
-    }
-
-    #[async_trait]
-    impl Store for FailingWrites {
-        async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
-            if self.failing.load(Ordering::Acquire) {
-                return Err(LedgerError::Closed);
-            }
-            self.ledger.begin(delivery).await
-        }
-        async fn begin_again(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
-            self.ledger.begin_again(delivery).await
-        }
-        async fn release(&self, delivery: &DeliveryKey) {
-            self.ledger.release(delivery).await;
-        }
-        async fn lock_and_read(
-            &self,
-            slot: &EntitySlot,
-        ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
-            self.locks_asked.send_modify(|asked| *asked += 1);
-            self.ledger.lock_and_read(slot).await
-        }
-        async fn remembered(&self, delivery: &DeliveryKey) -> Result<Remembered, LedgerError> {
-            self.ledger.remembered(delivery).await
-        }
-        async fn entity(&self, slot: &EntitySlot) -> Result<Option<Held>, LedgerError> {
-            self.ledger.entity(slot).await
-        }
-        async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError> {
-            self.ledger.checkpoint(name).await
-        }
-        async fn generation_mark(&self) -> Result<Option<GenerationMark>, LedgerError> {
-            self.ledger.generation_mark().await
-        }
-        async fn mark_generation(&self, filled_at: i64) -> Result<(), LedgerError> {
-            self.ledger.mark_generation(filled_at).await
-        }
-        async fn fill_token(&self) -> Result<Option<FillToken>, LedgerError> {
-            self.ledger.fill_token().await
-        }
-        async fn begin_fill(&self) -> Result<FillToken, LedgerError> {
-            self.ledger.begin_fill().await
-        }
-        async fn exclusive(&self, task: Exclusive) -> Result<Option<RebuildLock>, LedgerError> {
-            self.ledger.exclusive(task).await
-        }
-        async fn commit(&self, commit: &Commit) -> Result<(), LedgerError> {
-            if self.failing.load(Ordering::Acquire) {
-                return Err(LedgerError::Closed);
-            }
-            self.ledger.commit(commit).await
-        }
-        async fn reopen(&self) -> Result<(), LedgerError> {
-            self.ledger.reopen().await
-        }
-        async fn forget_topics(&self) -> Result<(), LedgerError> {
-            self.ledger.forget_topics().await
-        }
-        async fn kept_writes(&self) -> Result<(), LedgerError> {
-            self.ledger.kept_writes().await
-        }
-        fn sending(&self) -> crate::adapters::ledger::Sending {
-            self.ledger.sending()
-        }
-        async fn persist(&self) -> Result<(), LedgerError> {
-            self.ledger.persist().await
-        }
-        async fn cached(&self) -> Result<Option<crate::adapters::ledger::Cached>, LedgerError> {
-            self.ledger.cached().await
-        }
-        fn restore(
-            &self,
-            offsets: &crate::adapters::ledger::Offsets,
-            topics: &crate::adapters::ledger::TopicsSeen,
-        ) {
-            self.ledger.restore(offsets, topics);
-        }
-        async fn check(&self) -> Result<(), LedgerError> {
-            self.ledger.check().await
-        }
-    }
 
     /// An embedded ledger in `dir` behind an open gate and the fence, whose
     /// writes fail from the start when `failing`; the store, to fail them.
@@ -384,7 +284,8 @@ mod tests {
         });
         let gate = Gate::closed();
         gate.end(Ok(()));
-        (Ledger::new(store.clone(), gate), store)
+        let backend = Backend::Failing(store.clone());
+        (Ledger::new(Arc::new(backend), gate), store)
     }
 
     #[tokio::test]

@@ -25,9 +25,9 @@ use std::sync::Arc;
 
 use super::fence::Fence;
 use super::{
-    Begin, Cached, Commit, EntityLock, EntitySlot, EntityState, Exclusive, FillToken, Gate,
-    GenerationMark, Held, LedgerError, Offsets, Progress, RebuildLock, Remembered, Sending, Store,
-    TopicsSeen,
+    Backend, Begin, Cached, Commit, EntityLock, EntitySlot, EntityState, Exclusive, FillToken,
+    Gate, GenerationMark, Held, LedgerError, Offsets, Progress, RebuildLock, Remembered, Sending,
+    Store, TopicsSeen,
 };
 use crate::domain::event::DeliveryKey;
 
@@ -36,7 +36,7 @@ pub struct Ledger {
     // Dropped first: the commits it keeps hold their sends open, which the
     // store's last checkpoint would otherwise wait for.
     fence: Fence,
-    store: Arc<dyn Store>,
+    store: Arc<Backend>,
     gate: Arc<Gate>,
 }
 
@@ -50,7 +50,7 @@ enum Call {
 
 impl Ledger {
     /// `store` behind `gate` and a lowered fence.
-    pub fn new(store: Arc<dyn Store>, gate: Arc<Gate>) -> Ledger {
+    pub fn new(store: Arc<Backend>, gate: Arc<Gate>) -> Ledger {
         Ledger {
             fence: Fence::new(),
             store,
@@ -320,7 +320,7 @@ pub struct Fill<'a> {
 }
 
 impl Fill<'_> {
-    fn store(&self) -> &dyn Store {
+    fn store(&self) -> &Backend {
         self.ledger.store.as_ref()
     }
 

@@ -31,10 +31,13 @@
 //! checkpoint recorded ([`placements`]).
 
 mod answered;
+mod backend;
 mod cached;
 mod clock;
 mod commit;
 mod embedded;
+#[cfg(test)]
+mod failing;
 mod fence;
 mod gate;
 mod handle;
@@ -46,13 +49,12 @@ mod redis;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 use crate::config::{LedgerBackend, LedgerConfig};
 use crate::domain::event::{DeliveryKey, EntityKey, EntityType};
 use crate::domain::guard::EntityState;
 
 pub use answered::{Answered, Done, Recorded, Remembered};
+pub use backend::Backend;
 pub use cached::{Cached, TopicSeen, TopicsSeen};
 pub use clock::WallClock;
 pub use commit::Commit;
@@ -260,7 +262,7 @@ pub(crate) fn open_driven(
     (dedup_ttl, clock): (Duration, WallClock),
     lease: Duration,
 ) -> Result<Opened, LedgerError> {
-    let store: Arc<dyn Store> = Arc::new(EmbeddedLedger::open_driven(
+    let store = Backend::Embedded(EmbeddedLedger::open_driven(
         file,
         (dedup_ttl, clock),
         lease,
@@ -269,26 +271,26 @@ pub(crate) fn open_driven(
 }
 
 impl Opened {
-    fn behind_a_closed_gate(store: Arc<dyn Store>) -> Opened {
+    fn behind_a_closed_gate(store: Backend) -> Opened {
         let gate = Gate::closed();
         Opened {
-            ledger: Arc::new(Ledger::new(store, gate.clone())),
+            ledger: Arc::new(Ledger::new(Arc::new(store), gate.clone())),
             gate,
         }
     }
 }
 
 /// The configured backend.
-async fn open_store(config: &LedgerConfig, lease: Duration) -> Result<Arc<dyn Store>, LedgerError> {
+async fn open_store(config: &LedgerConfig, lease: Duration) -> Result<Backend, LedgerError> {
     let dedup_ttl = Duration::from_secs(config.dedup_ttl_secs);
     Ok(match config.backend {
-        LedgerBackend::Embedded => Arc::new(EmbeddedLedger::open_with(
+        LedgerBackend::Embedded => Backend::Embedded(EmbeddedLedger::open_with(
             &config.path,
             dedup_ttl,
             lease,
             Duration::from_millis(config.checkpoint_interval_ms),
         )?),
-        LedgerBackend::Redis => Arc::new(
+        LedgerBackend::Redis => Backend::Redis(
             RedisLedger::connect_with(
                 &config.redis_url,
                 &config.redis_prefix,
@@ -341,14 +343,18 @@ impl EntitySlot {
 pub type EntityLock = Box<dyn Send + Sync>;
 
 /// What storage does, the backends' common face. Reached only through the
-/// [`Ledger`], which adds the gate's and the fence's rules.
-#[async_trait]
+/// [`Ledger`], which adds the gate's and the fence's rules, over the
+/// [`Backend`] enum: each call's future is the backend's own (no box), and
+/// `Send`, so a delivery's task can hold it across an await.
 pub trait Store: Send + Sync + 'static {
     /// Looks up a delivery id and, when it is new, takes a lease on it.
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be read.
-    async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError>;
+    fn begin(
+        &self,
+        delivery: &DeliveryKey,
+    ) -> impl Future<Output = Result<Begin, LedgerError>> + Send;
 
     /// Takes a delivery's lease whether or not it is done: `New` when taken,
     /// `InFlight` when another attempt holds it (never `Done`). For putting a
@@ -358,11 +364,14 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be reached.
-    async fn begin_again(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError>;
+    fn begin_again(
+        &self,
+        delivery: &DeliveryKey,
+    ) -> impl Future<Output = Result<Begin, LedgerError>> + Send;
 
     /// Gives a lease back without marking the delivery done, so the
     /// provider's retry is processed.
-    async fn release(&self, delivery: &DeliveryKey);
+    fn release(&self, delivery: &DeliveryKey) -> impl Future<Output = ()> + Send;
 
     /// Takes the entity's lock, waiting for another holder, then reads its
     /// state under it: the guard's two steps, which a backend may take in
@@ -372,37 +381,46 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// [`LedgerError`] when a shared lock cannot be reached or the state
     /// cannot be read.
-    async fn lock_and_read(
+    fn lock_and_read(
         &self,
         slot: &EntitySlot,
-    ) -> Result<(EntityLock, Option<EntityState>), LedgerError>;
+    ) -> impl Future<Output = Result<(EntityLock, Option<EntityState>), LedgerError>> + Send;
 
     /// What the store knows of a delivery id now: in flight, done (with
     /// what it was answered), or nothing.
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be read.
-    async fn remembered(&self, delivery: &DeliveryKey) -> Result<Remembered, LedgerError>;
+    fn remembered(
+        &self,
+        delivery: &DeliveryKey,
+    ) -> impl Future<Output = Result<Remembered, LedgerError>> + Send;
 
     /// The latest state written for an entity, if any, with its record's
     /// offset where known.
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be read.
-    async fn entity(&self, slot: &EntitySlot) -> Result<Option<Held>, LedgerError>;
+    fn entity(
+        &self,
+        slot: &EntitySlot,
+    ) -> impl Future<Output = Result<Option<Held>, LedgerError>> + Send;
 
     /// A reconciler checkpoint: the unix second up to which a window was
     /// completely read, if any run finished a step yet.
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be read.
-    async fn checkpoint(&self, name: &str) -> Result<Option<i64>, LedgerError>;
+    fn checkpoint(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<i64>, LedgerError>> + Send;
 
     /// Makes an outcome durable, then ends the delivery's lease.
     ///
     /// # Errors
     /// [`LedgerError`] when the write fails; the lease is then released.
-    async fn commit(&self, commit: &Commit) -> Result<(), LedgerError>;
+    fn commit(&self, commit: &Commit) -> impl Future<Output = Result<(), LedgerError>> + Send;
 
     /// Starts a send whose outcome will be committed here: held until the
     /// commit is made, so a checkpoint never records an offset past a
@@ -414,7 +432,7 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`LedgerError`] when the write fails.
-    async fn persist(&self) -> Result<(), LedgerError>;
+    fn persist(&self) -> impl Future<Output = Result<(), LedgerError>> + Send;
 
     /// Opens the store afresh, for a failure only a new handle clears (redb
     /// refuses every write after one I/O error). Stores that reconnect by
@@ -422,8 +440,8 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be opened yet.
-    async fn reopen(&self) -> Result<(), LedgerError> {
-        Ok(())
+    fn reopen(&self) -> impl Future<Output = Result<(), LedgerError>> + Send {
+        std::future::ready(Ok(()))
     }
 
     /// What the store holds of the topics: the offsets up to which it has
@@ -435,7 +453,7 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be read.
-    async fn cached(&self) -> Result<Option<Cached>, LedgerError>;
+    fn cached(&self) -> impl Future<Output = Result<Option<Cached>, LedgerError>> + Send;
 
     /// What a rebuild read the topics up to, and what they are: the next
     /// checkpoint records both.
@@ -448,7 +466,7 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be written.
-    async fn forget_topics(&self) -> Result<(), LedgerError>;
+    fn forget_topics(&self) -> impl Future<Output = Result<(), LedgerError>> + Send;
 
     /// Whether the store still holds every write made to it since it was
     /// last filled, asked every second by the rebuild and before a decision
@@ -457,14 +475,16 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     /// As said, or [`LedgerError`] when the store cannot be asked.
-    async fn kept_writes(&self) -> Result<(), LedgerError>;
+    fn kept_writes(&self) -> impl Future<Output = Result<(), LedgerError>> + Send;
 
     /// The store's generation mark, if it was filled whole and has not lost
     /// its keys since.
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be read.
-    async fn generation_mark(&self) -> Result<Option<GenerationMark>, LedgerError>;
+    fn generation_mark(
+        &self,
+    ) -> impl Future<Output = Result<Option<GenerationMark>, LedgerError>> + Send;
 
     /// Marks the store filled from the topics by a fill that began at
     /// `filled_at` (unix seconds): the end of a fill whose token was still
@@ -472,21 +492,24 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`LedgerError`] when the write fails.
-    async fn mark_generation(&self, filled_at: i64) -> Result<(), LedgerError>;
+    fn mark_generation(
+        &self,
+        filled_at: i64,
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send;
 
     /// The token of the last fill into a store without the mark, if the
     /// store still holds it.
     ///
     /// # Errors
     /// [`LedgerError`] when the store cannot be read.
-    async fn fill_token(&self) -> Result<Option<FillToken>, LedgerError>;
+    fn fill_token(&self) -> impl Future<Output = Result<Option<FillToken>, LedgerError>> + Send;
 
     /// Writes a new token for a fill that begins (replacing another's),
     /// and hands it over.
     ///
     /// # Errors
     /// [`LedgerError`] when the write fails.
-    async fn begin_fill(&self) -> Result<FillToken, LedgerError>;
+    fn begin_fill(&self) -> impl Future<Output = Result<FillToken, LedgerError>> + Send;
 
     /// Takes a lock held by one process of those sharing the store for
     /// as long as a whole task runs: the fill's waits while another replica
@@ -494,7 +517,10 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`LedgerError`] when a shared lock cannot be reached.
-    async fn exclusive(&self, task: Exclusive) -> Result<Option<RebuildLock>, LedgerError>;
+    fn exclusive(
+        &self,
+        task: Exclusive,
+    ) -> impl Future<Output = Result<Option<RebuildLock>, LedgerError>> + Send;
 
     /// Whether the store itself refuses an entity state older than the one
     /// it holds (Redis compares versions in its scripts), so a fill that
@@ -508,5 +534,5 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`LedgerError`] saying why not.
-    async fn check(&self) -> Result<(), LedgerError>;
+    fn check(&self) -> impl Future<Output = Result<(), LedgerError>> + Send;
 }

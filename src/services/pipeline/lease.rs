@@ -99,7 +99,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::adapters::ledger::{Begin, EmbeddedLedger, Gate};
+    use crate::adapters::ledger::{Backend, Begin, EmbeddedLedger, Gate};
     use crate::domain::event::ProviderKind;
 
     #[tokio::test]
@@ -113,7 +113,7 @@ mod tests {
         .unwrap();
         let gate = Gate::closed();
         gate.end(Ok(()));
-        let ledger = Arc::new(Ledger::new(Arc::new(store), gate));
+        let ledger = Arc::new(Ledger::new(Arc::new(Backend::Embedded(store)), gate));
         let tasks = TaskTracker::new();
         let key = DeliveryKey::new(ProviderKind::Mekari, "e1");
 

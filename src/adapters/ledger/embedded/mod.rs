@@ -33,7 +33,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use async_trait::async_trait;
 use redb::ReadableDatabase;
 use tokio::sync::oneshot;
 
@@ -390,7 +389,6 @@ fn storage(error: impl Into<redb::Error>) -> LedgerError {
     LedgerError::Embedded(Arc::new(error.into()))
 }
 
-#[async_trait]
 impl super::Store for EmbeddedLedger {
     async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
         self.lease(delivery, true)

@@ -70,7 +70,6 @@ mod scripts;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use redis::AsyncCommands;
 
 use super::key_locks::KeyLocks;
@@ -300,7 +299,6 @@ fn glob_escaped(text: &str) -> String {
     escaped
 }
 
-#[async_trait]
 impl Store for RedisLedger {
     /// On one server, the generation mark is looked at in the same script:
     /// a ledger that lost its keys decides nothing until it is filled again.
