@@ -29,10 +29,11 @@ use crate::support::schedule::{Redis, Serve};
 use crate::support::schedule_plan::{Action, Answer, Fault, Plan, violations};
 use crate::support::{Record, brokers, kafka_only, log_tail, read_topic, signed_request, unique};
 
-/// Seeds the suite runs, and how many run at once: each takes 15-20 s in
-/// a debug build, most of it waiting (process starts, leases lapsing).
-const SEEDS: u64 = 6;
-const AT_ONCE: usize = 3;
+/// Seeds the suite runs (two dozen: 24 in 135 s on two cores, four at
+/// once), and how many run at once: each takes 15-20 s in a debug build,
+/// most of it waiting (process starts, leases lapsing).
+const SEEDS: u64 = 24;
+const AT_ONCE: usize = 4;
 
 /// Senders at once, and the pause of each between its deliveries (a pace:
 /// the traffic lasts while the faults fire).
