@@ -17,7 +17,9 @@ pub enum Backend {
     Embedded(EmbeddedLedger),
     /// Redis, shared by a fleet of replicas.
     Redis(RedisLedger),
-    /// An embedded store whose writes the unit tests fail on command.
+    /// An embedded store whose writes the unit tests fail on command: its
+    /// calls go to that store, past the double's hooks (a write refused, a
+    /// lock counted).
     #[cfg(test)]
     Failing(std::sync::Arc<super::failing::FailingWrites>),
 }
@@ -32,7 +34,10 @@ macro_rules! each {
             Backend::Embedded($store) => $call.await,
             Backend::Redis($store) => Box::pin($call).await,
             #[cfg(test)]
-            Backend::Failing($store) => $call.await,
+            Backend::Failing(double) => {
+                let $store = &double.ledger;
+                $call.await
+            }
         }
     };
 }
@@ -44,13 +49,20 @@ macro_rules! each_now {
             Backend::Embedded($store) => $call,
             Backend::Redis($store) => $call,
             #[cfg(test)]
-            Backend::Failing($store) => $call,
+            Backend::Failing(double) => {
+                let $store = &double.ledger;
+                $call
+            }
         }
     };
 }
 
 impl Store for Backend {
     async fn begin(&self, delivery: &DeliveryKey) -> Result<Begin, LedgerError> {
+        #[cfg(test)]
+        if let Backend::Failing(double) = self {
+            double.write()?;
+        }
         each!(self, store => store.begin(delivery))
     }
 
@@ -66,6 +78,10 @@ impl Store for Backend {
         &self,
         slot: &EntitySlot,
     ) -> Result<(EntityLock, Option<EntityState>), LedgerError> {
+        #[cfg(test)]
+        if let Backend::Failing(double) = self {
+            double.lock_asked();
+        }
         each!(self, store => store.lock_and_read(slot))
     }
 
@@ -82,6 +98,10 @@ impl Store for Backend {
     }
 
     async fn commit(&self, commit: &Commit) -> Result<(), LedgerError> {
+        #[cfg(test)]
+        if let Backend::Failing(double) = self {
+            double.write()?;
+        }
         each!(self, store => store.commit(commit))
     }
 
