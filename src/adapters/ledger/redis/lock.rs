@@ -9,6 +9,11 @@
 //! of releasing it for the next to take again; the last one in the queue
 //! (or the sixteenth in a row, so that another process is not held off for
 //! good) releases it. Only a lock another process holds is polled for.
+//!
+//! A dropped lock is released by one task per ledger ([`release_dropped`]),
+//! fed through a channel, its `UNLOCK`s pipelined on the shared connection:
+//! a drop cannot await, and a task spawned for each release cost a task
+//! each.
 
 use std::time::Duration;
 
@@ -22,6 +27,37 @@ use crate::adapters::ledger::{EntitySlot, EntityState, Exclusive, Held, LedgerEr
 
 /// How often a waiter retries a taken entity lock.
 const LOCK_POLL: Duration = Duration::from_millis(5);
+
+/// How many dropped locks [`release_dropped`] releases at once.
+const UNLOCKS_AT_ONCE: usize = 64;
+
+/// Where a dropped lock's key and token go to be released.
+pub(super) type Unlocks = tokio::sync::mpsc::UnboundedSender<(String, String)>;
+
+/// Releases each lock dropped into `dropped` (`UNLOCK`: only its holder's
+/// token deletes it), up to [`UNLOCKS_AT_ONCE`] at a time, until the
+/// ledger and every lock it handed out are gone. A lock whose release
+/// fails lapses with its lease.
+pub(super) async fn release_dropped(
+    conn: Counted,
+    dropped: tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
+) {
+    use futures::StreamExt;
+    futures::stream::unfold(dropped, |mut dropped| async move {
+        Some((dropped.recv().await?, dropped))
+    })
+    .for_each_concurrent(UNLOCKS_AT_ONCE, |(key, token)| {
+        let mut conn = conn.clone();
+        async move {
+            let released: redis::RedisResult<i32> =
+                UNLOCK.key(&key).arg(token).invoke_async(&mut conn).await;
+            if let Err(error) = released {
+                tracing::warn!(%error, lock = %key, "A lock was not released; it lapses with its lease.");
+            }
+        }
+    })
+    .await;
+}
 
 impl RedisLedger {
     /// Takes the entity's lock and reads its state. The deliveries of one
@@ -67,7 +103,7 @@ impl RedisLedger {
             .transpose()?;
         Ok((
             RedisLock {
-                conn: self.conn.clone(),
+                unlocks: self.unlocks.clone(),
                 key,
                 token: String::new(),
                 renewal: None,
@@ -213,7 +249,7 @@ impl RedisLedger {
             .abort_handle()
         };
         Ok(Some(RebuildLock::new(RedisLock {
-            conn,
+            unlocks: self.unlocks.clone(),
             key,
             token,
             renewal: Some(renewal),
@@ -253,7 +289,8 @@ impl Handed {
 /// A held lock; dropping it releases the lock in the background, or hands
 /// an entity's over to the next delivery of that entity in this process.
 pub(super) struct RedisLock {
-    conn: Counted,
+    /// Where its release goes when it is dropped.
+    unlocks: Unlocks,
     key: String,
     /// The token of a lock held apart from the entities' turns (the
     /// rebuild's, a rederive run's); an entity's is in its `turn`.
@@ -279,14 +316,8 @@ impl Drop for RedisLock {
             },
             None => std::mem::take(&mut self.token),
         };
-        let (mut conn, key) = (self.conn.clone(), std::mem::take(&mut self.key));
-        // Drop cannot await; a lock that fails to release lapses with its lease.
-        tokio::spawn(async move {
-            let released: redis::RedisResult<i32> =
-                UNLOCK.key(&key).arg(token).invoke_async(&mut conn).await;
-            if let Err(error) = released {
-                tracing::warn!(%error, lock = %key, "A lock was not released; it lapses with its lease.");
-            }
-        });
+        // Drop cannot await: the ledger's releasing task unlocks it. With
+        // that task gone (the ledger dropped), the lock lapses with its lease.
+        let _ = self.unlocks.send((std::mem::take(&mut self.key), token));
     }
 }

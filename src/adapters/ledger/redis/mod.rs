@@ -117,6 +117,8 @@ pub struct RedisLedger {
     /// the token of the shared lock the turn holds: handed from one local
     /// holder to the next without a release and a retake.
     turns: Arc<KeyLocks<Option<lock::Handed>>>,
+    /// Where a dropped lock goes to be released ([`lock::release_dropped`]).
+    unlocks: lock::Unlocks,
     /// Ends the checkpoint task when the last handle goes.
     _stop: Arc<tokio_util::sync::DropGuard>,
 }
@@ -227,6 +229,8 @@ impl RedisLedger {
             checkpoint_every,
             stop.clone(),
         ));
+        let (unlocks, dropped) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(lock::release_dropped(conn.clone(), dropped));
         let ledger = RedisLedger {
             conn,
             prefix: prefix.to_owned(),
@@ -237,6 +241,7 @@ impl RedisLedger {
             checkpoints,
             watch,
             turns: Arc::default(),
+            unlocks,
             _stop: Arc::new(stop.drop_guard()),
         };
         ledger.check().await.map_err(|e| open_error(Box::new(e)))?;
