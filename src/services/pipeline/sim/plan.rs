@@ -43,8 +43,6 @@ const PARTITIONS_SEED: u64 = 0x9a27_5eed_0000_0001;
 pub(super) struct Plan {
     /// The seed it was drawn from (said in its steps).
     pub(super) seed: u64,
-    /// The first attempts come within this many ms.
-    pub(super) spread: u64,
     /// The broker's fault window: from, to.
     pub(super) faults: (Duration, Duration),
     /// Every send in the fault window fails (retryably).
@@ -206,7 +204,6 @@ impl Plan {
         draw_sends(&mut rng, &mut events, spread);
         Plan {
             seed,
-            spread,
             faults: (start, start + length),
             outage,
             spools,
