@@ -117,12 +117,7 @@ pub fn replica_config_text(
         [server]
         listen = "127.0.0.1:{port}"
         {server}
-        [kafka]
-        brokers = "{brokers}"
-        topic_prefix = "{prefix}."
-        partitions = 1
-        delivery_timeout_ms = 3000
-        new_producer_after_timeout = {tansu}
+        {kafka}
         [ledger]
         backend = "redis"
         redis_url = "{redis}"
@@ -135,6 +130,22 @@ pub fn replica_config_text(
         secrets = ["{MEKARI_SECRET}"]
         {each_source}
         "#,
+        kafka = kafka_section(brokers, prefix),
+    )
+}
+
+/// The `[kafka]` section every posbridge started as its own process has:
+/// one partition, a short delivery timeout, a new producer after a timeout
+/// on tansu.
+fn kafka_section(brokers: &str, prefix: &str) -> String {
+    format!(
+        r#"[kafka]
+        brokers = "{brokers}"
+        topic_prefix = "{prefix}."
+        partitions = 1
+        delivery_timeout_ms = 3000
+        new_producer_after_timeout = {tansu}"#,
+        // tansu 0.6 panics on the epoch librdkafka bumps after a timeout.
         tansu = broker_kind() == BrokerKind::Tansu,
     )
 }
@@ -147,12 +158,7 @@ pub fn config_text(brokers: &str, prefix: &str, dir: &Path) -> String {
         listen = "127.0.0.1:0"
         inflight_wait_ms = 2000
         retry_after_secs = 7
-        [kafka]
-        brokers = "{brokers}"
-        topic_prefix = "{prefix}."
-        partitions = 1
-        delivery_timeout_ms = 3000
-        new_producer_after_timeout = {tansu}
+        {kafka}
         [ledger]
         path = "{ledger}"
         [receiptroller.sources.main]
@@ -166,8 +172,7 @@ pub fn config_text(brokers: &str, prefix: &str, dir: &Path) -> String {
         account = "acme"
         "#,
         ledger = dir.join("ledger.redb").display(),
-        // tansu 0.6 panics on the epoch librdkafka bumps after a timeout.
-        tansu = broker_kind() == BrokerKind::Tansu,
+        kafka = kafka_section(brokers, prefix),
     )
 }
 
