@@ -192,3 +192,31 @@ async fn a_topic_deleted_under_a_running_posbridge_is_refused_not_recreated_by_a
     );
     app.stop().await;
 }
+
+/// The watch looks at the topics every second here. Each look once made an
+/// admin client on a worker and dropped it there, and an rdkafka client's
+/// drop waits for its threads to end: about a tenth of a second in which
+/// that worker ran nothing else. With one worker, every webhook waited, and
+/// a flood's p99 showed it once per `kafka.topic_check_secs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn the_topic_watch_never_holds_up_the_runtime() {
+    let app = start("watch-stall", 1).await;
+    // Five looks of the watch, a tick every 5 ms beside them.
+    let ticker = tokio::spawn(async {
+        let mut late = Duration::ZERO;
+        let started = tokio::time::Instant::now();
+        let mut due = started;
+        while started.elapsed() < Duration::from_secs(5) {
+            due += Duration::from_millis(5);
+            tokio::time::sleep_until(due).await;
+            late = late.max(due.elapsed());
+        }
+        late
+    });
+    let late = ticker.await.unwrap();
+    assert!(
+        late < Duration::from_millis(50),
+        "a task on the runtime waited {late:?} past its time while the topic watch looked"
+    );
+    app.stop().await;
+}

@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::Producer as _;
 use rdkafka::util::Timeout;
 
+use super::admin_client::Admin;
 use super::describe::Described;
 use super::{PublishError, Publisher, TopicChange, TopicSets, Topics, watch};
 
@@ -54,8 +54,8 @@ impl Publisher {
         }
     }
 
-    fn admin(&self) -> Result<AdminClient<DefaultClientContext>, PublishError> {
-        self.admin_config.create().map_err(PublishError::Config)
+    fn admin(&self) -> Result<Admin, PublishError> {
+        Admin::new(&self.admin_config)
     }
 
     /// The `max.message.bytes` a topic needs: the largest record plus a

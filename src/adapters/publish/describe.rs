@@ -22,6 +22,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::util::Timeout;
 
 use super::PublishError;
+use super::admin_client::Admin;
 
 /// How long one description may take.
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,8 +54,7 @@ pub(super) async fn describe(
     admin_config: &ClientConfig,
     topics: &[String],
 ) -> Result<Described, PublishError> {
-    let admin: AdminClient<DefaultClientContext> =
-        admin_config.create().map_err(PublishError::Config)?;
+    let admin = Admin::new(admin_config)?;
     let topics = topics.to_vec();
     tokio::task::spawn_blocking(move || {
         let cluster = admin

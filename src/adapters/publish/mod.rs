@@ -30,6 +30,7 @@
 //! `watch.rs` asks the entity topics' again while running.
 
 mod admin;
+mod admin_client;
 
 pub use admin::zero_change_gauges;
 mod change;

@@ -19,12 +19,12 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, OwnedResourceSpecifier, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::{AdminOptions, OwnedResourceSpecifier, ResourceSpecifier};
 use rdkafka::producer::Producer as _;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::util::Timeout;
 
+use super::admin_client::Admin;
 use super::change::TopicChange;
 use super::health::BrokerHealth;
 use super::{Current, KafkaProducer, PublishError};
@@ -138,8 +138,7 @@ pub(super) async fn observe(
             )
         })
         .collect();
-    let admin: AdminClient<DefaultClientContext> =
-        admin_config.create().map_err(PublishError::Config)?;
+    let admin = Admin::new(admin_config)?;
     let present: Vec<ResourceSpecifier<'_>> = observed
         .iter()
         .filter(|(_, o)| o.partitions.is_some())
