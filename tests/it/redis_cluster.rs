@@ -5,6 +5,8 @@
 //! entities spread across every master; then a master fails over to its
 //! replica (`CLUSTER FAILOVER`) while deliveries keep coming, and nothing an
 //! acknowledged commit wrote may be lost, nor any delivery begin `New` twice.
+//! Between the two, a process waiting for a lock another holds is woken by
+//! its release, published on one node and heard on another.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -156,6 +158,82 @@ async fn connect(url: &str, prefix: &str) -> RedisLedger {
     )
     .await
     .expect("the test cluster")
+}
+
+/// [`connect`] whose checkpoints do not run during the test: what every
+/// node runs is counted.
+async fn quiet(url: &str, prefix: &str) -> RedisLedger {
+    RedisLedger::connect_with(
+        url,
+        prefix,
+        Duration::from_secs(3600),
+        // A lease longer than the test's waits: a waiter woken at its end
+        // would fail them.
+        Duration::from_secs(10),
+        None,
+        false,
+        Duration::from_secs(3600),
+    )
+    .await
+    .expect("the test cluster")
+}
+
+/// Whether the node on `port` holds `key`'s hash slot.
+async fn holds(port: u16, key: &str) -> bool {
+    let slot: u16 = cli(port, &["CLUSTER", "KEYSLOT", key])
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    let nodes = cli(port, &["CLUSTER", "NODES"]).await;
+    let myself = nodes
+        .lines()
+        .find(|line| line.contains("myself"))
+        .expect("CLUSTER NODES names the node asked");
+    // After eight fields, the slot ranges it serves: `0-5460`, `5461`.
+    myself.split_whitespace().skip(8).any(|range| {
+        let (first, last) = range.split_once('-').unwrap_or((range, range));
+        matches!(
+            (first.parse::<u16>(), last.parse::<u16>()),
+            (Ok(first), Ok(last)) if (first..=last).contains(&slot)
+        )
+    })
+}
+
+/// Every command the cluster's masters ran so far (`INFO commandstats`, the
+/// commands a script calls included), but for the `INFO`s that look, the
+/// cluster client's `CLUSTER` and `CLIENT` commands, the replicas'
+/// acknowledgements (`REPLCONF`, every second) and the subscriptions'
+/// `PING`s (every 10 s). A replica's copies of its master's writes are not
+/// commands anyone sent.
+async fn commands_run(cluster: &TestCluster) -> u64 {
+    let mut total = 0;
+    for port in cluster.masters().await {
+        total += cli(port, &["INFO", "commandstats"])
+            .await
+            .lines()
+            .filter(|l| {
+                [
+                    "cmdstat_info:",
+                    "cmdstat_cluster|",
+                    "cmdstat_client|",
+                    "cmdstat_replconf:",
+                    "cmdstat_ping:",
+                ]
+                .iter()
+                .all(|skipped| !l.starts_with(skipped))
+            })
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum::<u64>();
+    }
+    total
 }
 
 fn delivery(i: usize) -> DeliveryKey {
@@ -373,6 +451,68 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
     for master in &masters {
         let keys: u64 = cli(*master, &["DBSIZE"]).await.trim().parse().unwrap();
         assert!(keys > 50, "master {master} holds only {keys} keys");
+    }
+
+    // Another process waiting for a lock is woken by its release, not by
+    // polling: the release is published from the lock's master, and a
+    // cluster's PUBLISH reaches every node, so the waiter's subscription
+    // on the node it was given hears it, whether that node holds the lock
+    // or not. Over 300 ms of waiting it costs one try (a SET every 5 ms with
+    // the polling it replaced: about 50 here), counted over every master, and it
+    // takes the lock within moments of the release, not at the end of the
+    // lease. The ledgers above checkpoint every second: gone, they run
+    // nothing.
+    drop((ledger, other));
+    let (holder, waiter) = (quiet(&one, &prefix).await, quiet(&one, &prefix).await);
+    let waiter = Arc::new(waiter);
+    let lock_key = |n| format!("{prefix}lock:orders/mekari:O-{n}");
+    let mut on_subscribed_node = None;
+    let mut elsewhere = None;
+    for n in 2..100 {
+        let found = if holds(masters[0], &lock_key(n)).await {
+            &mut on_subscribed_node
+        } else {
+            &mut elsewhere
+        };
+        found.get_or_insert(n);
+    }
+    for (n, lying) in [
+        (on_subscribed_node.unwrap(), "on the node subscribed to"),
+        (elsewhere.unwrap(), "on another node"),
+    ] {
+        let (held, _) = holder.lock_and_read(&entity(n)).await.unwrap();
+        let before = commands_run(&cluster).await;
+        let waiting = tokio::spawn({
+            let waiter = waiter.clone();
+            async move {
+                let (lock, _) = waiter.lock_and_read(&entity(n)).await.unwrap();
+                (Instant::now(), lock)
+            }
+        });
+        // A stretch of time, not a wait for an event: what is counted is
+        // what the waiter does while the lock is held.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let commands = commands_run(&cluster).await - before;
+        assert!(!waiting.is_finished(), "the lock was held");
+        let released = Instant::now();
+        drop(held);
+        let (taken, lock) = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiter takes the lock before the end of its lease")
+            .unwrap();
+        let after = taken - released;
+        println!(
+            "a lock {lying}: {commands} commands while waiting 300 ms; taken {after:?} after the release"
+        );
+        assert!(
+            commands <= 12,
+            "a lock {lying}: {commands} commands while waiting 300 ms: one try, not one every 5 ms"
+        );
+        assert!(
+            after < Duration::from_millis(250),
+            "a lock {lying}: taken {after:?} after the release"
+        );
+        drop(lock);
     }
 
     // A master fails over to its replica while deliveries keep coming.

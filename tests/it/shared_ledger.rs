@@ -3,7 +3,7 @@
 //! `scripts/test`).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use posbridge::adapters::encode::decode;
@@ -504,4 +504,200 @@ async fn one_entitys_deliveries_in_one_process_take_its_lock_in_turn_without_pol
     })
     .await;
     assert!(taken.is_some(), "the lock was let go after the last turn");
+}
+
+/// Every command a Redis of the test's own ran so far, counted by the
+/// server (`INFO commandstats`, the commands a script calls included),
+/// but for the `INFO`s and `CLIENT`s that look and the subscriptions'
+/// `PING`s (every 10 s).
+async fn commands_run(redis: &RedisServer) -> u64 {
+    let stats = redis.cli(&["INFO", "commandstats"]).await;
+    stats
+        .lines()
+        .filter(|l| {
+            !["cmdstat_info:", "cmdstat_client|", "cmdstat_ping:"]
+                .iter()
+                .any(|skipped| l.starts_with(skipped))
+        })
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// A process's Redis ledger on the server at `url` under `prefix`, whose
+/// locks hold `lease` unless renewed, and whose checkpoints do not run
+/// during the test: a test of its own counts every command the server runs.
+async fn quiet_ledger(url: &str, prefix: &str, lease: Duration) -> RedisLedger {
+    let ledger = RedisLedger::connect_with(
+        url,
+        prefix,
+        Duration::from_secs(3600),
+        lease,
+        None,
+        false,
+        Duration::from_secs(3600),
+    )
+    .await
+    .expect("a Redis server");
+    crate::support::redis::mark_filled(&ledger).await;
+    ledger
+}
+
+/// Two processes' [`quiet_ledger`]s.
+async fn two_quiet_processes(
+    url: &str,
+    prefix: &str,
+    lease: Duration,
+) -> (RedisLedger, RedisLedger) {
+    (
+        quiet_ledger(url, prefix, lease).await,
+        quiet_ledger(url, prefix, lease).await,
+    )
+}
+
+/// A delivery waiting for an entity's lock that another process holds is
+/// woken by its release, not by polling: over 300 ms of waiting it costs
+/// one try, a constant handful of commands (6 here; a try every 5 ms,
+/// three commands each, with the polling it replaced: 144 here), and it takes
+/// the lock within moments of the release, not at the end of the 10 s
+/// lease. So again once the processes' subscriptions to the releases were
+/// cut (`CLIENT KILL TYPE pubsub`) and made again.
+#[tokio::test]
+async fn a_lock_another_process_holds_is_taken_at_its_release_without_polling() {
+    let redis = RedisServer::start(free_port(), &[]).await;
+    let (a, b) = two_quiet_processes(&redis.url(), "wake:", Duration::from_secs(10)).await;
+    let b = Arc::new(b);
+    let slot = EntitySlot::of_record_key(EntityType::Order, "mekari:ORD-W");
+    for round in ["subscribed", "subscribed again after the cut"] {
+        if round != "subscribed" {
+            redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]).await;
+            wait_until(
+                Duration::from_secs(30),
+                "both processes subscribed again",
+                async || {
+                    redis
+                        .cli(&["CLIENT", "LIST", "TYPE", "pubsub"])
+                        .await
+                        .lines()
+                        .count()
+                        == 2
+                },
+            )
+            .await;
+        }
+        let (held, _) = a.lock_and_read(&slot).await.unwrap();
+        let before = commands_run(&redis).await;
+        let waiter = tokio::spawn({
+            let (b, slot) = (b.clone(), slot.clone());
+            async move {
+                let (lock, _) = b.lock_and_read(&slot).await.unwrap();
+                (Instant::now(), lock)
+            }
+        });
+        // A stretch of time, not a wait for an event: what is counted is
+        // what the waiter does while the lock is held, and nothing marks
+        // its end but the clock.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let waiting = commands_run(&redis).await - before;
+        assert!(!waiter.is_finished(), "{round}: the lock was held");
+        let released = Instant::now();
+        drop(held);
+        let (taken, lock) = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter takes the lock before the end of its lease")
+            .unwrap();
+        let after = taken - released;
+        println!(
+            "{round}: {waiting} commands while waiting 300 ms; taken {after:?} after the release"
+        );
+        assert!(
+            waiting <= 12,
+            "{round}: {waiting} commands while waiting 300 ms: one try (a script and the commands it calls), not one every 5 ms"
+        );
+        assert!(
+            after < Duration::from_millis(250),
+            "{round}: taken {after:?} after the release"
+        );
+        drop(lock);
+    }
+}
+
+/// A holder that never releases its lock (its process killed) keeps a
+/// waiter of another process out until the lock's lease lapses, and no
+/// longer: the waiter takes it about a lease after it was taken, having
+/// tried twice meanwhile (10 commands; 463 with the polling it replaced).
+#[tokio::test]
+async fn a_waiter_takes_a_lock_whose_holder_died_when_its_lease_lapses() {
+    let redis = RedisServer::start(free_port(), &[]).await;
+    let lease = Duration::from_secs(1);
+    let (a, b) = two_quiet_processes(&redis.url(), "lapse:", lease).await;
+    let slot = EntitySlot::of_record_key(EntityType::Order, "mekari:ORD-L");
+    let (held, _) = a.lock_and_read(&slot).await.unwrap();
+    let locked = Instant::now();
+    // Its holder dies: the lock is never released.
+    std::mem::forget(held);
+    let before = commands_run(&redis).await;
+    let (lock, _) = tokio::time::timeout(Duration::from_secs(10), b.lock_and_read(&slot))
+        .await
+        .expect("the waiter takes the lock once its lease lapsed")
+        .unwrap();
+    let waited = locked.elapsed();
+    let commands = commands_run(&redis).await - before;
+    println!("taken {waited:?} after a lock of a {lease:?} lease was taken; {commands} commands");
+    assert!(
+        waited >= lease - Duration::from_millis(50) && waited < lease + Duration::from_millis(500),
+        "taken {waited:?} after a lock of a {lease:?} lease was taken"
+    );
+    assert!(
+        commands <= 30,
+        "{commands} commands while waiting for the lease to lapse"
+    );
+    drop(lock);
+}
+
+/// A lock held by a replica of an older version, whose release publishes
+/// nothing (its token is hex digits alone, without the `w` of a holder
+/// that publishes its release), is tried every 5 ms as before: while a
+/// deployment upgrades one replica at a time, a waiter takes it within
+/// moments of its release, not at the end of its 10 s lease.
+#[tokio::test]
+async fn a_lock_an_older_version_holds_is_tried_again_every_few_milliseconds() {
+    let redis = RedisServer::start(free_port(), &[]).await;
+    let ledger = quiet_ledger(&redis.url(), "older:", Duration::from_secs(10)).await;
+    let slot = EntitySlot::of_record_key(EntityType::Order, "mekari:ORD-O");
+    // An older version's entity lock, as it takes it: `SET NX PX`, a token
+    // of 32 hex digits.
+    let key = "older:lock:orders/mekari:ORD-O";
+    let token = format!("{:032x}", rand::random::<u128>());
+    redis.cli(&["SET", key, &token, "NX", "PX", "10000"]).await;
+    let waiter = tokio::spawn({
+        let (ledger, slot) = (ledger.clone(), slot.clone());
+        async move {
+            let (lock, _) = ledger.lock_and_read(&slot).await.unwrap();
+            (Instant::now(), lock)
+        }
+    });
+    // A stretch of time, not a wait for an event: the lock is held
+    // throughout.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "the lock was held");
+    // Its release: the older version's compare-and-delete, without a word.
+    let released = Instant::now();
+    redis.cli(&["DEL", key]).await;
+    let (taken, lock) = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter takes the lock before the end of its lease")
+        .unwrap();
+    let after = taken - released;
+    assert!(
+        after < Duration::from_millis(250),
+        "taken {after:?} after the release"
+    );
+    drop(lock);
 }

@@ -184,18 +184,18 @@ enum ClusterError {
 /// server that is gone fails (the delivery is answered 503) instead of hanging.
 const TIMEOUT: Duration = Duration::from_secs(3);
 
-/// One server: `rediss://` uses the system's trust store, or `ca_file`
-/// when given.
-pub(super) async fn connect_single(
+/// One server's client: `rediss://` uses the system's trust store, or
+/// `ca_file` when given.
+pub(super) fn single_client(
     url: &str,
     ca_file: Option<&std::path::Path>,
-) -> Result<ConnectionManager, LedgerError> {
+) -> Result<redis::Client, LedgerError> {
     let open_error = |e: redis::RedisError| LedgerError::Open {
         path: without_password(url),
         source: Box::new(e),
     };
-    let client = match ca_file {
-        None => redis::Client::open(url).map_err(open_error)?,
+    match ca_file {
+        None => redis::Client::open(url).map_err(open_error),
         Some(path) => {
             let root_cert = std::fs::read(path).map_err(|e| LedgerError::Open {
                 path: path.display().to_string(),
@@ -208,8 +208,19 @@ pub(super) async fn connect_single(
                     root_cert: Some(root_cert),
                 },
             )
-            .map_err(open_error)?
+            .map_err(open_error)
         }
+    }
+}
+
+/// One server's connection, from its client ([`single_client`]) at `url`.
+pub(super) async fn connect_single(
+    client: redis::Client,
+    url: &str,
+) -> Result<ConnectionManager, LedgerError> {
+    let open_error = |e: redis::RedisError| LedgerError::Open {
+        path: without_password(url),
+        source: Box::new(e),
     };
     let config = redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(TIMEOUT))

@@ -8,7 +8,9 @@
 //! each hands the shared lock to the next (which renews its lease) instead
 //! of releasing it for the next to take again; the last one in the queue
 //! (or the sixteenth in a row, so that another process is not held off for
-//! good) releases it. Only a lock another process holds is polled for.
+//! good) releases it. A lock another process holds is waited for until its
+//! holder releases it, woken by the release (`wait.rs`), or until its lease
+//! lapses.
 //!
 //! A dropped lock is released by one task per ledger ([`release_dropped`]),
 //! fed through a channel, its `UNLOCK`s pipelined on the shared connection:
@@ -17,16 +19,37 @@
 
 use std::time::Duration;
 
-use redis::AsyncCommands;
+use redis::{AsyncCommands, ScriptInvocation};
 
 use super::RedisLedger;
 use super::connection::Counted;
-use super::scripts::{LOCK_AND_READ, RENEW, RENEW_AND_READ, UNLOCK};
+use super::scripts::{LOCK_AND_READ, RENEW, RENEW_AND_READ, TAKE, UNLOCK};
+use super::wait::{channel, waiting_key};
 use crate::adapters::ledger::key_locks::KeyGuard;
 use crate::adapters::ledger::{EntitySlot, EntityState, Exclusive, Held, LedgerError, RebuildLock};
 
-/// How often a waiter retries a taken entity lock.
+/// How often a waiter tries a held lock again when its release would not
+/// wake it (`wait.rs`: the subscription is down, or the holder is of an
+/// older version).
 const LOCK_POLL: Duration = Duration::from_millis(5);
+
+/// A new lock's token: random, after a `w` that tells a waiter its holder
+/// publishes its release to the waiters (`UNLOCK`); older versions' tokens
+/// are hex digits alone, and their holders publish nothing.
+fn new_token() -> String {
+    format!("w{:032x}", rand::random::<u128>())
+}
+
+/// `UNLOCK` of the lock at `key` held with `token`, which publishes its
+/// release on `prefix`'s channel when a waiter marked it.
+fn unlock<'a>(prefix: &str, key: &str, token: &str) -> ScriptInvocation<'a> {
+    let mut invocation = UNLOCK.key(key);
+    if let Some(waiting) = waiting_key(prefix, key) {
+        invocation.key(waiting);
+    }
+    invocation.arg(token).arg(channel(prefix));
+    invocation
+}
 
 /// How many dropped locks [`release_dropped`] releases at once.
 const UNLOCKS_AT_ONCE: usize = 64;
@@ -40,6 +63,7 @@ pub(super) type Unlocks = tokio::sync::mpsc::UnboundedSender<(String, String)>;
 /// fails lapses with its lease.
 pub(super) async fn release_dropped(
     conn: Counted,
+    prefix: String,
     dropped: tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
 ) {
     use futures::StreamExt;
@@ -47,10 +71,11 @@ pub(super) async fn release_dropped(
         Some((dropped.recv().await?, dropped))
     })
     .for_each_concurrent(UNLOCKS_AT_ONCE, |(key, token)| {
-        let mut conn = conn.clone();
+        let (mut conn, prefix) = (conn.clone(), &prefix);
         async move {
-            let released: redis::RedisResult<i32> =
-                UNLOCK.key(&key).arg(token).invoke_async(&mut conn).await;
+            let released: redis::RedisResult<i32> = unlock(prefix, &key, &token)
+                .invoke_async(&mut conn)
+                .await;
             if let Err(error) = released {
                 tracing::warn!(%error, lock = %key, "A lock was not released; it lapses with its lease.");
             }
@@ -66,9 +91,10 @@ impl RedisLedger {
     /// over by the turn before (its lease renewed and the state read in one
     /// round trip on one server, `RENEW_AND_READ`) or takes it: on one
     /// server with the state read in the same script (`LOCK_AND_READ`,
-    /// which also finds a lost generation mark), on a cluster with `SET NX
-    /// PX` and then a `GET` (the lock's and the state's keys lie in
-    /// different slots). Only a lock another process holds is polled for.
+    /// which also finds a lost generation mark), on a cluster with `TAKE`
+    /// (`SET NX PX`) and then a `GET` (the lock's and the state's keys lie
+    /// in different slots). A lock another process holds is waited for
+    /// until its release wakes this turn, or its lease lapses (`wait.rs`).
     pub(super) async fn lock_and_read_marked(
         &self,
         slot: &EntitySlot,
@@ -84,9 +110,7 @@ impl RedisLedger {
             // Held through many turns: let it go, so that another process
             // waiting for it is not held off for good.
             Some(handed) => {
-                let _: i32 = UNLOCK
-                    .key(&key)
-                    .arg(&handed.token)
+                let _: i32 = unlock(&self.prefix, &key, &handed.token)
                     .invoke_async(&mut self.conn.clone())
                     .await?;
                 None
@@ -148,41 +172,78 @@ impl RedisLedger {
         })
     }
 
-    /// Takes the lock anew, polling while another process holds it, and
+    /// Takes the lock anew, waiting while another process holds it, and
     /// reads the state.
     async fn take_and_read(
         &self,
         key: &str,
         state_key: &str,
     ) -> Result<(Handed, Option<Vec<u8>>), LedgerError> {
-        let token = format!("{:032x}", rand::random::<u128>());
-        let mut conn = self.conn.clone();
-        let options = redis::SetOptions::default()
-            .conditional_set(redis::ExistenceCheck::NX)
-            .with_expiration(redis::SetExpiry::PX(self.lease_ms()));
-        let state = loop {
-            if conn.is_single() {
-                let mut invocation = LOCK_AND_READ.key(key);
-                invocation.key(state_key).key(self.mark_key());
-                let (taken, state): (i32, Option<Vec<u8>>) = invocation
-                    .arg(&token)
-                    .arg(self.lease_ms())
-                    .invoke_async(&mut conn)
-                    .await?;
-                match taken {
-                    1 => break state,
-                    2 => return Err(LedgerError::Lost),
-                    _ => {}
-                }
-            } else {
-                let taken: Option<String> = conn.set_options(key, &token, options.clone()).await?;
-                if taken.is_some() {
-                    break conn.get(state_key).await?;
-                }
-            }
-            tokio::time::sleep(LOCK_POLL).await;
-        };
+        let (token, state) = self.take_waiting(key, Some(state_key)).await?;
         Ok((Handed { token, turns: 0 }, state))
+    }
+
+    /// Takes the lock at `key` with a new token, trying again whenever the
+    /// holder releases it (woken by the release) or its lease lapses, or
+    /// every 5 ms when a release would not wake this waiter (`wait.rs`);
+    /// with the state at `state_key` read once it is taken.
+    async fn take_waiting(
+        &self,
+        key: &str,
+        state_key: Option<&str>,
+    ) -> Result<(String, Option<Vec<u8>>), LedgerError> {
+        let token = new_token();
+        let waiting = waiting_key(&self.prefix, key);
+        let interest = self.releases.interest(key);
+        let mut conn = self.conn.clone();
+        loop {
+            // Before the try: a release between the try and the wait wakes it.
+            let released = interest.released();
+            let mut released = std::pin::pin!(released);
+            released.as_mut().enable();
+            let one_script = state_key.filter(|_| conn.is_single());
+            let mut invocation = match one_script {
+                Some(state_key) => {
+                    let mut invocation = LOCK_AND_READ.key(key);
+                    invocation.key(state_key).key(self.mark_key());
+                    invocation
+                }
+                None => TAKE.key(key),
+            };
+            if let Some(waiting) = &waiting {
+                invocation.key(waiting);
+            }
+            let (taken, state, left_ms, wakes): (i32, Option<Vec<u8>>, i64, i32) = invocation
+                .arg(&token)
+                .arg(self.lease_ms())
+                .invoke_async(&mut conn)
+                .await?;
+            match taken {
+                1 if one_script.is_some() => return Ok((token, state)),
+                1 => {
+                    let state = match state_key {
+                        Some(state_key) => conn.get(state_key).await?,
+                        None => None,
+                    };
+                    return Ok((token, state));
+                }
+                2 => return Err(LedgerError::Lost),
+                _ => {}
+            }
+            let wait = if wakes == 1 && self.releases.heard() {
+                // A lock without a lease (not one of ours) is tried again
+                // after one.
+                u64::try_from(left_ms)
+                    .map_or(self.lease, Duration::from_millis)
+                    .max(Duration::from_millis(1))
+            } else {
+                LOCK_POLL
+            };
+            tokio::select! {
+                () = released => {}
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
     }
 
     /// The rebuild's lock, held for as long as the fill needs, however long
@@ -205,22 +266,22 @@ impl RedisLedger {
             Exclusive::Fill => REBUILD_LOCK_KEY,
             Exclusive::Rederive => REDERIVE_LOCK_KEY,
         });
-        let token = format!("{:032x}", rand::random::<u128>());
         let lease_ms = self.lease_ms();
         let mut conn = self.conn.clone();
-        let options = redis::SetOptions::default()
-            .conditional_set(redis::ExistenceCheck::NX)
-            .with_expiration(redis::SetExpiry::PX(lease_ms));
-        while conn
-            .set_options::<_, _, Option<String>>(&key, &token, options.clone())
-            .await?
-            .is_none()
-        {
-            if task == Exclusive::Rederive {
-                return Ok(None);
+        let token = match task {
+            Exclusive::Fill => self.take_waiting(&key, None).await?.0,
+            Exclusive::Rederive => {
+                let token = new_token();
+                let options = redis::SetOptions::default()
+                    .conditional_set(redis::ExistenceCheck::NX)
+                    .with_expiration(redis::SetExpiry::PX(lease_ms));
+                let taken: Option<String> = conn.set_options(&key, &token, options).await?;
+                if taken.is_none() {
+                    return Ok(None);
+                }
+                token
             }
-            tokio::time::sleep(LOCK_POLL).await;
-        }
+        };
         let renewal = {
             let (mut conn, key, token) = (conn.clone(), key.clone(), token.clone());
             let every = Duration::from_millis(lease_ms / 3).max(LOCK_POLL);

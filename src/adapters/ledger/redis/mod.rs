@@ -11,6 +11,10 @@
 //!   token, released only by its holder (a crashed holder's lock lapses),
 //!   handed from one delivery of the entity to the next inside a process
 //!   (`lock.rs`);
+//! * `Pwaiting:<entity slot>` (or `Pwaiting:{Plock:<entity slot>}`, to
+//!   share the lock's hash slot): a lock another process waits for, lapsing
+//!   with the lock's lease; its holder's release is then published on the
+//!   channel `Plock-released` (`wait.rs`);
 //! * `Pentity:<entity slot>`: the written state, replaced only by a version at
 //!   least as new, so even a holder whose lock lapsed cannot roll it back;
 //! * `Pcheckpoint:<name>`;
@@ -39,9 +43,11 @@
 //! `SCAN` patterns keep working) and before the key's kind, so the two keys
 //! are equal up to and including the tag's `}` and share a slot whatever the
 //! delivery id or the prefix holds (only a prefix whose first `{` is
-//! followed at once by `}` defeats the tag). Entity, lock and checkpoint
-//! keys are only ever touched one at a time, so they need no tag (and a
-//! ledger on one server keeps its key names when it moves to a cluster).
+//! followed at once by `}` defeats the tag). Entity and checkpoint keys are
+//! only ever touched one at a time, and a lock only with its waiting key,
+//! which is named to lie in the lock's slot (`wait.rs`), so they need no tag
+//! (and a ledger on one server keeps its key names when it moves to a
+//! cluster).
 //!
 //! **A commit is three writes, in order**: the entity's state, the
 //! checkpoint, then the done mark with the end of the lease. On a cluster
@@ -66,6 +72,7 @@ mod generation;
 mod lock;
 mod policy;
 mod scripts;
+mod wait;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -75,7 +82,8 @@ use redis::AsyncCommands;
 use super::key_locks::KeyLocks;
 use checkpoint::Checkpoints;
 use connection::{
-    Connection, Counted, connect_cluster, connect_single, is_cluster_node, without_password,
+    Connection, Counted, connect_cluster, connect_single, is_cluster_node, single_client,
+    without_password,
 };
 use generation::Watch;
 use scripts::BEGIN;
@@ -119,7 +127,11 @@ pub struct RedisLedger {
     turns: Arc<KeyLocks<Option<lock::Handed>>>,
     /// Where a dropped lock goes to be released ([`lock::release_dropped`]).
     unlocks: lock::Unlocks,
-    /// Ends the checkpoint task when the last handle goes.
+    /// This process's waiters for locks other processes hold, woken by
+    /// their releases ([`wait::listen`]).
+    releases: Arc<wait::Releases>,
+    /// Ends the checkpoint task and the subscription to lock releases when
+    /// the last handle goes.
     _stop: Arc<tokio_util::sync::DropGuard>,
 }
 
@@ -168,8 +180,9 @@ impl RedisLedger {
     ///
     /// A server whose `maxmemory-policy` may evict posbridge's keys is
     /// refused unless `allow_eviction`, and then said. A task writes this
-    /// replica's offsets every `checkpoint_every` (`checkpoint.rs`) until
-    /// the last handle goes.
+    /// replica's offsets every `checkpoint_every` (`checkpoint.rs`), and
+    /// another hears the releases of locks this process waits for
+    /// (`wait.rs`), until the last handle goes.
     ///
     /// # Errors
     /// [`LedgerError::Open`] when the URL or CA file is unusable, Redis
@@ -188,16 +201,33 @@ impl RedisLedger {
             source: e,
         };
         let nodes = LedgerConfig::redis_nodes(url).map_err(|e| open_error(Box::new(e)))?;
-        let conn = Counted::new(if nodes.len() > 1 {
-            Connection::Cluster(connect_cluster(&nodes, ca_file).await?)
+        // The servers a subscription to lock releases is made on: the one
+        // server, or the nodes a cluster was given.
+        let nodes_subscribed = || {
+            nodes
+                .iter()
+                .map(|node| redis::Client::open(*node))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| open_error(Box::new(e)))
+        };
+        let (link, subscribed) = if nodes.len() > 1 {
+            (
+                Connection::Cluster(connect_cluster(&nodes, ca_file).await?),
+                nodes_subscribed()?,
+            )
         } else {
-            let single = connect_single(url, ca_file).await?;
+            let client = single_client(url, ca_file)?;
+            let single = connect_single(client.clone(), url).await?;
             if is_cluster_node(single.clone()).await {
-                Connection::Cluster(connect_cluster(&nodes, ca_file).await?)
+                (
+                    Connection::Cluster(connect_cluster(&nodes, ca_file).await?),
+                    nodes_subscribed()?,
+                )
             } else {
-                Connection::Single(single)
+                (Connection::Single(single), vec![client])
             }
-        });
+        };
+        let conn = Counted::new(link);
         let found = match Self::evicting_policy(&conn).await {
             Ok(found) => found,
             Err(error) => {
@@ -230,7 +260,18 @@ impl RedisLedger {
             stop.clone(),
         ));
         let (unlocks, dropped) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(lock::release_dropped(conn.clone(), dropped));
+        tokio::spawn(lock::release_dropped(
+            conn.clone(),
+            prefix.to_owned(),
+            dropped,
+        ));
+        let releases = Arc::new(wait::Releases::default());
+        tokio::spawn(wait::listen(
+            releases.clone(),
+            subscribed,
+            wait::channel(prefix),
+            stop.clone(),
+        ));
         let ledger = RedisLedger {
             conn,
             prefix: prefix.to_owned(),
@@ -242,6 +283,7 @@ impl RedisLedger {
             watch,
             turns: Arc::default(),
             unlocks,
+            releases,
             _stop: Arc::new(stop.drop_guard()),
         };
         ledger.check().await.map_err(|e| open_error(Box::new(e)))?;

@@ -101,21 +101,63 @@ return 1
     ))
 });
 
-/// An entity's lock and, when taken, its state, in one round trip on one
-/// server: `{1, state}` when taken (nil for a state not yet written),
-/// `{0, nil}` when another holds it, `{2, nil}` when the generation mark
-/// is gone (looked at only when its key is given).
-/// KEYS: lock, state, and the mark or nothing. ARGV: token, lock lease ms.
-pub(super) static LOCK_AND_READ: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+/// A lock found held, in the scripts that try one (`LOCK_AND_READ`,
+/// `TAKE`): `{0, nil, the lease left in ms (PTTL), 1 when the holder will
+/// publish its release to this waiter}`. A holder whose token starts with
+/// `w` publishes its release (`UNLOCK`) if the lock is marked waited for:
+/// so its waiting key, when given, is set to lapse with the lock's lease
+/// (a whole lease for a lock whose PTTL says none). An older version's holder
+/// (a token of hex digits) publishes nothing, and is not waited for so.
+macro_rules! held_lua {
+    () => {
         r"
-if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then return {2, false} end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, redis.call('GET', KEYS[2])}
+local function held(lock, waiting, lease)
+  local left = redis.call('PTTL', lock)
+  local holder = redis.call('GET', lock)
+  if waiting and holder and string.sub(holder, 1, 1) == 'w' then
+    local mark = left
+    if mark < 1 then mark = tonumber(lease) end
+    redis.call('SET', waiting, '1', 'PX', mark)
+    return {0, false, left, 1}
+  end
+  return {0, false, left, 0}
 end
-return {0, false}
-",
-    )
+"
+    };
+}
+
+/// An entity's lock and, when taken, its state, in one round trip on one
+/// server: `{1, state, 0, 0}` when taken (nil for a state not yet written),
+/// `{2, nil, 0, 0}` when the generation mark is gone, and what `held` says
+/// when another holds it. KEYS: lock, state, the mark, and the lock's
+/// waiting key or nothing. ARGV: token, lock lease ms.
+pub(super) static LOCK_AND_READ: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        held_lua!(),
+        r"
+if redis.call('EXISTS', KEYS[3]) == 0 then return {2, false, 0, 0} end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('GET', KEYS[2]), 0, 0}
+end
+return held(KEYS[1], KEYS[4], ARGV[2])
+"
+    ))
+});
+
+/// A lock, `SET NX PX`: `{1, nil, 0, 0}` when taken, and what `held` says
+/// when another holds it. For an entity's on a cluster (its state lies in
+/// another slot and is read after) and the rebuild's. KEYS: lock, and its
+/// waiting key or nothing. ARGV: token, lease ms.
+pub(super) static TAKE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        held_lua!(),
+        r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, false, 0, 0}
+end
+return held(KEYS[1], KEYS[2], ARGV[2])
+"
+    ))
 });
 
 /// An entity's lock handed over inside this process, its lease renewed,
@@ -136,12 +178,22 @@ return {0, false}
     )
 });
 
-/// Releases a lock only if it still holds our token.
+/// Releases a lock only if it still holds our token (→ 1, else 0), and
+/// publishes the lock's key if a waiter marked it waited for (`held`), the
+/// mark deleted with it: a release nobody waits for sends nothing. A
+/// refused `PUBLISH` (an ACL without the channel) does not undo the
+/// release: a waiter whose subscription is refused too tries every 5 ms,
+/// and another wakes at the end of the lease. KEYS: lock, and its
+/// waiting key or nothing. ARGV: token, the channel.
 pub(super) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+if KEYS[2] and redis.call('DEL', KEYS[2]) == 1 then
+  redis.pcall('PUBLISH', ARGV[2], KEYS[1])
+end
+return 1
 ",
     )
 });
