@@ -19,7 +19,7 @@ use posbridge::adapters::ledger::{
 use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind, Version};
 use posbridge::domain::guard::EntityState;
 
-use crate::support::redis::{RedisServer, cli};
+use crate::support::redis::{RedisServer, calls, cli, waited_for_a_held_lock};
 use crate::support::unique;
 use crate::support::wait::wait_until;
 
@@ -209,29 +209,17 @@ async fn holds(port: u16, key: &str) -> bool {
 async fn commands_run(cluster: &TestCluster) -> u64 {
     let mut total = 0;
     for port in cluster.masters().await {
-        total += cli(port, &["INFO", "commandstats"])
-            .await
-            .lines()
-            .filter(|l| {
-                [
-                    "cmdstat_info:",
-                    "cmdstat_cluster|",
-                    "cmdstat_client|",
-                    "cmdstat_replconf:",
-                    "cmdstat_ping:",
-                ]
-                .iter()
-                .all(|skipped| !l.starts_with(skipped))
-            })
-            .filter_map(|l| {
-                l.split("calls=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum::<u64>();
+        let stats = cli(port, &["INFO", "commandstats"]).await;
+        total += calls(
+            &stats,
+            &[
+                "cmdstat_info:",
+                "cmdstat_cluster|",
+                "cmdstat_client|",
+                "cmdstat_replconf:",
+                "cmdstat_ping:",
+            ],
+        );
     }
     total
 }
@@ -480,27 +468,8 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
         (on_subscribed_node.unwrap(), "on the node subscribed to"),
         (elsewhere.unwrap(), "on another node"),
     ] {
-        let (held, _) = holder.lock_and_read(&entity(n)).await.unwrap();
-        let before = commands_run(&cluster).await;
-        let waiting = tokio::spawn({
-            let waiter = waiter.clone();
-            async move {
-                let (lock, _) = waiter.lock_and_read(&entity(n)).await.unwrap();
-                (Instant::now(), lock)
-            }
-        });
-        // A stretch of time, not a wait for an event: what is counted is
-        // what the waiter does while the lock is held.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let commands = commands_run(&cluster).await - before;
-        assert!(!waiting.is_finished(), "the lock was held");
-        let released = Instant::now();
-        drop(held);
-        let (taken, lock) = tokio::time::timeout(Duration::from_secs(5), waiting)
-            .await
-            .expect("the waiter takes the lock before the end of its lease")
-            .unwrap();
-        let after = taken - released;
+        let (commands, after) =
+            waited_for_a_held_lock(&holder, &waiter, &entity(n), || commands_run(&cluster)).await;
         println!(
             "a lock {lying}: {commands} commands while waiting 300 ms; taken {after:?} after the release"
         );
@@ -512,7 +481,6 @@ async fn the_redis_ledger_works_on_a_cluster_and_loses_nothing_in_a_failover() {
             after < Duration::from_millis(250),
             "a lock {lying}: taken {after:?} after the release"
         );
-        drop(lock);
     }
 
     // A master fails over to its replica while deliveries keep coming.

@@ -15,7 +15,7 @@ use posbridge::domain::event::{DeliveryKey, EntityKey, EntityType, ProviderKind,
 use posbridge::domain::guard::EntityState;
 
 use crate::support::ports::free_port;
-use crate::support::redis::RedisServer;
+use crate::support::redis::{RedisServer, calls, waited_for_a_held_lock};
 use crate::support::wait::{look_for, wait_until};
 use crate::support::{
     TestApp, brokers, config, kafka_only, latest_per_key, mekari_order, read_topic, rr_sale, unique,
@@ -512,22 +512,10 @@ async fn one_entitys_deliveries_in_one_process_take_its_lock_in_turn_without_pol
 /// `PING`s (every 10 s).
 async fn commands_run(redis: &RedisServer) -> u64 {
     let stats = redis.cli(&["INFO", "commandstats"]).await;
-    stats
-        .lines()
-        .filter(|l| {
-            !["cmdstat_info:", "cmdstat_client|", "cmdstat_ping:"]
-                .iter()
-                .any(|skipped| l.starts_with(skipped))
-        })
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
+    calls(
+        &stats,
+        &["cmdstat_info:", "cmdstat_client|", "cmdstat_ping:"],
+    )
 }
 
 /// A process's Redis ledger on the server at `url` under `prefix`, whose
@@ -591,28 +579,7 @@ async fn a_lock_another_process_holds_is_taken_at_its_release_without_polling() 
             )
             .await;
         }
-        let (held, _) = a.lock_and_read(&slot).await.unwrap();
-        let before = commands_run(&redis).await;
-        let waiter = tokio::spawn({
-            let (b, slot) = (b.clone(), slot.clone());
-            async move {
-                let (lock, _) = b.lock_and_read(&slot).await.unwrap();
-                (Instant::now(), lock)
-            }
-        });
-        // A stretch of time, not a wait for an event: what is counted is
-        // what the waiter does while the lock is held, and nothing marks
-        // its end but the clock.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let waiting = commands_run(&redis).await - before;
-        assert!(!waiter.is_finished(), "{round}: the lock was held");
-        let released = Instant::now();
-        drop(held);
-        let (taken, lock) = tokio::time::timeout(Duration::from_secs(5), waiter)
-            .await
-            .expect("the waiter takes the lock before the end of its lease")
-            .unwrap();
-        let after = taken - released;
+        let (waiting, after) = waited_for_a_held_lock(&a, &b, &slot, || commands_run(&redis)).await;
         println!(
             "{round}: {waiting} commands while waiting 300 ms; taken {after:?} after the release"
         );
@@ -624,7 +591,6 @@ async fn a_lock_another_process_holds_is_taken_at_its_release_without_polling() 
             after < Duration::from_millis(250),
             "{round}: taken {after:?} after the release"
         );
-        drop(lock);
     }
 }
 

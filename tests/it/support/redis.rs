@@ -88,3 +88,61 @@ pub async fn mark_filled(ledger: &posbridge::adapters::ledger::RedisLedger) {
         .await
         .expect("the generation mark written");
 }
+
+/// The calls `INFO commandstats` counts in `stats` (a script's own commands
+/// included), but for the lines starting with one of `skipped` (the test's
+/// own questions, a cluster's chatter).
+pub fn calls(stats: &str, skipped: &[&str]) -> u64 {
+    stats
+        .lines()
+        .filter(|l| !skipped.iter().any(|s| l.starts_with(s)))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// `holder` takes `slot`'s lock, `waiter` (another process's ledger) asks
+/// for it, and 300 ms later the holder lets it go: the commands the server
+/// ran meanwhile (`commands_run`, before and after) and how long after the
+/// release the waiter had the lock. Panics when the waiter took it while it
+/// was held or not within 5 s of its release.
+pub async fn waited_for_a_held_lock<C, F>(
+    holder: &posbridge::adapters::ledger::RedisLedger,
+    waiter: &std::sync::Arc<posbridge::adapters::ledger::RedisLedger>,
+    slot: &posbridge::adapters::ledger::EntitySlot,
+    commands_run: C,
+) -> (u64, Duration)
+where
+    C: Fn() -> F,
+    F: std::future::Future<Output = u64>,
+{
+    use posbridge::adapters::ledger::Store;
+    let (held, _) = holder.lock_and_read(slot).await.unwrap();
+    let before = commands_run().await;
+    let waiting = tokio::spawn({
+        let (waiter, slot) = (waiter.clone(), slot.clone());
+        async move {
+            let (lock, _) = waiter.lock_and_read(&slot).await.unwrap();
+            (std::time::Instant::now(), lock)
+        }
+    });
+    // A stretch of time, not a wait for an event: what is counted is what
+    // the waiter does while the lock is held, and nothing marks its end
+    // but the clock.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let commands = commands_run().await - before;
+    assert!(!waiting.is_finished(), "the lock was held");
+    let released = std::time::Instant::now();
+    drop(held);
+    let (taken, _lock) = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter takes the lock before the end of its lease")
+        .unwrap();
+    (commands, taken - released)
+}
