@@ -90,12 +90,11 @@ pub async fn mark_filled(ledger: &posbridge::adapters::ledger::RedisLedger) {
 }
 
 /// The calls `INFO commandstats` counts in `stats` (a script's own commands
-/// included), but for the lines starting with one of `skipped` (the test's
-/// own questions, a cluster's chatter).
-pub fn calls(stats: &str, skipped: &[&str]) -> u64 {
+/// included) on the lines `counted` takes.
+pub fn calls(stats: &str, counted: impl Fn(&str) -> bool) -> u64 {
     stats
         .lines()
-        .filter(|l| !skipped.iter().any(|s| l.starts_with(s)))
+        .filter(|l| counted(l))
         .filter_map(|l| {
             l.split("calls=")
                 .nth(1)?
