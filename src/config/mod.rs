@@ -38,7 +38,7 @@ pub use ledger::{LedgerBackend, LedgerConfig};
 pub use read::{ENV_PREFIX, ENV_SEPARATOR, LIBRDKAFKA_ENV_PREFIX};
 pub use reconcile::{MIN_BODY_BYTES, ReconcileConfig, WatchdogConfig};
 pub use registry::RegistryConfig;
-pub use server::{BUSY_PER_CPU, ServerConfig};
+pub use server::ServerConfig;
 pub use source::{ApiSection, OnBrokerUnavailable, ProviderConfig, Secrets, SourceConfig};
 pub use spool::SpoolConfig;
 pub use telemetry::{OtlpConfig, TelemetryConfig};

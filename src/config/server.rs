@@ -76,12 +76,11 @@ pub struct ServerConfig {
     pub secrets_recheck_secs: u64,
     /// Deliveries in flight (being handled at once, every source together)
     /// from which the process is busy and a source holding at least twice
-    /// what the busiest other active source holds is held to its share
-    /// (`share_in_flight`, or the source's `max_in_flight`). Below it any
+    /// the other sources' average is held to its share (`share_in_flight`,
+    /// or the source's `max_in_flight`). Below it any
     /// source may take more than its share, so a lone merchant on a quiet
     /// server is never slowed; at it, one merchant replaying a day of sales
-    /// cannot crowd the others out. 0: shares always apply. By default
-    /// [`BUSY_PER_CPU`] for each CPU the process may use.
+    /// cannot crowd the others out. 0: shares always apply.
     #[serde(default = "default_busy_in_flight")]
     pub busy_in_flight: usize,
     /// A source's share of the deliveries in flight while the process is
@@ -194,22 +193,14 @@ const fn default_max_event_ahead_ms() -> u64 {
 const fn default_secrets_recheck_secs() -> u64 {
     60
 }
-/// Deliveries in flight, per CPU the process may use, from which it is busy
-/// by default. What a CPU's worth of webhooks holds in flight near its
-/// capacity: about 4,000 a second, each in flight 4-6 ms while Kafka
-/// acknowledges it, is 16-24. At 64 for a process held to one CPU
-/// (docs/BENCHMARKS.md, the fair-share bench) a flood borrowed past its
-/// share until the CPU was full (8,500 deliveries a second beside the
-/// others' 3,800) and the others' p99 rose 5-8 ms; at 16, 1-5 ms.
-pub const BUSY_PER_CPU: usize = 16;
-
-// The CPUs the process may use: its affinity and its cgroup's quota, as a
-// container held to one CPU sees them.
-fn default_busy_in_flight() -> usize {
-    BUSY_PER_CPU * std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+// The benchmark's closed-loop runs keep 64 deliveries in flight and saturate
+// two cores (docs/BENCHMARKS.md): a process with 64 in flight has nothing to
+// spare, one at half its capacity has a handful.
+const fn default_busy_in_flight() -> usize {
+    64
 }
-// A CPU's worth of the busy mark (`BUSY_PER_CPU`): a flooding source holds at
-// most what one CPU's webhooks hold near its capacity once the process is busy.
+// A quarter of the busy mark: a flooding source holds at most that once the
+// process is busy, and four sources at their share make it busy alone.
 const fn default_share_in_flight() -> usize {
     16
 }

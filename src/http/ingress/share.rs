@@ -452,33 +452,6 @@ mod tests {
         assert_eq!(shares.in_flight(), 40);
     }
 
-    /// At the default marks a flood holds at most `BUSY_PER_CPU` places for
-    /// each CPU the process may use beside a quiet merchant: the process
-    /// turns busy before the flood's borrowed places fill the CPUs. At the
-    /// fixed mark of 64 before, a process held to one CPU let a flood
-    /// borrow 64 places, and the others' p99 rose 5-8 ms beside it
-    /// (docs/BENCHMARKS.md).
-    #[tokio::test(start_paused = true)]
-    async fn at_the_default_marks_a_flood_holds_at_most_a_busy_mark_per_cpu() {
-        let server = crate::config::ServerConfig::default();
-        let shares = shares(server.busy_in_flight, server.share_in_flight);
-        let (flood, quiet) = (SourceShare::new(None), SourceShare::new(None));
-        drop(shares.try_admit(&quiet).unwrap());
-        let flooding: Vec<Place> = std::iter::from_fn(|| shares.try_admit(&flood).ok())
-            .take(10_000)
-            .collect();
-        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        assert!(
-            flooding.len() <= crate::config::BUSY_PER_CPU * cpus,
-            "a flood took {} places on {cpus} CPUs",
-            flooding.len()
-        );
-        assert!(
-            flooding.len() >= server.share_in_flight,
-            "its share at least"
-        );
-    }
-
     #[test]
     fn a_source_within_its_share_is_taken_in_however_busy_the_process_is() {
         let shares = shares(4, 2);
