@@ -76,8 +76,8 @@ pub struct ServerConfig {
     pub secrets_recheck_secs: u64,
     /// Deliveries in flight (being handled at once, every source together)
     /// from which the process is busy and a source holding at least twice
-    /// the other sources' average is held to its share (`share_in_flight`,
-    /// or the source's `max_in_flight`). Below it any
+    /// what the busiest other active source holds is held to its share
+    /// (`share_in_flight`, or the source's `max_in_flight`). Below it any
     /// source may take more than its share, so a lone merchant on a quiet
     /// server is never slowed; at it, one merchant replaying a day of sales
     /// cannot crowd the others out. 0: shares always apply.
