@@ -641,9 +641,20 @@ async fn a_lock_an_older_version_holds_is_tried_again_every_few_milliseconds() {
             (Instant::now(), lock)
         }
     });
-    // A stretch of time, not a wait for an event: the lock is held
-    // throughout.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Until the waiter has found the lock held twice (its tries are the
+    // only scripts this server runs): it tries again, it does not wait for
+    // a release the older holder will never publish.
+    let tries = async || {
+        let stats = redis.cli(&["INFO", "commandstats"]).await;
+        calls(&stats, |l| l.starts_with("cmdstat_evalsha:"))
+    };
+    let before = tries().await;
+    wait_until(
+        Duration::from_secs(5),
+        "the waiter's second try",
+        async || tries().await >= before + 2,
+    )
+    .await;
     assert!(!waiter.is_finished(), "the lock was held");
     // Its release: the older version's compare-and-delete, without a word.
     let released = Instant::now();
