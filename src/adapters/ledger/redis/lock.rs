@@ -24,7 +24,7 @@ use redis::{AsyncCommands, ScriptInvocation};
 use super::RedisLedger;
 use super::connection::Counted;
 use super::scripts::{LOCK_AND_READ, RENEW, RENEW_AND_READ, TAKE, UNLOCK};
-use super::wait::{channel, waiting_key};
+use super::wait::{Interest, channel, waiting_key};
 use crate::adapters::ledger::key_locks::KeyGuard;
 use crate::adapters::ledger::{EntitySlot, EntityState, Exclusive, Held, LedgerError, RebuildLock};
 
@@ -193,55 +193,72 @@ impl RedisLedger {
         state_key: Option<&str>,
     ) -> Result<(String, Option<Vec<u8>>), LedgerError> {
         let token = new_token();
-        let waiting = waiting_key(&self.prefix, key);
-        let interest = self.releases.interest(key);
+        // Made at the first try that finds the lock held, not before: an
+        // untaken lock (most) costs one script and nothing in this process.
+        let mut waiting: Option<(Interest, Option<String>)> = None;
         let mut conn = self.conn.clone();
         loop {
-            // Before the try: a release between the try and the wait wakes it.
-            let released = interest.released();
-            let mut released = std::pin::pin!(released);
-            released.as_mut().enable();
-            let one_script = state_key.filter(|_| conn.is_single());
-            let mut invocation = match one_script {
-                Some(state_key) => {
-                    let mut invocation = LOCK_AND_READ.key(key);
-                    invocation.key(state_key).key(self.mark_key());
-                    invocation
+            let held_unheard = {
+                // Before the try: a release between the try and the wait
+                // wakes it.
+                let released = waiting.as_ref().map(|(interest, _)| interest.released());
+                let mut released = std::pin::pin!(released);
+                if let Some(released) = released.as_mut().as_pin_mut() {
+                    released.enable();
                 }
-                None => TAKE.key(key),
-            };
-            if let Some(waiting) = &waiting {
-                invocation.key(waiting);
-            }
-            let (taken, state, left_ms, wakes): (i32, Option<Vec<u8>>, i64, i32) = invocation
-                .arg(&token)
-                .arg(self.lease_ms())
-                .invoke_async(&mut conn)
-                .await?;
-            match taken {
-                1 if one_script.is_some() => return Ok((token, state)),
-                1 => {
-                    let state = match state_key {
-                        Some(state_key) => conn.get(state_key).await?,
-                        None => None,
-                    };
-                    return Ok((token, state));
+                let one_script = state_key.filter(|_| conn.is_single());
+                let mut invocation = match one_script {
+                    Some(state_key) => {
+                        let mut invocation = LOCK_AND_READ.key(key);
+                        invocation.key(state_key).key(self.mark_key());
+                        invocation
+                    }
+                    None => TAKE.key(key),
+                };
+                if let Some((_, Some(waiting_key))) = &waiting {
+                    invocation.key(waiting_key);
                 }
-                2 => return Err(LedgerError::Lost),
-                _ => {}
-            }
-            let wait = if wakes == 1 && self.releases.heard() {
-                // A lock without a lease (not one of ours) is tried again
-                // after one.
-                u64::try_from(left_ms)
-                    .map_or(self.lease, Duration::from_millis)
-                    .max(Duration::from_millis(1))
-            } else {
-                LOCK_POLL
+                let (taken, state, left_ms, wakes): (i32, Option<Vec<u8>>, i64, i32) = invocation
+                    .arg(&token)
+                    .arg(self.lease_ms())
+                    .invoke_async(&mut conn)
+                    .await?;
+                match taken {
+                    1 if one_script.is_some() => return Ok((token, state)),
+                    1 => {
+                        let state = match state_key {
+                            Some(state_key) => conn.get(state_key).await?,
+                            None => None,
+                        };
+                        return Ok((token, state));
+                    }
+                    2 => return Err(LedgerError::Lost),
+                    _ => {}
+                }
+                let wait = if wakes == 1 && self.releases.heard() {
+                    // A lock without a lease (not one of ours) is tried again
+                    // after one.
+                    u64::try_from(left_ms)
+                        .map_or(self.lease, Duration::from_millis)
+                        .max(Duration::from_millis(1))
+                } else {
+                    LOCK_POLL
+                };
+                match released.as_mut().as_pin_mut() {
+                    Some(released) => {
+                        tokio::select! {
+                            () = released => {}
+                            () = tokio::time::sleep(wait) => {}
+                        }
+                        false
+                    }
+                    None => true,
+                }
             };
-            tokio::select! {
-                () = released => {}
-                () = tokio::time::sleep(wait) => {}
+            // The first try found it held: the interest, then at once a try
+            // that marks the lock waited for.
+            if held_unheard {
+                waiting = Some((self.releases.interest(key), waiting_key(&self.prefix, key)));
             }
         }
     }

@@ -12,8 +12,10 @@
 //!
 //! A waiter waits for the release or for the end of the lock's lease,
 //! whichever comes first: a holder that dies releases nothing, and its lock
-//! lapses. It registers its interest before each try, so a release between
-//! the try and the wait still wakes it. It waits so only when a release will
+//! lapses. Once its first try found the lock held, it registers its interest
+//! and tries again at once, and before each try after: a release between a
+//! try and the wait still wakes it, and an untaken lock costs no interest.
+//! It waits so only when a release will
 //! be heard: while the subscription is down (not made yet, lost, refused)
 //! every waiter is woken and tries again every 5 ms, as does the waiter of a
 //! lock held by an older version (whose token lacks the `w` that says its
