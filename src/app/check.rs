@@ -237,7 +237,7 @@ pub fn webhook_source(entry: SourceEntry<'_>) -> Result<WebhookSource, LoadError
     Ok(WebhookSource {
         verifier,
         spools: config.on_broker_unavailable == OnBrokerUnavailable::Spool,
-        share: SourceShare::new(config.max_in_flight),
+        share: SourceShare::new(config.max_in_flight, config.max_per_second),
         meters: RequestMeters::register(&source),
         source: Arc::new(source),
     })

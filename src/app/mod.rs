@@ -333,6 +333,7 @@ impl App {
                 shares: ingress::FairShares::new(ingress::ShareSettings {
                     busy: config.server.busy_in_flight,
                     default_share: config.server.share_in_flight,
+                    default_rate: config.server.share_per_second,
                     retry_after_secs: config.server.share_retry_after_secs,
                 }),
                 // What the answer budget keeps beyond Kafka's deadline:

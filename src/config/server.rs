@@ -91,6 +91,15 @@ pub struct ServerConfig {
     /// its share, then the spool or taken in.
     #[serde(default = "default_share_in_flight")]
     pub share_in_flight: usize,
+    /// A source's rate (deliveries a second) when it sets no
+    /// `max_per_second`: while other sources are active, a source sending
+    /// more than this and at least twice as many a second as the busiest
+    /// of them is paced to the larger of the two; a delivery waits for its
+    /// slot within `inflight_wait_ms`, past it it is slowed as its provider
+    /// understands (as over its share in flight). A source alone, or beside
+    /// sources as busy as itself, is never paced. 0: no source is paced.
+    #[serde(default = "default_share_per_second")]
+    pub share_per_second: u32,
     /// `Retry-After` (seconds) of the 429 answered to a source over its
     /// share whose provider honours the header (capped at the most it
     /// honours). Longer than the provider's own next retry, so a burst
@@ -144,6 +153,7 @@ impl Default for ServerConfig {
             secrets_recheck_secs: default_secrets_recheck_secs(),
             busy_in_flight: default_busy_in_flight(),
             share_in_flight: default_share_in_flight(),
+            share_per_second: default_share_per_second(),
             share_retry_after_secs: default_share_retry_after_secs(),
         }
     }
@@ -206,6 +216,13 @@ const fn default_share_in_flight() -> usize {
 }
 // Mekari's own second attempt comes 30 s after the first: twice that spreads
 // a refused burst's retries, and leaves most of its 8 attempts over ~11 h.
+// A merchant's till sends a few sales a minute; a day replayed at this
+// rate takes seconds. Beside the others at half of what one core gets
+// through, a flood paced to it leaves their p99 where it was
+// (docs/BENCHMARKS.md, `scripts/bench fairshare`).
+const fn default_share_per_second() -> u32 {
+    500
+}
 const fn default_share_retry_after_secs() -> u64 {
     60
 }

@@ -71,6 +71,12 @@ pub struct SourceConfig {
     /// others, lower it for one that must not crowd them out.
     #[serde(default)]
     pub max_in_flight: Option<usize>,
+    /// This source's rate (deliveries a second) beside other active
+    /// sources when it sends more than twice as many as the busiest of
+    /// them; `server.share_per_second` when absent. Raise it for a source
+    /// that stands for many merchants.
+    #[serde(default)]
+    pub max_per_second: Option<u32>,
 }
 
 /// What a verified delivery gets when Kafka cannot acknowledge it in time.
@@ -224,6 +230,12 @@ impl SourceConfig {
             problem(
                 "max_in_flight",
                 "must be above 0: a share of 0 slows every delivery of a busy process".into(),
+            );
+        }
+        if self.max_per_second == Some(0) {
+            problem(
+                "max_per_second",
+                "must be above 0: a rate of 0 would hold every delivery back".into(),
             );
         }
         if let Some(why) = self

@@ -57,6 +57,8 @@ pub enum OverShareAction {
     Spooled,
     /// Waited for a slot of its share, then taken in.
     Waited,
+    /// Waited for its slot at its source's pace, then went on.
+    Paced,
     /// Waited the whole wait without a slot and could not be spooled, then
     /// taken in over its share.
     Taken,
@@ -69,6 +71,7 @@ impl OverShareAction {
             OverShareAction::Refused => "refused",
             OverShareAction::Spooled => "spooled",
             OverShareAction::Waited => "waited",
+            OverShareAction::Paced => "paced",
             OverShareAction::Taken => "taken",
         }
     }

@@ -25,7 +25,7 @@
 //! twice; the others' p99 went from 14 ms to 2.2 s.
 
 use super::response::WebhookError;
-use super::share::{OverShare, Place};
+use super::share::{OverShare, Paced, Place, ShareBound};
 use super::{AppState, WebhookSource};
 use crate::adapters::providers;
 use crate::domain::event::ProviderKind;
@@ -53,13 +53,51 @@ fn longest_retry_after(provider: ProviderKind) -> Option<u64> {
 /// series made to exist at start-up.
 pub fn actions(webhook: &WebhookSource) -> &'static [OverShareAction] {
     match (longest_retry_after(webhook.source.provider), webhook.spools) {
-        (Some(_), _) => &[OverShareAction::Refused],
+        (Some(_), _) => &[OverShareAction::Refused, OverShareAction::Paced],
         (None, true) => &[
             OverShareAction::Spooled,
             OverShareAction::Waited,
+            OverShareAction::Paced,
             OverShareAction::Taken,
         ],
-        (None, false) => &[OverShareAction::Waited, OverShareAction::Taken],
+        (None, false) => &[
+            OverShareAction::Waited,
+            OverShareAction::Paced,
+            OverShareAction::Taken,
+        ],
+    }
+}
+
+/// Holds `delivery` to its source's pace (`share/pace.rs`): on at once,
+/// or after a wait for its slot; when its slot lies past its wait, slowed
+/// as its provider understands without waiting (429 for a provider that
+/// honours `Retry-After`; else the spool, or taken in all the same). The
+/// answer when it was answered without the pipeline.
+///
+/// # Errors
+/// As [`slow_down`].
+pub(super) async fn keep_pace(
+    state: &AppState,
+    webhook: &WebhookSource,
+    delivery: &Delivery,
+) -> Result<Option<Handled>, WebhookError> {
+    let source = &webhook.source;
+    let until = delivery.arrived + state.share_wait;
+    match state.shares.pace(&webhook.share, delivery.arrived, until) {
+        Paced::Now => Ok(None),
+        Paced::Until(slot) => {
+            tokio::time::sleep_until(slot).await;
+            observe::over_share(source, OverShareAction::Paced);
+            Ok(None)
+        }
+        Paced::Over => {
+            refuse_where_honoured(state, webhook, ShareBound::Pace)?;
+            let answered = spool(state, delivery).await?;
+            if answered.is_none() {
+                observe::over_share(source, OverShareAction::Taken);
+            }
+            Ok(answered)
+        }
     }
 }
 
@@ -77,35 +115,55 @@ pub(super) async fn slow_down(
     _over: OverShare,
 ) -> Result<Slowed, WebhookError> {
     let source = &webhook.source;
-    if let Some(longest) = longest_retry_after(source.provider) {
-        observe::over_share(source, OverShareAction::Refused);
-        return Err(WebhookError::OverShare {
-            retry_after_secs: state.shares.retry_after_secs().min(longest),
-        });
-    }
+    refuse_where_honoured(state, webhook, ShareBound::InFlight)?;
     let until = delivery.arrived + state.share_wait;
     if let Some(place) = state.shares.wait_for(&webhook.share, until).await {
         observe::over_share(source, OverShareAction::Waited);
         return Ok(Slowed::Admitted(place));
     }
+    if let Some(handled) = spool(state, delivery).await? {
+        return Ok(Slowed::Answered(handled));
+    }
+    observe::over_share(source, OverShareAction::Taken);
+    Ok(Slowed::Admitted(state.shares.take_anyway(&webhook.share)))
+}
+
+/// 429 + `Retry-After` for a source whose provider honours the header.
+fn refuse_where_honoured(
+    state: &AppState,
+    webhook: &WebhookSource,
+    by: ShareBound,
+) -> Result<(), WebhookError> {
+    let Some(longest) = longest_retry_after(webhook.source.provider) else {
+        return Ok(());
+    };
+    observe::over_share(&webhook.source, OverShareAction::Refused);
+    Err(WebhookError::OverShare {
+        retry_after_secs: state.shares.retry_after_secs().min(longest),
+        by,
+    })
+}
+
+/// `delivery` kept in the spool when its source spools and the spool takes
+/// it: 200 `spooled`, or a duplicate of a delivery it holds. `None` when it
+/// cannot (no spool; full, unwritable: it says so itself), for the delivery
+/// to be taken in instead of refused.
+async fn spool(state: &AppState, delivery: &Delivery) -> Result<Option<Handled>, WebhookError> {
     match state.pipeline.spool_at_once(delivery).await {
         Some(Ok(handled)) => {
             // Not a duplicate of a delivery the spool held already.
             if handled.outcome == Outcome::Spooled {
-                observe::over_share(source, OverShareAction::Spooled);
+                observe::over_share(&delivery.source, OverShareAction::Spooled);
             }
-            return Ok(Slowed::Answered(handled));
+            Ok(Some(handled))
         }
         Some(Err(PipelineError::DeliveryIdMismatch)) => {
-            return Err(PipelineError::DeliveryIdMismatch.into());
+            Err(PipelineError::DeliveryIdMismatch.into())
         }
-        // The spool cannot take it (full, unwritable): it says so itself;
-        // the delivery is taken in instead of being refused.
         Some(Err(error)) => {
             tracing::debug!(%error, "Spool refused a delivery over its share; taken in.");
+            Ok(None)
         }
-        None => {}
+        None => Ok(None),
     }
-    observe::over_share(source, OverShareAction::Taken);
-    Ok(Slowed::Admitted(state.shares.take_anyway(&webhook.share)))
 }

@@ -20,6 +20,7 @@ use serde_json::json;
 use tracing::{debug, error};
 
 use super::Leaving;
+use super::share::ShareBound;
 use crate::domain::verify::VerifyError;
 use crate::services::pipeline::{Outcome, PipelineError};
 
@@ -68,12 +69,15 @@ pub enum WebhookError {
     /// The delivery-id header is missing or not text.
     #[error("missing or unreadable delivery id header `{0}`")]
     MissingDeliveryId(&'static str),
-    /// The source is over its fair share of the deliveries in flight while
-    /// the process is busy, and its provider honours `Retry-After`.
-    #[error("this source has its share of deliveries in flight, retry later")]
+    /// The source is over its fair share (of the deliveries in flight
+    /// while the process is busy, or past its pace), and its provider
+    /// honours `Retry-After`.
+    #[error("this source {by}, retry later")]
     OverShare {
         /// The answer's `Retry-After`, in seconds.
         retry_after_secs: u64,
+        /// Which bound it is over.
+        by: ShareBound,
     },
     /// The pipeline could not handle the delivery.
     #[error(transparent)]
@@ -164,7 +168,7 @@ impl IntoResponse for WebhookError {
     /// `Retry-After` on the 503s, a 429 carries its own.
     fn into_response(self) -> Response {
         let status = self.status();
-        if let WebhookError::OverShare { retry_after_secs } = self {
+        if let WebhookError::OverShare { retry_after_secs, .. } = self {
             let message = self.to_string();
             let mut response = (status, Json(json!({ "error": message }))).into_response();
             response

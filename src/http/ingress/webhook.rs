@@ -236,6 +236,9 @@ async fn handle(
         spools: webhook.spools,
         trace,
     };
+    if let Some(handled) = over_share::keep_pace(state, webhook, &delivery).await? {
+        return Ok(handled);
+    }
     // Held until the delivery's outcome, on its task: the delivery counts
     // against its source's share that long, answered or not.
     let place = match state.shares.try_admit(&webhook.share) {

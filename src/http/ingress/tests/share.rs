@@ -14,7 +14,7 @@ const SHARE: usize = 16;
 /// its next delivery is over its share.
 fn busy_with(shares: &FairShares, source: &SourceShare) -> Vec<Place> {
     let mut places: Vec<Place> = (0..BUSY)
-        .map(|_| shares.try_admit(&SourceShare::new(None)).unwrap())
+        .map(|_| shares.try_admit(&SourceShare::new(None, None)).unwrap())
         .collect();
     places.extend((0..SHARE).map(|_| shares.try_admit(source).unwrap()));
     assert!(shares.try_admit(source).is_err(), "over its share");

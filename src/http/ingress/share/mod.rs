@@ -32,6 +32,19 @@
 //! honours the header, a wait for its share (then the spool, or taken in
 //! anyway) for one that counts every non-2xx against the webhook.
 //!
+//! A bound in flight does not bound a rate, though: 16 deliveries in
+//! flight that each take 2 ms are 8,000 a second, most of a core's worth,
+//! and the others' deliveries queue behind them for the CPU and the
+//! broker. So a source is also held to a pace (`pace.rs`): while other
+//! sources are active, one sending more than its rate
+//! (`server.share_per_second`, or the source's `max_per_second`) and at
+//! least [`OVER_THE_OTHERS`] times as many a second as the busiest other
+//! is paced to the larger of the two; its deliveries wait for their
+//! slots ([`Paced::Until`]), and one whose slot lies past its wait is
+//! over its pace ([`Paced::Over`]). Arrivals, not what is in flight, say
+//! who sends more: a source whose sends are stuck behind a partition with
+//! no leader holds more in flight but sends no more than before.
+//!
 //! A source's slots are tokio's [`Semaphore`]: its waiters are served
 //! first come, first served, and a slot is a value
 //! ([`OwnedSemaphorePermit`]) given back when the delivery's place drops,
@@ -42,7 +55,11 @@
 //! delivery past its share in a busy process, over the sources that have
 //! had a delivery (held weakly: a source removed from the configuration
 //! leaves with its last delivery), at most once a millisecond: a flood's
-//! deliveries share one look.
+//! deliveries share one look. The busiest others by rate are looked up
+//! only for a delivery of a source over its rate, at most once every
+//! [`RATE_LOOK`].
+
+mod pace;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -61,6 +78,10 @@ pub const OVER_THE_OTHERS: usize = 2;
 /// a merchant gone quiet stops holding a flood back within a second.
 pub const RECENT: Duration = Duration::from_secs(1);
 
+/// How long one look at the sources' rates serves: rates are counted over
+/// a second, so a look this old is as good as a new one.
+pub const RATE_LOOK: Duration = Duration::from_millis(10);
+
 /// The share settings, from `[server]` (see `ServerConfig`).
 #[derive(Debug, Clone, Copy)]
 pub struct ShareSettings {
@@ -69,6 +90,9 @@ pub struct ShareSettings {
     pub busy: usize,
     /// A source's share when it sets none (`max_in_flight`).
     pub default_share: usize,
+    /// A source's rate when it sets none (`max_per_second`); 0: no source
+    /// is paced.
+    pub default_rate: u32,
     /// `Retry-After` of the 429 answered to a source over its share whose
     /// provider honours it.
     pub retry_after_secs: u64,
@@ -93,6 +117,8 @@ struct Shares {
     busy: usize,
     /// A source's share when it sets none.
     default_share: usize,
+    /// A source's rate when it sets none; 0: none is paced.
+    default_rate: u32,
     /// `Retry-After` of a share's 429.
     retry_after_secs: u64,
 }
@@ -104,6 +130,31 @@ struct Registry {
     /// The millisecond it was taken, the sources turned active by then
     /// ([`Shares::arrivals`]), and what it found.
     look: Option<(u64, u64, Look)>,
+    /// The last look at the sources' rates, and the microsecond it was
+    /// taken.
+    rates: Option<(u64, RateLook)>,
+}
+
+/// The sources that sent within the last [`pace::WINDOW`] at one look: how
+/// many, and the two that sent the most then, with their rates.
+#[derive(Clone, Default)]
+struct RateLook {
+    active: usize,
+    busiest: [Option<(Arc<SourceSlots>, f64)>; 2],
+}
+
+impl RateLook {
+    /// Whether a source other than `me` was active, and the rate of the
+    /// busiest of them.
+    fn others_of(&self, me: &Arc<SourceSlots>) -> (bool, f64) {
+        let is_me = |(source, _): &&(Arc<SourceSlots>, f64)| Arc::ptr_eq(source, me);
+        let busiest = self.busiest.iter().flatten().find(|b| !is_me(b));
+        let me_counted = self.busiest.iter().flatten().any(|b| is_me(&b));
+        (
+            self.active > usize::from(me_counted),
+            busiest.map_or(0.0, |(_, rate)| *rate),
+        )
+    }
 }
 
 /// The active sources at one look: how many, and the two that held the
@@ -155,6 +206,26 @@ impl Registry {
         }
         look
     }
+
+    /// The sources' rates at `now` (microseconds since the epoch).
+    fn rates_now(&mut self, now: u64) -> RateLook {
+        self.sources.retain(|other| other.strong_count() > 0);
+        let mut look = RateLook::default();
+        for source in self.sources.iter().filter_map(Weak::upgrade) {
+            let rate = source.pace().rate(now);
+            if rate <= 0.0 {
+                continue;
+            }
+            look.active += 1;
+            let [first, second] = &mut look.busiest;
+            if first.as_ref().is_none_or(|(_, most)| rate > *most) {
+                *second = first.replace((source, rate));
+            } else if second.as_ref().is_none_or(|(_, next)| rate > *next) {
+                *second = Some((source, rate));
+            }
+        }
+        look
+    }
 }
 
 /// One source's share: its own setting and its slots. Cheap to clone; the
@@ -167,6 +238,10 @@ pub struct SourceShare(Arc<SourceSlots>);
 struct SourceSlots {
     /// The source's `max_in_flight`, when it sets one.
     own: Option<usize>,
+    /// The source's `max_per_second`, when it sets one.
+    own_rate: Option<u32>,
+    /// Its arrivals and its schedule.
+    pace: Mutex<pace::Pace>,
     /// One permit per delivery of its share.
     slots: OnceLock<Arc<Semaphore>>,
     /// Its deliveries holding a place now (its slots', borrowed and taken
@@ -178,6 +253,10 @@ struct SourceSlots {
 }
 
 impl SourceSlots {
+    fn pace(&self) -> std::sync::MutexGuard<'_, pace::Pace> {
+        self.pace.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Whether it has a delivery in flight or had one end within
     /// [`RECENT`], `now` being milliseconds since the shares' epoch.
     fn is_active(&self, now: u64) -> bool {
@@ -192,6 +271,35 @@ impl SourceSlots {
 /// A source's delivery is over its share while the process is busy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OverShare;
+
+/// The bound of a source's share a delivery is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShareBound {
+    /// Its deliveries in flight while the process is busy.
+    InFlight,
+    /// Its pace: its slot lies past the delivery's wait.
+    Pace,
+}
+
+impl fmt::Display for ShareBound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ShareBound::InFlight => "has its share of deliveries in flight",
+            ShareBound::Pace => "sends more deliveries a second than its share",
+        })
+    }
+}
+
+/// When a delivery may go on, by its source's pace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paced {
+    /// At once: its source is not paced, or within its pace.
+    Now,
+    /// At its slot, within its wait.
+    Until(Instant),
+    /// Its slot lies past its wait: over its pace.
+    Over,
+}
 
 /// A delivery's place in flight: counted in the process's total while it
 /// lives, holding a slot of its source's share unless it borrowed.
@@ -232,10 +340,13 @@ impl Shares {
 
 impl SourceShare {
     /// A source's share: `own` deliveries in flight while the process is
-    /// busy, or the server's default when `None`.
-    pub fn new(own: Option<usize>) -> SourceShare {
+    /// busy and a pace of `own_rate` a second, or the server's defaults
+    /// where `None`.
+    pub fn new(own: Option<usize>, own_rate: Option<u32>) -> SourceShare {
         SourceShare(Arc::new(SourceSlots {
             own,
+            own_rate,
+            pace: Mutex::default(),
             slots: OnceLock::new(),
             held: AtomicUsize::new(0),
             last_ended: AtomicU64::new(0),
@@ -254,6 +365,7 @@ impl FairShares {
             busy: settings.busy,
             // A share of 0 would refuse every delivery of a busy process.
             default_share: settings.default_share.max(1),
+            default_rate: settings.default_rate,
             retry_after_secs: settings.retry_after_secs,
         }))
     }
@@ -299,6 +411,54 @@ impl FairShares {
         let (others_active, busiest) = look.others_of(&source.0, source.0.is_active(now));
         let mine = source.0.held.load(Ordering::Acquire);
         others_active > 0 && mine >= OVER_THE_OTHERS * busiest
+    }
+
+    /// When a delivery of `source` that arrived at `arrived` may go on by
+    /// its source's pace, its wait ending at `until`; counts its arrival.
+    pub fn pace(&self, source: &SourceShare, arrived: Instant, until: Instant) -> Paced {
+        let rate = source.0.own_rate.unwrap_or(self.0.default_rate);
+        if rate == 0 {
+            return Paced::Now;
+        }
+        self.slots(source);
+        let now = self.micros(arrived);
+        let sending = source.0.pace().arrive(now);
+        if sending <= f64::from(rate) {
+            return Paced::Now;
+        }
+        let look = {
+            let mut registry = self
+                .0
+                .sources
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match &registry.rates {
+                Some((at, look)) if now.saturating_sub(*at) < RATE_LOOK.as_micros() as u64 => {
+                    look.clone()
+                }
+                _ => {
+                    let look = registry.rates_now(now);
+                    registry.rates = Some((now, look.clone()));
+                    look
+                }
+            }
+        };
+        let (others, busiest) = look.others_of(&source.0);
+        let over_the_others = OVER_THE_OTHERS as f64 * busiest;
+        if !others || sending < over_the_others {
+            return Paced::Now;
+        }
+        let per_second = f64::from(rate).max(over_the_others);
+        match source.0.pace().book(now, per_second, self.micros(until)) {
+            Some(slot) if slot <= now => Paced::Now,
+            Some(slot) => Paced::Until(self.0.epoch + Duration::from_micros(slot)),
+            None => Paced::Over,
+        }
+    }
+
+    /// `at` in microseconds since the epoch.
+    fn micros(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.0.epoch).as_micros()).unwrap_or(u64::MAX)
     }
 
     /// A place for a delivery of `source` over its share, waiting until
@@ -382,174 +542,4 @@ impl fmt::Debug for SourceShare {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    fn shares(busy: usize, default_share: usize) -> FairShares {
-        FairShares::new(ShareSettings {
-            busy,
-            default_share,
-            retry_after_secs: 60,
-        })
-    }
-
-    #[test]
-    fn a_lone_source_is_not_held_to_its_share_however_busy_the_process_is() {
-        let shares = shares(8, 2);
-        let source = SourceShare::new(None);
-        // Busy from the eighth on, and past its share: alone, it is taken in.
-        let places: Vec<Place> = (0..20)
-            .map(|_| shares.try_admit(&source).unwrap())
-            .collect();
-        assert_eq!(shares.in_flight(), 20);
-        // A newcomer is taken in within its share, and from then on the
-        // lone source is held to twice what the newcomer holds.
-        let newcomer = SourceShare::new(None);
-        let first = shares.try_admit(&newcomer).unwrap();
-        assert_eq!(shares.try_admit(&source).err(), Some(OverShare));
-        drop((places, first));
-        assert_eq!(shares.in_flight(), 0);
-        assert!(shares.try_admit(&source).is_ok());
-    }
-
-    /// A merchant sending one sale at a time is rarely in flight when a
-    /// flood's delivery arrives: it protects it for [`RECENT`] after its
-    /// last delivery ended, and then no longer.
-    #[tokio::test(start_paused = true)]
-    async fn a_source_between_two_deliveries_still_holds_a_flood_to_its_share() {
-        let shares = shares(4, 2);
-        let (flood, quiet) = (SourceShare::new(None), SourceShare::new(None));
-        drop(shares.try_admit(&quiet).unwrap());
-        tokio::time::advance(RECENT / 2).await;
-        let flooding: Vec<Place> = std::iter::from_fn(|| shares.try_admit(&flood).ok())
-            .take(100)
-            .collect();
-        assert_eq!(flooding.len(), 4, "its share and two borrowed until busy");
-        // Gone quiet for longer than RECENT: the flood is alone again.
-        tokio::time::advance(RECENT).await;
-        assert!(shares.try_admit(&flood).is_ok());
-    }
-
-    /// Small merchants sending now and then are active, holding nothing
-    /// in flight; two equal big sources behind a slow broker are not held
-    /// for being far above their average: the busiest other is the measure.
-    #[tokio::test(start_paused = true)]
-    async fn equal_sources_beside_small_merchants_are_not_held_to_their_shares() {
-        let shares = shares(8, 2);
-        let small: Vec<SourceShare> = (0..10).map(|_| SourceShare::new(None)).collect();
-        for merchant in &small {
-            drop(shares.try_admit(merchant).unwrap());
-        }
-        let (a, b) = (SourceShare::new(None), SourceShare::new(None));
-        let mut places = Vec::new();
-        for _round in 0..20 {
-            for source in [&a, &b] {
-                places.push(shares.try_admit(source).expect("an equal source refused"));
-            }
-        }
-        assert_eq!(shares.in_flight(), 40);
-    }
-
-    #[test]
-    fn a_source_within_its_share_is_taken_in_however_busy_the_process_is() {
-        let shares = shares(4, 2);
-        let (flood, quiet) = (SourceShare::new(None), SourceShare::new(None));
-        let first = shares.try_admit(&quiet).unwrap();
-        let flooding: Vec<Place> = std::iter::from_fn(|| shares.try_admit(&flood).ok())
-            .take(100)
-            .collect();
-        // Its share and one borrowed before the process turned busy; then
-        // it holds 3, past twice the quiet source's 1: over its share.
-        assert_eq!(flooding.len(), 3);
-        assert_eq!(shares.in_flight(), 4);
-        // The quiet source's own share is taken in however busy it is...
-        let second = shares.try_admit(&quiet).unwrap();
-        // ...and past it, holding less than the flood, it borrows until it
-        // holds twice as much.
-        let more: Vec<Place> = std::iter::from_fn(|| shares.try_admit(&quiet).ok())
-            .take(100)
-            .collect();
-        assert_eq!(
-            more.len(),
-            4,
-            "2 of its share + 4 borrowed = 2 × the flood's 3"
-        );
-        drop((first, second, more));
-        // A slot of the flood's own share comes free: it may take one more.
-        drop(flooding);
-        assert!(shares.try_admit(&flood).is_ok());
-    }
-
-    /// A slow broker keeps every source's deliveries in flight longer: the
-    /// process turns busy with no merchant flooding, and equal sources are
-    /// not refused (a Mekari source would have been answered 429 and spent
-    /// one of its attempts on every delivery past its share).
-    #[test]
-    fn equal_sources_behind_a_slow_broker_are_not_held_to_their_shares() {
-        let shares = shares(8, 2);
-        let sources: Vec<SourceShare> = (0..4).map(|_| SourceShare::new(None)).collect();
-        let mut places = Vec::new();
-        for _round in 0..10 {
-            for source in &sources {
-                places.push(shares.try_admit(source).expect("an equal source refused"));
-            }
-        }
-        assert_eq!(shares.in_flight(), 40);
-        // One of them sending far more than the others is held, though.
-        let flood = &sources[0];
-        let flooding: Vec<Place> = std::iter::from_fn(|| shares.try_admit(flood).ok())
-            .take(100)
-            .collect();
-        assert_eq!(flooding.len(), 10, "up to twice the others' 10 each");
-        assert_eq!(shares.try_admit(flood).err(), Some(OverShare));
-    }
-
-    #[test]
-    fn a_source_s_own_setting_replaces_the_default_share() {
-        let shares = shares(0, 2);
-        // Another source in flight: a source alone is not held at all.
-        let other = shares.try_admit(&SourceShare::new(None)).unwrap();
-        let big = SourceShare::new(Some(5));
-        let places: Vec<Place> = std::iter::from_fn(|| shares.try_admit(&big).ok())
-            .take(100)
-            .collect();
-        assert_eq!(places.len(), 5);
-        // A share of 0 would refuse every delivery: it is at least 1.
-        let zero = SourceShare::new(Some(0));
-        assert!(shares.try_admit(&zero).is_ok());
-        drop(other);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_waiting_delivery_gets_the_first_slot_that_comes_free_or_none() {
-        let shares = shares(0, 1);
-        let source = SourceShare::new(None);
-        let first = shares.try_admit(&source).unwrap();
-        let waiting = {
-            let shares = shares.clone();
-            let source = source.clone();
-            tokio::spawn(async move {
-                shares
-                    .wait_for(&source, Instant::now() + Duration::from_secs(3))
-                    .await
-            })
-        };
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        drop(first);
-        let place = waiting.await.unwrap().expect("the slot that came free");
-        // Nothing comes free now: the wait runs out.
-        let started = Instant::now();
-        let none = shares
-            .wait_for(&source, Instant::now() + Duration::from_secs(3))
-            .await;
-        assert!(none.is_none());
-        assert_eq!(started.elapsed(), Duration::from_secs(3));
-        assert_eq!(shares.in_flight(), 1);
-        let over = shares.take_anyway(&source);
-        assert_eq!(shares.in_flight(), 2);
-        drop((place, over));
-        assert_eq!(shares.in_flight(), 0);
-    }
-}
+mod tests;
