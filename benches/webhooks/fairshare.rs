@@ -97,7 +97,7 @@ pub async fn run(settings: &Settings, run: &str) {
         row(&format!("rep {repetition} others, s0 flooding"), &loaded);
         row(&format!("rep {repetition} the flood (s0)"), &flood);
         let mut actions = Vec::new();
-        for action in ["spooled", "waited", "taken"] {
+        for action in ["paced", "spooled", "waited", "taken"] {
             let label = format!("action=\"{action}\"");
             let n = metric(
                 addr,

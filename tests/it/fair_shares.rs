@@ -3,7 +3,9 @@
 //! slowed with 429 + `Retry-After`; a flooding ReceiptRoller source is
 //! answered 200 (`spooled` when its share did not come free within the
 //! wait) and every delivery of it ends published; one with no spool is
-//! answered 200 all the same.
+//! answered 200 all the same. A source sending far more a second than the
+//! others is paced: its deliveries wait for their slots, and past the wait
+//! are slowed the same ways.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -47,14 +49,15 @@ fn order(tag: &str, n: usize) -> Value {
 }
 
 /// Sends `flood` bodies to `flooder` all at once while `quiet` bodies go
-/// to `calm` one every [`QUIET_PACE`], the first answered before the flood
-/// begins (the quiet merchant was sending at its rate when the other's
-/// flood came); returns both sides' answers.
+/// to `calm` one every `pace`, the first answered before the flood begins
+/// (the quiet merchant was sending at its rate when the other's flood
+/// came); returns both sides' answers.
 async fn flood_beside_quiet(
     app: &TestApp,
     provider: &str,
     (flooder, flood): (&str, Vec<Value>),
     (calm, quiet): (&str, Vec<Value>),
+    pace: Duration,
 ) -> (Vec<Answer>, Vec<Answer>) {
     let answer = async |request| {
         let answer = timed(request).await;
@@ -70,7 +73,7 @@ async fn flood_beside_quiet(
     let mut calm_answers = Vec::new();
     for body in rest {
         calm_answers.push(tokio::spawn(answer(app.request(provider, calm, body))));
-        tokio::time::sleep(QUIET_PACE).await;
+        tokio::time::sleep(pace).await;
     }
     let mut flood_answers = Vec::new();
     for request in flooding {
@@ -81,6 +84,25 @@ async fn flood_beside_quiet(
         quiet_answers.push(request.await.unwrap());
     }
     (flood_answers, quiet_answers)
+}
+
+/// Every sale of `sent` ends published: the drainer takes the spooled.
+async fn all_published(app: &TestApp, sent: &[Value]) {
+    let spool = app.pipeline.spool().expect("a spooling configuration");
+    wait_until(Duration::from_secs(30), "the spool to drain", async || {
+        spool.stats().entries == 0
+    })
+    .await;
+    let keys: HashSet<String> = read_topic(&brokers(), &app.topic("sales"))
+        .into_iter()
+        .map(|record| record.key)
+        .collect();
+    let missing: Vec<_> = sent
+        .iter()
+        .map(|body| body["data"]["id"].as_str().unwrap())
+        .filter(|id| !keys.iter().any(|key| key.ends_with(*id)))
+        .collect();
+    assert!(missing.is_empty(), "not published: {missing:?}");
 }
 
 fn count(answers: &[Answer], status: u16, what: &str) -> usize {
@@ -134,6 +156,7 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
         "mekari",
         (mk_main.as_str(), mk_flood),
         (mk_acme.as_str(), mk_quiet),
+        QUIET_PACE,
     )
     .await;
     let refused = count(&flood, 429, "");
@@ -177,6 +200,7 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
         "receiptroller",
         (rr_main.as_str(), rr_flood.clone()),
         (rr_backup.as_str(), rr_quiet),
+        QUIET_PACE,
     )
     .await;
     let spooled = count(&flood, 200, "spooled");
@@ -199,22 +223,7 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
         spooled > 0,
         "the flooding ReceiptRoller source is slowed by the spool: 0 of {FLOOD} spooled"
     );
-    // Every delivery of it ends published: the drainer takes the spooled.
-    let spool = app.pipeline.spool().expect("a spooling configuration");
-    wait_until(Duration::from_secs(30), "the spool to drain", async || {
-        spool.stats().entries == 0
-    })
-    .await;
-    let keys: HashSet<String> = read_topic(&brokers(), &app.topic("sales"))
-        .into_iter()
-        .map(|record| record.key)
-        .collect();
-    let missing: Vec<_> = rr_flood
-        .iter()
-        .map(|body| body["data"]["id"].as_str().unwrap())
-        .filter(|id| !keys.iter().any(|key| key.ends_with(*id)))
-        .collect();
-    assert!(missing.is_empty(), "not published: {missing:?}");
+    all_published(&app, &rr_flood).await;
 
     // ReceiptRoller `backup` (no spool) floods while `main` sends at its
     // rate: both answered 200, none refused.
@@ -225,6 +234,7 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
         "receiptroller",
         (rr_backup.as_str(), rr_flood),
         (rr_main.as_str(), rr_quiet),
+        QUIET_PACE,
     )
     .await;
     assert_eq!(count(&flood, 200, "published"), FLOOD, "{flood:?}");
@@ -248,5 +258,98 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
     assert!(slowed("receiptroller", &rr_main, "waited") > 0.0);
     assert!(slowed("receiptroller", &rr_backup, "waited") > 0.0);
     assert_eq!(slowed("mekari", &mk_acme, "refused"), 0.0);
+    app.stop().await;
+}
+
+/// Each flooding source's rate here (`max_per_second`), and the flood: its
+/// rate's worth at once and three times more.
+const RATE: u32 = 20;
+const PACED_FLOOD: usize = 4 * RATE as usize;
+/// The quiet source's gap between two deliveries: 10 a second, so the
+/// flood's pace is its own rate (twice the quiet one's is no more).
+const QUIET_GAP: Duration = Duration::from_millis(100);
+
+/// A source sending its rate's worth of deliveries at once and three times
+/// more, beside one sending ten a second, the process never busy (the
+/// bound in flight never applies): past its rate the flood is paced (a
+/// burst of 100 ms at its rate, then a slot each 1/20 s), and what would
+/// wait past the wait (`inflight_wait_ms`, 1 s here) is slowed at once:
+/// ReceiptRoller's spooled, every delivery published; Mekari's 429 +
+/// `Retry-After`. The quiet sources are never paced nor refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_source_sending_far_more_a_second_than_the_others_is_paced() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = spool_config(&brokers(), &unique("pace"), dir.path());
+    let (rr_main, rr_backup) = (unique("pace-rr-main"), unique("pace-rr-backup"));
+    let (mk_main, mk_acme) = (unique("pace-mk-main"), unique("pace-mk-acme"));
+    own_source(&mut config, "receiptroller", "main", &rr_main);
+    own_source(&mut config, "receiptroller", "backup", &rr_backup);
+    own_source(&mut config, "mekari", "main", &mk_main);
+    own_source(&mut config, "mekari", "acme", &mk_acme);
+    config.server.busy_in_flight = 100_000;
+    config.server.inflight_wait_ms = 1000;
+    config.receiptroller.sources.get_mut(&rr_main).unwrap().max_per_second = Some(RATE);
+    config.mekari.sources.get_mut(&mk_main).unwrap().max_per_second = Some(RATE);
+    let app = TestApp::start_with(config).await;
+    let before = Meter::read(&app).await;
+
+    let rr_flood: Vec<Value> = (0..PACED_FLOOD).map(|n| sale("prf", n)).collect();
+    let rr_quiet: Vec<Value> = (0..QUIET).map(|n| sale("prq", n)).collect();
+    let (flood, quiet) = flood_beside_quiet(
+        &app,
+        "receiptroller",
+        (rr_main.as_str(), rr_flood.clone()),
+        (rr_backup.as_str(), rr_quiet),
+        QUIET_GAP,
+    )
+    .await;
+    let spooled = count(&flood, 200, "spooled");
+    println!(
+        "receiptroller: flood {spooled} of {PACED_FLOOD} spooled, {} published",
+        count(&flood, 200, "published")
+    );
+    assert_eq!(count(&flood, 200, ""), PACED_FLOOD, "never refused: {flood:?}");
+    assert!(spooled > 0, "past the wait, spooled: {flood:?}");
+    assert_eq!(count(&quiet, 200, "published"), QUIET, "{quiet:?}");
+    all_published(&app, &rr_flood).await;
+
+    let mk_flood: Vec<Value> = (0..PACED_FLOOD).map(|n| order("pmf", n)).collect();
+    let mk_quiet: Vec<Value> = (0..QUIET).map(|n| order("pmq", n)).collect();
+    let (flood, quiet) = flood_beside_quiet(
+        &app,
+        "mekari",
+        (mk_main.as_str(), mk_flood),
+        (mk_acme.as_str(), mk_quiet),
+        QUIET_GAP,
+    )
+    .await;
+    let refused = count(&flood, 429, "");
+    println!("mekari: flood {refused} of {PACED_FLOOD} answered 429");
+    assert!(refused > 0, "past the wait, refused: {flood:?}");
+    assert_eq!(refused + count(&flood, 200, "published"), PACED_FLOOD, "{flood:?}");
+    assert!(flood.iter().all(|(status, _, retry_after)| *status != 429 || retry_after.is_some()));
+    assert_eq!(count(&quiet, 200, "published"), QUIET, "{quiet:?}");
+
+    let after = Meter::read(&app).await;
+    let slowed = |provider, source: &str, action| {
+        after.delta(
+            &before,
+            "posbridge_deliveries_over_share_total",
+            &[("provider", provider), ("source", source), ("action", action)],
+        )
+    };
+    // Its rate's worth, a burst of three, then up to 20 slots within the
+    // wait: about 20 waited for theirs, in each flood.
+    for (provider, source) in [("receiptroller", &rr_main), ("mekari", &mk_main)] {
+        let paced = slowed(provider, source, "paced");
+        assert!((10.0..=25.0).contains(&paced), "{provider} paced {paced}");
+    }
+    assert_eq!(slowed("receiptroller", &rr_main, "spooled"), spooled as f64);
+    assert_eq!(slowed("mekari", &mk_main, "refused"), refused as f64);
+    for (provider, source) in [("receiptroller", &rr_backup), ("mekari", &mk_acme)] {
+        for action in ["paced", "refused", "spooled", "waited", "taken"] {
+            assert_eq!(slowed(provider, source, action), 0.0, "{source} {action}");
+        }
+    }
     app.stop().await;
 }

@@ -136,24 +136,29 @@ struct Registry {
 }
 
 /// The sources that sent within the last [`pace::WINDOW`] at one look: how
-/// many, and the two that sent the most then, with their rates.
+/// many, and the two that sent the most then, whose rates are read afresh
+/// at each use (a look serves [`RATE_LOOK`], and two sources starting
+/// together double their counts within it).
 #[derive(Clone, Default)]
 struct RateLook {
     active: usize,
-    busiest: [Option<(Arc<SourceSlots>, f64)>; 2],
+    busiest: [Option<Arc<SourceSlots>>; 2],
 }
 
 impl RateLook {
-    /// Whether a source other than `me` was active, and the rate of the
-    /// busiest of them.
-    fn others_of(&self, me: &Arc<SourceSlots>) -> (bool, f64) {
-        let is_me = |(source, _): &&(Arc<SourceSlots>, f64)| Arc::ptr_eq(source, me);
-        let busiest = self.busiest.iter().flatten().find(|b| !is_me(b));
-        let me_counted = self.busiest.iter().flatten().any(|b| is_me(&b));
-        (
-            self.active > usize::from(me_counted),
-            busiest.map_or(0.0, |(_, rate)| *rate),
-        )
+    /// Whether a source other than `me` was active, and the rate now (`now`:
+    /// microseconds since the epoch) of the busiest of them.
+    fn others_of(&self, me: &Arc<SourceSlots>, now: u64) -> (bool, f64) {
+        let mut me_counted = false;
+        let mut busiest: f64 = 0.0;
+        for source in self.busiest.iter().flatten() {
+            if Arc::ptr_eq(source, me) {
+                me_counted = true;
+            } else {
+                busiest = busiest.max(source.pace().rate(now));
+            }
+        }
+        (self.active > usize::from(me_counted), busiest)
     }
 }
 
@@ -211,17 +216,19 @@ impl Registry {
     fn rates_now(&mut self, now: u64) -> RateLook {
         self.sources.retain(|other| other.strong_count() > 0);
         let mut look = RateLook::default();
+        let mut rates = [0.0; 2];
         for source in self.sources.iter().filter_map(Weak::upgrade) {
             let rate = source.pace().rate(now);
             if rate <= 0.0 {
                 continue;
             }
             look.active += 1;
-            let [first, second] = &mut look.busiest;
-            if first.as_ref().is_none_or(|(_, most)| rate > *most) {
-                *second = first.replace((source, rate));
-            } else if second.as_ref().is_none_or(|(_, next)| rate > *next) {
-                *second = Some((source, rate));
+            if look.busiest[0].is_none() || rate > rates[0] {
+                look.busiest[1] = look.busiest[0].replace(source);
+                rates = [rate, rates[0]];
+            } else if look.busiest[1].is_none() || rate > rates[1] {
+                look.busiest[1] = Some(source);
+                rates[1] = rate;
             }
         }
         look
@@ -415,6 +422,11 @@ impl FairShares {
 
     /// When a delivery of `source` that arrived at `arrived` may go on by
     /// its source's pace, its wait ending at `until`; counts its arrival.
+    ///
+    /// Every delivery books its slot at the source's own rate while one is
+    /// free (within a burst of [`pace::BURST`] at that rate): a source
+    /// within its rate never looks at the others. Past it, the others'
+    /// rates say whether it is paced.
     pub fn pace(&self, source: &SourceShare, arrived: Instant, until: Instant) -> Paced {
         let rate = source.0.own_rate.unwrap_or(self.0.default_rate);
         if rate == 0 {
@@ -422,8 +434,11 @@ impl FairShares {
         }
         self.slots(source);
         let now = self.micros(arrived);
-        let sending = source.0.pace().arrive(now);
-        if sending <= f64::from(rate) {
+        let (sending, within) = {
+            let mut pace = source.0.pace();
+            (pace.arrive(now), pace.book(now, f64::from(rate), now).is_some())
+        };
+        if within {
             return Paced::Now;
         }
         let look = {
@@ -443,9 +458,12 @@ impl FairShares {
                 }
             }
         };
-        let (others, busiest) = look.others_of(&source.0);
+        let (others, busiest) = look.others_of(&source.0, now);
         let over_the_others = OVER_THE_OTHERS as f64 * busiest;
         if !others || sending < over_the_others {
+            // Not paced: its next burst goes on at once, and it is looked
+            // at again only past it.
+            source.0.pace().restart(now);
             return Paced::Now;
         }
         let per_second = f64::from(rate).max(over_the_others);

@@ -18,6 +18,14 @@
 //! slot, so the deliveries a flood sends at once leave spaced out, in the
 //! order they came. A slot past the delivery's wait is not booked: that
 //! delivery is over its pace, and the next one finds the same slot free.
+//!
+//! Every delivery books its slot at its source's own rate while one is
+//! free, not only once the source is found sending too much: a flood's
+//! first second otherwise went in at once (its rate's worth before the
+//! count reached it, 200–500 deliveries in a millisecond), and the others
+//! waited behind them (`scripts/bench fairshare`: the others' p99 5–9 ms
+//! above the quiet run's). So a source goes past its rate by a burst of
+//! [`BURST`] at most before the others' rates are looked at.
 
 use std::time::Duration;
 
@@ -69,6 +77,12 @@ impl Pace {
         };
         let into = (now % WINDOW_MICROS) as f64 / WINDOW_MICROS as f64;
         f64::from(count) + f64::from(previous) * (1.0 - into)
+    }
+
+    /// Forgets the slots booked: the next [`BURST`] at the source's rate
+    /// goes on at once.
+    pub(super) fn restart(&mut self, now: u64) {
+        self.due = now;
     }
 
     /// Books the next slot at `per_second` for a delivery at `now`: the

@@ -186,9 +186,9 @@ fn pace_now(shares: &FairShares, source: &SourceShare) -> Paced {
     shares.pace(source, now, now + WAIT)
 }
 
-/// A merchant replaying its day beside one selling at its rate: past its
-/// rate it is paced to it, a burst at once and then a slot each interval,
-/// until the slots lie past the wait; the other goes on at once.
+/// A merchant replaying its day beside one selling at its rate: past a
+/// burst at its rate it is paced to it, a slot each interval, until the
+/// slots lie past the wait; the other goes on at once.
 #[tokio::test(start_paused = true)]
 async fn a_source_sending_far_more_than_the_others_is_paced_and_they_are_not() {
     let shares = paced(100);
@@ -196,14 +196,14 @@ async fn a_source_sending_far_more_than_the_others_is_paced_and_they_are_not() {
     assert_eq!(pace_now(&shares, &quiet), Paced::Now);
     let start = Instant::now();
     let paces: Vec<Paced> = (0..500).map(|_| pace_now(&shares, &flood)).collect();
-    // Its rate's worth, then a burst of 100 ms at that rate, at once.
-    assert!(paces[..111].iter().all(|p| *p == Paced::Now), "{paces:?}");
-    assert_eq!(paces[111], Paced::Until(start + Duration::from_millis(10)));
-    assert_eq!(paces[410], Paced::Until(start + Duration::from_secs(3)));
-    assert!(paces[411..].iter().all(|p| *p == Paced::Over), "past the wait");
+    // A burst of 100 ms at its rate at once: the one due now and ten more.
+    assert!(paces[..11].iter().all(|p| *p == Paced::Now), "{paces:?}");
+    assert_eq!(paces[11], Paced::Until(start + Duration::from_millis(10)));
+    assert_eq!(paces[310], Paced::Until(start + Duration::from_secs(3)));
+    assert!(paces[311..].iter().all(|p| *p == Paced::Over), "past the wait");
     assert_eq!(pace_now(&shares, &quiet), Paced::Now);
-    // A second on, its slots caught up with: it goes on at its pace.
-    tokio::time::advance(Duration::from_secs(3)).await;
+    // Its slots caught up with, it goes on at its pace.
+    tokio::time::advance(Duration::from_secs(4)).await;
     assert_eq!(pace_now(&shares, &flood), Paced::Now);
 }
 
@@ -232,25 +232,29 @@ async fn sources_sending_alike_and_a_source_alone_are_not_paced() {
 #[tokio::test(start_paused = true)]
 async fn the_pace_is_the_larger_of_the_source_s_rate_and_twice_the_busiest_other_s() {
     let shares = paced(100);
-    // The other within a rate of its own, so the only look at the rates
-    // is the flood's (time stands still here: a look serves for 10 ms).
-    let (flood, other) = (SourceShare::new(None, None), SourceShare::new(None, Some(1000)));
+    let (flood, other) = (SourceShare::new(None, None), SourceShare::new(None, None));
     for _ in 0..300 {
-        assert_eq!(pace_now(&shares, &other), Paced::Now);
+        assert_eq!(pace_now(&shares, &other), Paced::Now, "alone");
     }
+    // A look at the rates serves 10 ms: the flood's is its own.
+    tokio::time::advance(RATE_LOOK).await;
     let start = Instant::now();
     let paces: Vec<Paced> = (0..700).map(|_| pace_now(&shares, &flood)).collect();
-    // Paced from 600 a second on (twice the other's 300): that one and 60
-    // more at once (100 ms at that rate), then one each 1/600 s.
+    // Not paced while it sends less than twice the other's 300 a second
+    // (bursts of 100 ms at its rate, then a look); from the 600th on, paced
+    // to 600 a second, from the end of its last burst.
     let first = paces.iter().position(|p| *p != Paced::Now).unwrap();
-    assert_eq!(first, 599 + 61);
-    assert_eq!(paces[first], Paced::Until(start + Duration::from_micros(1626)));
+    assert_eq!(first, 599);
+    assert_eq!(paces[599], Paced::Until(start + Duration::from_millis(10)));
+    assert_eq!(paces[600], Paced::Until(start + Duration::from_micros(11_666)));
 
-    let own = SourceShare::new(None, Some(1000));
-    let at_once = (0..1200)
-        .take_while(|_| pace_now(&shares, &own) == Paced::Now)
-        .count();
-    assert_eq!(at_once, 1000 + 101, "its own rate and a burst of it");
+    let shares = paced(100);
+    let (own, quiet) = (SourceShare::new(None, Some(1000)), SourceShare::new(None, None));
+    assert_eq!(pace_now(&shares, &quiet), Paced::Now);
+    let start = Instant::now();
+    let paces: Vec<Paced> = (0..200).map(|_| pace_now(&shares, &own)).collect();
+    assert!(paces[..101].iter().all(|p| *p == Paced::Now), "a burst at its own rate");
+    assert_eq!(paces[101], Paced::Until(start + Duration::from_millis(1)));
 
     let unpaced = paced(0);
     let (flood, other) = (SourceShare::new(None, None), SourceShare::new(None, None));
