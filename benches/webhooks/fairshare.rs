@@ -31,6 +31,31 @@ fn row(label: &str, measured: &Measured) {
     );
 }
 
+/// The others' five slowest answers in both phases: when in the phase and
+/// how slow, to tell a stall from a spread.
+fn slowest(quiet: &Measured, loaded: &Measured) {
+    let list = |measured: &Measured| {
+        measured
+            .slowest
+            .iter()
+            .map(|(at, latency)| {
+                format!(
+                    "{:.0} ms at {:.2} s",
+                    latency.as_secs_f64() * 1e3,
+                    at.as_secs_f64()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "{:>28}: quiet {}; beside the flood {}",
+        "slowest",
+        list(quiet),
+        list(loaded)
+    );
+}
+
 pub async fn run(settings: &Settings, run: &str) {
     let count = source_count();
     let work = tempfile::tempdir().expect("work dir");
@@ -95,6 +120,7 @@ pub async fn run(settings: &Settings, run: &str) {
             ),
         );
         row(&format!("rep {repetition} others, s0 flooding"), &loaded);
+        slowest(&quiet, &loaded);
         row(&format!("rep {repetition} the flood (s0)"), &flood);
         let mut actions = Vec::new();
         for action in ["paced", "spooled", "waited", "taken"] {

@@ -154,6 +154,9 @@ pub struct Measured {
     pub p99: Duration,
     /// For a fixed rate: how far the last answer came after the schedule's end.
     pub behind: Duration,
+    /// The five slowest answers: when each was due (from the phase's
+    /// start) and its latency, slowest first.
+    pub slowest: Vec<(Duration, Duration)>,
 }
 
 impl Measured {
@@ -272,7 +275,7 @@ pub async fn run_spread(
                 while let Some(due) = schedule.due(next.fetch_add(1, Ordering::Relaxed)).await {
                     let request = request(addr, dialect, &ids.get(due.1));
                     let answer = send(&mut sender, request, dialect.accepted()).await;
-                    latencies.push(due.0.elapsed());
+                    latencies.push((due.0.elapsed(), due.0 - started));
                     if answer != Some(true) {
                         errors += 1;
                     }
@@ -293,6 +296,14 @@ pub async fn run_spread(
     }
     let elapsed = started.elapsed();
     latencies.sort_unstable();
+    let slowest = latencies
+        .iter()
+        .rev()
+        .take(5)
+        .copied()
+        .map(|(l, at)| (at, l))
+        .collect();
+    let latencies: Vec<Duration> = latencies.into_iter().map(|(latency, _)| latency).collect();
     let pct = |p: f64| {
         let at = ((latencies.len().max(1) - 1) as f64 * p) as usize;
         latencies.get(at).copied().unwrap_or_default()
@@ -307,5 +318,6 @@ pub async fn run_spread(
             Schedule::Rate { .. } => elapsed.saturating_sub(duration),
             Schedule::Until(_) | Schedule::Count(_) => Duration::ZERO,
         },
+        slowest,
     }
 }

@@ -288,8 +288,18 @@ async fn a_source_sending_far_more_a_second_than_the_others_is_paced() {
     own_source(&mut config, "mekari", "acme", &mk_acme);
     config.server.busy_in_flight = 100_000;
     config.server.inflight_wait_ms = 1000;
-    config.receiptroller.sources.get_mut(&rr_main).unwrap().max_per_second = Some(RATE);
-    config.mekari.sources.get_mut(&mk_main).unwrap().max_per_second = Some(RATE);
+    config
+        .receiptroller
+        .sources
+        .get_mut(&rr_main)
+        .unwrap()
+        .max_per_second = Some(RATE);
+    config
+        .mekari
+        .sources
+        .get_mut(&mk_main)
+        .unwrap()
+        .max_per_second = Some(RATE);
     let app = TestApp::start_with(config).await;
     let before = Meter::read(&app).await;
 
@@ -308,7 +318,11 @@ async fn a_source_sending_far_more_a_second_than_the_others_is_paced() {
         "receiptroller: flood {spooled} of {PACED_FLOOD} spooled, {} published",
         count(&flood, 200, "published")
     );
-    assert_eq!(count(&flood, 200, ""), PACED_FLOOD, "never refused: {flood:?}");
+    assert_eq!(
+        count(&flood, 200, ""),
+        PACED_FLOOD,
+        "never refused: {flood:?}"
+    );
     assert!(spooled > 0, "past the wait, spooled: {flood:?}");
     assert_eq!(count(&quiet, 200, "published"), QUIET, "{quiet:?}");
     all_published(&app, &rr_flood).await;
@@ -326,8 +340,16 @@ async fn a_source_sending_far_more_a_second_than_the_others_is_paced() {
     let refused = count(&flood, 429, "");
     println!("mekari: flood {refused} of {PACED_FLOOD} answered 429");
     assert!(refused > 0, "past the wait, refused: {flood:?}");
-    assert_eq!(refused + count(&flood, 200, "published"), PACED_FLOOD, "{flood:?}");
-    assert!(flood.iter().all(|(status, _, retry_after)| *status != 429 || retry_after.is_some()));
+    assert_eq!(
+        refused + count(&flood, 200, "published"),
+        PACED_FLOOD,
+        "{flood:?}"
+    );
+    assert!(
+        flood
+            .iter()
+            .all(|(status, _, retry_after)| *status != 429 || retry_after.is_some())
+    );
     assert_eq!(count(&quiet, 200, "published"), QUIET, "{quiet:?}");
 
     let after = Meter::read(&app).await;
@@ -335,7 +357,11 @@ async fn a_source_sending_far_more_a_second_than_the_others_is_paced() {
         after.delta(
             &before,
             "posbridge_deliveries_over_share_total",
-            &[("provider", provider), ("source", source), ("action", action)],
+            &[
+                ("provider", provider),
+                ("source", source),
+                ("action", action),
+            ],
         )
     };
     // Its rate's worth, a burst of three, then up to 20 slots within the

@@ -1,5 +1,6 @@
-//! What a delivery over its source's fair share gets (`share.rs` says when
-//! one is), chosen by what its provider understands:
+//! What a delivery over its source's fair share gets (`share/` says when
+//! one is: over its share in flight, or its slot at its source's pace past
+//! its wait), chosen by what its provider understands:
 //!
 //! * a provider that honours `Retry-After` (Mekari: a 429 is retried like a
 //!   5xx, waiting at least that long, up to an hour) is answered 429 +
@@ -7,9 +8,10 @@
 //!   comes back spread out;
 //! * a provider that ignores it and counts every non-2xx toward switching
 //!   the webhook off (ReceiptRoller, four failed attempts of one event) is
-//!   never refused: the delivery first waits for a slot of its share, for
-//!   the part of the answer budget Kafka does not need
-//!   (`server.inflight_wait_ms`), and is taken in when one comes free. The
+//!   never refused: the delivery first waits for a slot of its share (or
+//!   at its pace, for its slot), for the part of the answer budget Kafka
+//!   does not need (`server.inflight_wait_ms`), and is taken in when one
+//!   comes free. The
 //!   wait holds the provider's connection, so a provider that sends as fast
 //!   as it is answered (a replay) is slowed to what its share gets through,
 //!   instead of being answered at once and sending the next. When the wait
@@ -70,9 +72,9 @@ pub fn actions(webhook: &WebhookSource) -> &'static [OverShareAction] {
 
 /// Holds `delivery` to its source's pace (`share/pace.rs`): on at once,
 /// or after a wait for its slot; when its slot lies past its wait, slowed
-/// as its provider understands without waiting (429 for a provider that
-/// honours `Retry-After`; else the spool, or taken in all the same). The
-/// answer when it was answered without the pipeline.
+/// as its provider understands (429 at once for a provider that honours
+/// `Retry-After`; else, at the wait's end, the spool or taken in all the
+/// same). The answer when it was answered without the pipeline.
 ///
 /// # Errors
 /// As [`slow_down`].
@@ -92,6 +94,10 @@ pub(super) async fn keep_pace(
         }
         Paced::Over => {
             refuse_where_honoured(state, webhook, ShareBound::Pace)?;
+            // Held for the whole wait, as a delivery over its share in
+            // flight is: answered at once, a provider that sends as fast
+            // as it is answered would send the next at once.
+            tokio::time::sleep_until(until).await;
             let answered = spool(state, delivery).await?;
             if answered.is_none() {
                 observe::over_share(source, OverShareAction::Taken);

@@ -168,7 +168,10 @@ impl IntoResponse for WebhookError {
     /// `Retry-After` on the 503s, a 429 carries its own.
     fn into_response(self) -> Response {
         let status = self.status();
-        if let WebhookError::OverShare { retry_after_secs, .. } = self {
+        if let WebhookError::OverShare {
+            retry_after_secs, ..
+        } = self
+        {
             let message = self.to_string();
             let mut response = (status, Json(json!({ "error": message }))).into_response();
             response

@@ -436,7 +436,10 @@ impl FairShares {
         let now = self.micros(arrived);
         let (sending, within) = {
             let mut pace = source.0.pace();
-            (pace.arrive(now), pace.book(now, f64::from(rate), now).is_some())
+            (
+                pace.arrive(now),
+                pace.book(now, f64::from(rate), now).is_some(),
+            )
         };
         if within {
             return Paced::Now;

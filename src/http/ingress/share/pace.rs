@@ -122,10 +122,15 @@ mod tests {
     fn slots_are_spaced_at_the_rate_after_a_burst_and_none_past_the_wait() {
         let mut pace = Pace::default();
         let now = 10 * SECOND;
-        let slots: Vec<Option<u64>> = (0..16).map(|_| pace.book(now, 100.0, now + 50_000)).collect();
+        let slots: Vec<Option<u64>> = (0..16)
+            .map(|_| pace.book(now, 100.0, now + 50_000))
+            .collect();
         // 100 ms ahead of its pace at 100 a second: 11 pass at once (the
         // one due now and ten ahead).
-        assert!(slots[..11].iter().all(|slot| *slot == Some(now)), "{slots:?}");
+        assert!(
+            slots[..11].iter().all(|slot| *slot == Some(now)),
+            "{slots:?}"
+        );
         // Then one each 10 ms, up to the wait's end.
         assert_eq!(slots[11], Some(now + 10_000));
         assert_eq!(slots[15], Some(now + 50_000));

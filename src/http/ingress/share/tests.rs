@@ -200,7 +200,10 @@ async fn a_source_sending_far_more_than_the_others_is_paced_and_they_are_not() {
     assert!(paces[..11].iter().all(|p| *p == Paced::Now), "{paces:?}");
     assert_eq!(paces[11], Paced::Until(start + Duration::from_millis(10)));
     assert_eq!(paces[310], Paced::Until(start + Duration::from_secs(3)));
-    assert!(paces[311..].iter().all(|p| *p == Paced::Over), "past the wait");
+    assert!(
+        paces[311..].iter().all(|p| *p == Paced::Over),
+        "past the wait"
+    );
     assert_eq!(pace_now(&shares, &quiet), Paced::Now);
     // Its slots caught up with, it goes on at its pace.
     tokio::time::advance(Duration::from_secs(4)).await;
@@ -246,14 +249,23 @@ async fn the_pace_is_the_larger_of_the_source_s_rate_and_twice_the_busiest_other
     let first = paces.iter().position(|p| *p != Paced::Now).unwrap();
     assert_eq!(first, 599);
     assert_eq!(paces[599], Paced::Until(start + Duration::from_millis(10)));
-    assert_eq!(paces[600], Paced::Until(start + Duration::from_micros(11_666)));
+    assert_eq!(
+        paces[600],
+        Paced::Until(start + Duration::from_micros(11_666))
+    );
 
     let shares = paced(100);
-    let (own, quiet) = (SourceShare::new(None, Some(1000)), SourceShare::new(None, None));
+    let (own, quiet) = (
+        SourceShare::new(None, Some(1000)),
+        SourceShare::new(None, None),
+    );
     assert_eq!(pace_now(&shares, &quiet), Paced::Now);
     let start = Instant::now();
     let paces: Vec<Paced> = (0..200).map(|_| pace_now(&shares, &own)).collect();
-    assert!(paces[..101].iter().all(|p| *p == Paced::Now), "a burst at its own rate");
+    assert!(
+        paces[..101].iter().all(|p| *p == Paced::Now),
+        "a burst at its own rate"
+    );
     assert_eq!(paces[101], Paced::Until(start + Duration::from_millis(1)));
 
     let unpaced = paced(0);
