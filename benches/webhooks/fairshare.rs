@@ -72,7 +72,13 @@ pub async fn run(settings: &Settings, run: &str) {
     let (command, addr) = directory_posbridge(settings, run, work.path(), count, write, spool);
     let _server = Server::start(command, addr, &work.path().join("fairshare.log"));
     crate::rebuild::ready(addr).await;
-    let spread = Dialect::Spread(count);
+    let spread = Dialect::Spread { first: 0, count };
+    // The others: every source but `s0`, so the flood's pace is the
+    // flood's alone.
+    let others_spread = Dialect::Spread {
+        first: 1,
+        count: count - 1,
+    };
     let limit = load::run(
         addr,
         spread,
@@ -90,10 +96,11 @@ pub async fn run(settings: &Settings, run: &str) {
         "{count} sources, the others at {:.0} req/s; the flood: s0 on {FLOOD_CONNECTIONS} connections (20 × its share of 16 in flight), s0 spools",
         limit.rate() / 2.0
     );
+    let mut deltas = Vec::new();
     for repetition in 0..settings.repeat {
         let quiet = load::run(
             addr,
-            spread,
+            others_spread,
             others,
             Ids::Fresh(format!("{run}-quiet{repetition}")),
             settings.phase,
@@ -104,14 +111,14 @@ pub async fn run(settings: &Settings, run: &str) {
         let (loaded, flood) = tokio::join!(
             load::run(
                 addr,
-                spread,
+                others_spread,
                 others,
                 Ids::Fresh(format!("{run}-others{repetition}")),
                 settings.phase,
             ),
             load::run(
                 addr,
-                Dialect::Spread(1),
+                Dialect::Spread { first: 0, count: 1 },
                 Load::Closed {
                     connections: FLOOD_CONNECTIONS,
                 },
@@ -121,6 +128,7 @@ pub async fn run(settings: &Settings, run: &str) {
         );
         row(&format!("rep {repetition} others, s0 flooding"), &loaded);
         slowest(&quiet, &loaded);
+        deltas.push((loaded.p99.as_secs_f64() - quiet.p99.as_secs_f64()) * 1e3);
         row(&format!("rep {repetition} the flood (s0)"), &flood);
         let mut actions = Vec::new();
         for action in ["paced", "spooled", "waited", "taken"] {
@@ -149,4 +157,11 @@ pub async fn run(settings: &Settings, run: &str) {
             drained.elapsed().as_secs_f64()
         );
     }
+    deltas.sort_by(f64::total_cmp);
+    let listed: Vec<String> = deltas.iter().map(|d| format!("{d:+.1}")).collect();
+    println!(
+        "the others' p99 beside the flood minus quiet: {} ms; median {:+.1} ms (aim: within 2 ms)",
+        listed.join(", "),
+        deltas.get(deltas.len() / 2).copied().unwrap_or_default()
+    );
 }

@@ -30,15 +30,20 @@ pub enum Dialect {
     /// spread over the partitions as the limit's do, and the compacted topic
     /// takes them) and answers 202 after the broker's ack.
     Peer,
-    /// posbridge with this many sources `s0`, `s1`, … (a sources
-    /// directory): delivery `{prefix}-{n}` goes to source `s{n % count}`.
-    Spread(usize),
+    /// posbridge with sources `s0`, `s1`, … (a sources directory):
+    /// delivery `{prefix}-{n}` goes to source `s{first + n % count}`.
+    Spread {
+        /// The first source sent to.
+        first: usize,
+        /// How many sources, from `first` on.
+        count: usize,
+    },
 }
 
 impl Dialect {
     fn accepted(self) -> hyper::StatusCode {
         match self {
-            Dialect::Bridge | Dialect::Spread(_) => hyper::StatusCode::OK,
+            Dialect::Bridge | Dialect::Spread { .. } => hyper::StatusCode::OK,
             Dialect::Peer => hyper::StatusCode::ACCEPTED,
         }
     }
@@ -177,13 +182,13 @@ pub fn request(addr: SocketAddr, dialect: Dialect, id: &str) -> hyper::Request<F
     }))
     .expect("json");
     let path = match dialect {
-        Dialect::Spread(count) => {
+        Dialect::Spread { first, count } => {
             let n: usize = id
                 .rsplit('-')
                 .next()
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(0);
-            format!("/webhooks/receiptroller/s{}", n % count.max(1))
+            format!("/webhooks/receiptroller/s{}", first + n % count.max(1))
         }
         Dialect::Bridge | Dialect::Peer => "/webhooks/receiptroller/main".to_owned(),
     };

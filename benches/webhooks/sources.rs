@@ -187,7 +187,7 @@ pub async fn run(settings: &Settings, run: &str) {
     let connections = Load::Closed { connections: 64 };
     for (label, dialect) in [
         ("one source", Dialect::Bridge),
-        ("spread over all", Dialect::Spread(count)),
+        ("spread over all", Dialect::Spread { first: 0, count }),
     ] {
         let before = Usage::of(server.pid());
         let ids = Ids::Fresh(format!("{run}-{}", label.replace(' ', "")));
