@@ -108,16 +108,21 @@ pub async fn run(settings: &Settings, run: &str) {
         .await;
         row(&format!("rep {repetition} others, quiet"), &quiet);
         let before = metric(addr, "posbridge_deliveries_over_share_total", &["s0\""]).await;
+        // Both loads' connections open before either starts: the flood's
+        // 320 handshakes would otherwise fall inside the others' phase, on
+        // the CPU posbridge and the load share.
+        let others_connected = load::connect_spread(&[addr], others.connections()).await;
+        let flood_connected = load::connect_spread(&[addr], FLOOD_CONNECTIONS).await;
         let (loaded, flood) = tokio::join!(
-            load::run(
-                addr,
+            load::run_connected(
+                others_connected,
                 others_spread,
                 others,
                 Ids::Fresh(format!("{run}-others{repetition}")),
                 settings.phase,
             ),
-            load::run(
-                addr,
+            load::run_connected(
+                flood_connected,
                 Dialect::Spread { first: 0, count: 1 },
                 Load::Closed {
                     connections: FLOOD_CONNECTIONS,

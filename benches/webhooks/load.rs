@@ -72,7 +72,8 @@ pub enum Load {
 }
 
 impl Load {
-    fn connections(self) -> usize {
+    /// How many connections it keeps open.
+    pub fn connections(self) -> usize {
         match self {
             Load::Closed { connections }
             | Load::Once { connections }
@@ -253,11 +254,32 @@ pub async fn run_spread(
     ids: Ids,
     duration: Duration,
 ) -> Measured {
+    let connected = connect_spread(addrs, load.connections()).await;
+    run_connected(connected, dialect, load, ids, duration).await
+}
+
+/// Connections opened before a phase starts, for two loads to start at
+/// once without either's connecting inside the other's phase.
+pub struct Connected(Vec<(SocketAddr, SendRequest<Full<Bytes>>)>);
+
+/// `connections` connections, connection `i` to `addrs[i % len]`.
+pub async fn connect_spread(addrs: &[SocketAddr], connections: usize) -> Connected {
     let mut senders = Vec::new();
-    for i in 0..load.connections() {
+    for i in 0..connections {
         let addr = addrs[i % addrs.len()];
         senders.push((addr, connect(addr).await));
     }
+    Connected(senders)
+}
+
+/// [`run_spread`] over connections opened already (`load`'s count of them).
+pub async fn run_connected(
+    Connected(senders): Connected,
+    dialect: Dialect,
+    load: Load,
+    ids: Ids,
+    duration: Duration,
+) -> Measured {
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let schedule = match load {
