@@ -385,7 +385,7 @@ impl FairShares {
     /// [`OverShare`] when its share is taken, the process is busy and the
     /// source holds that much more than the others.
     pub fn try_admit(&self, source: &SourceShare) -> Result<Place, OverShare> {
-        if let Ok(slot) = self.slots(source).try_acquire_owned() {
+        if let Ok(slot) = self.slots(source).clone().try_acquire_owned() {
             return Ok(self.place(source, Some(slot)));
         }
         let before = self.0.in_flight.load(Ordering::Acquire);
@@ -486,7 +486,7 @@ impl FairShares {
     /// `until` for a slot of its share to come free (first come, first
     /// served); `None` when none did.
     pub async fn wait_for(&self, source: &SourceShare, until: Instant) -> Option<Place> {
-        let slots = self.slots(source);
+        let slots = self.slots(source).clone();
         match tokio::time::timeout_at(until, slots.acquire_owned()).await {
             Ok(Ok(slot)) => Some(self.place(source, Some(slot))),
             // The slots are never closed; a closed one is treated as a
@@ -511,23 +511,20 @@ impl FairShares {
         self.0.in_flight.load(Ordering::Acquire)
     }
 
-    /// `source`'s slots, made at its first delivery.
-    fn slots(&self, source: &SourceShare) -> Arc<Semaphore> {
-        source
-            .0
-            .slots
-            .get_or_init(|| {
-                let mut registry = self
-                    .0
-                    .sources
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                registry.sources.retain(|other| other.strong_count() > 0);
-                registry.sources.push(Arc::downgrade(&source.0));
-                let share = source.0.own.unwrap_or(self.0.default_share).max(1);
-                Arc::new(Semaphore::new(share))
-            })
-            .clone()
+    /// `source`'s slots, made (and the source registered) at its first
+    /// delivery.
+    fn slots<'s>(&self, source: &'s SourceShare) -> &'s Arc<Semaphore> {
+        source.0.slots.get_or_init(|| {
+            let mut registry = self
+                .0
+                .sources
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            registry.sources.retain(|other| other.strong_count() > 0);
+            registry.sources.push(Arc::downgrade(&source.0));
+            let share = source.0.own.unwrap_or(self.0.default_share).max(1);
+            Arc::new(Semaphore::new(share))
+        })
     }
 
     /// A place of `source` counted in the totals, with `slot` if it has one.
