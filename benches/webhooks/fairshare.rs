@@ -1,13 +1,17 @@
 //! `fairshare` (after `--`): fair shares among `POSBRIDGE_BENCH_SOURCES`
 //! sources from a directory (default 1,000, ReceiptRoller; `s0` spools),
-//! on the embedded ledger and default share settings. The others' rate is
-//! half the closed-64 rate spread over every source; it runs alone (quiet)
-//! and beside `s0` flooding with 20 × its share of deliveries in flight
-//! (`server.share_in_flight` 16: 320 connections in a closed loop), in
-//! turns, `POSBRIDGE_BENCH_REPEAT` times. Rows: the others' p50, p99 and
-//! answers other than 200, the flood's rate and answers other than 200,
-//! what was done with the flood's deliveries over its share, and the
-//! spool drained after (every spooled delivery published).
+//! on the embedded ledger and default share settings. The others (every
+//! source but `s0`) send at half the closed-64 rate spread over every
+//! source; they run alone (quiet) and beside `s0` flooding with 20 × its
+//! share of deliveries in flight (`server.share_in_flight` 16: 320
+//! connections in a closed loop, opened with the others' before the phase
+//! starts), in turns, `POSBRIDGE_BENCH_REPEAT` times. Rows: the others'
+//! p50, p99, answers other than 200 and five slowest answers (when in the
+//! phase: a stall or a spread), the flood's rate and answers other than
+//! 200, what was done with the flood's deliveries over its share or pace,
+//! and the spool drained after (every spooled delivery published); last,
+//! the others' p99 beside the flood minus quiet, each repetition and the
+//! median, beside issue 51's aim.
 
 use std::path::Path;
 use std::time::{Duration, Instant};

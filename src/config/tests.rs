@@ -167,6 +167,10 @@ fn a_share_of_nothing_is_refused() {
     );
     let problems = problems_with_source("max_in_flight = 1", "[server]\nbusy_in_flight = 0");
     assert_eq!(keys(&problems), Vec::<&str>::new());
+    // A rate of 0 for a source would hold every delivery back; for the
+    // server it turns the pace off.
+    let problems = problems_with_source("max_per_second = 0", "[server]\nshare_per_second = 0");
+    assert_eq!(keys(&problems), ["mekari.sources.main.max_per_second"]);
 }
 
 #[test]

@@ -130,6 +130,8 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
     own_source(&mut config, "mekari", "acme", &mk_acme);
     config.server.busy_in_flight = 8;
     config.server.inflight_wait_ms = 500;
+    // The bound in flight alone: the pace has a test of its own (below).
+    config.server.share_per_second = 0;
     config
         .receiptroller
         .sources
