@@ -123,48 +123,23 @@ struct Shares {
     retry_after_secs: u64,
 }
 
-/// The sources that have had a delivery, and the last look at them.
+/// The sources that have had a delivery, and the last looks at them.
 #[derive(Default)]
 struct Registry {
     sources: Vec<Weak<SourceSlots>>,
-    /// The millisecond it was taken, the sources turned active by then
+    /// The last look at what the sources hold in flight: the millisecond
+    /// it was taken, the sources turned active by then
     /// ([`Shares::arrivals`]), and what it found.
     look: Option<(u64, u64, Look)>,
     /// The last look at the sources' rates, and the microsecond it was
     /// taken.
-    rates: Option<(u64, RateLook)>,
+    rates: Option<(u64, Look)>,
 }
 
-/// The sources that sent within the last [`pace::WINDOW`] at one look: how
-/// many, and the two that sent the most then, whose rates are read afresh
-/// at each use (a look serves [`RATE_LOOK`], and two sources starting
+/// The active sources at one look, by a measure (deliveries in flight, or
+/// a second): how many, and the two busiest then, whose measure is read
+/// afresh at each use (a look serves a while, and two sources starting
 /// together double their counts within it).
-#[derive(Clone, Default)]
-struct RateLook {
-    active: usize,
-    busiest: [Option<Arc<SourceSlots>>; 2],
-}
-
-impl RateLook {
-    /// Whether a source other than `me` was active, and the rate now (`now`:
-    /// microseconds since the epoch) of the busiest of them.
-    fn others_of(&self, me: &Arc<SourceSlots>, now: u64) -> (bool, f64) {
-        let mut me_counted = false;
-        let mut busiest: f64 = 0.0;
-        for source in self.busiest.iter().flatten() {
-            if Arc::ptr_eq(source, me) {
-                me_counted = true;
-            } else {
-                busiest = busiest.max(source.pace().rate(now));
-            }
-        }
-        (self.active > usize::from(me_counted), busiest)
-    }
-}
-
-/// The active sources at one look: how many, and the two that held the
-/// most then (a source's busiest other is the first, unless it is the
-/// first), whose counts are read afresh at each use.
 #[derive(Clone, Default)]
 struct Look {
     active: usize,
@@ -172,66 +147,76 @@ struct Look {
 }
 
 impl Look {
-    /// Active sources other than `me`, and what the busiest of them holds
-    /// now.
-    fn others_of(&self, me: &Arc<SourceSlots>, me_active: bool) -> (usize, usize) {
-        let busiest = self
-            .busiest
-            .iter()
-            .flatten()
-            .find(|other| !Arc::ptr_eq(other, me))
-            .map_or(0, |other| other.held.load(Ordering::Acquire));
-        (
-            self.active - usize::from(me_active && self.active > 0),
-            busiest,
-        )
+    /// The sources `measure` finds active, and the two it finds busiest.
+    fn over<T: PartialOrd + Copy>(
+        sources: impl Iterator<Item = Arc<SourceSlots>>,
+        measure: impl Fn(&SourceSlots) -> Option<T>,
+    ) -> Look {
+        let mut look = Look::default();
+        let mut most: [Option<T>; 2] = [None, None];
+        for source in sources {
+            let Some(this) = measure(&source) else {
+                continue;
+            };
+            look.active += 1;
+            if most[0].is_none_or(|first| this > first) {
+                look.busiest[1] = look.busiest[0].replace(source);
+                most = [Some(this), most[0]];
+            } else if most[1].is_none_or(|second| this > second) {
+                look.busiest[1] = Some(source);
+                most[1] = Some(this);
+            }
+        }
+        look
+    }
+
+    /// Whether `me` was one of the two busiest, and what the busiest other
+    /// of them has now by `measure`.
+    fn busiest_other<T: PartialOrd + Default>(
+        &self,
+        me: &Arc<SourceSlots>,
+        measure: impl Fn(&SourceSlots) -> T,
+    ) -> (bool, T) {
+        let mut me_counted = false;
+        let mut busiest = T::default();
+        for source in self.busiest.iter().flatten() {
+            if Arc::ptr_eq(source, me) {
+                me_counted = true;
+            } else {
+                let this = measure(source);
+                if this > busiest {
+                    busiest = this;
+                }
+            }
+        }
+        (me_counted, busiest)
     }
 }
 
 impl Registry {
-    /// The active sources now (`now`: ms since the shares' epoch), the
-    /// sources that are gone forgotten.
-    fn look_now(&mut self, now: u64) -> Look {
+    /// The sources still configured (the others forgotten).
+    fn live(&mut self) -> impl Iterator<Item = Arc<SourceSlots>> + '_ {
         self.sources.retain(|other| other.strong_count() > 0);
-        let mut look = Look::default();
-        let mut held = [0; 2];
-        for source in self.sources.iter().filter_map(Weak::upgrade) {
-            if !source.is_active(now) {
-                continue;
-            }
-            look.active += 1;
-            let holds = source.held.load(Ordering::Acquire);
-            if look.busiest[0].is_none() || holds > held[0] {
-                look.busiest[1] = look.busiest[0].replace(source);
-                held = [holds, held[0]];
-            } else if look.busiest[1].is_none() || holds > held[1] {
-                look.busiest[1] = Some(source);
-                held[1] = holds;
-            }
-        }
-        look
+        self.sources.iter().filter_map(Weak::upgrade)
     }
 
-    /// The sources' rates at `now` (microseconds since the epoch).
-    fn rates_now(&mut self, now: u64) -> RateLook {
-        self.sources.retain(|other| other.strong_count() > 0);
-        let mut look = RateLook::default();
-        let mut rates = [0.0; 2];
-        for source in self.sources.iter().filter_map(Weak::upgrade) {
+    /// The active sources now (`now`: ms since the shares' epoch), by what
+    /// they hold in flight.
+    fn look_now(&mut self, now: u64) -> Look {
+        Look::over(self.live(), |source| {
+            source
+                .is_active(now)
+                .then(|| source.held.load(Ordering::Acquire))
+        })
+    }
+
+    /// The sources that sent within the last [`pace::WINDOW`] at `now`
+    /// (microseconds since the epoch), by their rates.
+    fn rates_now(&mut self, now: u64) -> Look {
+        Look::over(self.live(), |source| {
             let rate = source.pace().rate(now);
-            if rate <= 0.0 {
-                continue;
-            }
-            look.active += 1;
-            if look.busiest[0].is_none() || rate > rates[0] {
-                look.busiest[1] = look.busiest[0].replace(source);
-                rates = [rate, rates[0]];
-            } else if look.busiest[1].is_none() || rate > rates[1] {
-                look.busiest[1] = Some(source);
-                rates[1] = rate;
-            }
-        }
-        look
+            (rate > 0.0).then_some(rate)
+        })
     }
 }
 
@@ -415,7 +400,10 @@ impl FairShares {
                 }
             }
         };
-        let (others_active, busiest) = look.others_of(&source.0, source.0.is_active(now));
+        let (_, busiest) =
+            look.busiest_other(&source.0, |other| other.held.load(Ordering::Acquire));
+        let me_active = source.0.is_active(now);
+        let others_active = look.active - usize::from(me_active && look.active > 0);
         let mine = source.0.held.load(Ordering::Acquire);
         others_active > 0 && mine >= OVER_THE_OTHERS * busiest
     }
@@ -461,7 +449,8 @@ impl FairShares {
                 }
             }
         };
-        let (others, busiest) = look.others_of(&source.0, now);
+        let (me_counted, busiest) = look.busiest_other(&source.0, |other| other.pace().rate(now));
+        let others = look.active > usize::from(me_counted);
         let over_the_others = OVER_THE_OTHERS as f64 * busiest;
         if !others || sending < over_the_others {
             // Not paced: its next burst goes on at once, and it is looked

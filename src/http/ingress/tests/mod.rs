@@ -65,7 +65,7 @@ fn state(pipeline: Pipeline, sources: HashMap<(ProviderKind, String), WebhookSou
         shares: super::FairShares::new(super::ShareSettings {
             busy: 64,
             default_share: 16,
-            default_rate: 500,
+            default_rate: 200,
             retry_after_secs: 60,
         }),
         share_wait: Duration::from_millis(100),
