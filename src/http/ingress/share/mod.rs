@@ -386,11 +386,7 @@ impl FairShares {
         let now = self.0.now();
         let arrivals = self.0.arrivals.load(Ordering::Acquire);
         let look = {
-            let mut registry = self
-                .0
-                .sources
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut registry = self.registry();
             match &registry.look {
                 Some((at, seen, look)) if *at == now && *seen == arrivals => look.clone(),
                 _ => {
@@ -433,11 +429,7 @@ impl FairShares {
             return Paced::Now;
         }
         let look = {
-            let mut registry = self
-                .0
-                .sources
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut registry = self.registry();
             match &registry.rates {
                 Some((at, look)) if now.saturating_sub(*at) < RATE_LOOK.as_micros() as u64 => {
                     look.clone()
@@ -500,15 +492,19 @@ impl FairShares {
         self.0.in_flight.load(Ordering::Acquire)
     }
 
+    /// The sources and the last looks at them, locked.
+    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.0
+            .sources
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// `source`'s slots, made (and the source registered) at its first
     /// delivery.
     fn slots<'s>(&self, source: &'s SourceShare) -> &'s Arc<Semaphore> {
         source.0.slots.get_or_init(|| {
-            let mut registry = self
-                .0
-                .sources
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut registry = self.registry();
             registry.sources.retain(|other| other.strong_count() > 0);
             registry.sources.push(Arc::downgrade(&source.0));
             let share = source.0.own.unwrap_or(self.0.default_share).max(1);
