@@ -218,8 +218,8 @@ const fn default_share_in_flight() -> usize {
 // a refused burst's retries, and leaves most of its 8 attempts over ~11 h.
 // A merchant's till sends a few sales a minute; a day's replay at this
 // rate takes a minute or less. Beside the others at half of what one core
-// gets through, a flood paced to it left their p99 within 0.3 ms of the
-// quiet run's (median of five), paced to 500 within 3.1 ms
+// gets through, a flood paced to it left their p99 1.6 ms above the quiet
+// run's (median of ten), paced to 500 3.1 ms, unpaced 17.4 ms
 // (docs/BENCHMARKS.md, `scripts/bench fairshare`).
 const fn default_share_per_second() -> u32 {
     200
