@@ -10,6 +10,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use posbridge::config::Config;
 use serde_json::Value;
 
 use crate::support::wait::wait_until;
@@ -105,6 +106,28 @@ async fn all_published(app: &TestApp, sent: &[Value]) {
     assert!(missing.is_empty(), "not published: {missing:?}");
 }
 
+/// A spooling configuration whose four sources are renamed for one test
+/// alone (`{tag}-rr-main`, …), so the series it reads count its own
+/// deliveries (the suite's apps share one recorder): ReceiptRoller `main`
+/// (spools) and `backup` (does not), Mekari `main` and `acme`.
+fn own_four_sources(tag: &str, dir: &std::path::Path) -> (Config, [String; 4]) {
+    let mut config = spool_config(&brokers(), &unique(tag), dir);
+    let names =
+        ["rr-main", "rr-backup", "mk-main", "mk-acme"].map(|n| unique(&format!("{tag}-{n}")));
+    for ((provider, from), to) in [
+        ("receiptroller", "main"),
+        ("receiptroller", "backup"),
+        ("mekari", "main"),
+        ("mekari", "acme"),
+    ]
+    .into_iter()
+    .zip(&names)
+    {
+        own_source(&mut config, provider, from, to);
+    }
+    (config, names)
+}
+
 fn count(answers: &[Answer], status: u16, what: &str) -> usize {
     answers
         .iter()
@@ -119,15 +142,8 @@ async fn a_flooding_source_is_slowed_as_its_provider_understands_and_the_others_
     // `acme`. The shares at their defaults, but busy from 8 in flight, and
     // ReceiptRoller `main` with a share of its own of one: its flood's tail
     // waits past the wait (`inflight_wait_ms`, 500 ms here) and is spooled.
-    // Each renamed for this test alone, so the series it reads count its
-    // own deliveries (the suite's apps share one recorder).
-    let mut config = spool_config(&brokers(), &unique("share"), dir.path());
-    let (rr_main, rr_backup) = (unique("share-rr-main"), unique("share-rr-backup"));
-    let (mk_main, mk_acme) = (unique("share-mk-main"), unique("share-mk-acme"));
-    own_source(&mut config, "receiptroller", "main", &rr_main);
-    own_source(&mut config, "receiptroller", "backup", &rr_backup);
-    own_source(&mut config, "mekari", "main", &mk_main);
-    own_source(&mut config, "mekari", "acme", &mk_acme);
+    let (mut config, [rr_main, rr_backup, mk_main, mk_acme]) =
+        own_four_sources("share", dir.path());
     config.server.busy_in_flight = 8;
     config.server.inflight_wait_ms = 500;
     // The bound in flight alone: the pace has a test of its own (below).
@@ -275,19 +291,14 @@ const QUIET_GAP: Duration = Duration::from_millis(100);
 /// more, beside one sending ten a second, the process never busy (the
 /// bound in flight never applies): past its rate the flood is paced (a
 /// burst of 100 ms at its rate, then a slot each 1/20 s), and what would
-/// wait past the wait (`inflight_wait_ms`, 1 s here) is slowed at once:
-/// ReceiptRoller's spooled, every delivery published; Mekari's 429 +
-/// `Retry-After`. The quiet sources are never paced nor refused.
+/// wait past the wait (`inflight_wait_ms`, 1 s here) is slowed: Mekari's at
+/// once with 429 + `Retry-After`; ReceiptRoller's at the wait's end,
+/// spooled, every delivery published. The quiet sources are never paced
+/// nor refused.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_source_sending_far_more_a_second_than_the_others_is_paced() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = spool_config(&brokers(), &unique("pace"), dir.path());
-    let (rr_main, rr_backup) = (unique("pace-rr-main"), unique("pace-rr-backup"));
-    let (mk_main, mk_acme) = (unique("pace-mk-main"), unique("pace-mk-acme"));
-    own_source(&mut config, "receiptroller", "main", &rr_main);
-    own_source(&mut config, "receiptroller", "backup", &rr_backup);
-    own_source(&mut config, "mekari", "main", &mk_main);
-    own_source(&mut config, "mekari", "acme", &mk_acme);
+    let (mut config, [rr_main, rr_backup, mk_main, mk_acme]) = own_four_sources("pace", dir.path());
     config.server.busy_in_flight = 100_000;
     config.server.inflight_wait_ms = 1000;
     config

@@ -186,6 +186,13 @@ fn pace_now(shares: &FairShares, source: &SourceShare) -> Paced {
     shares.pace(source, now, now + WAIT)
 }
 
+/// `count` deliveries of `source` at once, none of them paced.
+fn never_paced(shares: &FairShares, source: &SourceShare, count: usize) {
+    for n in 0..count {
+        assert_eq!(pace_now(shares, source), Paced::Now, "delivery {n}");
+    }
+}
+
 /// A merchant replaying its day beside one selling at its rate: past a
 /// burst at its rate it is paced to it, a slot each interval, until the
 /// slots lie past the wait; the other goes on at once.
@@ -222,11 +229,7 @@ async fn sources_sending_alike_and_a_source_alone_are_not_paced() {
             assert_eq!(pace_now(&shares, source), Paced::Now);
         }
     }
-    let alone = paced(100);
-    let source = SourceShare::new(None, None);
-    for _ in 0..5000 {
-        assert_eq!(pace_now(&alone, &source), Paced::Now);
-    }
+    never_paced(&paced(100), &SourceShare::new(None, None), 5000);
 }
 
 /// The pace is the busiest other's rate twice over when that is above the
@@ -236,9 +239,7 @@ async fn sources_sending_alike_and_a_source_alone_are_not_paced() {
 async fn the_pace_is_the_larger_of_the_source_s_rate_and_twice_the_busiest_other_s() {
     let shares = paced(100);
     let (flood, other) = (SourceShare::new(None, None), SourceShare::new(None, None));
-    for _ in 0..300 {
-        assert_eq!(pace_now(&shares, &other), Paced::Now, "alone");
-    }
+    never_paced(&shares, &other, 300);
     // A look at the rates serves 10 ms: the flood's is its own.
     tokio::time::advance(RATE_LOOK).await;
     let start = Instant::now();
@@ -270,8 +271,6 @@ async fn the_pace_is_the_larger_of_the_source_s_rate_and_twice_the_busiest_other
 
     let unpaced = paced(0);
     let (flood, other) = (SourceShare::new(None, None), SourceShare::new(None, None));
-    assert_eq!(pace_now(&unpaced, &other), Paced::Now);
-    for _ in 0..5000 {
-        assert_eq!(pace_now(&unpaced, &flood), Paced::Now);
-    }
+    never_paced(&unpaced, &other, 1);
+    never_paced(&unpaced, &flood, 5000);
 }
