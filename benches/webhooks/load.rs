@@ -163,6 +163,8 @@ pub struct Measured {
     /// The five slowest answers: when each was due (from the phase's
     /// start) and its latency, slowest first.
     pub slowest: Vec<(Duration, Duration)>,
+    /// Every answer's latency, fastest first: phases pooled.
+    pub latencies: Vec<Duration>,
 }
 
 impl Measured {
@@ -331,20 +333,23 @@ pub async fn run_connected(
         .map(|(l, at)| (at, l))
         .collect();
     let latencies: Vec<Duration> = latencies.into_iter().map(|(latency, _)| latency).collect();
-    let pct = |p: f64| {
-        let at = ((latencies.len().max(1) - 1) as f64 * p) as usize;
-        latencies.get(at).copied().unwrap_or_default()
-    };
     Measured {
         requests: latencies.len(),
         errors,
         elapsed,
-        p50: pct(0.50),
-        p99: pct(0.99),
+        p50: percentile(&latencies, 0.50),
+        p99: percentile(&latencies, 0.99),
         behind: match schedule {
             Schedule::Rate { .. } => elapsed.saturating_sub(duration),
             Schedule::Until(_) | Schedule::Count(_) => Duration::ZERO,
         },
         slowest,
+        latencies,
     }
+}
+
+/// The `p` quantile of `sorted` latencies (zero when there are none).
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let at = ((sorted.len().max(1) - 1) as f64 * p) as usize;
+    sorted.get(at).copied().unwrap_or_default()
 }

@@ -417,13 +417,11 @@ fn run_id() -> String {
     )
 }
 
-/// Runs `specs`, `settings.repeat` times in turn, printing a row per phase.
-async fn bench(settings: &Settings, run: &str, specs: &[Spec]) -> Vec<Row> {
-    let work = tempfile::tempdir().expect("work dir");
-    let limit_prefix = format!("{run}.limit.");
-    // The limit's topics: posbridge's layout (every entity topic compacted,
-    // the dead-letter topic, the same partitions), made by posbridge's own code.
-    let limit_kafka = settings.kafka(&limit_prefix);
+/// The limits' sale topic, after making their topics: posbridge's layout
+/// (every entity topic compacted, the dead-letter topic, the same
+/// partitions), made by posbridge's own code.
+pub(crate) async fn limit_topic(settings: &Settings, run: &str) -> String {
+    let limit_kafka = settings.kafka(&format!("{run}.limit."));
     let publisher =
         Publisher::new(&limit_kafka, Config::default().max_record_bytes()).expect("publisher");
     publisher
@@ -434,8 +432,13 @@ async fn bench(settings: &Settings, run: &str, specs: &[Spec]) -> Vec<Row> {
         )
         .await
         .expect("limit topics");
-    drop(publisher);
-    let limit_topic = limit_kafka.topic(posbridge::domain::event::EntityType::Sale);
+    limit_kafka.topic(posbridge::domain::event::EntityType::Sale)
+}
+
+/// Runs `specs`, `settings.repeat` times in turn, printing a row per phase.
+async fn bench(settings: &Settings, run: &str, specs: &[Spec]) -> Vec<Row> {
+    let work = tempfile::tempdir().expect("work dir");
+    let limit_topic = limit_topic(settings, run).await;
 
     report::header(&settings_line(settings, specs));
     warm_broker(settings, &limit_topic, work.path()).await;

@@ -166,14 +166,12 @@ const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 /// is scraped: unscraped (or scraped rarely), memory would grow with every
 /// delivery.
 fn keep_up(handle: PrometheusHandle) {
-    let started = std::thread::Builder::new()
-        .name("metrics-upkeep".into())
-        .spawn(move || {
-            loop {
-                std::thread::sleep(UPKEEP_EVERY);
-                handle.run_upkeep();
-            }
-        });
+    let started = crate::background::spawn("metrics-upkeep", move || {
+        loop {
+            std::thread::sleep(UPKEEP_EVERY);
+            handle.run_upkeep();
+        }
+    });
     if let Err(error) = started {
         tracing::warn!(%error, "The metrics' upkeep thread could not start: histogram samples are folded only when /metrics is scraped.");
     }

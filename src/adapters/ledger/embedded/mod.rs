@@ -188,13 +188,13 @@ impl EmbeddedLedger {
         let file = (path, &Disk::default());
         Self::open_taking(file, (dedup_ttl, clock), lease, |checkpointer, asked| {
             let (asks, queue) = std::sync::mpsc::channel();
-            let thread = std::thread::Builder::new()
-                .name("ledger-checkpoint".into())
-                .spawn(move || checkpoint_loop(checkpointer, &asked, &queue, checkpoint_every))
-                .map_err(|e| LedgerError::Open {
-                    path: path.display().to_string(),
-                    source: e.into(),
-                })?;
+            let thread = crate::background::spawn("ledger-checkpoint", move || {
+                checkpoint_loop(checkpointer, &asked, &queue, checkpoint_every);
+            })
+            .map_err(|e| LedgerError::Open {
+                path: path.display().to_string(),
+                source: e.into(),
+            })?;
             Ok(Asks::Thread(Arc::new(CheckpointThread {
                 asks: Some(asks),
                 thread: Some(thread),

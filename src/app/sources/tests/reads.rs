@@ -211,3 +211,75 @@ async fn a_linked_files_target_changed_outside_is_seen() {
     );
     shutdown.cancel();
 }
+
+/// How often the files of `dir` are opened within `window` (not `dir`
+/// itself: listing it opens it).
+async fn opens_within(dir: &Path, window: Duration) -> usize {
+    use notify::event::AccessKind;
+    use notify::{EventKind, RecursiveMode, Watcher};
+    let opens = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = opens.clone();
+    let listed = dir.canonicalize().unwrap();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else { return };
+        let file = event
+            .paths
+            .iter()
+            .any(|p| p.canonicalize().map_or(true, |p| p != listed));
+        if file && matches!(event.kind, EventKind::Access(AccessKind::Open(_))) {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    })
+    .unwrap();
+    watcher.watch(dir, RecursiveMode::NonRecursive).unwrap();
+    tokio::time::sleep(window).await;
+    opens.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A recheck that finds the directory and the secret directories as the
+/// last read left them reads no file: a thousand sources' files read every
+/// recheck were a burst of CPU every delivery in flight waited behind. A
+/// change the watch cannot see is read at the next recheck still: a file
+/// written through a hard link elsewhere tells the directory's watch
+/// nothing, but its stamps change.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_recheck_that_finds_nothing_changed_reads_no_file() {
+    let broker = silent_broker();
+    let dir = tempfile::tempdir().unwrap();
+    let secrets = tempfile::tempdir().unwrap();
+    let secret = secrets.path().join("signing");
+    std::fs::write(&secret, "a-long-enough-secret").unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    put_source(elsewhere.path(), "steady", "");
+    let linked = elsewhere.path().join("mekari.steady.toml");
+    std::fs::hard_link(&linked, dir.path().join("mekari.steady.toml")).unwrap();
+    std::fs::write(
+        dir.path().join("mekari.with-files.toml"),
+        format!("secrets_files = [\"{}\"]\n", secret.display()),
+    )
+    .unwrap();
+    let (sources, shutdown) = watching_every(dir.path(), &broker, Owners::default(), "", 1).await;
+    assert!(serves_within(&sources, "steady", Duration::from_secs(2)).await);
+    assert!(serves(&sources, "with-files"));
+    // The first recheck, at once, reads what start-up read.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        opens_within(dir.path(), Duration::from_millis(3_500)).await,
+        0,
+        "three rechecks found nothing changed"
+    );
+    assert_eq!(
+        opens_within(secrets.path(), Duration::from_millis(2_500)).await,
+        0
+    );
+    std::fs::write(&linked, "account = \"steady\"\nsecrets = [\"short\"]\n").unwrap();
+    let until = tokio::time::Instant::now() + Duration::from_secs(4);
+    while refusal(&sources, "steady").is_none() && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        refusal(&sources, "steady").is_some(),
+        "the change the watch did not see was read at a recheck"
+    );
+    shutdown.cancel();
+}
