@@ -77,9 +77,11 @@ struct DirState {
     owners_unreadable: Option<String>,
     /// The directory's and the secret directories' stamps before the last
     /// read that left nothing to do again (no file changing or waiting for
-    /// its topics, every owner read and recorded): a recheck finding the
-    /// same reads nothing. Reading a thousand files every recheck was a
-    /// burst of CPU that every delivery in flight waited behind.
+    /// its topics, every owner read and recorded, and the ledger this
+    /// process's own: on a shared one another replica may record an owner):
+    /// a recheck finding the same reads nothing. Reading a thousand files
+    /// every recheck was a burst of CPU every delivery in flight waited
+    /// behind.
     quiet: Option<Stamps>,
 }
 
@@ -283,7 +285,10 @@ impl Sources {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         state.quiet = None;
         match taken {
-            Ok(recorded) => state.quiet = seen.filter(|_| settled && recorded),
+            Ok(recorded) => {
+                let again = !settled || !recorded || self.owners.shared();
+                state.quiet = seen.filter(|_| !again);
+            }
             Err(error) => {
                 let why = error.to_string();
                 if state.owners_unreadable.as_ref() != Some(&why) {
