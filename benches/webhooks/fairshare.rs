@@ -4,14 +4,16 @@
 //! source but `s0`) send at half the closed-64 rate spread over every
 //! source; they run alone (quiet) and beside `s0` flooding with 20 × its
 //! share of deliveries in flight (`server.share_in_flight` 16: 320
-//! connections in a closed loop, opened with the others' before the phase
-//! starts), in turns, `POSBRIDGE_BENCH_REPEAT` times. Rows: the others'
-//! p50, p99, answers other than 200 and five slowest answers (when in the
-//! phase: a stall or a spread), the flood's rate and answers other than
-//! 200, what was done with the flood's deliveries over its share or pace,
-//! and the spool drained after (every spooled delivery published); last,
-//! the others' p99 beside the flood minus quiet, each repetition and the
-//! median, beside issue 51's aim.
+//! connections in a closed loop on a thread of its own, opened with the
+//! others' before the phase starts), in turns, `POSBRIDGE_BENCH_REPEAT`
+//! times; between them the bare limit at the others' rate, the stalls any
+//! server has on this machine and broker. Rows: the others' p50, p99,
+//! answers other than 200 and five slowest answers (when in the phase: a
+//! stall or a spread), the bare limit's, the flood's rate and answers other
+//! than 200, what was done with the flood's deliveries over its share or
+//! pace, and the spool drained after (every spooled delivery published);
+//! last, the others' p99 beside the flood minus quiet, each repetition and
+//! the median, and every repetition's answers pooled, beside issue 51's aim.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -179,14 +181,17 @@ pub async fn run(settings: &Settings, run: &str) {
         let before = metric(addr, "posbridge_deliveries_over_share_total", &["s0\""]).await;
         // Both loads' connections open before either starts: the flood's
         // 320 handshakes would otherwise fall inside the others' phase, on
-        // the CPU posbridge and the load share.
-        let others_connected = load::connect_spread(&[addr], others.connections()).await;
+        // the CPU posbridge and the load share. The flood's first: made
+        // after the others', they once took past posbridge's idle timeout
+        // (`server.header_read_timeout_ms`, 2 s), the others' connections
+        // were closed unused, and the flood ran alone, never paced.
         let flood = Flood::connect(
             addr,
             Ids::Fresh(format!("{run}-flood{repetition}")),
             settings.phase,
         )
         .await;
+        let others_connected = load::connect_spread(&[addr], others.connections()).await;
         let loaded = load::run_connected(
             others_connected,
             others_spread,
