@@ -42,6 +42,12 @@ fn row(label: &str, measured: &Measured) {
     );
 }
 
+/// A phase's [`row`] and its five slowest answers (`short` names it).
+fn rows(label: &str, short: &str, measured: &Measured) {
+    row(label, measured);
+    slowest(short, measured);
+}
+
 /// Five slowest answers of a phase: when in the phase and how slow, to
 /// tell a stall from a spread.
 fn slowest(label: &str, measured: &Measured) {
@@ -158,26 +164,17 @@ pub async fn run(settings: &Settings, run: &str) {
     let mut deltas = Vec::new();
     let mut pooled = Pooled::default();
     for repetition in 0..settings.repeat {
-        let quiet = load::run(
-            addr,
-            others_spread,
-            others,
-            Ids::Fresh(format!("{run}-quiet{repetition}")),
-            settings.phase,
-        )
-        .await;
-        row(&format!("rep {repetition} others, quiet"), &quiet);
-        slowest("quiet", &quiet);
-        let floor = load::run(
-            bare_addr,
-            Dialect::Bridge,
-            others,
-            Ids::Fresh(format!("{run}-bare{repetition}")),
-            settings.phase,
-        )
-        .await;
-        row(&format!("rep {repetition} bare limit, same rate"), &floor);
-        slowest("bare limit", &floor);
+        // The others' rate alone on one server: posbridge's quiet phase,
+        // the bare limit's.
+        let alone = |addr, dialect, name: &str| {
+            let ids = Ids::Fresh(format!("{run}-{name}{repetition}"));
+            load::run(addr, dialect, others, ids, settings.phase)
+        };
+        let quiet = alone(addr, others_spread, "quiet").await;
+        rows(&format!("rep {repetition} others, quiet"), "quiet", &quiet);
+        let floor = alone(bare_addr, Dialect::Bridge, "bare").await;
+        let label = format!("rep {repetition} bare limit, same rate");
+        rows(&label, "bare limit", &floor);
         let before = metric(addr, "posbridge_deliveries_over_share_total", &["s0\""]).await;
         // Both loads' connections open before either starts: the flood's
         // 320 handshakes would otherwise fall inside the others' phase, on
@@ -200,8 +197,8 @@ pub async fn run(settings: &Settings, run: &str) {
             settings.phase,
         );
         let (loaded, flood) = tokio::join!(loaded, flood.run());
-        row(&format!("rep {repetition} others, s0 flooding"), &loaded);
-        slowest("beside the flood", &loaded);
+        let label = format!("rep {repetition} others, s0 flooding");
+        rows(&label, "beside the flood", &loaded);
         deltas.push((loaded.p99.as_secs_f64() - quiet.p99.as_secs_f64()) * 1e3);
         pooled.add(&quiet, &loaded, &floor);
         row(&format!("rep {repetition} the flood (s0)"), &flood);

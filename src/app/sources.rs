@@ -245,6 +245,12 @@ impl Sources {
         openings: &mut Openings,
         retry: bool,
     ) {
+        // Until this read ends well, a recheck reads again: one that ends
+        // early (the directory unreadable) says so only to a read after it.
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .quiet = None;
         // File reads block; a slow file system must not hold a runtime thread.
         let (before, seen) = {
             let (dir, secret_dirs) = (dir.to_owned(), secret_dirs.clone());
@@ -283,7 +289,6 @@ impl Sources {
         waiting.extend(held);
         let taken = self.take(ready, waiting).await;
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.quiet = None;
         match taken {
             Ok(recorded) => {
                 let again = !settled || !recorded || self.owners.shared();
