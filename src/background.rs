@@ -5,11 +5,11 @@
 //! thousand deliveries a second is ~25 ms of CPU at once. On a core shared
 //! with the runtime (one worker when the process has one core), the
 //! scheduler split the core between the two, every delivery in flight
-//! waited for its half, and the fair-share bench's p99 showed a stall of
-//! 20–30 ms each time (docs/BENCHMARKS.md). A thread [`NICER`] than the
-//! process gets about a tenth of a core the runtime wants too: its burst
-//! is spread over the runtime's idle time, and it still has the whole of an
-//! idle core.
+//! waited for its half: a stall of ~25 ms in the fair-share bench's trace
+//! (docs/BENCHMARKS.md, "The stalls traced"). A thread [`NICER`] than the
+//! one that spawned it gets about a tenth of a core the runtime wants too:
+//! its burst is spread over the runtime's idle time, and it still has the
+//! whole of an idle core.
 //!
 //! Lowered only, never raised back: an unprivileged process may not, so a
 //! lowered thread stays one of its own (never a pool's thread that serves
@@ -19,14 +19,15 @@ use std::thread::{Builder, JoinHandle};
 
 use tracing::debug;
 
-/// How much nicer a background thread is than the process: a weight about
-/// a tenth of the runtime's threads' (nice 10 against 0).
+/// How much nicer a background thread is than the thread that spawned it:
+/// a weight about a tenth of the runtime's threads' (nice 10 against 0).
 pub const NICER: i32 = 10;
 
 /// The highest nice value, the least CPU.
 const NICEST: i32 = 19;
 
-/// Spawns the thread `name`, at [`NICER`] than the process, running `work`.
+/// Spawns the thread `name`, [`NICER`] than the calling thread, running
+/// `work`.
 ///
 /// # Errors
 /// The [`std::io::Error`] of a thread the system cannot make.
@@ -41,24 +42,24 @@ where
     })
 }
 
-/// Makes the calling thread [`NICER`] than the process. A system that
-/// refuses leaves it as it was (said at DEBUG: the work is the same, only
-/// its share of a busy core differs).
+/// Makes the calling thread [`NICER`] than it was (a new thread starts with
+/// its spawner's nice value). A system that refuses leaves it as it was
+/// (said at DEBUG: the work is the same, only its share of a busy core
+/// differs).
 fn lower_this_thread() {
     #[cfg(target_os = "linux")]
     {
         use rustix::process::{getpriority_process, setpriority_process};
         // On Linux a nice value is a thread's own: the thread id names it.
-        let lowered = getpriority_process(None).and_then(|process| {
-            let nice = (process + NICER).min(NICEST);
-            setpriority_process(Some(rustix::thread::gettid()), nice)
-        });
+        let this = Some(rustix::thread::gettid());
+        let lowered = getpriority_process(this)
+            .and_then(|nice| setpriority_process(this, (nice + NICER).min(NICEST)));
         if let Err(error) = lowered {
-            debug!(%error, "A background thread keeps the process's CPU priority.");
+            debug!(%error, "A background thread keeps the CPU priority of the thread that made it.");
         }
     }
     #[cfg(not(target_os = "linux"))]
-    debug!("A background thread keeps the process's CPU priority on this system.");
+    debug!("A background thread keeps the CPU priority of the thread that made it on this system.");
 }
 
 #[cfg(all(test, target_os = "linux"))]
@@ -67,17 +68,13 @@ mod tests {
     use rustix::process::getpriority_process;
 
     #[test]
-    fn a_background_thread_is_nicer_than_the_process_and_the_process_stays() {
-        let process = getpriority_process(None).expect("the process's nice");
-        let own = spawn("background-test", || {
-            getpriority_process(Some(rustix::thread::gettid())).expect("the thread's nice")
-        })
-        .expect("thread")
-        .join()
-        .expect("joined");
-        assert_eq!(own, (process + NICER).min(NICEST));
-        let after =
-            getpriority_process(Some(rustix::thread::gettid())).expect("this thread's nice");
-        assert_eq!(after, process, "only the background thread was lowered");
+    fn a_background_thread_is_nicer_than_its_spawner() {
+        let this = || getpriority_process(Some(rustix::thread::gettid())).expect("a nice value");
+        let spawner = this();
+        let own = spawn("background-test", this)
+            .expect("thread")
+            .join()
+            .expect("joined");
+        assert_eq!(own, (spawner + NICER).min(NICEST));
     }
 }

@@ -21,8 +21,9 @@
 //! * [`domain`]: what posbridge decides without any I/O: the normalized
 //!   event, the stale-event guard, the signature schemes.
 //! * [`config`]: the configuration file as plain data, and the checks the data alone allows.
-//! * [`background`]: threads for work no delivery waits for (a checkpoint,
-//!   the metrics' upkeep), at a lower CPU priority than the ones serving.
+//! * [`background`] (one file, below the floors that start such threads):
+//!   threads for work no delivery waits for (a checkpoint, the metrics'
+//!   upkeep), at a lower CPU priority than the ones serving.
 //! * [`observe`]: what the service tells about itself: metric names, spans,
 //!   the status board, a long run's progress.
 //! * [`adapters`]: what the data passes through outside the process: the

@@ -137,6 +137,17 @@ pub async fn run(settings: &Settings, run: &str) {
     let bare = limit_command(settings, bare_addr, &bare_topic, LimitKind::Produce);
     let _bare = Server::start(bare, bare_addr, &work.path().join("limit.log"));
     crate::rebuild::ready(addr).await;
+    // Unmeasured: the bare limit's first second (its connections, the
+    // producer's first batches) stalled its first phase 27–75 ms.
+    let warm = Ids::Fresh(format!("{run}-bare-warm"));
+    load::run(
+        bare_addr,
+        Dialect::Bridge,
+        Load::Closed { connections: 64 },
+        warm,
+        Duration::from_secs(2),
+    )
+    .await;
     let spread = Dialect::Spread { first: 0, count };
     // The others: every source but `s0`, so the flood's pace is the
     // flood's alone.

@@ -75,14 +75,6 @@ struct DirState {
     unreadable: Option<String>,
     /// Why the ledger could not say who owns each account last time.
     owners_unreadable: Option<String>,
-    /// The directory's and the secret directories' stamps before the last
-    /// read that left nothing to do again (no file changing or waiting for
-    /// its topics, every owner read and recorded, and the ledger this
-    /// process's own: on a shared one another replica may record an owner):
-    /// a recheck finding the same reads nothing. Reading a thousand files
-    /// every recheck was a burst of CPU every delivery in flight waited
-    /// behind.
-    quiet: Option<Stamps>,
 }
 
 /// The sources in use, shared with the webhook handler. Cheap to clone.
@@ -201,62 +193,35 @@ impl Sources {
         let mut wakes = Wakes::new(changed, self.requested.clone(), self.recheck);
         let mut openings = Openings::new(self.own_topics.clone(), self.kafka.clone());
         loop {
-            let secret_dirs = self.secret_dirs().await;
-            watch.secret_dirs(secret_dirs.clone());
+            watch.secret_dirs(self.secret_dirs());
             // Whether the topics that could not be opened are tried again:
             // not on an opening's end, or a broker that refuses at once
             // would be asked in a loop.
-            let (retry, recheck) = tokio::select! {
+            let retry = tokio::select! {
                 () = shutdown.cancelled() => return,
                 wake = wakes.next() => {
                     if wake == Wake::Changed {
                         wakes.settle().await;
                     }
-                    (true, wake == Wake::Recheck)
+                    true
                 }
-                () = openings.next() => (false, false),
+                () = openings.next() => false,
             };
             watch.follow();
-            if recheck && self.unchanged(&dir, &secret_dirs).await {
-                continue;
-            }
-            self.read(&dir, &secret_dirs, &mut openings, retry).await;
+            self.read(&dir, &mut openings, retry).await;
         }
-    }
-
-    /// Whether the directory and `secret_dirs` are as the last read that
-    /// left nothing to do again found them.
-    async fn unchanged(&self, dir: &Path, secret_dirs: &BTreeSet<PathBuf>) -> bool {
-        let (dir, secret_dirs) = (dir.to_owned(), secret_dirs.clone());
-        let Ok(now) = tokio::task::spawn_blocking(move || stamps(&dir, &secret_dirs)).await else {
-            return false;
-        };
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.quiet.as_ref() == Some(&now)
     }
 
     /// Reads the directory and puts the files that are ready in use: the
     /// files that stayed the same across [`SETTLE`] ([`settle`]); one still
     /// changing keeps what it had, and is read again.
-    async fn read(
-        &self,
-        dir: &Path,
-        secret_dirs: &BTreeSet<PathBuf>,
-        openings: &mut Openings,
-        retry: bool,
-    ) {
-        // Until this read ends well, a recheck reads again: one that ends
-        // early (the directory unreadable) says so only to a read after it.
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .quiet = None;
+    async fn read(&self, dir: &Path, openings: &mut Openings, retry: bool) {
         // File reads block; a slow file system must not hold a runtime thread.
-        let (before, seen) = {
-            let (dir, secret_dirs) = (dir.to_owned(), secret_dirs.clone());
-            tokio::task::spawn_blocking(move || (Stamps::of(&dir), stamps(&dir, &secret_dirs)))
+        let before = {
+            let dir = dir.to_owned();
+            tokio::task::spawn_blocking(move || Stamps::of(&dir))
                 .await
-                .map_or((None, None), |(before, seen)| (Some(before), Some(seen)))
+                .ok()
         };
         tokio::time::sleep(SETTLE).await;
         let listed = {
@@ -285,34 +250,24 @@ impl Sources {
             self.requested.notify_one();
         }
         let (ready, mut waiting) = openings.sort(listing, retry);
-        let settled = unsettled.is_empty() && waiting.is_empty();
         waiting.extend(held);
-        let taken = self.take(ready, waiting).await;
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        match taken {
-            Ok(recorded) => {
-                let again = !settled || !recorded || self.owners.shared();
-                state.quiet = seen.filter(|_| !again);
-            }
-            Err(error) => {
-                let why = error.to_string();
-                if state.owners_unreadable.as_ref() != Some(&why) {
-                    warn!(%error, "The ledger cannot say which source owns each account; every source keeps its settings until it can.");
-                    state.owners_unreadable = Some(why);
-                }
+        if let Err(error) = self.take(ready, waiting).await {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let why = error.to_string();
+            if state.owners_unreadable.as_ref() != Some(&why) {
+                warn!(%error, "The ledger cannot say which source owns each account; every source keeps its settings until it can.");
+                state.owners_unreadable = Some(why);
             }
         }
     }
 
     /// Puts a read's files in use ([`Sources::apply`]), each account given
     /// to the owner the ledger records, and records the owners it gave
-    /// accounts to anew; whether all of that was done (not when the files
-    /// could not be put in use or the owners recorded: the next read does it
-    /// again). Nothing changes when the ledger cannot be read.
+    /// accounts to anew. Nothing changes when the ledger cannot be read.
     ///
     /// # Errors
     /// [`LedgerError`] when the owners cannot be read.
-    async fn take(&self, ready: Listing, waiting: Vec<SourceFile>) -> Result<bool, LedgerError> {
+    async fn take(&self, ready: Listing, waiting: Vec<SourceFile>) -> Result<(), LedgerError> {
         let asks = {
             let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             let running = running(&ready, &waiting, &state.loaded, &self.live.load());
@@ -353,18 +308,14 @@ impl Sources {
         let taken =
             tokio::task::spawn_blocking(move || sources.apply(ready, &waiting, &recorded)).await;
         match taken {
-            Ok(taken) => match self.owners.record(taken).await {
-                Ok(()) => Ok(true),
-                Err(error) => {
+            Ok(taken) => {
+                if let Err(error) = self.owners.record(taken).await {
                     warn!(%error, "Which source owns an account could not be recorded in the ledger; it is recorded again at the next read of the sources directory.");
-                    Ok(false)
                 }
-            },
-            Err(error) => {
-                warn!(%error, "Reading the sources directory failed.");
-                Ok(false)
             }
+            Err(error) => warn!(%error, "Reading the sources directory failed."),
         }
+        Ok(())
     }
 
     /// `listing` without the `unsettled` files, and the files of those
@@ -395,16 +346,7 @@ impl Sources {
     /// what a read finds: of the sources' own secret files, and of the
     /// targets of the files that are links (a link's target changed
     /// elsewhere tells the sources directory nothing).
-    /// Asks the file system about each file (a link or not), on a blocking
-    /// thread: not on a runtime thread for every file of the directory.
-    async fn secret_dirs(&self) -> BTreeSet<PathBuf> {
-        let sources = self.clone();
-        tokio::task::spawn_blocking(move || sources.secret_dirs_now())
-            .await
-            .unwrap_or_default()
-    }
-
-    fn secret_dirs_now(&self) -> BTreeSet<PathBuf> {
+    fn secret_dirs(&self) -> BTreeSet<PathBuf> {
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let targets = state
             .loaded
@@ -441,14 +383,6 @@ impl Sources {
         }
         gauges(&state);
     }
-}
-
-/// The stamps of `dir`'s entries and of every one of `secret_dirs`'
-/// (what a read's outcome depends on). Blocks on the file system.
-fn stamps(dir: &Path, secret_dirs: &BTreeSet<PathBuf>) -> Stamps {
-    secret_dirs.iter().fold(Stamps::of(dir), |stamps, secrets| {
-        stamps.and(Stamps::of(secrets))
-    })
 }
 
 mod apply;

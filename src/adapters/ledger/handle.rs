@@ -58,12 +58,6 @@ impl Ledger {
         }
     }
 
-    /// Whether other processes write this store too (Redis, a fleet's):
-    /// what one reads from it may change while nothing here does.
-    pub fn is_shared(&self) -> bool {
-        matches!(*self.store, Backend::Redis(_))
-    }
-
     /// Looks up a delivery id and, when it is new, takes a lease on it.
     ///
     /// # Errors

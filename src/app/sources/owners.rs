@@ -226,15 +226,6 @@ impl Owners {
         }
     }
 
-    /// Whether other replicas record owners too: then a read may find an
-    /// owner changed while the directory is not (two replicas that gave an
-    /// account at the same moment agree at their next read).
-    pub(super) fn shared(&self) -> bool {
-        self.ledger
-            .as_ref()
-            .is_some_and(|ledger| ledger.is_shared())
-    }
-
     /// The entries `asks` names, as the store holds them now: not held
     /// back by the ledger's fill (which does not write them) so that the
     /// first read, before the fill, decides on them too.

@@ -272,19 +272,8 @@ async fn watching_beside(
     owners: Owners,
     main_tables: &str,
 ) -> (Sources, CancellationToken) {
-    watching_every(dir, broker, owners, main_tables, 60).await
-}
-
-/// [`watching_beside`], the directory rechecked every `recheck_secs`.
-async fn watching_every(
-    dir: &Path,
-    broker: &std::net::TcpListener,
-    owners: Owners,
-    main_tables: &str,
-    recheck_secs: u64,
-) -> (Sources, CancellationToken) {
     let config = Config::from_toml(&format!(
-        "sources_dir = \"{}\"\n[server]\nsecrets_recheck_secs = {recheck_secs}\n[kafka]\nbrokers = \"{}\"\n{main_tables}",
+        "sources_dir = \"{}\"\n[server]\nsecrets_recheck_secs = 60\n[kafka]\nbrokers = \"{}\"\n{main_tables}",
         dir.display(),
         broker.local_addr().unwrap()
     ))
