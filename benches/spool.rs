@@ -17,6 +17,10 @@ use posbridge::config::Config;
 use posbridge::domain::verify::SchemeName;
 use posbridge::domain::verify::sign;
 
+#[path = "shared/percentile.rs"]
+mod percentile;
+use percentile::percentile;
+
 const SECRET: &str = "bench-secret-1";
 
 /// The bench configuration; with `spool`, the source spools what Kafka
@@ -87,7 +91,7 @@ async fn run(label: &str, base: &str, ids: &[usize], concurrency: usize) -> f64 
         .await;
     let elapsed = started.elapsed();
     latencies.sort();
-    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
+    let pct = |p: f64| percentile(&latencies, p);
     println!(
         "{label:<28} {:>6} requests  concurrency {concurrency:>3}  {:>8.0} req/s  p50 {:>6.2} ms  p99 {:>6.2} ms  max {:>6.2} ms",
         ids.len(),

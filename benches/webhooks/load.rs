@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+pub use crate::percentile::percentile;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
@@ -346,10 +347,4 @@ pub async fn run_connected(
         slowest,
         latencies,
     }
-}
-
-/// The `p` quantile of `sorted` latencies (zero when there are none).
-pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let at = ((sorted.len().max(1) - 1) as f64 * p) as usize;
-    sorted.get(at).copied().unwrap_or_default()
 }

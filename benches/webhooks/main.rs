@@ -63,6 +63,8 @@ mod fill;
 mod fleet;
 mod limit;
 mod load;
+#[path = "../shared/percentile.rs"]
+mod percentile;
 mod rebuild;
 mod rederive;
 mod report;
