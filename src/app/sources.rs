@@ -44,6 +44,7 @@ use super::topics::OwnTopics;
 use crate::adapters::ledger::LedgerError;
 use crate::adapters::providers;
 use crate::adapters::secrets::ReloadRequest;
+use crate::background;
 use crate::config::source_files::{self, Listing, Refusal, SourceFile};
 use crate::config::{Config, KafkaConfig};
 use crate::domain::event::ProviderKind;
@@ -101,6 +102,9 @@ pub struct Sources {
     /// Which source owns each account, as the ledger records it.
     owners: Owners,
 }
+
+/// The name of the threads that read the directory and put it in use.
+const READER: &str = "sources-read";
 
 /// Why the directory's first read stopped start-up.
 pub use source_files::DirError;
@@ -193,7 +197,12 @@ impl Sources {
         let mut wakes = Wakes::new(changed, self.requested.clone(), self.recheck);
         let mut openings = Openings::new(self.own_topics.clone(), self.kafka.clone());
         loop {
-            watch.secret_dirs(self.secret_dirs());
+            // A look at every file (whether it is a link): off the runtime.
+            let sources = self.clone();
+            match background::run(READER, move || sources.secret_dirs()).await {
+                Ok(dirs) => watch.secret_dirs(dirs),
+                Err(error) => warn!(%error, "Reading the sources directory failed."),
+            }
             // Whether the topics that could not be opened are tried again:
             // not on an opening's end, or a broker that refuses at once
             // would be asked in a loop.
@@ -216,17 +225,17 @@ impl Sources {
     /// files that stayed the same across [`SETTLE`] ([`settle`]); one still
     /// changing keeps what it had, and is read again.
     async fn read(&self, dir: &Path, openings: &mut Openings, retry: bool) {
-        // File reads block; a slow file system must not hold a runtime thread.
+        // File reads block, and a thousand files are ~35 ms of CPU every
+        // recheck: on a background thread, so that neither a slow file
+        // system nor the burst holds a thread that serves.
         let before = {
             let dir = dir.to_owned();
-            tokio::task::spawn_blocking(move || Stamps::of(&dir))
-                .await
-                .ok()
+            background::run(READER, move || Stamps::of(&dir)).await.ok()
         };
         tokio::time::sleep(SETTLE).await;
         let listed = {
             let dir = dir.to_owned();
-            tokio::task::spawn_blocking(move || {
+            background::run(READER, move || {
                 let listing = source_files::read_dir(&dir, providers::api_keys);
                 (listing, Stamps::of(&dir))
             })
@@ -306,7 +315,7 @@ impl Sources {
         }
         let sources = self.clone();
         let taken =
-            tokio::task::spawn_blocking(move || sources.apply(ready, &waiting, &recorded)).await;
+            background::run(READER, move || sources.apply(ready, &waiting, &recorded)).await;
         match taken {
             Ok(taken) => {
                 if let Err(error) = self.owners.record(taken).await {
