@@ -33,12 +33,13 @@ const FLOOD_CONNECTIONS: usize = 20 * 16;
 
 fn row(label: &str, measured: &Measured) {
     println!(
-        "{label:>28}: {:>7.0} req/s, p50 {:>5.1} ms, p99 {:>6.1} ms, {} not 200 of {}",
+        "{label:>28}: {:>7.0} req/s, p50 {:>5.1} ms, p99 {:>6.1} ms, {} not 200 of {} ({} connections broke)",
         measured.rate(),
         measured.p50.as_secs_f64() * 1e3,
         measured.p99.as_secs_f64() * 1e3,
         measured.errors,
-        measured.requests
+        measured.requests,
+        measured.broken
     );
 }
 
@@ -129,7 +130,9 @@ pub async fn run(settings: &Settings, run: &str) {
     // Room for every spooled delivery of the flood.
     let spool = "max_entries = 10000000\nmax_bytes = 8589934592\n";
     let (command, addr) = directory_posbridge(settings, run, work.path(), count, write, spool);
-    let _server = Server::start(command, addr, &work.path().join("fairshare.log"));
+    let log = work.path().join("fairshare.log");
+    let _server = Server::start(command, addr, &log);
+    let mut said = 0;
     // The bare limit at the others' rate, beside each repetition: the
     // stalls the machine and the broker give any server at that rate.
     let bare_addr = free_addr();
@@ -239,6 +242,7 @@ pub async fn run(settings: &Settings, run: &str) {
             actions.join(", "),
             drained.elapsed().as_secs_f64()
         );
+        said = warnings(&log, said);
     }
     deltas.sort_by(f64::total_cmp);
     let listed: Vec<String> = deltas.iter().map(|d| format!("{d:+.1}")).collect();
@@ -248,6 +252,21 @@ pub async fn run(settings: &Settings, run: &str) {
         deltas.get(deltas.len() / 2).copied().unwrap_or_default()
     );
     pooled.print();
+}
+
+/// posbridge's warnings and errors past the first `said` of them, printed:
+/// what it said of an answer other than 200 (a connection refused over
+/// `max_connections`, a broker stall). Returns how many there are now.
+fn warnings(log: &Path, said: usize) -> usize {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let all: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("WARN") || line.contains("ERROR"))
+        .collect();
+    for line in all.iter().skip(said) {
+        println!("  posbridge said: {line}");
+    }
+    all.len()
 }
 
 /// Every repetition's answers together, per phase: a stall moves one

@@ -153,6 +153,9 @@ pub struct Measured {
     pub requests: usize,
     /// Answers other than the server's [`Dialect`] takes a delivery with.
     pub errors: usize,
+    /// Of `errors`, connections that broke instead of answering (each
+    /// connection's loop ends there): closed by the server, or reset.
+    pub broken: usize,
     /// Wall time of the phase.
     pub elapsed: Duration,
     /// Latency percentiles.
@@ -302,6 +305,7 @@ pub async fn run_connected(
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 let mut errors = 0;
+                let mut broken = 0;
                 while let Some(due) = schedule.due(next.fetch_add(1, Ordering::Relaxed)).await {
                     let request = request(addr, dialect, &ids.get(due.1));
                     let answer = send(&mut sender, request, dialect.accepted()).await;
@@ -310,19 +314,22 @@ pub async fn run_connected(
                         errors += 1;
                     }
                     if answer.is_none() {
+                        broken += 1;
                         break;
                     }
                 }
-                (latencies, errors)
+                (latencies, errors, broken)
             })
         })
         .collect();
     let mut latencies = Vec::new();
     let mut errors = 0;
+    let mut broken = 0;
     for task in tasks {
-        let (mine, my_errors) = task.await.expect("load task");
+        let (mine, my_errors, my_broken) = task.await.expect("load task");
         latencies.extend(mine);
         errors += my_errors;
+        broken += my_broken;
     }
     let elapsed = started.elapsed();
     latencies.sort_unstable();
@@ -337,6 +344,7 @@ pub async fn run_connected(
     Measured {
         requests: latencies.len(),
         errors,
+        broken,
         elapsed,
         p50: percentile(&latencies, 0.50),
         p99: percentile(&latencies, 0.99),
