@@ -31,7 +31,7 @@ use tracing::debug;
 pub const NICER: i32 = 10;
 
 /// The highest nice value, the least CPU.
-const NICEST: i32 = 19;
+pub const NICEST: i32 = 19;
 
 /// Spawns the thread `name`, [`NICER`] than the calling thread, running
 /// `work`.

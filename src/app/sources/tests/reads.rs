@@ -211,3 +211,32 @@ async fn a_linked_files_target_changed_outside_is_seen() {
     );
     shutdown.cancel();
 }
+
+/// A read of the directory (a thousand files parsed every recheck, ~35 ms
+/// of CPU) runs on a thread nicer than the ones that serve: the listeners
+/// it tells are told from there.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_runs_on_a_nicer_thread_than_the_serving_ones() {
+    use rustix::process::getpriority_process;
+    let nice = || getpriority_process(Some(rustix::thread::gettid())).expect("a nice value");
+    let serving = nice();
+    let broker = silent_broker();
+    let dir = tempfile::tempdir().unwrap();
+    let (sources, shutdown) = watching(dir.path(), &broker).await;
+    let told = Arc::new(std::sync::Mutex::new(None));
+    sources.on_change({
+        let told = told.clone();
+        move |files| {
+            if !files.is_empty() {
+                let name = std::thread::current().name().map(str::to_owned);
+                *told.lock().unwrap() = Some((name, nice()));
+            }
+        }
+    });
+    put_source(dir.path(), "read", "");
+    assert!(serves_within(&sources, "read", Duration::from_secs(2)).await);
+    let (name, read) = told.lock().unwrap().clone().expect("the listener was told");
+    assert_eq!(name.as_deref(), Some("sources-read"));
+    assert_eq!(read, (serving + background::NICER).min(background::NICEST));
+    shutdown.cancel();
+}
