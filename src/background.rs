@@ -31,7 +31,7 @@ use tracing::debug;
 pub const NICER: i32 = 10;
 
 /// The highest nice value, the least CPU.
-pub const NICEST: i32 = 19;
+pub(crate) const NICEST: i32 = 19;
 
 /// Spawns the thread `name`, [`NICER`] than the calling thread, running
 /// `work`.
@@ -53,7 +53,7 @@ where
 #[derive(Debug, Error)]
 pub enum RunError {
     /// The system would not make the thread.
-    #[error("cannot make a background thread")]
+    #[error("cannot make a background thread: {0}")]
     Spawn(#[source] std::io::Error),
     /// The work panicked.
     #[error("the background thread ended without an answer (it panicked)")]

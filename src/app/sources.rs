@@ -76,6 +76,8 @@ struct DirState {
     unreadable: Option<String>,
     /// Why the ledger could not say who owns each account last time.
     owners_unreadable: Option<String>,
+    /// Which blocking step of a read had no answer last time, and why.
+    apart_failing: Option<String>,
 }
 
 /// The sources in use, shared with the webhook handler. Cheap to clone.
@@ -197,11 +199,8 @@ impl Sources {
         let mut wakes = Wakes::new(changed, self.requested.clone(), self.recheck);
         let mut openings = Openings::new(self.own_topics.clone(), self.kafka.clone());
         loop {
-            // A look at every file (whether it is a link): off the runtime.
-            let sources = self.clone();
-            match background::run(READER, move || sources.secret_dirs()).await {
-                Ok(dirs) => watch.secret_dirs(dirs),
-                Err(error) => warn!(%error, "Reading the sources directory failed."),
+            if let Some(dirs) = self.apart("the look for links", Sources::secret_dirs).await {
+                watch.secret_dirs(dirs);
             }
             // Whether the topics that could not be opened are tried again:
             // not on an opening's end, or a broker that refuses at once
@@ -225,30 +224,27 @@ impl Sources {
     /// files that stayed the same across [`SETTLE`] ([`settle`]); one still
     /// changing keeps what it had, and is read again.
     async fn read(&self, dir: &Path, openings: &mut Openings, retry: bool) {
-        // File reads block, and a thousand files are ~35 ms of CPU every
-        // recheck: on a background thread, so that neither a slow file
-        // system nor the burst holds a thread that serves.
         let before = {
             let dir = dir.to_owned();
-            background::run(READER, move || Stamps::of(&dir)).await.ok()
+            self.apart("the files' stamps", move |_| Stamps::of(&dir))
+                .await
         };
         tokio::time::sleep(SETTLE).await;
         let listed = {
             let dir = dir.to_owned();
-            background::run(READER, move || {
+            self.apart("the read", move |_| {
                 let listing = source_files::read_dir(&dir, providers::api_keys);
                 (listing, Stamps::of(&dir))
             })
             .await
         };
-        let (listing, after) = match listed {
-            Ok((Ok(listing), after)) => (listing, after),
-            Ok((Err(error), _)) => {
-                self.unreadable(&error);
-                return;
-            }
+        let Some((listed, after)) = listed else {
+            return;
+        };
+        let listing = match listed {
+            Ok(listing) => listing,
             Err(error) => {
-                warn!(%error, "Reading the sources directory failed.");
+                self.unreadable(&error);
                 return;
             }
         };
@@ -313,18 +309,50 @@ impl Sources {
         {
             info!("The ledger says which source owns each account again.");
         }
-        let sources = self.clone();
-        let taken =
-            background::run(READER, move || sources.apply(ready, &waiting, &recorded)).await;
-        match taken {
-            Ok(taken) => {
-                if let Err(error) = self.owners.record(taken).await {
-                    warn!(%error, "Which source owns an account could not be recorded in the ledger; it is recorded again at the next read of the sources directory.");
-                }
-            }
-            Err(error) => warn!(%error, "Reading the sources directory failed."),
+        let taken = self
+            .apart("putting the read in use", move |sources| {
+                sources.apply(ready, &waiting, &recorded)
+            })
+            .await;
+        if let Some(taken) = taken
+            && let Err(error) = self.owners.record(taken).await
+        {
+            warn!(%error, "Which source owns an account could not be recorded in the ledger; it is recorded again at the next read of the sources directory.");
         }
         Ok(())
+    }
+
+    /// `work`, a read's blocking step, on a background thread
+    /// ([`background::run`]): reading and parsing a thousand files is ~35 ms
+    /// of CPU every recheck, and on a core the runtime serves on a thread
+    /// as eager as the runtime's (`spawn_blocking`'s) took half of it while
+    /// every delivery waited. None when the step has no answer (the thread
+    /// could not be made, or `work` panicked): said once with `step`, and
+    /// the sources stay as they are until a later read.
+    async fn apart<T, F>(&self, step: &'static str, work: F) -> Option<T>
+    where
+        F: FnOnce(&Sources) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let sources = self.clone();
+        let answer = background::run(READER, move || work(&sources)).await;
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match answer {
+            Ok(answer) => {
+                if state.apart_failing.take().is_some() {
+                    info!("The sources directory is read again.");
+                }
+                Some(answer)
+            }
+            Err(error) => {
+                let why = format!("{step}: {error}");
+                if state.apart_failing.as_ref() != Some(&why) {
+                    warn!(%error, step, "A read of the sources directory stopped; every source keeps its settings until a later read.");
+                    state.apart_failing = Some(why);
+                }
+                None
+            }
+        }
     }
 
     /// `listing` without the `unsettled` files, and the files of those
@@ -356,27 +384,38 @@ impl Sources {
     /// targets of the files that are links (a link's target changed
     /// elsewhere tells the sources directory nothing).
     fn secret_dirs(&self) -> BTreeSet<PathBuf> {
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let targets = state
-            .loaded
-            .values()
-            .map(|l| &l.file.path)
-            .chain(state.refused.keys())
+        // The paths copied out: the look at each file is made without the
+        // lock that `/admin/sources` takes on a thread that serves.
+        let (files, secrets): (Vec<PathBuf>, Vec<PathBuf>) = {
+            let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let files = state
+                .loaded
+                .values()
+                .map(|l| l.file.path.clone())
+                .chain(state.refused.keys().cloned())
+                .collect();
+            let secrets = state
+                .loaded
+                .values()
+                .flat_map(|l| {
+                    let config = &l.file.config;
+                    config.secrets_dir.iter().cloned().chain(
+                        config
+                            .secrets_files
+                            .iter()
+                            .filter_map(|f| f.parent().map(Path::to_owned)),
+                    )
+                })
+                .collect();
+            (files, secrets)
+        };
+        let targets = files
+            .iter()
             .filter(|path| path.is_symlink())
             .filter_map(|path| std::fs::canonicalize(path).ok())
             .filter_map(|target| target.parent().map(Path::to_owned));
-        state
-            .loaded
-            .values()
-            .flat_map(|l| {
-                let config = &l.file.config;
-                config.secrets_dir.iter().cloned().chain(
-                    config
-                        .secrets_files
-                        .iter()
-                        .filter_map(|f| f.parent().map(Path::to_owned)),
-                )
-            })
+        secrets
+            .into_iter()
             .chain(targets)
             .filter(|d| !d.as_os_str().is_empty())
             .collect()
