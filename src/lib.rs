@@ -23,7 +23,8 @@
 //! * [`config`]: the configuration file as plain data, and the checks the data alone allows.
 //! * [`background`] (one file, below the floors that start such threads):
 //!   threads for work no delivery waits for (a checkpoint, the metrics'
-//!   upkeep), at a lower CPU priority than the ones serving.
+//!   upkeep, the sources directory's reads), at a lower CPU priority than
+//!   the ones serving.
 //! * [`observe`]: what the service tells about itself: metric names, spans,
 //!   the status board, a long run's progress.
 //! * [`adapters`]: what the data passes through outside the process: the

@@ -340,7 +340,7 @@ impl Sources {
         match answer {
             Ok(answer) => {
                 if state.apart_failing.take().is_some() {
-                    info!("The sources directory is read again.");
+                    info!("The sources directory's reads have their background threads again.");
                 }
                 Some(answer)
             }
